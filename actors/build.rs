@@ -1,0 +1,32 @@
+//! Embeds the git commit the binary is built from, for `--version`.
+//! `EPO_GIT_COMMIT` overrides it (container builds without `.git`).
+
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=EPO_GIT_COMMIT");
+    let commit = std::env::var("EPO_GIT_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
+            let head = git(&["rev-parse", "HEAD"])?;
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some();
+            Some(if dirty { format!("{head}-dirty") } else { head })
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        println!("cargo:rerun-if-changed={git_dir}/HEAD");
+        println!("cargo:rerun-if-changed={git_dir}/index");
+        println!("cargo:rerun-if-changed={git_dir}/packed-refs");
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            println!("cargo:rerun-if-changed={git_dir}/{branch}");
+        }
+    }
+    println!("cargo:rustc-env=EPO_GIT_COMMIT={commit}");
+}

@@ -1,0 +1,169 @@
+//! The command line: every flag of the operator, with environment equivalents.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use egress_proxies::bind_address::BindAddress;
+use egress_proxies::telemetry::LogFormat;
+
+/// Version line: crate version and the commit the binary was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("EPO_GIT_COMMIT"), ")");
+
+/// Keeps a fleet of egress HTTP proxies alive and hands them out through a lease API.
+#[derive(Parser, Debug)]
+#[command(name = "egress-proxies-operator", version = VERSION, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Flags of `run`, so that `egress-proxies-operator --leader-elect` runs the operator.
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    #[command(flatten)]
+    pub logging: LoggingArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the operator against a Kubernetes API server (the default).
+    Run(RunArgs),
+    /// Print the Proxy CustomResourceDefinition as YAML.
+    Crd,
+    /// Check a providers configuration file and print every problem.
+    ValidateConfig {
+        /// The providers configuration (YAML).
+        file: PathBuf,
+    },
+}
+
+/// Log settings, shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct LoggingArgs {
+    /// Log level or filter (`info`, `debug`, `egress_proxies=trace,info`); overrides RUST_LOG.
+    #[arg(long, global = true, env = "LOG_LEVEL")]
+    pub log_level: Option<String>,
+
+    /// Log line format; `auto` is JSON unless stderr's reader is a terminal.
+    #[arg(long, global = true, env = "LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Auto)]
+    pub log_format: LogFormatArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormatArg {
+    Auto,
+    Json,
+    Text,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(value: LogFormatArg) -> Self {
+        match value {
+            LogFormatArg::Auto => LogFormat::Auto,
+            LogFormatArg::Json => LogFormat::Json,
+            LogFormatArg::Text => LogFormat::Text,
+        }
+    }
+}
+
+/// Settings of the running operator.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Providers configuration (YAML).
+    #[arg(long, env = "PROVIDERS_CONFIG", default_value = "/etc/proxy-operator/providers.yaml")]
+    pub providers_config: PathBuf,
+
+    /// Prometheus metrics listener (`0` disables it).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    pub metrics_bind_address: BindAddress,
+
+    /// Listener for `/healthz` and `/readyz`.
+    #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
+    pub health_probe_bind_address: BindAddress,
+
+    /// Discovery and lease API listener.
+    #[arg(long, env = "DISCOVERY_BIND_ADDRESS", default_value = ":8090")]
+    pub discovery_bind_address: BindAddress,
+
+    /// Run only while holding the leader Lease (for more than one replica).
+    #[arg(long, env = "LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// Watch Proxies in this namespace only (default: all namespaces).
+    #[arg(long, env = "PROXY_NAMESPACE")]
+    pub proxy_namespace: Option<String>,
+
+    /// Health probes running at the same time.
+    #[arg(long, env = "HEALTH_WORKERS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_workers: u32,
+
+    /// Cooldown of a proxy for a target after a lease on it is released.
+    #[arg(long, env = "LEASE_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease_cooldown: Duration,
+
+    /// Upper bound of a lease's TTL.
+    #[arg(long, env = "MAX_LEASE_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub max_lease_ttl: Duration,
+
+    /// Concurrent leases one proxy may carry (0 = unlimited).
+    #[arg(long, env = "MAX_LEASES_PER_PROXY", default_value_t = 1)]
+    pub max_leases_per_proxy: u32,
+
+    /// Time between orphan-GC sweeps.
+    #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub gc_interval: Duration,
+
+    /// Open one trace span per health probe (off by default: one per proxy per second).
+    #[arg(long, env = "TRACE_HEALTH_PROBES")]
+    pub trace_health_probes: bool,
+
+    /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
+    #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]
+    pub gcp_wire_log_full_payloads: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_is_the_default_and_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "--leader-elect",
+            "--lease-cooldown",
+            "1m30s",
+            "--discovery-bind-address",
+            "127.0.0.1:9000",
+            "--max-leases-per-proxy",
+            "0",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert!(cli.run.leader_elect);
+        assert_eq!(cli.run.lease_cooldown, Duration::from_secs(90));
+        assert_eq!(cli.run.max_leases_per_proxy, 0);
+        assert_eq!(
+            cli.run.discovery_bind_address,
+            BindAddress::Listen("127.0.0.1:9000".parse().unwrap())
+        );
+        assert_eq!(cli.run.gc_interval, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_flag_named() {
+        let err = Cli::try_parse_from(["egress-proxies-operator", "--gc-interval", "soon"]).unwrap_err();
+        assert!(err.to_string().contains("--gc-interval"), "{err}");
+        let err = Cli::try_parse_from(["egress-proxies-operator", "--health-workers", "0"]).unwrap_err();
+        assert!(err.to_string().contains("--health-workers"), "{err}");
+        let err = Cli::try_parse_from(["egress-proxies-operator", "--metrics-bind-address", "8080"]).unwrap_err();
+        assert!(err.to_string().contains("not a bind address"), "{err}");
+    }
+}

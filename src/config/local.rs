@@ -1,0 +1,63 @@
+//! `type: local` — proxy processes on this machine (standalone mode).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::problems::Problems;
+
+/// Settings of one local provider instance.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalConfig {
+    /// Which forward proxy runs each instance.
+    #[serde(default)]
+    pub implementation: LocalImplementation,
+    /// The Squid binary (default: `squid` on `PATH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub squid_binary: Option<PathBuf>,
+    /// Address the proxies listen on.
+    #[serde(default = "default_listen_address")]
+    pub listen_address: IpAddr,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self {
+            implementation: LocalImplementation::default(),
+            squid_binary: None,
+            listen_address: default_listen_address(),
+        }
+    }
+}
+
+/// The forward proxy behind a local instance.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum LocalImplementation {
+    /// Squid when its binary is found, the built-in proxy otherwise.
+    #[default]
+    Auto,
+    /// Always Squid; a missing binary fails the proxy.
+    Squid,
+    /// Always the built-in CONNECT + absolute-URI forward proxy.
+    Builtin,
+}
+
+fn default_listen_address() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+
+impl LocalConfig {
+    pub(super) fn validate(&self, p: &mut Problems) {
+        if let Some(bin) = &self.squid_binary
+            && bin.as_os_str().is_empty()
+        {
+            p.report("local.squidBinary", "must not be empty (omit it to use `squid` on PATH)");
+        }
+        if self.squid_binary.is_some() && self.implementation == LocalImplementation::Builtin {
+            p.report("local.squidBinary", "is set but implementation is builtin, which never runs Squid");
+        }
+    }
+}

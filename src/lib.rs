@@ -1,0 +1,27 @@
+//! The parts of **egress-proxies-operator**.
+//!
+//! This crate holds everything the operator is made of, as plain Rust: the
+//! `Proxy` resource, the providers configuration, the provider contract with
+//! its error taxonomy, and (as the system grows) the providers, the health
+//! probe, lease bookkeeping and the object-store adapters. The running system
+//! — supervised actix actors, HTTP servers and the binary — lives in the
+//! `actors/` workspace member and is the only place that imports actix.
+//!
+//! ```text
+//!   Proxy manifests / API server          providers.yaml
+//!              │                                │
+//!              ▼                                ▼
+//!   resource::Proxy (spec, status)     config::ProvidersConfig (validated)
+//!              │                                │
+//!              └──────────► provider::Provider ◄┘
+//!                   create / get / delete / list_by_tag
+//!                   errors: NotFound | QuotaExceeded | Transient | Permanent
+//! ```
+//!
+//! Every module is usable and testable on its own.
+
+pub mod bind_address;
+pub mod config;
+pub mod provider;
+pub mod resource;
+pub mod telemetry;

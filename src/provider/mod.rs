@@ -1,0 +1,42 @@
+//! The provider contract: four idempotent operations over instances.
+//!
+//! A provider creates the machine a Managed proxy runs on. None of the
+//! operations blocks until a VM is up: `create` submits and returns, and the
+//! reconciler polls `get`. Every created resource is tagged managed=true and
+//! with the Proxy UID and reports its creation time, so orphan GC can find it
+//! through `list_by_tag`.
+
+mod error;
+mod instance;
+mod naming;
+mod spec_hash;
+
+use async_trait::async_trait;
+
+pub use error::{ErrorClass, Op, ProviderError};
+pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, ProviderId};
+pub use naming::{InstanceName, instance_name};
+pub use spec_hash::{SpecHash, spec_hash};
+
+/// A source of proxy instances (a cluster, a cloud, KVM hosts, this machine).
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// The configured instance name (`gcp-eu`, `kvm-home`, ...).
+    fn name(&self) -> &str;
+
+    /// The provider type (`kubernetes`, `gcp`, `kvm`, `local`), for metrics and logs.
+    fn kind(&self) -> &'static str;
+
+    /// Submits the creation of `req.name` and returns its id. Keyed on the
+    /// name: a repeat after a crash finds the existing instance.
+    async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError>;
+
+    /// Looks an instance up; a vanished instance is `ErrorClass::NotFound`.
+    async fn get(&self, id: &ProviderId) -> Result<Instance, ProviderError>;
+
+    /// Deletes an instance; deleting one that is already gone succeeds.
+    async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError>;
+
+    /// Every instance this operator ever tagged, for orphan GC.
+    async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError>;
+}

@@ -1,0 +1,14 @@
+//! The `Proxy` custom resource (`crawl.example.com/v1alpha1`, short name `px`).
+//!
+//! The Rust types are the single source of truth: the CRD in `deploy/crd/` is
+//! generated from them (`egress-proxies-operator crd`) and a test guards drift.
+
+mod crd;
+mod metadata;
+mod spec;
+mod status;
+
+pub use crd::{CrdError, crd_yaml};
+pub use metadata::*;
+pub use spec::*;
+pub use status::*;

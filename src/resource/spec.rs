@@ -1,0 +1,280 @@
+//! `Proxy.spec`: what the user asks for.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::status::ProxyStatus;
+
+/// Default port of a Managed proxy.
+pub const DEFAULT_PORT: u16 = 3128;
+/// Default health-check target: a tiny, always-204 page.
+pub const DEFAULT_HEALTH_URL: &str = "https://www.gstatic.com/generate_204";
+/// Default probe interval.
+pub const DEFAULT_HEALTH_INTERVAL: &str = "1s";
+/// Default probe timeout.
+pub const DEFAULT_HEALTH_TIMEOUT: &str = "5s";
+/// Default consecutive successes before a proxy counts as healthy.
+pub const DEFAULT_HEALTHY_THRESHOLD: u32 = 2;
+/// Default consecutive failures before a proxy counts as unhealthy.
+pub const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 3;
+
+/// One egress proxy: either an endpoint someone else runs (`External`) or an
+/// instance a provider creates and keeps alive (`Managed`).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "crawl.example.com",
+    version = "v1alpha1",
+    kind = "Proxy",
+    namespaced,
+    shortname = "px",
+    status = "ProxyStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"IP","type":"string","jsonPath":".status.ip"}"#,
+    printcolumn = r#"{"name":"Healthy","type":"boolean","jsonPath":".status.health.healthy"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(
+    validation = Rule::new("self.mode != 'External' || has(self.endpoint)")
+        .message("endpoint is required when mode is External"),
+    validation = Rule::new("self.mode != 'Managed' || (has(self.provider) && self.provider != '')")
+        .message("provider is required when mode is Managed")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    /// `Managed` (a provider creates the instance) or `External` (an existing endpoint).
+    pub mode: Mode,
+
+    /// Name of a configured provider instance (not its type). Managed only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+
+    /// Where the instance runs; each provider says which fields it needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+
+    /// Port the proxy listens on.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1))]
+    pub port: u16,
+
+    /// Cloud-init user-data for the instance, inline or from a labelled Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<CloudInit>,
+
+    /// The endpoint of an External proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+
+    /// Free-form labels (geo, purpose, ...) clients select proxies by.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+
+    /// How the health engine probes this proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+fn default_port() -> u16 {
+    DEFAULT_PORT
+}
+
+/// Who runs the proxy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+pub enum Mode {
+    /// A provider creates, watches and deletes the instance.
+    Managed,
+    /// Someone else runs it; the operator only probes and hands it out.
+    External,
+}
+
+impl Mode {
+    /// The spelling used in manifests and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Managed => "Managed",
+            Mode::External => "External",
+        }
+    }
+}
+
+/// Placement hints; every field is optional and interpreted by the provider.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// Cloud-init for the instance: exactly one of `inline` or `secretRef`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, PartialEq, Eq)]
+#[x_kube(
+    validation = Rule::new("has(self.inline) != has(self.secretRef)")
+        .message("cloudInit must set exactly one of inline or secretRef")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudInit {
+    /// The user-data document itself, passed to the instance byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<String>,
+    /// A Secret in the Proxy's namespace labelled `crawl.example.com/cloud-init: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretKeyRef>,
+}
+
+// Cloud-init carries secrets: never print its content.
+impl std::fmt::Debug for CloudInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudInit")
+            .field("inline", &self.inline.as_ref().map(|s| format!("<{} bytes>", s.len())))
+            .field("secret_ref", &self.secret_ref)
+            .finish()
+    }
+}
+
+/// A key of a Secret in the Proxy's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Secret name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key inside the Secret.
+    #[serde(default = "default_cloud_init_key")]
+    pub key: String,
+}
+
+fn default_cloud_init_key() -> String {
+    super::DEFAULT_CLOUD_INIT_KEY.to_owned()
+}
+
+/// Where clients reach an External proxy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// Hostname or IP address.
+    #[schemars(length(min = 1))]
+    pub host: String,
+    /// TCP port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// How clients talk to the proxy itself (default `http`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<ProxyScheme>,
+}
+
+/// Protocol spoken to the proxy itself.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyScheme {
+    #[default]
+    Http,
+    Https,
+}
+
+/// Health-check settings; every field has a default.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    /// URL fetched through the proxy (https: CONNECT + TLS; http: absolute-URI GET).
+    #[serde(default = "default_health_url")]
+    pub url: String,
+    /// Time between probes, e.g. `1s`, `500ms`, `1m30s`.
+    #[serde(default = "default_health_interval")]
+    pub interval: String,
+    /// Time one probe may take in total.
+    #[serde(default = "default_health_timeout")]
+    pub timeout: String,
+    /// Expected HTTP status; any 2xx when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100, max = 599))]
+    pub expected_status: Option<u16>,
+    /// Consecutive successes before the proxy counts as healthy.
+    #[serde(default = "default_healthy_threshold")]
+    #[schemars(range(min = 1))]
+    pub healthy_threshold: u32,
+    /// Consecutive failures before the proxy counts as unhealthy.
+    #[serde(default = "default_unhealthy_threshold")]
+    #[schemars(range(min = 1))]
+    pub unhealthy_threshold: u32,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        Self {
+            url: default_health_url(),
+            interval: default_health_interval(),
+            timeout: default_health_timeout(),
+            expected_status: None,
+            healthy_threshold: DEFAULT_HEALTHY_THRESHOLD,
+            unhealthy_threshold: DEFAULT_UNHEALTHY_THRESHOLD,
+        }
+    }
+}
+
+fn default_health_url() -> String {
+    DEFAULT_HEALTH_URL.to_owned()
+}
+fn default_health_interval() -> String {
+    DEFAULT_HEALTH_INTERVAL.to_owned()
+}
+fn default_health_timeout() -> String {
+    DEFAULT_HEALTH_TIMEOUT.to_owned()
+}
+fn default_healthy_threshold() -> u32 {
+    DEFAULT_HEALTHY_THRESHOLD
+}
+fn default_unhealthy_threshold() -> u32 {
+    DEFAULT_UNHEALTHY_THRESHOLD
+}
+
+/// A health-check duration field that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("healthCheck.{field} {value:?} is not a duration (examples: 500ms, 1s, 1m30s): {reason}")]
+pub struct DurationError {
+    pub field: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+impl HealthCheck {
+    /// The probe interval.
+    pub fn interval(&self) -> Result<Duration, DurationError> {
+        parse_duration("interval", &self.interval)
+    }
+
+    /// The per-probe timeout.
+    pub fn timeout(&self) -> Result<Duration, DurationError> {
+        parse_duration("timeout", &self.timeout)
+    }
+}
+
+fn parse_duration(field: &'static str, value: &str) -> Result<Duration, DurationError> {
+    let error = |reason: String| DurationError {
+        field,
+        value: value.to_owned(),
+        reason,
+    };
+    let parsed = humantime::parse_duration(value).map_err(|e| error(e.to_string()))?;
+    if parsed.is_zero() {
+        return Err(error("must be greater than zero".into()));
+    }
+    Ok(parsed)
+}
+
+impl ProxySpec {
+    /// Health-check settings with defaults applied.
+    pub fn health_check(&self) -> HealthCheck {
+        self.health_check.clone().unwrap_or_default()
+    }
+}
