@@ -27,7 +27,10 @@ impl FromStr for BindAddress {
         }
         if let Some(port) = s.strip_prefix(':') {
             let port = port.parse::<u16>().map_err(|_| BindAddressError(s.to_owned()))?;
-            return Ok(BindAddress::Listen(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)));
+            return Ok(BindAddress::Listen(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                port,
+            )));
         }
         s.parse::<SocketAddr>()
             .map(BindAddress::Listen)
@@ -50,9 +53,18 @@ mod tests {
 
     #[test]
     fn parses_the_usual_shapes() {
-        assert_eq!(":8090".parse(), Ok(BindAddress::Listen("0.0.0.0:8090".parse().unwrap())));
-        assert_eq!("127.0.0.1:1".parse(), Ok(BindAddress::Listen("127.0.0.1:1".parse().unwrap())));
-        assert_eq!("[::]:8080".parse(), Ok(BindAddress::Listen("[::]:8080".parse().unwrap())));
+        assert_eq!(
+            ":8090".parse(),
+            Ok(BindAddress::Listen("0.0.0.0:8090".parse().unwrap()))
+        );
+        assert_eq!(
+            "127.0.0.1:1".parse(),
+            Ok(BindAddress::Listen("127.0.0.1:1".parse().unwrap()))
+        );
+        assert_eq!(
+            "[::]:8080".parse(),
+            Ok(BindAddress::Listen("[::]:8080".parse().unwrap()))
+        );
         assert_eq!("0".parse(), Ok(BindAddress::Disabled));
         for bad in ["", "8090", ":http", "localhost:80", ":70000"] {
             assert!(bad.parse::<BindAddress>().is_err(), "{bad}");

@@ -8,7 +8,12 @@ use egress_proxies::bind_address::BindAddress;
 use egress_proxies::telemetry::LogFormat;
 
 /// Version line: crate version and the commit the binary was built from.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("EPO_GIT_COMMIT"), ")");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("EPO_GIT_COMMIT"),
+    ")"
+);
 
 /// Keeps a fleet of egress HTTP proxies alive and hands them out through a lease API.
 #[derive(Parser, Debug)]
@@ -71,7 +76,11 @@ impl From<LogFormatArg> for LogFormat {
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// Providers configuration (YAML).
-    #[arg(long, env = "PROVIDERS_CONFIG", default_value = "/etc/proxy-operator/providers.yaml")]
+    #[arg(
+        long,
+        env = "PROVIDERS_CONFIG",
+        default_value = "/etc/proxy-operator/providers.yaml"
+    )]
     pub providers_config: PathBuf,
 
     /// Prometheus metrics listener (`0` disables it).
@@ -163,7 +172,8 @@ mod tests {
         assert!(err.to_string().contains("--gc-interval"), "{err}");
         let err = Cli::try_parse_from(["egress-proxies-operator", "--health-workers", "0"]).unwrap_err();
         assert!(err.to_string().contains("--health-workers"), "{err}");
-        let err = Cli::try_parse_from(["egress-proxies-operator", "--metrics-bind-address", "8080"]).unwrap_err();
+        let err =
+            Cli::try_parse_from(["egress-proxies-operator", "--metrics-bind-address", "8080"]).unwrap_err();
         assert!(err.to_string().contains("not a bind address"), "{err}");
     }
 }

@@ -42,7 +42,12 @@ fn validate_config(file: &std::path::Path) -> ExitCode {
                 .iter()
                 .map(|p| format!("{} ({})", p.name, p.settings.kind()))
                 .collect();
-            println!("{}: ok, {} provider(s): {}", file.display(), names.len(), names.join(", "));
+            println!(
+                "{}: ok, {} provider(s): {}",
+                file.display(),
+                names.len(),
+                names.join(", ")
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -55,7 +55,10 @@ impl GcpConfig {
         if self.disk_size_gb < DEFAULT_DISK_SIZE_GB {
             p.report(
                 "gcp.diskSizeGb",
-                format!("{} is below Compute Engine's minimum of {DEFAULT_DISK_SIZE_GB}", self.disk_size_gb),
+                format!(
+                    "{} is below Compute Engine's minimum of {DEFAULT_DISK_SIZE_GB}",
+                    self.disk_size_gb
+                ),
             );
         }
     }
@@ -66,5 +69,7 @@ fn is_network_tag(tag: &str) -> bool {
     (1..=63).contains(&tag.len())
         && tag.starts_with(|c: char| c.is_ascii_lowercase())
         && !tag.ends_with('-')
-        && tag.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }

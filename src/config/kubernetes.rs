@@ -18,7 +18,9 @@ pub struct KubernetesConfig {
 
 impl Default for KubernetesConfig {
     fn default() -> Self {
-        Self { image: default_image() }
+        Self {
+            image: default_image(),
+        }
     }
 }
 
@@ -29,7 +31,10 @@ fn default_image() -> String {
 impl KubernetesConfig {
     pub(super) fn validate(&self, p: &mut Problems) {
         if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
-            p.report("kubernetes.image", format!("{:?} is not a container image reference", self.image));
+            p.report(
+                "kubernetes.image",
+                format!("{:?} is not a container image reference", self.image),
+            );
         }
     }
 }

@@ -191,7 +191,10 @@ impl KvmConfig {
             if let Some(j) = first_index.get(host.name.as_str()) {
                 p.report(
                     format!("kvm.hosts[{i}].name"),
-                    format!("{:?} is already used by kvm.hosts[{j}]: host names must be unique", host.name),
+                    format!(
+                        "{:?} is already used by kvm.hosts[{j}]: host names must be unique",
+                        host.name
+                    ),
                 );
             } else {
                 first_index.insert(&host.name, i);
@@ -222,7 +225,10 @@ impl KvmImage {
         }
         match url::Url::parse(&self.url) {
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {}
-            Ok(_) => p.report(format!("{path}.url"), format!("{:?} must be an http:// or https:// URL", self.url)),
+            Ok(_) => p.report(
+                format!("{path}.url"),
+                format!("{:?} must be an http:// or https:// URL", self.url),
+            ),
             Err(e) => p.report(format!("{path}.url"), format!("{:?} is not a URL: {e}", self.url)),
         }
         if let Some(sha) = &self.sha256
@@ -260,10 +266,16 @@ impl KvmHost {
             p.report(format!("{path}.user"), "must name the SSH user");
         }
         if self.bridge.trim().is_empty() {
-            p.report(format!("{path}.bridge"), "must name the host bridge VMs attach to");
+            p.report(
+                format!("{path}.bridge"),
+                "must name the host bridge VMs attach to",
+            );
         }
         if !self.socket.starts_with('/') {
-            p.report(format!("{path}.socket"), format!("{:?} must be an absolute path", self.socket));
+            p.report(
+                format!("{path}.socket"),
+                format!("{:?} must be an absolute path", self.socket),
+            );
         }
         if self.pool.trim().is_empty() {
             p.report(format!("{path}.pool"), "must name a storage pool");
@@ -276,7 +288,9 @@ fn check_host_port(address: &str) -> Result<(), &'static str> {
     const SHAPE: &str = "must be host:port (e.g. 10.0.0.5:22 or [2001:db8::5]:22)";
     let (host, port) = address.rsplit_once(':').ok_or(SHAPE)?;
     let host_ok = if let Some(inner) = host.strip_prefix('[') {
-        inner.strip_suffix(']').is_some_and(|v6| v6.parse::<std::net::Ipv6Addr>().is_ok())
+        inner
+            .strip_suffix(']')
+            .is_some_and(|v6| v6.parse::<std::net::Ipv6Addr>().is_ok())
     } else {
         !host.is_empty() && !host.contains(':') && !host.contains(char::is_whitespace)
     };
@@ -292,10 +306,24 @@ mod tests {
 
     #[test]
     fn host_port_shapes() {
-        for ok in ["10.0.0.5:22", "kvm1.example.net:2222", "[::1]:22", "127.0.0.1:2222"] {
+        for ok in [
+            "10.0.0.5:22",
+            "kvm1.example.net:2222",
+            "[::1]:22",
+            "127.0.0.1:2222",
+        ] {
             assert!(check_host_port(ok).is_ok(), "{ok}");
         }
-        for bad in ["10.0.0.5", ":22", "host:0", "host:65536", "::1:22", "[::1]", "h h:22", "host:ssh"] {
+        for bad in [
+            "10.0.0.5",
+            ":22",
+            "host:0",
+            "host:65536",
+            "::1:22",
+            "[::1]",
+            "h h:22",
+            "host:ssh",
+        ] {
             assert!(check_host_port(bad).is_err(), "{bad}");
         }
     }

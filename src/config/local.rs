@@ -54,10 +54,16 @@ impl LocalConfig {
         if let Some(bin) = &self.squid_binary
             && bin.as_os_str().is_empty()
         {
-            p.report("local.squidBinary", "must not be empty (omit it to use `squid` on PATH)");
+            p.report(
+                "local.squidBinary",
+                "must not be empty (omit it to use `squid` on PATH)",
+            );
         }
         if self.squid_binary.is_some() && self.implementation == LocalImplementation::Builtin {
-            p.report("local.squidBinary", "is set but implementation is builtin, which never runs Squid");
+            p.report(
+                "local.squidBinary",
+                "is set but implementation is builtin, which never runs Squid",
+            );
         }
     }
 }

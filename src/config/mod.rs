@@ -83,7 +83,11 @@ pub enum ConfigError {
 }
 
 fn render(problems: &[Problem]) -> String {
-    problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n")
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 impl ConfigError {
@@ -137,7 +141,9 @@ impl ProvidersConfig {
     /// Parses and validates YAML; `origin` names the source in messages.
     pub fn parse(yaml: &str, origin: &str) -> Result<Self, ConfigError> {
         let raw: RawFile = if yaml.trim().is_empty() {
-            RawFile { providers: Vec::new() }
+            RawFile {
+                providers: Vec::new(),
+            }
         } else {
             serde_saphyr::from_str(yaml).map_err(|e| ConfigError::Syntax {
                 path: origin.to_owned(),
@@ -149,13 +155,20 @@ impl ProvidersConfig {
         let mut providers = Vec::new();
         let mut first_index: HashMap<String, usize> = HashMap::new();
         for (i, entry) in raw.providers.into_iter().enumerate() {
-            let label = entry.get("name").and_then(Value::as_str).unwrap_or("?").to_owned();
+            let label = entry
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_owned();
             let mut p = Problems::under(format!("providers[{i}] ({label})"));
             if let Some(instance) = parse_instance(entry, &mut p) {
                 if let Some(j) = first_index.get(&instance.name) {
                     p.report(
                         "name",
-                        format!("{:?} is already used by providers[{j}]: instance names must be unique", instance.name),
+                        format!(
+                            "{:?} is already used by providers[{j}]: instance names must be unique",
+                            instance.name
+                        ),
                     );
                 } else {
                     first_index.insert(instance.name.clone(), i);
@@ -215,7 +228,10 @@ fn parse_instance(entry: Value, p: &mut Problems) -> Option<ProviderInstance> {
         ("local", &raw.local),
     ] {
         if block.is_some() && kind != raw.kind {
-            p.report(kind, format!("block does not match type {:?}; remove it", raw.kind));
+            p.report(
+                kind,
+                format!("block does not match type {:?}; remove it", raw.kind),
+            );
         }
     }
     let settings = match raw.kind.as_str() {
@@ -224,7 +240,10 @@ fn parse_instance(entry: Value, p: &mut Problems) -> Option<ProviderInstance> {
         "kvm" => ProviderSettings::Kvm(typed_block("kvm", raw.kvm, false, p)?),
         "local" => ProviderSettings::Local(typed_block("local", raw.local, true, p)?),
         other => {
-            p.report("type", format!("{other:?} is not a provider type (one of {})", KINDS.join(", ")));
+            p.report(
+                "type",
+                format!("{other:?} is not a provider type (one of {})", KINDS.join(", ")),
+            );
             return None;
         }
     };
@@ -250,7 +269,10 @@ fn typed_block<T: serde::de::DeserializeOwned>(
 ) -> Option<T> {
     let block = match block {
         Some(Value::Null) | None if optional => Value::Object(Default::default()),
-        Some(b) => b,
+        Some(mut b) => {
+            drop_nulls(&mut b);
+            b
+        }
         None => {
             p.report(kind, format!("block is required for type {kind}"));
             return None;
@@ -262,6 +284,19 @@ fn typed_block<T: serde::de::DeserializeOwned>(
             p.report(field_path(kind, e.path()), e.into_inner().to_string());
             None
         }
+    }
+}
+
+/// A key written with no value (`machineTypes:`) means "not set": drop it so
+/// the field's default applies, as YAML users expect.
+fn drop_nulls(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
     }
 }
 

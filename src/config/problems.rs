@@ -56,7 +56,8 @@ impl Problems {
 pub fn is_identifier(s: &str) -> bool {
     s.len() <= 63
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
 }
 
 /// The wording shared by every identifier-rule message.
@@ -72,7 +73,17 @@ mod tests {
         for ok in ["a", "dc1", "rack-2.b_c", "0host", &"x".repeat(63)] {
             assert!(is_identifier(ok), "{ok}");
         }
-        for bad in ["", "dc1/rack2", "../x", ".hidden", "-x", "_x", "sp ace", "ü", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "dc1/rack2",
+            "../x",
+            ".hidden",
+            "-x",
+            "_x",
+            "sp ace",
+            "ü",
+            &"x".repeat(64),
+        ] {
             assert!(!is_identifier(bad), "{bad}");
         }
     }

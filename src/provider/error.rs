@@ -126,7 +126,13 @@ mod tests {
             err.to_string(),
             "gcp-eu create zones/europe-west1-b/instances/proxy-abc: permanent: machine type n9-huge does not exist"
         );
-        let err = ProviderError::new(ErrorClass::Transient, Op::List, "kvm-home", None, "host dc1 unreachable");
+        let err = ProviderError::new(
+            ErrorClass::Transient,
+            Op::List,
+            "kvm-home",
+            None,
+            "host dc1 unreachable",
+        );
         assert_eq!(err.to_string(), "kvm-home list: transient: host dc1 unreachable");
     }
 

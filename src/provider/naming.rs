@@ -59,7 +59,8 @@ mod tests {
         s.len() <= 63
             && s.starts_with(|c: char| c.is_ascii_lowercase())
             && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     }
 
     proptest! {

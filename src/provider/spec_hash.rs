@@ -40,7 +40,12 @@ pub fn spec_hash(provider: &str, placement: &Placement, port: u16, cloud_init: O
     let mut hasher = Sha256::new();
     hasher.update(SCHEME);
     field(&mut hasher, Some(provider.as_bytes()));
-    for part in [&placement.region, &placement.zone, &placement.machine_type, &placement.image] {
+    for part in [
+        &placement.region,
+        &placement.zone,
+        &placement.machine_type,
+        &placement.image,
+    ] {
         field(&mut hasher, part.as_deref().map(str::as_bytes));
     }
     field(&mut hasher, Some(&port.to_be_bytes()));
@@ -75,11 +80,26 @@ mod tests {
     #[test]
     fn every_field_matters() {
         let base = spec_hash("kvm", &placement(Some("a"), None), 3128, Some(b"x"));
-        assert_ne!(base, spec_hash("gcp", &placement(Some("a"), None), 3128, Some(b"x")));
-        assert_ne!(base, spec_hash("kvm", &placement(Some("b"), None), 3128, Some(b"x")));
-        assert_ne!(base, spec_hash("kvm", &placement(Some("a"), Some("i")), 3128, Some(b"x")));
-        assert_ne!(base, spec_hash("kvm", &placement(Some("a"), None), 3129, Some(b"x")));
-        assert_ne!(base, spec_hash("kvm", &placement(Some("a"), None), 3128, Some(b"y")));
+        assert_ne!(
+            base,
+            spec_hash("gcp", &placement(Some("a"), None), 3128, Some(b"x"))
+        );
+        assert_ne!(
+            base,
+            spec_hash("kvm", &placement(Some("b"), None), 3128, Some(b"x"))
+        );
+        assert_ne!(
+            base,
+            spec_hash("kvm", &placement(Some("a"), Some("i")), 3128, Some(b"x"))
+        );
+        assert_ne!(
+            base,
+            spec_hash("kvm", &placement(Some("a"), None), 3129, Some(b"x"))
+        );
+        assert_ne!(
+            base,
+            spec_hash("kvm", &placement(Some("a"), None), 3128, Some(b"y"))
+        );
         assert_ne!(base, spec_hash("kvm", &placement(Some("a"), None), 3128, None));
     }
 

@@ -136,7 +136,10 @@ pub struct CloudInit {
 impl std::fmt::Debug for CloudInit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CloudInit")
-            .field("inline", &self.inline.as_ref().map(|s| format!("<{} bytes>", s.len())))
+            .field(
+                "inline",
+                &self.inline.as_ref().map(|s| format!("<{} bytes>", s.len())),
+            )
             .field("secret_ref", &self.secret_ref)
             .finish()
     }

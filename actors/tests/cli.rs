@@ -1,0 +1,84 @@
+//! The binary's offline subcommands, run as a user would.
+
+use std::process::Command;
+
+fn operator() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+}
+
+fn repo_file(path: &str) -> String {
+    format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn validate_config_accepts_the_shipped_sample() {
+    let out = operator()
+        .args(["validate-config", &repo_file("config/providers.yaml")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("ok, 4 provider(s)"), "{stdout}");
+}
+
+#[test]
+fn validate_config_prints_every_problem_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.yaml");
+    std::fs::write(
+        &file,
+        "providers:\n  - name: kvm-home\n    type: kvm\n    kvm:\n      sshKeyFile: /k\n      machineTypes: {}\n      \
+         hosts: [{name: dc1/rack2, address: h, user: u, bridge: b}]\n  - {name: gcp-eu, type: gcp, gcp: {project: \"\"}}\n",
+    )
+    .unwrap();
+    let out = operator().arg("validate-config").arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("5 problem(s)"), "{stderr}");
+    for expected in [
+        "providers[0] (kvm-home): kvm.knownHostsFile is required",
+        "providers[0] (kvm-home): kvm.machineTypes must define at least one machine type",
+        "providers[0] (kvm-home): kvm.hosts[0].name \"dc1/rack2\" must be",
+        "providers[0] (kvm-home): kvm.hosts[0].address \"h\" must be host:port",
+        "providers[1] (gcp-eu): gcp.project is required",
+    ] {
+        assert!(stderr.contains(expected), "missing {expected:?} in\n{stderr}");
+    }
+}
+
+#[test]
+fn validate_config_reports_a_missing_file() {
+    let out = operator()
+        .args(["validate-config", "/nonexistent/providers.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("reading /nonexistent/providers.yaml"), "{stderr}");
+}
+
+#[test]
+fn crd_prints_the_committed_definition() {
+    let out = operator().arg("crd").output().unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read_to_string(repo_file("deploy/crd/proxies.yaml")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), committed);
+}
+
+#[test]
+fn version_names_the_commit() {
+    let out = operator().arg("--version").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("egress-proxies-operator "), "{stdout}");
+    let commit = stdout
+        .split("(commit ")
+        .nth(1)
+        .unwrap_or_default()
+        .trim_end()
+        .trim_end_matches(')');
+    let hex = commit.trim_end_matches("-dirty");
+    assert!(
+        commit == "unknown" || (hex.len() == 40 && hex.chars().all(|c| c.is_ascii_hexdigit())),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,188 @@
+//! The Proxy CRD: the committed YAML matches the Rust types, and its schema
+//! accepts good objects and rejects bad ones the way the API server would
+//! (OpenAPI structure via a JSON-schema validator, `x-kubernetes-validations`
+//! via a CEL evaluator).
+
+use egress_proxies::resource::{Proxy, crd_yaml};
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+const COMMITTED: &str = include_str!("../deploy/crd/proxies.yaml");
+
+#[test]
+fn committed_crd_matches_the_types() {
+    let generated = crd_yaml().unwrap();
+    assert!(
+        generated == COMMITTED,
+        "deploy/crd/proxies.yaml is stale: regenerate it with\n  \
+         cargo run -q -- crd > deploy/crd/proxies.yaml"
+    );
+}
+
+fn schema() -> Value {
+    let crd = serde_json::to_value(Proxy::crd()).unwrap();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+fn object(spec: Value) -> Value {
+    json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "p", "namespace": "crawlers"},
+        "spec": spec,
+    })
+}
+
+/// Messages the API server would answer with: schema violations and failed CEL rules.
+fn rejections(obj: &Value) -> Vec<String> {
+    let schema = schema();
+    let validator = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft4)
+        .build(&schema)
+        .unwrap();
+    let mut out: Vec<String> = validator.iter_errors(obj).map(|e| e.to_string()).collect();
+    out.extend(
+        kube_cel::Validator::new()
+            .validate(&schema, obj, None)
+            .into_iter()
+            .map(|e| e.to_string()),
+    );
+    out
+}
+
+#[test]
+fn valid_proxies_are_accepted() {
+    for spec in [
+        json!({"mode": "Managed", "provider": "kvm-home"}),
+        json!({"mode": "Managed", "provider": "gcp-eu", "placement": {"zone": "europe-west1-b",
+               "machineType": "e2-small", "image": "debian-13"}, "port": 3128,
+               "cloudInit": {"inline": "#cloud-config\n"}, "attributes": {"geo": "eu"}}),
+        json!({"mode": "Managed", "provider": "k", "cloudInit": {"secretRef": {"name": "ci"}}}),
+        json!({"mode": "External", "endpoint": {"host": "203.0.113.7", "port": 8080, "scheme": "https"},
+               "healthCheck": {"url": "https://example.org/", "interval": "5s", "expectedStatus": 204,
+               "healthyThreshold": 1, "unhealthyThreshold": 5}}),
+    ] {
+        let obj = object(spec.clone());
+        assert_eq!(rejections(&obj), Vec::<String>::new(), "{spec}");
+        let proxy: Proxy = serde_json::from_value(obj).unwrap();
+        assert_eq!(serde_json::to_value(&proxy.spec).unwrap()["mode"], spec["mode"]);
+    }
+}
+
+#[test]
+fn invalid_proxies_are_rejected_with_a_reason() {
+    let cases = [
+        (
+            json!({"mode": "External"}),
+            "endpoint is required when mode is External",
+        ),
+        (
+            json!({"mode": "Managed"}),
+            "provider is required when mode is Managed",
+        ),
+        (
+            json!({"mode": "Managed", "provider": ""}),
+            "provider is required when mode is Managed",
+        ),
+        (
+            json!({"mode": "Managed", "provider": "p", "cloudInit": {}}),
+            "cloudInit must set exactly one of inline or secretRef",
+        ),
+        (
+            json!({"mode": "Managed", "provider": "p",
+                   "cloudInit": {"inline": "x", "secretRef": {"name": "s"}}}),
+            "cloudInit must set exactly one of inline or secretRef",
+        ),
+        (json!({"mode": "Sometimes"}), "\"Sometimes\" is not one of"),
+        (json!({"provider": "p"}), "\"mode\" is a required property"),
+        (
+            json!({"mode": "External", "endpoint": {"host": "h"}}),
+            "\"port\" is a required property",
+        ),
+        (
+            json!({"mode": "Managed", "provider": "p", "port": 0}),
+            "0 is less than the minimum of 1",
+        ),
+        (
+            json!({"mode": "Managed", "provider": "p", "port": 70000}),
+            "70000 is greater than the maximum of 65535",
+        ),
+        (
+            json!({"mode": "Managed", "provider": "p", "healthCheck": {"healthyThreshold": 0}}),
+            "0 is less than the minimum of 1",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let got = rejections(&object(spec.clone()));
+        assert!(
+            got.iter().any(|m| m.contains(expected)),
+            "{spec}: expected a rejection containing {expected:?}, got {got:?}"
+        );
+    }
+}
+
+#[test]
+fn defaults_come_from_the_types() {
+    let proxy: Proxy = serde_json::from_value(object(json!({"mode": "Managed", "provider": "p",
+        "healthCheck": {}, "cloudInit": {"secretRef": {"name": "s"}}})))
+    .unwrap();
+    assert_eq!(proxy.spec.port, 3128);
+    let hc = proxy.spec.health_check();
+    assert_eq!(hc.url, "https://www.gstatic.com/generate_204");
+    assert_eq!(hc.interval().unwrap(), std::time::Duration::from_secs(1));
+    assert_eq!(hc.timeout().unwrap(), std::time::Duration::from_secs(5));
+    assert_eq!(
+        (hc.healthy_threshold, hc.unhealthy_threshold, hc.expected_status),
+        (2, 3, None)
+    );
+    let secret = proxy.spec.cloud_init.unwrap().secret_ref.unwrap();
+    assert_eq!(secret.key, "user-data");
+}
+
+#[test]
+fn durations_are_checked_with_a_clear_message() {
+    let mut hc = egress_proxies::resource::HealthCheck {
+        interval: "1m30s".into(),
+        ..Default::default()
+    };
+    assert_eq!(hc.interval().unwrap().as_secs(), 90);
+    hc.interval = "often".into();
+    let err = hc.interval().unwrap_err().to_string();
+    assert!(
+        err.starts_with("healthCheck.interval \"often\" is not a duration"),
+        "{err}"
+    );
+    hc.timeout = "0s".into();
+    assert!(
+        hc.timeout()
+            .unwrap_err()
+            .to_string()
+            .contains("must be greater than zero")
+    );
+}
+
+#[test]
+fn printer_columns_and_subresource() {
+    let crd = serde_json::to_value(Proxy::crd()).unwrap();
+    let version = &crd["spec"]["versions"][0];
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["Mode", "Provider", "Phase", "IP", "Healthy", "Age"]);
+    assert_eq!(version["subresources"]["status"], json!({}));
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["px"]));
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+}
+
+#[test]
+fn cloud_init_content_never_shows_in_debug_output() {
+    let proxy: Proxy = serde_json::from_value(object(json!({"mode": "Managed", "provider": "p",
+        "cloudInit": {"inline": "password: hunter2"}})))
+    .unwrap();
+    let debug = format!("{proxy:?}");
+    assert!(!debug.contains("hunter2"), "{debug}");
+    assert!(debug.contains("<17 bytes>"), "{debug}");
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian/Ubuntu packages egress-proxies-operator needs.
+#   tests/system-packages.sh build   what compiling needs
+#   tests/system-packages.sh test    that, plus the real components the tests run
+# Only missing packages are installed; service start-up during installation is
+# suppressed (tests start their own daemons on loopback).
+set -euo pipefail
+
+build=(pkg-config libssl-dev libvirt-dev git)
+test_extra=(squid)
+
+case "${1:-build}" in
+  build) wanted=("${build[@]}") ;;
+  test) wanted=("${build[@]}" "${test_extra[@]}") ;;
+  *) echo "usage: $0 build|test" >&2; exit 2 ;;
+esac
+
+missing=()
+for pkg in "${wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null; then
+  echo "error: these system packages are needed but apt-get is not available: ${missing[*]}" >&2
+  echo "       install them with your package manager and run again." >&2
+  exit 1
+fi
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "error: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+
+echo "installing system packages: ${missing[*]}" >&2
+# Keep package scripts from starting daemons (sshd, libvirtd, squid) on install.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+  "${sudo[@]}" chmod +x "$policy"
+  created_policy=1
+fi
+trap '[ "$created_policy" = 1 ] && "${sudo[@]}" rm -f "$policy"' EXIT
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
