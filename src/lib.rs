@@ -22,6 +22,9 @@
 
 pub mod bind_address;
 pub mod config;
+pub mod forward_proxy;
 pub mod provider;
+pub mod reconcile;
 pub mod resource;
+pub mod store;
 pub mod telemetry;

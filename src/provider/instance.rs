@@ -54,6 +54,8 @@ pub struct Instance {
     pub state: InstanceState,
     /// The address clients reach the proxy at, once known.
     pub ip: Option<IpAddr>,
+    /// The port clients use, when the provider chose it (else the spec's port).
+    pub port: Option<u16>,
     /// UID of the owning Proxy, from the instance's tag.
     pub uid: Option<String>,
     /// When the instance was created, from the provider (GC grace period).

@@ -8,14 +8,18 @@
 
 mod error;
 mod instance;
+mod local;
 mod naming;
+mod registry;
 mod spec_hash;
 
 use async_trait::async_trait;
 
 pub use error::{ErrorClass, Op, ProviderError};
 pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, ProviderId};
+pub use local::LocalProvider;
 pub use naming::{InstanceName, instance_name};
+pub use registry::{BuildContext, BuildError, Providers};
 pub use spec_hash::{SpecHash, spec_hash};
 
 /// A source of proxy instances (a cluster, a cloud, KVM hosts, this machine).

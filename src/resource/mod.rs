@@ -3,11 +3,13 @@
 //! The Rust types are the single source of truth: the CRD in `deploy/crd/` is
 //! generated from them (`egress-proxies-operator crd`) and a test guards drift.
 
+mod conditions;
 mod crd;
 mod metadata;
 mod spec;
 mod status;
 
+pub use conditions::set_condition;
 pub use crd::{CrdError, crd_yaml};
 pub use metadata::*;
 pub use spec::*;

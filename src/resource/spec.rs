@@ -31,6 +31,7 @@ pub const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 3;
     namespaced,
     shortname = "px",
     status = "ProxyStatus",
+    derive = "PartialEq",
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
@@ -276,6 +277,39 @@ fn parse_duration(field: &'static str, value: &str) -> Result<Duration, Duration
 }
 
 impl ProxySpec {
+    /// The checks the CRD's validation rules make, for stores without an API
+    /// server (the embedded store). Messages match the CRD's.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        if self.mode == Mode::External && self.endpoint.is_none() {
+            problems.push("endpoint is required when mode is External".to_owned());
+        }
+        if self.mode == Mode::Managed && self.provider.as_deref().is_none_or(str::is_empty) {
+            problems.push("provider is required when mode is Managed".to_owned());
+        }
+        if let Some(ci) = &self.cloud_init
+            && ci.inline.is_some() == ci.secret_ref.is_some()
+        {
+            problems.push("cloudInit must set exactly one of inline or secretRef".to_owned());
+        }
+        if self.port == 0 || self.endpoint.as_ref().is_some_and(|e| e.port == 0) {
+            problems.push("port must be between 1 and 65535".to_owned());
+        }
+        if let Some(hc) = &self.health_check {
+            if hc.healthy_threshold == 0 || hc.unhealthy_threshold == 0 {
+                problems.push("healthCheck thresholds must be at least 1".to_owned());
+            }
+            for result in [hc.interval().err(), hc.timeout().err()].into_iter().flatten() {
+                problems.push(result.to_string());
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
     /// Health-check settings with defaults applied.
     pub fn health_check(&self) -> HealthCheck {
         self.health_check.clone().unwrap_or_default()

@@ -1,0 +1,139 @@
+//! A small forward HTTP proxy: `CONNECT host:port` tunnels and absolute-URI
+//! requests (`GET http://host/path`). The local provider runs it as a
+//! separate process when Squid is not installed. Like the Squid config the
+//! operator generates, it adds no `Via` or `X-Forwarded-For` header, so
+//! targets see a plain client.
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Largest request head accepted.
+const MAX_HEAD: usize = 16 * 1024;
+/// Time allowed for the client's request head and for the upstream connect.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Headers that concern only the hop to this proxy.
+const HOP_HEADERS: [&str; 5] = [
+    "proxy-connection",
+    "proxy-authorization",
+    "connection",
+    "keep-alive",
+    "te",
+];
+
+/// Serves until the listener fails.
+pub async fn serve(listener: TcpListener) -> io::Result<()> {
+    loop {
+        let (client, peer) = listener.accept().await?;
+        tokio::spawn(async move {
+            if let Err(e) = handle(client).await {
+                tracing::debug!(%peer, error = %e, "proxied connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn handle(mut client: TcpStream) -> io::Result<()> {
+    let (head, rest) = match tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client)).await {
+        Ok(result) => result?,
+        Err(_) => return reply(&mut client, 408, "Request Timeout").await,
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    if !matches!(request.parse(&head), Ok(httparse::Status::Complete(_))) {
+        return reply(&mut client, 400, "Bad Request").await;
+    }
+    let method = request.method.unwrap_or_default().to_owned();
+    let target = request.path.unwrap_or_default().to_owned();
+
+    if method.eq_ignore_ascii_case("CONNECT") {
+        let Ok(mut upstream) = connect(&target).await else {
+            return reply(&mut client, 502, "Bad Gateway").await;
+        };
+        client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await?;
+        upstream.write_all(&rest).await?;
+        tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+        return Ok(());
+    }
+
+    let Ok(url) = url::Url::parse(&target) else {
+        return reply(&mut client, 400, "Bad Request").await;
+    };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return reply(&mut client, 400, "Bad Request").await;
+    };
+    if url.scheme() != "http" {
+        return reply(&mut client, 400, "Bad Request").await;
+    }
+    let authority = match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_owned(),
+    };
+    let Ok(mut upstream) = connect(&format!("{host}:{port}")).await else {
+        return reply(&mut client, 502, "Bad Gateway").await;
+    };
+    let path = &url[url::Position::BeforePath..url::Position::AfterQuery];
+    let mut out = format!("{method} {path} HTTP/1.1\r\n");
+    let mut has_host = false;
+    for h in request.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        if HOP_HEADERS.contains(&name.as_str()) {
+            continue;
+        }
+        has_host |= name == "host";
+        out.push_str(h.name);
+        out.push_str(": ");
+        out.push_str(&String::from_utf8_lossy(h.value));
+        out.push_str("\r\n");
+    }
+    if !has_host {
+        out.push_str(&format!("Host: {authority}\r\n"));
+    }
+    // One request per connection keeps the relay a plain byte copy.
+    out.push_str("Connection: close\r\n\r\n");
+    upstream.write_all(out.as_bytes()).await?;
+    upstream.write_all(&rest).await?;
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    Ok(())
+}
+
+/// Reads up to the end of the request head; returns the head and any bytes after it.
+async fn read_head(client: &mut TcpStream) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "client closed before the request head ended",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Ok((buf, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "request head too large",
+            ));
+        }
+    }
+}
+
+async fn connect(authority: &str) -> io::Result<TcpStream> {
+    tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(authority))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"))?
+}
+
+async fn reply(client: &mut TcpStream, code: u16, reason: &str) -> io::Result<()> {
+    let response = format!("HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    client.write_all(response.as_bytes()).await
+}

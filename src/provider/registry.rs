@@ -1,0 +1,79 @@
+//! The configured provider instances, by name.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::{ProviderSettings, ProvidersConfig};
+
+use super::Provider;
+use super::local::LocalProvider;
+
+/// What building providers needs besides their configuration.
+#[derive(Clone, Debug)]
+pub struct BuildContext {
+    /// Where providers keep local state (the local provider's instances).
+    pub state_dir: PathBuf,
+    /// This program, for providers that run it as a helper process.
+    pub operator_exe: PathBuf,
+}
+
+/// A provider could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("provider {name}: type {kind} is not available in this build of the operator")]
+    Unavailable { name: String, kind: &'static str },
+    #[error("provider {name}: {reason}")]
+    Invalid { name: String, reason: String },
+}
+
+/// Every configured provider, all built or none.
+#[derive(Clone, Default)]
+pub struct Providers {
+    by_name: BTreeMap<String, Arc<dyn Provider>>,
+}
+
+impl Providers {
+    pub fn build(config: &ProvidersConfig, ctx: &BuildContext) -> Result<Self, BuildError> {
+        let mut by_name = BTreeMap::new();
+        for instance in &config.providers {
+            let provider: Arc<dyn Provider> = match &instance.settings {
+                ProviderSettings::Local(local) => Arc::new(
+                    LocalProvider::new(&instance.name, local.clone(), ctx).map_err(|e| {
+                        BuildError::Invalid {
+                            name: instance.name.clone(),
+                            reason: e.to_string(),
+                        }
+                    })?,
+                ),
+                other => {
+                    return Err(BuildError::Unavailable {
+                        name: instance.name.clone(),
+                        kind: other.kind(),
+                    });
+                }
+            };
+            by_name.insert(instance.name.clone(), provider);
+        }
+        Ok(Self { by_name })
+    }
+
+    /// A set made of the given providers (tests, embedding).
+    pub fn from_providers(providers: impl IntoIterator<Item = Arc<dyn Provider>>) -> Self {
+        Self {
+            by_name: providers.into_iter().map(|p| (p.name().to_owned(), p)).collect(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        self.by_name.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.by_name.values()
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.by_name.keys().map(String::as_str).collect()
+    }
+}

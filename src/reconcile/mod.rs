@@ -1,0 +1,322 @@
+//! Reconciling one Proxy: the decisions of SPEC §3, over the object-store
+//! and provider ports. One call looks at the object once, does at most one
+//! step of provider I/O that changes something, records what it learnt, and
+//! says when to look again. The caller (the ProxyActor) serialises calls per
+//! object and owns the timers.
+
+mod status;
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+
+use crate::provider::{
+    CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, Providers,
+    instance_name, spec_hash,
+};
+use crate::resource::{FINALIZER, Mode, Phase, Proxy, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION};
+use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
+
+pub use status::StatusDraft;
+
+/// What the reconcile needs: where objects live and the providers.
+#[derive(Clone)]
+pub struct Context {
+    pub store: Arc<dyn ProxyStore>,
+    pub providers: Arc<Providers>,
+    /// Injectable clock (condition and health timestamps).
+    pub now: fn() -> Timestamp,
+}
+
+/// When to look at the object again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Something is in flight (creating, deleting): poll soon, backing off.
+    Poll,
+    /// Settled and running: check again after the resync period.
+    Resync,
+    /// Nothing to do until the object or configuration changes.
+    Idle,
+    /// The object no longer exists.
+    Gone,
+}
+
+/// A reconcile that could not finish; the class decides the retry.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cloud-init: {0}")]
+    CloudInit(#[from] CloudInitError),
+    #[error(
+        "provider {0:?} is not configured; add it to the providers config, or set {SKIP_CLEANUP_ANNOTATION}: \"true\" to release the Proxy without cleanup"
+    )]
+    ProviderMissingOnDelete(String),
+}
+
+impl ReconcileError {
+    /// How the caller should retry.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ReconcileError::Provider(e) => e.class,
+            _ => ErrorClass::Transient,
+        }
+    }
+
+    /// Label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ReconcileError::Provider(_) => "provider",
+            ReconcileError::Store(_) => "store",
+            ReconcileError::CloudInit(_) => "cloud_init",
+            ReconcileError::ProviderMissingOnDelete(_) => "provider_missing",
+        }
+    }
+}
+
+/// Reconciles the Proxy at `key` once.
+pub async fn reconcile(key: &ObjectKey, ctx: &Context) -> Result<Next, ReconcileError> {
+    let Some(proxy) = ctx.store.get(key).await? else {
+        return Ok(Next::Gone);
+    };
+    let mut draft = StatusDraft::new(&proxy, ctx.now);
+    let result = if proxy.metadata.deletion_timestamp.is_some() {
+        delete(&proxy, ctx, &mut draft).await
+    } else {
+        match proxy.spec.mode {
+            Mode::Managed => managed(&proxy, ctx, &mut draft).await,
+            Mode::External => external(&proxy, ctx, &mut draft).await,
+        }
+    };
+    let result = match result {
+        Err(e) if e.class() == ErrorClass::Permanent => {
+            draft.fail(&e.to_string());
+            Ok(Next::Idle)
+        }
+        Err(e) => {
+            draft.retrying(&e);
+            Err(e)
+        }
+        ok => ok,
+    };
+    if !matches!(result, Ok(Next::Gone)) {
+        match draft.write(ctx.store.as_ref(), key).await {
+            Ok(()) | Err(StoreError::Gone { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    result
+}
+
+fn uid(proxy: &Proxy) -> &str {
+    proxy.metadata.uid.as_deref().unwrap_or_default()
+}
+
+fn has_finalizer(proxy: &Proxy) -> bool {
+    proxy
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+fn annotation<'a>(proxy: &'a Proxy, name: &str) -> Option<&'a str> {
+    proxy.metadata.annotations.as_ref()?.get(name).map(String::as_str)
+}
+
+async fn managed(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Result<Next, ReconcileError> {
+    let key = ObjectKey::of(proxy);
+    if !has_finalizer(proxy) {
+        ctx.store.add_finalizer(&key, uid(proxy)).await?;
+    }
+    let provider_name = proxy.spec.provider.clone().unwrap_or_default();
+    let Some(provider) = ctx.providers.get(&provider_name).cloned() else {
+        let known = ctx.providers.names().join(", ");
+        draft.fail(&format!(
+            "provider {provider_name:?} is not configured (configured: {known})"
+        ));
+        return Ok(Next::Idle);
+    };
+
+    let cloud_init = resolve_cloud_init(proxy, ctx).await?;
+    let placement = proxy.spec.placement.clone().unwrap_or_default();
+    let hash = spec_hash(
+        &provider_name,
+        &placement,
+        proxy.spec.port,
+        cloud_init.as_ref().map(|c| c.0.as_slice()),
+    );
+    let recorded = annotation(proxy, SPEC_HASH_ANNOTATION);
+
+    if let Some(id) = draft.provider_id() {
+        if recorded != Some(hash.as_str()) {
+            // Replace: the old instance must be gone before the new one is
+            // created (both carry the same name), so there are never two.
+            draft.progress(
+                Phase::Provisioning,
+                "spec changed: deleting the old instance before creating a new one",
+            );
+            match provider.get(&id).await {
+                Err(e) if e.is_not_found() => {
+                    ctx.store
+                        .set_annotation(&key, uid(proxy), SPEC_HASH_ANNOTATION, Some(hash.as_str()))
+                        .await?;
+                    draft.forget_instance();
+                }
+                Ok(_) => {
+                    provider.delete(&id).await?;
+                    return Ok(Next::Poll);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            match provider.get(&id).await {
+                Ok(instance) => return Ok(observe(proxy, provider.as_ref(), &instance, draft).await?),
+                Err(e) if e.is_not_found() => {
+                    tracing::warn!(proxy = %key, providerID = %id, "instance vanished; creating a new one");
+                    draft.forget_instance();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    if recorded != Some(hash.as_str()) {
+        ctx.store
+            .set_annotation(&key, uid(proxy), SPEC_HASH_ANNOTATION, Some(hash.as_str()))
+            .await?;
+    }
+    let request = CreateRequest {
+        name: instance_name(uid(proxy)),
+        uid: uid(proxy).to_owned(),
+        namespace: key.namespace.clone(),
+        cloud_init,
+        placement,
+        port: proxy.spec.port,
+    };
+    let id = provider.create(&request).await?;
+    tracing::info!(proxy = %key, providerID = %id, provider = %provider_name, "instance created");
+    draft.created(&id);
+    Ok(Next::Poll)
+}
+
+/// Records what `get` reported and decides the next step.
+async fn observe(
+    proxy: &Proxy,
+    provider: &dyn Provider,
+    instance: &Instance,
+    draft: &mut StatusDraft,
+) -> Result<Next, ReconcileError> {
+    match (instance.state, instance.ip) {
+        (InstanceState::Running, Some(ip)) => {
+            let port = instance.port.unwrap_or(proxy.spec.port);
+            draft.running(&ip.to_string(), port);
+            Ok(Next::Resync)
+        }
+        (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
+            draft.progress(Phase::Provisioning, "instance is starting");
+            Ok(Next::Poll)
+        }
+        (InstanceState::Stopped, _) => {
+            // Cattle: a stopped instance is replaced, not restarted.
+            tracing::warn!(proxy = %ObjectKey::of(proxy), providerID = %instance.id, "instance stopped; replacing it");
+            draft.progress(
+                Phase::Provisioning,
+                "instance stopped: deleting it to create a new one",
+            );
+            provider.delete(&instance.id).await?;
+            Ok(Next::Poll)
+        }
+    }
+}
+
+async fn resolve_cloud_init(proxy: &Proxy, ctx: &Context) -> Result<Option<CloudInitBytes>, ReconcileError> {
+    let Some(ci) = &proxy.spec.cloud_init else {
+        return Ok(None);
+    };
+    if let Some(inline) = &ci.inline {
+        return Ok(Some(CloudInitBytes(inline.as_bytes().to_vec())));
+    }
+    let Some(secret) = &ci.secret_ref else {
+        return Ok(None);
+    };
+    let namespace = ObjectKey::of(proxy).namespace;
+    Ok(Some(CloudInitBytes(
+        ctx.store.cloud_init(&namespace, secret).await?,
+    )))
+}
+
+async fn delete(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Result<Next, ReconcileError> {
+    let key = ObjectKey::of(proxy);
+    if !has_finalizer(proxy) {
+        return Ok(Next::Idle);
+    }
+    draft.progress(Phase::Terminating, "deleting the instance");
+    // Checked before the provider lookup: it must free a Proxy whose provider left the config.
+    if annotation(proxy, SKIP_CLEANUP_ANNOTATION) == Some("true") {
+        if let Some(id) = draft.provider_id() {
+            tracing::warn!(proxy = %key, providerID = %id, "skip-cleanup: releasing the Proxy and leaving its instance running");
+        }
+        ctx.store.remove_finalizer(&key, uid(proxy)).await?;
+        return Ok(Next::Gone);
+    }
+    if release_instance(proxy, ctx, draft).await? {
+        ctx.store.remove_finalizer(&key, uid(proxy)).await?;
+        tracing::info!(proxy = %key, "Proxy released");
+        return Ok(Next::Gone);
+    }
+    Ok(Next::Poll)
+}
+
+/// Drives the recorded instance towards gone; true once it is.
+async fn release_instance(
+    proxy: &Proxy,
+    ctx: &Context,
+    draft: &mut StatusDraft,
+) -> Result<bool, ReconcileError> {
+    let Some(id) = draft.provider_id() else {
+        return Ok(true);
+    };
+    let provider_name = proxy.spec.provider.clone().unwrap_or_default();
+    let Some(provider) = ctx.providers.get(&provider_name).cloned() else {
+        return Err(ReconcileError::ProviderMissingOnDelete(provider_name));
+    };
+    match provider.get(&id).await {
+        Err(e) if e.is_not_found() => {
+            draft.forget_instance();
+            Ok(true)
+        }
+        Ok(_) => {
+            provider.delete(&id).await?;
+            Ok(false)
+        }
+        // The id itself may be what is wrong; delete is idempotent, so try it.
+        Err(e) if e.class == ErrorClass::Permanent => {
+            provider.delete(&id).await?;
+            draft.forget_instance();
+            Ok(true)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn external(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Result<Next, ReconcileError> {
+    let key = ObjectKey::of(proxy);
+    // A Proxy switched from Managed: its instance goes first.
+    if !release_instance(proxy, ctx, draft).await? {
+        draft.progress(
+            Phase::Terminating,
+            "switched to External: deleting the managed instance",
+        );
+        return Ok(Next::Poll);
+    }
+    if has_finalizer(proxy) {
+        ctx.store.remove_finalizer(&key, uid(proxy)).await?;
+    }
+    if let Some(endpoint) = &proxy.spec.endpoint {
+        draft.external(&endpoint.host, endpoint.port);
+    }
+    Ok(Next::Idle)
+}

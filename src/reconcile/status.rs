@@ -1,0 +1,138 @@
+//! The status a reconcile is building, written once at the end and only
+//! when it differs from what is stored (transition-only writes).
+
+use std::net::IpAddr;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::provider::ProviderId;
+use crate::resource::{Phase, Proxy, ProxyStatus, condition, set_condition};
+use crate::store::{ObjectKey, ProxyStore, StoreError};
+
+use super::ReconcileError;
+
+/// Status edits of one reconcile.
+pub struct StatusDraft {
+    original: ProxyStatus,
+    status: ProxyStatus,
+    uid: String,
+    generation: Option<i64>,
+    now: fn() -> Timestamp,
+}
+
+impl StatusDraft {
+    pub fn new(proxy: &Proxy, now: fn() -> Timestamp) -> Self {
+        let original = proxy.status.clone().unwrap_or_default();
+        let mut status = original.clone();
+        status.phase.get_or_insert(Phase::Pending);
+        Self {
+            original,
+            status,
+            uid: proxy.metadata.uid.clone().unwrap_or_default(),
+            generation: proxy.metadata.generation,
+            now,
+        }
+    }
+
+    /// The status as it will be written.
+    pub fn status(&self) -> &ProxyStatus {
+        &self.status
+    }
+
+    pub fn provider_id(&self) -> Option<ProviderId> {
+        self.status
+            .provider_id
+            .clone()
+            .filter(|id| !id.is_empty())
+            .map(ProviderId)
+    }
+
+    fn instance_condition(&mut self, ready: bool, reason: &str, message: &str) {
+        let now = Time((self.now)());
+        set_condition(
+            &mut self.status.conditions,
+            condition::INSTANCE_READY,
+            ready,
+            reason,
+            message,
+            self.generation,
+            now,
+        );
+    }
+
+    /// The recorded instance is gone (or being replaced).
+    pub fn forget_instance(&mut self) {
+        self.status.provider_id = None;
+        self.status.ip = None;
+        self.status.endpoint = None;
+    }
+
+    pub fn created(&mut self, id: &ProviderId) {
+        self.status.provider_id = Some(id.to_string());
+        self.progress(Phase::Provisioning, "instance created; waiting for it to start");
+    }
+
+    /// Work in progress (provisioning, replacing, terminating).
+    pub fn progress(&mut self, phase: Phase, message: &str) {
+        self.status.phase = Some(phase);
+        self.status.message = Some(message.to_owned());
+        self.instance_condition(false, phase.as_str(), message);
+    }
+
+    /// The instance runs at `ip:port`. Health verdicts own Ready/Unhealthy,
+    /// so those phases are kept.
+    pub fn running(&mut self, ip: &str, port: u16) {
+        self.status.ip = Some(ip.to_owned());
+        self.status.endpoint = Some(endpoint(ip, port));
+        self.serving("Running", "instance is running");
+    }
+
+    /// An External proxy at `host:port`.
+    pub fn external(&mut self, host: &str, port: u16) {
+        self.status.ip = host.parse::<IpAddr>().ok().map(|ip| ip.to_string());
+        self.status.endpoint = Some(endpoint(host, port));
+        self.serving("External", "external endpoint");
+    }
+
+    fn serving(&mut self, reason: &str, message: &str) {
+        if !matches!(self.status.phase, Some(Phase::Ready | Phase::Unhealthy)) {
+            self.status.phase = Some(Phase::Running);
+        }
+        self.status.message = None;
+        self.instance_condition(true, reason, message);
+    }
+
+    /// A permanent error: no retry until the spec or configuration changes.
+    pub fn fail(&mut self, message: &str) {
+        self.status.phase = Some(Phase::Failed);
+        self.status.message = Some(message.to_owned());
+        self.instance_condition(false, "Failed", message);
+    }
+
+    /// A retryable error: say why the proxy is stuck, keep the phase.
+    pub fn retrying(&mut self, error: &ReconcileError) {
+        let message = format!("{error} (will retry)");
+        self.status.message = Some(message.clone());
+        if let ReconcileError::CloudInit(_) = error {
+            self.instance_condition(false, "CloudInitError", &message);
+        }
+    }
+
+    /// Writes the status if it changed.
+    pub async fn write(mut self, store: &dyn ProxyStore, key: &ObjectKey) -> Result<(), StoreError> {
+        self.status.observed_generation = self.generation;
+        if self.status == self.original {
+            return Ok(());
+        }
+        store.write_status(key, &self.uid, &self.status).await
+    }
+}
+
+/// `host:port`, with IPv6 addresses in brackets.
+fn endpoint(host: &str, port: u16) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
+        _ => format!("{host}:{port}"),
+    }
+}

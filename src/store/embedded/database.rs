@@ -1,0 +1,131 @@
+//! The state file: every Proxy object (metadata the store owns, spec, status)
+//! in SQLite, so a restart resumes exactly where the operator stopped. WAL
+//! mode lets `get proxies` read while the operator writes.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags, params};
+
+use crate::resource::Proxy;
+use crate::store::ObjectKey;
+
+/// Persistence failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    #[error("state database {path}: {source}")]
+    Sqlite {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state database holds an unreadable object {key}: {source}")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The SQLite file with one row per Proxy.
+pub struct Database {
+    conn: Connection,
+    path: String,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS proxies (
+    namespace TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    object    TEXT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);";
+
+impl Database {
+    /// Opens (creating when missing) the state file for writing.
+    pub fn open(path: &Path) -> Result<Self, DatabaseError> {
+        let shown = path.display().to_string();
+        let wrap = |source| DatabaseError::Sqlite {
+            path: shown.clone(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(wrap)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(wrap)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(wrap)?;
+        conn.execute_batch(SCHEMA).map_err(wrap)?;
+        Ok(Self { conn, path: shown })
+    }
+
+    /// Opens an existing state file read-only (safe while the operator runs).
+    pub fn open_read_only(path: &Path) -> Result<Self, DatabaseError> {
+        let shown = path.display().to_string();
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|source| {
+            DatabaseError::Sqlite {
+                path: shown.clone(),
+                source,
+            }
+        })?;
+        Ok(Self { conn, path: shown })
+    }
+
+    fn wrap(&self, source: rusqlite::Error) -> DatabaseError {
+        DatabaseError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Every stored object.
+    pub fn load_all(&self) -> Result<Vec<Proxy>, DatabaseError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT namespace, name, object FROM proxies ORDER BY namespace, name")
+            .map_err(|e| self.wrap(e))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| self.wrap(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (namespace, name, object) = row.map_err(|e| self.wrap(e))?;
+            let proxy = serde_json::from_str(&object).map_err(|source| DatabaseError::Corrupt {
+                key: format!("{namespace}/{name}"),
+                source,
+            })?;
+            out.push(proxy);
+        }
+        Ok(out)
+    }
+
+    /// Inserts or replaces one object (durable when this returns).
+    pub fn put(&self, proxy: &Proxy) -> Result<(), DatabaseError> {
+        let key = ObjectKey::of(proxy);
+        let object = serde_json::to_string(proxy).map_err(|source| DatabaseError::Corrupt {
+            key: key.to_string(),
+            source,
+        })?;
+        self.conn
+            .execute(
+                "INSERT INTO proxies (namespace, name, object) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (namespace, name) DO UPDATE SET object = excluded.object",
+                params![key.namespace, key.name, object],
+            )
+            .map_err(|e| self.wrap(e))?;
+        Ok(())
+    }
+
+    /// Forgets one object.
+    pub fn delete(&self, key: &ObjectKey) -> Result<(), DatabaseError> {
+        self.conn
+            .execute(
+                "DELETE FROM proxies WHERE namespace = ?1 AND name = ?2",
+                params![key.namespace, key.name],
+            )
+            .map_err(|e| self.wrap(e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,370 @@
+//! The embedded store of standalone mode: Proxy manifests from a directory
+//! (watched for changes), state in a local database file.
+//!
+//! It plays the API server's part: it assigns UIDs, bumps `generation` on
+//! spec changes, turns a removed manifest into a deletion (the object stays,
+//! marked with a deletion timestamp, until its finalizers are released), and
+//! keeps status, finalizers and the operator's annotations across restarts.
+
+mod database;
+mod manifests;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::mpsc;
+
+use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SPEC_HASH_ANNOTATION, SecretKeyRef};
+use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
+
+pub use database::{Database, DatabaseError};
+pub use manifests::{Document, ManifestDir, ManifestSet, SecretDoc, parse_file};
+
+/// File name of the state database inside the state directory.
+pub const DATABASE_FILE: &str = "state.db";
+/// Lock file keeping a second operator off the same state.
+const LOCK_FILE: &str = "operator.lock";
+/// Annotations the operator owns; a manifest cannot set or clear them.
+const OPERATOR_ANNOTATIONS: [&str; 1] = [SPEC_HASH_ANNOTATION];
+
+/// Opening the embedded store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedStoreError {
+    #[error("creating state directory {path}: {source}")]
+    StateDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state directory {0} is in use by another operator process")]
+    Locked(String),
+    #[error(transparent)]
+    Database(#[from] DatabaseError),
+}
+
+struct Inner {
+    db: Database,
+    objects: BTreeMap<ObjectKey, Proxy>,
+    secrets: BTreeMap<ObjectKey, SecretDoc>,
+}
+
+/// Proxies from manifests, state in SQLite.
+pub struct EmbeddedStore {
+    inner: Mutex<Inner>,
+    events: mpsc::UnboundedSender<StoreEvent>,
+    _lock: File,
+}
+
+impl EmbeddedStore {
+    /// Opens the state in `state_dir` (created when missing). Events about
+    /// manifest-driven changes arrive on the returned receiver.
+    pub fn open(state_dir: &Path) -> Result<(Self, mpsc::UnboundedReceiver<StoreEvent>), EmbeddedStoreError> {
+        let shown = state_dir.display().to_string();
+        std::fs::create_dir_all(state_dir).map_err(|source| EmbeddedStoreError::StateDir {
+            path: shown.clone(),
+            source,
+        })?;
+        let lock =
+            File::create(state_dir.join(LOCK_FILE)).map_err(|source| EmbeddedStoreError::StateDir {
+                path: shown.clone(),
+                source,
+            })?;
+        lock.try_lock().map_err(|_| EmbeddedStoreError::Locked(shown))?;
+        let db = Database::open(&state_dir.join(DATABASE_FILE))?;
+        let objects = db
+            .load_all()?
+            .into_iter()
+            .map(|p| (ObjectKey::of(&p), p))
+            .collect();
+        let (events, rx) = mpsc::unbounded_channel();
+        let store = Self {
+            inner: Mutex::new(Inner {
+                db,
+                objects,
+                secrets: BTreeMap::new(),
+            }),
+            events,
+            _lock: lock,
+        };
+        Ok((store, rx))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn emit(&self, event: StoreEvent) {
+        // No receiver means the system is shutting down; nothing to tell.
+        let _ = self.events.send(event);
+    }
+
+    /// Announces every stored object (at start, so each gets reconciled).
+    pub fn resync(&self) {
+        let keys: Vec<ObjectKey> = self.lock().objects.keys().cloned().collect();
+        for key in keys {
+            self.emit(StoreEvent::Changed(key));
+        }
+    }
+
+    /// Every stored object.
+    pub fn list(&self) -> Vec<Proxy> {
+        self.lock().objects.values().cloned().collect()
+    }
+
+    /// Makes the stored objects match the manifests: new ones are created,
+    /// changed specs bump `generation`, missing ones are deleted (held by
+    /// their finalizers until released).
+    pub fn apply(&self, set: &ManifestSet) -> Result<(), StoreError> {
+        let mut changed = Vec::new();
+        let mut removed = Vec::new();
+        {
+            let mut inner = self.lock();
+            inner.secrets = set.secrets.clone();
+            for (key, declared) in &set.proxies {
+                let next = match inner.objects.get(key) {
+                    // A deleting object finishes first; a re-added manifest
+                    // becomes a new incarnation once it is gone.
+                    Some(existing) if existing.metadata.deletion_timestamp.is_some() => continue,
+                    Some(existing) => merge(existing, declared),
+                    None => Some(create(declared)),
+                };
+                if let Some(next) = next {
+                    inner.db.put(&next).map_err(backend)?;
+                    inner.objects.insert(key.clone(), next);
+                    changed.push(key.clone());
+                }
+            }
+            let gone: Vec<ObjectKey> = inner
+                .objects
+                .iter()
+                .filter(|(k, p)| !set.proxies.contains_key(*k) && p.metadata.deletion_timestamp.is_none())
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in gone {
+                let Some(mut proxy) = inner.objects.get(&key).cloned() else {
+                    continue;
+                };
+                if proxy.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+                    inner.db.delete(&key).map_err(backend)?;
+                    inner.objects.remove(&key);
+                    removed.push(key);
+                } else {
+                    proxy.metadata.deletion_timestamp = Some(now());
+                    inner.db.put(&proxy).map_err(backend)?;
+                    inner.objects.insert(key.clone(), proxy);
+                    changed.push(key);
+                }
+            }
+        }
+        changed
+            .into_iter()
+            .for_each(|k| self.emit(StoreEvent::Changed(k)));
+        removed
+            .into_iter()
+            .for_each(|k| self.emit(StoreEvent::Removed(k)));
+        Ok(())
+    }
+
+    /// Applies `change` to the object if it is still incarnation `uid`, and persists it.
+    fn mutate(&self, key: &ObjectKey, uid: &str, change: impl FnOnce(&mut Proxy)) -> Result<(), StoreError> {
+        let mut removed = false;
+        {
+            let mut inner = self.lock();
+            let gone = || StoreError::Gone {
+                key: key.clone(),
+                uid: uid.to_owned(),
+            };
+            let current = inner.objects.get(key).ok_or_else(gone)?;
+            if current.metadata.uid.as_deref() != Some(uid) {
+                return Err(gone());
+            }
+            let mut next = current.clone();
+            change(&mut next);
+            if &next == current {
+                return Ok(());
+            }
+            let released = next.metadata.deletion_timestamp.is_some()
+                && next.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+            if released {
+                inner.db.delete(key).map_err(backend)?;
+                inner.objects.remove(key);
+                removed = true;
+            } else {
+                inner.db.put(&next).map_err(backend)?;
+                inner.objects.insert(key.clone(), next);
+            }
+        }
+        if removed {
+            self.emit(StoreEvent::Removed(key.clone()));
+        }
+        Ok(())
+    }
+}
+
+fn backend(e: DatabaseError) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+/// A new incarnation of a declared Proxy.
+fn create(declared: &Proxy) -> Proxy {
+    let mut proxy = declared.clone();
+    proxy.metadata.uid = Some(uuid::Uuid::new_v4().to_string());
+    proxy.metadata.generation = Some(1);
+    proxy.metadata.creation_timestamp = Some(now());
+    if let Some(annotations) = proxy.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| !OPERATOR_ANNOTATIONS.contains(&k.as_str()));
+    }
+    proxy
+}
+
+/// The stored object updated with a manifest's user-owned fields, or `None` when nothing changed.
+fn merge(existing: &Proxy, declared: &Proxy) -> Option<Proxy> {
+    let mut next = existing.clone();
+    if next.spec != declared.spec {
+        next.spec = declared.spec.clone();
+        next.metadata.generation = Some(existing.metadata.generation.unwrap_or(0) + 1);
+    }
+    next.metadata.labels = declared.metadata.labels.clone();
+    let mut annotations: BTreeMap<String, String> = declared.metadata.annotations.clone().unwrap_or_default();
+    annotations.retain(|k, _| !OPERATOR_ANNOTATIONS.contains(&k.as_str()));
+    for owned in OPERATOR_ANNOTATIONS {
+        if let Some(v) = existing.metadata.annotations.as_ref().and_then(|a| a.get(owned)) {
+            annotations.insert(owned.to_owned(), v.clone());
+        }
+    }
+    next.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
+    (&next != existing).then_some(next)
+}
+
+#[async_trait]
+impl ProxyStore for EmbeddedStore {
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
+        Ok(self.lock().objects.get(key).cloned())
+    }
+
+    async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.mutate(key, uid, |p| {
+            let finalizers = p.metadata.finalizers.get_or_insert_with(Vec::new);
+            if !finalizers.iter().any(|f| f == FINALIZER) {
+                finalizers.push(FINALIZER.to_owned());
+            }
+        })
+    }
+
+    async fn remove_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.mutate(key, uid, |p| {
+            if let Some(finalizers) = p.metadata.finalizers.as_mut() {
+                finalizers.retain(|f| f != FINALIZER);
+                if finalizers.is_empty() {
+                    p.metadata.finalizers = None;
+                }
+            }
+        })
+    }
+
+    async fn set_annotation(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        name: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.mutate(key, uid, |p| {
+            let annotations = p.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            match value {
+                Some(v) => {
+                    annotations.insert(name.to_owned(), v.to_owned());
+                }
+                None => {
+                    annotations.remove(name);
+                }
+            }
+            if annotations.is_empty() {
+                p.metadata.annotations = None;
+            }
+        })
+    }
+
+    async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
+        self.mutate(key, uid, |p| p.status = Some(status.clone()))
+    }
+
+    async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
+        let inner = self.lock();
+        let doc = inner
+            .secrets
+            .get(&ObjectKey::new(namespace, &secret.name))
+            .ok_or_else(|| CloudInitError::SecretNotFound {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+            })?;
+        if doc.labels.get(CLOUD_INIT_LABEL).map(String::as_str) != Some("true") {
+            return Err(CloudInitError::NotLabelled {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+            });
+        }
+        doc.data
+            .get(&secret.key)
+            .cloned()
+            .ok_or_else(|| CloudInitError::MissingKey {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+                key: secret.key.clone(),
+            })
+    }
+
+    async fn live_uids(&self) -> Result<HashSet<String>, StoreError> {
+        Ok(self
+            .lock()
+            .objects
+            .values()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect())
+    }
+}
+
+/// Keeps the store in step with the manifest directory: rescans every
+/// `interval`, applies changes, and logs problems when they change.
+pub async fn watch_manifests(store: Arc<EmbeddedStore>, mut dir: ManifestDir, interval: Duration) {
+    let mut reported: Vec<String> = Vec::new();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match dir.scan() {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::error!(dir = %dir.path().display(), error = %e, "cannot read the manifest directory");
+                continue;
+            }
+        }
+        let set = dir.current();
+        if set.problems != reported {
+            for problem in &set.problems {
+                tracing::error!(problem = %problem, "manifest rejected");
+            }
+            reported = set.problems.clone();
+        }
+        if let Err(e) = store.apply(&set) {
+            tracing::error!(error = %e, "applying manifests to the state database failed");
+        }
+    }
+}
+
+/// Reads the stored objects without taking the operator's lock (for `get proxies`).
+pub fn read_snapshot(state_dir: &Path) -> Result<Vec<Proxy>, DatabaseError> {
+    let path: PathBuf = state_dir.join(DATABASE_FILE);
+    Database::open_read_only(&path)?.load_all()
+}
