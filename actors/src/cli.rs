@@ -34,6 +34,20 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against a Kubernetes API server (the default).
     Run(RunArgs),
+    /// Run on this machine without a cluster: manifests from a directory, state in a local file.
+    Standalone {
+        /// The standalone configuration (see config/standalone/quickstart.yaml).
+        #[arg(long, env = "STANDALONE_CONFIG")]
+        config: PathBuf,
+    },
+    /// Show stored objects as a table (standalone mode).
+    Get {
+        #[arg(value_enum)]
+        resource: Resource,
+        /// The standalone configuration whose state to read.
+        #[arg(long, env = "STANDALONE_CONFIG")]
+        config: PathBuf,
+    },
     /// Print the Proxy CustomResourceDefinition as YAML.
     Crd,
     /// Check a providers configuration file and print every problem.
@@ -41,6 +55,22 @@ pub enum Command {
         /// The providers configuration (YAML).
         file: PathBuf,
     },
+    /// The built-in forward proxy a local instance runs (started by the local provider).
+    #[command(hide = true)]
+    ForwardProxy {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The instance directory (identifies the process as the instance's).
+        #[arg(long)]
+        instance_dir: PathBuf,
+    },
+}
+
+/// What `get` lists.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    #[value(alias = "proxy", alias = "px")]
+    Proxies,
 }
 
 /// Log settings, shared by every subcommand.

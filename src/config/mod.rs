@@ -14,6 +14,7 @@ mod kubernetes;
 mod kvm;
 mod local;
 mod problems;
+mod standalone;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -29,6 +30,7 @@ pub use kvm::{
 };
 pub use local::{LocalConfig, LocalImplementation};
 pub use problems::{IDENTIFIER_RULE, Problem, is_identifier};
+pub use standalone::{StandaloneConfig, StandaloneConfigError};
 
 use problems::Problems;
 

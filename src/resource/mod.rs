@@ -8,9 +8,11 @@ mod crd;
 mod metadata;
 mod spec;
 mod status;
+mod table;
 
 pub use conditions::set_condition;
 pub use crd::{CrdError, crd_yaml};
 pub use metadata::*;
 pub use spec::*;
 pub use status::*;
+pub use table::proxy_table;

@@ -73,10 +73,13 @@ impl LocalProvider {
             (LocalImplementation::Squid, Err(why)) => return Err(LocalError::NoSquid(why)),
         };
         let instances_dir = ctx.state_dir.join("local").join(name).join("instances");
-        std::fs::create_dir_all(&instances_dir).map_err(|source| LocalError::StateDir {
+        let state_error = |source| LocalError::StateDir {
             path: instances_dir.display().to_string(),
             source,
-        })?;
+        };
+        std::fs::create_dir_all(&instances_dir).map_err(state_error)?;
+        // Processes are recognised by this path on their command line: make it canonical.
+        let instances_dir = instances_dir.canonicalize().map_err(state_error)?;
         Ok(Self {
             name: name.to_owned(),
             listen: config.listen_address,
@@ -125,12 +128,12 @@ impl LocalProvider {
         }
     }
 
-    fn observe(&self, id: &ProviderId, dir: &Path, record: &InstanceRecord) -> Instance {
+    async fn observe(&self, id: &ProviderId, dir: &Path, record: &InstanceRecord) -> Instance {
         let running = !process::find(dir).is_empty();
         let ip = self.client_ip(record.listen);
         let state = if !running {
             InstanceState::Stopped
-        } else if accepts(SocketAddr::new(ip, record.port)) {
+        } else if accepts(SocketAddr::new(ip, record.port)).await {
             InstanceState::Running
         } else {
             InstanceState::Provisioning
@@ -146,8 +149,13 @@ impl LocalProvider {
     }
 }
 
-fn accepts(addr: SocketAddr) -> bool {
-    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+/// Whether the proxy accepts connections yet (it is Provisioning until then).
+async fn accepts(addr: SocketAddr) -> bool {
+    let connect = tokio::net::TcpStream::connect(addr);
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), connect).await,
+        Ok(Ok(_))
+    )
 }
 
 /// A free TCP port on `ip`, chosen by the kernel.
@@ -187,7 +195,7 @@ impl Provider for LocalProvider {
     async fn get(&self, id: &ProviderId) -> Result<Instance, ProviderError> {
         let (_, dir) = self.dir_of(id, Op::Get)?;
         match record::read(&dir) {
-            Ok(Some(record)) => Ok(self.observe(id, &dir, &record)),
+            Ok(Some(record)) => Ok(self.observe(id, &dir, &record).await),
             Ok(None) => Err(self.error(
                 ErrorClass::NotFound,
                 Op::Get,
@@ -229,7 +237,10 @@ impl Provider for LocalProvider {
             if let Ok(Some(record)) = record::read(&dir)
                 && record.managed
             {
-                out.push(self.observe(&ProviderId(format!("{ID_PREFIX}{name}")), &dir, &record));
+                out.push(
+                    self.observe(&ProviderId(format!("{ID_PREFIX}{name}")), &dir, &record)
+                        .await,
+                );
             }
         }
         Ok(out)

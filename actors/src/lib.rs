@@ -1,0 +1,19 @@
+//! The running system of **egress-proxies-operator**: supervised actix
+//! actors over the parts in the `egress-proxies` crate.
+//!
+//! ```text
+//!  object store ──events──► ProxyRegistry ──spawns, under a Supervisor──► ProxyActor (one per Proxy)
+//!                                                                             │ reconcile (serial per object)
+//!                                                                             ▼
+//!                                                                         Provider
+//! ```
+//!
+//! `src/` of the root crate decides *what* to do; the actors here decide
+//! *when*: they serialise work per object, own the timers and backoff, and
+//! restart what fails without disturbing the rest.
+
+pub mod health_server;
+pub mod messages;
+pub mod proxy_actor;
+pub mod registry;
+pub mod standalone;

@@ -1,0 +1,75 @@
+//! `ProxyRegistry`: keeps one supervised ProxyActor per existing Proxy,
+//! driven by the object store's event stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use actix::prelude::*;
+use egress_proxies::reconcile;
+use egress_proxies::store::{ObjectKey, StoreEvent};
+
+use crate::messages::{GetRegistryStats, Reconcile, RegistryStats, Shutdown};
+use crate::proxy_actor::{ProxyActor, Timing};
+
+pub struct ProxyRegistry {
+    ctx: reconcile::Context,
+    timing: Timing,
+    actors: HashMap<ObjectKey, Addr<ProxyActor>>,
+    restarts: Arc<AtomicU64>,
+}
+
+impl ProxyRegistry {
+    pub fn new(ctx: reconcile::Context, timing: Timing) -> Self {
+        Self {
+            ctx,
+            timing,
+            actors: HashMap::new(),
+            restarts: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Actor for ProxyRegistry {
+    type Context = Context<Self>;
+}
+
+impl StreamHandler<StoreEvent> for ProxyRegistry {
+    fn handle(&mut self, event: StoreEvent, _: &mut Self::Context) {
+        match event {
+            StoreEvent::Changed(key) => match self.actors.get(&key) {
+                Some(actor) => actor.do_send(Reconcile),
+                None => {
+                    // Starting the actor reconciles once; no extra message needed.
+                    let (k, ctx, timing, restarts) =
+                        (key.clone(), self.ctx.clone(), self.timing, self.restarts.clone());
+                    let addr = Supervisor::start(move |_| ProxyActor::new(k, ctx, timing, restarts));
+                    tracing::debug!(proxy = %key, "ProxyActor started");
+                    self.actors.insert(key, addr);
+                }
+            },
+            StoreEvent::Removed(key) => {
+                if let Some(actor) = self.actors.remove(&key) {
+                    // Dropping the last address after Shutdown keeps the supervisor from restarting it.
+                    actor.do_send(Shutdown);
+                    tracing::debug!(proxy = %key, "ProxyActor stopped");
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, _: &mut Self::Context) {
+        tracing::info!("object store event stream ended");
+    }
+}
+
+impl Handler<GetRegistryStats> for ProxyRegistry {
+    type Result = MessageResult<GetRegistryStats>;
+
+    fn handle(&mut self, _: GetRegistryStats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(RegistryStats {
+            actors: self.actors.len(),
+            restarts: self.restarts.load(Ordering::Relaxed),
+        })
+    }
+}

@@ -1,0 +1,117 @@
+//! Standalone mode: the operator on one machine, Proxy manifests from a
+//! directory, state in an embedded database, no cluster.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use egress_proxies::bind_address::BindAddress;
+use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
+use egress_proxies::provider::{BuildContext, BuildError, Providers};
+use egress_proxies::reconcile;
+use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, ManifestDir};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::health_server::{self, Readiness};
+use crate::proxy_actor::Timing;
+use crate::registry::ProxyRegistry;
+
+/// Standalone mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error(transparent)]
+    Config(#[from] StandaloneConfigError),
+    #[error(transparent)]
+    Providers(#[from] ConfigError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Store(#[from] EmbeddedStoreError),
+    #[error("manifest directory {0} does not exist")]
+    NoManifests(String),
+    #[error("locating the operator binary: {0}")]
+    Exe(std::io::Error),
+    #[error("health probe listener {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("actor system: {0}")]
+    System(std::io::Error),
+}
+
+/// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
+/// are re-adopted at the next start.
+pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
+    let config = StandaloneConfig::load(config_path)?;
+    let providers_config = ProvidersConfig::load(&config.providers_config)?;
+    if !config.manifests.is_dir() {
+        return Err(StandaloneError::NoManifests(
+            config.manifests.display().to_string(),
+        ));
+    }
+    let build = BuildContext {
+        state_dir: config.state_dir.clone(),
+        operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
+    };
+    let providers = Providers::build(&providers_config, &build)?;
+    let (store, events) = EmbeddedStore::open(&config.state_dir)?;
+    let store = Arc::new(store);
+    tracing::info!(
+        manifests = %config.manifests.display(), state = %config.state_dir.display(),
+        providers = ?providers.names(), "standalone mode starting"
+    );
+
+    let system = System::new();
+    system.block_on(async move {
+        let ctx = reconcile::Context {
+            store: store.clone(),
+            providers: Arc::new(providers),
+            now: jiff::Timestamp::now,
+        };
+        let _registry = ProxyRegistry::create(move |c| {
+            c.add_stream(UnboundedReceiverStream::new(events));
+            ProxyRegistry::new(ctx, Timing::default())
+        });
+        store.resync();
+        actix::spawn(embedded::watch_manifests(
+            store.clone(),
+            ManifestDir::new(&config.manifests),
+            config.manifest_poll_interval,
+        ));
+        let readiness = Readiness::default();
+        if let BindAddress::Listen(addr) = config.health_probe_bind_address {
+            let server =
+                health_server::start(addr, readiness.clone()).map_err(|source| StandaloneError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            actix::spawn(server);
+            tracing::info!(%addr, "health probes listening");
+        }
+        readiness.set(true);
+        wait_for_shutdown().await.map_err(StandaloneError::System)?;
+        tracing::info!("shutting down; proxies keep running and are re-adopted at the next start");
+        Ok::<(), StandaloneError>(())
+    })?;
+    Ok(())
+}
+
+async fn wait_for_shutdown() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        r = tokio::signal::ctrl_c() => { r?; tracing::info!("interrupt received") }
+    }
+    Ok(())
+}
+
+/// The stored proxies, read without disturbing a running operator.
+pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::Proxy>, String> {
+    let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
+    if !config.state_dir.join(embedded::DATABASE_FILE).exists() {
+        return Ok(Vec::new());
+    }
+    embedded::read_snapshot(&config.state_dir).map_err(|e| e.to_string())
+}

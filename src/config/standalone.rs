@@ -1,0 +1,96 @@
+//! The standalone-mode configuration: where manifests, state and providers
+//! are, and where the operator listens. Relative paths are resolved against
+//! the directory of the file, so a config works from any working directory.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::bind_address::BindAddress;
+
+/// Settings of `egress-proxies-operator standalone`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StandaloneConfig {
+    /// Providers configuration file.
+    pub providers_config: PathBuf,
+    /// Directory of Proxy (and cloud-init Secret) manifests, watched for changes.
+    pub manifests: PathBuf,
+    /// Where state lives: the database, local instances.
+    pub state_dir: PathBuf,
+    /// `/healthz` and `/readyz`.
+    pub health_probe_bind_address: BindAddress,
+    /// How often the manifest directory is rescanned.
+    pub manifest_poll_interval: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Raw {
+    providers_config: PathBuf,
+    manifests: PathBuf,
+    state_dir: PathBuf,
+    #[serde(default = "default_health")]
+    health_probe_bind_address: String,
+    #[serde(default = "default_poll")]
+    manifest_poll_interval: String,
+}
+
+fn default_health() -> String {
+    "127.0.0.1:8081".to_owned()
+}
+fn default_poll() -> String {
+    "1s".to_owned()
+}
+
+/// The standalone configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+impl StandaloneConfig {
+    pub fn load(path: &Path) -> Result<Self, StandaloneConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| StandaloneConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let invalid = |message: String| StandaloneConfigError::Invalid {
+            path: shown.clone(),
+            message,
+        };
+        let raw: Raw = serde_saphyr::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        // Absolute, so that paths survive any later change of working directory.
+        let base = std::path::absolute(path.parent().unwrap_or(Path::new(".")))
+            .map_err(|e| invalid(e.to_string()))?;
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        let health_probe_bind_address = raw
+            .health_probe_bind_address
+            .parse()
+            .map_err(|e| invalid(format!("healthProbeBindAddress: {e}")))?;
+        let manifest_poll_interval = humantime::parse_duration(&raw.manifest_poll_interval).map_err(|e| {
+            invalid(format!(
+                "manifestPollInterval {:?}: {e}",
+                raw.manifest_poll_interval
+            ))
+        })?;
+        if manifest_poll_interval.is_zero() {
+            return Err(invalid("manifestPollInterval must be greater than zero".into()));
+        }
+        Ok(Self {
+            providers_config: resolve(raw.providers_config),
+            manifests: resolve(raw.manifests),
+            state_dir: resolve(raw.state_dir),
+            health_probe_bind_address,
+            manifest_poll_interval,
+        })
+    }
+}
