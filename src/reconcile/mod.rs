@@ -173,7 +173,7 @@ async fn managed(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Resul
             }
         } else {
             match provider.get(&id).await {
-                Ok(instance) => return Ok(observe(proxy, provider.as_ref(), &instance, draft).await?),
+                Ok(instance) => return observe(proxy, provider.as_ref(), &instance, draft).await,
                 Err(e) if e.is_not_found() => {
                     tracing::warn!(proxy = %key, providerID = %id, "instance vanished; creating a new one");
                     draft.forget_instance();
