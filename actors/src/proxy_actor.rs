@@ -58,6 +58,8 @@ pub struct ProxyActor {
     ctx: reconcile::Context,
     timing: Timing,
     restarts: Arc<AtomicU64>,
+    /// Kept between reconciles; lent to the running one.
+    memory: Option<reconcile::Memory>,
     running: bool,
     again: bool,
     timer: Option<SpawnHandle>,
@@ -73,6 +75,7 @@ impl ProxyActor {
             ctx,
             timing,
             restarts,
+            memory: Some(reconcile::Memory::default()),
             running: false,
             again: false,
             timer: None,
@@ -94,15 +97,17 @@ impl ProxyActor {
         self.running = true;
         let key = self.key.clone();
         let rctx = self.ctx.clone();
+        let mut memory = self.memory.take().unwrap_or_default();
         let work = async move {
-            AssertUnwindSafe(reconcile::reconcile(&key, &rctx))
+            let result = AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory))
                 .catch_unwind()
-                .await
+                .await;
+            (result, memory)
         };
-        ctx.spawn(
-            work.into_actor(self)
-                .map(|result, actor, ctx| actor.finished(result, ctx)),
-        );
+        ctx.spawn(work.into_actor(self).map(|(result, memory), actor, ctx| {
+            actor.memory = Some(memory);
+            actor.finished(result, ctx)
+        }));
     }
 
     fn finished(
@@ -175,6 +180,7 @@ impl Supervised for ProxyActor {
         self.running = false;
         self.again = false;
         self.timer = None;
+        self.memory = Some(reconcile::Memory::default());
         self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
     }
 }

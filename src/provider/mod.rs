@@ -8,7 +8,7 @@
 
 mod error;
 mod instance;
-mod local;
+pub mod local;
 mod naming;
 mod registry;
 mod spec_hash;

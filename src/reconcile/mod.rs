@@ -7,12 +7,13 @@
 mod status;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
 use crate::provider::{
-    CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, Providers,
-    instance_name, spec_hash,
+    CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, ProviderId,
+    Providers, instance_name, spec_hash,
 };
 use crate::resource::{FINALIZER, Mode, Phase, Proxy, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION};
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
@@ -26,6 +27,37 @@ pub struct Context {
     pub providers: Arc<Providers>,
     /// Injectable clock (condition and health timestamps).
     pub now: fn() -> Timestamp,
+}
+
+/// What a ProxyActor remembers between reconciles of its object. Lost on a
+/// restart, which costs at most one repeated (idempotent) delete.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// The instance a delete was last requested for, and when.
+    delete_requested: Option<(ProviderId, Instant)>,
+}
+
+/// A delete still unfinished after this long is requested again.
+const REDELETE_AFTER: Duration = Duration::from_secs(60);
+
+impl Memory {
+    /// Deletes `id` unless that was already requested recently: while a
+    /// deletion is in flight, polls only look.
+    async fn delete(&mut self, provider: &dyn Provider, id: &ProviderId) -> Result<(), ProviderError> {
+        if let Some((pending, at)) = &self.delete_requested
+            && pending == id
+            && at.elapsed() < REDELETE_AFTER
+        {
+            return Ok(());
+        }
+        provider.delete(id).await?;
+        self.delete_requested = Some((id.clone(), Instant::now()));
+        Ok(())
+    }
+
+    fn forget(&mut self) {
+        self.delete_requested = None;
+    }
 }
 
 /// When to look at the object again.
@@ -77,17 +109,23 @@ impl ReconcileError {
 }
 
 /// Reconciles the Proxy at `key` once.
-pub async fn reconcile(key: &ObjectKey, ctx: &Context) -> Result<Next, ReconcileError> {
+pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> Result<Next, ReconcileError> {
     let Some(proxy) = ctx.store.get(key).await? else {
         return Ok(Next::Gone);
     };
     let mut draft = StatusDraft::new(&proxy, ctx.now);
+    let mut step = Step {
+        proxy: &proxy,
+        ctx,
+        draft: &mut draft,
+        memory,
+    };
     let result = if proxy.metadata.deletion_timestamp.is_some() {
-        delete(&proxy, ctx, &mut draft).await
+        step.delete().await
     } else {
         match proxy.spec.mode {
-            Mode::Managed => managed(&proxy, ctx, &mut draft).await,
-            Mode::External => external(&proxy, ctx, &mut draft).await,
+            Mode::Managed => step.managed().await,
+            Mode::External => step.external().await,
         }
     };
     let result = match result {
@@ -126,109 +164,191 @@ fn annotation<'a>(proxy: &'a Proxy, name: &str) -> Option<&'a str> {
     proxy.metadata.annotations.as_ref()?.get(name).map(String::as_str)
 }
 
-async fn managed(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Result<Next, ReconcileError> {
-    let key = ObjectKey::of(proxy);
-    if !has_finalizer(proxy) {
-        ctx.store.add_finalizer(&key, uid(proxy)).await?;
-    }
-    let provider_name = proxy.spec.provider.clone().unwrap_or_default();
-    let Some(provider) = ctx.providers.get(&provider_name).cloned() else {
-        let known = ctx.providers.names().join(", ");
-        draft.fail(&format!(
-            "provider {provider_name:?} is not configured (configured: {known})"
-        ));
-        return Ok(Next::Idle);
-    };
-
-    let cloud_init = resolve_cloud_init(proxy, ctx).await?;
-    let placement = proxy.spec.placement.clone().unwrap_or_default();
-    let hash = spec_hash(
-        &provider_name,
-        &placement,
-        proxy.spec.port,
-        cloud_init.as_ref().map(|c| c.0.as_slice()),
-    );
-    let recorded = annotation(proxy, SPEC_HASH_ANNOTATION);
-
-    if let Some(id) = draft.provider_id() {
-        if recorded != Some(hash.as_str()) {
-            // Replace: the old instance must be gone before the new one is
-            // created (both carry the same name), so there are never two.
-            draft.progress(
-                Phase::Provisioning,
-                "spec changed: deleting the old instance before creating a new one",
-            );
-            match provider.get(&id).await {
-                Err(e) if e.is_not_found() => {
-                    ctx.store
-                        .set_annotation(&key, uid(proxy), SPEC_HASH_ANNOTATION, Some(hash.as_str()))
-                        .await?;
-                    draft.forget_instance();
-                }
-                Ok(_) => {
-                    provider.delete(&id).await?;
-                    return Ok(Next::Poll);
-                }
-                Err(e) => return Err(e.into()),
-            }
-        } else {
-            match provider.get(&id).await {
-                Ok(instance) => return observe(proxy, provider.as_ref(), &instance, draft).await,
-                Err(e) if e.is_not_found() => {
-                    tracing::warn!(proxy = %key, providerID = %id, "instance vanished; creating a new one");
-                    draft.forget_instance();
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    if recorded != Some(hash.as_str()) {
-        ctx.store
-            .set_annotation(&key, uid(proxy), SPEC_HASH_ANNOTATION, Some(hash.as_str()))
-            .await?;
-    }
-    let request = CreateRequest {
-        name: instance_name(uid(proxy)),
-        uid: uid(proxy).to_owned(),
-        namespace: key.namespace.clone(),
-        cloud_init,
-        placement,
-        port: proxy.spec.port,
-    };
-    let id = provider.create(&request).await?;
-    tracing::info!(proxy = %key, providerID = %id, provider = %provider_name, "instance created");
-    draft.created(&id);
-    Ok(Next::Poll)
+/// One reconcile of one object.
+struct Step<'a> {
+    proxy: &'a Proxy,
+    ctx: &'a Context,
+    draft: &'a mut StatusDraft,
+    memory: &'a mut Memory,
 }
 
-/// Records what `get` reported and decides the next step.
-async fn observe(
-    proxy: &Proxy,
-    provider: &dyn Provider,
-    instance: &Instance,
-    draft: &mut StatusDraft,
-) -> Result<Next, ReconcileError> {
-    match (instance.state, instance.ip) {
-        (InstanceState::Running, Some(ip)) => {
-            let port = instance.port.unwrap_or(proxy.spec.port);
-            draft.running(&ip.to_string(), port);
-            Ok(Next::Resync)
+impl Step<'_> {
+    fn key(&self) -> ObjectKey {
+        ObjectKey::of(self.proxy)
+    }
+
+    fn uid(&self) -> &str {
+        uid(self.proxy)
+    }
+
+    async fn managed(&mut self) -> Result<Next, ReconcileError> {
+        let (proxy, ctx, key) = (self.proxy, self.ctx, self.key());
+        if !has_finalizer(proxy) {
+            ctx.store.add_finalizer(&key, self.uid()).await?;
         }
-        (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
-            draft.progress(Phase::Provisioning, "instance is starting");
-            Ok(Next::Poll)
+        let provider_name = proxy.spec.provider.clone().unwrap_or_default();
+        let Some(provider) = ctx.providers.get(&provider_name).cloned() else {
+            let known = ctx.providers.names().join(", ");
+            self.draft.fail(&format!(
+                "provider {provider_name:?} is not configured (configured: {known})"
+            ));
+            return Ok(Next::Idle);
+        };
+
+        let cloud_init = resolve_cloud_init(proxy, ctx).await?;
+        let placement = proxy.spec.placement.clone().unwrap_or_default();
+        let cloud_init_bytes = cloud_init.as_ref().map(|c| c.0.as_slice());
+        let hash = spec_hash(&provider_name, &placement, proxy.spec.port, cloud_init_bytes);
+        let recorded = annotation(proxy, SPEC_HASH_ANNOTATION);
+
+        if let Some(id) = self.draft.provider_id() {
+            let result = provider.get(&id).await;
+            if recorded != Some(hash.as_str()) {
+                // Replace: the old instance must be gone before the new one is
+                // created (both carry the same name), so there are never two.
+                let why = "spec changed: deleting the old instance before creating a new one";
+                self.draft.progress(Phase::Provisioning, why);
+                match result {
+                    Err(e) if e.is_not_found() => self.forget_instance(),
+                    Ok(_) => {
+                        self.memory.delete(provider.as_ref(), &id).await?;
+                        return Ok(Next::Poll);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                match result {
+                    Ok(instance) => return self.observe(provider.as_ref(), &instance).await,
+                    Err(e) if e.is_not_found() => {
+                        tracing::warn!(proxy = %key, providerID = %id, "instance vanished; creating a new one");
+                        self.forget_instance();
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
-        (InstanceState::Stopped, _) => {
-            // Cattle: a stopped instance is replaced, not restarted.
-            tracing::warn!(proxy = %ObjectKey::of(proxy), providerID = %instance.id, "instance stopped; replacing it");
-            draft.progress(
-                Phase::Provisioning,
-                "instance stopped: deleting it to create a new one",
-            );
-            provider.delete(&instance.id).await?;
-            Ok(Next::Poll)
+
+        if recorded != Some(hash.as_str()) {
+            ctx.store
+                .set_annotation(&key, self.uid(), SPEC_HASH_ANNOTATION, Some(hash.as_str()))
+                .await?;
         }
+        let request = CreateRequest {
+            name: instance_name(self.uid()),
+            uid: self.uid().to_owned(),
+            namespace: key.namespace.clone(),
+            cloud_init,
+            placement,
+            port: proxy.spec.port,
+        };
+        let id = provider.create(&request).await?;
+        tracing::info!(proxy = %key, providerID = %id, provider = %provider_name, "instance created");
+        self.draft.created(&id);
+        Ok(Next::Poll)
+    }
+
+    fn forget_instance(&mut self) {
+        self.draft.forget_instance();
+        self.memory.forget();
+    }
+
+    /// Records what `get` reported and decides the next step.
+    async fn observe(
+        &mut self,
+        provider: &dyn Provider,
+        instance: &Instance,
+    ) -> Result<Next, ReconcileError> {
+        match (instance.state, instance.ip) {
+            (InstanceState::Running, Some(ip)) => {
+                let port = instance.port.unwrap_or(self.proxy.spec.port);
+                self.draft.running(&ip.to_string(), port);
+                Ok(Next::Resync)
+            }
+            (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
+                self.draft.progress(Phase::Provisioning, "instance is starting");
+                Ok(Next::Poll)
+            }
+            (InstanceState::Stopped, _) => {
+                // Cattle: a stopped instance is replaced, not restarted.
+                tracing::warn!(proxy = %self.key(), providerID = %instance.id, "instance stopped; replacing it");
+                self.draft.progress(
+                    Phase::Provisioning,
+                    "instance stopped: deleting it to create a new one",
+                );
+                self.memory.delete(provider, &instance.id).await?;
+                Ok(Next::Poll)
+            }
+        }
+    }
+
+    async fn delete(&mut self) -> Result<Next, ReconcileError> {
+        let (proxy, ctx, key) = (self.proxy, self.ctx, self.key());
+        if !has_finalizer(proxy) {
+            return Ok(Next::Idle);
+        }
+        self.draft.progress(Phase::Terminating, "deleting the instance");
+        // Checked before the provider lookup: it must free a Proxy whose provider left the config.
+        if annotation(proxy, SKIP_CLEANUP_ANNOTATION) == Some("true") {
+            if let Some(id) = self.draft.provider_id() {
+                tracing::warn!(
+                    proxy = %key, providerID = %id,
+                    "skip-cleanup: releasing the Proxy and leaving its instance running"
+                );
+            }
+            ctx.store.remove_finalizer(&key, self.uid()).await?;
+            return Ok(Next::Gone);
+        }
+        if self.release_instance().await? {
+            ctx.store.remove_finalizer(&key, self.uid()).await?;
+            tracing::info!(proxy = %key, "Proxy released");
+            return Ok(Next::Gone);
+        }
+        Ok(Next::Poll)
+    }
+
+    /// Drives the recorded instance towards gone; true once it is.
+    async fn release_instance(&mut self) -> Result<bool, ReconcileError> {
+        let Some(id) = self.draft.provider_id() else {
+            return Ok(true);
+        };
+        let provider_name = self.proxy.spec.provider.clone().unwrap_or_default();
+        let Some(provider) = self.ctx.providers.get(&provider_name).cloned() else {
+            return Err(ReconcileError::ProviderMissingOnDelete(provider_name));
+        };
+        match provider.get(&id).await {
+            Err(e) if e.is_not_found() => {
+                self.forget_instance();
+                Ok(true)
+            }
+            Ok(_) => {
+                self.memory.delete(provider.as_ref(), &id).await?;
+                Ok(false)
+            }
+            // The id itself may be what is wrong; delete is idempotent, so try it.
+            Err(e) if e.class == ErrorClass::Permanent => {
+                provider.delete(&id).await?;
+                self.forget_instance();
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn external(&mut self) -> Result<Next, ReconcileError> {
+        let (proxy, ctx, key) = (self.proxy, self.ctx, self.key());
+        // A Proxy switched from Managed: its instance goes first.
+        if !self.release_instance().await? {
+            let why = "switched to External: deleting the managed instance";
+            self.draft.progress(Phase::Terminating, why);
+            return Ok(Next::Poll);
+        }
+        if has_finalizer(proxy) {
+            ctx.store.remove_finalizer(&key, self.uid()).await?;
+        }
+        if let Some(endpoint) = &proxy.spec.endpoint {
+            self.draft.external(&endpoint.host, endpoint.port);
+        }
+        Ok(Next::Idle)
     }
 }
 
@@ -246,77 +366,4 @@ async fn resolve_cloud_init(proxy: &Proxy, ctx: &Context) -> Result<Option<Cloud
     Ok(Some(CloudInitBytes(
         ctx.store.cloud_init(&namespace, secret).await?,
     )))
-}
-
-async fn delete(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Result<Next, ReconcileError> {
-    let key = ObjectKey::of(proxy);
-    if !has_finalizer(proxy) {
-        return Ok(Next::Idle);
-    }
-    draft.progress(Phase::Terminating, "deleting the instance");
-    // Checked before the provider lookup: it must free a Proxy whose provider left the config.
-    if annotation(proxy, SKIP_CLEANUP_ANNOTATION) == Some("true") {
-        if let Some(id) = draft.provider_id() {
-            tracing::warn!(proxy = %key, providerID = %id, "skip-cleanup: releasing the Proxy and leaving its instance running");
-        }
-        ctx.store.remove_finalizer(&key, uid(proxy)).await?;
-        return Ok(Next::Gone);
-    }
-    if release_instance(proxy, ctx, draft).await? {
-        ctx.store.remove_finalizer(&key, uid(proxy)).await?;
-        tracing::info!(proxy = %key, "Proxy released");
-        return Ok(Next::Gone);
-    }
-    Ok(Next::Poll)
-}
-
-/// Drives the recorded instance towards gone; true once it is.
-async fn release_instance(
-    proxy: &Proxy,
-    ctx: &Context,
-    draft: &mut StatusDraft,
-) -> Result<bool, ReconcileError> {
-    let Some(id) = draft.provider_id() else {
-        return Ok(true);
-    };
-    let provider_name = proxy.spec.provider.clone().unwrap_or_default();
-    let Some(provider) = ctx.providers.get(&provider_name).cloned() else {
-        return Err(ReconcileError::ProviderMissingOnDelete(provider_name));
-    };
-    match provider.get(&id).await {
-        Err(e) if e.is_not_found() => {
-            draft.forget_instance();
-            Ok(true)
-        }
-        Ok(_) => {
-            provider.delete(&id).await?;
-            Ok(false)
-        }
-        // The id itself may be what is wrong; delete is idempotent, so try it.
-        Err(e) if e.class == ErrorClass::Permanent => {
-            provider.delete(&id).await?;
-            draft.forget_instance();
-            Ok(true)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn external(proxy: &Proxy, ctx: &Context, draft: &mut StatusDraft) -> Result<Next, ReconcileError> {
-    let key = ObjectKey::of(proxy);
-    // A Proxy switched from Managed: its instance goes first.
-    if !release_instance(proxy, ctx, draft).await? {
-        draft.progress(
-            Phase::Terminating,
-            "switched to External: deleting the managed instance",
-        );
-        return Ok(Next::Poll);
-    }
-    if has_finalizer(proxy) {
-        ctx.store.remove_finalizer(&key, uid(proxy)).await?;
-    }
-    if let Some(endpoint) = &proxy.spec.endpoint {
-        draft.external(&endpoint.host, endpoint.port);
-    }
-    Ok(Next::Idle)
 }

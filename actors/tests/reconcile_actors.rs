@@ -1,0 +1,440 @@
+//! The actor system driven through the embedded store's events against a
+//! scripted provider: every path of SPEC §3, supervision, and "never two
+//! instances for one Proxy".
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use egress_proxies::provider::{ErrorClass, Op, Provider, Providers, instance_name};
+use egress_proxies::reconcile;
+use egress_proxies::resource::{
+    FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
+};
+use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::store::{ObjectKey, ProxyStore};
+use egress_proxies_operator::messages::GetRegistryStats;
+use egress_proxies_operator::proxy_actor::Timing;
+use egress_proxies_operator::registry::ProxyRegistry;
+use serde_json::json;
+use support::eventually;
+use support::scripted_provider::{Call, ScriptedProvider};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn fast() -> Timing {
+    Timing {
+        poll_min: Duration::from_millis(10),
+        poll_max: Duration::from_millis(50),
+        resync: Duration::from_millis(100),
+        error_min: Duration::from_millis(20),
+        error_max: Duration::from_millis(100),
+        quota_min: Duration::from_millis(400),
+        quota_max: Duration::from_millis(500),
+    }
+}
+
+struct Bed {
+    store: Arc<EmbeddedStore>,
+    provider: Arc<ScriptedProvider>,
+    registry: Addr<ProxyRegistry>,
+    declared: ManifestSet,
+    _state: tempfile::TempDir,
+}
+
+fn managed(name: &str, zone: &str) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "crawl"},
+        "spec": {"mode": "Managed", "provider": "sim", "placement": {"zone": zone}}
+    }))
+    .unwrap()
+}
+
+fn key(name: &str) -> ObjectKey {
+    ObjectKey::new("crawl", name)
+}
+
+impl Bed {
+    fn start(provider: ScriptedProvider) -> Self {
+        Self::start_with(provider, |p| vec![p])
+    }
+
+    fn start_with(
+        provider: ScriptedProvider,
+        configure: impl FnOnce(Arc<dyn Provider>) -> Vec<Arc<dyn Provider>>,
+    ) -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let (store, events) = EmbeddedStore::open(state.path()).unwrap();
+        let store = Arc::new(store);
+        let provider = Arc::new(provider);
+        let ctx = reconcile::Context {
+            store: store.clone(),
+            providers: Arc::new(Providers::from_providers(configure(provider.clone()))),
+            now: jiff::Timestamp::now,
+        };
+        let registry = ProxyRegistry::create(move |c| {
+            c.add_stream(UnboundedReceiverStream::new(events));
+            ProxyRegistry::new(ctx, fast())
+        });
+        Self {
+            store,
+            provider,
+            registry,
+            declared: ManifestSet::default(),
+            _state: state,
+        }
+    }
+
+    fn declare(&mut self, proxy: Proxy) {
+        self.declared.proxies.insert(ObjectKey::of(&proxy), proxy);
+        self.store.apply(&self.declared).unwrap();
+    }
+
+    fn undeclare(&mut self, name: &str) {
+        self.declared.proxies.remove(&key(name));
+        self.store.apply(&self.declared).unwrap();
+    }
+
+    async fn get(&self, name: &str) -> Option<Proxy> {
+        self.store.get(&key(name)).await.unwrap()
+    }
+
+    async fn phase(&self, name: &str) -> Option<Phase> {
+        self.get(name).await?.status?.phase
+    }
+
+    async fn wait_phase(&self, name: &str, phase: Phase) -> Proxy {
+        eventually(&format!("{name} to reach {phase}"), WAIT, async || {
+            let p = self.get(name).await?;
+            (p.status.as_ref()?.phase == Some(phase)).then_some(p)
+        })
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        eventually(&format!("{name} to be released"), WAIT, async || {
+            self.get(name).await.is_none().then_some(())
+        })
+        .await
+    }
+}
+
+fn creates(provider: &ScriptedProvider) -> usize {
+    provider.count(|c| matches!(c, Call::Create(_)))
+}
+
+fn deletes(provider: &ScriptedProvider) -> usize {
+    provider.count(|c| matches!(c, Call::Delete(_)))
+}
+
+#[actix_rt::test]
+async fn create_reaches_running_with_address_finalizer_and_hash() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 3, 0));
+    bed.declare(managed("a", "z1"));
+    let p = bed.wait_phase("a", Phase::Running).await;
+    let uid = p.metadata.uid.clone().unwrap();
+    let status = p.status.unwrap();
+    assert_eq!(status.ip.as_deref(), Some("127.0.0.2"));
+    assert_eq!(status.endpoint.as_deref(), Some("127.0.0.2:3128"));
+    assert_eq!(status.provider_id, Some(format!("sim/{}", instance_name(&uid))));
+    assert_eq!(status.observed_generation, Some(1));
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "InstanceReady")
+        .unwrap();
+    assert_eq!(ready.status, "True");
+    assert_eq!(p.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    assert!(p.metadata.annotations.unwrap().contains_key(SPEC_HASH_ANNOTATION));
+    assert_eq!(
+        bed.provider.live_instances(),
+        vec![instance_name(&uid).to_string()]
+    );
+    assert_eq!(creates(&bed.provider), 1);
+}
+
+#[actix_rt::test]
+async fn spec_change_replaces_with_one_delete_then_one_create_never_overlapping() {
+    // The old instance lingers for a few polls after delete: the new one must wait.
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 2, 4));
+    bed.declare(managed("a", "z1"));
+    let before = bed.wait_phase("a", Phase::Running).await;
+    let old_hash = before.metadata.annotations.unwrap()[SPEC_HASH_ANNOTATION].clone();
+    let calls_before = bed.provider.calls().len();
+
+    bed.declare(managed("a", "z2"));
+    let after = eventually("the replacement to run", WAIT, async || {
+        let p = bed.get("a").await?;
+        let hash = p
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(SPEC_HASH_ANNOTATION)?
+            .clone();
+        (hash != old_hash && p.status.as_ref()?.phase == Some(Phase::Running)).then_some(p)
+    })
+    .await;
+    assert_eq!(after.metadata.generation, Some(2));
+    let changes: Vec<Call> = bed.provider.calls()[calls_before..]
+        .iter()
+        .filter(|c| !matches!(c, Call::Get(_)))
+        .cloned()
+        .collect();
+    let name = instance_name(after.metadata.uid.as_deref().unwrap()).to_string();
+    assert_eq!(changes, vec![Call::Delete(name.clone()), Call::Create(name)]);
+    assert_eq!(bed.provider.max_per_uid(), 1, "never two instances for one Proxy");
+}
+
+#[actix_rt::test]
+async fn transient_errors_are_retried_until_success() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.provider.fail(Op::Create, ErrorClass::Transient, 3);
+    bed.declare(managed("a", "z1"));
+    bed.wait_phase("a", Phase::Running).await;
+    assert_eq!(creates(&bed.provider), 4);
+}
+
+#[actix_rt::test]
+async fn quota_errors_back_off_slowly_and_say_so() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.provider.fail(Op::Create, ErrorClass::QuotaExceeded, 1);
+    let start = std::time::Instant::now();
+    bed.declare(managed("a", "z1"));
+    let msg = eventually("the quota message", WAIT, async || {
+        bed.get("a")
+            .await?
+            .status?
+            .message
+            .filter(|m| m.contains("quota_exceeded"))
+    })
+    .await;
+    assert!(msg.contains("will retry"), "{msg}");
+    bed.wait_phase("a", Phase::Running).await;
+    assert!(
+        start.elapsed() >= fast().quota_min / 2,
+        "retried after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(creates(&bed.provider), 2);
+}
+
+#[actix_rt::test]
+async fn permanent_errors_fail_the_proxy_without_retrying() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.provider.fail(Op::Create, ErrorClass::Permanent, 1);
+    bed.declare(managed("a", "z1"));
+    let p = bed.wait_phase("a", Phase::Failed).await;
+    assert!(
+        p.status
+            .unwrap()
+            .message
+            .unwrap()
+            .contains("scripted permanent failure")
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(creates(&bed.provider), 1, "no retry until the spec changes");
+    bed.declare(managed("a", "z2"));
+    bed.wait_phase("a", Phase::Running).await;
+}
+
+#[actix_rt::test]
+async fn an_unconfigured_provider_fails_the_proxy_with_the_names_it_knows() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    let mut p = managed("a", "z1");
+    p.spec.provider = Some("gcp-nowhere".into());
+    bed.declare(p);
+    let p = bed.wait_phase("a", Phase::Failed).await;
+    assert_eq!(
+        p.status.unwrap().message.as_deref(),
+        Some("provider \"gcp-nowhere\" is not configured (configured: sim)")
+    );
+}
+
+#[actix_rt::test]
+async fn vanished_and_stopped_instances_are_recreated() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.declare(managed("a", "z1"));
+    let p = bed.wait_phase("a", Phase::Running).await;
+    let name = instance_name(p.metadata.uid.as_deref().unwrap()).to_string();
+
+    bed.provider.vanish(&name);
+    eventually("a second create", WAIT, async || {
+        (creates(&bed.provider) == 2).then_some(())
+    })
+    .await;
+    bed.wait_phase("a", Phase::Running).await;
+
+    bed.provider.stop(&name);
+    eventually("delete then create", WAIT, async || {
+        (deletes(&bed.provider) == 1 && creates(&bed.provider) == 3).then_some(())
+    })
+    .await;
+    bed.wait_phase("a", Phase::Running).await;
+    assert_eq!(bed.provider.max_per_uid(), 1);
+}
+
+#[actix_rt::test]
+async fn deletion_deletes_the_instance_then_releases_the_object() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 3));
+    bed.declare(managed("a", "z1"));
+    bed.wait_phase("a", Phase::Running).await;
+    bed.undeclare("a");
+    let p = bed.wait_phase("a", Phase::Terminating).await;
+    assert!(p.metadata.deletion_timestamp.is_some());
+    bed.wait_gone("a").await;
+    assert!(
+        bed.provider.instances().is_empty(),
+        "the instance is gone before the object"
+    );
+}
+
+#[actix_rt::test]
+async fn skip_cleanup_releases_without_touching_the_instance() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    let mut p = managed("a", "z1");
+    p.metadata.annotations = Some([(SKIP_CLEANUP_ANNOTATION.to_owned(), "true".to_owned())].into());
+    bed.declare(p);
+    bed.wait_phase("a", Phase::Running).await;
+    bed.undeclare("a");
+    bed.wait_gone("a").await;
+    assert_eq!(deletes(&bed.provider), 0);
+    assert_eq!(
+        bed.provider.live_instances().len(),
+        1,
+        "left running for the admin"
+    );
+}
+
+#[actix_rt::test]
+async fn a_proxy_without_instance_is_released_at_once() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.provider.fail(Op::Create, ErrorClass::Permanent, 1);
+    bed.declare(managed("a", "z1"));
+    bed.wait_phase("a", Phase::Failed).await;
+    bed.undeclare("a");
+    bed.wait_gone("a").await;
+    assert_eq!(deletes(&bed.provider), 0);
+}
+
+#[actix_rt::test]
+async fn permanent_get_error_on_delete_still_deletes() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.declare(managed("a", "z1"));
+    bed.wait_phase("a", Phase::Running).await;
+    bed.provider.fail(Op::Get, ErrorClass::Permanent, 1);
+    bed.undeclare("a");
+    bed.wait_gone("a").await;
+    assert_eq!(deletes(&bed.provider), 1);
+    assert!(bed.provider.instances().is_empty());
+}
+
+#[actix_rt::test]
+async fn failed_deletes_keep_the_finalizer_and_are_retried() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.declare(managed("a", "z1"));
+    bed.wait_phase("a", Phase::Running).await;
+    bed.provider.fail(Op::Delete, ErrorClass::Transient, 3);
+    bed.undeclare("a");
+    bed.wait_gone("a").await;
+    assert_eq!(deletes(&bed.provider), 4);
+    assert!(bed.provider.instances().is_empty());
+}
+
+#[actix_rt::test]
+async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
+    // State left by an earlier run whose configuration still had provider "sim".
+    let state = tempfile::tempdir().unwrap();
+    let (store, events) = EmbeddedStore::open(state.path()).unwrap();
+    let store = Arc::new(store);
+    let mut set = ManifestSet::default();
+    set.proxies.insert(key("a"), managed("a", "z1"));
+    store.apply(&set).unwrap();
+    let uid = store.get(&key("a")).await.unwrap().unwrap().metadata.uid.unwrap();
+    store.add_finalizer(&key("a"), &uid).await.unwrap();
+    let status = ProxyStatus {
+        phase: Some(Phase::Running),
+        provider_id: Some("sim/proxy-left-behind".into()),
+        ..Default::default()
+    };
+    store.write_status(&key("a"), &uid, &status).await.unwrap();
+    set.proxies.clear();
+    store.apply(&set).unwrap();
+
+    let ctx = reconcile::Context {
+        store: store.clone(),
+        providers: Arc::new(Providers::default()),
+        now: jiff::Timestamp::now,
+    };
+    let _registry = ProxyRegistry::create(move |c| {
+        c.add_stream(UnboundedReceiverStream::new(events));
+        ProxyRegistry::new(ctx, fast())
+    });
+    let message = eventually("the not-configured message", WAIT, async || {
+        store
+            .get(&key("a"))
+            .await
+            .unwrap()?
+            .status?
+            .message
+            .filter(|m| m.contains("is not configured"))
+    })
+    .await;
+    assert!(message.contains(SKIP_CLEANUP_ANNOTATION), "{message}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = store
+        .get(&key("a"))
+        .await
+        .unwrap()
+        .expect("the finalizer holds the object");
+    assert_eq!(held.status.unwrap().phase, Some(Phase::Terminating));
+
+    store
+        .set_annotation(&key("a"), &uid, SKIP_CLEANUP_ANNOTATION, Some("true"))
+        .await
+        .unwrap();
+    eventually("release", WAIT, async || {
+        store.get(&key("a")).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_crash_mid_create_restarts_the_actor_and_still_makes_one_instance() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 1, 0));
+    bed.provider.panic_after_next_create();
+    bed.declare(managed("a", "z1"));
+    bed.wait_phase("a", Phase::Running).await;
+    assert_eq!(bed.provider.live_instances().len(), 1);
+    assert_eq!(bed.provider.max_per_uid(), 1);
+    assert_eq!(
+        creates(&bed.provider),
+        2,
+        "the restarted actor repeated the create, which found the instance"
+    );
+    let stats = bed.registry.send(GetRegistryStats).await.unwrap();
+    assert_eq!((stats.actors, stats.restarts), (1, 1));
+}
+
+#[actix_rt::test]
+async fn external_proxies_get_their_endpoint_and_no_provider_calls() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    let p: Proxy = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "ext", "namespace": "crawl"},
+        "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 3128}}
+    }))
+    .unwrap();
+    bed.declare(p);
+    let p = bed.wait_phase("ext", Phase::Running).await;
+    let status = p.status.unwrap();
+    assert_eq!(status.endpoint.as_deref(), Some("127.0.0.1:3128"));
+    assert_eq!(p.metadata.finalizers, None);
+    assert!(bed.provider.calls().is_empty());
+    bed.undeclare("ext");
+    bed.wait_gone("ext").await;
+    assert_eq!(bed.phase("ext").await, None);
+}

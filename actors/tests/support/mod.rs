@@ -1,0 +1,22 @@
+//! Shared test support: a scripted provider, target servers, waiting helpers.
+#![allow(dead_code)]
+
+pub mod scripted_provider;
+pub mod target_server;
+
+use std::time::{Duration, Instant};
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

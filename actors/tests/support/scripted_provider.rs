@@ -1,0 +1,255 @@
+//! A provider whose instances have states over time and that can be told to
+//! fail any operation with any error class. It records every call, and the
+//! largest number of instances that ever existed at once for one Proxy UID,
+//! so tests can prove "never two instances".
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use egress_proxies::provider::{
+    CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
+};
+
+/// One recorded call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    Create(String),
+    Get(String),
+    Delete(String),
+    List,
+}
+
+#[derive(Clone, Debug)]
+struct Sim {
+    uid: String,
+    created_at: jiff::Timestamp,
+    gets: u32,
+    stopped: bool,
+    /// Gets left before a deleted instance is really gone.
+    deleting: Option<u32>,
+    spec_port: u16,
+}
+
+#[derive(Default)]
+struct World {
+    instances: BTreeMap<String, Sim>,
+    failures: HashMap<&'static str, VecDeque<ErrorClass>>,
+    calls: Vec<Call>,
+    max_per_uid: HashMap<String, usize>,
+    panic_after_next_create: bool,
+}
+
+pub struct ScriptedProvider {
+    name: String,
+    /// Gets an instance stays Provisioning before it runs.
+    boot_gets: u32,
+    /// Gets a deleted instance lingers before it is NotFound.
+    delete_gets: u32,
+    world: Mutex<World>,
+}
+
+fn op_name(op: Op) -> &'static str {
+    op.as_str()
+}
+
+impl ScriptedProvider {
+    pub fn new(name: &str, boot_gets: u32, delete_gets: u32) -> Self {
+        Self {
+            name: name.to_owned(),
+            boot_gets,
+            delete_gets,
+            world: Mutex::new(World::default()),
+        }
+    }
+
+    fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().unwrap()
+    }
+
+    /// The next `count` calls of `op` fail with `class`.
+    pub fn fail(&self, op: Op, class: ErrorClass, count: usize) {
+        let mut w = self.world();
+        let q = w.failures.entry(op_name(op)).or_default();
+        q.extend(std::iter::repeat_n(class, count));
+    }
+
+    /// The next create makes the instance, then panics (a crash mid-create).
+    pub fn panic_after_next_create(&self) {
+        self.world().panic_after_next_create = true;
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.world().calls.clone()
+    }
+
+    pub fn count(&self, pred: impl Fn(&Call) -> bool) -> usize {
+        self.world().calls.iter().filter(|c| pred(c)).count()
+    }
+
+    /// Names of instances that exist (including ones being deleted).
+    pub fn instances(&self) -> Vec<String> {
+        self.world().instances.keys().cloned().collect()
+    }
+
+    pub fn live_instances(&self) -> Vec<String> {
+        self.world()
+            .instances
+            .iter()
+            .filter(|(_, s)| s.deleting.is_none())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Most instances that ever existed at the same time for one UID.
+    pub fn max_per_uid(&self) -> usize {
+        self.world().max_per_uid.values().copied().max().unwrap_or(0)
+    }
+
+    /// The instance stops by itself (as a VM that crashed).
+    pub fn stop(&self, name: &str) {
+        if let Some(s) = self.world().instances.get_mut(name) {
+            s.stopped = true;
+        }
+    }
+
+    /// The instance vanishes behind the operator's back.
+    pub fn vanish(&self, name: &str) {
+        self.world().instances.remove(name);
+    }
+
+    fn take_failure(&self, w: &mut World, op: Op, id: Option<&str>) -> Result<(), ProviderError> {
+        match w.failures.get_mut(op_name(op)).and_then(VecDeque::pop_front) {
+            Some(class) => Err(ProviderError::new(
+                class,
+                op,
+                &self.name,
+                id,
+                format!("scripted {class} failure"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+fn name_of(id: &ProviderId) -> String {
+    id.as_str().trim_start_matches("sim/").to_owned()
+}
+
+#[async_trait]
+impl Provider for ScriptedProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
+        let name = req.name.to_string();
+        let panic_now = {
+            let mut w = self.world();
+            w.calls.push(Call::Create(name.clone()));
+            self.take_failure(&mut w, Op::Create, Some(&name))?;
+            if !w.instances.contains_key(&name) {
+                w.instances.insert(
+                    name.clone(),
+                    Sim {
+                        uid: req.uid.clone(),
+                        created_at: jiff::Timestamp::now(),
+                        gets: 0,
+                        stopped: false,
+                        deleting: None,
+                        spec_port: req.port,
+                    },
+                );
+            }
+            let alive = w.instances.values().filter(|s| s.uid == req.uid).count();
+            let max = w.max_per_uid.entry(req.uid.clone()).or_default();
+            *max = (*max).max(alive);
+            std::mem::take(&mut w.panic_after_next_create)
+        };
+        if panic_now {
+            panic!("scripted crash right after creating {name}");
+        }
+        Ok(ProviderId(format!("sim/{name}")))
+    }
+
+    async fn get(&self, id: &ProviderId) -> Result<Instance, ProviderError> {
+        let name = name_of(id);
+        let mut w = self.world();
+        w.calls.push(Call::Get(name.clone()));
+        self.take_failure(&mut w, Op::Get, Some(id.as_str()))?;
+        let not_found = || {
+            ProviderError::new(
+                ErrorClass::NotFound,
+                Op::Get,
+                &self.name,
+                Some(id.as_str()),
+                "gone",
+            )
+        };
+        let Some(sim) = w.instances.get_mut(&name) else {
+            return Err(not_found());
+        };
+        if let Some(left) = sim.deleting {
+            if left == 0 {
+                w.instances.remove(&name);
+                return Err(not_found());
+            }
+            sim.deleting = Some(left - 1);
+            return Ok(self.instance(id, sim, InstanceState::Running));
+        }
+        sim.gets += 1;
+        let state = if sim.stopped {
+            InstanceState::Stopped
+        } else if sim.gets <= self.boot_gets {
+            InstanceState::Provisioning
+        } else {
+            InstanceState::Running
+        };
+        let sim = sim.clone();
+        Ok(self.instance(id, &sim, state))
+    }
+
+    async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let name = name_of(id);
+        let mut w = self.world();
+        w.calls.push(Call::Delete(name.clone()));
+        self.take_failure(&mut w, Op::Delete, Some(id.as_str()))?;
+        let linger = self.delete_gets;
+        if let Some(sim) = w.instances.get_mut(&name) {
+            if linger == 0 {
+                w.instances.remove(&name);
+            } else if sim.deleting.is_none() {
+                sim.deleting = Some(linger);
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
+        let mut w = self.world();
+        w.calls.push(Call::List);
+        self.take_failure(&mut w, Op::List, None)?;
+        Ok(w.instances
+            .iter()
+            .map(|(n, s)| self.instance(&ProviderId(format!("sim/{n}")), s, InstanceState::Running))
+            .collect())
+    }
+}
+
+impl ScriptedProvider {
+    fn instance(&self, id: &ProviderId, sim: &Sim, state: InstanceState) -> Instance {
+        Instance {
+            id: id.clone(),
+            state,
+            ip: (state == InstanceState::Running).then_some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
+            port: Some(sim.spec_port),
+            uid: Some(sim.uid.clone()),
+            created_at: Some(sim.created_at),
+        }
+    }
+}

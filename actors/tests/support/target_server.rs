@@ -1,0 +1,119 @@
+//! Probe targets on loopback: an HTTPS server with a self-signed certificate
+//! and a plain HTTP server, both answering `204 No Content`, and a client
+//! that fetches through a forward proxy the way the health engine will.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = s
+        .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        .await;
+    let _ = s.shutdown().await;
+}
+
+/// A plain HTTP target.
+pub async fn http_target() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(answer(s));
+        }
+    });
+    addr
+}
+
+/// An HTTPS target for `localhost`; returns its address and certificate.
+pub async fn https_target() -> (SocketAddr, CertificateDer<'static>) {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let der = CertificateDer::from(cert.cert.der().to_vec());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    answer(tls).await;
+                }
+            });
+        }
+    });
+    (addr, der)
+}
+
+async fn status_line<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => got.push(byte[0]),
+        }
+    }
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `CONNECT localhost:<port>` through `proxy`, TLS to the target, `GET /`; the final status line.
+pub async fn get_via_connect(proxy: SocketAddr, target_port: u16, ca: &CertificateDer<'static>) -> String {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let connect =
+        format!("CONNECT localhost:{target_port} HTTP/1.1\r\nHost: localhost:{target_port}\r\n\r\n");
+    s.write_all(connect.as_bytes()).await.unwrap();
+    let answer = status_line(&mut s).await;
+    if !answer.contains(" 200") {
+        return format!("CONNECT refused: {answer}");
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), s)
+        .await
+        .unwrap();
+    tls.write_all(format!("GET / HTTP/1.1\r\nHost: localhost:{target_port}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    status_line(&mut tls).await
+}
+
+/// Absolute-URI `GET http://<target>/` through `proxy`; the status line.
+pub async fn get_via_absolute_uri(proxy: SocketAddr, target: SocketAddr) -> String {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    status_line(&mut s).await
+}
