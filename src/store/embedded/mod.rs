@@ -125,6 +125,25 @@ impl EmbeddedStore {
         let mut removed = Vec::new();
         {
             let mut inner = self.lock();
+            // Proxies whose cloud-init Secret changed must be looked at again.
+            let changed_secrets: HashSet<ObjectKey> = set
+                .secrets
+                .keys()
+                .chain(inner.secrets.keys())
+                .filter(|k| set.secrets.get(*k) != inner.secrets.get(*k))
+                .cloned()
+                .collect();
+            changed.extend(
+                inner
+                    .objects
+                    .iter()
+                    .filter(|(k, p)| {
+                        let secret = p.spec.cloud_init.as_ref().and_then(|c| c.secret_ref.as_ref());
+                        secret
+                            .is_some_and(|s| changed_secrets.contains(&ObjectKey::new(&k.namespace, &s.name)))
+                    })
+                    .map(|(k, _)| k.clone()),
+            );
             inner.secrets = set.secrets.clone();
             for (key, declared) in &set.proxies {
                 let next = match inner.objects.get(key) {
@@ -340,11 +359,13 @@ pub async fn watch_manifests(store: Arc<EmbeddedStore>, mut dir: ManifestDir, in
     let mut reported: Vec<String> = Vec::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first scan always applies: an empty directory deletes what the state still holds.
+    let mut first = true;
     loop {
         ticker.tick().await;
         match dir.scan() {
-            Ok(false) => continue,
-            Ok(true) => {}
+            Ok(false) if !std::mem::take(&mut first) => continue,
+            Ok(_) => {}
             Err(e) => {
                 tracing::error!(dir = %dir.path().display(), error = %e, "cannot read the manifest directory");
                 continue;
@@ -368,3 +389,6 @@ pub fn read_snapshot(state_dir: &Path) -> Result<Vec<Proxy>, DatabaseError> {
     let path: PathBuf = state_dir.join(DATABASE_FILE);
     Database::open_read_only(&path)?.load_all()
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,333 @@
+//! The real binary in standalone mode, SIGKILLed at many points of creates,
+//! replacements and deletions: after each restart the fleet converges with
+//! exactly one proxy process per Proxy and nothing left of deleted ones.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use egress_proxies::resource::{Phase, Proxy, SPEC_HASH_ANNOTATION};
+use egress_proxies::store::embedded::read_snapshot;
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+const CONVERGE: Duration = Duration::from_secs(30);
+
+struct Bed {
+    root: tempfile::TempDir,
+    state: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl Bed {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path();
+        std::fs::create_dir(dir.join("proxies")).unwrap();
+        std::fs::write(
+            dir.join("providers.yaml"),
+            "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("standalone.yaml"),
+            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
+             healthProbeBindAddress: \"0\"\nmanifestPollInterval: 100ms\n",
+        )
+        .unwrap();
+        Self {
+            state: dir.join("state"),
+            config: dir.join("standalone.yaml"),
+            log: dir.join("operator.log"),
+            root,
+        }
+    }
+
+    fn write_proxy(&self, name: &str, port: u16) {
+        let doc = format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}, namespace: crawl}}\n\
+             spec: {{mode: Managed, provider: local, port: {port}}}\n"
+        );
+        std::fs::write(self.root.path().join("proxies").join(format!("{name}.yaml")), doc).unwrap();
+    }
+
+    fn remove_proxy(&self, name: &str) {
+        std::fs::remove_file(self.root.path().join("proxies").join(format!("{name}.yaml"))).unwrap();
+    }
+
+    fn start(&self) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        Command::new(BIN)
+            .args(["standalone", "--config"])
+            .arg(&self.config)
+            .args(["--log-format", "text", "--log-level", "info"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn proxies(&self) -> BTreeMap<String, Proxy> {
+        if !self.state.join("state.db").exists() {
+            return BTreeMap::new();
+        }
+        read_snapshot(&self.state)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.metadata.name.clone().unwrap(), p))
+            .collect()
+    }
+
+    fn instances_dir(&self) -> PathBuf {
+        self.state.join("local/local/instances")
+    }
+
+    /// Instance name → owning UID, from the instance records.
+    fn instances(&self) -> BTreeMap<String, String> {
+        let Ok(entries) = std::fs::read_dir(self.instances_dir()) else {
+            return BTreeMap::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter_map(|e| {
+                let record: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(e.path().join("instance.json")).ok()?).ok()?;
+                Some((
+                    e.file_name().to_string_lossy().into_owned(),
+                    record["uid"].as_str()?.to_owned(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Live proxy processes of this bed, by the instance directory they serve.
+    fn processes(&self) -> BTreeMap<String, usize> {
+        let root = self
+            .instances_dir()
+            .canonicalize()
+            .unwrap_or_else(|_| self.instances_dir());
+        let mut out = BTreeMap::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            if entry
+                .file_name()
+                .to_str()
+                .is_none_or(|n| n.parse::<u32>().is_err())
+            {
+                continue;
+            }
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            if stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')) {
+                continue;
+            }
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            for arg in cmdline.split(|b| *b == 0) {
+                let arg = PathBuf::from(String::from_utf8_lossy(arg).into_owned());
+                if let Ok(rest) = arg.strip_prefix(&root)
+                    && let Some(first) = rest.components().next()
+                {
+                    *out.entry(first.as_os_str().to_string_lossy().into_owned())
+                        .or_default() += 1;
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Everything settled: declared proxies Running on one process each, nothing else.
+    fn converged(&self, declared: &BTreeMap<&str, u16>) -> Result<(), String> {
+        let proxies = self.proxies();
+        let names: Vec<&str> = proxies.keys().map(String::as_str).collect();
+        let wanted: Vec<&str> = declared.keys().copied().collect();
+        if names != wanted {
+            return Err(format!("stored proxies {names:?}, want {wanted:?}"));
+        }
+        let instances = self.instances();
+        let processes = self.processes();
+        for (name, proxy) in &proxies {
+            let status = proxy.status.clone().unwrap_or_default();
+            if status.phase != Some(Phase::Running) {
+                return Err(format!("{name} is {:?}", status.phase));
+            }
+            let hash_port = proxy.spec.port;
+            if hash_port != declared[name.as_str()]
+                || !proxy
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(SPEC_HASH_ANNOTATION))
+            {
+                return Err(format!("{name} not yet at its declared spec"));
+            }
+            let uid = proxy.metadata.uid.clone().unwrap();
+            let owned: Vec<_> = instances
+                .iter()
+                .filter(|(_, u)| **u == uid)
+                .map(|(n, _)| n.clone())
+                .collect();
+            if owned.len() != 1 {
+                return Err(format!("{name} owns instances {owned:?}"));
+            }
+            if processes.get(&owned[0]).copied().unwrap_or(0) != 1 {
+                return Err(format!(
+                    "{name}: {:?} processes for {}",
+                    processes.get(&owned[0]),
+                    owned[0]
+                ));
+            }
+        }
+        if instances.len() != proxies.len() {
+            return Err(format!("instances {instances:?} for {} proxies", proxies.len()));
+        }
+        if processes.keys().any(|dir| !instances.contains_key(dir)) || processes.values().any(|n| *n != 1) {
+            return Err(format!("processes {processes:?} vs instances {instances:?}"));
+        }
+        Ok(())
+    }
+
+    /// Invariant at any instant: never two processes for one instance.
+    fn assert_never_doubled(&self) {
+        let processes = self.processes();
+        assert!(
+            processes.values().all(|n| *n <= 1),
+            "duplicate processes: {processes:?}"
+        );
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        // Whatever happened, leave no proxy process behind.
+        let _ = Command::new("pkill")
+            .arg("-KILL")
+            .arg("-f")
+            .arg(self.root.path())
+            .status();
+    }
+}
+
+fn kill(mut child: Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+async fn converge(bed: &Bed, declared: &BTreeMap<&str, u16>) {
+    let child = bed.start();
+    let deadline = std::time::Instant::now() + CONVERGE;
+    let outcome = loop {
+        bed.assert_never_doubled();
+        match bed.converged(declared) {
+            Ok(()) => break Ok(()),
+            Err(why) if std::time::Instant::now() > deadline => break Err(why),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    kill(child);
+    if let Err(why) = outcome {
+        panic!(
+            "no convergence: {why}\n{}",
+            std::fs::read_to_string(&bed.log).unwrap_or_default()
+        );
+    }
+}
+
+/// Starts the operator and SIGKILLs it after each delay in turn.
+async fn kill_at(bed: &Bed, delays_ms: &[u64]) {
+    for delay in delays_ms {
+        let child = bed.start();
+        tokio::time::sleep(Duration::from_millis(*delay)).await;
+        kill(child);
+        bed.assert_never_doubled();
+    }
+}
+
+#[tokio::test]
+async fn sigkill_during_create_replace_and_delete_never_duplicates_or_leaks() {
+    let bed = Bed::new();
+    let mut declared: BTreeMap<&str, u16> = [("p1", 3128), ("p2", 3128), ("p3", 3128)].into();
+    for (name, port) in &declared {
+        bed.write_proxy(name, *port);
+    }
+
+    // Creates interrupted at several points.
+    kill_at(&bed, &[5, 40, 120, 250, 600]).await;
+    converge(&bed, &declared).await;
+    let first_uids: BTreeMap<String, String> = bed
+        .proxies()
+        .into_iter()
+        .map(|(n, p)| (n, p.metadata.uid.unwrap()))
+        .collect();
+
+    // Replacements (a port change changes the spec hash) interrupted.
+    for name in ["p1", "p2"] {
+        declared.insert(name, 3129);
+        bed.write_proxy(name, 3129);
+    }
+    kill_at(&bed, &[30, 150, 300, 700]).await;
+    converge(&bed, &declared).await;
+    let uids: BTreeMap<String, String> = bed
+        .proxies()
+        .into_iter()
+        .map(|(n, p)| (n, p.metadata.uid.unwrap()))
+        .collect();
+    assert_eq!(
+        uids, first_uids,
+        "replacement keeps the Proxy; only its instance changes"
+    );
+
+    // Deletions interrupted.
+    for name in ["p2", "p3"] {
+        declared.remove(name);
+        bed.remove_proxy(name);
+    }
+    kill_at(&bed, &[20, 150, 400]).await;
+    converge(&bed, &declared).await;
+
+    // And the last one, so the bed ends empty.
+    declared.clear();
+    bed.remove_proxy("p1");
+    converge(&bed, &declared).await;
+    assert!(bed.processes().is_empty());
+}
+
+#[tokio::test]
+async fn a_restarted_operator_adopts_running_proxies_without_restarting_them() {
+    let bed = Bed::new();
+    let declared: BTreeMap<&str, u16> = [("solo", 3128)].into();
+    bed.write_proxy("solo", 3128);
+    converge(&bed, &declared).await;
+    let pid_before = pids(&bed);
+    converge(&bed, &declared).await;
+    assert_eq!(
+        pids(&bed),
+        pid_before,
+        "the same process serves after the restart"
+    );
+
+    bed.remove_proxy("solo");
+    converge(&bed, &BTreeMap::new()).await;
+}
+
+fn pids(bed: &Bed) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .arg("-f")
+        .arg(bed.root.path())
+        .output()
+        .unwrap();
+    let mut pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    pids.sort();
+    pids
+}
+

@@ -1,0 +1,227 @@
+//! The embedded store plays the API server's part: these pin its semantics.
+
+use super::*;
+use crate::resource::{Proxy, SecretKeyRef};
+use serde_json::json;
+
+fn proxy(name: &str, provider: &str) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"mode": "Managed", "provider": provider}
+    }))
+    .unwrap()
+}
+
+fn set(proxies: &[Proxy]) -> ManifestSet {
+    ManifestSet {
+        proxies: proxies.iter().map(|p| (ObjectKey::of(p), p.clone())).collect(),
+        ..Default::default()
+    }
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<StoreEvent>) -> Vec<StoreEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+fn k(name: &str) -> ObjectKey {
+    ObjectKey::new("ns", name)
+}
+
+#[tokio::test]
+async fn creation_generation_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    assert_eq!(drain(&mut rx), vec![StoreEvent::Changed(k("a"))]);
+    let a = store.get(&k("a")).await.unwrap().unwrap();
+    assert_eq!(a.metadata.generation, Some(1));
+    assert!(a.metadata.uid.is_some() && a.metadata.creation_timestamp.is_some());
+
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    assert_eq!(drain(&mut rx), vec![], "no change, no event");
+
+    let mut labelled = proxy("a", "p");
+    labelled.metadata.labels = Some([("team".to_owned(), "x".to_owned())].into());
+    store.apply(&set(&[labelled.clone()])).unwrap();
+    assert_eq!(drain(&mut rx), vec![StoreEvent::Changed(k("a"))]);
+    assert_eq!(
+        store.get(&k("a")).await.unwrap().unwrap().metadata.generation,
+        Some(1),
+        "labels are not spec"
+    );
+
+    let mut changed = labelled;
+    changed.spec.provider = Some("q".into());
+    store.apply(&set(&[changed])).unwrap();
+    let a2 = store.get(&k("a")).await.unwrap().unwrap();
+    assert_eq!(a2.metadata.generation, Some(2));
+    assert_eq!(a2.metadata.uid, a.metadata.uid, "same incarnation");
+}
+
+#[tokio::test]
+async fn removal_honours_finalizers_and_a_readded_manifest_waits_for_the_old_incarnation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
+    store.apply(&set(&[proxy("a", "p"), proxy("b", "p")])).unwrap();
+    let uid = store.get(&k("a")).await.unwrap().unwrap().metadata.uid.unwrap();
+    store.add_finalizer(&k("a"), &uid).await.unwrap();
+    drain(&mut rx);
+
+    store.apply(&set(&[])).unwrap();
+    let mut events = drain(&mut rx);
+    events.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(
+        events,
+        vec![StoreEvent::Changed(k("a")), StoreEvent::Removed(k("b"))]
+    );
+    assert!(
+        store.get(&k("b")).await.unwrap().is_none(),
+        "no finalizer: gone at once"
+    );
+    let held = store.get(&k("a")).await.unwrap().unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    assert_eq!(
+        store.get(&k("a")).await.unwrap().unwrap().metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "the deleting incarnation finishes first"
+    );
+
+    store.remove_finalizer(&k("a"), &uid).await.unwrap();
+    assert_eq!(drain(&mut rx), vec![StoreEvent::Removed(k("a"))]);
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    let reborn = store.get(&k("a")).await.unwrap().unwrap();
+    assert_ne!(
+        reborn.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "a new incarnation"
+    );
+}
+
+#[tokio::test]
+async fn writes_for_another_incarnation_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    let err = store
+        .write_status(&k("a"), "some-old-uid", &ProxyStatus::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Gone { .. }), "{err}");
+    let err = store.add_finalizer(&k("missing"), "x").await.unwrap_err();
+    assert!(matches!(err, StoreError::Gone { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn state_survives_a_restart_and_a_second_operator_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid;
+    {
+        let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+        store.apply(&set(&[proxy("a", "p")])).unwrap();
+        uid = store.get(&k("a")).await.unwrap().unwrap().metadata.uid.unwrap();
+        store.add_finalizer(&k("a"), &uid).await.unwrap();
+        store
+            .set_annotation(&k("a"), &uid, SPEC_HASH_ANNOTATION, Some("abc"))
+            .await
+            .unwrap();
+        let status = ProxyStatus {
+            provider_id: Some("instances/x".into()),
+            ..Default::default()
+        };
+        store.write_status(&k("a"), &uid, &status).await.unwrap();
+        assert!(matches!(
+            EmbeddedStore::open(dir.path()),
+            Err(EmbeddedStoreError::Locked(_))
+        ));
+        let snapshot = read_snapshot(dir.path()).unwrap();
+        assert_eq!(snapshot.len(), 1, "readable while the operator runs");
+    }
+    let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
+    let a = store.get(&k("a")).await.unwrap().unwrap();
+    assert_eq!(a.metadata.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(a.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    assert_eq!(
+        a.metadata.annotations.as_ref().unwrap()[SPEC_HASH_ANNOTATION],
+        "abc"
+    );
+    assert_eq!(a.status.unwrap().provider_id.as_deref(), Some("instances/x"));
+    store.resync();
+    assert_eq!(drain(&mut rx), vec![StoreEvent::Changed(k("a"))]);
+
+    // A manifest can neither set nor clear the operator's annotation.
+    let mut declared = proxy("a", "p");
+    declared.metadata.annotations = Some([(SPEC_HASH_ANNOTATION.to_owned(), "forged".to_owned())].into());
+    store.apply(&set(&[declared])).unwrap();
+    let a = store.get(&k("a")).await.unwrap().unwrap();
+    assert_eq!(a.metadata.annotations.unwrap()[SPEC_HASH_ANNOTATION], "abc");
+}
+
+#[tokio::test]
+async fn cloud_init_comes_only_from_labelled_secrets_and_rotation_triggers_a_reconcile() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
+    let mut p = proxy("a", "p");
+    p.spec.cloud_init = Some(crate::resource::CloudInit {
+        inline: None,
+        secret_ref: Some(SecretKeyRef {
+            name: "ci".into(),
+            key: "user-data".into(),
+        }),
+    });
+    let secret = |labelled: bool, content: &str| SecretDoc {
+        key: k("ci"),
+        labels: if labelled {
+            [(CLOUD_INIT_LABEL.to_owned(), "true".to_owned())].into()
+        } else {
+            BTreeMap::new()
+        },
+        data: [("user-data".to_owned(), content.as_bytes().to_vec())].into(),
+    };
+    let mut declared = set(&[p]);
+    let reference = SecretKeyRef {
+        name: "ci".into(),
+        key: "user-data".into(),
+    };
+    store.apply(&declared).unwrap();
+    assert_eq!(
+        store.cloud_init("ns", &reference).await,
+        Err(CloudInitError::SecretNotFound {
+            namespace: "ns".into(),
+            name: "ci".into()
+        })
+    );
+    declared.secrets.insert(k("ci"), secret(false, "#!/bin/sh\n"));
+    store.apply(&declared).unwrap();
+    let err = store.cloud_init("ns", &reference).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is not labelled crawl.example.com/cloud-init"),
+        "{err}"
+    );
+
+    drain(&mut rx);
+    declared
+        .secrets
+        .insert(k("ci"), secret(true, "#!/bin/sh\necho v2\n"));
+    store.apply(&declared).unwrap();
+    assert_eq!(
+        drain(&mut rx),
+        vec![StoreEvent::Changed(k("a"))],
+        "rotation re-reconciles its users"
+    );
+    assert_eq!(
+        store.cloud_init("ns", &reference).await.unwrap(),
+        b"#!/bin/sh\necho v2\n"
+    );
+    let missing_key = SecretKeyRef {
+        name: "ci".into(),
+        key: "other".into(),
+    };
+    assert!(matches!(
+        store.cloud_init("ns", &missing_key).await,
+        Err(CloudInitError::MissingKey { .. })
+    ));
+}
