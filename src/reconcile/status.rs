@@ -125,7 +125,19 @@ impl StatusDraft {
         if self.status == self.original {
             return Ok(());
         }
-        store.write_status(key, &self.uid, &self.status).await
+        store.write_status(key, &self.uid, &self.status).await?;
+        if self.status.phase != self.original.phase {
+            let phase = |p: Option<Phase>| p.map(Phase::as_str).unwrap_or("-");
+            tracing::info!(
+                proxy = %key,
+                from = phase(self.original.phase),
+                to = phase(self.status.phase),
+                endpoint = self.status.endpoint.as_deref().unwrap_or(""),
+                message = self.status.message.as_deref().unwrap_or(""),
+                "phase changed"
+            );
+        }
+        Ok(())
     }
 }
 
