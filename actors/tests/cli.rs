@@ -22,6 +22,55 @@ fn validate_config_accepts_the_shipped_sample() {
 }
 
 #[test]
+fn validate_config_accepts_the_standalone_sample() {
+    let out = operator()
+        .args(["validate-config", &repo_file("config/standalone/providers.yaml")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok, 1 provider(s): local (local)"));
+}
+
+#[test]
+fn get_proxies_before_any_state_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("standalone.yaml");
+    std::fs::write(&config, "providersConfig: p.yaml\nmanifests: m\nstateDir: s\n").unwrap();
+    let out = operator()
+        .args(["get", "proxies", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "No proxies found.\n");
+}
+
+#[test]
+fn standalone_refuses_a_missing_manifest_directory_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), "providers: []\n").unwrap();
+    let config = dir.path().join("standalone.yaml");
+    std::fs::write(
+        &config,
+        "providersConfig: p.yaml\nmanifests: nowhere\nstateDir: s\n",
+    )
+    .unwrap();
+    let out = operator()
+        .args(["standalone", "--log-format", "text", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("manifest directory")
+            && stderr.contains("nowhere")
+            && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn validate_config_prints_every_problem_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("broken.yaml");

@@ -331,3 +331,64 @@ fn pids(bed: &Bed) -> Vec<String> {
     pids
 }
 
+/// The README's quickstart, as shipped: both Managed proxies reach Running
+/// and the External one is listed.
+#[tokio::test]
+async fn the_shipped_quickstart_converges() {
+    let bed = Bed::new();
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/standalone");
+    for file in ["providers.yaml", "proxies/local.yaml", "proxies/external.yaml"] {
+        std::fs::copy(format!("{shipped}/{file}"), bed.root.path().join(file)).unwrap();
+    }
+    let quickstart = std::fs::read_to_string(format!("{shipped}/quickstart.yaml")).unwrap();
+    // Same file, minus the fixed probe port (tests run side by side).
+    let quickstart = quickstart.replace(
+        "healthProbeBindAddress: 127.0.0.1:8081",
+        "healthProbeBindAddress: \"0\"",
+    );
+    assert!(quickstart.contains("healthProbeBindAddress: \"0\""));
+    std::fs::write(&bed.config, quickstart).unwrap();
+
+    let child = bed.start();
+    let deadline = std::time::Instant::now() + CONVERGE;
+    loop {
+        let phases: BTreeMap<String, Option<Phase>> = bed
+            .proxies()
+            .into_iter()
+            .map(|(n, p)| (n, p.status.and_then(|s| s.phase)))
+            .collect();
+        let want: BTreeMap<String, Option<Phase>> = [
+            ("local-1".to_owned(), Some(Phase::Running)),
+            ("local-2".to_owned(), Some(Phase::Running)),
+            ("my-squid".to_owned(), Some(Phase::Running)),
+        ]
+        .into();
+        if phases == want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "quickstart stuck at {phases:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let table = Command::new(BIN)
+        .args(["get", "proxies", "--config"])
+        .arg(&bed.config)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.starts_with("NAME "), "{table}");
+    for row in [
+        "local-1    Managed    local      Running   127.0.0.1",
+        "my-squid   External              Running   127.0.0.1",
+    ] {
+        assert!(table.contains(row), "missing {row:?} in\n{table}");
+    }
+    kill(child);
+
+    for file in ["local.yaml", "external.yaml"] {
+        std::fs::remove_file(bed.root.path().join("proxies").join(file)).unwrap();
+    }
+    converge(&bed, &BTreeMap::new()).await;
+}
