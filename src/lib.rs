@@ -23,6 +23,7 @@
 pub mod bind_address;
 pub mod config;
 pub mod forward_proxy;
+pub mod health;
 pub mod provider;
 pub mod reconcile;
 pub mod resource;

@@ -153,6 +153,10 @@ pub struct RunArgs {
     #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub gc_interval: Duration,
 
+    /// Extra CA certificates (PEM) trusted by health probes, beside the Mozilla roots.
+    #[arg(long, env = "HEALTH_CA_FILE")]
+    pub health_ca_file: Option<PathBuf>,
+
     /// Open one trace span per health probe (off by default: one per proxy per second).
     #[arg(long, env = "TRACE_HEALTH_PROBES")]
     pub trace_health_probes: bool,

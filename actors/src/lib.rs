@@ -12,6 +12,7 @@
 //! *when*: they serialise work per object, own the timers and backoff, and
 //! restart what fails without disturbing the rest.
 
+pub mod health_prober;
 pub mod health_server;
 pub mod messages;
 pub mod proxy_actor;

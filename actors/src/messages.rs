@@ -22,3 +22,10 @@ pub struct RegistryStats {
     pub actors: usize,
     pub restarts: u64,
 }
+
+/// A health verdict for the receiving ProxyActor's proxy.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct HealthVerdict(pub egress_proxies::health::Verdict);
+
+pub use egress_proxies::health::ProbeTarget;

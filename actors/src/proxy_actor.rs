@@ -1,8 +1,10 @@
 //! `ProxyActor`: one per Proxy. Runs the reconcile for its object — never two
 //! at once — and schedules the next one: a short backoff while something is
 //! in flight, the resync period once running, exponential backoff on errors,
-//! minutes on quota errors. A panicking reconcile stops the actor; its
-//! Supervisor restarts it and it resumes from the stored state.
+//! minutes on quota errors. It registers its proxy with the HealthProber
+//! while the proxy serves, and folds verdicts into the status. A panicking
+//! reconcile stops the actor; its Supervisor restarts it and it resumes from
+//! the stored state.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -11,12 +13,14 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use egress_proxies::health::ProbeTarget;
 use egress_proxies::provider::ErrorClass;
-use egress_proxies::reconcile::{self, Next, ReconcileError};
+use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
 use egress_proxies::store::ObjectKey;
 use futures::FutureExt;
 
-use crate::messages::{Reconcile, Shutdown};
+use crate::health_prober::{HealthProber, Unwatch, Watch};
+use crate::messages::{HealthVerdict, Reconcile, Shutdown};
 
 /// How often a ProxyActor looks again.
 #[derive(Clone, Copy, Debug)]
@@ -53,15 +57,31 @@ fn backoff(min: Duration, max: Duration) -> ExponentialBackoff {
         .build()
 }
 
+/// The two kinds of work, serialised per object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
+    /// The full reconcile (provider I/O, timers).
+    Reconcile,
+    /// Only write the latest health verdict into the status.
+    Health,
+}
+
+type JobResult = std::thread::Result<Result<Next, ReconcileError>>;
+
 pub struct ProxyActor {
     key: ObjectKey,
     ctx: reconcile::Context,
     timing: Timing,
     restarts: Arc<AtomicU64>,
-    /// Kept between reconciles; lent to the running one.
-    memory: Option<reconcile::Memory>,
+    prober: Option<Addr<HealthProber>>,
+    /// What the prober currently watches for this proxy.
+    watching: Option<ProbeTarget>,
+    /// Kept between jobs; lent to the running one.
+    memory: Option<Memory>,
+    /// A verdict that arrived while a job held the memory.
+    pending_verdict: Option<HealthVerdict>,
     running: bool,
-    again: bool,
+    again: Option<Job>,
     timer: Option<SpawnHandle>,
     polls: ExponentialBackoff,
     errors: ExponentialBackoff,
@@ -69,15 +89,24 @@ pub struct ProxyActor {
 }
 
 impl ProxyActor {
-    pub fn new(key: ObjectKey, ctx: reconcile::Context, timing: Timing, restarts: Arc<AtomicU64>) -> Self {
+    pub fn new(
+        key: ObjectKey,
+        ctx: reconcile::Context,
+        timing: Timing,
+        restarts: Arc<AtomicU64>,
+        prober: Option<Addr<HealthProber>>,
+    ) -> Self {
         Self {
             key,
             ctx,
             timing,
             restarts,
-            memory: Some(reconcile::Memory::default()),
+            prober,
+            watching: None,
+            memory: Some(Memory::default()),
+            pending_verdict: None,
             running: false,
-            again: false,
+            again: None,
             timer: None,
             polls: backoff(timing.poll_min, timing.poll_max),
             errors: backoff(timing.error_min, timing.error_max),
@@ -85,13 +114,17 @@ impl ProxyActor {
         }
     }
 
-    fn start_reconcile(&mut self, ctx: &mut Context<Self>) {
+    fn start(&mut self, job: Job, ctx: &mut Context<Self>) {
         if self.running {
-            // Serial per object: note the request and run once more afterwards.
-            self.again = true;
+            // Serial per object: remember the strongest request and run it afterwards.
+            if self.again != Some(Job::Reconcile) {
+                self.again = Some(job);
+            }
             return;
         }
-        if let Some(timer) = self.timer.take() {
+        if job == Job::Reconcile
+            && let Some(timer) = self.timer.take()
+        {
             ctx.cancel_future(timer);
         }
         self.running = true;
@@ -99,25 +132,32 @@ impl ProxyActor {
         let rctx = self.ctx.clone();
         let mut memory = self.memory.take().unwrap_or_default();
         let work = async move {
-            let result = AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory))
-                .catch_unwind()
-                .await;
+            let result = match job {
+                Job::Reconcile => {
+                    AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory))
+                        .catch_unwind()
+                        .await
+                }
+                Job::Health => AssertUnwindSafe(reconcile::record_health(&key, &rctx, &mut memory))
+                    .catch_unwind()
+                    .await
+                    .map(|r| r.map(|()| Next::Idle)),
+            };
             (result, memory)
         };
-        ctx.spawn(work.into_actor(self).map(|(result, memory), actor, ctx| {
+        ctx.spawn(work.into_actor(self).map(move |(result, memory), actor, ctx| {
             actor.memory = Some(memory);
-            actor.finished(result, ctx)
+            actor.finished(job, result, ctx)
         }));
     }
 
-    fn finished(
-        &mut self,
-        result: std::thread::Result<Result<Next, ReconcileError>>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn finished(&mut self, job: Job, result: JobResult, ctx: &mut Context<Self>) {
         self.running = false;
-        let delay = match result {
-            Err(panic) => {
+        if let Some(verdict) = self.pending_verdict.take() {
+            self.accept(verdict, ctx);
+        }
+        let delay = match (job, result) {
+            (_, Err(panic)) => {
                 let what = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -127,7 +167,13 @@ impl ProxyActor {
                 ctx.stop();
                 return;
             }
-            Ok(Ok(next)) => {
+            (Job::Health, Ok(Ok(_))) => None,
+            (Job::Health, Ok(Err(error))) => {
+                tracing::warn!(proxy = %self.key, error = %error, "recording a health verdict failed; reconciling");
+                self.again = Some(Job::Reconcile);
+                None
+            }
+            (Job::Reconcile, Ok(Ok(next))) => {
                 self.errors = backoff(self.timing.error_min, self.timing.error_max);
                 self.quota = backoff(self.timing.quota_min, self.timing.quota_max);
                 match next {
@@ -142,7 +188,7 @@ impl ProxyActor {
                     }
                 }
             }
-            Ok(Err(error)) => {
+            (Job::Reconcile, Ok(Err(error))) => {
                 let delay = match error.class() {
                     ErrorClass::QuotaExceeded => self.quota.next(),
                     _ => self.errors.next(),
@@ -154,13 +200,57 @@ impl ProxyActor {
                 delay
             }
         };
-        if std::mem::take(&mut self.again) {
-            self.start_reconcile(ctx);
-        } else if let Some(delay) = delay {
-            self.timer = Some(ctx.run_later(delay, |actor, ctx| {
-                actor.timer = None;
-                actor.start_reconcile(ctx);
-            }));
+        if job == Job::Reconcile {
+            self.sync_watch(ctx);
+            if let Some(delay) = delay {
+                self.timer = Some(ctx.run_later(delay, |actor, ctx| {
+                    actor.timer = None;
+                    actor.start(Job::Reconcile, ctx);
+                }));
+            }
+        }
+        if let Some(next) = self.again.take() {
+            self.start(next, ctx);
+        }
+    }
+
+    /// Keeps the prober's registration in step with where the proxy serves.
+    fn sync_watch(&mut self, ctx: &mut Context<Self>) {
+        let wanted = self.memory.as_ref().and_then(|m| m.serving.clone());
+        if wanted == self.watching {
+            return;
+        }
+        if let Some(prober) = &self.prober {
+            match &wanted {
+                Some(target) => prober.do_send(Watch {
+                    key: self.key.clone(),
+                    target: target.clone(),
+                    owner: ctx.address().recipient(),
+                }),
+                None => prober.do_send(Unwatch {
+                    key: self.key.clone(),
+                }),
+            }
+        }
+        self.watching = wanted;
+    }
+
+    /// Takes a verdict into memory and schedules the status update.
+    fn accept(&mut self, verdict: HealthVerdict, ctx: &mut Context<Self>) {
+        let Some(memory) = self.memory.as_mut() else {
+            self.pending_verdict = Some(verdict);
+            return;
+        };
+        let current = memory.serving.as_ref().is_some_and(|s| s.uid == verdict.0.uid);
+        if !current {
+            return;
+        }
+        let unhealthy = !verdict.0.healthy;
+        memory.health = Some(verdict.0);
+        self.start(Job::Health, ctx);
+        if unhealthy {
+            // Then a full look: is the instance still there at all?
+            self.again = Some(Job::Reconcile);
         }
     }
 }
@@ -169,7 +259,15 @@ impl Actor for ProxyActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        self.start_reconcile(ctx);
+        self.start(Job::Reconcile, ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
+            prober.do_send(Unwatch {
+                key: self.key.clone(),
+            });
+        }
     }
 }
 
@@ -178,9 +276,10 @@ impl Supervised for ProxyActor {
         self.restarts.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(proxy = %self.key, "ProxyActor restarted by its supervisor");
         self.running = false;
-        self.again = false;
+        self.again = None;
         self.timer = None;
-        self.memory = Some(reconcile::Memory::default());
+        self.pending_verdict = None;
+        self.memory = Some(Memory::default());
         self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
     }
 }
@@ -189,7 +288,15 @@ impl Handler<Reconcile> for ProxyActor {
     type Result = ();
 
     fn handle(&mut self, _: Reconcile, ctx: &mut Self::Context) {
-        self.start_reconcile(ctx);
+        self.start(Job::Reconcile, ctx);
+    }
+}
+
+impl Handler<HealthVerdict> for ProxyActor {
+    type Result = ();
+
+    fn handle(&mut self, verdict: HealthVerdict, ctx: &mut Self::Context) {
+        self.accept(verdict, ctx);
     }
 }
 

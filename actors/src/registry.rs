@@ -9,6 +9,7 @@ use actix::prelude::*;
 use egress_proxies::reconcile;
 use egress_proxies::store::{ObjectKey, StoreEvent};
 
+use crate::health_prober::HealthProber;
 use crate::messages::{GetRegistryStats, Reconcile, RegistryStats, Shutdown};
 use crate::proxy_actor::{ProxyActor, Timing};
 
@@ -17,15 +18,18 @@ pub struct ProxyRegistry {
     timing: Timing,
     actors: HashMap<ObjectKey, Addr<ProxyActor>>,
     restarts: Arc<AtomicU64>,
+    prober: Option<Addr<HealthProber>>,
 }
 
 impl ProxyRegistry {
-    pub fn new(ctx: reconcile::Context, timing: Timing) -> Self {
+    /// Without a prober, proxies stop at Running (tests of the reconcile alone).
+    pub fn new(ctx: reconcile::Context, timing: Timing, prober: Option<Addr<HealthProber>>) -> Self {
         Self {
             ctx,
             timing,
             actors: HashMap::new(),
             restarts: Arc::new(AtomicU64::new(0)),
+            prober,
         }
     }
 }
@@ -41,9 +45,14 @@ impl StreamHandler<StoreEvent> for ProxyRegistry {
                 Some(actor) => actor.do_send(Reconcile),
                 None => {
                     // Starting the actor reconciles once; no extra message needed.
-                    let (k, ctx, timing, restarts) =
-                        (key.clone(), self.ctx.clone(), self.timing, self.restarts.clone());
-                    let addr = Supervisor::start(move |_| ProxyActor::new(k, ctx, timing, restarts));
+                    let (k, ctx, timing, restarts, prober) = (
+                        key.clone(),
+                        self.ctx.clone(),
+                        self.timing,
+                        self.restarts.clone(),
+                        self.prober.clone(),
+                    );
+                    let addr = Supervisor::start(move |_| ProxyActor::new(k, ctx, timing, restarts, prober));
                     tracing::debug!(proxy = %key, "ProxyActor started");
                     self.actors.insert(key, addr);
                 }

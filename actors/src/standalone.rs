@@ -12,6 +12,7 @@ use egress_proxies::reconcile;
 use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, ManifestDir};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use crate::health_prober::HealthProber;
 use crate::health_server::{self, Readiness};
 use crate::proxy_actor::Timing;
 use crate::registry::ProxyRegistry;
@@ -39,6 +40,8 @@ pub enum StandaloneError {
     },
     #[error("actor system: {0}")]
     System(std::io::Error),
+    #[error("health probes: {0}")]
+    Prober(#[from] egress_proxies::health::ProberError),
 }
 
 /// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
@@ -56,6 +59,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
     };
     let providers = Providers::build(&providers_config, &build)?;
+    let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
     let store = Arc::new(store);
     tracing::info!(
@@ -70,9 +74,10 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             providers: Arc::new(providers),
             now: jiff::Timestamp::now,
         };
+        let prober = HealthProber::new(prober, config.health_workers, config.trace_health_probes).start();
         let _registry = ProxyRegistry::create(move |c| {
             c.add_stream(UnboundedReceiverStream::new(events));
-            ProxyRegistry::new(ctx, Timing::default())
+            ProxyRegistry::new(ctx, Timing::default(), Some(prober))
         });
         store.resync();
         actix::spawn(embedded::watch_manifests(

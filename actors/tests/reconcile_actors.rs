@@ -78,7 +78,7 @@ impl Bed {
         };
         let registry = ProxyRegistry::create(move |c| {
             c.add_stream(UnboundedReceiverStream::new(events));
-            ProxyRegistry::new(ctx, fast())
+            ProxyRegistry::new(ctx, fast(), None)
         });
         Self {
             store,
@@ -371,7 +371,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
     };
     let _registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));
-        ProxyRegistry::new(ctx, fast())
+        ProxyRegistry::new(ctx, fast(), None)
     });
     let message = eventually("the not-configured message", WAIT, async || {
         store

@@ -14,10 +14,27 @@ const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const CONVERGE: Duration = Duration::from_secs(30);
 
 struct Bed {
+    /// Health-check target (loopback; probes never leave this machine).
+    health_url: String,
     root: tempfile::TempDir,
     state: PathBuf,
     config: PathBuf,
     log: PathBuf,
+}
+
+/// A loopback HTTP server answering 204 to anything, on its own thread.
+fn health_target() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 2048];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    format!("http://{addr}/generate_204")
 }
 
 impl Bed {
@@ -37,6 +54,7 @@ impl Bed {
         )
         .unwrap();
         Self {
+            health_url: health_target(),
             state: dir.join("state"),
             config: dir.join("standalone.yaml"),
             log: dir.join("operator.log"),
@@ -47,7 +65,9 @@ impl Bed {
     fn write_proxy(&self, name: &str, port: u16) {
         let doc = format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}, namespace: crawl}}\n\
-             spec: {{mode: Managed, provider: local, port: {port}}}\n"
+             spec: {{mode: Managed, provider: local, port: {port}, \
+             healthCheck: {{url: \"{url}\", interval: 200ms}}}}\n",
+            url = self.health_url
         );
         std::fs::write(self.root.path().join("proxies").join(format!("{name}.yaml")), doc).unwrap();
     }
@@ -143,7 +163,7 @@ impl Bed {
         out
     }
 
-    /// Everything settled: declared proxies Running on one process each, nothing else.
+    /// Everything settled: declared proxies Ready on one process each, nothing else.
     fn converged(&self, declared: &BTreeMap<&str, u16>) -> Result<(), String> {
         let proxies = self.proxies();
         let names: Vec<&str> = proxies.keys().map(String::as_str).collect();
@@ -155,7 +175,7 @@ impl Bed {
         let processes = self.processes();
         for (name, proxy) in &proxies {
             let status = proxy.status.clone().unwrap_or_default();
-            if status.phase != Some(Phase::Running) {
+            if status.phase != Some(Phase::Ready) {
                 return Err(format!("{name} is {:?}", status.phase));
             }
             let hash_port = proxy.spec.port;
@@ -331,8 +351,8 @@ fn pids(bed: &Bed) -> Vec<String> {
     pids
 }
 
-/// The README's quickstart, as shipped: both Managed proxies reach Running
-/// and the External one is listed.
+/// The README's quickstart, as shipped: both Managed proxies reach Ready
+/// offline and the External one is listed with its real health.
 #[tokio::test]
 async fn the_shipped_quickstart_converges() {
     let bed = Bed::new();
@@ -340,14 +360,29 @@ async fn the_shipped_quickstart_converges() {
     for file in ["providers.yaml", "proxies/local.yaml", "proxies/external.yaml"] {
         std::fs::copy(format!("{shipped}/{file}"), bed.root.path().join(file)).unwrap();
     }
+    // The same files with another probe port (tests run side by side); the
+    // samples probe the operator's own /healthz through each proxy.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let own = format!("127.0.0.1:{port}");
+    for file in ["proxies/local.yaml", "proxies/external.yaml"] {
+        let path = bed.root.path().join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("url: http://127.0.0.1:8081/healthz"), "{file}");
+        std::fs::write(&path, text.replace("127.0.0.1:8081", &own)).unwrap();
+    }
     let quickstart = std::fs::read_to_string(format!("{shipped}/quickstart.yaml")).unwrap();
-    // Same file, minus the fixed probe port (tests run side by side).
-    let quickstart = quickstart.replace(
-        "healthProbeBindAddress: 127.0.0.1:8081",
-        "healthProbeBindAddress: \"0\"",
-    );
-    assert!(quickstart.contains("healthProbeBindAddress: \"0\""));
-    std::fs::write(&bed.config, quickstart).unwrap();
+    assert!(quickstart.contains("healthProbeBindAddress: 127.0.0.1:8081"));
+    std::fs::write(&bed.config, quickstart.replace("127.0.0.1:8081", &own)).unwrap();
+    // The External sample points at 127.0.0.1:3128: Ready only if a Squid runs there.
+    let external_expected = if std::net::TcpStream::connect("127.0.0.1:3128").is_ok() {
+        Phase::Ready
+    } else {
+        Phase::Unhealthy
+    };
 
     let child = bed.start();
     let deadline = std::time::Instant::now() + CONVERGE;
@@ -358,9 +393,9 @@ async fn the_shipped_quickstart_converges() {
             .map(|(n, p)| (n, p.status.and_then(|s| s.phase)))
             .collect();
         let want: BTreeMap<String, Option<Phase>> = [
-            ("local-1".to_owned(), Some(Phase::Running)),
-            ("local-2".to_owned(), Some(Phase::Running)),
-            ("my-squid".to_owned(), Some(Phase::Running)),
+            ("local-1".to_owned(), Some(Phase::Ready)),
+            ("local-2".to_owned(), Some(Phase::Ready)),
+            ("my-squid".to_owned(), Some(external_expected)),
         ]
         .into();
         if phases == want {
@@ -379,12 +414,8 @@ async fn the_shipped_quickstart_converges() {
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(table.starts_with("NAME "), "{table}");
-    for row in [
-        "local-1    Managed    local      Running   127.0.0.1",
-        "my-squid   External              Running   127.0.0.1",
-    ] {
-        assert!(table.contains(row), "missing {row:?} in\n{table}");
-    }
+    let row = "local-1    Managed    local      Ready       127.0.0.1   true";
+    assert!(table.contains(row), "missing {row:?} in\n{table}");
     kill(child);
 
     for file in ["local.yaml", "external.yaml"] {

@@ -22,6 +22,12 @@ pub struct StandaloneConfig {
     pub health_probe_bind_address: BindAddress,
     /// How often the manifest directory is rescanned.
     pub manifest_poll_interval: Duration,
+    /// Health probes running at the same time.
+    pub health_workers: usize,
+    /// Extra CA certificates (PEM) trusted by health probes.
+    pub health_ca_file: Option<PathBuf>,
+    /// One trace span per health probe.
+    pub trace_health_probes: bool,
 }
 
 #[derive(Deserialize)]
@@ -34,6 +40,16 @@ struct Raw {
     health_probe_bind_address: String,
     #[serde(default = "default_poll")]
     manifest_poll_interval: String,
+    #[serde(default = "default_workers")]
+    health_workers: usize,
+    #[serde(default)]
+    health_ca_file: Option<PathBuf>,
+    #[serde(default)]
+    trace_health_probes: bool,
+}
+
+fn default_workers() -> usize {
+    64
 }
 
 fn default_health() -> String {
@@ -85,7 +101,13 @@ impl StandaloneConfig {
         if manifest_poll_interval.is_zero() {
             return Err(invalid("manifestPollInterval must be greater than zero".into()));
         }
+        if raw.health_workers == 0 {
+            return Err(invalid("healthWorkers must be at least 1".into()));
+        }
         Ok(Self {
+            health_workers: raw.health_workers,
+            health_ca_file: raw.health_ca_file.map(resolve),
+            trace_health_probes: raw.trace_health_probes,
             providers_config: resolve(raw.providers_config),
             manifests: resolve(raw.manifests),
             state_dir: resolve(raw.state_dir),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
+use crate::health::{CheckSpec, ProbeTarget, Verdict};
 use crate::provider::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, ProviderId,
     Providers, instance_name, spec_hash,
@@ -35,6 +36,10 @@ pub struct Context {
 pub struct Memory {
     /// The instance a delete was last requested for, and when.
     delete_requested: Option<(ProviderId, Instant)>,
+    /// The latest health verdict for the current instance (from the health engine).
+    pub health: Option<Verdict>,
+    /// What the health engine should probe: set while the proxy serves.
+    pub serving: Option<ProbeTarget>,
 }
 
 /// A delete still unfinished after this long is requested again.
@@ -57,6 +62,7 @@ impl Memory {
 
     fn forget(&mut self) {
         self.delete_requested = None;
+        self.health = None;
     }
 }
 
@@ -114,6 +120,7 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         return Ok(Next::Gone);
     };
     let mut draft = StatusDraft::new(&proxy, ctx.now);
+    memory.serving = None;
     let mut step = Step {
         proxy: &proxy,
         ctx,
@@ -262,6 +269,7 @@ impl Step<'_> {
             (InstanceState::Running, Some(ip)) => {
                 let port = instance.port.unwrap_or(self.proxy.spec.port);
                 self.draft.running(&ip.to_string(), port);
+                self.serve();
                 Ok(Next::Resync)
             }
             (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
@@ -347,8 +355,61 @@ impl Step<'_> {
         }
         if let Some(endpoint) = &proxy.spec.endpoint {
             self.draft.external(&endpoint.host, endpoint.port);
+            self.serve();
         }
         Ok(Next::Idle)
+    }
+
+    /// The proxy serves at the endpoint just recorded: tell the health
+    /// engine what to probe and fold in the verdict known so far.
+    fn serve(&mut self) {
+        serve(self.proxy, self.draft, self.memory);
+    }
+}
+
+fn serve(proxy: &Proxy, draft: &mut StatusDraft, memory: &mut Memory) {
+    let Some(endpoint) = draft.status().endpoint.clone() else {
+        return;
+    };
+    match CheckSpec::from_health_check(&proxy.spec.health_check()) {
+        Ok(check) => {
+            memory.serving = Some(ProbeTarget {
+                uid: uid(proxy).to_owned(),
+                endpoint,
+                check,
+            });
+            if let Some(verdict) = memory.health.as_ref().filter(|v| v.uid == uid(proxy)) {
+                draft.health(verdict);
+            }
+        }
+        Err(e) => draft.unprobed(&e.to_string()),
+    }
+}
+
+/// Records the latest health verdict without provider I/O (a healthy
+/// proxy's flips and latency changes need no call to the provider).
+pub async fn record_health(
+    key: &ObjectKey,
+    ctx: &Context,
+    memory: &mut Memory,
+) -> Result<(), ReconcileError> {
+    let Some(proxy) = ctx.store.get(key).await? else {
+        return Ok(());
+    };
+    let serving = memory
+        .serving
+        .as_ref()
+        .is_some_and(|s| Some(s.uid.as_str()) == proxy.metadata.uid.as_deref());
+    if proxy.metadata.deletion_timestamp.is_some() || !serving {
+        return Ok(());
+    }
+    let mut draft = StatusDraft::new(&proxy, ctx.now);
+    if let Some(verdict) = &memory.health {
+        draft.health(verdict);
+    }
+    match draft.write(ctx.store.as_ref(), key).await {
+        Ok(()) | Err(StoreError::Gone { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -6,8 +6,9 @@ use std::net::IpAddr;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::health::Verdict;
 use crate::provider::ProviderId;
-use crate::resource::{Phase, Proxy, ProxyStatus, condition, set_condition};
+use crate::resource::{HealthStatus, Phase, Proxy, ProxyStatus, condition, set_condition};
 use crate::store::{ObjectKey, ProxyStore, StoreError};
 
 use super::ReconcileError;
@@ -49,11 +50,15 @@ impl StatusDraft {
     }
 
     fn instance_condition(&mut self, ready: bool, reason: &str, message: &str) {
+        self.condition(condition::INSTANCE_READY, ready, reason, message);
+    }
+
+    fn condition(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
         let now = Time((self.now)());
         set_condition(
             &mut self.status.conditions,
-            condition::INSTANCE_READY,
-            ready,
+            type_,
+            status,
             reason,
             message,
             self.generation,
@@ -61,11 +66,48 @@ impl StatusDraft {
         );
     }
 
-    /// The recorded instance is gone (or being replaced).
+    /// Folds in a health verdict: Ready or Unhealthy, with the health block.
+    pub fn health(&mut self, verdict: &Verdict) {
+        let previous = self.status.health.take();
+        let last_transition = match previous {
+            Some(p) if p.healthy == verdict.healthy && p.last_transition.is_some() => p.last_transition,
+            _ => Some(Time(verdict.last_transition)),
+        };
+        self.status.health = Some(HealthStatus {
+            healthy: verdict.healthy,
+            latency_ms: verdict.latency.map(|l| l.as_millis() as u64),
+            last_transition,
+            consecutive_failures: verdict.consecutive_failures,
+        });
+        let reason = verdict.reason.clone().unwrap_or_default();
+        if verdict.healthy {
+            self.status.phase = Some(Phase::Ready);
+            self.status.message = None;
+            self.condition(condition::HEALTHY, true, "ProbeSucceeded", "");
+            self.condition(condition::READY, true, "Healthy", "");
+        } else {
+            self.status.phase = Some(Phase::Unhealthy);
+            self.status.message = Some(format!("health check failing: {reason}"));
+            self.condition(condition::HEALTHY, false, "ProbeFailed", &reason);
+            self.condition(condition::READY, false, "Unhealthy", &reason);
+        }
+    }
+
+    /// Serving, but its health check cannot run as written.
+    pub fn unprobed(&mut self, why: &str) {
+        self.status.message = Some(format!("not probed: {why}"));
+        self.condition(condition::HEALTHY, false, "InvalidHealthCheck", why);
+    }
+
+    /// The recorded instance is gone (or being replaced): its address and health go with it.
     pub fn forget_instance(&mut self) {
         self.status.provider_id = None;
         self.status.ip = None;
         self.status.endpoint = None;
+        self.status.health = None;
+        self.status
+            .conditions
+            .retain(|c| c.type_ != condition::HEALTHY && c.type_ != condition::READY);
     }
 
     pub fn created(&mut self, id: &ProviderId) {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod scripted_provider;
+pub mod squid;
 pub mod target_server;
 
 use std::time::{Duration, Instant};

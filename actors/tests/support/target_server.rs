@@ -10,7 +10,22 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
+/// How a target answers.
+#[derive(Clone, Copy, Debug)]
+pub enum Behaviour {
+    Status(u16),
+    /// Reads the request and never answers.
+    Silent,
+}
+
+/// Request heads a target received.
+pub type Seen = Arc<std::sync::Mutex<Vec<String>>>;
+
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    how: Behaviour,
+    seen: Seen,
+) {
     let mut buf = vec![0u8; 4096];
     let mut got = Vec::new();
     while !got.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -19,26 +34,47 @@ async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: 
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
     }
-    let _ = s
-        .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
-        .await;
-    let _ = s.shutdown().await;
+    seen.lock()
+        .unwrap()
+        .push(String::from_utf8_lossy(&got).into_owned());
+    match how {
+        Behaviour::Status(code) => {
+            let reason = if code == 204 { "No Content" } else { "Test" };
+            let head = format!("HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.shutdown().await;
+        }
+        Behaviour::Silent => tokio::time::sleep(std::time::Duration::from_secs(60)).await,
+    }
 }
 
-/// A plain HTTP target.
+/// A plain HTTP target answering 204.
 pub async fn http_target() -> SocketAddr {
+    http_target_with(Behaviour::Status(204)).await.0
+}
+
+/// A plain HTTP target with the given behaviour.
+pub async fn http_target_with(how: Behaviour) -> (SocketAddr, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = Seen::default();
+    let record = seen.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(answer(s));
+            tokio::spawn(answer(s, how, record.clone()));
         }
     });
-    addr
+    (addr, seen)
 }
 
-/// An HTTPS target for `localhost`; returns its address and certificate.
+/// An HTTPS target for `localhost` answering 204; returns its address and certificate.
 pub async fn https_target() -> (SocketAddr, CertificateDer<'static>) {
+    let (addr, cert, _) = https_target_with(Behaviour::Status(204)).await;
+    (addr, cert)
+}
+
+/// An HTTPS target for `localhost` with the given behaviour.
+pub async fn https_target_with(how: Behaviour) -> (SocketAddr, CertificateDer<'static>, Seen) {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let der = CertificateDer::from(cert.cert.der().to_vec());
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
@@ -52,17 +88,19 @@ pub async fn https_target() -> (SocketAddr, CertificateDer<'static>) {
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = Seen::default();
+    let record = seen.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
+            let (acceptor, record) = (acceptor.clone(), record.clone());
             tokio::spawn(async move {
                 if let Ok(tls) = acceptor.accept(s).await {
-                    answer(tls).await;
+                    answer(tls, how, record).await;
                 }
             });
         }
     });
-    (addr, der)
+    (addr, der, seen)
 }
 
 async fn status_line<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {

@@ -10,7 +10,9 @@ pub const CONFIG_FILE: &str = "squid.conf";
 /// Squid sizes its memory by the descriptor limit; keep it bounded.
 const MAX_FILEDESCRIPTORS: u32 = 4096;
 
-/// The generated `squid.conf`. `final_dir` is where the instance will live
+/// The generated `squid.conf`. `forwarded_for delete` rather than `off`:
+/// `off` still sends `X-Forwarded-For: unknown`, which tells every target a
+/// proxy is in the path. `final_dir` is where the instance will live
 /// (paths inside the config must name it, not the temporary build directory).
 pub fn config(final_dir: &Path, record: &InstanceRecord) -> String {
     let dir = final_dir.display();
@@ -23,7 +25,7 @@ pub fn config(final_dir: &Path, record: &InstanceRecord) -> String {
          http_port {listen}:{port}\n\
          http_access allow all\n\
          via off\n\
-         forwarded_for off\n\
+         forwarded_for delete\n\
          max_filedescriptors {MAX_FILEDESCRIPTORS}\n\
          cache deny all\n\
          cache_mem 8 MB\n\

@@ -1,0 +1,231 @@
+//! `HealthProber`: probes every watched proxy at its interval (start times
+//! spread by jitter so probes do not align) on a bounded pool of
+//! concurrent probes, folds results into each proxy's threshold state and
+//! sends verdicts to the owning ProxyActor. A proxy whose previous probe is
+//! still running skips a tick instead of piling up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use egress_proxies::health::{HealthState, LatencyRule, Prober, Sample};
+use egress_proxies::store::ObjectKey;
+use tokio::sync::Semaphore;
+
+use crate::messages::{HealthVerdict, ProbeTarget};
+
+/// Start watching a proxy (or update what is watched).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Watch {
+    pub key: ObjectKey,
+    pub target: ProbeTarget,
+    pub owner: Recipient<HealthVerdict>,
+}
+
+/// Stop watching a proxy.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Unwatch {
+    pub key: ObjectKey,
+}
+
+/// Counters for tests, the dashboard and benchmarks.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "ProberStats")]
+pub struct GetProberStats;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProberStats {
+    pub watched: usize,
+    pub probes: u64,
+    pub failures: u64,
+    pub skipped: u64,
+    pub in_flight: usize,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ProbeDone {
+    key: ObjectKey,
+    generation: u64,
+    sample: Sample,
+}
+
+struct Watched {
+    target: ProbeTarget,
+    owner: Recipient<HealthVerdict>,
+    state: HealthState,
+    generation: u64,
+    timer: SpawnHandle,
+    in_flight: bool,
+}
+
+pub struct HealthProber {
+    prober: Prober,
+    pool: Arc<Semaphore>,
+    rule: LatencyRule,
+    trace_probes: bool,
+    watched: HashMap<ObjectKey, Watched>,
+    next_generation: u64,
+    stats: ProberStats,
+}
+
+impl HealthProber {
+    /// `workers` probes run at most at the same time.
+    pub fn new(prober: Prober, workers: usize, trace_probes: bool) -> Self {
+        Self {
+            prober,
+            pool: Arc::new(Semaphore::new(workers.max(1))),
+            rule: LatencyRule::default(),
+            trace_probes,
+            watched: HashMap::new(),
+            next_generation: 0,
+            stats: ProberStats::default(),
+        }
+    }
+
+    fn schedule(&mut self, key: ObjectKey, interval: Duration, ctx: &mut Context<Self>) -> SpawnHandle {
+        // First probe at a random point of the first interval, then every interval.
+        let jitter = interval.mul_f64(fastrand::f64());
+        ctx.run_later(jitter, move |actor, ctx| {
+            actor.tick(&key, ctx);
+            let every = key.clone();
+            let handle = ctx.run_interval(interval, move |actor, ctx| actor.tick(&every, ctx));
+            if let Some(w) = actor.watched.get_mut(&key) {
+                w.timer = handle;
+            }
+        })
+    }
+
+    fn tick(&mut self, key: &ObjectKey, ctx: &mut Context<Self>) {
+        let Some(w) = self.watched.get_mut(key) else {
+            return;
+        };
+        if !w.owner.connected() {
+            // The owning ProxyActor is gone: prune.
+            let w = self.watched.remove(key);
+            if let Some(w) = w {
+                ctx.cancel_future(w.timer);
+            }
+            return;
+        }
+        if w.in_flight {
+            self.stats.skipped += 1;
+            return;
+        }
+        w.in_flight = true;
+        self.stats.in_flight += 1;
+        let (prober, pool, me) = (self.prober.clone(), self.pool.clone(), ctx.address());
+        let (key, generation, target) = (key.clone(), w.generation, w.target.clone());
+        let trace = self.trace_probes;
+        actix::spawn(async move {
+            let Ok(_permit) = pool.acquire_owned().await else {
+                return;
+            };
+            let result = prober.probe(&target.endpoint, &target.check).await;
+            if trace {
+                tracing::debug!(
+                    proxy = %key, ok = result.outcome.is_ok(), latencyMs = result.latency.as_millis() as u64,
+                    reason = result.outcome.as_ref().err().map(|f| f.reason()).unwrap_or(""), "health.probe"
+                );
+            }
+            let sample = Sample {
+                uid: target.uid.clone(),
+                ok: result.outcome.is_ok(),
+                latency: result.latency,
+                reason: result.outcome.err().map(|f| f.to_string()),
+            };
+            me.do_send(ProbeDone {
+                key,
+                generation,
+                sample,
+            });
+        });
+    }
+}
+
+impl Actor for HealthProber {
+    type Context = Context<Self>;
+}
+
+impl Handler<Watch> for HealthProber {
+    type Result = ();
+
+    fn handle(&mut self, msg: Watch, ctx: &mut Self::Context) {
+        if let Some(w) = self.watched.get_mut(&msg.key)
+            && w.target == msg.target
+        {
+            w.owner = msg.owner;
+            return;
+        }
+        if let Some(old) = self.watched.remove(&msg.key) {
+            ctx.cancel_future(old.timer);
+        }
+        self.next_generation += 1;
+        let timer = self.schedule(msg.key.clone(), msg.target.check.interval, ctx);
+        let state = HealthState::new(msg.target.uid.clone());
+        self.watched.insert(
+            msg.key,
+            Watched {
+                target: msg.target,
+                owner: msg.owner,
+                state,
+                generation: self.next_generation,
+                timer,
+                in_flight: false,
+            },
+        );
+    }
+}
+
+impl Handler<Unwatch> for HealthProber {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unwatch, ctx: &mut Self::Context) {
+        if let Some(w) = self.watched.remove(&msg.key) {
+            ctx.cancel_future(w.timer);
+        }
+    }
+}
+
+impl Handler<ProbeDone> for HealthProber {
+    type Result = ();
+
+    fn handle(&mut self, msg: ProbeDone, _: &mut Self::Context) {
+        self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+        self.stats.probes += 1;
+        if !msg.sample.ok {
+            self.stats.failures += 1;
+        }
+        // A result for a proxy that is gone, or was re-registered meanwhile, is dropped.
+        let Some(w) = self
+            .watched
+            .get_mut(&msg.key)
+            .filter(|w| w.generation == msg.generation)
+        else {
+            return;
+        };
+        w.in_flight = false;
+        let thresholds = w.target.check.thresholds;
+        if let Some(verdict) = w
+            .state
+            .record(&msg.sample, thresholds, self.rule, jiff::Timestamp::now())
+        {
+            tracing::debug!(proxy = %msg.key, healthy = verdict.healthy, flipped = verdict.flipped, "health verdict");
+            w.owner.do_send(HealthVerdict(verdict));
+        }
+    }
+}
+
+impl Handler<GetProberStats> for HealthProber {
+    type Result = MessageResult<GetProberStats>;
+
+    fn handle(&mut self, _: GetProberStats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(ProberStats {
+            watched: self.watched.len(),
+            ..self.stats
+        })
+    }
+}

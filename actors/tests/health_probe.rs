@@ -1,0 +1,243 @@
+//! The health probe through real proxies — Squid (Debian package) and the
+//! built-in forward proxy — to local targets: success over CONNECT + TLS
+//! with the test's own CA and over plain http, and each failure reason.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use egress_proxies::health::{CheckSpec, ProbeFailure, Prober, Thresholds};
+use rustls::pki_types::CertificateDer;
+use support::squid::Squid;
+use support::target_server::{Behaviour, http_target_with, https_target_with};
+
+fn check(url: &str, expected: Option<u16>, timeout_ms: u64) -> CheckSpec {
+    CheckSpec {
+        url: url.parse().unwrap(),
+        expected_status: expected,
+        interval: Duration::from_secs(1),
+        timeout: Duration::from_millis(timeout_ms),
+        thresholds: Thresholds {
+            healthy: 2,
+            unhealthy: 3,
+        },
+    }
+}
+
+fn prober_trusting(ca: &CertificateDer<'static>) -> Prober {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    Prober::with_roots(roots).unwrap()
+}
+
+async fn builtin_proxy() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    addr
+}
+
+/// Every proxy kind the tests run against: the built-in one always, Squid when installed.
+async fn proxies() -> (Vec<(&'static str, SocketAddr)>, Option<Squid>) {
+    let mut out = vec![("builtin", builtin_proxy().await)];
+    let squid = Squid::start("");
+    match &squid {
+        Some(s) => out.push(("squid", s.addr)),
+        None => assert!(std::env::var_os("CI").is_none(), "CI must have squid installed"),
+    }
+    (out, squid)
+}
+
+#[tokio::test]
+async fn https_through_connect_and_tls_succeeds_and_sends_no_identifying_headers() {
+    let (target, ca, seen) = https_target_with(Behaviour::Status(204)).await;
+    let prober = prober_trusting(&ca);
+    let (proxies, _squid) = proxies().await;
+    for (kind, proxy) in proxies {
+        let url = format!("https://localhost:{}/generate_204?x=1", target.port());
+        let result = prober.probe(&proxy.to_string(), &check(&url, None, 5000)).await;
+        assert_eq!(result.outcome, Ok(204), "{kind}");
+        assert!(result.latency > Duration::ZERO && result.latency < Duration::from_secs(5));
+    }
+    for head in seen.lock().unwrap().iter() {
+        let mut lines = head.lines();
+        assert_eq!(lines.next(), Some("GET /generate_204?x=1 HTTP/1.1"));
+        let names: Vec<String> = lines
+            .filter(|l| !l.is_empty())
+            .map(|l| l.split(':').next().unwrap().to_ascii_lowercase())
+            .collect();
+        assert_eq!(
+            names,
+            ["host", "accept", "connection"],
+            "only these headers reach the target: {head}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn plain_http_uses_an_absolute_uri_get() {
+    let (target, seen) = http_target_with(Behaviour::Status(204)).await;
+    let prober = Prober::new(None).unwrap();
+    let (proxies, _squid) = proxies().await;
+    for (kind, proxy) in proxies {
+        let result = prober
+            .probe(
+                &proxy.to_string(),
+                &check(&format!("http://{target}/healthz"), None, 5000),
+            )
+            .await;
+        assert_eq!(result.outcome, Ok(204), "{kind}");
+    }
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    for head in seen.iter() {
+        assert!(head.starts_with("GET /healthz HTTP/1.1"), "{head}");
+        let lower = head.to_ascii_lowercase();
+        for leak in [
+            "via:",
+            "x-forwarded-for:",
+            "traceparent:",
+            "user-agent:",
+            "tracestate:",
+        ] {
+            assert!(!lower.contains(leak), "{leak} reached the target: {head}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn wrong_status_is_reported_with_what_was_expected() {
+    let (target, ca, _) = https_target_with(Behaviour::Status(500)).await;
+    let prober = prober_trusting(&ca);
+    let (proxies, _squid) = proxies().await;
+    for (kind, proxy) in &proxies {
+        let url = format!("https://localhost:{}/", target.port());
+        let result = prober.probe(&proxy.to_string(), &check(&url, None, 5000)).await;
+        assert_eq!(
+            result.outcome,
+            Err(ProbeFailure::UnexpectedStatus {
+                status: 500,
+                expected: "2xx".into()
+            }),
+            "{kind}"
+        );
+    }
+    let (ok_target, ca, _) = https_target_with(Behaviour::Status(204)).await;
+    let prober = prober_trusting(&ca);
+    let url = format!("https://localhost:{}/", ok_target.port());
+    let result = prober
+        .probe(&proxies[0].1.to_string(), &check(&url, Some(200), 5000))
+        .await;
+    assert_eq!(
+        result.outcome,
+        Err(ProbeFailure::UnexpectedStatus {
+            status: 204,
+            expected: "200".into()
+        })
+    );
+    assert_eq!(
+        result.outcome.unwrap_err().to_string(),
+        "unexpected status 204 (expected 200)"
+    );
+}
+
+#[tokio::test]
+async fn connect_refused_by_an_acl_carries_the_proxys_status() {
+    let Some(squid) = Squid::start("acl SSL_ports port 443\nhttp_access deny CONNECT !SSL_ports") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
+        return;
+    };
+    let (target, ca, _) = https_target_with(Behaviour::Status(204)).await;
+    let url = format!("https://localhost:{}/", target.port());
+    let result = prober_trusting(&ca)
+        .probe(&squid.addr.to_string(), &check(&url, None, 5000))
+        .await;
+    assert_eq!(result.outcome, Err(ProbeFailure::ConnectRefused(403)));
+    assert_eq!(result.outcome.unwrap_err().reason(), "connect_refused");
+}
+
+#[tokio::test]
+async fn a_dead_proxy_is_refused() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let result = Prober::new(None)
+        .unwrap()
+        .probe(&dead.to_string(), &check("https://localhost:1/", None, 2000))
+        .await;
+    assert_eq!(result.outcome, Err(ProbeFailure::ProxyRefused));
+}
+
+#[tokio::test]
+async fn a_silent_target_times_out_at_the_probe_timeout() {
+    let (target, ca, _) = https_target_with(Behaviour::Silent).await;
+    let prober = prober_trusting(&ca);
+    let (proxies, _squid) = proxies().await;
+    for (kind, proxy) in proxies {
+        let url = format!("https://localhost:{}/", target.port());
+        let result = prober.probe(&proxy.to_string(), &check(&url, None, 700)).await;
+        assert_eq!(
+            result.outcome,
+            Err(ProbeFailure::Timeout {
+                after: Duration::from_millis(700),
+                stage: "waiting for the target's response"
+            }),
+            "{kind}"
+        );
+        assert!(result.latency >= Duration::from_millis(700) && result.latency < Duration::from_millis(1500));
+    }
+}
+
+#[tokio::test]
+async fn an_untrusted_target_certificate_is_a_tls_failure() {
+    let (target, _ca, _) = https_target_with(Behaviour::Status(204)).await;
+    let proxy = builtin_proxy().await;
+    // The Mozilla roots do not include the test's self-signed CA.
+    let result = Prober::new(None)
+        .unwrap()
+        .probe(
+            &proxy.to_string(),
+            &check(&format!("https://localhost:{}/", target.port()), None, 5000),
+        )
+        .await;
+    match result.outcome {
+        Err(ProbeFailure::Tls(why)) => assert!(why.contains("certificate"), "{why}"),
+        other => panic!("expected a TLS failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_extra_ca_file_is_trusted() {
+    let (target, ca, _) = https_target_with(Behaviour::Status(204)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("ca.pem");
+    let body = data_encoding::BASE64.encode(ca.as_ref());
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    std::fs::write(
+        &pem,
+        format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            lines.join("\n")
+        ),
+    )
+    .unwrap();
+    let proxy = builtin_proxy().await;
+    let prober = Prober::new(Some(&pem)).unwrap();
+    let result = prober
+        .probe(
+            &proxy.to_string(),
+            &check(&format!("https://localhost:{}/", target.port()), None, 5000),
+        )
+        .await;
+    assert_eq!(result.outcome, Ok(204));
+
+    std::fs::write(&pem, "not a certificate").unwrap();
+    let err = Prober::new(Some(&pem)).err().unwrap().to_string();
+    assert!(err.starts_with("reading extra CA file"), "{err}");
+}

@@ -1,0 +1,98 @@
+//! A real Squid on a loopback port, with extra configuration lines.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Squid {
+    pub addr: SocketAddr,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    extra: String,
+}
+
+pub fn binary() -> Option<PathBuf> {
+    ["/usr/sbin/squid", "/usr/bin/squid"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+impl Squid {
+    /// Starts Squid on a free port; `None` when Squid is not installed (CI installs it).
+    pub fn start(extra: &str) -> Option<Self> {
+        binary()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut squid = Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            extra: extra.to_owned(),
+        };
+        squid.run();
+        Some(squid)
+    }
+
+    fn run(&mut self) {
+        let dir = self.dir.path();
+        let conf = format!(
+            "http_port {addr}\n{extra}\nhttp_access allow all\nvia off\nforwarded_for delete\n\
+             max_filedescriptors 1024\ncache deny all\npinger_enable off\nshutdown_lifetime 0 seconds\n\
+             pid_filename {d}/squid.pid\ncache_log {d}/cache.log\naccess_log {d}/access.log\n",
+            addr = self.addr,
+            extra = self.extra,
+            d = dir.display()
+        );
+        std::fs::write(dir.join("squid.conf"), conf).unwrap();
+        if nix_is_root() {
+            let _ = Command::new("chown").arg("proxy").arg(dir).status();
+        }
+        let child = Command::new(binary().unwrap())
+            .args(["-N", "-f"])
+            .arg(dir.join("squid.conf"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(self.addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "squid did not start: {:?}",
+                std::fs::read_to_string(dir.join("cache.log"))
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs Squid (the port stops answering).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.run();
+    }
+}
+
+fn nix_is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+impl Drop for Squid {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
