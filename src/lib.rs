@@ -24,6 +24,7 @@ pub mod bind_address;
 pub mod config;
 pub mod forward_proxy;
 pub mod health;
+pub mod lease;
 pub mod provider;
 pub mod reconcile;
 pub mod resource;

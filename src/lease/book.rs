@@ -1,0 +1,427 @@
+//! The lease book. Selection walks an index of *available* proxies ordered
+//! by (active leases, latency): the first level with a match wins, and
+//! within it a proxy never leased for the target wins at once. With an
+//! attribute selector, the smallest matching posting list is walked instead
+//! when it is shorter. Neither path looks at unavailable proxies (not
+//! ready, globally cooling, at capacity): they are not in the index.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::{
+    AcquireError, AcquireRequest, Availability, Grant, LeaseSettings, Outcome, ProxyView, UnknownLease,
+};
+use crate::store::ObjectKey;
+
+type ProxyId = u32;
+
+/// Latency key for ordering: unknown latency sorts last.
+fn latency_key(latency: Option<Duration>) -> u64 {
+    latency.map(|l| l.as_micros() as u64).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug)]
+struct Entry {
+    availability: Availability,
+    active: u32,
+    /// Resting for every target until then (`error` report).
+    global_cooldown: Option<Instant>,
+    /// The key it has in `available`, if it is there.
+    indexed: Option<(u32, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct TargetState {
+    last_leased: HashMap<ProxyId, Instant>,
+    cooldown: HashMap<ProxyId, Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    proxy: ProxyId,
+    target: String,
+    expires: Instant,
+    reports: Vec<(Outcome, Option<String>)>,
+}
+
+/// Leases, cooldowns and the eligible-proxy index.
+#[derive(Debug)]
+pub struct LeaseBook {
+    settings: LeaseSettings,
+    ids: HashMap<ObjectKey, ProxyId>,
+    proxies: HashMap<ProxyId, Entry>,
+    next_id: ProxyId,
+    /// Available proxies: (active leases, latency, id).
+    available: BTreeSet<(u32, u64, ProxyId)>,
+    /// Attribute postings of every known proxy.
+    postings: HashMap<(String, String), HashSet<ProxyId>>,
+    targets: HashMap<String, TargetState>,
+    leases: HashMap<String, Lease>,
+    expiry: BTreeSet<(Instant, String)>,
+    /// Ended leases that still accept reports: until when, on which proxy and target.
+    ended: HashMap<String, (Instant, ProxyId, String)>,
+    global_cooling: BTreeSet<(Instant, ProxyId)>,
+}
+
+impl LeaseBook {
+    pub fn new(settings: LeaseSettings) -> Self {
+        Self {
+            settings,
+            ids: HashMap::new(),
+            proxies: HashMap::new(),
+            next_id: 0,
+            available: BTreeSet::new(),
+            postings: HashMap::new(),
+            targets: HashMap::new(),
+            leases: HashMap::new(),
+            expiry: BTreeSet::new(),
+            ended: HashMap::new(),
+            global_cooling: BTreeSet::new(),
+        }
+    }
+
+    pub fn settings(&self) -> &LeaseSettings {
+        &self.settings
+    }
+
+    /// Leases currently held.
+    pub fn active_leases(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Active leases on one proxy.
+    pub fn leases_on(&self, key: &ObjectKey) -> u32 {
+        self.ids
+            .get(key)
+            .and_then(|id| self.proxies.get(id))
+            .map_or(0, |e| e.active)
+    }
+
+    /// Recomputes whether a proxy belongs in the index.
+    fn reindex(&mut self, id: ProxyId, now: Instant) {
+        let Some(entry) = self.proxies.get_mut(&id) else {
+            return;
+        };
+        if let Some((active, latency)) = entry.indexed.take() {
+            self.available.remove(&(active, latency, id));
+        }
+        let cooling = entry.global_cooldown.is_some_and(|until| until > now);
+        let full = self.settings.capacity != 0 && entry.active >= self.settings.capacity;
+        if entry.availability.ready && !cooling && !full {
+            let key = (entry.active, latency_key(entry.availability.latency));
+            self.available.insert((key.0, key.1, id));
+            entry.indexed = Some(key);
+        }
+    }
+
+    /// Adds or updates a proxy.
+    pub fn upsert(&mut self, availability: Availability, now: Instant) {
+        let id = match self.ids.get(&availability.key) {
+            Some(id) => *id,
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.ids.insert(availability.key.clone(), id);
+                self.proxies.insert(
+                    id,
+                    Entry {
+                        availability: availability.clone(),
+                        active: 0,
+                        global_cooldown: None,
+                        indexed: None,
+                    },
+                );
+                id
+            }
+        };
+        let entry = self.proxies.get_mut(&id).expect("inserted above");
+        for (k, v) in &entry.availability.attributes {
+            if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
+                set.remove(&id);
+            }
+        }
+        for (k, v) in &availability.attributes {
+            self.postings
+                .entry((k.clone(), v.clone()))
+                .or_default()
+                .insert(id);
+        }
+        entry.availability = availability;
+        self.reindex(id, now);
+    }
+
+    /// Forgets a deleted proxy. Its leases end (clients get a 404 on report later).
+    pub fn remove(&mut self, key: &ObjectKey, now: Instant) {
+        let Some(id) = self.ids.remove(key) else { return };
+        let leases: Vec<String> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.proxy == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for lease in leases {
+            self.end(&lease, now, false);
+        }
+        if let Some(entry) = self.proxies.remove(&id) {
+            if let Some((a, l)) = entry.indexed {
+                self.available.remove(&(a, l, id));
+            }
+            for (k, v) in &entry.availability.attributes {
+                if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
+                    set.remove(&id);
+                }
+            }
+        }
+        for state in self.targets.values_mut() {
+            state.last_leased.remove(&id);
+            state.cooldown.remove(&id);
+        }
+    }
+
+    fn matches(&self, id: ProxyId, selector: &BTreeMap<String, String>) -> bool {
+        let Some(entry) = self.proxies.get(&id) else {
+            return false;
+        };
+        selector
+            .iter()
+            .all(|(k, v)| entry.availability.attributes.get(k) == Some(v))
+    }
+
+    fn cooling_for(&self, id: ProxyId, target: Option<&TargetState>, now: Instant) -> bool {
+        target
+            .and_then(|t| t.cooldown.get(&id))
+            .is_some_and(|until| *until > now)
+    }
+
+    /// Grants a lease on the best eligible proxy.
+    pub fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> Result<Grant, AcquireError> {
+        if req.target.is_empty() {
+            return Err(AcquireError::EmptyTarget);
+        }
+        if req.ttl.is_some_and(|t| t.is_zero()) {
+            return Err(AcquireError::ZeroTtl);
+        }
+        self.release_cooled(now);
+        let id = self.select(req, now).ok_or_else(|| AcquireError::NoCapacity {
+            target: req.target.clone(),
+        })?;
+        let ttl = req
+            .ttl
+            .unwrap_or(self.settings.default_ttl)
+            .min(self.settings.max_ttl);
+        let lease_id = uuid::Uuid::new_v4().to_string();
+        let expires = now + ttl;
+        self.leases.insert(
+            lease_id.clone(),
+            Lease {
+                proxy: id,
+                target: req.target.clone(),
+                expires,
+                reports: Vec::new(),
+            },
+        );
+        self.expiry.insert((expires, lease_id.clone()));
+        self.targets
+            .entry(req.target.clone())
+            .or_default()
+            .last_leased
+            .insert(id, now);
+        let entry = self.proxies.get_mut(&id).expect("selected from the index");
+        entry.active += 1;
+        let grant = Grant {
+            id: lease_id,
+            proxy: entry.availability.key.clone(),
+            url: entry.availability.url.clone().unwrap_or_default(),
+            attributes: entry.availability.attributes.clone(),
+            target: req.target.clone(),
+            ttl,
+        };
+        self.reindex(id, now);
+        Ok(grant)
+    }
+
+    /// The best eligible proxy: fewest active leases, then longest since last
+    /// leased for the target (never is longest), then lowest latency.
+    fn select(&self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
+        let target = self.targets.get(&req.target);
+        let eligible = |id: ProxyId| self.matches(id, &req.selector) && !self.cooling_for(id, target, now);
+        let rank = |id: ProxyId| {
+            let entry = &self.proxies[&id];
+            let last = target.and_then(|t| t.last_leased.get(&id)).copied();
+            // None (never leased) sorts before any instant.
+            (entry.active, last, latency_key(entry.availability.latency), id)
+        };
+
+        // With a selector, a short posting list beats walking the index.
+        let smallest = req
+            .selector
+            .iter()
+            .map(|(k, v)| self.postings.get(&(k.clone(), v.clone())).map_or(0, HashSet::len))
+            .min();
+        if let Some(size) = smallest
+            && size < self.available.len()
+        {
+            let (k, v) = req.selector.iter().min_by_key(|(k, v)| {
+                self.postings
+                    .get(&((*k).clone(), (*v).clone()))
+                    .map_or(0, HashSet::len)
+            })?;
+            let postings = self.postings.get(&(k.clone(), v.clone()))?;
+            return postings
+                .iter()
+                .copied()
+                .filter(|id| self.proxies[id].indexed.is_some() && eligible(*id))
+                .min_by_key(|id| rank(*id));
+        }
+
+        let mut best: Option<(u32, Option<Instant>, u64, ProxyId)> = None;
+        for &(active, latency, id) in &self.available {
+            if let Some(b) = best
+                && b.0 < active
+            {
+                break; // a lower level already had a match
+            }
+            if !eligible(id) {
+                continue;
+            }
+            let r = rank(id);
+            if r.1.is_none() {
+                return Some(id); // never leased for the target, lowest latency of its level
+            }
+            debug_assert_eq!((r.0, r.2), (active, latency));
+            if best.is_none_or(|b| r < b) {
+                best = Some(r);
+            }
+        }
+        best.map(|b| b.3)
+    }
+
+    /// Ends a lease (idempotent) and rests its proxy for the target.
+    pub fn release(&mut self, id: &str, now: Instant) -> bool {
+        self.end(id, now, true)
+    }
+
+    fn end(&mut self, id: &str, now: Instant, cooldown: bool) -> bool {
+        let Some(lease) = self.leases.remove(id) else {
+            return false;
+        };
+        self.expiry.remove(&(lease.expires, id.to_owned()));
+        self.ended.insert(
+            id.to_owned(),
+            (
+                now + self.settings.report_grace,
+                lease.proxy,
+                lease.target.clone(),
+            ),
+        );
+        if cooldown {
+            let until = now + self.settings.cooldown;
+            let slot = self
+                .targets
+                .entry(lease.target.clone())
+                .or_default()
+                .cooldown
+                .entry(lease.proxy)
+                .or_insert(until);
+            *slot = (*slot).max(until);
+        }
+        if let Some(entry) = self.proxies.get_mut(&lease.proxy) {
+            entry.active = entry.active.saturating_sub(1);
+            self.reindex(lease.proxy, now);
+        }
+        true
+    }
+
+    /// Feedback on a lease, held or recently ended.
+    pub fn report(
+        &mut self,
+        id: &str,
+        outcome: Outcome,
+        detail: Option<String>,
+        now: Instant,
+    ) -> Result<(), UnknownLease> {
+        let (proxy, target) = match self.leases.get_mut(id) {
+            Some(lease) => {
+                lease.reports.push((outcome, detail));
+                (lease.proxy, lease.target.clone())
+            }
+            // A report that arrives just after the release still counts.
+            None => match self.ended.get(id) {
+                Some((until, proxy, target)) if *until > now => (*proxy, target.clone()),
+                _ => return Err(UnknownLease(id.to_owned())),
+            },
+        };
+        match outcome {
+            Outcome::Ok => {}
+            Outcome::Blocked => {
+                let until = now + self.settings.blocked_cooldown;
+                let slot = self
+                    .targets
+                    .entry(target)
+                    .or_default()
+                    .cooldown
+                    .entry(proxy)
+                    .or_insert(until);
+                *slot = (*slot).max(until);
+            }
+            Outcome::Error => {
+                let until = now + self.settings.error_cooldown;
+                if let Some(entry) = self.proxies.get_mut(&proxy) {
+                    entry.global_cooldown = Some(entry.global_cooldown.map_or(until, |u| u.max(until)));
+                    self.global_cooling.insert((until, proxy));
+                }
+                self.reindex(proxy, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts proxies whose global cooldown ended back into the index.
+    fn release_cooled(&mut self, now: Instant) {
+        while let Some(&(until, id)) = self.global_cooling.first() {
+            if until > now {
+                break;
+            }
+            self.global_cooling.pop_first();
+            self.reindex(id, now);
+        }
+    }
+
+    /// Ends expired leases (like a release); drops stale bookkeeping. Returns how many expired.
+    pub fn sweep(&mut self, now: Instant) -> usize {
+        self.release_cooled(now);
+        let mut expired = 0;
+        while let Some((at, id)) = self.expiry.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.end(&id, now, true);
+            expired += 1;
+        }
+        self.ended.retain(|_, (until, _, _)| *until > now);
+        let horizon = self.settings.blocked_cooldown.max(self.settings.cooldown);
+        self.targets.retain(|_, state| {
+            state.cooldown.retain(|_, until| *until > now);
+            // After the longest cooldown, "when last leased" no longer matters much.
+            state
+                .last_leased
+                .retain(|_, at| now.duration_since(*at) < horizon.max(Duration::from_secs(3600)));
+            !state.cooldown.is_empty() || !state.last_leased.is_empty()
+        });
+        expired
+    }
+
+    /// Every known proxy, with its active leases.
+    pub fn proxies(&self) -> Vec<ProxyView> {
+        let mut out: Vec<ProxyView> = self
+            .proxies
+            .values()
+            .map(|e| ProxyView {
+                availability: e.availability.clone(),
+                active_leases: e.active,
+            })
+            .collect();
+        out.sort_by(|a, b| a.availability.key.cmp(&b.availability.key));
+        out
+    }
+}

@@ -1,0 +1,131 @@
+//! Lease bookkeeping: which proxies a crawler may use for a target right
+//! now, and the leases it holds. A pure data structure with an injectable
+//! clock (every operation takes `now`); the `LeaseStore` actor owns one.
+
+mod book;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::store::ObjectKey;
+
+pub use book::LeaseBook;
+
+/// Tunables of the lease store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// After a release, the proxy rests this long for that target.
+    pub cooldown: Duration,
+    /// After a `blocked` report, the proxy rests this long for that target.
+    pub blocked_cooldown: Duration,
+    /// After an `error` report, the proxy rests this long for every target.
+    pub error_cooldown: Duration,
+    /// TTL when the request names none.
+    pub default_ttl: Duration,
+    /// Upper bound of any TTL.
+    pub max_ttl: Duration,
+    /// Concurrent leases per proxy; 0 = unlimited.
+    pub capacity: u32,
+    /// Ended leases still accept reports for this long.
+    pub report_grace: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            cooldown: Duration::from_secs(30),
+            blocked_cooldown: Duration::from_secs(600),
+            error_cooldown: Duration::from_secs(60),
+            default_ttl: Duration::from_secs(60),
+            max_ttl: Duration::from_secs(600),
+            capacity: 1,
+            report_grace: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a ProxyActor tells the lease store about its proxy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Availability {
+    pub key: ObjectKey,
+    /// Ready: healthy and serving. Only ready proxies are leased.
+    pub ready: bool,
+    /// Lifecycle phase, for listings.
+    pub phase: String,
+    /// Health verdict, when known.
+    pub healthy: Option<bool>,
+    /// `http://host:port` clients configure as their proxy.
+    pub url: Option<String>,
+    pub attributes: BTreeMap<String, String>,
+    pub latency: Option<Duration>,
+}
+
+/// A request for a lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcquireRequest {
+    /// What the crawler will fetch through the proxy (a host, usually).
+    pub target: String,
+    /// Attributes the proxy must carry (all of them).
+    pub selector: BTreeMap<String, String>,
+    pub ttl: Option<Duration>,
+    /// Free-form name of the client, for listings and logs.
+    pub client: Option<String>,
+}
+
+/// A granted lease.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grant {
+    pub id: String,
+    pub proxy: ObjectKey,
+    pub url: String,
+    pub attributes: BTreeMap<String, String>,
+    pub target: String,
+    pub ttl: Duration,
+}
+
+/// How the use of a lease went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Ok,
+    /// The target blocked the proxy: rest it longer for that target.
+    Blocked,
+    /// The proxy itself failed: rest it for every target.
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Blocked => "blocked",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Why no lease was granted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    #[error(
+        "no proxy is available for {target:?} with the requested attributes (all busy, cooling down or not ready)"
+    )]
+    NoCapacity { target: String },
+    #[error("target must not be empty")]
+    EmptyTarget,
+    #[error("ttlSeconds must be greater than zero")]
+    ZeroTtl,
+}
+
+/// A report named a lease the store does not know (never, or ended too long ago).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("lease {0} is unknown or ended too long ago")]
+pub struct UnknownLease(pub String);
+
+/// A proxy as listed by the discovery API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProxyView {
+    pub availability: Availability,
+    pub active_leases: u32,
+}

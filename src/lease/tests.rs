@@ -1,0 +1,325 @@
+//! The lease book's rules and invariants.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::store::ObjectKey;
+
+fn settings(capacity: u32) -> LeaseSettings {
+    LeaseSettings {
+        cooldown: Duration::from_secs(30),
+        blocked_cooldown: Duration::from_secs(600),
+        error_cooldown: Duration::from_secs(60),
+        default_ttl: Duration::from_secs(60),
+        max_ttl: Duration::from_secs(600),
+        capacity,
+        report_grace: Duration::from_secs(600),
+    }
+}
+
+fn proxy(name: &str, ready: bool, latency_ms: u64, attrs: &[(&str, &str)]) -> Availability {
+    Availability {
+        key: ObjectKey::new("ns", name),
+        ready,
+        phase: if ready { "Ready" } else { "Unhealthy" }.into(),
+        healthy: Some(ready),
+        url: Some(format!("http://{name}:3128")),
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        latency: Some(Duration::from_millis(latency_ms)),
+    }
+}
+
+fn req(target: &str) -> AcquireRequest {
+    AcquireRequest {
+        target: target.into(),
+        ..Default::default()
+    }
+}
+
+fn name(grant: &Grant) -> &str {
+    &grant.proxy.name
+}
+
+#[test]
+fn tie_breaks_fewest_leases_then_longest_unused_for_target_then_latency() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.upsert(proxy("slow", true, 90, &[]), t0);
+    book.upsert(proxy("fast", true, 10, &[]), t0);
+    book.upsert(proxy("mid", true, 50, &[]), t0);
+
+    // Equal load, never leased for the target: lowest latency.
+    let a = book.acquire(&req("t"), t0).unwrap();
+    assert_eq!(name(&a), "fast");
+    // Fewest active leases beats latency.
+    let b = book.acquire(&req("t"), t0).unwrap();
+    assert_eq!(name(&b), "mid");
+    let c = book.acquire(&req("t"), t0).unwrap();
+    assert_eq!(name(&c), "slow");
+    // All at one lease, all leased for "t": the one leased longest ago for "t".
+    let d = book.acquire(&req("t"), t0 + Duration::from_secs(1)).unwrap();
+    assert_eq!(name(&d), "fast");
+    // For another target nothing was leased yet: back to latency among the least loaded.
+    book.release(&d.id, t0 + Duration::from_secs(2));
+    let e = book.acquire(&req("other"), t0 + Duration::from_secs(2)).unwrap();
+    assert_eq!(name(&e), "fast");
+}
+
+#[test]
+fn capacity_readiness_and_selectors_decide_eligibility() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    book.upsert(proxy("eu", true, 10, &[("geo", "eu")]), t0);
+    book.upsert(proxy("us", true, 10, &[("geo", "us")]), t0);
+    book.upsert(proxy("down", false, 1, &[("geo", "eu")]), t0);
+    let mut eu = req("t");
+    eu.selector = BTreeMap::from([("geo".to_owned(), "eu".to_owned())]);
+    assert_eq!(name(&book.acquire(&eu, t0).unwrap()), "eu");
+    assert_eq!(
+        book.acquire(&eu, t0),
+        Err(AcquireError::NoCapacity { target: "t".into() }),
+        "eu is at capacity and the other eu proxy is not ready"
+    );
+    assert_eq!(name(&book.acquire(&req("t"), t0).unwrap()), "us");
+    assert_eq!(
+        book.acquire(&req("t"), t0),
+        Err(AcquireError::NoCapacity { target: "t".into() })
+    );
+    // A proxy becoming ready joins at once.
+    book.upsert(proxy("down", true, 1, &[("geo", "eu")]), t0);
+    assert_eq!(name(&book.acquire(&eu, t0).unwrap()), "down");
+}
+
+#[test]
+fn release_is_idempotent_and_rests_the_proxy_for_that_target_only() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let lease = book.acquire(&req("a.example"), t0).unwrap();
+    assert!(book.release(&lease.id, t0));
+    assert!(!book.release(&lease.id, t0), "second release is a no-op");
+    assert_eq!(book.leases_on(&ObjectKey::new("ns", "p")), 0);
+    assert!(
+        book.acquire(&req("a.example"), t0 + Duration::from_secs(29))
+            .is_err(),
+        "cooling for a.example"
+    );
+    let other = book
+        .acquire(&req("b.example"), t0 + Duration::from_secs(1))
+        .unwrap();
+    book.release(&other.id, t0 + Duration::from_secs(1));
+    assert!(
+        book.acquire(&req("a.example"), t0 + Duration::from_secs(31))
+            .is_ok(),
+        "cooldown over"
+    );
+}
+
+#[test]
+fn reports_blocked_rests_for_the_target_longer_and_error_rests_everywhere() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let lease = book.acquire(&req("shop"), t0).unwrap();
+    book.report(&lease.id, Outcome::Blocked, Some("captcha".into()), t0)
+        .unwrap();
+    book.release(&lease.id, t0);
+    let later = t0 + Duration::from_secs(120);
+    assert!(
+        book.acquire(&req("shop"), later).is_err(),
+        "blocked: 10 minutes for that target"
+    );
+    let news = book.acquire(&req("news"), later).unwrap();
+    book.report(&news.id, Outcome::Error, None, later).unwrap();
+    assert!(
+        book.acquire(&req("other"), later + Duration::from_secs(59))
+            .is_err(),
+        "error: rests for every target"
+    );
+    assert!(
+        book.acquire(&req("other"), later + Duration::from_secs(61))
+            .is_ok()
+    );
+    assert!(book.acquire(&req("shop"), t0 + Duration::from_secs(601)).is_ok());
+    assert_eq!(
+        book.report("nope", Outcome::Ok, None, t0),
+        Err(UnknownLease("nope".into()))
+    );
+    // A report just after the release still counts; long after, the lease is unknown.
+    book.release(&news.id, later);
+    assert!(
+        book.report(&news.id, Outcome::Ok, None, later + Duration::from_secs(1))
+            .is_ok()
+    );
+    book.sweep(later + Duration::from_secs(601));
+    assert!(
+        book.report(&news.id, Outcome::Ok, None, later + Duration::from_secs(601))
+            .is_err()
+    );
+}
+
+#[test]
+fn ttl_is_capped_and_expiry_frees_capacity() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let mut r = req("t");
+    r.ttl = Some(Duration::from_secs(86_400));
+    let lease = book.acquire(&r, t0).unwrap();
+    assert_eq!(lease.ttl, Duration::from_secs(600));
+    assert_eq!(book.sweep(t0 + Duration::from_secs(599)), 0);
+    assert_eq!(book.sweep(t0 + Duration::from_secs(600)), 1);
+    assert_eq!(book.active_leases(), 0);
+    assert!(book.acquire(&req("other"), t0 + Duration::from_secs(600)).is_ok());
+    r.ttl = Some(Duration::ZERO);
+    assert_eq!(book.acquire(&r, t0), Err(AcquireError::ZeroTtl));
+    assert_eq!(book.acquire(&req(""), t0), Err(AcquireError::EmptyTarget));
+}
+
+#[test]
+fn removing_a_proxy_ends_its_leases() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.upsert(proxy("p", true, 10, &[("geo", "eu")]), t0);
+    let lease = book.acquire(&req("t"), t0).unwrap();
+    book.remove(&ObjectKey::new("ns", "p"), t0);
+    assert_eq!(book.active_leases(), 0);
+    assert!(book.proxies().is_empty());
+    let mut eu = req("t");
+    eu.selector.insert("geo".into(), "eu".into());
+    assert!(book.acquire(&eu, t0).is_err());
+    assert!(!book.release(&lease.id, t0));
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Upsert {
+        proxy: u8,
+        ready: bool,
+        latency: u8,
+        geo: u8,
+    },
+    Remove(u8),
+    Acquire {
+        target: u8,
+        geo: Option<u8>,
+        ttl: u8,
+    },
+    Release(u8),
+    Report(u8, u8),
+    Advance(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..12, any::<bool>(), any::<u8>(), 0u8..3).prop_map(|(proxy, ready, latency, geo)| Op::Upsert {
+            proxy,
+            ready,
+            latency,
+            geo
+        }),
+        (0u8..12).prop_map(Op::Remove),
+        (0u8..4, proptest::option::of(0u8..3), 0u8..120).prop_map(|(target, geo, ttl)| Op::Acquire {
+            target,
+            geo,
+            ttl
+        }),
+        any::<u8>().prop_map(Op::Release),
+        (any::<u8>(), 0u8..3).prop_map(|(l, o)| Op::Report(l, o)),
+        (0u8..90).prop_map(Op::Advance),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// Whatever happens: no proxy above capacity, no lease granted on an
+    /// ineligible proxy, expiry and release free capacity, release idempotent.
+    #[test]
+    fn invariants_hold_under_any_sequence(capacity in 0u32..3, ops in proptest::collection::vec(op(), 1..200)) {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let s = settings(capacity);
+        let mut book = LeaseBook::new(s);
+        let mut ready: BTreeMap<u8, (bool, u8)> = BTreeMap::new();
+        let mut granted: Vec<(String, u8, u8, Instant)> = Vec::new(); // id, proxy, target, expires
+        let mut released: Vec<String> = Vec::new();
+        let mut cooling: BTreeMap<(u8, u8), Instant> = BTreeMap::new(); // (proxy, target) -> until
+        for op in ops {
+            match op {
+                Op::Upsert { proxy: p, ready: r, latency, geo } => {
+                    let geo_s = geo.to_string();
+                    book.upsert(proxy(&p.to_string(), r, latency as u64, &[("geo", geo_s.as_str())]), now);
+                    ready.insert(p, (r, geo));
+                }
+                Op::Remove(p) => {
+                    book.remove(&ObjectKey::new("ns", p.to_string()), now);
+                    ready.remove(&p);
+                    granted.retain(|g| g.1 != p);
+                    // A proxy created again later is a new proxy: no history.
+                    cooling.retain(|(cp, _), _| *cp != p);
+                }
+                Op::Acquire { target, geo, ttl } => {
+                    let mut r = req(&format!("t{target}"));
+                    if let Some(g) = geo { r.selector.insert("geo".into(), g.to_string()); }
+                    r.ttl = Some(Duration::from_secs(ttl as u64 + 1));
+                    book.sweep(now);
+                    granted.retain(|g| g.3 > now);
+                    if let Ok(grant) = book.acquire(&r, now) {
+                        let p: u8 = grant.proxy.name.parse().unwrap();
+                        let (is_ready, pgeo) = ready[&p];
+                        prop_assert!(is_ready, "leased a proxy that is not ready");
+                        if let Some(g) = geo { prop_assert_eq!(pgeo, g, "selector ignored"); }
+                        prop_assert!(cooling.get(&(p, target)).is_none_or(|until| *until <= now), "leased while cooling for the target");
+                        granted.push((grant.id, p, target, now + grant.ttl));
+                    }
+                }
+                Op::Release(i) => {
+                    if !granted.is_empty() {
+                        let (id, p, t, _) = granted.remove(i as usize % granted.len());
+                        prop_assert!(book.release(&id, now));
+                        prop_assert!(!book.release(&id, now), "release is idempotent");
+                        let until = cooling.get(&(p, t)).copied().unwrap_or(now).max(now + s.cooldown);
+                        cooling.insert((p, t), until);
+                        released.push(id);
+                    } else if let Some(id) = released.last() {
+                        prop_assert!(!book.release(id, now));
+                    }
+                }
+                Op::Report(i, outcome) => {
+                    if !granted.is_empty() {
+                        let (id, p, t, _) = &granted[i as usize % granted.len()];
+                        let outcome = [Outcome::Ok, Outcome::Blocked, Outcome::Error][outcome as usize];
+                        prop_assert!(book.report(id, outcome, None, now).is_ok());
+                        if outcome == Outcome::Blocked {
+                            let until = cooling.get(&(*p, *t)).copied().unwrap_or(now).max(now + s.blocked_cooldown);
+                            cooling.insert((*p, *t), until);
+                        }
+                    }
+                }
+                Op::Advance(secs) => {
+                    now += Duration::from_secs(secs as u64);
+                    book.sweep(now);
+                    // Expired leases end at the sweep, which rests their proxy like a release.
+                    for (id, p, t, _) in granted.iter().filter(|g| g.3 <= now) {
+                        prop_assert!(!book.release(id, now), "expired leases are gone");
+                        let until = cooling.get(&(*p, *t)).copied().unwrap_or(now).max(now + s.cooldown);
+                        cooling.insert((*p, *t), until);
+                    }
+                    granted.retain(|g| g.3 > now);
+                }
+            }
+            if capacity > 0 {
+                for view in book.proxies() {
+                    prop_assert!(view.active_leases <= capacity, "{} over capacity", view.availability.key);
+                }
+            }
+            prop_assert_eq!(book.active_leases(), granted.len());
+        }
+    }
+}
