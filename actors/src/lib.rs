@@ -12,8 +12,10 @@
 //! *when*: they serialise work per object, own the timers and backoff, and
 //! restart what fails without disturbing the rest.
 
+pub mod discovery;
 pub mod health_prober;
 pub mod health_server;
+pub mod lease_store;
 pub mod messages;
 pub mod proxy_actor;
 pub mod registry;

@@ -20,6 +20,7 @@ use egress_proxies::store::ObjectKey;
 use futures::FutureExt;
 
 use crate::health_prober::{HealthProber, Unwatch, Watch};
+use crate::lease_store::{LeaseStore, RemoveProxy, UpdateAvailability};
 use crate::messages::{HealthVerdict, Reconcile, Shutdown};
 
 /// How often a ProxyActor looks again.
@@ -74,6 +75,9 @@ pub struct ProxyActor {
     timing: Timing,
     restarts: Arc<AtomicU64>,
     prober: Option<Addr<HealthProber>>,
+    leases: Option<Addr<LeaseStore>>,
+    /// What the lease store was last told.
+    announced: Option<egress_proxies::lease::Availability>,
     /// What the prober currently watches for this proxy.
     watching: Option<ProbeTarget>,
     /// Kept between jobs; lent to the running one.
@@ -95,6 +99,7 @@ impl ProxyActor {
         timing: Timing,
         restarts: Arc<AtomicU64>,
         prober: Option<Addr<HealthProber>>,
+        leases: Option<Addr<LeaseStore>>,
     ) -> Self {
         Self {
             key,
@@ -102,6 +107,8 @@ impl ProxyActor {
             timing,
             restarts,
             prober,
+            leases,
+            announced: None,
             watching: None,
             memory: Some(Memory::default()),
             pending_verdict: None,
@@ -200,6 +207,7 @@ impl ProxyActor {
                 delay
             }
         };
+        self.announce();
         if job == Job::Reconcile {
             self.sync_watch(ctx);
             if let Some(delay) = delay {
@@ -212,6 +220,21 @@ impl ProxyActor {
         if let Some(next) = self.again.take() {
             self.start(next, ctx);
         }
+    }
+
+    /// Tells the lease store when the proxy's availability changed.
+    fn announce(&mut self) {
+        let current = self.memory.as_ref().and_then(|m| m.availability.clone());
+        if current == self.announced {
+            return;
+        }
+        if let Some(leases) = &self.leases {
+            match &current {
+                Some(a) => leases.do_send(UpdateAvailability(a.clone())),
+                None => leases.do_send(RemoveProxy(self.key.clone())),
+            }
+        }
+        self.announced = current;
     }
 
     /// Keeps the prober's registration in step with where the proxy serves.

@@ -10,6 +10,7 @@ use egress_proxies::reconcile;
 use egress_proxies::store::{ObjectKey, StoreEvent};
 
 use crate::health_prober::HealthProber;
+use crate::lease_store::LeaseStore;
 use crate::messages::{GetRegistryStats, Reconcile, RegistryStats, Shutdown};
 use crate::proxy_actor::{ProxyActor, Timing};
 
@@ -19,6 +20,7 @@ pub struct ProxyRegistry {
     actors: HashMap<ObjectKey, Addr<ProxyActor>>,
     restarts: Arc<AtomicU64>,
     prober: Option<Addr<HealthProber>>,
+    leases: Option<Addr<LeaseStore>>,
 }
 
 impl ProxyRegistry {
@@ -30,7 +32,14 @@ impl ProxyRegistry {
             actors: HashMap::new(),
             restarts: Arc::new(AtomicU64::new(0)),
             prober,
+            leases: None,
         }
+    }
+
+    /// ProxyActors will keep this lease store informed.
+    pub fn with_leases(mut self, leases: Addr<LeaseStore>) -> Self {
+        self.leases = Some(leases);
+        self
     }
 }
 
@@ -45,14 +54,16 @@ impl StreamHandler<StoreEvent> for ProxyRegistry {
                 Some(actor) => actor.do_send(Reconcile),
                 None => {
                     // Starting the actor reconciles once; no extra message needed.
-                    let (k, ctx, timing, restarts, prober) = (
+                    let (k, ctx, timing, restarts, prober, leases) = (
                         key.clone(),
                         self.ctx.clone(),
                         self.timing,
                         self.restarts.clone(),
                         self.prober.clone(),
+                        self.leases.clone(),
                     );
-                    let addr = Supervisor::start(move |_| ProxyActor::new(k, ctx, timing, restarts, prober));
+                    let addr =
+                        Supervisor::start(move |_| ProxyActor::new(k, ctx, timing, restarts, prober, leases));
                     tracing::debug!(proxy = %key, "ProxyActor started");
                     self.actors.insert(key, addr);
                 }

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::health_prober::HealthProber;
 use crate::health_server::{self, Readiness};
+use crate::lease_store::LeaseStore;
 use crate::proxy_actor::Timing;
 use crate::registry::ProxyRegistry;
 
@@ -32,7 +33,7 @@ pub enum StandaloneError {
     NoManifests(String),
     #[error("locating the operator binary: {0}")]
     Exe(std::io::Error),
-    #[error("health probe listener {addr}: {source}")]
+    #[error("listener {addr}: {source}")]
     Bind {
         addr: String,
         #[source]
@@ -75,10 +76,22 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             now: jiff::Timestamp::now,
         };
         let prober = HealthProber::new(prober, config.health_workers, config.trace_health_probes).start();
+        let leases = LeaseStore::new(lease_settings(&config)).start();
+        let registry_leases = leases.clone();
         let _registry = ProxyRegistry::create(move |c| {
             c.add_stream(UnboundedReceiverStream::new(events));
-            ProxyRegistry::new(ctx, Timing::default(), Some(prober))
+            ProxyRegistry::new(ctx, Timing::default(), Some(prober)).with_leases(registry_leases)
         });
+        if let BindAddress::Listen(addr) = config.discovery_bind_address {
+            let token = std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty());
+            let server =
+                crate::discovery::start(addr, leases, token).map_err(|source| StandaloneError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            actix::spawn(server);
+            tracing::info!(%addr, "discovery API listening");
+        }
         store.resync();
         actix::spawn(embedded::watch_manifests(
             store.clone(),
@@ -101,6 +114,19 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         Ok::<(), StandaloneError>(())
     })?;
     Ok(())
+}
+
+/// Lease settings from the standalone configuration (reports scale with the cooldown).
+pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::lease::LeaseSettings {
+    egress_proxies::lease::LeaseSettings {
+        cooldown: config.lease_cooldown,
+        blocked_cooldown: (config.lease_cooldown * 20).max(std::time::Duration::from_secs(600)),
+        error_cooldown: (config.lease_cooldown * 2).max(std::time::Duration::from_secs(60)),
+        default_ttl: config.max_lease_ttl.min(std::time::Duration::from_secs(60)),
+        max_ttl: config.max_lease_ttl,
+        capacity: config.max_leases_per_proxy,
+        report_grace: config.max_lease_ttl,
+    }
 }
 
 async fn wait_for_shutdown() -> std::io::Result<()> {

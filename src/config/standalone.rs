@@ -20,6 +20,14 @@ pub struct StandaloneConfig {
     pub state_dir: PathBuf,
     /// `/healthz` and `/readyz`.
     pub health_probe_bind_address: BindAddress,
+    /// The discovery and lease API.
+    pub discovery_bind_address: BindAddress,
+    /// Rest of a proxy for a target after a lease on it is released.
+    pub lease_cooldown: Duration,
+    /// Upper bound of a lease's TTL.
+    pub max_lease_ttl: Duration,
+    /// Concurrent leases per proxy (0 = unlimited).
+    pub max_leases_per_proxy: u32,
     /// How often the manifest directory is rescanned.
     pub manifest_poll_interval: Duration,
     /// Health probes running at the same time.
@@ -38,6 +46,14 @@ struct Raw {
     state_dir: PathBuf,
     #[serde(default = "default_health")]
     health_probe_bind_address: String,
+    #[serde(default = "default_discovery")]
+    discovery_bind_address: String,
+    #[serde(default = "default_cooldown")]
+    lease_cooldown: String,
+    #[serde(default = "default_max_ttl")]
+    max_lease_ttl: String,
+    #[serde(default = "default_capacity")]
+    max_leases_per_proxy: u32,
     #[serde(default = "default_poll")]
     manifest_poll_interval: String,
     #[serde(default = "default_workers")]
@@ -54,6 +70,18 @@ fn default_workers() -> usize {
 
 fn default_health() -> String {
     "127.0.0.1:8081".to_owned()
+}
+fn default_discovery() -> String {
+    "127.0.0.1:8090".to_owned()
+}
+fn default_cooldown() -> String {
+    "30s".to_owned()
+}
+fn default_max_ttl() -> String {
+    "10m".to_owned()
+}
+fn default_capacity() -> u32 {
+    1
 }
 fn default_poll() -> String {
     "1s".to_owned()
@@ -92,6 +120,18 @@ impl StandaloneConfig {
             .health_probe_bind_address
             .parse()
             .map_err(|e| invalid(format!("healthProbeBindAddress: {e}")))?;
+        let discovery_bind_address = raw
+            .discovery_bind_address
+            .parse()
+            .map_err(|e| invalid(format!("discoveryBindAddress: {e}")))?;
+        let duration = |field: &str, value: &str| {
+            humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?}: {e}")))
+        };
+        let lease_cooldown = duration("leaseCooldown", &raw.lease_cooldown)?;
+        let max_lease_ttl = duration("maxLeaseTtl", &raw.max_lease_ttl)?;
+        if max_lease_ttl.is_zero() {
+            return Err(invalid("maxLeaseTtl must be greater than zero".into()));
+        }
         let manifest_poll_interval = humantime::parse_duration(&raw.manifest_poll_interval).map_err(|e| {
             invalid(format!(
                 "manifestPollInterval {:?}: {e}",
@@ -105,6 +145,10 @@ impl StandaloneConfig {
             return Err(invalid("healthWorkers must be at least 1".into()));
         }
         Ok(Self {
+            discovery_bind_address,
+            lease_cooldown,
+            max_lease_ttl,
+            max_leases_per_proxy: raw.max_leases_per_proxy,
             health_workers: raw.health_workers,
             health_ca_file: raw.health_ca_file.map(resolve),
             trace_health_probes: raw.trace_health_probes,

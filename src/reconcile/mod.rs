@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 
 use crate::health::{CheckSpec, ProbeTarget, Verdict};
+use crate::lease::Availability;
 use crate::provider::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, ProviderId,
     Providers, instance_name, spec_hash,
@@ -40,6 +41,8 @@ pub struct Memory {
     pub health: Option<Verdict>,
     /// What the health engine should probe: set while the proxy serves.
     pub serving: Option<ProbeTarget>,
+    /// What the lease store should know about the proxy, after the last job.
+    pub availability: Option<Availability>,
 }
 
 /// A delete still unfinished after this long is requested again.
@@ -145,6 +148,10 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
             Err(e)
         }
         ok => ok,
+    };
+    memory.availability = match result {
+        Ok(Next::Gone) => None,
+        _ => Some(availability(&proxy, draft.status(), memory)),
     };
     if !matches!(result, Ok(Next::Gone)) {
         match draft.write(ctx.store.as_ref(), key).await {
@@ -407,9 +414,31 @@ pub async fn record_health(
     if let Some(verdict) = &memory.health {
         draft.health(verdict);
     }
+    memory.availability = Some(availability(&proxy, draft.status(), memory));
     match draft.write(ctx.store.as_ref(), key).await {
         Ok(()) | Err(StoreError::Gone { .. }) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The proxy as the lease store sees it: leasable only while Ready and serving.
+fn availability(proxy: &Proxy, status: &crate::resource::ProxyStatus, memory: &Memory) -> Availability {
+    let serving = memory.serving.is_some() && proxy.metadata.deletion_timestamp.is_none();
+    let scheme = match proxy.spec.endpoint.as_ref().and_then(|e| e.scheme) {
+        Some(crate::resource::ProxyScheme::Https) if proxy.spec.mode == Mode::External => "https",
+        _ => "http",
+    };
+    let health = status.health.as_ref();
+    Availability {
+        key: ObjectKey::of(proxy),
+        ready: serving && status.phase == Some(Phase::Ready),
+        phase: status.phase.map(|p| p.as_str().to_owned()).unwrap_or_default(),
+        healthy: health.map(|h| h.healthy),
+        url: status.endpoint.as_ref().map(|e| format!("{scheme}://{e}")),
+        attributes: proxy.spec.attributes.clone(),
+        latency: health
+            .and_then(|h| h.latency_ms)
+            .map(std::time::Duration::from_millis),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Shared test support: a scripted provider, target servers, waiting helpers.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod scripted_provider;
 pub mod squid;
 pub mod target_server;

@@ -1,0 +1,54 @@
+//! Bearer-token auth and panic containment for the discovery API.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{Error, ResponseError};
+use futures::FutureExt;
+use subtle::ConstantTimeEq;
+
+use super::errors::ApiError;
+
+/// The token clients must present, if one is configured.
+#[derive(Clone)]
+pub struct Token(pub Option<Arc<String>>);
+
+pub async fn authenticate(
+    token: Token,
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, Error> {
+    if let Some(expected) = &token.0 {
+        let presented = req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        // Constant time: the comparison must not reveal how much of a guess was right.
+        let ok: bool = presented.as_bytes().ct_eq(expected.as_bytes()).into();
+        if !ok {
+            return Ok(req.into_response(ApiError::Unauthorized.error_response()));
+        }
+    }
+    next.call(req).await.map(ServiceResponse::map_into_boxed_body)
+}
+
+/// A panicking handler answers 500 and the server keeps serving.
+pub async fn contain_panics(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, Error> {
+    let http = req.request().clone();
+    match AssertUnwindSafe(next.call(req)).catch_unwind().await {
+        Ok(result) => result.map(ServiceResponse::map_into_boxed_body),
+        Err(_) => {
+            tracing::error!(path = %http.path(), "discovery API handler panicked");
+            let response = ApiError::Internal("internal error".into()).error_response();
+            Ok(ServiceResponse::new(http, response))
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! `LeaseStore`: owns the lease book. ProxyActors push availability into
+//! it; discovery API handlers ask it for leases. Expired leases are swept
+//! every second.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use egress_proxies::lease::{
+    AcquireError, AcquireRequest, Availability, Grant, LeaseBook, LeaseSettings, Outcome, ProxyView,
+    UnknownLease,
+};
+use egress_proxies::store::ObjectKey;
+
+/// A proxy's availability changed.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct UpdateAvailability(pub Availability);
+
+/// A proxy is gone.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct RemoveProxy(pub ObjectKey);
+
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Grant, AcquireError>")]
+pub struct Acquire(pub AcquireRequest);
+
+/// Returns whether a lease was held.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "bool")]
+pub struct Release(pub String);
+
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), UnknownLease>")]
+pub struct Report {
+    pub id: String,
+    pub outcome: Outcome,
+    pub detail: Option<String>,
+}
+
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Vec<ProxyView>")]
+pub struct ListProxies;
+
+/// Counters for tests, benchmarks and the dashboard.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "LeaseStats")]
+pub struct GetLeaseStats;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    pub active: usize,
+    pub granted: u64,
+    pub denied: u64,
+    pub expired: u64,
+    pub released: u64,
+}
+
+pub struct LeaseStore {
+    book: LeaseBook,
+    stats: LeaseStats,
+}
+
+impl LeaseStore {
+    pub fn new(settings: LeaseSettings) -> Self {
+        Self {
+            book: LeaseBook::new(settings),
+            stats: LeaseStats::default(),
+        }
+    }
+}
+
+impl Actor for LeaseStore {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(Duration::from_secs(1), |store, _| {
+            let expired = store.book.sweep(Instant::now());
+            store.stats.expired += expired as u64;
+        });
+    }
+}
+
+impl Handler<UpdateAvailability> for LeaseStore {
+    type Result = ();
+    fn handle(&mut self, msg: UpdateAvailability, _: &mut Self::Context) {
+        self.book.upsert(msg.0, Instant::now());
+    }
+}
+
+impl Handler<RemoveProxy> for LeaseStore {
+    type Result = ();
+    fn handle(&mut self, msg: RemoveProxy, _: &mut Self::Context) {
+        self.book.remove(&msg.0, Instant::now());
+    }
+}
+
+impl Handler<Acquire> for LeaseStore {
+    type Result = Result<Grant, AcquireError>;
+    fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
+        let result = self.book.acquire(&msg.0, Instant::now());
+        match &result {
+            Ok(_) => self.stats.granted += 1,
+            Err(AcquireError::NoCapacity { .. }) => self.stats.denied += 1,
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+impl Handler<Release> for LeaseStore {
+    type Result = bool;
+    fn handle(&mut self, msg: Release, _: &mut Self::Context) -> bool {
+        let held = self.book.release(&msg.0, Instant::now());
+        if held {
+            self.stats.released += 1;
+        }
+        held
+    }
+}
+
+impl Handler<Report> for LeaseStore {
+    type Result = Result<(), UnknownLease>;
+    fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
+        self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now())
+    }
+}
+
+impl Handler<ListProxies> for LeaseStore {
+    type Result = MessageResult<ListProxies>;
+    fn handle(&mut self, _: ListProxies, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.proxies())
+    }
+}
+
+impl Handler<GetLeaseStats> for LeaseStore {
+    type Result = MessageResult<GetLeaseStats>;
+    fn handle(&mut self, _: GetLeaseStats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(LeaseStats {
+            active: self.book.active_leases(),
+            ..self.stats
+        })
+    }
+}
