@@ -376,7 +376,15 @@ async fn the_shipped_quickstart_converges() {
     }
     let quickstart = std::fs::read_to_string(format!("{shipped}/quickstart.yaml")).unwrap();
     assert!(quickstart.contains("healthProbeBindAddress: 127.0.0.1:8081"));
-    std::fs::write(&bed.config, quickstart.replace("127.0.0.1:8081", &own)).unwrap();
+    let api = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    assert!(quickstart.contains("discoveryBindAddress: 127.0.0.1:8090"));
+    let quickstart = quickstart
+        .replace("127.0.0.1:8081", &own)
+        .replace("127.0.0.1:8090", &api.to_string());
+    std::fs::write(&bed.config, quickstart).unwrap();
     // The External sample points at 127.0.0.1:3128: Ready only if a Squid runs there.
     let external_expected = if std::net::TcpStream::connect("127.0.0.1:3128").is_ok() {
         Phase::Ready
@@ -416,10 +424,78 @@ async fn the_shipped_quickstart_converges() {
     assert!(table.starts_with("NAME "), "{table}");
     let row = "local-1    Managed    local      Ready       127.0.0.1   true";
     assert!(table.contains(row), "missing {row:?} in\n{table}");
+
+    // A crawler's whole cycle over the discovery API: take a lease, fetch
+    // through the leased proxy, report, release.
+    let ask = r#"{"target":"127.0.0.1","selector":{"purpose":"quickstart"},"ttlSeconds":60}"#;
+    let (status, text) = http_request(api, "POST", "/v1/leases", Some(ask));
+    assert_eq!(status, 201, "{text}");
+    let lease: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let proxy = lease["proxy"]["url"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_owned();
+    assert!(
+        ["local-1", "local-2"].contains(&lease["proxy"]["name"].as_str().unwrap()),
+        "{lease}"
+    );
+    let mut through = std::net::TcpStream::connect(&proxy).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        through,
+        "GET http://{own}/healthz HTTP/1.1\r\nHost: {own}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    through.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "through the leased proxy: {answer}"
+    );
+    let id = lease["id"].as_str().unwrap();
+    let (status, _) = http_request(
+        api,
+        "POST",
+        &format!("/v1/leases/{id}/report"),
+        Some(r#"{"outcome":"ok"}"#),
+    );
+    assert_eq!(status, 204);
+    let (status, _) = http_request(api, "DELETE", &format!("/v1/leases/{id}"), None);
+    assert_eq!(status, 204);
+    let (_, text) = http_request(api, "GET", "/v1/proxies?healthy=true", None);
+    let healthy: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(healthy.as_array().unwrap().len(), 2, "{healthy}");
+    assert!(healthy.as_array().unwrap().iter().all(|p| p["activeLeases"] == 0));
     kill(child);
 
     for file in ["local.yaml", "external.yaml"] {
         std::fs::remove_file(bed.root.path().join("proxies").join(file)).unwrap();
     }
     converge(&bed, &BTreeMap::new()).await;
+}
+
+/// One blocking HTTP/1.1 request to the operator's API; status and body.
+fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let payload = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, payload)
 }

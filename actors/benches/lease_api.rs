@@ -1,0 +1,289 @@
+//! Lease API throughput: 64 concurrent clients doing acquire + release
+//! against the real discovery API with 10,000 registered proxies, and in the
+//! same run against a bare actix-web handler returning a constant — the
+//! ceiling of the HTTP stack on this machine. The server runs in its own
+//! process; this process is the load generator (keep-alive HTTP/1.1).
+//!
+//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10]
+//!
+//! All traffic stays on 127.0.0.1.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use egress_proxies::lease::{Availability, LeaseSettings};
+use egress_proxies::store::ObjectKey;
+use egress_proxies_operator::discovery;
+use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const ROLE: &str = "EPO_BENCH_LEASE_SERVER";
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The server process: the discovery API with N proxies, and a bare handler.
+fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize) {
+    System::new().block_on(async move {
+        let store = LeaseStore::new(LeaseSettings {
+            capacity: 1,
+            ..LeaseSettings::default()
+        })
+        .start();
+        let geos = ["eu", "us", "asia", "sa"];
+        for i in 0..proxies {
+            store.do_send(UpdateAvailability(Availability {
+                key: ObjectKey::new("bench", format!("p{i}")),
+                ready: true,
+                phase: "Ready".into(),
+                healthy: Some(true),
+                url: Some(format!(
+                    "http://10.{}.{}.{}:3128",
+                    i >> 16 & 255,
+                    i >> 8 & 255,
+                    i & 255
+                )),
+                attributes: BTreeMap::from([("geo".to_owned(), geos[i % geos.len()].to_owned())]),
+                latency: Some(Duration::from_millis((i % 200) as u64)),
+            }));
+        }
+        let _ = store.send(GetLeaseStats).await;
+        actix::spawn(discovery::start(api, store, None).unwrap());
+        let bare_server = actix_web::HttpServer::new(|| {
+            actix_web::App::new().route(
+                "/bare",
+                // Reads the body like the lease handler does, so the connection stays reusable.
+                actix_web::web::post().to(|_body: actix_web::web::Bytes| async {
+                    actix_web::HttpResponse::Created()
+                        .content_type("application/json")
+                        .body(r#"{"id":"00000000-0000-0000-0000-000000000000"}"#)
+                }),
+            )
+        })
+        .disable_signals()
+        .bind(bare)
+        .unwrap()
+        .run();
+        actix::spawn(bare_server);
+        std::future::pending::<()>().await;
+    });
+}
+
+/// One keep-alive connection.
+struct Conn {
+    reader: BufReader<TcpStream>,
+    addr: SocketAddr,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> Self {
+        let s = TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        Self {
+            reader: BufReader::new(s),
+            addr,
+        }
+    }
+
+    async fn call(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        self.reader.get_mut().write_all(req.as_bytes()).await.unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).await.unwrap();
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).await.unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut payload = vec![0u8; length];
+        self.reader.read_exact(&mut payload).await.unwrap();
+        (status, String::from_utf8_lossy(&payload).into_owned())
+    }
+}
+
+struct Run {
+    requests: u64,
+    errors: u64,
+    latencies: Vec<Duration>,
+    wall: Duration,
+}
+
+async fn load(
+    clients: usize,
+    seconds: u64,
+    work: impl Fn(u64) -> (SocketAddr, bool) + Send + Sync + 'static,
+) -> Run {
+    let work = Arc::new(work);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let work = work.clone();
+            tokio::spawn(async move {
+                let (addr, _) = work(0);
+                let mut conn = Conn::open(addr).await;
+                let (mut requests, mut errors, mut latencies) = (0u64, 0u64, Vec::new());
+                let mut n = c as u64;
+                while Instant::now() < deadline {
+                    n += clients as u64;
+                    let (_, lease_api) = work(n);
+                    if lease_api {
+                        let ask = format!(r#"{{"target":"site-{}.example","ttlSeconds":60}}"#, n % 100_000);
+                        let t = Instant::now();
+                        let (status, body) = conn.call("POST", "/v1/leases", &ask).await;
+                        latencies.push(t.elapsed());
+                        requests += 1;
+                        if status != 201 {
+                            errors += 1;
+                            continue;
+                        }
+                        let id = body
+                            .split("\"id\":\"")
+                            .nth(1)
+                            .and_then(|r| r.split('"').next())
+                            .unwrap_or("")
+                            .to_owned();
+                        let t = Instant::now();
+                        let (status, _) = conn.call("DELETE", &format!("/v1/leases/{id}"), "").await;
+                        latencies.push(t.elapsed());
+                        requests += 1;
+                        errors += u64::from(status != 204);
+                    } else {
+                        let t = Instant::now();
+                        let (status, _) = conn.call("POST", "/bare", r#"{"target":"x"}"#).await;
+                        latencies.push(t.elapsed());
+                        requests += 1;
+                        errors += u64::from(status != 201);
+                    }
+                }
+                (requests, errors, latencies)
+            })
+        })
+        .collect();
+    let mut run = Run {
+        requests: 0,
+        errors: 0,
+        latencies: Vec::new(),
+        wall: Duration::ZERO,
+    };
+    for t in tasks {
+        let (r, e, l) = t.await.unwrap();
+        run.requests += r;
+        run.errors += e;
+        run.latencies.extend(l);
+    }
+    run.wall = start.elapsed();
+    run.latencies.sort();
+    run
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(ROLE) {
+        let mut parts = spec.split(',');
+        let api = parts.next().unwrap().parse().unwrap();
+        let bare = parts.next().unwrap().parse().unwrap();
+        let proxies = parts.next().unwrap().parse().unwrap();
+        serve(api, bare, proxies);
+        return;
+    }
+    let proxies: usize = arg("--proxies").map(|s| s.parse().unwrap()).unwrap_or(10_000);
+    let clients: usize = arg("--clients").map(|s| s.parse().unwrap()).unwrap_or(64);
+    let seconds: u64 = arg("--seconds").map(|s| s.parse().unwrap()).unwrap_or(10);
+    let (api, bare) = (free_addr(), free_addr());
+    let _server = Kill(
+        Command::new(std::env::current_exe().unwrap())
+            .env(ROLE, format!("{api},{bare},{proxies}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(api).await.is_err() || TcpStream::connect(bare).await.is_err() {
+            assert!(Instant::now() < deadline, "server did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Let the 10k availability messages land before measuring.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let bare_run = load(clients, seconds, move |_| (bare, false)).await;
+        let api_run = load(clients, seconds, move |_| (api, true)).await;
+        let rate = |r: &Run| r.requests as f64 / r.wall.as_secs_f64();
+        println!(
+            "proxies={proxies} clients={clients} duration={seconds}s cores={}",
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        );
+        println!("| server | requests/s | errors | p50 ms | p99 ms |");
+        println!("|---|---:|---:|---:|---:|");
+        for (name, r) in [
+            ("bare actix handler", &bare_run),
+            ("lease API (acquire + release)", &api_run),
+        ] {
+            println!(
+                "| {name} | {:.0} | {} | {:.3} | {:.3} |",
+                rate(r),
+                r.errors,
+                pct(&r.latencies, 0.50),
+                pct(&r.latencies, 0.99)
+            );
+        }
+        println!(
+            "ratio (lease API / bare) = {:.2}",
+            rate(&api_run) / rate(&bare_run)
+        );
+    });
+}
