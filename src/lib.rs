@@ -23,6 +23,7 @@
 pub mod bind_address;
 pub mod config;
 pub mod forward_proxy;
+pub mod gc;
 pub mod health;
 pub mod lease;
 pub mod provider;

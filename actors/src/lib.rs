@@ -13,6 +13,7 @@
 //! restart what fails without disturbing the rest.
 
 pub mod discovery;
+pub mod gc_sweeper;
 pub mod health_prober;
 pub mod health_server;
 pub mod lease_store;

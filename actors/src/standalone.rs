@@ -70,11 +70,19 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
 
     let system = System::new();
     system.block_on(async move {
+        let providers = Arc::new(providers);
         let ctx = reconcile::Context {
             store: store.clone(),
-            providers: Arc::new(providers),
+            providers: providers.clone(),
             now: jiff::Timestamp::now,
         };
+        crate::gc_sweeper::GcSweeper::new(
+            store.clone(),
+            providers,
+            config.gc_interval,
+            config.gc_grace_period,
+        )
+        .start();
         let prober = HealthProber::new(prober, config.health_workers, config.trace_health_probes).start();
         let leases = LeaseStore::new(lease_settings(&config)).start();
         let registry_leases = leases.clone();

@@ -36,6 +36,10 @@ pub struct StandaloneConfig {
     pub health_ca_file: Option<PathBuf>,
     /// One trace span per health probe.
     pub trace_health_probes: bool,
+    /// Time between orphan-GC sweeps.
+    pub gc_interval: Duration,
+    /// Orphans younger than this are spared (in-flight creates).
+    pub gc_grace_period: Duration,
 }
 
 #[derive(Deserialize)]
@@ -62,6 +66,14 @@ struct Raw {
     health_ca_file: Option<PathBuf>,
     #[serde(default)]
     trace_health_probes: bool,
+    #[serde(default = "default_gc")]
+    gc_interval: String,
+    #[serde(default = "default_gc")]
+    gc_grace_period: String,
+}
+
+fn default_gc() -> String {
+    "10m".to_owned()
 }
 
 fn default_workers() -> usize {
@@ -128,6 +140,11 @@ impl StandaloneConfig {
             humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?}: {e}")))
         };
         let lease_cooldown = duration("leaseCooldown", &raw.lease_cooldown)?;
+        let gc_interval = duration("gcInterval", &raw.gc_interval)?;
+        let gc_grace_period = duration("gcGracePeriod", &raw.gc_grace_period)?;
+        if gc_interval.is_zero() {
+            return Err(invalid("gcInterval must be greater than zero".into()));
+        }
         let max_lease_ttl = duration("maxLeaseTtl", &raw.max_lease_ttl)?;
         if max_lease_ttl.is_zero() {
             return Err(invalid("maxLeaseTtl must be greater than zero".into()));
@@ -145,6 +162,8 @@ impl StandaloneConfig {
             return Err(invalid("healthWorkers must be at least 1".into()));
         }
         Ok(Self {
+            gc_interval,
+            gc_grace_period,
             discovery_bind_address,
             lease_cooldown,
             max_lease_ttl,

@@ -107,6 +107,22 @@ impl ScriptedProvider {
         self.world().max_per_uid.values().copied().max().unwrap_or(0)
     }
 
+    /// An instance made outside the operator's current knowledge (a leak), `age` old.
+    pub fn plant(&self, name: &str, uid: &str, age: std::time::Duration) {
+        let created_at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap();
+        self.world().instances.insert(
+            name.to_owned(),
+            Sim {
+                uid: uid.to_owned(),
+                created_at,
+                gets: 0,
+                stopped: false,
+                deleting: None,
+                spec_port: 3128,
+            },
+        );
+    }
+
     /// The instance stops by itself (as a VM that crashed).
     pub fn stop(&self, name: &str) {
         if let Some(s) = self.world().instances.get_mut(name) {

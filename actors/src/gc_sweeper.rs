@@ -1,0 +1,89 @@
+//! `GcSweeper`: runs an orphan-GC sweep every `--gc-interval` (leader only
+//! in Kubernetes mode). A sweep never overlaps the previous one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use egress_proxies::gc::{self, SweepReport};
+use egress_proxies::provider::Providers;
+use egress_proxies::store::ProxyStore;
+
+/// Run a sweep now; answers with its report (tests, admin).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Option<SweepReport>")]
+pub struct SweepNow;
+
+pub struct GcSweeper {
+    store: Arc<dyn ProxyStore>,
+    providers: Arc<Providers>,
+    interval: Duration,
+    grace: Duration,
+    running: bool,
+}
+
+impl GcSweeper {
+    pub fn new(
+        store: Arc<dyn ProxyStore>,
+        providers: Arc<Providers>,
+        interval: Duration,
+        grace: Duration,
+    ) -> Self {
+        Self {
+            store,
+            providers,
+            interval,
+            grace,
+            running: false,
+        }
+    }
+
+    fn sweep(&mut self) -> Option<ResponseActFuture<Self, Option<SweepReport>>> {
+        if self.running {
+            return None;
+        }
+        self.running = true;
+        let (store, providers, grace) = (self.store.clone(), self.providers.clone(), self.grace);
+        let work = async move { gc::sweep(store.as_ref(), &providers, grace, jiff::Timestamp::now()).await };
+        Some(Box::pin(work.into_actor(self).map(|result, actor, _| {
+            actor.running = false;
+            match result {
+                Ok(report) => {
+                    tracing::info!(
+                        listed = report.listed, orphans = report.orphans, deleted = report.deleted,
+                        failedDeletes = report.failed_deletes, sparedYoung = report.spared_young,
+                        skippedProviders = ?report.skipped_providers, "gc.sweep"
+                    );
+                    Some(report)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "gc.sweep");
+                    None
+                }
+            }
+        })))
+    }
+}
+
+impl Actor for GcSweeper {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.interval, |actor, ctx| {
+            if let Some(work) = actor.sweep() {
+                ctx.spawn(work.map(|_, _, _| ()));
+            }
+        });
+    }
+}
+
+impl Handler<SweepNow> for GcSweeper {
+    type Result = ResponseActFuture<Self, Option<SweepReport>>;
+
+    fn handle(&mut self, _: SweepNow, _: &mut Self::Context) -> Self::Result {
+        match self.sweep() {
+            Some(work) => work,
+            None => Box::pin(actix::fut::ready(None)),
+        }
+    }
+}

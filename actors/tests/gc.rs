@@ -1,0 +1,148 @@
+//! Orphan GC against the embedded store and a scripted provider.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use egress_proxies::gc;
+use egress_proxies::provider::{ErrorClass, Op, Provider, Providers};
+use egress_proxies::resource::Proxy;
+use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::store::{ObjectKey, ProxyStore};
+use egress_proxies_operator::gc_sweeper::{GcSweeper, SweepNow};
+use serde_json::json;
+use support::scripted_provider::{Call, ScriptedProvider};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const GRACE: Duration = Duration::from_secs(600);
+
+fn proxy(name: &str) -> Proxy {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "crawl"},
+        "spec": {"mode": "Managed", "provider": "sim"}
+    }))
+    .unwrap()
+}
+
+async fn store_with(names: &[&str]) -> (Arc<EmbeddedStore>, tempfile::TempDir, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _events) = EmbeddedStore::open(dir.path()).unwrap();
+    let set = ManifestSet {
+        proxies: names
+            .iter()
+            .map(|n| (ObjectKey::new("crawl", *n), proxy(n)))
+            .collect(),
+        ..Default::default()
+    };
+    store.apply(&set).unwrap();
+    let mut uids = Vec::new();
+    for n in names {
+        uids.push(
+            store
+                .get(&ObjectKey::new("crawl", *n))
+                .await
+                .unwrap()
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap(),
+        );
+    }
+    (Arc::new(store), dir, uids)
+}
+
+#[tokio::test]
+async fn reaps_old_orphans_and_spares_live_deleting_and_young_instances() {
+    let (store, _dir, uids) = store_with(&["live", "going"]).await;
+    // "going" is being deleted: its finalizer keeps it, so it still counts as live.
+    store
+        .add_finalizer(&ObjectKey::new("crawl", "going"), &uids[1])
+        .await
+        .unwrap();
+    store
+        .apply(&ManifestSet {
+            proxies: [(ObjectKey::new("crawl", "live"), proxy("live"))].into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let sim = Arc::new(ScriptedProvider::new("sim", 0, 0));
+    sim.plant("proxy-live", &uids[0], HOUR);
+    sim.plant("proxy-going", &uids[1], HOUR);
+    sim.plant("proxy-orphan", "uid-of-a-deleted-proxy", HOUR);
+    sim.plant("proxy-in-flight", "uid-not-yet-visible", Duration::from_secs(5));
+    let providers = Providers::from_providers([sim.clone() as Arc<dyn Provider>]);
+
+    let report = gc::sweep(store.as_ref(), &providers, GRACE, jiff::Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.listed, report.orphans, report.deleted, report.spared_young),
+        (4, 1, 1, 1)
+    );
+    let mut left = sim.instances();
+    left.sort();
+    assert_eq!(left, ["proxy-going", "proxy-in-flight", "proxy-live"]);
+    assert_eq!(sim.count(|c| matches!(c, Call::Delete(_))), 1);
+}
+
+#[tokio::test]
+async fn a_provider_that_cannot_list_is_skipped_and_failed_deletes_are_not_counted() {
+    let (store, _dir, _) = store_with(&[]).await;
+    let broken = Arc::new(ScriptedProvider::new("broken", 0, 0));
+    broken.plant("proxy-x", "gone-uid", HOUR);
+    broken.fail(Op::List, ErrorClass::Transient, 1);
+    let flaky = Arc::new(ScriptedProvider::new("flaky", 0, 0));
+    flaky.plant("proxy-y", "gone-uid-2", HOUR);
+    flaky.plant("proxy-z", "gone-uid-3", HOUR);
+    flaky.fail(Op::Delete, ErrorClass::Transient, 1);
+    let providers = Providers::from_providers([
+        broken.clone() as Arc<dyn Provider>,
+        flaky.clone() as Arc<dyn Provider>,
+    ]);
+
+    let report = gc::sweep(store.as_ref(), &providers, GRACE, jiff::Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(report.skipped_providers, ["broken"]);
+    assert_eq!((report.orphans, report.deleted, report.failed_deletes), (2, 1, 1));
+    assert_eq!(
+        broken.instances(),
+        ["proxy-x"],
+        "nothing deleted on a provider GC could not see whole"
+    );
+    assert_eq!(flaky.instances().len(), 1);
+
+    // The next sweep finishes the job.
+    let report = gc::sweep(store.as_ref(), &providers, GRACE, jiff::Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            report.deleted,
+            report.failed_deletes,
+            report.skipped_providers.len()
+        ),
+        (2, 0, 0)
+    );
+    assert!(broken.instances().is_empty() && flaky.instances().is_empty());
+}
+
+#[actix_rt::test]
+async fn the_sweeper_actor_sweeps_on_demand_and_on_its_interval() {
+    let (store, _dir, _) = store_with(&[]).await;
+    let sim = Arc::new(ScriptedProvider::new("sim", 0, 0));
+    sim.plant("proxy-a", "dead", HOUR);
+    let providers = Arc::new(Providers::from_providers([sim.clone() as Arc<dyn Provider>]));
+    let sweeper = GcSweeper::new(store.clone(), providers, Duration::from_millis(200), GRACE).start();
+    let report = sweeper.send(SweepNow).await.unwrap().expect("a sweep ran");
+    assert_eq!(report.deleted, 1);
+    sim.plant("proxy-b", "dead-too", HOUR);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        sim.instances().is_empty(),
+        "the interval sweep reaped the second orphan"
+    );
+}
