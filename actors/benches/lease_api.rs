@@ -64,7 +64,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize) {
             }));
         }
         let _ = store.send(GetLeaseStats).await;
-        actix::spawn(discovery::start(api, store, None).unwrap());
+        actix::spawn(discovery::start(std::net::TcpListener::bind(api).unwrap(), store, None).unwrap());
         let bare_server = actix_web::HttpServer::new(|| {
             actix_web::App::new().route(
                 "/bare",

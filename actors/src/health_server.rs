@@ -1,6 +1,6 @@
 //! `/healthz` (the process is alive) and `/readyz` (it is doing its job).
 
-use std::net::SocketAddr;
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -35,14 +35,14 @@ async fn readyz(ready: web::Data<Readiness>) -> HttpResponse {
     }
 }
 
-/// Binds the probe server; the returned server runs when awaited or spawned.
-pub fn start(addr: SocketAddr, readiness: Readiness) -> std::io::Result<Server> {
+/// Serves the probes on a bound listener; the server runs when awaited or spawned.
+pub fn start(listener: TcpListener, readiness: Readiness) -> std::io::Result<Server> {
     let data = web::Data::new(readiness);
     Ok(
         HttpServer::new(move || App::new().app_data(data.clone()).service(healthz).service(readyz))
             .workers(1)
             .disable_signals()
-            .bind(addr)?
+            .listen(listener)?
             .run(),
     )
 }

@@ -61,6 +61,22 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     };
     let providers = Providers::build(&providers_config, &build)?;
     let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;
+    // Listeners first: a taken port fails the start before any actor exists.
+    let bind = |address: BindAddress| -> Result<Option<std::net::TcpListener>, StandaloneError> {
+        match address {
+            BindAddress::Disabled => Ok(None),
+            BindAddress::Listen(addr) => {
+                std::net::TcpListener::bind(addr)
+                    .map(Some)
+                    .map_err(|source| StandaloneError::Bind {
+                        addr: addr.to_string(),
+                        source,
+                    })
+            }
+        }
+    };
+    let discovery_listener = bind(config.discovery_bind_address)?;
+    let health_listener = bind(config.health_probe_bind_address)?;
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
     let store = Arc::new(store);
     tracing::info!(
@@ -90,13 +106,10 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             c.add_stream(UnboundedReceiverStream::new(events));
             ProxyRegistry::new(ctx, Timing::default(), Some(prober)).with_leases(registry_leases)
         });
-        if let BindAddress::Listen(addr) = config.discovery_bind_address {
+        if let Some(listener) = discovery_listener {
             let token = std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty());
-            let server =
-                crate::discovery::start(addr, leases, token).map_err(|source| StandaloneError::Bind {
-                    addr: addr.to_string(),
-                    source,
-                })?;
+            let addr = listener.local_addr().map_err(StandaloneError::System)?;
+            let server = crate::discovery::start(listener, leases, token).map_err(StandaloneError::System)?;
             actix::spawn(server);
             tracing::info!(%addr, "discovery API listening");
         }
@@ -107,12 +120,10 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             config.manifest_poll_interval,
         ));
         let readiness = Readiness::default();
-        if let BindAddress::Listen(addr) = config.health_probe_bind_address {
+        if let Some(listener) = health_listener {
+            let addr = listener.local_addr().map_err(StandaloneError::System)?;
             let server =
-                health_server::start(addr, readiness.clone()).map_err(|source| StandaloneError::Bind {
-                    addr: addr.to_string(),
-                    source,
-                })?;
+                health_server::start(listener, readiness.clone()).map_err(StandaloneError::System)?;
             actix::spawn(server);
             tracing::info!(%addr, "health probes listening");
         }

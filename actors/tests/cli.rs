@@ -71,6 +71,32 @@ fn standalone_refuses_a_missing_manifest_directory_with_a_clear_error() {
 }
 
 #[test]
+fn standalone_reports_a_taken_port_without_panicking() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("m")).unwrap();
+    std::fs::write(dir.path().join("p.yaml"), "providers: []\n").unwrap();
+    let config = dir.path().join("standalone.yaml");
+    let yaml = format!(
+        "providersConfig: p.yaml\nmanifests: m\nstateDir: s\nhealthProbeBindAddress: \"0\"\ndiscoveryBindAddress: {}\n",
+        taken.local_addr().unwrap()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let out = operator()
+        .args(["standalone", "--log-format", "text", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("listener 127.0.0.1:") && stderr.contains("in use"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
 fn validate_config_prints_every_problem_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("broken.yaml");

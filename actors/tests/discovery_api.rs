@@ -41,8 +41,9 @@ async fn serve(capacity: u32, token: Option<&str>) -> (SocketAddr, Addr<LeaseSto
         ..LeaseSettings::default()
     })
     .start();
-    let addr = free_addr();
-    let server = discovery::start(addr, store.clone(), token.map(str::to_owned)).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = discovery::start(listener, store.clone(), token.map(str::to_owned)).unwrap();
     actix::spawn(server);
     (addr, store)
 }

@@ -50,7 +50,7 @@ impl Bed {
         std::fs::write(
             dir.join("standalone.yaml"),
             "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
-             healthProbeBindAddress: \"0\"\nmanifestPollInterval: 100ms\n",
+             healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"0\"\nmanifestPollInterval: 100ms\n",
         )
         .unwrap();
         Self {

@@ -8,7 +8,7 @@ mod handlers;
 mod middleware;
 pub mod types;
 
-use std::net::SocketAddr;
+use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix::Addr;
@@ -81,8 +81,14 @@ pub fn guarded(
     web::resource(path).wrap(from_fn(middleware::contain_panics))
 }
 
-/// Binds the discovery API. `token` (from `DISCOVERY_TOKEN`) enables bearer auth.
-pub fn start(addr: SocketAddr, store: Addr<LeaseStore>, token: Option<String>) -> std::io::Result<Server> {
+/// Serves the discovery API on a bound listener. `token` (from
+/// `DISCOVERY_TOKEN`) enables bearer auth.
+pub fn start(
+    listener: TcpListener,
+    store: Addr<LeaseStore>,
+    token: Option<String>,
+) -> std::io::Result<Server> {
+    let addr = listener.local_addr()?;
     if token.is_none() {
         tracing::warn!(
             %addr,
@@ -131,7 +137,7 @@ pub fn start(addr: SocketAddr, store: Addr<LeaseStore>, token: Option<String>) -
             )
     })
     .disable_signals()
-    .bind(addr)?
+    .listen(listener)?
     .run();
     Ok(server)
 }

@@ -74,8 +74,19 @@ impl Database {
         }
     }
 
-    /// Every stored object.
+    /// Every stored object (none while a new state file is still being set up).
     pub fn load_all(&self) -> Result<Vec<Proxy>, DatabaseError> {
+        let tables: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'proxies'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.wrap(e))?;
+        if tables == 0 {
+            return Ok(Vec::new());
+        }
         let mut stmt = self
             .conn
             .prepare("SELECT namespace, name, object FROM proxies ORDER BY namespace, name")
