@@ -1,0 +1,542 @@
+//! The object store with Kubernetes semantics.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::kinds::KINDS;
+use crate::selector::Selector;
+
+/// An API error, rendered as a `Status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> Value {
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code
+        })
+    }
+}
+
+type Key = (usize, String, String);
+
+#[derive(Clone, Debug)]
+struct Event {
+    rv: u64,
+    kind: usize,
+    type_: &'static str,
+    object: Value,
+}
+
+/// Who watches what.
+pub struct Watcher {
+    pub kind: usize,
+    pub namespace: Option<String>,
+    pub labels: Selector,
+    pub fields: Vec<(String, String)>,
+    pub tx: mpsc::UnboundedSender<Value>,
+}
+
+/// Everything the server holds.
+pub struct State {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Event>,
+    /// Events kept for watch resumption; older versions answer 410 Gone.
+    pub history_limit: usize,
+    watchers: Vec<Watcher>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_limit: 1000,
+            watchers: Vec::new(),
+        }
+    }
+}
+
+fn meta(obj: &Value) -> &Value {
+    &obj["metadata"]
+}
+
+fn labels(obj: &Value) -> BTreeMap<String, String> {
+    serde_json::from_value(meta(obj)["labels"].clone()).unwrap_or_default()
+}
+
+fn finalizers(obj: &Value) -> Vec<String> {
+    serde_json::from_value(meta(obj)["finalizers"].clone()).unwrap_or_default()
+}
+
+/// Everything but metadata and status: what `generation` tracks.
+fn spec_part(obj: &Value) -> Value {
+    let mut v = obj.clone();
+    if let Some(map) = v.as_object_mut() {
+        map.remove("metadata");
+        map.remove("status");
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    v
+}
+
+fn now() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn field_matches(obj: &Value, fields: &[(String, String)]) -> bool {
+    fields.iter().all(|(path, want)| match path.as_str() {
+        "metadata.name" => meta(obj)["name"].as_str() == Some(want),
+        "metadata.namespace" => meta(obj)["namespace"].as_str() == Some(want),
+        _ => false,
+    })
+}
+
+/// Parses `metadata.name=x,metadata.namespace=y`.
+pub fn parse_fields(text: &str) -> Result<Vec<(String, String)>, ApiError> {
+    text.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p
+                .split_once("==")
+                .or_else(|| p.split_once('='))
+                .ok_or_else(|| ApiError::new(400, "BadRequest", format!("invalid field selector {p:?}")))?;
+            match k.trim() {
+                "metadata.name" | "metadata.namespace" => Ok((k.trim().to_owned(), v.trim().to_owned())),
+                other => Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    format!("field label not supported: {other}"),
+                )),
+            }
+        })
+        .collect()
+}
+
+impl State {
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn emit(&mut self, kind: usize, type_: &'static str, object: Value) {
+        let rv = self.rv;
+        self.history.push_back(Event {
+            rv,
+            kind,
+            type_,
+            object: object.clone(),
+        });
+        while self.history.len() > self.history_limit {
+            self.history.pop_front();
+        }
+        let event = json!({"type": type_, "object": object});
+        self.watchers.retain(|w| {
+            let ns_ok = w
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| meta(&object)["namespace"].as_str() == Some(ns));
+            if w.kind != kind
+                || !ns_ok
+                || !w.labels.matches(&labels(&object))
+                || !field_matches(&object, &w.fields)
+            {
+                return !w.tx.is_closed();
+            }
+            w.tx.send(event.clone()).is_ok()
+        });
+    }
+
+    pub fn get(&self, kind: usize, ns: &str, name: &str) -> Result<Value, ApiError> {
+        self.objects
+            .get(&(kind, ns.to_owned(), name.to_owned()))
+            .cloned()
+            .ok_or_else(|| not_found(kind, name))
+    }
+
+    pub fn list(
+        &self,
+        kind: usize,
+        ns: Option<&str>,
+        labels_sel: &Selector,
+        fields: &[(String, String)],
+    ) -> Value {
+        let items: Vec<Value> = self
+            .objects
+            .iter()
+            .filter(|((k, n, _), o)| {
+                *k == kind
+                    && ns.is_none_or(|ns| ns == n)
+                    && labels_sel.matches(&labels(o))
+                    && field_matches(o, fields)
+            })
+            .map(|(_, o)| o.clone())
+            .collect();
+        json!({
+            "apiVersion": KINDS[kind].api_version(), "kind": format!("{}List", KINDS[kind].kind),
+            "metadata": {"resourceVersion": self.rv.to_string()}, "items": items
+        })
+    }
+
+    pub fn create(&mut self, kind: usize, ns: &str, mut body: Value) -> Result<Value, ApiError> {
+        let k = &KINDS[kind];
+        if !body.is_object() {
+            return Err(ApiError::new(400, "BadRequest", "body must be a JSON object"));
+        }
+        let mut name = meta(&body)["name"].as_str().unwrap_or_default().to_owned();
+        if name.is_empty() {
+            let prefix = meta(&body)["generateName"].as_str().unwrap_or_default();
+            if prefix.is_empty() {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value: name or generateName is required",
+                ));
+            }
+            name = format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..5]);
+        }
+        if let Some(body_ns) = meta(&body)["namespace"].as_str()
+            && k.namespaced
+            && body_ns != ns
+        {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                "the namespace of the object does not match the namespace on the request",
+            ));
+        }
+        let key = (kind, ns.to_owned(), name.clone());
+        if self.objects.contains_key(&key) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{}.{} {name:?} already exists", k.plural, k.group),
+            ));
+        }
+        let rv = self.bump();
+        let m = body["metadata"]
+            .as_object_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let mut m = Value::Object(m);
+        m["name"] = json!(name);
+        if k.namespaced {
+            m["namespace"] = json!(ns);
+        }
+        m["uid"] = json!(uuid::Uuid::new_v4().to_string());
+        m["resourceVersion"] = json!(rv.to_string());
+        m["creationTimestamp"] = json!(now());
+        if let Some(o) = m.as_object_mut() {
+            o.remove("deletionTimestamp");
+            o.remove("generateName");
+        }
+        if k.status {
+            m["generation"] = json!(1);
+            if let Some(o) = body.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        body["metadata"] = m;
+        body["apiVersion"] = json!(k.api_version());
+        body["kind"] = json!(k.kind);
+        self.objects.insert(key, body.clone());
+        self.emit(kind, "ADDED", body.clone());
+        Ok(body)
+    }
+
+    /// Writes `next` over the stored object (main resource or `status`), with
+    /// the API server's rules; `next` has already been checked against the
+    /// stored resourceVersion.
+    fn write(
+        &mut self,
+        kind: usize,
+        ns: &str,
+        name: &str,
+        next: Value,
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        let k = &KINDS[kind];
+        let key = (kind, ns.to_owned(), name.to_owned());
+        let current = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| not_found(kind, name))?;
+        let mut merged = if status_only {
+            let mut m = current.clone();
+            m["status"] = next.get("status").cloned().unwrap_or(Value::Null);
+            if m["status"].is_null() {
+                m.as_object_mut().map(|o| o.remove("status"));
+            }
+            m
+        } else {
+            let mut m = next.clone();
+            if k.status {
+                match current.get("status") {
+                    Some(s) => m["status"] = s.clone(),
+                    None => {
+                        m.as_object_mut().map(|o| o.remove("status"));
+                    }
+                }
+            }
+            // Immutable or server-owned metadata.
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "name",
+                "namespace",
+                "generation",
+            ] {
+                match current["metadata"].get(field) {
+                    Some(v) => m["metadata"][field] = v.clone(),
+                    None => {
+                        m["metadata"].as_object_mut().map(|o| o.remove(field));
+                    }
+                }
+            }
+            m
+        };
+        merged["apiVersion"] = json!(k.api_version());
+        merged["kind"] = json!(k.kind);
+        let deleting = meta(&current)
+            .get("deletionTimestamp")
+            .is_some_and(|d| !d.is_null());
+        if deleting {
+            let before = finalizers(&current);
+            if finalizers(&merged).iter().any(|f| !before.contains(f)) {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
+                ));
+            }
+        }
+        if k.status && !status_only && spec_part(&merged) != spec_part(&current) {
+            let generation = meta(&current)["generation"].as_i64().unwrap_or(1) + 1;
+            merged["metadata"]["generation"] = json!(generation);
+        }
+        merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+        if merged == current {
+            return Ok(current); // no-op writes do not change the resourceVersion
+        }
+        let rv = self.bump();
+        merged["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if deleting && finalizers(&merged).is_empty() {
+            self.objects.remove(&key);
+            self.emit(kind, "DELETED", merged.clone());
+        } else {
+            self.objects.insert(key, merged.clone());
+            self.emit(kind, "MODIFIED", merged.clone());
+        }
+        Ok(merged)
+    }
+
+    fn check_version(&self, kind: usize, current: &Value, next: &Value, name: &str) -> Result<(), ApiError> {
+        match meta(next)["resourceVersion"].as_str() {
+            Some(v) if !v.is_empty() && Some(v) != meta(current)["resourceVersion"].as_str() => {
+                Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {}.{} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                        KINDS[kind].plural, KINDS[kind].group
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn replace(
+        &mut self,
+        kind: usize,
+        ns: &str,
+        name: &str,
+        body: Value,
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        let current = self.get(kind, ns, name)?;
+        if meta(&body)["name"].as_str().is_some_and(|n| n != name) {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                "the name of the object does not match the name on the URL",
+            ));
+        }
+        self.check_version(kind, &current, &body, name)?;
+        self.write(kind, ns, name, body, status_only)
+    }
+
+    pub fn patch(
+        &mut self,
+        kind: usize,
+        ns: &str,
+        name: &str,
+        content_type: &str,
+        patch: Value,
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        let current = self.get(kind, ns, name)?;
+        let mut next = current.clone();
+        match content_type {
+            "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                if content_type.starts_with("application/strategic")
+                    && KINDS[kind].group == "crawl.example.com"
+                {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        "strategic merge patch is not supported for custom resources",
+                    ));
+                }
+                json_patch::merge(&mut next, &patch);
+            }
+            "application/json-patch+json" => {
+                let ops: json_patch::Patch = serde_json::from_value(patch)
+                    .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON patch: {e}")))?;
+                json_patch::patch(&mut next, &ops).map_err(|e| {
+                    ApiError::new(422, "Invalid", format!("the patch could not be applied: {e}"))
+                })?;
+            }
+            other => {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (got {other})"
+                    ),
+                ));
+            }
+        }
+        self.check_version(kind, &current, &next, name)?;
+        self.write(kind, ns, name, next, status_only)
+    }
+
+    pub fn delete(
+        &mut self,
+        kind: usize,
+        ns: &str,
+        name: &str,
+        preconditions: &Value,
+    ) -> Result<Value, ApiError> {
+        let key = (kind, ns.to_owned(), name.to_owned());
+        let mut current = self.get(kind, ns, name)?;
+        if let Some(uid) = preconditions["uid"].as_str()
+            && meta(&current)["uid"].as_str() != Some(uid)
+        {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                "Precondition failed: UID in precondition does not match the UID in the object",
+            ));
+        }
+        if let Some(rv) = preconditions["resourceVersion"].as_str()
+            && meta(&current)["resourceVersion"].as_str() != Some(rv)
+        {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                "Precondition failed: resourceVersion does not match",
+            ));
+        }
+        if !finalizers(&current).is_empty() {
+            if meta(&current)
+                .get("deletionTimestamp")
+                .is_some_and(|d| !d.is_null())
+            {
+                return Ok(current);
+            }
+            let rv = self.bump();
+            current["metadata"]["deletionTimestamp"] = json!(now());
+            current["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            current["metadata"]["resourceVersion"] = json!(rv.to_string());
+            self.objects.insert(key, current.clone());
+            self.emit(kind, "MODIFIED", current.clone());
+            return Ok(current);
+        }
+        let rv = self.bump();
+        current["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.objects.remove(&key);
+        self.emit(kind, "DELETED", current.clone());
+        Ok(current)
+    }
+
+    /// Starts a watch: events after `from` (410 Gone when they are no longer
+    /// kept), or the current objects as ADDED when `from` is None.
+    pub fn watch(&mut self, mut watcher: Watcher, from: Option<u64>) -> Result<(), ApiError> {
+        let matches = |w: &Watcher, kind: usize, o: &Value| {
+            kind == w.kind
+                && w.namespace
+                    .as_deref()
+                    .is_none_or(|ns| meta(o)["namespace"].as_str() == Some(ns))
+                && w.labels.matches(&labels(o))
+                && field_matches(o, &w.fields)
+        };
+        match from {
+            None => {
+                for ((kind, _, _), o) in &self.objects {
+                    if matches(&watcher, *kind, o) {
+                        let _ = watcher.tx.send(json!({"type": "ADDED", "object": o}));
+                    }
+                }
+            }
+            Some(rv) => {
+                let oldest = self.history.front().map(|e| e.rv).unwrap_or(self.rv + 1);
+                // Versions between the oldest kept event and now can be resumed.
+                if rv + 1 < oldest && rv < self.rv {
+                    return Err(ApiError::new(
+                        410,
+                        "Expired",
+                        format!("too old resource version: {rv} ({})", oldest - 1),
+                    ));
+                }
+                for e in self.history.iter().filter(|e| e.rv > rv) {
+                    if matches(&watcher, e.kind, &e.object) {
+                        let _ = watcher.tx.send(json!({"type": e.type_, "object": e.object}));
+                    }
+                }
+            }
+        }
+        watcher.labels = watcher.labels.clone();
+        self.watchers.push(watcher);
+        Ok(())
+    }
+
+    /// Drops history so that resuming from older versions answers 410 (tests).
+    pub fn compact(&mut self) {
+        self.history.clear();
+    }
+}
+
+fn not_found(kind: usize, name: &str) -> ApiError {
+    let k = &KINDS[kind];
+    let resource = if k.group.is_empty() {
+        k.plural.to_owned()
+    } else {
+        format!("{}.{}", k.plural, k.group)
+    };
+    ApiError::new(404, "NotFound", format!("{resource} {name:?} not found"))
+}

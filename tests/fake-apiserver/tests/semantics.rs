@@ -1,0 +1,378 @@
+//! The fake's own tests: each Kubernetes API semantic it claims, checked
+//! through a real `kube::Client` over HTTP.
+
+use std::time::Duration;
+
+use fake_apiserver::FakeApiServer;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+
+async fn client(fake: &FakeApiServer) -> kube::Client {
+    let config = kube::Config::new(fake.url().parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+fn proxies(client: &kube::Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "Proxy"),
+        "proxies",
+    );
+    Api::namespaced_with(client.clone(), "ns", &ar)
+}
+
+fn proxy(name: &str, spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": name, "labels": {"app": "edge"}}, "spec": spec
+    }))
+    .unwrap()
+}
+
+fn code(e: kube::Error) -> u16 {
+    match e {
+        kube::Error::Api(s) => s.code,
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+fn rv(o: &DynamicObject) -> u64 {
+    o.metadata.resource_version.as_deref().unwrap().parse().unwrap()
+}
+
+#[actix_rt::test]
+async fn create_assigns_identity_and_refuses_duplicates() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    let a = api
+        .create(&PostParams::default(), &proxy("a", json!({"mode": "External"})))
+        .await
+        .unwrap();
+    assert!(a.metadata.uid.is_some() && a.metadata.creation_timestamp.is_some());
+    assert_eq!(a.metadata.generation, Some(1));
+    assert_eq!(a.metadata.namespace.as_deref(), Some("ns"));
+    let b = api
+        .create(&PostParams::default(), &proxy("b", json!({})))
+        .await
+        .unwrap();
+    assert!(rv(&b) > rv(&a), "one counter for the whole server");
+    let dup = api
+        .create(&PostParams::default(), &proxy("a", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(code(dup), 409);
+    assert_eq!(code(api.get("missing").await.unwrap_err()), 404);
+    // generateName
+    let secrets: Api<Secret> = Api::namespaced(client(&fake).await, "ns");
+    let mut s = Secret::default();
+    s.metadata.generate_name = Some("gen-".into());
+    let made = secrets.create(&PostParams::default(), &s).await.unwrap();
+    assert!(made.metadata.name.unwrap().starts_with("gen-"));
+}
+
+#[actix_rt::test]
+async fn status_subresource_and_generation() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    api.create(&PostParams::default(), &proxy("a", json!({"port": 1})))
+        .await
+        .unwrap();
+    // Status through the subresource does not touch spec or generation.
+    let s = api
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Ready"}, "spec": {"port": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.data["status"]["phase"], "Ready");
+    assert_eq!(s.data["spec"]["port"], 1);
+    assert_eq!(s.metadata.generation, Some(1));
+    // A main-resource write keeps the status and bumps generation only for spec changes.
+    let labelled = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}, "status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(labelled.metadata.generation, Some(1));
+    assert_eq!(
+        labelled.data["status"]["phase"], "Ready",
+        "status is not written through the main resource"
+    );
+    let changed = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed.metadata.generation, Some(2));
+    // A no-op write leaves the resourceVersion alone.
+    let same = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rv(&same), rv(&changed));
+}
+
+#[actix_rt::test]
+async fn stale_writes_conflict_and_json_patch_tests_guard() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    let a = api
+        .create(&PostParams::default(), &proxy("a", json!({"port": 1})))
+        .await
+        .unwrap();
+    let mut newer = a.clone();
+    newer.data["spec"]["port"] = json!(2);
+    api.replace("a", &PostParams::default(), &newer).await.unwrap();
+    let mut stale = a.clone();
+    stale.data["spec"]["port"] = json!(3);
+    assert_eq!(
+        code(
+            api.replace("a", &PostParams::default(), &stale)
+                .await
+                .unwrap_err()
+        ),
+        409
+    );
+    // JSON patch with a failing `test` changes nothing.
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": ["other"]},
+        {"op": "replace", "path": "/spec/port", "value": 7}
+    ]))
+    .unwrap();
+    let err = api
+        .patch("a", &PatchParams::default(), &Patch::Json::<()>(ops))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), 422);
+    assert_eq!(api.get("a").await.unwrap().data["spec"]["port"], 2);
+    // A merge patch carrying a stale resourceVersion conflicts too.
+    let err = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": "1"}, "spec": {"port": 8}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), 409);
+}
+
+#[actix_rt::test]
+async fn finalizers_hold_deleted_objects() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    let mut p = proxy("a", json!({}));
+    p.metadata.finalizers = Some(vec!["x/one".into(), "x/two".into()]);
+    api.create(&PostParams::default(), &p).await.unwrap();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let held = api.get("a").await.unwrap();
+    assert!(
+        held.metadata.deletion_timestamp.is_some(),
+        "delete with finalizers only marks"
+    );
+    let err = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["x/one", "x/two", "x/three"]}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), 422, "no new finalizers while deleting");
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["x/two"]}})),
+    )
+    .await
+    .unwrap();
+    assert!(api.get("a").await.is_ok());
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        code(api.get("a").await.unwrap_err()),
+        404,
+        "the last finalizer's removal deletes"
+    );
+    // Without finalizers a delete is immediate.
+    api.create(&PostParams::default(), &proxy("b", json!({})))
+        .await
+        .unwrap();
+    api.delete("b", &DeleteParams::default()).await.unwrap();
+    assert_eq!(code(api.get("b").await.unwrap_err()), 404);
+}
+
+#[actix_rt::test]
+async fn label_and_field_selectors() {
+    let fake = FakeApiServer::start().unwrap();
+    let c = client(&fake).await;
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), "ns");
+    for (name, labels) in [
+        ("a", json!({"tier": "edge", "ci": "true"})),
+        ("b", json!({"tier": "core"})),
+        ("c", json!({})),
+    ] {
+        let s: Secret =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let names = |list: kube::core::ObjectList<Secret>| -> Vec<String> {
+        list.items.into_iter().map(|s| s.metadata.name.unwrap()).collect()
+    };
+    for (selector, want) in [
+        ("ci=true", vec!["a"]),
+        ("tier!=edge", vec!["b", "c"]),
+        ("tier in (edge,core)", vec!["a", "b"]),
+        ("tier notin (edge)", vec!["b", "c"]),
+        ("tier", vec!["a", "b"]),
+        ("!tier", vec!["c"]),
+    ] {
+        let got = names(
+            secrets
+                .list(&ListParams::default().labels(selector))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(got, want, "{selector}");
+    }
+    let got = names(
+        secrets
+            .list(&ListParams::default().fields("metadata.name=b"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got, ["b"]);
+    let all: Api<Secret> = Api::all(c);
+    assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 3);
+}
+
+#[actix_rt::test]
+async fn watch_resumes_expires_and_bookmarks() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    let a = api
+        .create(&PostParams::default(), &proxy("a", json!({})))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &proxy("b", json!({})))
+        .await
+        .unwrap();
+    // Resume after a's creation: b's ADDED, then live events.
+    let mut stream = api
+        .watch(
+            &WatchParams::default().timeout(5),
+            &a.metadata.resource_version.clone().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let first = stream.try_next().await.unwrap().unwrap();
+    assert!(matches!(first, WatchEvent::Added(o) if o.metadata.name.as_deref() == Some("b")));
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let next = stream.try_next().await.unwrap().unwrap();
+    assert!(matches!(next, WatchEvent::Deleted(o) if o.metadata.name.as_deref() == Some("a")));
+
+    // Bookmarks carry the current version.
+    let mut params = WatchParams::default().timeout(5);
+    params.bookmarks = true;
+    let mut marked = api.watch(&params, "0").await.unwrap().boxed();
+    let mut saw_bookmark = false;
+    for _ in 0..3 {
+        if let Ok(Some(Ok(WatchEvent::Bookmark(_)))) =
+            tokio::time::timeout(Duration::from_secs(3), marked.next()).await
+        {
+            saw_bookmark = true;
+            break;
+        }
+    }
+    assert!(saw_bookmark);
+
+    // A version older than the kept history is Gone.
+    fake.state.lock().unwrap().compact();
+    api.create(&PostParams::default(), &proxy("c", json!({})))
+        .await
+        .unwrap();
+    let mut expired = api
+        .watch(&WatchParams::default().timeout(5), "2")
+        .await
+        .unwrap()
+        .boxed();
+    match expired.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(e) => assert_eq!(e.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+}
+
+#[actix_rt::test]
+async fn core_and_coordination_kinds() {
+    let fake = FakeApiServer::start().unwrap();
+    let c = client(&fake).await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "ns");
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "squid", "image": "squid"}]}}),
+    )
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let s = pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "10.0.0.9"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.status.unwrap().pod_ip.as_deref(), Some("10.0.0.9"));
+
+    let leases: Api<Lease> = Api::namespaced(c.clone(), "ns");
+    let lease: Lease = serde_json::from_value(json!({"metadata": {"name": "leader"}, "spec": {"holderIdentity": "one", "leaseDurationSeconds": 15}})).unwrap();
+    let made = leases.create(&PostParams::default(), &lease).await.unwrap();
+    let mut taken = made.clone();
+    taken.spec.as_mut().unwrap().holder_identity = Some("two".into());
+    leases
+        .replace("leader", &PostParams::default(), &taken)
+        .await
+        .unwrap();
+    let mut late = made;
+    late.spec.as_mut().unwrap().holder_identity = Some("three".into());
+    assert_eq!(
+        code(
+            leases
+                .replace("leader", &PostParams::default(), &late)
+                .await
+                .unwrap_err()
+        ),
+        409,
+        "optimistic concurrency decides the leader"
+    );
+
+    let events: Api<DynamicObject> = Api::namespaced_with(
+        c,
+        "ns",
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("events.k8s.io", "v1", "Event"), "events"),
+    );
+    let ev: DynamicObject = serde_json::from_value(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"generateName": "px."}, "reason": "PhaseChanged", "note": "Ready"})).unwrap();
+    events.create(&PostParams::default(), &ev).await.unwrap();
+    assert_eq!(events.list(&ListParams::default()).await.unwrap().items.len(), 1);
+}
