@@ -129,6 +129,10 @@ pub struct RunArgs {
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,
 
+    /// Leader Lease duration: a leader silent this long is replaced.
+    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+
     /// Watch Proxies in this namespace only (default: all namespaces).
     #[arg(long, env = "PROXY_NAMESPACE")]
     pub proxy_namespace: Option<String>,
@@ -152,6 +156,14 @@ pub struct RunArgs {
     /// Time between orphan-GC sweeps.
     #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub gc_interval: Duration,
+
+    /// Orphans younger than this are spared (creates racing a sweep).
+    #[arg(long, env = "GC_GRACE_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub gc_grace_period: Duration,
+
+    /// Local state of providers that keep any (the `local` provider; development only in a cluster).
+    #[arg(long, env = "STATE_DIR", default_value = "/tmp/egress-proxies-operator")]
+    pub state_dir: PathBuf,
 
     /// Extra CA certificates (PEM) trusted by health probes, beside the Mozilla roots.
     #[arg(long, env = "HEALTH_CA_FILE")]

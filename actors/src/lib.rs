@@ -18,6 +18,8 @@ pub mod health_prober;
 pub mod health_server;
 pub mod lease_store;
 pub mod messages;
+pub mod operator;
 pub mod proxy_actor;
 pub mod registry;
 pub mod standalone;
+pub mod system;

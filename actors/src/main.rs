@@ -9,7 +9,7 @@ use clap::Parser;
 use egress_proxies::config::ProvidersConfig;
 use egress_proxies::resource::{crd_yaml, proxy_table};
 use egress_proxies::telemetry::init_logging;
-use egress_proxies_operator::standalone;
+use egress_proxies_operator::{operator, standalone, system};
 
 use cli::{Cli, Command, LoggingArgs, RunArgs};
 
@@ -130,12 +130,33 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         return code;
     }
     tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
-    if let Err(e) = ProvidersConfig::load(&args.providers_config) {
-        tracing::error!(error = %e, "providers configuration rejected");
-        return ExitCode::FAILURE;
+    let options = operator::Options {
+        providers_config: args.providers_config,
+        state_dir: args.state_dir,
+        health_probe_bind_address: args.health_probe_bind_address,
+        discovery_bind_address: args.discovery_bind_address,
+        leader_elect: args.leader_elect,
+        lease_duration: args.lease_duration,
+        proxy_namespace: args.proxy_namespace,
+        health_ca_file: args.health_ca_file,
+        settings: system::Settings {
+            health_workers: args.health_workers as usize,
+            trace_health_probes: args.trace_health_probes,
+            leases: system::lease_settings(
+                args.lease_cooldown,
+                args.max_lease_ttl,
+                args.max_leases_per_proxy,
+            ),
+            gc_interval: args.gc_interval,
+            gc_grace_period: args.gc_grace_period,
+            discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+        },
+    };
+    match operator::run(options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "operator stopped");
+            fail(e)
+        }
     }
-    fail(
-        "Kubernetes mode is not part of this build yet; nothing was started. \
-         Run `egress-proxies-operator standalone --config FILE` instead (see README.md)",
-    )
 }

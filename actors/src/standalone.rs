@@ -8,15 +8,9 @@ use actix::prelude::*;
 use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::provider::{BuildContext, BuildError, Providers};
-use egress_proxies::reconcile;
 use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, ManifestDir};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::health_prober::HealthProber;
 use crate::health_server::{self, Readiness};
-use crate::lease_store::LeaseStore;
-use crate::proxy_actor::Timing;
-use crate::registry::ProxyRegistry;
 
 /// Standalone mode could not start.
 #[derive(Debug, thiserror::Error)]
@@ -84,35 +78,20 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         providers = ?providers.names(), "standalone mode starting"
     );
 
+    let settings = crate::system::Settings {
+        health_workers: config.health_workers,
+        trace_health_probes: config.trace_health_probes,
+        leases: lease_settings(&config),
+        gc_interval: config.gc_interval,
+        gc_grace_period: config.gc_grace_period,
+        discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+    };
     let system = System::new();
     system.block_on(async move {
         let providers = Arc::new(providers);
-        let ctx = reconcile::Context {
-            store: store.clone(),
-            providers: providers.clone(),
-            now: jiff::Timestamp::now,
-        };
-        crate::gc_sweeper::GcSweeper::new(
-            store.clone(),
-            providers,
-            config.gc_interval,
-            config.gc_grace_period,
-        )
-        .start();
-        let prober = HealthProber::new(prober, config.health_workers, config.trace_health_probes).start();
-        let leases = LeaseStore::new(lease_settings(&config)).start();
-        let registry_leases = leases.clone();
-        let _registry = ProxyRegistry::create(move |c| {
-            c.add_stream(UnboundedReceiverStream::new(events));
-            ProxyRegistry::new(ctx, Timing::default(), Some(prober)).with_leases(registry_leases)
-        });
-        if let Some(listener) = discovery_listener {
-            let token = std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty());
-            let addr = listener.local_addr().map_err(StandaloneError::System)?;
-            let server = crate::discovery::start(listener, leases, token).map_err(StandaloneError::System)?;
-            actix::spawn(server);
-            tracing::info!(%addr, "discovery API listening");
-        }
+        let port: Arc<dyn egress_proxies::store::ProxyStore> = store.clone();
+        crate::system::start(port, events, providers, prober, settings, discovery_listener)
+            .map_err(StandaloneError::System)?;
         store.resync();
         actix::spawn(embedded::watch_manifests(
             store.clone(),
@@ -128,33 +107,22 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             tracing::info!(%addr, "health probes listening");
         }
         readiness.set(true);
-        wait_for_shutdown().await.map_err(StandaloneError::System)?;
+        crate::system::wait_for_shutdown()
+            .await
+            .map_err(StandaloneError::System)?;
         tracing::info!("shutting down; proxies keep running and are re-adopted at the next start");
         Ok::<(), StandaloneError>(())
     })?;
     Ok(())
 }
 
-/// Lease settings from the standalone configuration (reports scale with the cooldown).
+/// Lease settings from the standalone configuration.
 pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::lease::LeaseSettings {
-    egress_proxies::lease::LeaseSettings {
-        cooldown: config.lease_cooldown,
-        blocked_cooldown: (config.lease_cooldown * 20).max(std::time::Duration::from_secs(600)),
-        error_cooldown: (config.lease_cooldown * 2).max(std::time::Duration::from_secs(60)),
-        default_ttl: config.max_lease_ttl.min(std::time::Duration::from_secs(60)),
-        max_ttl: config.max_lease_ttl,
-        capacity: config.max_leases_per_proxy,
-        report_grace: config.max_lease_ttl,
-    }
-}
-
-async fn wait_for_shutdown() -> std::io::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        r = tokio::signal::ctrl_c() => { r?; tracing::info!("interrupt received") }
-    }
-    Ok(())
+    crate::system::lease_settings(
+        config.lease_cooldown,
+        config.max_lease_ttl,
+        config.max_leases_per_proxy,
+    )
 }
 
 /// The stored proxies, read without disturbing a running operator.

@@ -170,6 +170,18 @@ impl StatusDraft {
         store.write_status(key, &self.uid, &self.status).await?;
         if self.status.phase != self.original.phase {
             let phase = |p: Option<Phase>| p.map(Phase::as_str).unwrap_or("-");
+            let note = match &self.status.message {
+                Some(m) => format!(
+                    "{} → {}: {m}",
+                    phase(self.original.phase),
+                    phase(self.status.phase)
+                ),
+                None => format!("{} → {}", phase(self.original.phase), phase(self.status.phase)),
+            };
+            let warning = matches!(self.status.phase, Some(Phase::Failed | Phase::Unhealthy));
+            store
+                .publish_event(key, &self.uid, phase(self.status.phase), &note, warning)
+                .await;
             tracing::info!(
                 proxy = %key,
                 from = phase(self.original.phase),

@@ -10,6 +10,7 @@
 
 pub mod embedded;
 mod key;
+pub mod kubernetes;
 
 use std::collections::HashSet;
 
@@ -91,4 +92,11 @@ pub trait ProxyStore: Send + Sync {
 
     /// UIDs of every existing Proxy, including those being deleted (for orphan GC).
     async fn live_uids(&self) -> Result<HashSet<String>, StoreError>;
+
+    /// Records a notable change of the Proxy where users look for it
+    /// (Kubernetes Events); stores without such a place only log.
+    async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
+        let _ = (uid, warning);
+        tracing::debug!(proxy = %key, reason, note, "event");
+    }
 }

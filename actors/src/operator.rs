@@ -1,0 +1,199 @@
+//! Kubernetes mode (`egress-proxies-operator run`): Proxies from the API
+//! server (in-cluster, or the kubeconfig), status through the status
+//! subresource, Events, optional leader election on a Lease. Only the leader
+//! runs ProxyActors, the health prober, GC and the lease store; a leader
+//! that loses its Lease stops (exit code 1) so its pod restarts as a
+//! follower, and `/readyz` answers 200 only while leading.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use egress_proxies::bind_address::BindAddress;
+use egress_proxies::config::ProvidersConfig;
+use egress_proxies::health::Prober;
+use egress_proxies::leader::LeaderElector;
+use egress_proxies::provider::{BuildContext, Providers};
+use egress_proxies::store::kubernetes::KubeStore;
+
+use crate::health_server::{self, Readiness};
+use crate::system;
+
+/// Name of the leader-election Lease.
+pub const LEASE_NAME: &str = "egress-proxies-operator";
+/// How often the leader renews, and candidates retry.
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// Everything `run` needs.
+pub struct Options {
+    pub providers_config: PathBuf,
+    pub state_dir: PathBuf,
+    pub health_probe_bind_address: BindAddress,
+    pub discovery_bind_address: BindAddress,
+    pub leader_elect: bool,
+    pub lease_duration: Duration,
+    pub proxy_namespace: Option<String>,
+    pub health_ca_file: Option<PathBuf>,
+    pub settings: system::Settings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error(transparent)]
+    Config(#[from] egress_proxies::config::ConfigError),
+    #[error(transparent)]
+    Build(#[from] egress_proxies::provider::BuildError),
+    #[error(transparent)]
+    Prober(#[from] egress_proxies::health::ProberError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("connecting to the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("leader election lost; stopping so the pod restarts as a follower")]
+    LeadershipLost,
+}
+
+/// Runs until SIGTERM (Ok) or a lost leadership (Err).
+pub fn run(options: Options) -> Result<(), OperatorError> {
+    let providers_config = ProvidersConfig::load(&options.providers_config)?;
+    let build = BuildContext {
+        state_dir: options.state_dir.clone(),
+        operator_exe: std::env::current_exe()?,
+    };
+    let providers = Arc::new(Providers::build(&providers_config, &build)?);
+    let prober = Prober::new(options.health_ca_file.as_deref())?;
+    let health_listener = system::bind(options.health_probe_bind_address)?;
+    let discovery_listener = system::bind(options.discovery_bind_address)?;
+    tracing::info!(
+        namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
+        providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"
+    );
+    System::new().block_on(operate(
+        options,
+        providers,
+        prober,
+        health_listener,
+        discovery_listener,
+    ))
+}
+
+async fn operate(
+    options: Options,
+    providers: Arc<Providers>,
+    prober: Prober,
+    health_listener: Option<TcpListener>,
+    discovery_listener: Option<TcpListener>,
+) -> Result<(), OperatorError> {
+    let client = kube::Client::try_default().await?;
+    let readiness = Readiness::default();
+    if let Some(listener) = health_listener {
+        actix::spawn(health_server::start(listener, readiness.clone())?);
+    }
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            format!(
+                "{}-{}",
+                hostname(),
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            )
+        });
+    let lease_namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let elector = options.leader_elect.then(|| {
+        LeaderElector::new(
+            client.clone(),
+            &lease_namespace,
+            LEASE_NAME,
+            &identity,
+            options.lease_duration,
+        )
+    });
+
+    if let Some(elector) = &elector {
+        tracing::info!(identity = elector.identity(), namespace = %lease_namespace, "waiting for leadership");
+        loop {
+            tokio::select! {
+                won = elector.try_acquire_or_renew(jiff::Timestamp::now()) => match won {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
+                },
+                r = system::wait_for_shutdown() => { r?; return Ok(()) }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PERIOD) => {}
+                r = system::wait_for_shutdown() => { r?; return Ok(()) }
+            }
+        }
+        tracing::info!(identity = elector.identity(), "became the leader");
+    }
+
+    let (store, events) = KubeStore::new(
+        client.clone(),
+        options.proxy_namespace.clone(),
+        "egress-proxies-operator",
+        Some(identity.clone()),
+    );
+    let store = Arc::new(store);
+    actix::spawn(store.clone().watch_proxies());
+    actix::spawn(store.clone().watch_secrets());
+    let _running = system::start(
+        store,
+        events,
+        providers,
+        prober,
+        options.settings,
+        discovery_listener,
+    )?;
+    readiness.set(true);
+
+    let outcome = match &elector {
+        None => system::wait_for_shutdown().await.map_err(OperatorError::from),
+        Some(elector) => keep_leading(elector).await,
+    };
+    readiness.set(false);
+    if let Some(elector) = &elector
+        && outcome.is_ok()
+        && let Err(e) = elector.release().await
+    {
+        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
+    }
+    outcome
+}
+
+/// Renews the Lease until shutdown (Ok) or until it cannot be renewed within its duration (Err).
+async fn keep_leading(elector: &LeaderElector) -> Result<(), OperatorError> {
+    let mut last_renewed = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            r = system::wait_for_shutdown() => return r.map_err(OperatorError::from),
+            _ = tokio::time::sleep(RETRY_PERIOD) => {}
+        }
+        match elector.try_acquire_or_renew(jiff::Timestamp::now()).await {
+            Ok(true) => last_renewed = std::time::Instant::now(),
+            Ok(false) => {
+                tracing::error!("another candidate holds the leader Lease");
+                return Err(OperatorError::LeadershipLost);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the leader Lease failed");
+                if last_renewed.elapsed() >= elector.lease_duration() {
+                    return Err(OperatorError::LeadershipLost);
+                }
+            }
+        }
+    }
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "operator".into())
+}

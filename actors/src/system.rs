@@ -1,0 +1,110 @@
+//! The actor system both modes run: ProxyRegistry (with its ProxyActors),
+//! HealthProber, LeaseStore, GcSweeper and the discovery API, over whichever
+//! object store the mode provides.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use egress_proxies::health::Prober;
+use egress_proxies::lease::LeaseSettings;
+use egress_proxies::provider::Providers;
+use egress_proxies::reconcile;
+use egress_proxies::store::{ProxyStore, StoreEvent};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::gc_sweeper::GcSweeper;
+use crate::health_prober::HealthProber;
+use crate::lease_store::LeaseStore;
+use crate::proxy_actor::Timing;
+use crate::registry::ProxyRegistry;
+
+/// Settings shared by both modes.
+pub struct Settings {
+    pub health_workers: usize,
+    pub trace_health_probes: bool,
+    pub leases: LeaseSettings,
+    pub gc_interval: Duration,
+    pub gc_grace_period: Duration,
+    /// Bearer token of the discovery API (`DISCOVERY_TOKEN`).
+    pub discovery_token: Option<String>,
+}
+
+/// Addresses of the started actors.
+pub struct Running {
+    pub registry: Addr<ProxyRegistry>,
+    pub prober: Addr<HealthProber>,
+    pub leases: Addr<LeaseStore>,
+    pub gc: Addr<GcSweeper>,
+}
+
+/// Starts every actor (call inside the actix system) and the discovery API on `discovery`.
+pub fn start(
+    store: Arc<dyn ProxyStore>,
+    events: UnboundedReceiver<StoreEvent>,
+    providers: Arc<Providers>,
+    prober: Prober,
+    settings: Settings,
+    discovery: Option<TcpListener>,
+) -> std::io::Result<Running> {
+    let ctx = reconcile::Context {
+        store: store.clone(),
+        providers: providers.clone(),
+        now: jiff::Timestamp::now,
+    };
+    let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
+    let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
+    let leases = LeaseStore::new(settings.leases).start();
+    let (p, l) = (prober.clone(), leases.clone());
+    let registry = ProxyRegistry::create(move |c| {
+        c.add_stream(UnboundedReceiverStream::new(events));
+        ProxyRegistry::new(ctx, Timing::default(), Some(p)).with_leases(l)
+    });
+    if let Some(listener) = discovery {
+        let addr = listener.local_addr()?;
+        let server = crate::discovery::start(listener, leases.clone(), settings.discovery_token)?;
+        actix::spawn(server);
+        tracing::info!(%addr, "discovery API listening");
+    }
+    Ok(Running {
+        registry,
+        prober,
+        leases,
+        gc,
+    })
+}
+
+/// Lease settings from the operator's flags; report rests scale with the cooldown.
+pub fn lease_settings(cooldown: Duration, max_ttl: Duration, capacity: u32) -> LeaseSettings {
+    LeaseSettings {
+        cooldown,
+        blocked_cooldown: (cooldown * 20).max(Duration::from_secs(600)),
+        error_cooldown: (cooldown * 2).max(Duration::from_secs(60)),
+        default_ttl: max_ttl.min(Duration::from_secs(60)),
+        max_ttl,
+        capacity,
+        report_grace: max_ttl,
+    }
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+pub async fn wait_for_shutdown() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        r = tokio::signal::ctrl_c() => { r?; tracing::info!("interrupt received") }
+    }
+    Ok(())
+}
+
+/// Binds a listener unless disabled.
+pub fn bind(address: egress_proxies::bind_address::BindAddress) -> std::io::Result<Option<TcpListener>> {
+    match address {
+        egress_proxies::bind_address::BindAddress::Disabled => Ok(None),
+        egress_proxies::bind_address::BindAddress::Listen(addr) => TcpListener::bind(addr)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("listener {addr}: {e}"))),
+    }
+}

@@ -1,0 +1,473 @@
+//! The whole operator process in Kubernetes mode against the fake API
+//! server, through its unchanged kube::Client over real HTTP.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_apiserver::FakeApiServer;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Operator {
+    child: Child,
+    health: std::net::SocketAddr,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Bed {
+    _fake: FakeApiServer,
+    dir: tempfile::TempDir,
+    client: kube::Client,
+    target: String,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .arg("-KILL")
+            .arg("-f")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+impl Bed {
+    async fn new(providers: &str) -> Self {
+        let fake = FakeApiServer::start().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kubeconfig"), fake.kubeconfig("crawl")).unwrap();
+        std::fs::write(dir.path().join("providers.yaml"), providers).unwrap();
+        let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
+        let (target, _) =
+            support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
+        Self {
+            fake,
+            dir,
+            client,
+            target: format!("http://{target}/generate_204"),
+        }
+    }
+
+    fn start(&self, extra: &[&str], log: &str) -> Operator {
+        let health = free_addr();
+        let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--providers-config")
+            .arg(self.dir.path().join("providers.yaml"))
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .args([
+                "--metrics-bind-address",
+                "0",
+                "--discovery-bind-address",
+                "0",
+                "--log-format",
+                "text",
+            ])
+            .args(["--health-probe-bind-address", &health.to_string()])
+            .args(extra)
+            .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Operator { child, health }
+    }
+
+    fn proxies(&self) -> Api<DynamicObject> {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "Proxy"),
+            "proxies",
+        );
+        Api::namespaced_with(self.client.clone(), "crawl", &ar)
+    }
+
+    async fn apply(&self, name: &str, spec: Value, annotations: Value) {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "crawl", "annotations": annotations}, "spec": spec
+        }))
+        .unwrap();
+        self.proxies().create(&PostParams::default(), &obj).await.unwrap();
+    }
+
+    async fn until<T>(
+        &self,
+        what: &str,
+        mut check: impl AsyncFnMut(Option<DynamicObject>) -> Option<T>,
+        name: &str,
+    ) -> T {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let obj = self.proxies().get_opt(name).await.unwrap();
+            if let Some(v) = check(obj).await {
+                return v;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = std::fs::read_dir(self.dir.path())
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+                    .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                    .collect();
+                panic!(
+                    "timed out waiting for {what} of {name}: {:?}\n{}",
+                    self.proxies().get_opt(name).await.unwrap().map(|o| o.data),
+                    logs.join("\n---\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn phase(&self, name: &str, phase: &str) -> DynamicObject {
+        self.until(
+            &format!("phase {phase}"),
+            async |o| o.filter(|o| o.data["status"]["phase"] == phase),
+            name,
+        )
+        .await
+    }
+
+    fn instances(&self) -> Vec<String> {
+        let dir = self.dir.path().join("state/local/local/instances");
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+}
+
+fn managed(target: &str) -> Value {
+    json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "200ms"}})
+}
+
+fn hash(o: &DynamicObject) -> String {
+    o.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("crawl.example.com/spec-hash"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+const LOCAL: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n";
+
+#[actix_rt::test]
+async fn the_operator_runs_every_path_against_the_api_server() {
+    let bed = Bed::new(LOCAL).await;
+    let _op = bed.start(
+        &["--gc-interval", "1s", "--gc-grace-period", "30s"],
+        "operator.log",
+    );
+
+    // An External proxy: the built-in forward proxy of this test, probed through.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ext_port = listener.local_addr().unwrap().port();
+    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    bed.apply(
+        "ext",
+        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port},
+        "healthCheck": {"url": bed.target, "interval": "200ms"}}),
+        json!({}),
+    )
+    .await;
+    let ext = bed.phase("ext", "Ready").await;
+    assert_eq!(ext.data["status"]["endpoint"], format!("127.0.0.1:{ext_port}"));
+    assert!(ext.metadata.finalizers.is_none());
+
+    // A Managed proxy: finalizer, hash, Ready, Events.
+    bed.apply("m", managed(&bed.target), json!({})).await;
+    let m = bed.phase("m", "Ready").await;
+    assert_eq!(
+        m.metadata.finalizers,
+        Some(vec!["crawl.example.com/finalizer".to_owned()])
+    );
+    let first_hash = hash(&m);
+    assert_eq!(first_hash.len(), 64);
+    assert_eq!(m.data["status"]["observedGeneration"], 1);
+    assert_eq!(bed.instances().len(), 1);
+    let events: Api<DynamicObject> = Api::namespaced_with(
+        bed.client.clone(),
+        "crawl",
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("events.k8s.io", "v1", "Event"), "events"),
+    );
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.data["reason"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r == "Ready"),
+        "Events on phase transitions: {reasons:?}"
+    );
+
+    // A spec edit replaces the instance (same name, one at a time).
+    bed.proxies()
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 3129}})),
+        )
+        .await
+        .unwrap();
+    let replaced = bed
+        .until(
+            "a new spec hash",
+            async |o| o.filter(|o| hash(o) != first_hash && o.data["status"]["phase"] == "Ready"),
+            "m",
+        )
+        .await;
+    assert_eq!(replaced.metadata.generation, Some(2));
+    assert_eq!(bed.instances().len(), 1);
+
+    // Cloud-init from a labelled Secret; rotating it replaces the instance.
+    let secrets: Api<Secret> = Api::namespaced(bed.client.clone(), "crawl");
+    let secret = |content: &str, labelled: bool| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": "ci", "labels": if labelled { json!({"crawl.example.com/cloud-init": "true"}) } else { json!({}) }},
+            "stringData": {"user-data": content}, "data": {"user-data": data_encoding::BASE64.encode(content.as_bytes())}})).unwrap()
+    };
+    secrets
+        .create(&PostParams::default(), &secret("#!/bin/sh\necho v1\n", true))
+        .await
+        .unwrap();
+    let mut spec = managed(&bed.target);
+    spec["cloudInit"] = json!({"secretRef": {"name": "ci"}});
+    bed.apply("ci", spec, json!({})).await;
+    let before = bed.phase("ci", "Ready").await;
+    let rotated = secret("#!/bin/sh\necho v2\n", true);
+    secrets
+        .patch(
+            "ci",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::to_value(&rotated).unwrap()),
+        )
+        .await
+        .unwrap();
+    bed.until(
+        "replacement after rotation",
+        async |o| o.filter(|o| hash(o) != hash(&before) && o.data["status"]["phase"] == "Ready"),
+        "ci",
+    )
+    .await;
+
+    // An unlabelled Secret is a CloudInitError.
+    secrets
+        .create(&PostParams::default(), &{
+            let mut s = secret("x", false);
+            s.metadata.name = Some("plain".into());
+            s
+        })
+        .await
+        .unwrap();
+    let mut spec = managed(&bed.target);
+    spec["cloudInit"] = json!({"secretRef": {"name": "plain"}});
+    bed.apply("bad-ci", spec, json!({})).await;
+    let bad = bed
+        .until(
+            "CloudInitError",
+            async |o| {
+                o.filter(|o| {
+                    o.data["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c["reason"] == "CloudInitError"))
+                })
+            },
+            "bad-ci",
+        )
+        .await;
+    assert!(
+        bad.data["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not labelled"),
+        "{}",
+        bad.data["status"]
+    );
+
+    // Deletion: finalizer flow, instance gone before the object.
+    let instances_before = bed.instances().len();
+    bed.proxies().delete("m", &DeleteParams::default()).await.unwrap();
+    bed.until("deletion", async |o| o.is_none().then_some(()), "m")
+        .await;
+    assert_eq!(bed.instances().len(), instances_before - 1);
+
+    // skip-cleanup: released, instance left running.
+    bed.apply(
+        "kept",
+        managed(&bed.target),
+        json!({"crawl.example.com/skip-cleanup": "true"}),
+    )
+    .await;
+    bed.phase("kept", "Ready").await;
+    let with_kept = bed.instances().len();
+    bed.proxies()
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    bed.until("release", async |o| o.is_none().then_some(()), "kept")
+        .await;
+    assert_eq!(
+        bed.instances().len(),
+        with_kept,
+        "skip-cleanup leaves the instance"
+    );
+
+    // GC: the kept instance is now an orphan but young (spared); an old planted one is reaped.
+    let instances_dir = bed.dir.path().join("state/local/local/instances");
+    let planted = instances_dir.join("proxy-plantedorphan00");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(
+        planted.join("instance.json"),
+        serde_json::to_vec(&json!({
+            "name": "proxy-plantedorphan00", "managed": true, "uid": "uid-of-a-long-gone-proxy",
+            "createdAt": "2026-01-01T00:00:00Z", "listen": "127.0.0.1", "port": 9, "implementation": "builtin"
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while planted.exists() {
+        assert!(Instant::now() < deadline, "GC did not reap the planted orphan");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        bed.instances().len(),
+        with_kept,
+        "the young orphan (skip-cleanup's) is spared by the grace period"
+    );
+}
+
+#[actix_rt::test]
+async fn a_provider_removed_from_the_config_holds_deletion_until_skip_cleanup() {
+    let bed = Bed::new(LOCAL).await;
+    let op = bed.start(&[], "first.log");
+    bed.apply("m", managed(&bed.target), json!({})).await;
+    bed.phase("m", "Ready").await;
+    drop(op);
+    std::fs::write(bed.dir.path().join("providers.yaml"), "providers: []\n").unwrap();
+    let _op = bed.start(&[], "second.log");
+    bed.proxies().delete("m", &DeleteParams::default()).await.unwrap();
+    let held = bed
+        .until(
+            "the not-configured message",
+            async |o| {
+                o.filter(|o| {
+                    o.data["status"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("is not configured"))
+                })
+            },
+            "m",
+        )
+        .await;
+    assert!(held.metadata.deletion_timestamp.is_some());
+    bed.proxies()
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}})),
+        )
+        .await
+        .unwrap();
+    bed.until("release", async |o| o.is_none().then_some(()), "m")
+        .await;
+}
+
+async fn ready(op: &Operator) -> bool {
+    let (status, _) = support::http::request(op.health, "GET", "/readyz", &[], None).await;
+    status == 200
+}
+
+#[actix_rt::test]
+async fn only_the_leader_acts_and_a_follower_takes_over() {
+    let bed = Bed::new(LOCAL).await;
+    let args = ["--leader-elect", "--lease-duration", "3s"];
+    let mut operators = vec![bed.start(&args, "a.log"), bed.start(&args, "b.log")];
+    let leases: Api<Lease> = Api::namespaced(bed.client.clone(), "crawl");
+    let deadline = Instant::now() + WAIT;
+    let leader = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (ra, rb) = (ready(&operators[0]).await, ready(&operators[1]).await);
+        assert!(!(ra && rb), "two leaders at once");
+        if ra || rb {
+            break if ra { 0 } else { 1 };
+        }
+        assert!(Instant::now() < deadline, "nobody became the leader");
+    };
+    let follower = operators.remove(1 - leader);
+    let mut leader = operators.remove(0);
+    let holder = leases
+        .get("egress-proxies-operator")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    assert!(!holder.is_empty());
+
+    bed.apply("m", managed(&bed.target), json!({})).await;
+    bed.phase("m", "Ready").await;
+    assert_eq!(bed.instances().len(), 1);
+    assert!(!ready(&follower).await, "the follower stays idle");
+
+    // The leader dies without releasing: the follower takes over after the lease expires.
+    let _ = leader.child.kill();
+    let _ = leader.child.wait();
+    let deadline = Instant::now() + WAIT;
+    while !ready(&follower).await {
+        assert!(Instant::now() < deadline, "the follower never took over");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let new_holder = leases
+        .get("egress-proxies-operator")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    assert_ne!(new_holder, holder);
+    bed.apply("n", managed(&bed.target), json!({})).await;
+    bed.phase("n", "Ready").await;
+    assert_eq!(
+        bed.instances().len(),
+        2,
+        "one instance per Proxy after the takeover, nothing duplicated"
+    );
+}

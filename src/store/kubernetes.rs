@@ -1,0 +1,406 @@
+//! The Kubernetes adapter of the object-store port: Proxies through the API
+//! server. Reads are direct GETs (always the latest version); writes carry a
+//! JSON-patch `test` on the UID — and on the resourceVersion for finalizer
+//! changes, retried on conflict — so another controller's finalizers are
+//! never clobbered and a write never lands on a new incarnation. Status goes
+//! through the status subresource. Cloud-init comes from Secrets labelled
+//! `crawl.example.com/cloud-init: "true"`; only those are watched, and a
+//! rotation re-reconciles the Proxies that use them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SecretKeyRef};
+use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
+
+/// Attempts of a resourceVersion-guarded write before giving up (Transient).
+const CONFLICT_RETRIES: usize = 5;
+
+/// Proxies in a Kubernetes cluster.
+pub struct KubeStore {
+    client: kube::Client,
+    namespace: Option<String>,
+    events: mpsc::UnboundedSender<StoreEvent>,
+    recorder: Recorder,
+    /// Which Proxies use which Secret, learnt from the watch.
+    secret_users: Mutex<HashMap<ObjectKey, HashSet<ObjectKey>>>,
+    /// Secrets' last seen content, to react to rotations only.
+    secret_versions: Mutex<HashMap<ObjectKey, String>>,
+}
+
+fn backend(e: kube::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn api_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// JSON-pointer escaping of one path segment.
+fn pointer(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+impl KubeStore {
+    /// `namespace` restricts the operator to one namespace (`--proxy-namespace`).
+    pub fn new(
+        client: kube::Client,
+        namespace: Option<String>,
+        reporter: &str,
+        instance: Option<String>,
+    ) -> (Self, mpsc::UnboundedReceiver<StoreEvent>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: reporter.to_owned(),
+                instance,
+            },
+        );
+        let store = Self {
+            client,
+            namespace,
+            events,
+            recorder,
+            secret_users: Mutex::new(HashMap::new()),
+            secret_versions: Mutex::new(HashMap::new()),
+        };
+        (store, rx)
+    }
+
+    fn proxies(&self, namespace: &str) -> Api<Proxy> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn all_proxies(&self) -> Api<Proxy> {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    fn emit(&self, event: StoreEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Watches Proxies until the stream ends; every change becomes an event.
+    /// The watcher re-lists and resumes by itself after errors and 410s.
+    pub async fn watch_proxies(self: Arc<Self>) {
+        let mut stream = watcher(self.all_proxies(), watcher::Config::default()).boxed();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                    let key = ObjectKey::of(&p);
+                    self.remember_secret_use(&key, &p);
+                    self.emit(StoreEvent::Changed(key));
+                }
+                Ok(Event::Delete(p)) => {
+                    let key = ObjectKey::of(&p);
+                    self.forget_secret_use(&key);
+                    self.emit(StoreEvent::Removed(key));
+                }
+                Ok(Event::Init | Event::InitDone) => {}
+                Err(e) => tracing::warn!(error = %e, "watching Proxies failed; retrying"),
+            }
+        }
+    }
+
+    /// Watches labelled cloud-init Secrets; a content change re-reconciles their users.
+    pub async fn watch_secrets(self: Arc<Self>) {
+        let api: Api<Secret> = match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let config = watcher::Config::default().labels(&format!("{CLOUD_INIT_LABEL}=true"));
+        let mut stream = watcher(api, config).boxed();
+        while let Some(item) = stream.next().await {
+            let secret = match item {
+                Ok(Event::Apply(s) | Event::InitApply(s) | Event::Delete(s)) => s,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching cloud-init Secrets failed; retrying");
+                    continue;
+                }
+            };
+            let key = ObjectKey::new(
+                secret.metadata.namespace.clone().unwrap_or_default(),
+                secret.metadata.name.clone().unwrap_or_default(),
+            );
+            let digest = serde_json::to_string(&secret.data).unwrap_or_default();
+            let previous = self
+                .secret_versions
+                .lock()
+                .map(|mut v| v.insert(key.clone(), digest.clone()))
+                .ok()
+                .flatten();
+            if previous.as_deref() == Some(digest.as_str()) {
+                continue;
+            }
+            let users: Vec<ObjectKey> = self
+                .secret_users
+                .lock()
+                .map(|u| {
+                    u.get(&key)
+                        .map(|s| s.iter().cloned().collect())
+                        .unwrap_or_default()
+                })
+                .unwrap_or_default();
+            for user in users {
+                self.emit(StoreEvent::Changed(user));
+            }
+        }
+    }
+
+    fn remember_secret_use(&self, key: &ObjectKey, proxy: &Proxy) {
+        self.forget_secret_use(key);
+        let Some(secret) = proxy.spec.cloud_init.as_ref().and_then(|c| c.secret_ref.as_ref()) else {
+            return;
+        };
+        if let Ok(mut users) = self.secret_users.lock() {
+            users
+                .entry(ObjectKey::new(&key.namespace, &secret.name))
+                .or_default()
+                .insert(key.clone());
+        }
+    }
+
+    fn forget_secret_use(&self, key: &ObjectKey) {
+        if let Ok(mut users) = self.secret_users.lock() {
+            users.values_mut().for_each(|u| {
+                u.remove(key);
+            });
+        }
+    }
+
+    /// Rewrites the finalizer list with a resourceVersion guard, retrying on conflict.
+    async fn edit_finalizers(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        edit: impl Fn(&mut Vec<String>),
+    ) -> Result<(), StoreError> {
+        let api = self.proxies(&key.namespace);
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(current) = api.get_opt(&key.name).await.map_err(backend)? else {
+                return Err(StoreError::Gone {
+                    key: key.clone(),
+                    uid: uid.to_owned(),
+                });
+            };
+            if current.metadata.uid.as_deref() != Some(uid) {
+                return Err(StoreError::Gone {
+                    key: key.clone(),
+                    uid: uid.to_owned(),
+                });
+            }
+            let before = current.metadata.finalizers.clone().unwrap_or_default();
+            let mut after = before.clone();
+            edit(&mut after);
+            if after == before {
+                return Ok(());
+            }
+            let ops = json!([
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+                {"op": "add", "path": "/metadata/finalizers", "value": after},
+            ]);
+            let patch: json_patch::Patch =
+                serde_json::from_value(ops).map_err(|e| StoreError::Backend(e.to_string()))?;
+            match api
+                .patch(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // Someone else changed the object meanwhile: read again.
+                Err(e) if matches!(api_code(&e), Some(409 | 422)) => continue,
+                Err(e) if api_code(&e) == Some(404) => {
+                    return Err(StoreError::Gone {
+                        key: key.clone(),
+                        uid: uid.to_owned(),
+                    });
+                }
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "{key}: finalizers kept changing under us; will retry"
+        )))
+    }
+
+    /// A JSON patch guarded by the UID; a failed guard means another incarnation.
+    async fn guarded_patch(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        mut ops: Vec<serde_json::Value>,
+        status: bool,
+    ) -> Result<(), StoreError> {
+        ops.insert(0, json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let api = self.proxies(&key.namespace);
+        let result = if status {
+            api.patch_status(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+        } else {
+            api.patch(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(api_code(&e), Some(404 | 422)) => Err(StoreError::Gone {
+                key: key.clone(),
+                uid: uid.to_owned(),
+            }),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
+use kube::runtime::watcher::watcher;
+
+#[async_trait]
+impl ProxyStore for KubeStore {
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
+        self.proxies(&key.namespace)
+            .get_opt(&key.name)
+            .await
+            .map_err(backend)
+    }
+
+    async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.edit_finalizers(key, uid, |f| {
+            if !f.iter().any(|x| x == FINALIZER) {
+                f.push(FINALIZER.to_owned());
+            }
+        })
+        .await
+    }
+
+    async fn remove_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.edit_finalizers(key, uid, |f| f.retain(|x| x != FINALIZER))
+            .await
+    }
+
+    async fn set_annotation(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        name: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let current = self.get(key).await?.ok_or_else(|| StoreError::Gone {
+            key: key.clone(),
+            uid: uid.to_owned(),
+        })?;
+        let annotations = current.metadata.annotations.unwrap_or_default();
+        let path = format!("/metadata/annotations/{}", pointer(name));
+        let ops = match (value, annotations.is_empty(), annotations.contains_key(name)) {
+            (Some(v), true, _) => vec![
+                json!({"op": "add", "path": "/metadata/annotations", "value": BTreeMap::from([(name, v)])}),
+            ],
+            (Some(v), false, _) => vec![json!({"op": "add", "path": path, "value": v})],
+            (None, _, true) => vec![json!({"op": "remove", "path": path})],
+            (None, _, false) => return Ok(()),
+        };
+        self.guarded_patch(key, uid, ops, false).await
+    }
+
+    async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
+        let value = serde_json::to_value(status).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.guarded_patch(
+            key,
+            uid,
+            vec![json!({"op": "add", "path": "/status", "value": value})],
+            true,
+        )
+        .await
+    }
+
+    async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let found = api
+            .get_opt(&secret.name)
+            .await
+            .map_err(|e| CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let found = found.ok_or_else(|| CloudInitError::SecretNotFound {
+            namespace: namespace.to_owned(),
+            name: secret.name.clone(),
+        })?;
+        let labelled = found
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CLOUD_INIT_LABEL))
+            .map(String::as_str)
+            == Some("true");
+        if !labelled {
+            return Err(CloudInitError::NotLabelled {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+            });
+        }
+        let data = found.data.unwrap_or_default();
+        if let Some(bytes) = data.get(&secret.key) {
+            return Ok(bytes.0.clone());
+        }
+        found
+            .string_data
+            .and_then(|s| s.get(&secret.key).map(|v| v.as_bytes().to_vec()))
+            .ok_or_else(|| CloudInitError::MissingKey {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+                key: secret.key.clone(),
+            })
+    }
+
+    async fn live_uids(&self) -> Result<HashSet<String>, StoreError> {
+        let list = self
+            .all_proxies()
+            .list(&ListParams::default())
+            .await
+            .map_err(backend)?;
+        Ok(list.items.into_iter().filter_map(|p| p.metadata.uid).collect())
+    }
+
+    async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
+        let reference = ObjectReference {
+            api_version: Some("crawl.example.com/v1alpha1".into()),
+            kind: Some("Proxy".into()),
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            uid: Some(uid.to_owned()),
+            ..ObjectReference::default()
+        };
+        let event = KubeEvent {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::debug!(proxy = %key, error = %e, "publishing a Kubernetes Event failed");
+        }
+    }
+}
