@@ -33,7 +33,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the operator against a Kubernetes API server (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run on this machine without a cluster: manifests from a directory, state in a local file.
     Standalone {
         /// The standalone configuration (see config/standalone/quickstart.yaml).

@@ -23,7 +23,7 @@ fn main() -> ExitCode {
         Some(Command::ForwardProxy { listen, instance_dir }) => {
             forward_proxy(&cli.logging, listen, &instance_dir)
         }
-        Some(Command::Run(args)) => run(&cli.logging, args),
+        Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
     }
 }
