@@ -62,7 +62,7 @@ impl Bed {
         let (target, _) =
             support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
         Self {
-            fake,
+            _fake: fake,
             dir,
             client,
             target: format!("http://{target}/generate_204"),
