@@ -375,4 +375,22 @@ async fn core_and_coordination_kinds() {
     let ev: DynamicObject = serde_json::from_value(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"generateName": "px."}, "reason": "PhaseChanged", "note": "Ready"})).unwrap();
     events.create(&PostParams::default(), &ev).await.unwrap();
     assert_eq!(events.list(&ListParams::default()).await.unwrap().items.len(), 1);
+
+    // CustomResourceDefinitions are cluster-scoped.
+    let crds: Api<DynamicObject> = Api::all_with(
+        client(&fake).await,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+            "customresourcedefinitions",
+        ),
+    );
+    let crd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "proxies.crawl.example.com"},
+        "spec": {"group": "crawl.example.com", "scope": "Namespaced", "names": {"kind": "Proxy", "plural": "proxies"}}
+    }))
+    .unwrap();
+    let made = crds.create(&PostParams::default(), &crd).await.unwrap();
+    assert_eq!(made.metadata.namespace, None);
+    assert!(crds.get("proxies.crawl.example.com").await.is_ok());
 }
