@@ -449,11 +449,13 @@ async fn only_the_leader_acts_and_a_follower_takes_over() {
     // The leader dies without releasing: the follower takes over after the lease expires.
     let _ = leader.child.kill();
     let _ = leader.child.wait();
+    let killed = Instant::now();
     let deadline = Instant::now() + WAIT;
     while !ready(&follower).await {
         assert!(Instant::now() < deadline, "the follower never took over");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    eprintln!("takeover after the leader's death: {:?}", killed.elapsed());
     let new_holder = leases
         .get("egress-proxies-operator")
         .await
