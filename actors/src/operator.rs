@@ -58,21 +58,12 @@ pub enum OperatorError {
 /// Runs until SIGTERM (Ok) or a lost leadership (Err).
 pub fn run(options: Options) -> Result<(), OperatorError> {
     let providers_config = ProvidersConfig::load(&options.providers_config)?;
-    let build = BuildContext {
-        state_dir: options.state_dir.clone(),
-        operator_exe: std::env::current_exe()?,
-    };
-    let providers = Arc::new(Providers::build(&providers_config, &build)?);
     let prober = Prober::new(options.health_ca_file.as_deref())?;
     let health_listener = system::bind(options.health_probe_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
-    tracing::info!(
-        namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
-        providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"
-    );
     System::new().block_on(operate(
         options,
-        providers,
+        providers_config,
         prober,
         health_listener,
         discovery_listener,
@@ -81,12 +72,22 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
 
 async fn operate(
     options: Options,
-    providers: Arc<Providers>,
+    providers_config: ProvidersConfig,
     prober: Prober,
     health_listener: Option<TcpListener>,
     discovery_listener: Option<TcpListener>,
 ) -> Result<(), OperatorError> {
     let client = kube::Client::try_default().await?;
+    let build = BuildContext {
+        state_dir: options.state_dir.clone(),
+        operator_exe: std::env::current_exe()?,
+        kube_client: Some(client.clone()),
+    };
+    let providers = Arc::new(Providers::build(&providers_config, &build)?);
+    tracing::info!(
+        namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
+        providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"
+    );
     let readiness = Readiness::default();
     if let Some(listener) = health_listener {
         actix::spawn(health_server::start(listener, readiness.clone())?);

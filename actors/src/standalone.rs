@@ -52,6 +52,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     let build = BuildContext {
         state_dir: config.state_dir.clone(),
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
+        kube_client: None,
     };
     let providers = Providers::build(&providers_config, &build)?;
     let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;

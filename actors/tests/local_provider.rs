@@ -18,6 +18,7 @@ fn provider(state: &std::path::Path, implementation: LocalImplementation) -> Loc
     let ctx = BuildContext {
         state_dir: state.to_owned(),
         operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
+        kube_client: None,
     };
     let config = LocalConfig {
         implementation,

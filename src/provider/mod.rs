@@ -8,6 +8,7 @@
 
 mod error;
 mod instance;
+pub mod kubernetes;
 pub mod local;
 mod naming;
 mod registry;

@@ -10,12 +10,14 @@ use super::Provider;
 use super::local::LocalProvider;
 
 /// What building providers needs besides their configuration.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct BuildContext {
     /// Where providers keep local state (the local provider's instances).
     pub state_dir: PathBuf,
     /// This program, for providers that run it as a helper process.
     pub operator_exe: PathBuf,
+    /// The cluster, in Kubernetes mode (the kubernetes provider needs it).
+    pub kube_client: Option<kube::Client>,
 }
 
 /// A provider could not be built.
@@ -46,6 +48,20 @@ impl Providers {
                         }
                     })?,
                 ),
+                ProviderSettings::Kubernetes(k8s) => match &ctx.kube_client {
+                    Some(client) => Arc::new(super::kubernetes::KubernetesProvider::new(
+                        &instance.name,
+                        k8s.clone(),
+                        client.clone(),
+                    )),
+                    None => {
+                        return Err(BuildError::Invalid {
+                            name: instance.name.clone(),
+                            reason: "the kubernetes provider needs Kubernetes mode (`run`), not standalone"
+                                .into(),
+                        });
+                    }
+                },
                 other => {
                     return Err(BuildError::Unavailable {
                         name: instance.name.clone(),
