@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/system-packages.sh test
+bash tests/manifests.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

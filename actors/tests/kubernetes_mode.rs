@@ -370,6 +370,7 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         with_kept,
         "the young orphan (skip-cleanup's) is spared by the grace period"
     );
+    support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
 }
 
 #[actix_rt::test]
@@ -472,4 +473,5 @@ async fn only_the_leader_acts_and_a_follower_takes_over() {
         2,
         "one instance per Proxy after the takeover, nothing duplicated"
     );
+    support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
 }

