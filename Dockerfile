@@ -1,17 +1,27 @@
 # syntax=docker/dockerfile:1
-# Multi-stage build of the operator binary.
+# The operator image: a release build on Debian 12, run as uid 65532 with
+# only libvirt's client library (kvm provider) and CA certificates.
+#
+#   docker build --build-arg EPO_GIT_COMMIT=$(git rev-parse HEAD) -t egress-proxies-operator:dev .
+#
+# EPO_GIT_COMMIT is what `--version` prints (the build context has no .git).
+
 FROM rust:1.95-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends pkg-config libssl-dev libvirt-dev \
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends pkg-config libssl-dev libvirt-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 ARG EPO_GIT_COMMIT=unknown
 ENV EPO_GIT_COMMIT=${EPO_GIT_COMMIT}
-RUN cargo build --release --locked -p egress-proxies-operator
+RUN cargo build --release --locked -p egress-proxies-operator \
+    && cp target/release/egress-proxies-operator /egress-proxies-operator
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libvirt0 \
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates libvirt0 \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/egress-proxies-operator /usr/local/bin/egress-proxies-operator
+COPY --from=build /egress-proxies-operator /usr/local/bin/egress-proxies-operator
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/egress-proxies-operator"]
+CMD ["run"]
