@@ -25,6 +25,7 @@ pub mod config;
 pub mod forward_proxy;
 pub mod gc;
 pub mod health;
+pub mod kvm;
 pub mod leader;
 pub mod lease;
 pub mod provider;

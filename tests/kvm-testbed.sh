@@ -90,7 +90,8 @@ AuthorizedKeysFile .ssh/authorized_keys
 AllowUsers $USER_NAME
 UsePAM no
 AllowStreamLocalForwarding yes
-AllowTcpForwarding no
+# OpenSSH refuses direct-streamlocal (the libvirt socket) when this is "no".
+AllowTcpForwarding local
 X11Forwarding no
 ClientAliveInterval 5
 CONF

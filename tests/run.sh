@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: system packages, build, every test.
+# The whole test suite, from a fresh clone: system packages, the test beds,
+# offline manifest checks, build, every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/system-packages.sh test
 bash tests/manifests.sh
+if [ "$(id -u)" -eq 0 ]; then
+  bash tests/kvm-testbed.sh up >/dev/null
+  trap 'bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true' EXIT
+else
+  echo "not root: the kvm test bed (libvirtd, sshd, bridge) is not set up; its tests will say they skip" >&2
+fi
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log"; [ "$(id -u)" -eq 0 ] && bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true' EXIT
 status=0
 cargo test --workspace --locked "$@" 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo prints one per test binary).
