@@ -3,7 +3,12 @@
 //! and libvirt error classification. Pure functions; the SSH link and the
 //! libvirt calls live beside them.
 
+pub mod domain_xml;
+pub mod errors;
 pub mod libvirt;
+pub mod metadata;
+pub mod provider_id;
 pub mod seed;
 pub mod ssh_key;
 pub mod ssh_link;
+pub mod volume_xml;

@@ -33,8 +33,8 @@ pub struct SeedFiles {
 /// The seed ISO, in memory: volume `cidata` with `user-data`, `meta-data` and
 /// (when given) `vendor-data` at its root, stored exactly as given.
 ///
-/// Rock Ridge and Joliet carry the lowercase, dashed names: plain ISO 9660
-/// would show Linux `user_dat` instead of `user-data`.
+/// Rock Ridge (what Linux reads) and Joliet carry the lowercase, dashed
+/// names: plain ISO 9660 would turn `user-data` into `USER_DAT`.
 pub fn build_iso(files: &SeedFiles) -> Result<Vec<u8>, SeedError> {
     let mut entries = vec![
         InputEntry::file("user-data", files.user_data.clone()),
@@ -296,12 +296,11 @@ mod tests {
     fn rock_ridge_files(iso: &[u8]) -> BTreeMap<String, Vec<u8>> {
         let image = open(iso);
         assert!(image.supports_rrip(), "no Rock Ridge");
-        let root = image.root_dirs().iter().copied().find(|root| {
-            matches!(
-                root.entry_type(),
-                EntryType::Level1 { .. } | EntryType::Level2 { .. }
-            )
-        });
+        let root = image
+            .root_dirs()
+            .iter()
+            .copied()
+            .find(|root| matches!(root.entry_type(), EntryType::Level1 { .. }));
         let entries = image.open_dir(root.unwrap().dir_ref()).read_entries().unwrap();
         entries
             .iter()
@@ -313,7 +312,7 @@ mod tests {
             .collect()
     }
 
-    /// Root files by their Joliet name (what Windows and `nojoliet`-less readers show).
+    /// Root files by their Joliet name (what readers without Rock Ridge show).
     fn joliet_files(iso: &[u8]) -> BTreeMap<String, Vec<u8>> {
         let image = open(iso);
         let root = image

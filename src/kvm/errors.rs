@@ -1,0 +1,46 @@
+//! libvirt errors onto the provider taxonomy (KVM.md "Errors"): "no such
+//! domain / volume / pool" is NotFound where something is looked up;
+//! invalid XML or arguments and unsupported configurations are Permanent;
+//! everything else the daemon reports (busy, internal, operation failed) and
+//! every transport failure is Transient.
+
+use virt::error::ErrorNumber;
+
+use crate::provider::ErrorClass;
+
+/// The class of a libvirt error number.
+pub fn classify(code: ErrorNumber) -> ErrorClass {
+    match code {
+        ErrorNumber::NoDomain | ErrorNumber::NoStorageVolume | ErrorNumber::NoStoragePool => {
+            ErrorClass::NotFound
+        }
+        ErrorNumber::InvalidArg
+        | ErrorNumber::XmlError
+        | ErrorNumber::NoSupport
+        | ErrorNumber::ConfigUnsupported => ErrorClass::Permanent,
+        _ => ErrorClass::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        for (code, want) in [
+            (ErrorNumber::NoDomain, ErrorClass::NotFound),
+            (ErrorNumber::NoStorageVolume, ErrorClass::NotFound),
+            (ErrorNumber::NoStoragePool, ErrorClass::NotFound),
+            (ErrorNumber::XmlError, ErrorClass::Permanent),
+            (ErrorNumber::InvalidArg, ErrorClass::Permanent),
+            (ErrorNumber::ConfigUnsupported, ErrorClass::Permanent),
+            (ErrorNumber::InternalError, ErrorClass::Transient),
+            (ErrorNumber::OperationFailed, ErrorClass::Transient),
+            (ErrorNumber::SystemError, ErrorClass::Transient),
+            (ErrorNumber::Rpc, ErrorClass::Transient),
+        ] {
+            assert_eq!(classify(code), want, "{code:?}");
+        }
+    }
+}
