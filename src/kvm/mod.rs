@@ -9,6 +9,7 @@ pub mod libvirt;
 pub mod metadata;
 pub mod provider_id;
 pub mod seed;
+pub mod session;
 pub mod ssh_key;
 pub mod ssh_link;
 pub mod volume_xml;

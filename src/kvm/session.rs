@@ -1,0 +1,303 @@
+//! Blocking libvirt calls on one host, over one connection. Every call is
+//! logged at debug with the libvirt API name, the identifiers, the duration
+//! and — on failure — libvirt's error code name; XML goes to trace level.
+//! Callers run these off the async executor (a host actor's own thread).
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::error::ErrorNumber;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
+use virt::stream::Stream;
+
+use super::errors::classify;
+use super::metadata::{self, InstanceMetadata, METADATA_URI};
+use crate::provider::ErrorClass;
+
+/// A failed libvirt call.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{rpc} {target}: {message}")]
+pub struct KvmError {
+    pub rpc: &'static str,
+    pub target: String,
+    pub code: Option<ErrorNumber>,
+    pub message: String,
+}
+
+impl KvmError {
+    pub fn class(&self) -> ErrorClass {
+        self.code.map_or(ErrorClass::Transient, classify)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.class() == ErrorClass::NotFound
+    }
+}
+
+/// A domain's lifecycle state, as the provider needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DomainRunState {
+    Running,
+    /// `nostate`, paused, being shut down: the next poll decides.
+    Transitional,
+    /// Shut off or crashed.
+    Stopped,
+}
+
+/// One libvirt connection to a host's daemon and its storage pool.
+pub struct HostSession {
+    conn: Connect,
+    host: String,
+    pool: String,
+}
+
+impl HostSession {
+    /// Opens `uri` (the SSH link's local socket) for `host`, using `pool`.
+    pub fn open(uri: &str, host: &str, pool: &str) -> Result<Self, KvmError> {
+        let started = Instant::now();
+        let conn = Connect::open(Some(uri)).map_err(|e| error("virConnectOpen", host, e))?;
+        tracing::debug!(
+            rpc = "virConnectOpen",
+            host,
+            durationMs = started.elapsed().as_millis() as u64,
+            "libvirt call"
+        );
+        Ok(Self {
+            conn,
+            host: host.to_owned(),
+            pool: pool.to_owned(),
+        })
+    }
+
+    fn call<T>(
+        &self,
+        rpc: &'static str,
+        target: &str,
+        f: impl FnOnce() -> Result<T, virt::error::Error>,
+    ) -> Result<T, KvmError> {
+        let started = Instant::now();
+        let result = f();
+        let ms = started.elapsed().as_millis() as u64;
+        match result {
+            Ok(v) => {
+                tracing::debug!(rpc, host = %self.host, target, durationMs = ms, "libvirt call");
+                Ok(v)
+            }
+            Err(e) => {
+                let err = error(rpc, target, e);
+                tracing::debug!(rpc, host = %self.host, target, durationMs = ms, code = ?err.code, error = %err.message, "libvirt call failed");
+                Err(err)
+            }
+        }
+    }
+
+    fn storage_pool(&self) -> Result<StoragePool, KvmError> {
+        self.call("virStoragePoolLookupByName", &self.pool, || {
+            self.conn.lookup_storage_pool_by_name(&self.pool)
+        })
+    }
+
+    fn volume(&self, name: &str) -> Result<StorageVol, KvmError> {
+        let pool = self.storage_pool()?;
+        self.call("virStorageVolLookupByName", name, || {
+            pool.lookup_storage_vol_by_name(name)
+        })
+    }
+
+    /// The path of a volume, `None` when it does not exist.
+    pub fn volume_path(&self, name: &str) -> Result<Option<String>, KvmError> {
+        match self.volume(name) {
+            Ok(vol) => self.call("virStorageVolGetPath", name, || vol.path()).map(Some),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a volume from XML (an existing one of that name is reused); returns its path.
+    pub fn create_volume(&self, name: &str, xml: &str) -> Result<String, KvmError> {
+        if let Some(path) = self.volume_path(name)? {
+            return Ok(path);
+        }
+        tracing::trace!(host = %self.host, volume = name, xml, "volume XML");
+        let pool = self.storage_pool()?;
+        let vol = self.call("virStorageVolCreateXML", name, || {
+            StorageVol::create_xml(&pool, xml, 0)
+        })?;
+        self.call("virStorageVolGetPath", name, || vol.path())
+    }
+
+    /// Writes `bytes` into an existing volume (seed ISOs and small images).
+    pub fn upload(&self, name: &str, bytes: &[u8]) -> Result<(), KvmError> {
+        let vol = self.volume(name)?;
+        let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
+        self.call("virStorageVolUpload", name, || {
+            vol.upload(&stream, 0, bytes.len() as u64, 0)
+        })?;
+        let mut sent = 0;
+        while sent < bytes.len() {
+            let n = self.call("virStreamSend", name, || stream.send(&bytes[sent..]))?;
+            sent += usize::try_from(n).unwrap_or(0).max(1);
+        }
+        self.call("virStreamFinish", name, || stream.finish())
+    }
+
+    /// Deletes a volume by name; a missing volume (or pool) is fine.
+    pub fn delete_volume(&self, name: &str) -> Result<(), KvmError> {
+        match self.volume(name) {
+            Ok(vol) => self.call("virStorageVolDelete", name, || vol.delete(0)),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Free bytes in the pool (a full pool is reported before create as QuotaExceeded).
+    pub fn pool_available_bytes(&self) -> Result<u64, KvmError> {
+        let pool = self.storage_pool()?;
+        self.call("virStoragePoolRefresh", &self.pool, || pool.refresh(0))?;
+        self.call("virStoragePoolGetInfo", &self.pool, || pool.info())
+            .map(|i| i.available)
+    }
+
+    fn domain(&self, name: &str) -> Result<Option<Domain>, KvmError> {
+        match self.call("virDomainLookupByName", name, || {
+            self.conn.lookup_domain_by_name(name)
+        }) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Defines the domain from XML (unless it exists) and starts it (unless running).
+    pub fn define_and_start(&self, name: &str, xml: &str) -> Result<(), KvmError> {
+        let domain = match self.domain(name)? {
+            Some(d) => d,
+            None => {
+                tracing::trace!(host = %self.host, domain = name, xml, "domain XML");
+                self.call("virDomainDefineXML", name, || self.conn.define_domain_xml(xml))?
+            }
+        };
+        if !self.call("virDomainIsActive", name, || domain.is_active())? {
+            self.call("virDomainCreate", name, || domain.create())?;
+        }
+        Ok(())
+    }
+
+    /// State and operator metadata of a domain; `None` when it does not exist.
+    pub fn domain_state(
+        &self,
+        name: &str,
+    ) -> Result<Option<(DomainRunState, Option<InstanceMetadata>)>, KvmError> {
+        let Some(domain) = self.domain(name)? else {
+            return Ok(None);
+        };
+        let (state, _) = self.call("virDomainGetState", name, || domain.state())?;
+        let run = match state {
+            virt::domain::DomainStateEnum::Known(virt::domain::DomainState::Running) => {
+                DomainRunState::Running
+            }
+            virt::domain::DomainStateEnum::Known(
+                virt::domain::DomainState::Shutoff | virt::domain::DomainState::Crashed,
+            ) => DomainRunState::Stopped,
+            _ => DomainRunState::Transitional,
+        };
+        Ok(Some((run, self.metadata_of(&domain, name)?)))
+    }
+
+    fn metadata_of(&self, domain: &Domain, name: &str) -> Result<Option<InstanceMetadata>, KvmError> {
+        let kind = virt::sys::VIR_DOMAIN_METADATA_ELEMENT as i32;
+        match self.call("virDomainGetMetadata", name, || {
+            domain.metadata(kind, Some(METADATA_URI), 0)
+        }) {
+            Ok(xml) => {
+                tracing::trace!(host = %self.host, domain = name, xml, "domain metadata");
+                Ok(metadata::parse(&xml))
+            }
+            // "metadata not found": not one of ours.
+            Err(e) if e.code == Some(ErrorNumber::NoDomainMetadata) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// First routable IPv4 address: from the ARP table, else from the guest
+    /// agent. Errors of either source mean "no address yet".
+    pub fn domain_address(&self, name: &str) -> Result<Option<IpAddr>, KvmError> {
+        let Some(domain) = self.domain(name)? else {
+            return Ok(None);
+        };
+        for source in [
+            virt::sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
+            virt::sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+        ] {
+            let Ok(interfaces) = self.call("virDomainInterfaceAddresses", name, || {
+                domain.interface_addresses(source, 0)
+            }) else {
+                continue;
+            };
+            let found = interfaces
+                .iter()
+                .flat_map(|i| i.addrs.iter())
+                .filter_map(|a| a.addr.parse::<IpAddr>().ok())
+                .find(|ip| matches!(ip, IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified()));
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Destroys (if running) and undefines the domain with its NVRAM and
+    /// managed save; a missing domain is fine.
+    pub fn remove_domain(&self, name: &str) -> Result<(), KvmError> {
+        let Some(domain) = self.domain(name)? else {
+            return Ok(());
+        };
+        if self.call("virDomainIsActive", name, || domain.is_active())? {
+            match self.call("virDomainDestroy", name, || domain.destroy()) {
+                Ok(()) => {}
+                // Already stopped between the two calls.
+                Err(e) if e.code == Some(ErrorNumber::OperationInvalid) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let flags = virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM | virt::sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE;
+        match self.call("virDomainUndefineFlags", name, || domain.undefine_flags(flags)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every domain the operator marked as managed, with its state.
+    pub fn managed_domains(&self) -> Result<Vec<(String, DomainRunState, InstanceMetadata)>, KvmError> {
+        let domains = self.call("virConnectListAllDomains", &self.host, || {
+            self.conn.list_all_domains(0)
+        })?;
+        let mut out = Vec::new();
+        for domain in domains {
+            let Ok(name) = domain.name() else { continue };
+            // One unreadable domain is skipped, not fatal.
+            match (self.domain_state(&name), self.metadata_of(&domain, &name)) {
+                (Ok(Some((state, _))), Ok(Some(meta))) if meta.managed => out.push((name, state, meta)),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn error(rpc: &'static str, target: &str, e: virt::error::Error) -> KvmError {
+    let code = match e.code() {
+        virt::error::ErrorNumberEnum::Known(c) => Some(c),
+        _ => None,
+    };
+    KvmError {
+        rpc,
+        target: target.to_owned(),
+        code,
+        message: e.message().to_owned(),
+    }
+}
