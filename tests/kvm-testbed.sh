@@ -57,7 +57,10 @@ start_libvirt() {
     mkdir -p /var/lib/libvirt/images
     virsh -c qemu:///system pool-define-as default dir --target /var/lib/libvirt/images >/dev/null
   fi
-  virsh -c qemu:///system pool-info default | grep -q running || virsh -c qemu:///system pool-start default >/dev/null
+  # (No `| grep -q` here: under pipefail, grep closing the pipe early fails the pipeline.)
+  local info
+  info=$(virsh -c qemu:///system pool-info default)
+  [[ "$info" == *running* ]] || virsh -c qemu:///system pool-start default >/dev/null
 }
 
 setup_user() {
