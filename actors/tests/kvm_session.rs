@@ -151,3 +151,137 @@ async fn volumes_seed_and_a_domain_through_the_link() {
     .unwrap();
     link.close().await;
 }
+
+#[tokio::test]
+async fn create_get_delete_resume_from_every_partial_state() {
+    use egress_proxies::kvm::ops::{self, CreatePlan, OpError};
+    use egress_proxies::provider::{ErrorClass, InstanceState};
+    let Some(bed) = bed() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
+        );
+        eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
+        return;
+    };
+    ensure_client_setup();
+    let key = Arc::new(load_private_key(bed["EPO_KVM_SSH_KEY"].as_ref()).unwrap());
+    let target = LinkTarget {
+        address: bed["EPO_KVM_HOST_B"].clone(),
+        user: bed["EPO_KVM_USER"].clone(),
+        remote_socket: "/var/run/libvirt/libvirt-sock".into(),
+        known_hosts: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
+    };
+    let link = SshLink::dial(&target, key, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let uri = link.libvirt_uri();
+    let bridge = bed["EPO_KVM_BRIDGE"].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("base.qcow2");
+    assert!(
+        std::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&image)
+            .arg("64M")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let image_bytes = std::fs::read(&image).unwrap();
+
+    tokio::task::spawn_blocking(move || {
+        let s = HostSession::open(&uri, "host-b", "default").unwrap();
+        let name = "proxy-opstest00000001";
+        let base = "base-opstest.qcow2";
+        ops::delete(&s, name).unwrap();
+        s.delete_volume(base).unwrap();
+        let meta = InstanceMetadata {
+            managed: true,
+            uid: "5a3f0c2e-0000-4000-8000-000000000002".into(),
+            created_at: "2026-11-30T02:00:00Z".parse().unwrap(),
+        };
+        let mut plan = CreatePlan {
+            domain: DomainSpec {
+                name: name.into(),
+                domain_type: DomainType::Qemu,
+                firmware: Firmware::Bios,
+                vcpus: 1,
+                memory_mib: 128,
+                disk_path: String::new(),
+                seed_path: String::new(),
+                bridge,
+                metadata: meta.clone(),
+            },
+            base_volume: base.into(),
+            base_format: "qcow2".into(),
+            disk_bytes: 1 << 30,
+            seed_iso: build_iso(&SeedFiles {
+                user_data: b"#cloud-config\n".to_vec(),
+                meta_data: meta_data(name),
+                vendor_data: None,
+            })
+            .unwrap(),
+        };
+
+        // No base yet: a Transient error (the image cache brings it).
+        let err = ops::create(&s, &plan).unwrap_err();
+        assert!(
+            matches!(err, OpError::BaseMissing(_)) && err.class() == ErrorClass::Transient,
+            "{err}"
+        );
+        s.create_volume(base, &plain_volume_xml(base, "raw", image_bytes.len() as u64))
+            .unwrap();
+        s.upload(base, &image_bytes).unwrap();
+
+        // A pool without room is QuotaExceeded, before anything is created.
+        let mut huge = plan.clone();
+        huge.disk_bytes = 1 << 60;
+        let err = ops::create(&s, &huge).unwrap_err();
+        assert_eq!(err.class(), ErrorClass::QuotaExceeded, "{err}");
+        assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
+
+        // Resume points: an overlay from an earlier attempt, a stale seed.
+        let base_path = s.volume_path(base).unwrap().unwrap();
+        s.create_volume(
+            &ops::overlay_name(name),
+            &overlay_volume_xml(&ops::overlay_name(name), 1 << 30, &base_path, "qcow2"),
+        )
+        .unwrap();
+        s.create_volume(
+            &ops::seed_name(name),
+            &plain_volume_xml(&ops::seed_name(name), "raw", 4096),
+        )
+        .unwrap();
+        ops::create(&s, &plan).unwrap();
+        let seen = ops::get(&s, name).unwrap().unwrap();
+        assert_eq!(
+            seen.state,
+            InstanceState::Provisioning,
+            "running without an address"
+        );
+        assert_eq!(seen.metadata, Some(meta.clone()));
+        plan.seed_iso.clear();
+        ops::create(&s, &plan).unwrap(); // exists: nothing rebuilt, still fine
+
+        ops::delete(&s, name).unwrap();
+        assert_eq!(ops::get(&s, name).unwrap(), None);
+        assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
+        assert_eq!(s.volume_path(&ops::seed_name(name)).unwrap(), None);
+        assert!(s.volume_path(base).unwrap().is_some(), "the cached base stays");
+        ops::delete(&s, name).unwrap();
+
+        // A crash between volume creation and define: delete still cleans by name.
+        s.create_volume(
+            &ops::seed_name(name),
+            &plain_volume_xml(&ops::seed_name(name), "raw", 4096),
+        )
+        .unwrap();
+        ops::delete(&s, name).unwrap();
+        assert_eq!(s.volume_path(&ops::seed_name(name)).unwrap(), None);
+        s.delete_volume(base).unwrap();
+    })
+    .await
+    .unwrap();
+    link.close().await;
+}

@@ -7,6 +7,7 @@ pub mod domain_xml;
 pub mod errors;
 pub mod libvirt;
 pub mod metadata;
+pub mod ops;
 pub mod provider_id;
 pub mod seed;
 pub mod session;

@@ -171,7 +171,8 @@ impl HostSession {
         }
     }
 
-    /// Defines the domain from XML (unless it exists) and starts it (unless running).
+    /// Defines the domain from XML (unless it exists — then `xml` is not
+    /// used) and starts it (unless running).
     pub fn define_and_start(&self, name: &str, xml: &str) -> Result<(), KvmError> {
         let domain = match self.domain(name)? {
             Some(d) => d,

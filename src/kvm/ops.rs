@@ -1,0 +1,124 @@
+//! The kvm provider's operations on one host's libvirt session (KVM.md
+//! "Operations"). Every step tolerates an earlier attempt having got that
+//! far, so a create interrupted anywhere is finished by the next one.
+
+use std::net::IpAddr;
+
+use super::domain_xml::{DomainSpec, domain_xml};
+use super::metadata::InstanceMetadata;
+use super::session::{DomainRunState, HostSession, KvmError};
+use super::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use crate::provider::{ErrorClass, InstanceState};
+
+/// Why an operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OpError {
+    #[error(transparent)]
+    Libvirt(#[from] KvmError),
+    #[error("storage pool has {available} bytes free, the overlay needs up to {needed}")]
+    NoRoom { needed: u64, available: u64 },
+    #[error("base image volume {0} is not in the pool")]
+    BaseMissing(String),
+}
+
+impl OpError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            OpError::Libvirt(e) => e.class(),
+            // libvirt has no quota signal; a full pool is the closest thing.
+            OpError::NoRoom { .. } => ErrorClass::QuotaExceeded,
+            OpError::BaseMissing(_) => ErrorClass::Transient,
+        }
+    }
+}
+
+/// Names of everything one instance owns on its host.
+pub fn overlay_name(instance: &str) -> String {
+    format!("{instance}.qcow2")
+}
+
+pub fn seed_name(instance: &str) -> String {
+    format!("{instance}-seed.iso")
+}
+
+/// What create needs, all resolved.
+#[derive(Clone, Debug)]
+pub struct CreatePlan {
+    /// The domain, with empty disk/seed paths (filled in here).
+    pub domain: DomainSpec,
+    pub base_volume: String,
+    pub base_format: String,
+    pub disk_bytes: u64,
+    pub seed_iso: Vec<u8>,
+}
+
+/// Creates (or finishes creating) the instance; starts it if it exists stopped.
+pub fn create(s: &HostSession, plan: &CreatePlan) -> Result<(), OpError> {
+    let name = plan.domain.name.as_str();
+    if s.domain_state(name)?.is_some() {
+        s.define_and_start(name, "")?;
+        return Ok(());
+    }
+    let base_path = s
+        .volume_path(&plan.base_volume)?
+        .ok_or_else(|| OpError::BaseMissing(plan.base_volume.clone()))?;
+    let overlay = overlay_name(name);
+    if s.volume_path(&overlay)?.is_none() {
+        let available = s.pool_available_bytes()?;
+        if available < plan.disk_bytes {
+            return Err(OpError::NoRoom {
+                needed: plan.disk_bytes,
+                available,
+            });
+        }
+    }
+    let disk_path = s.create_volume(
+        &overlay,
+        &overlay_volume_xml(&overlay, plan.disk_bytes, &base_path, &plan.base_format),
+    )?;
+    // The seed is always rebuilt: a cut-off upload must never be trusted.
+    let seed = seed_name(name);
+    s.delete_volume(&seed)?;
+    let seed_path = s.create_volume(&seed, &plain_volume_xml(&seed, "raw", plan.seed_iso.len() as u64))?;
+    s.upload(&seed, &plan.seed_iso)?;
+    let spec = DomainSpec {
+        disk_path,
+        seed_path,
+        ..plan.domain.clone()
+    };
+    s.define_and_start(name, &domain_xml(&spec))?;
+    Ok(())
+}
+
+/// What `get` learns about one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub state: InstanceState,
+    pub ip: Option<IpAddr>,
+    pub metadata: Option<InstanceMetadata>,
+}
+
+/// The instance's state; `None` when the domain does not exist.
+pub fn get(s: &HostSession, name: &str) -> Result<Option<Observed>, OpError> {
+    let Some((run, metadata)) = s.domain_state(name)? else {
+        return Ok(None);
+    };
+    let (state, ip) = match run {
+        DomainRunState::Running => match s.domain_address(name)? {
+            Some(ip) => (InstanceState::Running, Some(ip)),
+            None => (InstanceState::Provisioning, None),
+        },
+        DomainRunState::Transitional => (InstanceState::Provisioning, None),
+        DomainRunState::Stopped => (InstanceState::Stopped, None),
+    };
+    Ok(Some(Observed { state, ip, metadata }))
+}
+
+/// Removes the domain and the instance's volumes by name — also when the
+/// domain is already gone (a crash between volume creation and define).
+pub fn delete(s: &HostSession, name: &str) -> Result<(), OpError> {
+    s.remove_domain(name)?;
+    s.delete_volume(&overlay_name(name))?;
+    s.delete_volume(&seed_name(name))?;
+    Ok(())
+}
