@@ -33,3 +33,4 @@ pub mod reconcile;
 pub mod resource;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

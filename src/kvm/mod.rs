@@ -5,6 +5,7 @@
 
 pub mod domain_xml;
 pub mod errors;
+pub mod image;
 pub mod libvirt;
 pub mod metadata;
 pub mod ops;

@@ -144,6 +144,43 @@ impl HostSession {
         self.call("virStreamFinish", name, || stream.finish())
     }
 
+    /// Creates a raw volume of `len` bytes and streams `chunks` into it (image
+    /// downloads: never buffered whole, never staged on the operator's disk).
+    /// A channel that ends early aborts the upload and deletes the volume.
+    pub fn upload_stream(
+        &self,
+        name: &str,
+        len: u64,
+        chunks: impl Iterator<Item = Vec<u8>>,
+    ) -> Result<u64, KvmError> {
+        self.delete_volume(name)?;
+        self.create_volume(name, &super::volume_xml::plain_volume_xml(name, "raw", len))?;
+        let vol = self.volume(name)?;
+        let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
+        self.call("virStorageVolUpload", name, || vol.upload(&stream, 0, len, 0))?;
+        let mut sent: u64 = 0;
+        for chunk in chunks {
+            let mut offset = 0;
+            while offset < chunk.len() {
+                let n = self.call("virStreamSend", name, || stream.send(&chunk[offset..]))?;
+                offset += usize::try_from(n).unwrap_or(0).max(1);
+            }
+            sent += chunk.len() as u64;
+        }
+        if sent != len {
+            let _ = stream.abort();
+            let _ = self.delete_volume(name);
+            return Err(KvmError {
+                rpc: "virStreamSend",
+                target: name.to_owned(),
+                code: None,
+                message: format!("download ended after {sent} of {len} bytes"),
+            });
+        }
+        self.call("virStreamFinish", name, || stream.finish())?;
+        Ok(sent)
+    }
+
     /// Deletes a volume by name; a missing volume (or pool) is fine.
     pub fn delete_volume(&self, name: &str) -> Result<(), KvmError> {
         match self.volume(name) {
