@@ -82,6 +82,7 @@ async fn operate(
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,
         kube_client: Some(client.clone()),
+        kvm_runner: Some(crate::kvm_host::runner_factory()),
     };
     let providers = Arc::new(Providers::build(&providers_config, &build)?);
     tracing::info!(

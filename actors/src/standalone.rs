@@ -53,6 +53,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         state_dir: config.state_dir.clone(),
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
         kube_client: None,
+        kvm_runner: Some(crate::kvm_host::runner_factory()),
     };
     let providers = Providers::build(&providers_config, &build)?;
     let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;

@@ -230,6 +230,7 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
             state_dir: state.to_owned(),
             operator_exe: exe.into(),
             kube_client: None,
+            kvm_runner: None,
         };
         let config = LocalConfig {
             implementation: LocalImplementation::Builtin,

@@ -19,6 +19,7 @@ fn provider(state: &std::path::Path, implementation: LocalImplementation) -> Loc
         state_dir: state.to_owned(),
         operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
         kube_client: None,
+        kvm_runner: None,
     };
     let config = LocalConfig {
         implementation,

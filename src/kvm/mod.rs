@@ -9,6 +9,7 @@ pub mod image;
 pub mod libvirt;
 pub mod metadata;
 pub mod ops;
+pub mod provider;
 pub mod provider_id;
 pub mod seed;
 pub mod session;

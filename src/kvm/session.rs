@@ -32,6 +32,15 @@ impl KvmError {
         self.code.map_or(ErrorClass::Transient, classify)
     }
 
+    /// The connection to the daemon itself failed (not a daemon-reported
+    /// error): the link should be re-established.
+    pub fn is_transport(&self) -> bool {
+        matches!(
+            self.code,
+            Some(ErrorNumber::Rpc | ErrorNumber::SystemError | ErrorNumber::NoConnect) | None
+        )
+    }
+
     pub fn is_not_found(&self) -> bool {
         self.class() == ErrorClass::NotFound
     }
@@ -179,6 +188,31 @@ impl HostSession {
         }
         self.call("virStreamFinish", name, || stream.finish())?;
         Ok(sent)
+    }
+
+    /// The content of a small volume (a digest marker); `None` when missing.
+    pub fn read_small(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, KvmError> {
+        let vol = match self.volume(name) {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
+        self.call("virStorageVolDownload", name, || vol.download(&stream, 0, max, 0))?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = self.call("virStreamRecv", name, || stream.recv(&mut buf))?;
+            if n <= 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n as usize]);
+            if out.len() as u64 >= max {
+                break;
+            }
+        }
+        let _ = stream.finish();
+        Ok(Some(out))
     }
 
     /// Deletes a volume by name; a missing volume (or pool) is fine.

@@ -20,7 +20,7 @@ pub use error::{ErrorClass, Op, ProviderError};
 pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, ProviderId};
 pub use local::LocalProvider;
 pub use naming::{InstanceName, instance_name};
-pub use registry::{BuildContext, BuildError, Providers};
+pub use registry::{BuildContext, BuildError, KvmRunnerFactory, Providers};
 pub use spec_hash::{SpecHash, spec_hash};
 
 /// A source of proxy instances (a cluster, a cloud, KVM hosts, this machine).

@@ -8,6 +8,7 @@ use crate::config::{ProviderSettings, ProvidersConfig};
 
 use super::Provider;
 use super::local::LocalProvider;
+use crate::kvm::provider::{HostRunner, KvmProvider};
 
 /// What building providers needs besides their configuration.
 #[derive(Clone)]
@@ -18,7 +19,13 @@ pub struct BuildContext {
     pub operator_exe: PathBuf,
     /// The cluster, in Kubernetes mode (the kubernetes provider needs it).
     pub kube_client: Option<kube::Client>,
+    /// Starts the host links of a kvm provider instance (the running system's host actors).
+    pub kvm_runner: Option<KvmRunnerFactory>,
 }
+
+/// Makes the [`HostRunner`] of one kvm provider instance.
+pub type KvmRunnerFactory =
+    Arc<dyn Fn(&str, &crate::config::KvmConfig) -> Result<Arc<dyn HostRunner>, String> + Send + Sync>;
 
 /// A provider could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +69,17 @@ impl Providers {
                         });
                     }
                 },
+                ProviderSettings::Kvm(kvm) => {
+                    let factory = ctx.kvm_runner.as_ref().ok_or_else(|| BuildError::Unavailable {
+                        name: instance.name.clone(),
+                        kind: "kvm",
+                    })?;
+                    let runner = factory(&instance.name, kvm).map_err(|reason| BuildError::Invalid {
+                        name: instance.name.clone(),
+                        reason,
+                    })?;
+                    Arc::new(KvmProvider::new(&instance.name, kvm.clone(), runner))
+                }
                 other => {
                     return Err(BuildError::Unavailable {
                         name: instance.name.clone(),

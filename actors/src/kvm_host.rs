@@ -1,0 +1,506 @@
+//! `KvmHostActor`: one per configured KVM host, each under its own
+//! Supervisor. It owns the host's SSH link and a worker thread holding the
+//! libvirt connection, where every blocking libvirt call runs (never on the
+//! async executor). A dead link, a transport error or a call past its
+//! deadline stops the actor — tearing the link down, which also releases a
+//! call blocked on it — and its supervisor restarts it (fresh dial, with
+//! backoff), while the other hosts carry on.
+//!
+//! [`KvmHosts`] is the provider's [`HostRunner`]: it routes jobs to the host
+//! actors and keeps one image download per (host, image).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use egress_proxies::config::{ImageFormat, KvmConfig, KvmHost};
+use egress_proxies::kvm::image::{fetch_to_pool, marker_name};
+use egress_proxies::kvm::ops;
+use egress_proxies::kvm::provider::{BaseVolume, HostJob, HostOutput, HostRunner, ImageSpec, RunError};
+use egress_proxies::kvm::session::{HostSession, KvmError};
+use egress_proxies::kvm::ssh_key::load_private_key;
+use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
+use egress_proxies::provider::ErrorClass;
+use russh::keys::PrivateKey;
+use tokio::sync::oneshot;
+
+/// Longest a single job may take before the link is torn down.
+const JOB_DEADLINE: Duration = Duration::from_secs(60);
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Run a job on this host.
+#[derive(Message)]
+#[rtype(result = "Result<HostOutput, RunError>")]
+pub struct Run(pub HostJob);
+
+/// The link's libvirt URI, while the link is up (image downloads open their own connection).
+#[derive(Message)]
+#[rtype(result = "Option<String>")]
+pub struct LinkUri;
+
+/// Link state for metrics and the dashboard.
+#[derive(Message)]
+#[rtype(result = "HostStatus")]
+pub struct GetHostStatus;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostStatus {
+    pub connected: bool,
+    pub restarts: u32,
+    pub last_error: Option<String>,
+}
+
+type Reply = oneshot::Sender<Result<HostOutput, (RunError, bool)>>;
+
+struct Worker {
+    jobs: std::sync::mpsc::Sender<(HostJob, Reply)>,
+}
+
+/// Key material, read lazily and cached once it works (shared across restarts).
+#[derive(Default)]
+pub struct KeyCache(Mutex<Option<Arc<PrivateKey>>>);
+
+pub struct KvmHostActor {
+    host: KvmHost,
+    config: Arc<KvmConfig>,
+    keys: Arc<KeyCache>,
+    restarts: Arc<AtomicU32>,
+    last_error: Arc<Mutex<Option<String>>>,
+    link: Option<SshLink>,
+    worker: Option<Worker>,
+}
+
+impl KvmHostActor {
+    pub fn new(host: KvmHost, config: Arc<KvmConfig>, keys: Arc<KeyCache>) -> Self {
+        Self {
+            host,
+            config,
+            keys,
+            restarts: Arc::new(AtomicU32::new(0)),
+            last_error: Arc::new(Mutex::new(None)),
+            link: None,
+            worker: None,
+        }
+    }
+
+    fn key(&self) -> Result<Arc<PrivateKey>, RunError> {
+        let mut cached = self.keys.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(key) = cached.as_ref() {
+            return Ok(key.clone());
+        }
+        let key = load_private_key(&self.config.ssh_key_file)
+            .map(Arc::new)
+            .map_err(|e| RunError {
+                class: if e.is_transient() {
+                    ErrorClass::Transient
+                } else {
+                    ErrorClass::Permanent
+                },
+                message: e.to_string(),
+            })?;
+        *cached = Some(key.clone());
+        Ok(key)
+    }
+
+    fn fail(&mut self, why: String, ctx: &mut Context<Self>) {
+        tracing::warn!(host = %self.host.name, reason = %why, "KVM host link dropped");
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.worker = None;
+        if let Some(link) = self.link.take() {
+            actix::spawn(link.close());
+        }
+        ctx.stop();
+    }
+}
+
+impl Actor for KvmHostActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let attempt = self.restarts.load(Ordering::Relaxed);
+        // Backoff on re-dials: 0, 1, 2, 4 … 30 s.
+        let delay = if attempt == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs((1u64 << attempt.min(5)).min(30) / 2)
+        };
+        let target = LinkTarget {
+            address: self.host.address.clone(),
+            user: self.host.user.clone(),
+            remote_socket: self.host.socket.clone(),
+            known_hosts: (!self.config.insecure_ignore_host_key)
+                .then(|| self.config.known_hosts_file.clone())
+                .flatten(),
+        };
+        let key = self.key();
+        let dial = async move {
+            tokio::time::sleep(delay).await;
+            let key = key.map_err(|e| e.message)?;
+            SshLink::dial(&target, key, DIAL_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        ctx.spawn(
+            dial.into_actor(self)
+                .then(|result, actor, _| {
+                    // The worker opens libvirt through the link's socket, whose
+                    // forwarder runs on this thread's runtime: wait for it asynchronously.
+                    let started = result.map(|link| {
+                        let (uri, host, pool) = (
+                            link.libvirt_uri(),
+                            actor.host.name.clone(),
+                            actor.host.pool.clone(),
+                        );
+                        actor.link = Some(link);
+                        spawn_worker(&uri, &host, &pool)
+                    });
+                    async move {
+                        match started {
+                            Ok((worker, ready)) => match ready.await {
+                                Ok(Ok(())) => Ok(worker),
+                                Ok(Err(e)) => Err(format!("opening libvirt: {e}")),
+                                Err(_) => Err("libvirt worker ended".to_owned()),
+                            },
+                            Err(e) => Err(format!("dial failed: {e}")),
+                        }
+                    }
+                    .into_actor(actor)
+                })
+                .map(|result, actor, ctx| match result {
+                    Ok(worker) => {
+                        actor.worker = Some(worker);
+                        *actor.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        tracing::debug!(host = %actor.host.name, "KVM host connected");
+                    }
+                    Err(e) => actor.fail(e, ctx),
+                }),
+        );
+        // Notice a link that died on its own (keepalive failure, sshd gone).
+        ctx.run_interval(Duration::from_secs(1), |actor, ctx| {
+            if actor.link.as_ref().is_some_and(SshLink::is_closed) {
+                actor.fail("SSH connection closed".into(), ctx);
+            }
+        });
+    }
+}
+
+impl Supervised for KvmHostActor {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.link = None;
+        self.worker = None;
+    }
+}
+
+/// Starts the host's libvirt thread; the receiver says when its connection is open.
+fn spawn_worker(uri: &str, host: &str, pool: &str) -> (Worker, oneshot::Receiver<Result<(), KvmError>>) {
+    let (tx, rx) = std::sync::mpsc::channel::<(HostJob, Reply)>();
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (uri, host, pool) = (uri.to_owned(), host.to_owned(), pool.to_owned());
+    let spawned = std::thread::Builder::new()
+        .name(format!("libvirt-{host}"))
+        .spawn(move || {
+            let session = match HostSession::open(&uri, &host, &pool) {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            for (job, reply) in rx {
+                let _ = reply.send(execute(&session, job));
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "starting the libvirt thread failed");
+    }
+    (Worker { jobs: tx }, ready_rx)
+}
+
+/// Runs one job; the flag says whether the link must be re-established.
+fn execute(s: &HostSession, job: HostJob) -> Result<HostOutput, (RunError, bool)> {
+    let op = |e: ops::OpError| {
+        let transport = matches!(&e, ops::OpError::Libvirt(k) if k.is_transport());
+        (
+            RunError {
+                class: e.class(),
+                message: e.to_string(),
+            },
+            transport,
+        )
+    };
+    let kvm = |e: KvmError| {
+        let transport = e.is_transport();
+        (
+            RunError {
+                class: e.class(),
+                message: e.to_string(),
+            },
+            transport,
+        )
+    };
+    match job {
+        HostJob::Create(plan) => ops::create(s, &plan).map(|()| HostOutput::Done).map_err(op),
+        HostJob::Get(name) => ops::get(s, &name).map(HostOutput::Observed).map_err(op),
+        HostJob::Delete(name) => ops::delete(s, &name).map(|()| HostOutput::Done).map_err(op),
+        HostJob::List => s.managed_domains().map(HostOutput::Listed).map_err(kvm),
+        HostJob::BaseMarker(volume) => {
+            if s.volume_path(&volume).map_err(kvm)?.is_none() {
+                return Ok(HostOutput::Marker(None));
+            }
+            let Some(marker) = s.read_small(&marker_name(&volume), 128).map_err(kvm)? else {
+                return Ok(HostOutput::Marker(None));
+            };
+            let head = s.read_small(&volume, 4).map_err(kvm)?.unwrap_or_default();
+            let format = if head == b"QFI\xfb" {
+                ImageFormat::Qcow2
+            } else {
+                ImageFormat::Raw
+            };
+            Ok(HostOutput::Marker(Some((
+                String::from_utf8_lossy(&marker).trim().to_owned(),
+                format,
+            ))))
+        }
+    }
+}
+
+impl Handler<Run> for KvmHostActor {
+    type Result = ResponseActFuture<Self, Result<HostOutput, RunError>>;
+
+    fn handle(&mut self, Run(job): Run, _: &mut Self::Context) -> Self::Result {
+        let Some(worker) = &self.worker else {
+            let why = self
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_else(|| "connecting".into());
+            let err = RunError {
+                class: ErrorClass::Transient,
+                message: format!("link to host {} is down ({why})", self.host.name),
+            };
+            return Box::pin(actix::fut::ready(Err(err)));
+        };
+        let (tx, rx) = oneshot::channel();
+        if worker.jobs.send((job, tx)).is_err() {
+            let err = RunError {
+                class: ErrorClass::Transient,
+                message: "libvirt worker ended".into(),
+            };
+            return Box::pin(actix::fut::ready(Err(err)));
+        }
+        Box::pin(tokio::time::timeout(JOB_DEADLINE, rx).into_actor(self).map(
+            |result, actor, ctx| match result {
+                Ok(Ok(Ok(out))) => Ok(out),
+                Ok(Ok(Err((err, transport)))) => {
+                    if transport {
+                        actor.fail(format!("transport error: {}", err.message), ctx);
+                    }
+                    Err(err)
+                }
+                Ok(Err(_)) => {
+                    actor.fail("libvirt worker ended".into(), ctx);
+                    Err(RunError {
+                        class: ErrorClass::Transient,
+                        message: "libvirt worker ended".into(),
+                    })
+                }
+                Err(_) => {
+                    // A call hung: tearing the link down makes it return.
+                    actor.fail(format!("a libvirt call exceeded {JOB_DEADLINE:?}"), ctx);
+                    Err(RunError {
+                        class: ErrorClass::Transient,
+                        message: "libvirt call timed out".into(),
+                    })
+                }
+            },
+        ))
+    }
+}
+
+impl Handler<LinkUri> for KvmHostActor {
+    type Result = Option<String>;
+    fn handle(&mut self, _: LinkUri, _: &mut Self::Context) -> Option<String> {
+        self.link
+            .as_ref()
+            .filter(|_| self.worker.is_some())
+            .map(SshLink::libvirt_uri)
+    }
+}
+
+impl Handler<GetHostStatus> for KvmHostActor {
+    type Result = MessageResult<GetHostStatus>;
+    fn handle(&mut self, _: GetHostStatus, _: &mut Self::Context) -> Self::Result {
+        MessageResult(HostStatus {
+            connected: self.worker.is_some(),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            last_error: self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        })
+    }
+}
+
+/// (host, base volume): one download at a time per key.
+type DownloadKey = (String, String);
+
+/// The kvm provider's runner: one supervised actor per host, one image download per (host, image).
+pub struct KvmHosts {
+    hosts: HashMap<String, Addr<KvmHostActor>>,
+    http: reqwest::Client,
+    downloads: Mutex<HashMap<DownloadKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl KvmHosts {
+    /// Starts one supervised actor per configured host (call inside the actix system).
+    pub fn start(config: &KvmConfig) -> Result<Self, reqwest::Error> {
+        egress_proxies::kvm::libvirt::ensure_client_setup();
+        egress_proxies::tls::ensure_crypto_provider();
+        let shared = Arc::new(config.clone());
+        let keys = Arc::new(KeyCache::default());
+        let hosts = config
+            .hosts
+            .iter()
+            .map(|h| {
+                let (host, cfg, keys) = (h.clone(), shared.clone(), keys.clone());
+                (
+                    h.name.clone(),
+                    Supervisor::start(move |_| KvmHostActor::new(host, cfg, keys)),
+                )
+            })
+            .collect();
+        Ok(Self {
+            hosts,
+            http: reqwest::Client::builder().build()?,
+            downloads: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn actor(&self, host: &str) -> Option<&Addr<KvmHostActor>> {
+        self.hosts.get(host)
+    }
+
+    fn addr(&self, host: &KvmHost) -> Result<&Addr<KvmHostActor>, RunError> {
+        self.hosts.get(&host.name).ok_or_else(|| RunError {
+            class: ErrorClass::Permanent,
+            message: format!("host {} is not configured", host.name),
+        })
+    }
+}
+
+fn mailbox(e: MailboxError) -> RunError {
+    RunError {
+        class: ErrorClass::Transient,
+        message: format!("host actor unavailable: {e}"),
+    }
+}
+
+#[async_trait]
+impl HostRunner for KvmHosts {
+    async fn run(&self, host: &KvmHost, job: HostJob) -> Result<HostOutput, RunError> {
+        self.addr(host)?.send(Run(job)).await.map_err(mailbox)?
+    }
+
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError> {
+        let key = (host.name.clone(), image.volume.clone());
+        let lock = self
+            .downloads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default()
+            .clone();
+        // One download per (host, image): later callers wait, then find the base present.
+        let _turn = lock.lock().await;
+        let addr = self.addr(host)?;
+        let marker = match addr
+            .send(Run(HostJob::BaseMarker(image.volume.clone())))
+            .await
+            .map_err(mailbox)??
+        {
+            HostOutput::Marker(m) => m,
+            _ => None,
+        };
+        let wanted = image.sha256.as_deref().map(str::to_ascii_lowercase);
+        let format = |detected| image.format.unwrap_or(detected);
+        if let Some((digest, detected)) = &marker
+            && wanted.as_ref().is_none_or(|w| w == digest)
+        {
+            return Ok(BaseVolume {
+                volume: image.volume.clone(),
+                format: format(*detected),
+            });
+        }
+        let uri = addr
+            .send(LinkUri)
+            .await
+            .map_err(mailbox)?
+            .ok_or_else(|| RunError {
+                class: ErrorClass::Transient,
+                message: format!("link to host {} is down", host.name),
+            })?;
+        let fetched = fetch_to_pool(
+            &self.http,
+            &image.url,
+            wanted.as_deref(),
+            &uri,
+            &host.name,
+            &host.pool,
+            &image.volume,
+        )
+        .await
+        .map_err(|e| RunError {
+            class: e.class(),
+            message: e.to_string(),
+        })?;
+        Ok(BaseVolume {
+            volume: image.volume.clone(),
+            format: format(fetched.format),
+        })
+    }
+}
+
+/// Host actors started on first use, inside the actor system (providers are
+/// built before it runs).
+pub struct LazyKvmHosts {
+    config: KvmConfig,
+    hosts: std::sync::OnceLock<Result<KvmHosts, String>>,
+}
+
+impl LazyKvmHosts {
+    fn get(&self) -> Result<&KvmHosts, RunError> {
+        self.hosts
+            .get_or_init(|| KvmHosts::start(&self.config).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| RunError {
+                class: ErrorClass::Transient,
+                message: format!("starting KVM host links: {e}"),
+            })
+    }
+}
+
+#[async_trait]
+impl HostRunner for LazyKvmHosts {
+    async fn run(&self, host: &KvmHost, job: HostJob) -> Result<HostOutput, RunError> {
+        self.get()?.run(host, job).await
+    }
+
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError> {
+        self.get()?.ensure_image(host, image).await
+    }
+}
+
+/// The factory the providers registry uses for kvm instances.
+pub fn runner_factory() -> egress_proxies::provider::KvmRunnerFactory {
+    Arc::new(|_name, config| {
+        Ok(Arc::new(LazyKvmHosts {
+            config: config.clone(),
+            hosts: std::sync::OnceLock::new(),
+        }) as Arc<dyn HostRunner>)
+    })
+}

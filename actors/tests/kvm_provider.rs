@@ -1,0 +1,309 @@
+//! The kvm provider end to end through its host actors, against the real
+//! libvirt daemon behind the real sshd of the test bed (`domainType: qemu`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+use egress_proxies::kvm::provider::KvmProvider;
+use egress_proxies::provider::{
+    CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
+};
+use egress_proxies::resource::Placement;
+use egress_proxies_operator::kvm_host::runner_factory;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn bed() -> Option<HashMap<String, String>> {
+    let text = std::fs::read_to_string("/run/epo-kvm-testbed/env").ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+macro_rules! bed_or_skip {
+    () => {
+        match bed() {
+            Some(b) => b,
+            None => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
+                );
+                eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
+                return;
+            }
+        }
+    };
+}
+
+/// Serves one small qcow2 image; counts the downloads.
+async fn image_server() -> (String, Arc<AtomicUsize>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.qcow2");
+    assert!(
+        std::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&path)
+            .arg("256M")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let body = Arc::new(std::fs::read(&path).unwrap());
+    let hits = Arc::new(AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (body, counter) = (body.clone(), counter.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf).await;
+                counter.fetch_add(1, Ordering::SeqCst);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+            });
+        }
+    });
+    (format!("http://{addr}/debian-tiny.qcow2"), hits)
+}
+
+fn config(bed: &HashMap<String, String>, url: &str) -> KvmConfig {
+    let host = |name: &str, key: &str| KvmHost {
+        name: name.into(),
+        address: bed[key].clone(),
+        user: bed["EPO_KVM_USER"].clone(),
+        bridge: bed["EPO_KVM_BRIDGE"].clone(),
+        socket: "/var/run/libvirt/libvirt-sock".into(),
+        pool: "default".into(),
+        domain_type: DomainType::Qemu,
+    };
+    KvmConfig {
+        ssh_key_file: bed["EPO_KVM_SSH_KEY"].clone().into(),
+        known_hosts_file: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
+        insecure_ignore_host_key: false,
+        disk_size_gb: 1,
+        vendor_data: None,
+        install_guest_agent: true,
+        images: BTreeMap::from([(
+            "tiny".to_owned(),
+            KvmImage {
+                url: url.into(),
+                sha256: None,
+                format: ImageFormat::Qcow2,
+                firmware: Firmware::Bios,
+            },
+        )]),
+        machine_types: BTreeMap::from([(
+            "small".to_owned(),
+            MachineType {
+                vcpus: 1,
+                memory_mib: 128,
+            },
+        )]),
+        hosts: vec![host("a", "EPO_KVM_HOST_A"), host("b", "EPO_KVM_HOST_B")],
+    }
+}
+
+fn request(uid: &str, zone: &str) -> CreateRequest {
+    CreateRequest {
+        name: instance_name(uid),
+        uid: uid.into(),
+        namespace: "crawl".into(),
+        cloud_init: Some(egress_proxies::provider::CloudInitBytes(
+            b"#!/bin/sh\necho proxy\n".to_vec(),
+        )),
+        placement: Placement {
+            zone: Some(zone.into()),
+            machine_type: Some("small".into()),
+            image: Some("tiny".into()),
+            region: None,
+        },
+        port: 3128,
+    }
+}
+
+fn pool_volumes() -> Vec<String> {
+    let out = std::process::Command::new("virsh")
+        .args(["-c", "qemu:///system", "vol-list", "default"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A table: header, a rule, then "name   path" rows.
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    names
+}
+
+async fn retry<T>(
+    what: &str,
+    mut f: impl AsyncFnMut() -> Result<T, egress_proxies::provider::ProviderError>,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if e.class == ErrorClass::Transient && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn create_get_list_delete_through_the_host_actors() {
+    let bed = bed_or_skip!();
+    let (url, hits) = image_server().await;
+    let cfg = config(&bed, &url);
+    let runner = runner_factory()("kvm-test", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-test", cfg, runner);
+    for v in pool_volumes().iter().filter(|v| v.starts_with("base-tiny")) {
+        let _ = std::process::Command::new("virsh")
+            .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
+            .status();
+    }
+
+    // Three creates racing on host b share one download of the image.
+    let reqs: Vec<CreateRequest> = (0..3)
+        .map(|i| request(&format!("7e0c0c5e-0000-4000-8000-00000000000{i}"), "b"))
+        .collect();
+    let creates = reqs
+        .iter()
+        .map(|r| retry("create on b", async || provider.create(r).await));
+    let ids: Vec<ProviderId> = futures::future::join_all(creates).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "one download per (host, image)");
+    assert_eq!(ids[0].as_str(), format!("hosts/b/domains/{}", reqs[0].name));
+
+    let again = retry("re-create", async || provider.create(&reqs[0]).await).await;
+    assert_eq!(again, ids[0], "idempotent");
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "the cached base is reused");
+
+    let instance = retry("get", async || provider.get(&ids[0]).await).await;
+    assert_eq!(
+        instance.state,
+        InstanceState::Provisioning,
+        "running, no address yet"
+    );
+    assert_eq!(instance.uid.as_deref(), Some(reqs[0].uid.as_str()));
+    assert!(instance.created_at.is_some());
+
+    let listed = retry("list", async || provider.list_by_tag().await).await;
+    for id in &ids {
+        assert!(listed.iter().any(|i| &i.id == id), "{id} listed");
+    }
+
+    for id in &ids {
+        retry("delete", async || provider.delete(id).await).await;
+        let err = provider.get(id).await.unwrap_err();
+        assert_eq!(err.class, ErrorClass::NotFound);
+        retry("second delete", async || provider.delete(id).await).await;
+    }
+    let left: Vec<String> = pool_volumes()
+        .into_iter()
+        .filter(|v| v.contains("proxy-") && reqs.iter().any(|r| v.contains(r.name.as_str())))
+        .collect();
+    assert!(left.is_empty(), "instance volumes left: {left:?}");
+    assert!(
+        pool_volumes().iter().any(|v| v == "base-tiny.qcow2")
+            && pool_volumes().iter().any(|v| v == "base-tiny.qcow2.sha256"),
+        "the base and its marker stay cached"
+    );
+
+    // A providerID naming an unconfigured host: get is Permanent, delete a no-op.
+    let stray = ProviderId("hosts/zz/domains/proxy-x".into());
+    assert_eq!(
+        provider.get(&stray).await.unwrap_err().class,
+        ErrorClass::Permanent
+    );
+    provider.delete(&stray).await.unwrap();
+}
+
+fn kill_sshd(bed: &HashMap<String, String>, port: &str) {
+    let master = std::fs::read_to_string(&bed["EPO_KVM_SSHD_A_PID_FILE"]).unwrap();
+    let _ = std::process::Command::new("kill").arg(master.trim()).status();
+    // Established sessions live in their own sshd processes: end those of this port only.
+    let out = std::process::Command::new("ss")
+        .args(["-Htnp", &format!("sport = :{port}")])
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        for pid in line.split("pid=").skip(1).filter_map(|p| p.split(',').next()) {
+            let _ = std::process::Command::new("kill").arg(pid).status();
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn a_dead_link_restarts_only_its_host() {
+    let bed = bed_or_skip!();
+    let (url, _) = image_server().await;
+    let cfg = config(&bed, &url);
+    let runner = runner_factory()("kvm-iso", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-iso", cfg, runner);
+    let missing_a = ProviderId("hosts/a/domains/proxy-isolation0000a".into());
+    let missing_b = ProviderId("hosts/b/domains/proxy-isolation0000b".into());
+    // Both links up (a missing domain is a normal NotFound answer).
+    for id in [&missing_a, &missing_b] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match provider.get(id).await {
+                Err(e) if e.class == ErrorClass::NotFound => break,
+                _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+                other => panic!("{id}: {other:?}"),
+            }
+        }
+    }
+    let port_a = bed["EPO_KVM_HOST_A"].rsplit_once(':').unwrap().1.to_owned();
+    kill_sshd(&bed, &port_a);
+
+    // A fails (Transient) while B keeps answering throughout.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut a_failed = false;
+    while Instant::now() < deadline && !a_failed {
+        a_failed = matches!(provider.get(&missing_a).await, Err(e) if e.class == ErrorClass::Transient);
+        assert_eq!(
+            provider.get(&missing_b).await.unwrap_err().class,
+            ErrorClass::NotFound,
+            "host b unaffected"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(a_failed, "host a's calls should fail while its sshd is down");
+
+    // sshd comes back: A recovers by itself.
+    assert!(
+        std::process::Command::new("/usr/sbin/sshd")
+            .arg("-f")
+            .arg(&bed["EPO_KVM_SSHD_A_CONFIG"])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match provider.get(&missing_a).await {
+            Err(e) if e.class == ErrorClass::NotFound => break,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(300)).await,
+            other => panic!("host a never recovered: {other:?}"),
+        }
+        assert_eq!(
+            provider.get(&missing_b).await.unwrap_err().class,
+            ErrorClass::NotFound
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! The kvm provider: VMs on libvirt hosts reached over SSH (KVM.md). It
+//! resolves placement, builds the seed and the plan, and hands the libvirt
+//! work to a [`HostRunner`] — in the running system, one supervised actor per
+//! host that owns the SSH link and runs the blocking calls on its own thread.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use sha2::{Digest, Sha256};
+
+use super::domain_xml::DomainSpec;
+use super::metadata::InstanceMetadata;
+use super::ops::{CreatePlan, Observed};
+use super::provider_id::{parse, provider_id};
+use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
+use super::session::DomainRunState;
+use crate::config::{Firmware, ImageFormat, KvmConfig, KvmHost};
+use crate::provider::{
+    CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
+};
+
+/// An image to have in a host's pool before a create.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ImageSpec {
+    pub url: String,
+    pub sha256: Option<String>,
+    /// Volume name of the cached base (`base-<key>.<format>`, `base-<hash>.<format>` for URLs).
+    pub volume: String,
+    /// `None` for URL images: detected from the magic bytes.
+    pub format: Option<ImageFormat>,
+    pub firmware: Firmware,
+}
+
+/// A base image present in a pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseVolume {
+    pub volume: String,
+    pub format: ImageFormat,
+}
+
+/// Work for one host's libvirt session.
+#[derive(Clone, Debug)]
+pub enum HostJob {
+    Create(Box<CreatePlan>),
+    Get(String),
+    Delete(String),
+    List,
+    /// The digest recorded in a base volume's marker and the format read from
+    /// its first bytes (`None`: no complete base).
+    BaseMarker(String),
+}
+
+/// What a job answered.
+#[derive(Clone, Debug)]
+pub enum HostOutput {
+    Done,
+    Observed(Option<Observed>),
+    Listed(Vec<(String, DomainRunState, InstanceMetadata)>),
+    Marker(Option<(String, ImageFormat)>),
+}
+
+/// A job failed: its class decides the retry.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct RunError {
+    pub class: ErrorClass,
+    pub message: String,
+}
+
+/// Runs jobs on hosts (the host actors, in the running system).
+#[async_trait]
+pub trait HostRunner: Send + Sync {
+    async fn run(&self, host: &KvmHost, job: HostJob) -> Result<HostOutput, RunError>;
+    /// Makes sure `image` is in the host's pool (one download per host and image).
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError>;
+}
+
+pub struct KvmProvider {
+    name: String,
+    config: KvmConfig,
+    runner: Arc<dyn HostRunner>,
+}
+
+impl KvmProvider {
+    pub fn new(name: &str, config: KvmConfig, runner: Arc<dyn HostRunner>) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+            runner,
+        }
+    }
+
+    fn err(
+        &self,
+        class: ErrorClass,
+        op: Op,
+        id: Option<&str>,
+        cause: impl std::fmt::Display,
+    ) -> ProviderError {
+        ProviderError::new(class, op, &self.name, id, cause.to_string())
+    }
+
+    fn host_named(&self, name: &str) -> Option<&KvmHost> {
+        self.config.hosts.iter().find(|h| h.name == name)
+    }
+
+    /// `placement.image`: a configured key, or an http(s) URL used directly.
+    pub fn resolve_image(&self, image: Option<&str>) -> Result<ImageSpec, String> {
+        let image = image.ok_or("placement.image is required (an images key or an http(s) URL)")?;
+        if let Some(cfg) = self.config.images.get(image) {
+            return Ok(ImageSpec {
+                url: cfg.url.clone(),
+                sha256: cfg.sha256.clone(),
+                volume: format!("base-{image}.{}", cfg.format.as_str()),
+                format: Some(cfg.format),
+                firmware: cfg.firmware,
+            });
+        }
+        if image.starts_with("http://") || image.starts_with("https://") {
+            let hash = hex::encode(Sha256::digest(image.as_bytes()));
+            return Ok(ImageSpec {
+                url: image.to_owned(),
+                sha256: None,
+                volume: format!("base-{}.img", &hash[..16]),
+                format: None,
+                firmware: Firmware::Uefi,
+            });
+        }
+        let known: Vec<&str> = self.config.images.keys().map(String::as_str).collect();
+        Err(format!(
+            "placement.image {image:?} is neither a configured image ({}) nor an http(s) URL",
+            known.join(", ")
+        ))
+    }
+
+    fn plan(
+        &self,
+        req: &CreateRequest,
+        host: &KvmHost,
+        base: &BaseVolume,
+        firmware: Firmware,
+    ) -> Result<CreatePlan, ProviderError> {
+        let permanent = |m: String| self.err(ErrorClass::Permanent, Op::Create, Some(req.name.as_str()), m);
+        let key = req
+            .placement
+            .machine_type
+            .as_deref()
+            .ok_or_else(|| permanent("placement.machineType is required".into()))?;
+        let machine = self.config.machine_types.get(key).ok_or_else(|| {
+            let known: Vec<&str> = self.config.machine_types.keys().map(String::as_str).collect();
+            permanent(format!(
+                "placement.machineType {key:?} is not configured (configured: {})",
+                known.join(", ")
+            ))
+        })?;
+        let name = req.name.to_string();
+        let seed_iso = build_iso(&SeedFiles {
+            user_data: req.cloud_init.as_ref().map(|c| c.0.clone()).unwrap_or_default(),
+            meta_data: meta_data(&name),
+            vendor_data: vendor_data(
+                self.config.install_guest_agent,
+                self.config.vendor_data.as_deref(),
+            ),
+        })
+        .map_err(|e| permanent(format!("building the seed ISO: {e}")))?;
+        Ok(CreatePlan {
+            domain: DomainSpec {
+                name,
+                domain_type: host.domain_type,
+                firmware,
+                vcpus: machine.vcpus,
+                memory_mib: machine.memory_mib,
+                disk_path: String::new(),
+                seed_path: String::new(),
+                bridge: host.bridge.clone(),
+                metadata: InstanceMetadata {
+                    managed: true,
+                    uid: req.uid.clone(),
+                    created_at: Timestamp::now(),
+                },
+            },
+            base_volume: base.volume.clone(),
+            base_format: base.format.as_str().to_owned(),
+            disk_bytes: u64::from(self.config.disk_size_gb) << 30,
+            seed_iso,
+        })
+    }
+
+    fn instance(&self, id: &ProviderId, observed: Observed) -> Instance {
+        Instance {
+            id: id.clone(),
+            state: observed.state,
+            ip: observed.ip,
+            port: None,
+            uid: observed.metadata.as_ref().map(|m| m.uid.clone()),
+            created_at: observed.metadata.map(|m| m.created_at),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for KvmProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "kvm"
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
+        let id_name = Some(req.name.as_str());
+        let host = self.config.host(req.placement.zone.as_deref()).ok_or_else(|| {
+            let hosts: Vec<&str> = self.config.hosts.iter().map(|h| h.name.as_str()).collect();
+            let why = match &req.placement.zone {
+                Some(z) => format!(
+                    "placement.zone {z:?} is not a configured host ({})",
+                    hosts.join(", ")
+                ),
+                None => format!(
+                    "placement.zone is required with several hosts ({})",
+                    hosts.join(", ")
+                ),
+            };
+            self.err(ErrorClass::Permanent, Op::Create, id_name, why)
+        })?;
+        let image = self
+            .resolve_image(req.placement.image.as_deref())
+            .map_err(|m| self.err(ErrorClass::Permanent, Op::Create, id_name, m))?;
+        let base = self
+            .runner
+            .ensure_image(host, &image)
+            .await
+            .map_err(|e| self.err(e.class, Op::Create, id_name, e))?;
+        let plan = self.plan(req, host, &base, image.firmware)?;
+        self.runner
+            .run(host, HostJob::Create(Box::new(plan)))
+            .await
+            .map_err(|e| self.err(e.class, Op::Create, id_name, e))?;
+        Ok(provider_id(&host.name, req.name.as_str()))
+    }
+
+    async fn get(&self, id: &ProviderId) -> Result<Instance, ProviderError> {
+        let (host_name, domain) = parse(id).ok_or_else(|| {
+            self.err(
+                ErrorClass::Permanent,
+                Op::Get,
+                Some(id.as_str()),
+                "not a kvm providerID",
+            )
+        })?;
+        // A typo in `hosts` must never look like a missing VM (that would rebuild it elsewhere).
+        let host = self.host_named(host_name).ok_or_else(|| {
+            self.err(
+                ErrorClass::Permanent,
+                Op::Get,
+                Some(id.as_str()),
+                format!("host {host_name:?} is not configured"),
+            )
+        })?;
+        match self.runner.run(host, HostJob::Get(domain.to_owned())).await {
+            Ok(HostOutput::Observed(Some(observed))) => Ok(self.instance(id, observed)),
+            Ok(HostOutput::Observed(None)) => {
+                Err(self.err(ErrorClass::NotFound, Op::Get, Some(id.as_str()), "no such domain"))
+            }
+            Ok(_) => Err(self.err(
+                ErrorClass::Transient,
+                Op::Get,
+                Some(id.as_str()),
+                "unexpected answer",
+            )),
+            Err(e) => Err(self.err(e.class, Op::Get, Some(id.as_str()), e)),
+        }
+    }
+
+    async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let (host_name, domain) = parse(id).ok_or_else(|| {
+            self.err(
+                ErrorClass::Permanent,
+                Op::Delete,
+                Some(id.as_str()),
+                "not a kvm providerID",
+            )
+        })?;
+        let Some(host) = self.host_named(host_name) else {
+            // Else the finalizer would be pinned forever.
+            tracing::warn!(provider = %self.name, providerID = %id, "host not configured; nothing to delete");
+            return Ok(());
+        };
+        self.runner
+            .run(host, HostJob::Delete(domain.to_owned()))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err(e.class, Op::Delete, Some(id.as_str()), e))
+    }
+
+    async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
+        let mut out = Vec::new();
+        for host in &self.config.hosts {
+            // One unreachable host fails the sweep: GC must not act on a partial view.
+            let listed = match self.runner.run(host, HostJob::List).await {
+                Ok(HostOutput::Listed(l)) => l,
+                Ok(_) => return Err(self.err(ErrorClass::Transient, Op::List, None, "unexpected answer")),
+                Err(e) => return Err(self.err(e.class, Op::List, None, format!("host {}: {e}", host.name))),
+            };
+            for (name, state, meta) in listed {
+                let state = match state {
+                    DomainRunState::Running | DomainRunState::Transitional => InstanceState::Provisioning,
+                    DomainRunState::Stopped => InstanceState::Stopped,
+                };
+                out.push(Instance {
+                    id: provider_id(&host.name, &name),
+                    state,
+                    ip: None,
+                    port: None,
+                    uid: Some(meta.uid),
+                    created_at: Some(meta.created_at),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
