@@ -307,3 +307,36 @@ async fn a_dead_link_restarts_only_its_host() {
         );
     }
 }
+
+#[actix_rt::test]
+async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
+    let bed = bed_or_skip!();
+    let (url, _) = image_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("id_ed25519");
+    let mut cfg = config(&bed, &url);
+    cfg.ssh_key_file = key_path.clone();
+    cfg.hosts.truncate(1);
+    let runner = runner_factory()("kvm-heal", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-heal", cfg, runner);
+    let missing = ProviderId("hosts/a/domains/proxy-keyheal00000000".into());
+
+    let err = provider.get(&missing).await.unwrap_err();
+    assert_eq!(err.class, ErrorClass::Transient, "{err}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let err = provider.get(&missing).await.unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "says why: {err}");
+
+    // The Secret gets mounted.
+    std::fs::copy(&bed["EPO_KVM_SSH_KEY"], &key_path).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        match provider.get(&missing).await {
+            Err(e) if e.class == ErrorClass::NotFound => break,
+            Err(e) if e.class == ErrorClass::Transient && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(300)).await
+            }
+            other => panic!("never healed: {other:?}"),
+        }
+    }
+}
