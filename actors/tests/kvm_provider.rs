@@ -175,7 +175,7 @@ async fn create_get_list_delete_through_the_host_actors() {
     for v in pool_volumes().iter().filter(|v| v.starts_with("base-tiny")) {
         let _ = std::process::Command::new("virsh")
             .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
-            .status();
+            .output();
     }
 
     // Three creates racing on host b share one download of the image.
