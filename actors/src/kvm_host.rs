@@ -346,14 +346,10 @@ impl Handler<GetHostStatus> for KvmHostActor {
     }
 }
 
-/// (host, base volume): one download at a time per key.
-type DownloadKey = (String, String);
-
-/// The kvm provider's runner: one supervised actor per host, one image download per (host, image).
+/// The kvm provider's runner: one supervised actor per host, and the image cache.
 pub struct KvmHosts {
     hosts: HashMap<String, Addr<KvmHostActor>>,
-    http: reqwest::Client,
-    downloads: Mutex<HashMap<DownloadKey, Arc<tokio::sync::Mutex<()>>>>,
+    images: Addr<ImageCacheActor>,
 }
 
 impl KvmHosts {
@@ -374,15 +370,16 @@ impl KvmHosts {
                 )
             })
             .collect();
-        Ok(Self {
-            hosts,
-            http: reqwest::Client::builder().build()?,
-            downloads: Mutex::new(HashMap::new()),
-        })
+        let images = ImageCacheActor::new(reqwest::Client::builder().build()?).start();
+        Ok(Self { hosts, images })
     }
 
     pub fn actor(&self, host: &str) -> Option<&Addr<KvmHostActor>> {
         self.hosts.get(host)
+    }
+
+    pub fn images(&self) -> &Addr<ImageCacheActor> {
+        &self.images
     }
 
     fn addr(&self, host: &KvmHost) -> Result<&Addr<KvmHostActor>, RunError> {
@@ -396,7 +393,7 @@ impl KvmHosts {
 fn mailbox(e: MailboxError) -> RunError {
     RunError {
         class: ErrorClass::Transient,
-        message: format!("host actor unavailable: {e}"),
+        message: format!("actor unavailable: {e}"),
     }
 }
 
@@ -407,62 +404,198 @@ impl HostRunner for KvmHosts {
     }
 
     async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError> {
-        let key = (host.name.clone(), image.volume.clone());
-        let lock = self
-            .downloads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_default()
-            .clone();
-        // One download per (host, image): later callers wait, then find the base present.
-        let _turn = lock.lock().await;
-        let addr = self.addr(host)?;
-        let marker = match addr
-            .send(Run(HostJob::BaseMarker(image.volume.clone())))
-            .await
-            .map_err(mailbox)??
-        {
-            HostOutput::Marker(m) => m,
-            _ => None,
-        };
-        let wanted = image.sha256.as_deref().map(str::to_ascii_lowercase);
-        let format = |detected| image.format.unwrap_or(detected);
-        if let Some((digest, detected)) = &marker
-            && wanted.as_ref().is_none_or(|w| w == digest)
-        {
-            return Ok(BaseVolume {
-                volume: image.volume.clone(),
-                format: format(*detected),
-            });
-        }
-        let uri = addr
-            .send(LinkUri)
+        let host_actor = self.addr(host)?.clone();
+        self.images
+            .send(Ensure {
+                host: host.clone(),
+                image: image.clone(),
+                host_actor,
+            })
             .await
             .map_err(mailbox)?
-            .ok_or_else(|| RunError {
-                class: ErrorClass::Transient,
-                message: format!("link to host {} is down", host.name),
-            })?;
-        let fetched = fetch_to_pool(
-            &self.http,
-            &image.url,
-            wanted.as_deref(),
-            &uri,
-            &host.name,
-            &host.pool,
-            &image.volume,
-        )
-        .await
-        .map_err(|e| RunError {
-            class: e.class(),
-            message: e.to_string(),
-        })?;
-        Ok(BaseVolume {
-            volume: image.volume.clone(),
-            format: format(fetched.format),
+    }
+}
+
+/// Where one (host, image) stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImageState {
+    /// Checking the pool, downloading or uploading.
+    Fetching,
+    Cached {
+        digest: String,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// Have an image in a host's pool.
+#[derive(Message)]
+#[rtype(result = "Result<BaseVolume, RunError>")]
+pub struct Ensure {
+    pub host: KvmHost,
+    pub image: ImageSpec,
+    pub host_actor: Addr<KvmHostActor>,
+}
+
+/// Every (host, base volume) the cache knows, for the dashboard.
+#[derive(Message)]
+#[rtype(result = "Vec<(String, String, ImageState)>")]
+pub struct GetImages;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Finished {
+    key: DownloadKey,
+    result: Result<(BaseVolume, String), RunError>,
+}
+
+/// (host, base volume).
+type DownloadKey = (String, String);
+
+type Waiter = oneshot::Sender<Result<BaseVolume, RunError>>;
+
+/// `ImageCacheActor`: one fetch per (host, image) at a time; callers that
+/// arrive meanwhile wait for its result. The fetch itself runs beside the
+/// actor, so neither a ProxyActor nor the host's other callers wait on it.
+pub struct ImageCacheActor {
+    http: reqwest::Client,
+    states: HashMap<DownloadKey, ImageState>,
+    waiters: HashMap<DownloadKey, Vec<Waiter>>,
+}
+
+impl ImageCacheActor {
+    pub fn new(http: reqwest::Client) -> Self {
+        Self {
+            http,
+            states: HashMap::new(),
+            waiters: HashMap::new(),
+        }
+    }
+}
+
+impl Actor for ImageCacheActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Ensure> for ImageCacheActor {
+    type Result = ResponseFuture<Result<BaseVolume, RunError>>;
+
+    fn handle(&mut self, msg: Ensure, ctx: &mut Self::Context) -> Self::Result {
+        let key = (msg.host.name.clone(), msg.image.volume.clone());
+        let (tx, rx) = oneshot::channel();
+        let queue = self.waiters.entry(key.clone()).or_default();
+        queue.push(tx);
+        if queue.len() == 1 {
+            self.states.insert(key.clone(), ImageState::Fetching);
+            let (http, me) = (self.http.clone(), ctx.address());
+            actix::spawn(async move {
+                let result = ensure(&http, &msg.host, &msg.image, &msg.host_actor).await;
+                me.do_send(Finished { key, result });
+            });
+        }
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(RunError {
+                    class: ErrorClass::Transient,
+                    message: "image cache restarted".into(),
+                })
+            })
         })
     }
+}
+
+impl Handler<Finished> for ImageCacheActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
+        let state = match &msg.result {
+            Ok((_, digest)) => ImageState::Cached {
+                digest: digest.clone(),
+            },
+            Err(e) => ImageState::Failed {
+                error: e.message.clone(),
+            },
+        };
+        self.states.insert(msg.key.clone(), state);
+        for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
+            let _ = waiter.send(msg.result.clone().map(|(base, _)| base));
+        }
+    }
+}
+
+impl Handler<GetImages> for ImageCacheActor {
+    type Result = MessageResult<GetImages>;
+
+    fn handle(&mut self, _: GetImages, _: &mut Self::Context) -> Self::Result {
+        let mut out: Vec<_> = self
+            .states
+            .iter()
+            .map(|((h, v), s)| (h.clone(), v.clone(), s.clone()))
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        MessageResult(out)
+    }
+}
+
+/// Finds the base complete in the pool (marker present and matching), or fetches it.
+async fn ensure(
+    http: &reqwest::Client,
+    host: &KvmHost,
+    image: &ImageSpec,
+    addr: &Addr<KvmHostActor>,
+) -> Result<(BaseVolume, String), RunError> {
+    let marker = match addr
+        .send(Run(HostJob::BaseMarker(image.volume.clone())))
+        .await
+        .map_err(mailbox)??
+    {
+        HostOutput::Marker(m) => m,
+        _ => None,
+    };
+    let wanted = image.sha256.as_deref().map(str::to_ascii_lowercase);
+    let format = |detected| image.format.unwrap_or(detected);
+    // No configured digest: the first fetch stays (a `latest` URL is pinned per host).
+    if let Some((digest, detected)) = marker
+        && wanted.as_ref().is_none_or(|w| *w == digest)
+    {
+        return Ok((
+            BaseVolume {
+                volume: image.volume.clone(),
+                format: format(detected),
+            },
+            digest,
+        ));
+    }
+    let uri = addr
+        .send(LinkUri)
+        .await
+        .map_err(mailbox)?
+        .ok_or_else(|| RunError {
+            class: ErrorClass::Transient,
+            message: format!("link to host {} is down", host.name),
+        })?;
+    let fetched = fetch_to_pool(
+        http,
+        &image.url,
+        wanted.as_deref(),
+        &uri,
+        &host.name,
+        &host.pool,
+        &image.volume,
+    )
+    .await
+    .map_err(|e| RunError {
+        class: e.class(),
+        message: e.to_string(),
+    })?;
+    Ok((
+        BaseVolume {
+            volume: image.volume.clone(),
+            format: format(fetched.format),
+        },
+        fetched.digest,
+    ))
 }
 
 /// Host actors started on first use, inside the actor system (providers are
