@@ -224,10 +224,11 @@ impl HostSession {
         }
     }
 
-    /// Free bytes in the pool (a full pool is reported before create as QuotaExceeded).
+    /// Free bytes in the pool (a full pool is reported before create as
+    /// QuotaExceeded). No refresh first: libvirt refuses one while any upload
+    /// runs in the pool, and keeps the figure current for its own volumes.
     pub fn pool_available_bytes(&self) -> Result<u64, KvmError> {
         let pool = self.storage_pool()?;
-        self.call("virStoragePoolRefresh", &self.pool, || pool.refresh(0))?;
         self.call("virStoragePoolGetInfo", &self.pool, || pool.info())
             .map(|i| i.available)
     }
