@@ -2,30 +2,17 @@
 //! HTTP server: streamed with its digest, marker last; bad digests, HTTP
 //! errors and cut-off downloads leave nothing behind.
 
-use std::collections::HashMap;
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use egress_proxies::config::ImageFormat;
 use egress_proxies::kvm::image::{ImageError, fetch_to_pool, marker_name};
-use egress_proxies::kvm::libvirt::ensure_client_setup;
 use egress_proxies::kvm::session::HostSession;
-use egress_proxies::kvm::ssh_key::load_private_key;
-use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::provider::ErrorClass;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn bed() -> Option<HashMap<String, String>> {
-    let text = std::fs::read_to_string("/run/epo-kvm-testbed/env").ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
 
 /// Serves `body` at every path; `/missing` is 404, `/cut` stops half-way.
 async fn image_server(body: Vec<u8>) -> SocketAddr {
@@ -64,26 +51,9 @@ async fn image_server(body: Vec<u8>) -> SocketAddr {
 
 #[tokio::test]
 async fn images_stream_into_the_pool_with_their_digest() {
-    let Some(bed) = bed() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
-        );
-        eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
-        return;
-    };
-    ensure_client_setup();
+    let bed = bed_or_skip!();
     egress_proxies::tls::ensure_crypto_provider();
-    let key = Arc::new(load_private_key(bed["EPO_KVM_SSH_KEY"].as_ref()).unwrap());
-    let target = LinkTarget {
-        address: bed["EPO_KVM_HOST_A"].clone(),
-        user: bed["EPO_KVM_USER"].clone(),
-        remote_socket: "/var/run/libvirt/libvirt-sock".into(),
-        known_hosts: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-    };
-    let link = SshLink::dial(&target, key, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
 
     let dir = tempfile::tempdir().unwrap();

@@ -2,48 +2,15 @@
 //! (tests/kvm-testbed.sh). Without the test bed these tests say so and skip;
 //! CI sets the bed up, so there they always run.
 
-use std::collections::HashMap;
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use egress_proxies::kvm::libvirt::ensure_client_setup;
 use egress_proxies::kvm::ssh_key::load_private_key;
-use egress_proxies::kvm::ssh_link::{LinkError, LinkTarget, SshLink};
-
-fn bed() -> Option<HashMap<String, String>> {
-    let text = std::fs::read_to_string("/run/epo-kvm-testbed/env").ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
-
-macro_rules! bed_or_skip {
-    () => {
-        match bed() {
-            Some(b) => b,
-            None => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
-                );
-                eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
-                return;
-            }
-        }
-    };
-}
-
-fn target(bed: &HashMap<String, String>, host: &str) -> LinkTarget {
-    LinkTarget {
-        address: bed[host].clone(),
-        user: bed["EPO_KVM_USER"].clone(),
-        remote_socket: "/var/run/libvirt/libvirt-sock".into(),
-        known_hosts: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-    }
-}
+use egress_proxies::kvm::ssh_link::{LinkError, SshLink};
+use support::kvm_bed::target;
 
 #[tokio::test]
 async fn libvirt_over_the_ssh_link_lists_the_pool() {

@@ -1,6 +1,8 @@
 //! The kvm provider end to end through its host actors, against the real
 //! libvirt daemon behind the real sshd of the test bed (`domainType: qemu`).
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,32 +16,6 @@ use egress_proxies::provider::{
 use egress_proxies::resource::Placement;
 use egress_proxies_operator::kvm_host::runner_factory;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn bed() -> Option<HashMap<String, String>> {
-    let text = std::fs::read_to_string("/run/epo-kvm-testbed/env").ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
-
-macro_rules! bed_or_skip {
-    () => {
-        match bed() {
-            Some(b) => b,
-            None => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
-                );
-                eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
-                return;
-            }
-        }
-    };
-}
 
 /// Serves one small qcow2 image; counts the downloads.
 async fn image_server() -> (String, Arc<AtomicUsize>) {

@@ -2,67 +2,24 @@
 //! (`domainType: qemu`, software emulation): volumes, seed upload, a domain
 //! defined, started, read back and removed.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+mod support;
 
 use egress_proxies::config::{DomainType, Firmware};
 use egress_proxies::kvm::domain_xml::{DomainSpec, domain_xml};
-use egress_proxies::kvm::libvirt::ensure_client_setup;
 use egress_proxies::kvm::metadata::InstanceMetadata;
 use egress_proxies::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
 use egress_proxies::kvm::session::{DomainRunState, HostSession};
-use egress_proxies::kvm::ssh_key::load_private_key;
-use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
-
-fn bed() -> Option<HashMap<String, String>> {
-    let text = std::fs::read_to_string("/run/epo-kvm-testbed/env").ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
 
 #[tokio::test]
 async fn volumes_seed_and_a_domain_through_the_link() {
-    let Some(bed) = bed() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
-        );
-        eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
-        return;
-    };
-    ensure_client_setup();
-    let key = Arc::new(load_private_key(bed["EPO_KVM_SSH_KEY"].as_ref()).unwrap());
-    let target = LinkTarget {
-        address: bed["EPO_KVM_HOST_A"].clone(),
-        user: bed["EPO_KVM_USER"].clone(),
-        remote_socket: "/var/run/libvirt/libvirt-sock".into(),
-        known_hosts: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-    };
-    let link = SshLink::dial(&target, key, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let bed = bed_or_skip!();
+    let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
     let bridge = bed["EPO_KVM_BRIDGE"].clone();
 
     // A tiny qcow2 to stand in for a cloud image.
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("base.qcow2");
-    assert!(
-        std::process::Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2"])
-            .arg(&image)
-            .arg("64M")
-            .status()
-            .unwrap()
-            .success()
-    );
-    let image_bytes = std::fs::read(&image).unwrap();
+    let image_bytes = support::kvm_bed::tiny_qcow2("64M");
 
     tokio::task::spawn_blocking(move || {
         let s = HostSession::open(&uri, "host-a", "default").unwrap();
@@ -156,39 +113,11 @@ async fn volumes_seed_and_a_domain_through_the_link() {
 async fn create_get_delete_resume_from_every_partial_state() {
     use egress_proxies::kvm::ops::{self, CreatePlan, OpError};
     use egress_proxies::provider::{ErrorClass, InstanceState};
-    let Some(bed) = bed() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
-        );
-        eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
-        return;
-    };
-    ensure_client_setup();
-    let key = Arc::new(load_private_key(bed["EPO_KVM_SSH_KEY"].as_ref()).unwrap());
-    let target = LinkTarget {
-        address: bed["EPO_KVM_HOST_B"].clone(),
-        user: bed["EPO_KVM_USER"].clone(),
-        remote_socket: "/var/run/libvirt/libvirt-sock".into(),
-        known_hosts: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-    };
-    let link = SshLink::dial(&target, key, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let bed = bed_or_skip!();
+    let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_B").await;
     let uri = link.libvirt_uri();
     let bridge = bed["EPO_KVM_BRIDGE"].clone();
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("base.qcow2");
-    assert!(
-        std::process::Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2"])
-            .arg(&image)
-            .arg("64M")
-            .status()
-            .unwrap()
-            .success()
-    );
-    let image_bytes = std::fs::read(&image).unwrap();
+    let image_bytes = support::kvm_bed::tiny_qcow2("64M");
 
     tokio::task::spawn_blocking(move || {
         let s = HostSession::open(&uri, "host-b", "default").unwrap();

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod kvm_bed;
 pub mod rbac;
 pub mod scripted_provider;
 pub mod squid;
