@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::provider::{BuildContext, BuildError, Providers};
 use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, ManifestDir};
@@ -27,12 +26,9 @@ pub enum StandaloneError {
     NoManifests(String),
     #[error("locating the operator binary: {0}")]
     Exe(std::io::Error),
-    #[error("listener {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A listener could not be bound (the error names the address).
+    #[error("{0}")]
+    Listen(std::io::Error),
     #[error("actor system: {0}")]
     System(std::io::Error),
     #[error("health probes: {0}")]
@@ -58,21 +54,10 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     let providers = Providers::build(&providers_config, &build)?;
     let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;
     // Listeners first: a taken port fails the start before any actor exists.
-    let bind = |address: BindAddress| -> Result<Option<std::net::TcpListener>, StandaloneError> {
-        match address {
-            BindAddress::Disabled => Ok(None),
-            BindAddress::Listen(addr) => {
-                std::net::TcpListener::bind(addr)
-                    .map(Some)
-                    .map_err(|source| StandaloneError::Bind {
-                        addr: addr.to_string(),
-                        source,
-                    })
-            }
-        }
-    };
-    let discovery_listener = bind(config.discovery_bind_address)?;
-    let health_listener = bind(config.health_probe_bind_address)?;
+    let discovery_listener =
+        crate::system::bind(config.discovery_bind_address).map_err(StandaloneError::Listen)?;
+    let health_listener =
+        crate::system::bind(config.health_probe_bind_address).map_err(StandaloneError::Listen)?;
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
     let store = Arc::new(store);
     tracing::info!(
