@@ -28,6 +28,10 @@ pub struct SweepReport {
     pub spared_young: usize,
     /// Providers whose listing failed (skipped this sweep).
     pub skipped_providers: Vec<String>,
+    /// Provider leftovers (kvm volumes) deleted, waiting out their grace, or not swept.
+    pub leftovers_deleted: usize,
+    pub leftovers_waiting: usize,
+    pub leftover_errors: usize,
 }
 
 /// The live Proxy UIDs could not be read; nothing was deleted.
@@ -77,6 +81,21 @@ pub async fn sweep(
                     report.failed_deletes += 1;
                     tracing::warn!(provider = provider.name(), providerID = %instance.id, error = %e, "GC: deleting an orphan failed");
                 }
+            }
+        }
+        // After the instances: an orphan deleted just now frees its volumes for a later sweep.
+        match provider.sweep_leftovers(grace).await {
+            Ok(leftovers) => {
+                report.leftovers_deleted += leftovers.deleted.len();
+                report.leftovers_waiting += leftovers.waiting;
+                report.leftover_errors += leftovers.failed + leftovers.errors.len();
+                for e in &leftovers.errors {
+                    tracing::warn!(provider = provider.name(), error = %e, "GC: leftovers not swept");
+                }
+            }
+            Err(e) => {
+                report.leftover_errors += 1;
+                tracing::warn!(provider = provider.name(), error = %e, "GC: leftovers not swept");
             }
         }
     }

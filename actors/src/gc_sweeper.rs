@@ -52,7 +52,8 @@ impl GcSweeper {
                     tracing::info!(
                         listed = report.listed, orphans = report.orphans, deleted = report.deleted,
                         failedDeletes = report.failed_deletes, sparedYoung = report.spared_young,
-                        skippedProviders = ?report.skipped_providers, "gc.sweep"
+                        skippedProviders = ?report.skipped_providers, leftoversDeleted = report.leftovers_deleted,
+                        leftoversWaiting = report.leftovers_waiting, leftoverErrors = report.leftover_errors, "gc.sweep"
                     );
                     Some(report)
                 }

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use async_trait::async_trait;
-use egress_proxies::config::{ImageFormat, KvmConfig, KvmHost};
-use egress_proxies::kvm::image::{fetch_to_pool, marker_name};
+use egress_proxies::config::{KvmConfig, KvmHost};
+use egress_proxies::kvm::image::{self, CachedBase, ImageSpec, fetch_to_pool};
 use egress_proxies::kvm::ops;
-use egress_proxies::kvm::provider::{BaseVolume, HostJob, HostOutput, HostRunner, ImageSpec, RunError};
+use egress_proxies::kvm::pool_gc::{self, PoolSweep, SweepPlan};
+use egress_proxies::kvm::provider::{HostJob, HostOutput, HostRunner, RunError};
 use egress_proxies::kvm::session::{HostSession, KvmError};
 use egress_proxies::kvm::ssh_key::load_private_key;
 use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
@@ -250,24 +251,8 @@ fn execute(s: &HostSession, job: HostJob) -> Result<HostOutput, (RunError, bool)
         HostJob::Get(name) => ops::get(s, &name).map(HostOutput::Observed).map_err(op),
         HostJob::Delete(name) => ops::delete(s, &name).map(|()| HostOutput::Done).map_err(op),
         HostJob::List => s.managed_domains().map(HostOutput::Listed).map_err(kvm),
-        HostJob::BaseMarker(volume) => {
-            if s.volume_path(&volume).map_err(kvm)?.is_none() {
-                return Ok(HostOutput::Marker(None));
-            }
-            let Some(marker) = s.read_small(&marker_name(&volume), 128).map_err(kvm)? else {
-                return Ok(HostOutput::Marker(None));
-            };
-            let head = s.read_small(&volume, 4).map_err(kvm)?.unwrap_or_default();
-            let format = if head == b"QFI\xfb" {
-                ImageFormat::Qcow2
-            } else {
-                ImageFormat::Raw
-            };
-            Ok(HostOutput::Marker(Some((
-                String::from_utf8_lossy(&marker).trim().to_owned(),
-                format,
-            ))))
-        }
+        HostJob::LookupBase(spec) => image::lookup(s, &spec).map(HostOutput::Base).map_err(kvm),
+        HostJob::SweepPool(plan) => pool_gc::sweep(s, &plan).map(HostOutput::Swept).map_err(kvm),
     }
 }
 
@@ -403,7 +388,7 @@ impl HostRunner for KvmHosts {
         self.addr(host)?.send(Run(job)).await.map_err(mailbox)?
     }
 
-    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError> {
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError> {
         let host_actor = self.addr(host)?.clone();
         self.images
             .send(Ensure {
@@ -414,6 +399,29 @@ impl HostRunner for KvmHosts {
             .await
             .map_err(mailbox)?
     }
+
+    async fn sweep_pool(&self, host: &KvmHost, mut plan: SweepPlan) -> Result<PoolSweep, RunError> {
+        let addr = self.addr(host)?;
+        // Asked right before the sweep: a fetch starting later writes volumes
+        // too new to be due, so it cannot lose them.
+        let fetching = self
+            .images
+            .send(FetchingVolumes(host.name.clone()))
+            .await
+            .map_err(mailbox)?;
+        plan.protect.extend(fetching);
+        match addr
+            .send(Run(HostJob::SweepPool(plan)))
+            .await
+            .map_err(mailbox)??
+        {
+            HostOutput::Swept(swept) => Ok(swept),
+            _ => Err(RunError {
+                class: ErrorClass::Transient,
+                message: "unexpected answer to a pool sweep".into(),
+            }),
+        }
+    }
 }
 
 /// Where one (host, image) stands.
@@ -422,6 +430,7 @@ pub enum ImageState {
     /// Checking the pool, downloading or uploading.
     Fetching,
     Cached {
+        volume: String,
         digest: String,
     },
     Failed {
@@ -431,29 +440,34 @@ pub enum ImageState {
 
 /// Have an image in a host's pool.
 #[derive(Message)]
-#[rtype(result = "Result<BaseVolume, RunError>")]
+#[rtype(result = "Result<CachedBase, RunError>")]
 pub struct Ensure {
     pub host: KvmHost,
     pub image: ImageSpec,
     pub host_actor: Addr<KvmHostActor>,
 }
 
-/// Every (host, base volume) the cache knows, for the dashboard.
+/// Every (host, image URL) the cache knows, for the dashboard.
 #[derive(Message)]
 #[rtype(result = "Vec<(String, String, ImageState)>")]
 pub struct GetImages;
+
+/// The volumes fetches are writing on a host right now (the pool sweep spares them).
+#[derive(Message)]
+#[rtype(result = "Vec<String>")]
+pub struct FetchingVolumes(pub String);
 
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Finished {
     key: DownloadKey,
-    result: Result<(BaseVolume, String), RunError>,
+    result: Result<CachedBase, RunError>,
 }
 
-/// (host, base volume).
-type DownloadKey = (String, String);
+/// (host, image).
+type DownloadKey = (String, ImageSpec);
 
-type Waiter = oneshot::Sender<Result<BaseVolume, RunError>>;
+type Waiter = oneshot::Sender<Result<CachedBase, RunError>>;
 
 /// `ImageCacheActor`: one fetch per (host, image) at a time; callers that
 /// arrive meanwhile wait for its result. The fetch itself runs beside the
@@ -479,10 +493,10 @@ impl Actor for ImageCacheActor {
 }
 
 impl Handler<Ensure> for ImageCacheActor {
-    type Result = ResponseFuture<Result<BaseVolume, RunError>>;
+    type Result = ResponseFuture<Result<CachedBase, RunError>>;
 
     fn handle(&mut self, msg: Ensure, ctx: &mut Self::Context) -> Self::Result {
-        let key = (msg.host.name.clone(), msg.image.volume.clone());
+        let key = (msg.host.name.clone(), msg.image.clone());
         let (tx, rx) = oneshot::channel();
         let queue = self.waiters.entry(key.clone()).or_default();
         queue.push(tx);
@@ -510,8 +524,9 @@ impl Handler<Finished> for ImageCacheActor {
 
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
         let state = match &msg.result {
-            Ok((_, digest)) => ImageState::Cached {
-                digest: digest.clone(),
+            Ok(base) => ImageState::Cached {
+                volume: base.volume.clone(),
+                digest: base.digest.clone(),
             },
             Err(e) => ImageState::Failed {
                 error: e.message.clone(),
@@ -519,7 +534,7 @@ impl Handler<Finished> for ImageCacheActor {
         };
         self.states.insert(msg.key.clone(), state);
         for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
-            let _ = waiter.send(msg.result.clone().map(|(base, _)| base));
+            let _ = waiter.send(msg.result.clone());
         }
     }
 }
@@ -531,41 +546,38 @@ impl Handler<GetImages> for ImageCacheActor {
         let mut out: Vec<_> = self
             .states
             .iter()
-            .map(|((h, v), s)| (h.clone(), v.clone(), s.clone()))
+            .map(|((h, image), s)| (h.clone(), image.url.clone(), s.clone()))
             .collect();
         out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         MessageResult(out)
     }
 }
 
-/// Finds the base complete in the pool (marker present and matching), or fetches it.
+impl Handler<FetchingVolumes> for ImageCacheActor {
+    type Result = Vec<String>;
+
+    fn handle(&mut self, FetchingVolumes(host): FetchingVolumes, _: &mut Self::Context) -> Vec<String> {
+        self.waiters
+            .keys()
+            .filter(|(h, _)| *h == host)
+            .flat_map(|(_, image)| image.fetch_volumes())
+            .collect()
+    }
+}
+
+/// Finds the image's complete base in the pool, or fetches it.
 async fn ensure(
     http: &reqwest::Client,
     host: &KvmHost,
     image: &ImageSpec,
     addr: &Addr<KvmHostActor>,
-) -> Result<(BaseVolume, String), RunError> {
-    let marker = match addr
-        .send(Run(HostJob::BaseMarker(image.volume.clone())))
+) -> Result<CachedBase, RunError> {
+    if let HostOutput::Base(Some(base)) = addr
+        .send(Run(HostJob::LookupBase(image.clone())))
         .await
         .map_err(mailbox)??
     {
-        HostOutput::Marker(m) => m,
-        _ => None,
-    };
-    let wanted = image.sha256.as_deref().map(str::to_ascii_lowercase);
-    let format = |detected| image.format.unwrap_or(detected);
-    // No configured digest: the first fetch stays (a `latest` URL is pinned per host).
-    if let Some((digest, detected)) = marker
-        && wanted.as_ref().is_none_or(|w| *w == digest)
-    {
-        return Ok((
-            BaseVolume {
-                volume: image.volume.clone(),
-                format: format(detected),
-            },
-            digest,
-        ));
+        return Ok(base);
     }
     let uri = addr
         .send(LinkUri)
@@ -575,27 +587,13 @@ async fn ensure(
             class: ErrorClass::Transient,
             message: format!("link to host {} is down", host.name),
         })?;
-    let fetched = fetch_to_pool(
-        http,
-        &image.url,
-        wanted.as_deref(),
-        &uri,
-        &host.name,
-        &host.pool,
-        &image.volume,
-    )
-    .await
-    .map_err(|e| RunError {
-        class: e.class(),
-        message: e.to_string(),
-    })?;
-    Ok((
-        BaseVolume {
-            volume: image.volume.clone(),
-            format: format(fetched.format),
-        },
-        fetched.digest,
-    ))
+    fetch_to_pool(http, image, &uri, &host.name, &host.pool)
+        .await
+        .map(|fetched| fetched.base)
+        .map_err(|e| RunError {
+            class: e.class(),
+            message: e.to_string(),
+        })
 }
 
 /// Host actors started on first use, inside the actor system (providers are
@@ -623,8 +621,12 @@ impl HostRunner for LazyKvmHosts {
         self.get()?.run(host, job).await
     }
 
-    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError> {
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError> {
         self.get()?.ensure_image(host, image).await
+    }
+
+    async fn sweep_pool(&self, host: &KvmHost, plan: SweepPlan) -> Result<PoolSweep, RunError> {
+        self.get()?.sweep_pool(host, plan).await
     }
 }
 

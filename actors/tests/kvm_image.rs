@@ -1,43 +1,52 @@
-//! Image fetch into the real daemon's pool over the SSH link, from a local
-//! HTTP server: streamed with its digest, marker last; bad digests, HTTP
-//! errors and cut-off downloads leave nothing behind.
+//! Image fetches into the real daemon's pool over the SSH link, from a local
+//! HTTP server: content-addressed bases, pins for digest-less URLs, format
+//! from the magic bytes, no base ever replaced under an overlay, and bad
+//! digests, HTTP errors and cut-off downloads leaving nothing behind.
 
 mod support;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use egress_proxies::config::ImageFormat;
-use egress_proxies::kvm::image::{ImageError, fetch_to_pool, marker_name};
+use egress_proxies::config::{Firmware, ImageFormat};
+use egress_proxies::kvm::base_image::{base_volume, marker_name, pin_name};
+use egress_proxies::kvm::image::{ImageError, ImageSpec, fetch_to_pool, lookup};
 use egress_proxies::kvm::session::HostSession;
+use egress_proxies::kvm::volume_xml::overlay_volume_xml;
 use egress_proxies::provider::ErrorClass;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Serves `body` at every path; `/missing` is 404, `/cut` stops half-way.
-async fn image_server(body: Vec<u8>) -> SocketAddr {
+type Served = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+/// Serves the bytes registered for each path; unknown paths are 404,
+/// `/cut/...` stops half-way through.
+async fn image_server() -> (SocketAddr, Served) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let body = Arc::new(body);
+    let served: Served = Arc::default();
+    let files = served.clone();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let body = body.clone();
+            let files = files.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 let n = s.read(&mut buf).await.unwrap_or(0);
                 let request = String::from_utf8_lossy(&buf[..n]).into_owned();
-                if request.starts_with("GET /missing") {
+                let path = request.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let Some(body) = files.lock().unwrap().get(&path).cloned() else {
                     let _ = s
                         .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
                         .await;
                     return;
-                }
+                };
                 let head = format!(
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
                 );
                 let _ = s.write_all(head.as_bytes()).await;
-                let part = if request.starts_with("GET /cut") {
+                let part = if path.starts_with("/cut") {
                     body.len() / 2
                 } else {
                     body.len()
@@ -46,116 +55,271 @@ async fn image_server(body: Vec<u8>) -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, served)
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// A qcow2 image of a few MiB (several chunks), unique to this run.
+fn qcow2_image(salt: u8) -> Vec<u8> {
+    let mut bytes = support::kvm_bed::tiny_qcow2("1G");
+    bytes.resize(bytes.len() + 3 * 1024 * 1024 + 17, 0xab);
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    bytes.extend_from_slice(format!("{nonce}-{salt}").as_bytes());
+    bytes
+}
+
+fn spec(url: String, sha256: Option<String>, format: Option<ImageFormat>) -> ImageSpec {
+    ImageSpec {
+        url,
+        sha256,
+        format,
+        firmware: Firmware::Uefi,
+    }
+}
+
+/// Runs `f` on a fresh libvirt session (blocking calls, off the runtime).
+async fn with_session<T: Send + 'static>(uri: &str, f: impl FnOnce(&HostSession) -> T + Send + 'static) -> T {
+    let uri = uri.to_owned();
+    tokio::task::spawn_blocking(move || f(&HostSession::open(&uri, "a", "default").unwrap()))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
-async fn images_stream_into_the_pool_with_their_digest() {
+async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
     let bed = bed_or_skip!();
     egress_proxies::tls::ensure_crypto_provider();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
-
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("img.qcow2");
-    assert!(
-        std::process::Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2"])
-            .arg(&image)
-            .arg("1G")
-            .status()
-            .unwrap()
-            .success()
-    );
-    let mut bytes = std::fs::read(&image).unwrap();
-    bytes.resize(bytes.len() + 3 * 1024 * 1024 + 17, 0xab); // a few MiB, several chunks
-    let digest = hex::encode(sha2::Sha256::digest(&bytes));
-    let server = image_server(bytes.clone()).await;
     let client = reqwest::Client::builder().build().unwrap();
-    let volume = "base-imagetest.qcow2";
+    let (server, served) = image_server().await;
 
-    let fetched = fetch_to_pool(
-        &client,
-        &format!("http://{server}/img.qcow2"),
-        Some(&digest.to_uppercase()),
-        &uri,
-        "a",
-        "default",
-        volume,
-    )
-    .await
-    .unwrap();
+    // A `latest` URL without a digest: read once for its digest, streamed into the base it names, pinned.
+    let first = qcow2_image(1);
+    let first_digest = sha(&first);
+    served
+        .lock()
+        .unwrap()
+        .insert("/latest.qcow2".into(), first.clone());
+    let latest = spec(format!("http://{server}/latest.qcow2"), None, None);
+    let fetched = fetch_to_pool(&client, &latest, &uri, "a", "default")
+        .await
+        .unwrap();
+    let first_base = base_volume(&first_digest, ImageFormat::Qcow2);
     assert_eq!(
-        (fetched.digest.as_str(), fetched.bytes, fetched.format),
-        (digest.as_str(), bytes.len() as u64, ImageFormat::Qcow2)
+        (
+            fetched.base.volume.as_str(),
+            fetched.base.digest.as_str(),
+            fetched.base.format,
+            fetched.bytes
+        ),
+        (
+            first_base.as_str(),
+            first_digest.as_str(),
+            ImageFormat::Qcow2,
+            first.len() as u64
+        )
+    );
+
+    // A VM on it: an overlay backed by the base.
+    let overlay = format!("proxy-imagetest{}.qcow2", &first_digest[..2]);
+    let (b, o) = (first_base.clone(), overlay.clone());
+    let base_path = with_session(&uri, move |s| {
+        let path = s.volume_path(&b).unwrap().unwrap();
+        s.delete_volume(&o).unwrap();
+        s.create_volume(&o, &overlay_volume_xml(&o, 1 << 30, &path, "qcow2"))
+            .unwrap();
+        path
+    })
+    .await;
+
+    // The URL now serves other bytes: the host stays pinned to what it first got.
+    let second = qcow2_image(2);
+    served
+        .lock()
+        .unwrap()
+        .insert("/latest.qcow2".into(), second.clone());
+    let l = latest.clone();
+    let pinned = with_session(&uri, move |s| lookup(s, &l).unwrap()).await;
+    assert_eq!(
+        pinned.map(|b| b.volume),
+        Some(first_base.clone()),
+        "pinned per host"
+    );
+
+    // A configured digest for the new bytes is a new base beside the old one, fetched straight into place.
+    let second_digest = sha(&second);
+    let configured = spec(
+        format!("http://{server}/latest.qcow2"),
+        Some(second_digest.clone()),
+        Some(ImageFormat::Qcow2),
+    );
+    let fetched = fetch_to_pool(&client, &configured, &uri, "a", "default")
+        .await
+        .unwrap();
+    let second_base = base_volume(&second_digest, ImageFormat::Qcow2);
+    assert_eq!(fetched.base.volume, second_base);
+
+    // The old base's marker lost (say, by hand) while an overlay uses it: a fetch
+    // that would rewrite it refuses, naming the overlay, and leaves the base alone.
+    let b = first_base.clone();
+    with_session(&uri, move |s| s.delete_volume(&marker_name(&b)).unwrap()).await;
+    let pinned_again = spec(
+        format!("http://{server}/again.qcow2"),
+        Some(first_digest.clone()),
+        Some(ImageFormat::Qcow2),
+    );
+    served
+        .lock()
+        .unwrap()
+        .insert("/again.qcow2".into(), first.clone());
+    let err = fetch_to_pool(&client, &pinned_again, &uri, "a", "default")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ImageError::InUse { users, .. } if users == &vec![overlay.clone()])
+            && err.class() == ErrorClass::Permanent,
+        "{err}"
+    );
+    let (b, second_b, o, p) = (
+        first_base.clone(),
+        second_base.clone(),
+        overlay.clone(),
+        base_path.clone(),
+    );
+    with_session(&uri, move |s| {
+        assert_eq!(
+            s.volume_path(&b).unwrap(),
+            Some(p),
+            "the base in use is still there"
+        );
+        let head = s.read_small(&b, 4).unwrap().unwrap();
+        assert_eq!(head, b"QFI\xfb", "and still holds its image");
+        for v in [
+            o,
+            b.clone(),
+            marker_name(&b),
+            second_b.clone(),
+            marker_name(&second_b),
+        ] {
+            s.delete_volume(&v).unwrap();
+        }
+        s.delete_volume(&pin_name(&format!("http://{server}/latest.qcow2")))
+            .unwrap();
+    })
+    .await;
+    link.close().await;
+}
+
+#[tokio::test]
+async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
+    let bed = bed_or_skip!();
+    egress_proxies::tls::ensure_crypto_provider();
+    let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
+    let uri = link.libvirt_uri();
+    let client = reqwest::Client::builder().build().unwrap();
+    let (server, served) = image_server().await;
+
+    // A raw disk image by URL is a raw base (never assumed qcow2).
+    let mut raw = vec![0u8; 2 * 1024 * 1024];
+    raw[510] = 0x55;
+    raw[511] = 0xaa;
+    raw.extend_from_slice(&qcow2_image(3)[..64]); // unique per run, still not a qcow2 header
+    let raw_digest = sha(&raw);
+    served.lock().unwrap().insert("/disk.img".into(), raw.clone());
+    let url_image = spec(format!("http://{server}/disk.img"), None, None);
+    let fetched = fetch_to_pool(&client, &url_image, &uri, "a", "default")
+        .await
+        .unwrap();
+    assert_eq!(
+        (fetched.base.format, fetched.base.volume.as_str()),
+        (
+            ImageFormat::Raw,
+            base_volume(&raw_digest, ImageFormat::Raw).as_str()
+        )
+    );
+
+    // Declared qcow2, but the bytes are raw: refused, naming both.
+    let declared = spec(
+        format!("http://{server}/disk.img"),
+        Some(raw_digest.clone()),
+        Some(ImageFormat::Qcow2),
+    );
+    let err = fetch_to_pool(&client, &declared, &uri, "a", "default")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ImageError::FormatMismatch {
+                declared: "qcow2",
+                detected: "raw",
+                ..
+            }
+        ) && err.class() == ErrorClass::Permanent,
+        "{err}"
     );
 
     // Bad digest: an error naming both, and no base left.
+    let image = qcow2_image(4);
+    let digest = sha(&image);
+    served.lock().unwrap().insert("/img.qcow2".into(), image.clone());
+    served
+        .lock()
+        .unwrap()
+        .insert("/cut/img.qcow2".into(), image.clone());
     let wrong = "0".repeat(64);
-    let err = fetch_to_pool(
-        &client,
-        &format!("http://{server}/img.qcow2"),
-        Some(&wrong),
-        &uri,
-        "a",
-        "default",
-        "base-imagetest-bad.qcow2",
-    )
-    .await
-    .unwrap_err();
+    let bad = spec(
+        format!("http://{server}/img.qcow2"),
+        Some(wrong.clone()),
+        Some(ImageFormat::Qcow2),
+    );
+    let err = fetch_to_pool(&client, &bad, &uri, "a", "default")
+        .await
+        .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Permanent);
     assert!(
         err.to_string().contains(&wrong) && err.to_string().contains(&digest),
         "{err}"
     );
-    let err = fetch_to_pool(
-        &client,
-        &format!("http://{server}/missing"),
-        None,
-        &uri,
-        "a",
-        "default",
-        "base-imagetest-404.qcow2",
-    )
-    .await
-    .unwrap_err();
+    let missing = spec(format!("http://{server}/missing"), None, None);
+    let err = fetch_to_pool(&client, &missing, &uri, "a", "default")
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, ImageError::Http { status: 404, .. }) && err.class() == ErrorClass::Permanent,
         "{err}"
     );
-    let err = fetch_to_pool(
-        &client,
-        &format!("http://{server}/cut"),
-        None,
-        &uri,
-        "a",
-        "default",
-        "base-imagetest-cut.qcow2",
-    )
-    .await
-    .unwrap_err();
+    let cut = spec(format!("http://{server}/cut/img.qcow2"), None, None);
+    let err = fetch_to_pool(&client, &cut, &uri, "a", "default")
+        .await
+        .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Transient, "{err}");
 
-    let uri2 = uri.clone();
-    tokio::task::spawn_blocking(move || {
-        let s = HostSession::open(&uri2, "a", "default").unwrap();
-        assert!(s.volume_path(volume).unwrap().is_some());
-        assert!(
-            s.volume_path(&marker_name(volume)).unwrap().is_some(),
-            "marker written"
-        );
+    let raw_base = base_volume(&raw_digest, ImageFormat::Raw);
+    with_session(&uri, move |s| {
         for gone in [
-            "base-imagetest-bad.qcow2",
-            "base-imagetest-404.qcow2",
-            "base-imagetest-cut.qcow2",
+            base_volume(&wrong, ImageFormat::Qcow2),
+            base_volume(&digest, ImageFormat::Qcow2),
+            pin_name(&format!("http://{server}/cut/img.qcow2")),
         ] {
-            assert_eq!(s.volume_path(gone).unwrap(), None, "{gone} left behind");
-            assert_eq!(s.volume_path(&marker_name(gone)).unwrap(), None);
+            assert_eq!(s.volume_path(&gone).unwrap(), None, "{gone} left behind");
+            assert_eq!(s.volume_path(&marker_name(&gone)).unwrap(), None);
         }
-        s.delete_volume(volume).unwrap();
-        s.delete_volume(&marker_name(volume)).unwrap();
+        for v in [
+            raw_base.clone(),
+            marker_name(&raw_base),
+            pin_name(&format!("http://{server}/disk.img")),
+        ] {
+            s.delete_volume(&v).unwrap();
+        }
     })
-    .await
-    .unwrap();
+    .await;
     link.close().await;
 }

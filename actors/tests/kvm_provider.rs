@@ -15,10 +15,12 @@ use egress_proxies::provider::{
 };
 use egress_proxies::resource::Placement;
 use egress_proxies_operator::kvm_host::runner_factory;
+use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Serves one small qcow2 image; counts the downloads.
-async fn image_server() -> (String, Arc<AtomicUsize>) {
+/// Serves one small qcow2 image; counts the downloads. Returns its URL, the
+/// counter and the base volume its content names.
+async fn image_server() -> (String, Arc<AtomicUsize>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("i.qcow2");
     assert!(
@@ -31,6 +33,10 @@ async fn image_server() -> (String, Arc<AtomicUsize>) {
             .success()
     );
     let body = Arc::new(std::fs::read(&path).unwrap());
+    let base = egress_proxies::kvm::base_image::base_volume(
+        &hex::encode(sha2::Sha256::digest(body.as_slice())),
+        ImageFormat::Qcow2,
+    );
     let hits = Arc::new(AtomicUsize::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -51,7 +57,7 @@ async fn image_server() -> (String, Arc<AtomicUsize>) {
             });
         }
     });
-    (format!("http://{addr}/debian-tiny.qcow2"), hits)
+    (format!("http://{addr}/debian-tiny.qcow2"), hits, base)
 }
 
 fn config(bed: &HashMap<String, String>, url: &str) -> KvmConfig {
@@ -144,15 +150,22 @@ async fn retry<T>(
 #[actix_rt::test]
 async fn create_get_list_delete_through_the_host_actors() {
     let bed = bed_or_skip!();
-    let (url, hits) = image_server().await;
-    let cfg = config(&bed, &url);
-    let runner = runner_factory()("kvm-test", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-test", cfg, runner);
-    for v in pool_volumes().iter().filter(|v| v.starts_with("base-tiny")) {
+    let (url, hits, base) = image_server().await;
+    let mut cfg = config(&bed, &url);
+    // With its digest configured, a first fetch reads the image once (and the base's name is known).
+    let digest = base
+        .trim_start_matches("base-")
+        .trim_end_matches(".qcow2")
+        .to_owned();
+    cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
+    let marker = egress_proxies::kvm::base_image::marker_name(&base);
+    for v in [&marker, &base] {
         let _ = std::process::Command::new("virsh")
             .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
             .output();
     }
+    let runner = runner_factory()("kvm-test", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-test", cfg, runner);
 
     // Three creates racing on host b share one download of the image.
     let reqs: Vec<CreateRequest> = (0..3)
@@ -195,9 +208,8 @@ async fn create_get_list_delete_through_the_host_actors() {
         .collect();
     assert!(left.is_empty(), "instance volumes left: {left:?}");
     assert!(
-        pool_volumes().iter().any(|v| v == "base-tiny.qcow2")
-            && pool_volumes().iter().any(|v| v == "base-tiny.qcow2.sha256"),
-        "the base and its marker stay cached"
+        pool_volumes().contains(&base) && pool_volumes().contains(&marker),
+        "the base ({base}) and its marker stay cached"
     );
 
     // A providerID naming an unconfigured host: get is Permanent, delete a no-op.
@@ -227,7 +239,7 @@ fn kill_sshd(bed: &HashMap<String, String>, port: &str) {
 #[actix_rt::test]
 async fn a_dead_link_restarts_only_its_host() {
     let bed = bed_or_skip!();
-    let (url, _) = image_server().await;
+    let (url, _, _) = image_server().await;
     let cfg = config(&bed, &url);
     let runner = runner_factory()("kvm-iso", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-iso", cfg, runner);
@@ -287,7 +299,7 @@ async fn a_dead_link_restarts_only_its_host() {
 #[actix_rt::test]
 async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
     let bed = bed_or_skip!();
-    let (url, _) = image_server().await;
+    let (url, _, _) = image_server().await;
     let dir = tempfile::tempdir().unwrap();
     let key_path = dir.path().join("id_ed25519");
     let mut cfg = config(&bed, &url);

@@ -1,20 +1,62 @@
-//! Base images: streamed from their URL through a running sha256 straight
-//! into the host's pool by libvirt's volume upload — never buffered whole,
-//! never staged on the operator's disk. The digest marker volume is written
-//! last, so a base without its marker is known to be incomplete.
+//! Base images in a host's pool ([`super::base_image`] names them by
+//! content). A fetch streams the image from its URL through a running
+//! sha256 straight into its base volume by libvirt's volume upload — never
+//! buffered whole, never staged on the operator's disk — and writes the
+//! digest marker last. Without a configured digest, a first read learns the
+//! digest (the volume's name) and the format, and the pin records what the
+//! URL gave this host.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::base_image::{base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name};
 use super::session::{HostSession, KvmError};
 use super::volume_xml::plain_volume_xml;
-use crate::config::ImageFormat;
+use crate::config::{Firmware, ImageFormat};
 use crate::provider::ErrorClass;
 
 /// Chunks in flight between the download and the upload (backpressure).
 const IN_FLIGHT: usize = 16;
+
+/// An image to have in a host's pool before a create.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ImageSpec {
+    pub url: String,
+    /// Configured digest, lowercase hex.
+    pub sha256: Option<String>,
+    /// Declared format; `None` for URL images (read from the first bytes).
+    pub format: Option<ImageFormat>,
+    pub firmware: Firmware,
+}
+
+impl ImageSpec {
+    /// The base volume, when the digest is known before any fetch.
+    pub fn configured_base(&self) -> Option<String> {
+        let digest = self.sha256.as_deref()?;
+        Some(base_volume(digest, self.format.unwrap_or_default()))
+    }
+
+    /// The volumes a fetch of this image writes, when known before it starts
+    /// (the pool GC leaves them alone meanwhile; a pin-less image's base is
+    /// new when its upload starts, so never due).
+    pub fn fetch_volumes(&self) -> Vec<String> {
+        match self.configured_base() {
+            Some(base) => vec![marker_name(&base), base],
+            None => vec![pin_name(&self.url)],
+        }
+    }
+}
+
+/// A complete base in the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedBase {
+    pub volume: String,
+    pub format: ImageFormat,
+    pub digest: String,
+}
 
 /// Fetching an image failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +73,23 @@ pub enum ImageError {
         expected: String,
         actual: String,
     },
+    #[error("{url}: declared format {declared} but the image's first bytes say {detected}")]
+    FormatMismatch {
+        url: String,
+        declared: &'static str,
+        detected: &'static str,
+    },
+    #[error("{url} changed while it was fetched (sha256 {first}, then {second}); fetching again")]
+    Changed {
+        url: String,
+        first: String,
+        second: String,
+    },
+    #[error(
+        "base volume {volume} has no digest marker but backs {users:?}; not replacing a base in use \
+         (restore its marker or delete those instances)"
+    )]
+    InUse { volume: String, users: Vec<String> },
     #[error(transparent)]
     Libvirt(#[from] KvmError),
     #[error("upload task: {0}")]
@@ -41,7 +100,10 @@ impl ImageError {
     pub fn class(&self) -> ErrorClass {
         match self {
             ImageError::Http { status, .. } if (400..500).contains(status) => ErrorClass::Permanent,
-            ImageError::NoLength { .. } | ImageError::DigestMismatch { .. } => ErrorClass::Permanent,
+            ImageError::NoLength { .. }
+            | ImageError::DigestMismatch { .. }
+            | ImageError::FormatMismatch { .. }
+            | ImageError::InUse { .. } => ErrorClass::Permanent,
             ImageError::Libvirt(e) => e.class(),
             _ => ErrorClass::Transient,
         }
@@ -51,126 +113,259 @@ impl ImageError {
 /// A finished fetch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fetched {
-    /// Hex sha256 of the bytes.
-    pub digest: String,
+    pub base: CachedBase,
     pub bytes: u64,
-    /// Detected from the magic bytes (`QFI\xfb` is qcow2).
-    pub format: ImageFormat,
     pub duration: Duration,
 }
 
-/// The marker volume of a base volume.
-pub fn marker_name(volume: &str) -> String {
-    format!("{volume}.sha256")
+/// The complete base for `image` on this host, if there is one: the
+/// configured digest's, or the one the URL's pin records.
+pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, KvmError> {
+    let (digest, format) = match &image.sha256 {
+        Some(d) => (d.clone(), image.format.unwrap_or_default()),
+        None => match s
+            .read_small(&pin_name(&image.url), 128)?
+            .as_deref()
+            .and_then(parse_pin)
+        {
+            Some(pinned) => pinned,
+            None => return Ok(None),
+        },
+    };
+    let volume = base_volume(&digest, format);
+    Ok(is_complete(s, &volume, &digest)?.then_some(CachedBase {
+        volume,
+        format,
+        digest,
+    }))
 }
 
-/// Downloads `url` into `volume` on the host reachable at `libvirt_uri`.
-pub async fn fetch_to_pool(
-    client: &reqwest::Client,
-    url: &str,
-    expected_sha256: Option<&str>,
-    libvirt_uri: &str,
-    host: &str,
-    pool: &str,
-    volume: &str,
-) -> Result<Fetched, ImageError> {
-    let started = Instant::now();
-    let transport = |e: reqwest::Error| ImageError::Transport {
-        url: url.to_owned(),
-        reason: e.to_string(),
-    };
-    let response = client.get(url).send().await.map_err(transport)?;
-    let status = response.status().as_u16();
-    if !response.status().is_success() {
-        return Err(ImageError::Http {
-            url: url.to_owned(),
-            status,
-        });
+/// The base exists and its marker names `digest`.
+fn is_complete(s: &HostSession, base: &str, digest: &str) -> Result<bool, KvmError> {
+    if s.volume_path(base)?.is_none() {
+        return Ok(false);
     }
-    let len = response
-        .content_length()
-        .ok_or_else(|| ImageError::NoLength { url: url.to_owned() })?;
-    tracing::info!(host, volume, url, bytes = len, "image fetch started");
+    let marker = s.read_small(&marker_name(base), 128)?;
+    Ok(marker.is_some_and(|m| String::from_utf8_lossy(&m).trim() == digest))
+}
 
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(IN_FLIGHT);
-    let (uri, host_name, pool_name, vol) = (
-        libvirt_uri.to_owned(),
-        host.to_owned(),
-        pool.to_owned(),
-        volume.to_owned(),
-    );
-    // Its own libvirt connection: a download never holds up the host's other callers.
-    let upload = tokio::task::spawn_blocking(move || -> Result<HostSession, KvmError> {
-        let session = HostSession::open(&uri, &host_name, &pool_name)?;
-        session.upload_stream(&vol, len, std::iter::from_fn(|| rx.blocking_recv()))?;
-        Ok(session)
-    });
+/// Writes a small volume whole (markers, pins).
+fn write_small(s: &HostSession, name: &str, content: &[u8]) -> Result<(), KvmError> {
+    s.delete_volume(name)?;
+    s.create_volume(name, &plain_volume_xml(name, "raw", content.len() as u64))?;
+    s.upload(name, content)
+}
 
+/// A volume about to be (re)written must back no overlay: never pull a base
+/// out from under a VM.
+fn refuse_if_in_use(s: &HostSession, volume: &str) -> Result<(), ImageError> {
+    let Some(path) = s.volume_path(volume)? else {
+        return Ok(());
+    };
+    let users: Vec<String> = s
+        .volumes()?
+        .into_iter()
+        .filter(|v| v.backing.as_deref() == Some(path.as_str()))
+        .map(|v| v.name)
+        .collect();
+    if users.is_empty() {
+        Ok(())
+    } else {
+        Err(ImageError::InUse {
+            volume: volume.to_owned(),
+            users,
+        })
+    }
+}
+
+/// Reads `url` once only to learn its digest and format (images without a
+/// configured digest: the base's name must be known before its upload).
+async fn probe_digest(client: &reqwest::Client, url: &str) -> Result<(String, ImageFormat), ImageError> {
+    let mut body = get(client, url).await?.bytes_stream();
     let mut hasher = Sha256::new();
-    let mut head: Vec<u8> = Vec::with_capacity(4);
-    let mut body = response.bytes_stream();
-    let mut download_error = None;
+    let mut head = Vec::with_capacity(4);
     while let Some(chunk) = body.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                download_error = Some(transport(e));
-                break;
-            }
-        };
-        hasher.update(&chunk);
+        let chunk = chunk.map_err(|e| transport(url, e))?;
         if head.len() < 4 {
             head.extend(chunk.iter().take(4 - head.len()));
         }
-        if tx.send(chunk.to_vec()).await.is_err() {
-            break; // the upload side failed; its error is reported below
-        }
+        hasher.update(&chunk);
     }
-    drop(tx);
-    let session = upload.await.map_err(|e| ImageError::Task(e.to_string()))??;
-    if let Some(e) = download_error {
-        return Err(e);
-    }
-    let digest = hex::encode(hasher.finalize());
-    let marker = marker_name(volume);
-    let vol = volume.to_owned();
-    let expected = expected_sha256.map(str::to_ascii_lowercase);
-    let checked = digest.clone();
-    let url_owned = url.to_owned();
-    tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
-        if let Some(expected) = expected
-            && expected != checked
-        {
-            session.delete_volume(&vol)?;
-            return Err(ImageError::DigestMismatch {
-                url: url_owned,
-                expected,
-                actual: checked,
-            });
-        }
-        // Marker last: a base without it is incomplete and is fetched again.
-        session.delete_volume(&marker)?;
-        session.create_volume(&marker, &plain_volume_xml(&marker, "raw", checked.len() as u64))?;
-        session.upload(&marker, checked.as_bytes())?;
-        Ok(())
-    })
-    .await
-    .map_err(|e| ImageError::Task(e.to_string()))??;
+    Ok((hex::encode(hasher.finalize()), detect_format(&head)))
+}
 
-    let format = if head == b"QFI\xfb" {
-        ImageFormat::Qcow2
-    } else {
-        ImageFormat::Raw
+fn transport(url: &str, e: reqwest::Error) -> ImageError {
+    ImageError::Transport {
+        url: url.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> Result<reqwest::Response, ImageError> {
+    let response = client.get(url).send().await.map_err(|e| transport(url, e))?;
+    if !response.status().is_success() {
+        return Err(ImageError::Http {
+            url: url.to_owned(),
+            status: response.status().as_u16(),
+        });
+    }
+    Ok(response)
+}
+
+/// Downloads `image` into the pool of the host reachable at `libvirt_uri`.
+pub async fn fetch_to_pool(
+    client: &reqwest::Client,
+    image: &ImageSpec,
+    libvirt_uri: &str,
+    host: &str,
+    pool: &str,
+) -> Result<Fetched, ImageError> {
+    let started = Instant::now();
+    let url = image.url.as_str();
+    // The base is named by content: without a configured digest, one read
+    // learns it first (libvirt cannot rename a volume, and copying one on the
+    // host converts formats instead of copying bytes).
+    let (digest, format) = match (&image.sha256, image.format) {
+        (Some(d), declared) => (d.clone(), declared.unwrap_or_default()),
+        (None, _) => probe_digest(client, url).await?,
     };
+    let (uri, host_name, pool_name) = (libvirt_uri.to_owned(), host.to_owned(), pool.to_owned());
+    let session = tokio::task::spawn_blocking(move || HostSession::open(&uri, &host_name, &pool_name))
+        .await
+        .map_err(|e| ImageError::Task(e.to_string()))??;
+    let session = Arc::new(session);
+    let result = fetch_with(client, image, &session, digest, format, started).await;
+    // Closing is a libvirt call over the SSH link, whose forwarding may need
+    // the very runtime thread a plain drop here would block.
+    drop(tokio::task::spawn_blocking(move || drop(session)));
+    result
+}
+
+async fn fetch_with(
+    client: &reqwest::Client,
+    image: &ImageSpec,
+    session: &Arc<HostSession>,
+    digest: String,
+    format: ImageFormat,
+    started: Instant,
+) -> Result<Fetched, ImageError> {
+    let url = image.url.as_str();
+    let host = session.host();
+    let base = base_volume(&digest, format);
+    // Another URL may already have brought the same bytes.
+    let (s, b, d) = (session.clone(), base.clone(), digest.clone());
+    let already = blocking(move || Ok(is_complete(&s, &b, &d)?)).await?;
+    let bytes = if already {
+        0
+    } else {
+        upload(client, image, session, &base, &digest, format).await?
+    };
+    if image.sha256.is_none() {
+        let (s, pin) = (session.clone(), pin_name(url));
+        let content = pin_content(&digest, format);
+        blocking(move || Ok(write_small(&s, &pin, content.as_bytes())?)).await?;
+    }
     let fetched = Fetched {
-        digest,
-        bytes: len,
-        format,
+        base: CachedBase {
+            volume: base,
+            format,
+            digest,
+        },
+        bytes,
         duration: started.elapsed(),
     };
     tracing::info!(
-        host, volume, digest = %fetched.digest, bytes = fetched.bytes, durationMs = fetched.duration.as_millis() as u64,
-        format = format.as_str(), "image fetch finished"
+        host, volume = %fetched.base.volume, digest = %fetched.base.digest, bytes = fetched.bytes,
+        durationMs = fetched.duration.as_millis() as u64, format = fetched.base.format.as_str(),
+        "image fetch finished"
     );
     Ok(fetched)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, ImageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ImageError::Task(e.to_string()))?
+}
+
+/// Streams the image into `base`, checks digest and format, writes the marker last.
+async fn upload(
+    client: &reqwest::Client,
+    image: &ImageSpec,
+    session: &Arc<HostSession>,
+    base: &str,
+    digest: &str,
+    format: ImageFormat,
+) -> Result<u64, ImageError> {
+    let url = image.url.as_str();
+    let response = get(client, url).await?;
+    let len = response
+        .content_length()
+        .ok_or_else(|| ImageError::NoLength { url: url.to_owned() })?;
+    tracing::info!(host = %session.host(), volume = %base, url, bytes = len, "image fetch started");
+
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(IN_FLIGHT);
+    let (s, vol) = (session.clone(), base.to_owned());
+    let writer = blocking(move || {
+        refuse_if_in_use(&s, &vol)?;
+        s.upload_stream(&vol, len, std::iter::from_fn(|| rx.blocking_recv()))?;
+        Ok(())
+    });
+    let reader = async move {
+        let mut hasher = Sha256::new();
+        let mut head: Vec<u8> = Vec::with_capacity(4);
+        let mut body = response.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| transport(url, e))?;
+            hasher.update(&chunk);
+            if head.len() < 4 {
+                head.extend(chunk.iter().take(4 - head.len()));
+            }
+            if tx.send(chunk.to_vec()).await.is_err() {
+                break; // the upload side failed; its error is reported first
+            }
+        }
+        Ok::<_, ImageError>((hex::encode(hasher.finalize()), detect_format(&head)))
+    };
+    let (actual, detected) = match tokio::join!(writer, reader) {
+        // A cut-off download also fails the upload; the download's error says why.
+        (_, Err(e)) | (Err(e), _) => return Err(e),
+        (Ok(()), Ok(read)) => read,
+    };
+
+    let problem = if actual != digest {
+        Some(match &image.sha256 {
+            Some(expected) => ImageError::DigestMismatch {
+                url: url.to_owned(),
+                expected: expected.clone(),
+                actual,
+            },
+            None => ImageError::Changed {
+                url: url.to_owned(),
+                first: digest.to_owned(),
+                second: actual,
+            },
+        })
+    } else if detected != format {
+        Some(ImageError::FormatMismatch {
+            url: url.to_owned(),
+            declared: format.as_str(),
+            detected: detected.as_str(),
+        })
+    } else {
+        None
+    };
+    let (s, vol, digest) = (session.clone(), base.to_owned(), digest.to_owned());
+    blocking(move || match problem {
+        Some(e) => {
+            s.delete_volume(&vol)?;
+            Err(e)
+        }
+        // Marker last: a base without it is incomplete and fetched again.
+        None => Ok(write_small(&s, &marker_name(&vol), digest.as_bytes())?),
+    })
+    .await?;
+    Ok(len)
 }

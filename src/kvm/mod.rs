@@ -3,12 +3,14 @@
 //! and libvirt error classification. Pure functions; the SSH link and the
 //! libvirt calls live beside them.
 
+pub mod base_image;
 pub mod domain_xml;
 pub mod errors;
 pub mod image;
 pub mod libvirt;
 pub mod metadata;
 pub mod ops;
+pub mod pool_gc;
 pub mod provider;
 pub mod provider_id;
 pub mod seed;

@@ -3,41 +3,27 @@
 //! work to a [`HostRunner`] — in the running system, one supervised actor per
 //! host that owns the SSH link and runs the blocking calls on its own thread.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use sha2::{Digest, Sha256};
 
+use super::base_image::pin_name;
 use super::domain_xml::DomainSpec;
+pub use super::image::{CachedBase, ImageSpec};
 use super::metadata::InstanceMetadata;
 use super::ops::{CreatePlan, Observed};
+use super::pool_gc::{PoolSweep, SweepPlan};
 use super::provider_id::{parse, provider_id};
 use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
 use super::session::DomainRunState;
-use crate::config::{Firmware, ImageFormat, KvmConfig, KvmHost};
+use crate::config::{Firmware, KvmConfig, KvmHost};
 use crate::provider::{
-    CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
+    CreateRequest, ErrorClass, Instance, InstanceState, LeftoverSweep, Op, Provider, ProviderError,
+    ProviderId,
 };
-
-/// An image to have in a host's pool before a create.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ImageSpec {
-    pub url: String,
-    pub sha256: Option<String>,
-    /// Volume name of the cached base (`base-<key>.<format>`, `base-<hash>.<format>` for URLs).
-    pub volume: String,
-    /// `None` for URL images: detected from the magic bytes.
-    pub format: Option<ImageFormat>,
-    pub firmware: Firmware,
-}
-
-/// A base image present in a pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BaseVolume {
-    pub volume: String,
-    pub format: ImageFormat,
-}
 
 /// Work for one host's libvirt session.
 #[derive(Clone, Debug)]
@@ -46,9 +32,10 @@ pub enum HostJob {
     Get(String),
     Delete(String),
     List,
-    /// The digest recorded in a base volume's marker and the format read from
-    /// its first bytes (`None`: no complete base).
-    BaseMarker(String),
+    /// The complete base of an image in the pool, if any.
+    LookupBase(ImageSpec),
+    /// Inventory the pool and delete the due leftovers.
+    SweepPool(SweepPlan),
 }
 
 /// What a job answered.
@@ -57,7 +44,8 @@ pub enum HostOutput {
     Done,
     Observed(Option<Observed>),
     Listed(Vec<(String, DomainRunState, InstanceMetadata)>),
-    Marker(Option<(String, ImageFormat)>),
+    Base(Option<CachedBase>),
+    Swept(PoolSweep),
 }
 
 /// A job failed: its class decides the retry.
@@ -73,13 +61,18 @@ pub struct RunError {
 pub trait HostRunner: Send + Sync {
     async fn run(&self, host: &KvmHost, job: HostJob) -> Result<HostOutput, RunError>;
     /// Makes sure `image` is in the host's pool (one download per host and image).
-    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<BaseVolume, RunError>;
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError>;
+    /// One pool sweep; what downloads are writing right now is added to `plan.protect`.
+    async fn sweep_pool(&self, host: &KvmHost, plan: SweepPlan) -> Result<PoolSweep, RunError>;
 }
 
 pub struct KvmProvider {
     name: String,
     config: KvmConfig,
     runner: Arc<dyn HostRunner>,
+    /// Since when each (host, volume) has been a leftover, as seen by this
+    /// process (a restart starts the grace period over: the safe direction).
+    leftover_since: Mutex<HashMap<(String, String), Instant>>,
 }
 
 impl KvmProvider {
@@ -88,6 +81,7 @@ impl KvmProvider {
             name: name.to_owned(),
             config,
             runner,
+            leftover_since: Mutex::new(HashMap::new()),
         }
     }
 
@@ -111,18 +105,15 @@ impl KvmProvider {
         if let Some(cfg) = self.config.images.get(image) {
             return Ok(ImageSpec {
                 url: cfg.url.clone(),
-                sha256: cfg.sha256.clone(),
-                volume: format!("base-{image}.{}", cfg.format.as_str()),
+                sha256: cfg.sha256.as_deref().map(str::to_ascii_lowercase),
                 format: Some(cfg.format),
                 firmware: cfg.firmware,
             });
         }
         if image.starts_with("http://") || image.starts_with("https://") {
-            let hash = hex::encode(Sha256::digest(image.as_bytes()));
             return Ok(ImageSpec {
                 url: image.to_owned(),
                 sha256: None,
-                volume: format!("base-{}.img", &hash[..16]),
                 format: None,
                 firmware: Firmware::Uefi,
             });
@@ -138,7 +129,7 @@ impl KvmProvider {
         &self,
         req: &CreateRequest,
         host: &KvmHost,
-        base: &BaseVolume,
+        base: &CachedBase,
         firmware: Firmware,
     ) -> Result<CreatePlan, ProviderError> {
         let permanent = |m: String| self.err(ErrorClass::Permanent, Op::Create, Some(req.name.as_str()), m);
@@ -185,6 +176,49 @@ impl KvmProvider {
             disk_bytes: u64::from(self.config.disk_size_gb) << 30,
             seed_iso,
         })
+    }
+
+    /// Volumes the configured images keep in every pool: bases of configured
+    /// digests, pins of configured URLs (and through them their bases).
+    fn configured_volumes(&self) -> BTreeSet<String> {
+        self.config
+            .images
+            .values()
+            .map(|cfg| match &cfg.sha256 {
+                Some(d) => super::base_image::base_volume(&d.to_ascii_lowercase(), cfg.format),
+                None => pin_name(&cfg.url),
+            })
+            .collect()
+    }
+
+    /// One host's pool sweep, with the grace bookkeeping.
+    async fn sweep_host(&self, host: &KvmHost, grace: Duration) -> Result<PoolSweep, RunError> {
+        let now = Instant::now();
+        let due = {
+            let since = self.leftover_since.lock().unwrap_or_else(|p| p.into_inner());
+            since
+                .iter()
+                .filter(|((h, _), at)| *h == host.name && now.duration_since(**at) >= grace)
+                .map(|((_, v), _)| v.clone())
+                .collect()
+        };
+        let plan = SweepPlan {
+            keep: self.configured_volumes(),
+            protect: BTreeSet::new(),
+            due,
+        };
+        let swept = self.runner.sweep_pool(host, plan).await?;
+        let mut since = self.leftover_since.lock().unwrap_or_else(|p| p.into_inner());
+        since.retain(|(h, v), _| *h != host.name || swept.leftovers.contains(v));
+        for v in &swept.leftovers {
+            if !swept.deleted.contains(v) {
+                since.entry((host.name.clone(), v.clone())).or_insert(now);
+            }
+        }
+        for v in &swept.deleted {
+            since.remove(&(host.name.clone(), v.clone()));
+        }
+        Ok(swept)
     }
 
     fn instance(&self, id: &ProviderId, observed: Observed) -> Instance {
@@ -293,6 +327,31 @@ impl Provider for KvmProvider {
             .await
             .map(|_| ())
             .map_err(|e| self.err(e.class, Op::Delete, Some(id.as_str()), e))
+    }
+
+    async fn sweep_leftovers(&self, grace: Duration) -> Result<LeftoverSweep, ProviderError> {
+        let mut out = LeftoverSweep::default();
+        for host in &self.config.hosts {
+            // Each pool is judged on its own: one unreachable host does not stop the others.
+            let swept = match self.sweep_host(host, grace).await {
+                Ok(swept) => swept,
+                Err(e) => {
+                    out.errors.push(format!("host {}: {e}", host.name));
+                    continue;
+                }
+            };
+            for (volume, why) in &swept.failed {
+                tracing::warn!(provider = %self.name, host = %host.name, volume, error = %why, "GC: deleting a leftover volume failed");
+            }
+            for volume in &swept.deleted {
+                tracing::info!(provider = %self.name, host = %host.name, volume, "GC: leftover volume deleted");
+            }
+            out.failed += swept.failed.len();
+            out.waiting += swept.leftovers.len() - swept.deleted.len() - swept.failed.len();
+            out.deleted
+                .extend(swept.deleted.iter().map(|v| format!("{}/{v}", host.name)));
+        }
+        Ok(out)
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {

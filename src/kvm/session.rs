@@ -56,6 +56,26 @@ pub enum DomainRunState {
     Stopped,
 }
 
+/// A volume as the pool lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub path: String,
+    /// The backing file of an overlay.
+    pub backing: Option<String>,
+}
+
+/// `<backingStore><path>` of a volume's XML.
+fn backing_path(xml: &str) -> Option<String> {
+    let doc = roxmltree::Document::parse(xml).ok()?;
+    let store = doc
+        .root_element()
+        .children()
+        .find(|n| n.has_tag_name("backingStore"))?;
+    let path = store.children().find(|n| n.has_tag_name("path"))?.text()?.trim();
+    (!path.is_empty()).then(|| path.to_owned())
+}
+
 /// One libvirt connection to a host's daemon and its storage pool.
 pub struct HostSession {
     conn: Connect,
@@ -79,6 +99,11 @@ impl HostSession {
             host: host.to_owned(),
             pool: pool.to_owned(),
         })
+    }
+
+    /// The host's configured name (for logs).
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
     fn call<T>(
@@ -222,6 +247,39 @@ impl HostSession {
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Every volume in the pool with its path and backing file (overlays).
+    pub fn volumes(&self) -> Result<Vec<VolumeInfo>, KvmError> {
+        let pool = self.storage_pool()?;
+        let vols = self.call("virStoragePoolListAllVolumes", &self.pool, || {
+            pool.list_all_volumes(0)
+        })?;
+        let mut out = Vec::with_capacity(vols.len());
+        for vol in vols {
+            // A volume deleted meanwhile is simply not listed.
+            let (Ok(name), Ok(path)) = (vol.name(), vol.path()) else {
+                continue;
+            };
+            let Ok(xml) = self.call("virStorageVolGetXMLDesc", &name, || vol.xml_desc(0)) else {
+                continue;
+            };
+            tracing::trace!(host = %self.host, volume = %name, xml, "volume XML");
+            out.push(VolumeInfo {
+                backing: backing_path(&xml),
+                name,
+                path,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Names of all domains on the host, the operator's or not.
+    pub fn domain_names(&self) -> Result<Vec<String>, KvmError> {
+        let domains = self.call("virConnectListAllDomains", &self.host, || {
+            self.conn.list_all_domains(0)
+        })?;
+        Ok(domains.iter().filter_map(|d| d.name().ok()).collect())
     }
 
     /// Free bytes in the pool (a full pool is reported before create as

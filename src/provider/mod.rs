@@ -19,7 +19,7 @@ use async_trait::async_trait;
 pub use error::{ErrorClass, Op, ProviderError};
 pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, ProviderId};
 pub use local::LocalProvider;
-pub use naming::{InstanceName, instance_name};
+pub use naming::{INSTANCE_NAME_PREFIX, InstanceName, instance_name};
 pub use registry::{BuildContext, BuildError, KvmRunnerFactory, Providers};
 pub use spec_hash::{SpecHash, spec_hash};
 
@@ -44,4 +44,25 @@ pub trait Provider: Send + Sync {
 
     /// Every instance this operator ever tagged, for orphan GC.
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError>;
+
+    /// Removes what instances leave behind outside themselves (kvm: volumes
+    /// without a domain, base images nothing uses) once it has been left
+    /// over for `grace`. Called by orphan GC after each instance sweep.
+    async fn sweep_leftovers(&self, grace: std::time::Duration) -> Result<LeftoverSweep, ProviderError> {
+        let _ = grace;
+        Ok(LeftoverSweep::default())
+    }
+}
+
+/// What one [`Provider::sweep_leftovers`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeftoverSweep {
+    /// Deleted, as `<host>/<name>` or the provider's own naming.
+    pub deleted: Vec<String>,
+    /// Found but still inside their grace period.
+    pub waiting: usize,
+    /// Deletes that failed (retried next sweep).
+    pub failed: usize,
+    /// Parts that could not be swept this time (a host unreachable), with why.
+    pub errors: Vec<String>,
 }

@@ -1,0 +1,207 @@
+//! Leftovers in a host's pool: overlay and seed volumes whose domain is
+//! gone (a crash between volume creation and define, a domain removed by
+//! hand), bases no overlay is backed by any more, their markers and pins. Only
+//! names the operator gives ([`PoolName`]) are ever considered.
+//!
+//! A leftover is deleted only after it has been one for the whole grace
+//! period (the caller tracks since when, [`SweepPlan::due`]), and never when
+//! it is in use: a base backing any overlay, the current base of a
+//! configured image ([`SweepPlan::keep`]) and anything a running download
+//! writes ([`SweepPlan::protect`]) are kept. The sweep runs on the host's
+//! libvirt thread, serialised with creates, so no overlay can appear on a
+//! base between the inventory and the delete.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use super::base_image::{PoolName, base_volume, parse_pin};
+use super::session::{HostSession, KvmError, VolumeInfo};
+
+/// What one sweep of one pool may do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepPlan {
+    /// Configured images: base volumes (digest configured) and pins (not).
+    pub keep: BTreeSet<String>,
+    /// Volumes a download is writing right now.
+    pub protect: BTreeSet<String>,
+    /// Leftovers seen for at least the grace period: delete them if they still are.
+    pub due: BTreeSet<String>,
+}
+
+/// What one sweep found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolSweep {
+    /// Every leftover found now (deleted or not).
+    pub leftovers: Vec<String>,
+    pub deleted: Vec<String>,
+    /// Deletes that failed, with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+/// The leftovers among `volumes`, in a safe deletion order (pins and
+/// markers before their bases, so an interrupted sweep never leaves a base
+/// that looks complete without being pinned or marked).
+pub fn leftovers(
+    volumes: &[VolumeInfo],
+    domains: &HashSet<String>,
+    pins: &HashMap<String, String>,
+    plan: &SweepPlan,
+) -> Vec<String> {
+    let present: HashSet<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    let backing: HashSet<&str> = volumes.iter().filter_map(|v| v.backing.as_deref()).collect();
+    // Bases in use: backing an overlay, configured, or pinned by a configured URL.
+    let mut used: HashSet<&str> = volumes
+        .iter()
+        .filter(|v| backing.contains(v.path.as_str()) || plan.keep.contains(&v.name))
+        .map(|v| v.name.as_str())
+        .collect();
+    used.extend(
+        pins.iter()
+            .filter(|(pin, _)| plan.keep.contains(*pin))
+            .map(|(_, base)| base.as_str()),
+    );
+    let base_left = |base: &str| !present.contains(base) || !used.contains(base);
+
+    let mut first = Vec::new();
+    let mut bases = Vec::new();
+    for v in volumes {
+        let name = v.name.as_str();
+        if plan.protect.contains(name) || plan.keep.contains(name) {
+            continue;
+        }
+        match PoolName::of(name) {
+            PoolName::Overlay(instance) | PoolName::Seed(instance) if !domains.contains(&instance) => {
+                first.push(v.name.clone())
+            }
+            PoolName::Marker(base) if base_left(&base) && !plan.protect.contains(&base) => {
+                first.push(v.name.clone())
+            }
+            // A pin that cannot be read points nowhere: a leftover too.
+            PoolName::Pin if pins.get(name).is_none_or(|base| base_left(base)) => first.push(v.name.clone()),
+            PoolName::Base if !used.contains(name) => bases.push(v.name.clone()),
+            _ => {}
+        }
+    }
+    first.extend(bases);
+    first
+}
+
+/// Inventories the pool, deletes the due leftovers, reports all of them.
+pub fn sweep(s: &HostSession, plan: &SweepPlan) -> Result<PoolSweep, KvmError> {
+    let volumes = s.volumes()?;
+    let domains: HashSet<String> = s.domain_names()?.into_iter().collect();
+    let mut pins = HashMap::new();
+    for v in volumes.iter().filter(|v| PoolName::of(&v.name) == PoolName::Pin) {
+        if let Some((digest, format)) = s.read_small(&v.name, 128)?.as_deref().and_then(parse_pin) {
+            pins.insert(v.name.clone(), base_volume(&digest, format));
+        }
+    }
+    let mut report = PoolSweep {
+        leftovers: leftovers(&volumes, &domains, &pins, plan),
+        ..PoolSweep::default()
+    };
+    for name in report.leftovers.iter().filter(|n| plan.due.contains(*n)) {
+        match s.delete_volume(name) {
+            Ok(()) => report.deleted.push(name.clone()),
+            Err(e) => report.failed.push((name.clone(), e.to_string())),
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ImageFormat;
+    use crate::kvm::base_image::{marker_name, pin_name};
+    use crate::provider::instance_name;
+
+    fn vol(name: &str, backing: Option<&str>) -> VolumeInfo {
+        VolumeInfo {
+            name: name.into(),
+            path: format!("/pool/{name}"),
+            backing: backing.map(|b| format!("/pool/{b}")),
+        }
+    }
+
+    #[test]
+    fn leftovers_are_only_unused_operator_volumes() {
+        let live = instance_name("live").to_string();
+        let dead = instance_name("dead").to_string();
+        let (d1, d2, d3) = ("1".repeat(64), "2".repeat(64), "3".repeat(64));
+        let used_base = base_volume(&d1, ImageFormat::Qcow2);
+        let old_base = base_volume(&d2, ImageFormat::Qcow2);
+        let configured = base_volume(&d3, ImageFormat::Raw);
+        let pinned_url = "http://images.example/latest.qcow2";
+        let pinned_base = base_volume(&"4".repeat(64), ImageFormat::Qcow2);
+        let stray_pin = pin_name("http://images.example/old.qcow2");
+        let volumes = vec![
+            vol(&format!("{live}.qcow2"), Some(&used_base)),
+            vol(&format!("{live}-seed.iso"), None),
+            vol(&format!("{dead}.qcow2"), Some(&old_base)),
+            vol(&format!("{dead}-seed.iso"), None),
+            vol(&used_base, None),
+            vol(&marker_name(&used_base), None),
+            vol(&old_base, None),
+            vol(&marker_name(&old_base), None),
+            vol(&configured, None),
+            vol(&marker_name(&configured), None),
+            vol(&pin_name(pinned_url), None),
+            vol(&pinned_base, None),
+            vol(&marker_name(&pinned_base), None),
+            vol(&stray_pin, None),
+            vol(
+                &marker_name(&base_volume(&"5".repeat(64), ImageFormat::Raw)),
+                None,
+            ),
+            vol("base-debian.qcow2", None),
+            vol("users-own-disk.qcow2", None),
+        ];
+        let domains = HashSet::from([live.clone(), "users-vm".to_owned()]);
+        let pins = HashMap::from([
+            (pin_name(pinned_url), pinned_base.clone()),
+            (stray_pin.clone(), old_base.clone()),
+        ]);
+        let plan = SweepPlan {
+            keep: BTreeSet::from([configured.clone(), pin_name(pinned_url)]),
+            ..SweepPlan::default()
+        };
+        let found = leftovers(&volumes, &domains, &pins, &plan);
+        assert_eq!(
+            found,
+            vec![
+                format!("{dead}.qcow2"),
+                format!("{dead}-seed.iso"),
+                marker_name(&base_volume(&"5".repeat(64), ImageFormat::Raw)),
+            ],
+            "the dead instance's volumes first; old_base is still backing its overlay"
+        );
+
+        // Once the overlay is gone, the old base goes too — pin and marker before it.
+        let without: Vec<VolumeInfo> = volumes
+            .iter()
+            .filter(|v| !v.name.starts_with(&dead))
+            .cloned()
+            .collect();
+        let found = leftovers(&without, &domains, &pins, &plan);
+        assert_eq!(
+            found,
+            vec![
+                marker_name(&old_base),
+                stray_pin.clone(),
+                marker_name(&base_volume(&"5".repeat(64), ImageFormat::Raw)),
+                old_base.clone(),
+            ]
+        );
+
+        // A download in flight protects what it writes.
+        let plan = SweepPlan {
+            protect: BTreeSet::from([old_base.clone(), marker_name(&old_base)]),
+            ..plan
+        };
+        let found = leftovers(&without, &domains, &pins, &plan);
+        assert!(
+            !found.contains(&old_base) && !found.contains(&marker_name(&old_base)),
+            "{found:?}"
+        );
+    }
+}
