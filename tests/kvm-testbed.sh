@@ -114,7 +114,7 @@ start_bridge() {
   if [ ! -f "$BED/dnsmasq.pid" ] || ! kill -0 "$(cat "$BED/dnsmasq.pid")" 2>/dev/null; then
     dnsmasq --conf-file=/dev/null --interface="$BRIDGE" --bind-interfaces --except-interface=lo \
       --dhcp-range="$SUBNET.10,$SUBNET.200,1h" --dhcp-leasefile="$BED/dnsmasq.leases" \
-      --pid-file="$BED/dnsmasq.pid" --port=0
+      --pid-file="$BED/dnsmasq.pid" --port=0 --no-ping
   fi
 }
 
