@@ -72,6 +72,8 @@ pub struct KvmHostActor {
     last_error: Arc<Mutex<Option<String>>>,
     link: Option<SshLink>,
     worker: Option<Worker>,
+    /// Jobs that arrived while the link was being dialed: sent once it is up.
+    queued: Vec<(HostJob, Reply)>,
 }
 
 impl KvmHostActor {
@@ -84,6 +86,7 @@ impl KvmHostActor {
             last_error: Arc::new(Mutex::new(None)),
             link: None,
             worker: None,
+            queued: Vec::new(),
         }
     }
 
@@ -108,6 +111,15 @@ impl KvmHostActor {
 
     fn fail(&mut self, why: String, ctx: &mut Context<Self>) {
         tracing::warn!(host = %self.host.name, reason = %why, "KVM host link dropped");
+        for (_, reply) in self.queued.drain(..) {
+            let _ = reply.send(Err((
+                RunError {
+                    class: ErrorClass::Transient,
+                    message: format!("link to host {} is down ({why})", self.host.name),
+                },
+                false,
+            )));
+        }
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         self.worker = None;
         if let Some(link) = self.link.take() {
@@ -172,6 +184,9 @@ impl Actor for KvmHostActor {
                 })
                 .map(|result, actor, ctx| match result {
                     Ok(worker) => {
+                        for queued in actor.queued.drain(..) {
+                            let _ = worker.jobs.send(queued);
+                        }
                         actor.worker = Some(worker);
                         *actor.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
                         tracing::debug!(host = %actor.host.name, "KVM host connected");
@@ -260,7 +275,20 @@ impl Handler<Run> for KvmHostActor {
     type Result = ResponseActFuture<Self, Result<HostOutput, RunError>>;
 
     fn handle(&mut self, Run(job): Run, _: &mut Self::Context) -> Self::Result {
-        let Some(worker) = &self.worker else {
+        let (tx, rx) = oneshot::channel();
+        if let Some(worker) = &self.worker {
+            if worker.jobs.send((job, tx)).is_err() {
+                let err = RunError {
+                    class: ErrorClass::Transient,
+                    message: "libvirt worker ended".into(),
+                };
+                return Box::pin(actix::fut::ready(Err(err)));
+            }
+        } else if self.last_error.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            // The first dial is under way: wait for it rather than fail.
+            // (While re-dialing after a failure, callers hear why at once.)
+            self.queued.push((job, tx));
+        } else {
             let why = self
                 .last_error
                 .lock()
@@ -270,14 +298,6 @@ impl Handler<Run> for KvmHostActor {
             let err = RunError {
                 class: ErrorClass::Transient,
                 message: format!("link to host {} is down ({why})", self.host.name),
-            };
-            return Box::pin(actix::fut::ready(Err(err)));
-        };
-        let (tx, rx) = oneshot::channel();
-        if worker.jobs.send((job, tx)).is_err() {
-            let err = RunError {
-                class: ErrorClass::Transient,
-                message: "libvirt worker ended".into(),
             };
             return Box::pin(actix::fut::ready(Err(err)));
         }
