@@ -284,7 +284,12 @@ impl Handler<Run> for KvmHostActor {
                 };
                 return Box::pin(actix::fut::ready(Err(err)));
             }
-        } else if self.last_error.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        } else if self
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
             // The first dial is under way: wait for it rather than fail.
             // (While re-dialing after a failure, callers hear why at once.)
             self.queued.push((job, tx));

@@ -196,9 +196,11 @@ impl ProxyActor {
                 }
             }
             (Job::Reconcile, Ok(Err(error))) => {
-                let delay = match error.class() {
-                    ErrorClass::QuotaExceeded => self.quota.next(),
-                    _ => self.errors.next(),
+                let delay = match (error.retry_after(), error.class()) {
+                    // Work still under way (an image download): back soon, backoff untouched.
+                    (Some(after), _) => Some(after),
+                    (None, ErrorClass::QuotaExceeded) => self.quota.next(),
+                    (None, _) => self.errors.next(),
                 };
                 tracing::warn!(
                     proxy = %self.key, error = %error, class = %error.class(),

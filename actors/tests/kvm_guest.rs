@@ -17,6 +17,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use egress_proxies::kvm::base_image::{base_volume, marker_name};
@@ -48,6 +50,25 @@ fn file_server(bind: &str, file: PathBuf) -> String {
         }
     });
     format!("http://{addr}/epo-guest.qcow2")
+}
+
+/// An image download that stalls after its first bytes until `release` is set.
+fn stalled_server(bind: &str, release: Arc<AtomicBool>) -> String {
+    let listener = TcpListener::bind((bind, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let release = release.clone();
+            std::thread::spawn(move || {
+                let _ = read_head(&mut stream);
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\nQFI\xfb");
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    format!("http://{addr}/huge.qcow2")
 }
 
 /// The probe and request target: answers every request with `TARGET_BODY`.
@@ -118,7 +139,11 @@ fn build_guest_image(out: &Path) -> PathBuf {
 
 /// A free loopback port for the discovery API.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Minimal HTTP/1.1 exchange over one connection (answers with `Connection: close`).
@@ -187,6 +212,8 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
     let bridge_ip = bed["EPO_KVM_BRIDGE_ADDRESS"].clone();
     let image_url = file_server(&bridge_ip, image);
     let target = target_server(&bridge_ip);
+    let release = Arc::new(AtomicBool::new(false));
+    let stalled_url = stalled_server(&bridge_ip, release.clone());
     let base = base_volume(&digest, egress_proxies::config::ImageFormat::Qcow2);
     // Fetched for real: no base from an earlier run.
     virsh(&["vol-delete", "--pool", "default", &marker_name(&base)]);
@@ -202,6 +229,7 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
              - name: kvm-bed\n  type: kvm\n  kvm:\n\
              \x20   sshKeyFile: {key}\n    knownHostsFile: {known}\n    diskSizeGb: 1\n\
              \x20   images:\n      guest: {{url: \"{image_url}\", sha256: \"{digest}\", format: qcow2}}\n\
+             \x20     stalled: {{url: \"{stalled_url}\"}}\n\
              \x20   machineTypes:\n      tiny: {{vcpus: 1, memoryMiB: 256}}\n\
              \x20   hosts:\n      - {{name: a, address: \"{host}\", user: {user}, bridge: {bridge}, \
              pool: default, domainType: qemu}}\n",
@@ -236,6 +264,15 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
         log,
     };
 
+    // A proxy whose image download stalls: it must not hold up guest-1.
+    let stalled_manifest = dir.join("proxies/stalled.yaml");
+    std::fs::write(
+        &stalled_manifest,
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: stalled-1, namespace: crawl}\n\
+         spec:\n  mode: Managed\n  provider: kvm-bed\n  placement: {zone: a, machineType: tiny, image: stalled}\n\
+         \x20 cloudInit: {inline: \"#!/bin/sh\\n\"}\n",
+    )
+    .unwrap();
     let manifest = dir.join("proxies/guest.yaml");
     let cloud_init = user_data(target.port()).replace('\n', "\\n");
     let applied = Instant::now();
@@ -253,39 +290,68 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
     .unwrap();
 
     let state = dir.join("state");
-    let proxy = || {
+    let named = |name: &str| {
         read_snapshot(&state)
             .ok()?
             .into_iter()
-            .find(|p| p.metadata.name.as_deref() == Some("guest-1"))
+            .find(|p| p.metadata.name.as_deref() == Some(name))
     };
+    let proxy = || named("guest-1");
     let mut phases = Vec::new();
     let ready = wait_for("guest-1 Ready", &op, BOOT_DEADLINE, || {
         let p = proxy()?;
         let status = p.status.clone()?;
         let phase = status.phase?;
         if phases.last() != Some(&phase) {
-            eprintln!("{:>6.1}s guest-1 {phase:?} {}", applied.elapsed().as_secs_f64(), status.message.clone().unwrap_or_default());
+            eprintln!(
+                "{:>6.1}s guest-1 {phase:?} {}",
+                applied.elapsed().as_secs_f64(),
+                status.message.clone().unwrap_or_default()
+            );
             phases.push(phase);
         }
         assert_ne!(phase, Phase::Failed, "{:?}\n{}", status.message, op.log_tail());
         (phase == Phase::Ready).then_some(p)
     });
     let to_ready = applied.elapsed();
-    eprintln!("apply → Ready: {:.1} s (phases {phases:?})", to_ready.as_secs_f64());
+    eprintln!(
+        "apply → Ready: {:.1} s (phases {phases:?})",
+        to_ready.as_secs_f64()
+    );
+
+    // Meanwhile the stalled download kept stalled-1 waiting, saying why, and
+    // nothing else; deleting it is served at once.
+    let stalled = named("stalled-1").and_then(|p| p.status).unwrap_or_default();
+    assert_eq!(stalled.phase, Some(Phase::Pending), "{stalled:?}");
+    assert!(
+        stalled
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("still being fetched")),
+        "{stalled:?}"
+    );
+    std::fs::remove_file(&stalled_manifest).unwrap();
+    wait_for("stalled-1 deleted", &op, Duration::from_secs(15), || {
+        named("stalled-1").is_none().then_some(())
+    });
+    release.store(true, Ordering::SeqCst);
     let status = ready.status.unwrap();
     let provider_id = status.provider_id.clone().expect("providerID");
     let instance = provider_id.rsplit('/').next().unwrap().to_owned();
     assert_eq!(provider_id, format!("hosts/a/domains/{instance}"));
     let ip = status.ip.clone().expect("instance IP");
-    assert!(ip.starts_with("10.213.77."), "address from the bridge's DHCP via the guest agent: {ip}");
+    assert!(
+        ip.starts_with("10.213.77."),
+        "address from the bridge's DHCP via the guest agent: {ip}"
+    );
     assert!(
         pool_volumes().contains(&base) && pool_volumes().contains(&marker_name(&base)),
         "the image was fetched into the pool as {base}"
     );
 
     // A lease hands it out; a request through it reaches the target (absolute-URI and CONNECT).
-    let body = r#"{"target":"bridge.test","selector":{"site":"bridge"},"ttlSeconds":60,"client":"kvm-guest-test"}"#;
+    let body =
+        r#"{"target":"bridge.test","selector":{"site":"bridge"},"ttlSeconds":60,"client":"kvm-guest-test"}"#;
     let answer = http(
         &api,
         &format!(
@@ -302,7 +368,10 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
         &proxy_addr,
         &format!("GET http://{target}/page HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"),
     );
-    assert!(got.starts_with("HTTP/1.") && got.ends_with(TARGET_BODY), "through the guest's proxy: {got}");
+    assert!(
+        got.starts_with("HTTP/1.") && got.ends_with(TARGET_BODY),
+        "through the guest's proxy: {got}"
+    );
     let mut tunnel = TcpStream::connect(&proxy_addr).unwrap();
     tunnel.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     write!(tunnel, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").unwrap();
@@ -316,7 +385,9 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
 
     // Deleting the Proxy removes the domain, its overlay and seed; the base stays cached.
     std::fs::remove_file(&manifest).unwrap();
-    wait_for("guest-1 gone", &op, Duration::from_secs(60), || proxy().is_none().then_some(()));
+    wait_for("guest-1 gone", &op, Duration::from_secs(60), || {
+        proxy().is_none().then_some(())
+    });
     let domains = virsh(&["list", "--all", "--name"]);
     assert!(!domains.contains(&instance), "domain {instance} left: {domains}");
     let volumes = pool_volumes();

@@ -25,6 +25,10 @@ use crate::provider::{
     ProviderId,
 };
 
+/// How long a create waits for its image before handing back with a retry hint.
+const IMAGE_WAIT: Duration = Duration::from_secs(10);
+const IMAGE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Work for one host's libvirt session.
 #[derive(Clone, Debug)]
 pub enum HostJob {
@@ -262,11 +266,21 @@ impl Provider for KvmProvider {
         let image = self
             .resolve_image(req.placement.image.as_deref())
             .map_err(|m| self.err(ErrorClass::Permanent, Op::Create, id_name, m))?;
-        let base = self
-            .runner
-            .ensure_image(host, &image)
-            .await
-            .map_err(|e| self.err(e.class, Op::Create, id_name, e))?;
+        // A long download goes on beside the reconcile: this one waits a
+        // while, then lets the Proxy's actor go (deletions stay responsive)
+        // and comes back to join the same download.
+        let base = match tokio::time::timeout(IMAGE_WAIT, self.runner.ensure_image(host, &image)).await {
+            Ok(ensured) => ensured.map_err(|e| self.err(e.class, Op::Create, id_name, e))?,
+            Err(_) => {
+                let why = format!(
+                    "image {} is still being fetched onto host {}",
+                    image.url, host.name
+                );
+                return Err(self
+                    .err(ErrorClass::Transient, Op::Create, id_name, why)
+                    .retry_after(IMAGE_RECHECK));
+            }
+        };
         let plan = self.plan(req, host, &base, image.firmware)?;
         self.runner
             .run(host, HostJob::Create(Box::new(plan)))

@@ -74,6 +74,9 @@ pub struct ProviderError {
     pub id: Option<String>,
     #[source]
     pub cause: Cause,
+    /// When the provider knows better than the backoff when to try again
+    /// (work it started is still under way).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ProviderError {
@@ -91,7 +94,14 @@ impl ProviderError {
             provider: provider.into(),
             id: id.map(str::to_owned),
             cause: cause.into(),
+            retry_after: None,
         }
+    }
+
+    /// Retry after `delay` instead of the class's backoff.
+    pub fn retry_after(mut self, delay: std::time::Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
     }
 
     /// An error nobody classified: it counts as Transient, so it is retried.

@@ -106,6 +106,14 @@ impl ReconcileError {
         }
     }
 
+    /// The provider's own retry hint, when it gave one.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ReconcileError::Provider(e) => e.retry_after,
+            _ => None,
+        }
+    }
+
     /// Label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
