@@ -328,3 +328,34 @@ async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
         }
     }
 }
+
+#[actix_rt::test]
+async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers() {
+    let bed = bed_or_skip!();
+    let (url, _, _) = image_server().await;
+    let mut cfg = config(&bed, &url);
+    cfg.disk_size_gb = 1 << 20; // 1 PiB: more than any test machine's pool has free
+    let runner = runner_factory()("kvm-full", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-full", cfg, runner);
+    let req = request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
+    let err = loop {
+        match provider.create(&req).await {
+            Err(e) if e.class == ErrorClass::Transient => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => break e,
+            Ok(id) => panic!("created {id} in a pool without room"),
+        }
+    };
+    assert_eq!(err.class, ErrorClass::QuotaExceeded, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("bytes free") && message.contains(&(1u64 << 50).to_string()),
+        "names what is free and what is needed: {message}"
+    );
+    let left: Vec<String> = pool_volumes()
+        .into_iter()
+        .filter(|v| v.contains(req.name.as_str()))
+        .collect();
+    assert!(left.is_empty(), "nothing created: {left:?}");
+}

@@ -1,0 +1,227 @@
+//! The kvm provider's pool sweep against the real daemon: an overlay and a
+//! seed whose domain never came (or went) are reaped after the grace period,
+//! then the base they kept alive; bases in use (an overlay of a defined
+//! domain, a configured image), pins of configured URLs and volumes that are
+//! not the operator's are never touched. Its own test binary: it sweeps the
+//! whole shared pool, so it must not run beside the other kvm tests.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+use egress_proxies::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::kvm::provider::KvmProvider;
+use egress_proxies::kvm::session::HostSession;
+use egress_proxies::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::provider::{Provider, instance_name};
+use egress_proxies_operator::kvm_host::runner_factory;
+
+fn config(bed: &HashMap<String, String>, configured_digest: &str) -> KvmConfig {
+    KvmConfig {
+        ssh_key_file: bed["EPO_KVM_SSH_KEY"].clone().into(),
+        known_hosts_file: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
+        insecure_ignore_host_key: false,
+        disk_size_gb: 1,
+        vendor_data: None,
+        install_guest_agent: true,
+        images: BTreeMap::from([(
+            "pinned".to_owned(),
+            KvmImage {
+                url: "http://127.0.0.1:9/never-fetched.img".into(),
+                sha256: Some(configured_digest.to_owned()),
+                format: ImageFormat::Raw,
+                firmware: Firmware::Bios,
+            },
+        )]),
+        machine_types: BTreeMap::from([(
+            "small".to_owned(),
+            MachineType {
+                vcpus: 1,
+                memory_mib: 128,
+            },
+        )]),
+        hosts: vec![KvmHost {
+            name: "a".into(),
+            address: bed["EPO_KVM_HOST_A"].clone(),
+            user: bed["EPO_KVM_USER"].clone(),
+            bridge: bed["EPO_KVM_BRIDGE"].clone(),
+            socket: "/var/run/libvirt/libvirt-sock".into(),
+            pool: "default".into(),
+            domain_type: DomainType::Qemu,
+        }],
+    }
+}
+
+/// A random-looking digest unique to this run (names only; content is irrelevant here).
+fn run_digest(tag: u8) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(format!("{nanos}-{tag}")))
+}
+
+fn minimal_domain(name: &str) -> String {
+    format!(
+        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='q35'>hvm</type></os></domain>"
+    )
+}
+
+#[actix_rt::test]
+async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
+    let bed = bed_or_skip!();
+    let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
+    let uri = link.libvirt_uri();
+
+    let orphan = instance_name(&run_digest(1)).to_string();
+    let live = instance_name(&run_digest(2)).to_string();
+    let freed_base = base_volume(&run_digest(3), ImageFormat::Qcow2);
+    let live_base = base_volume(&run_digest(4), ImageFormat::Qcow2);
+    let configured_digest = run_digest(5);
+    let configured_base = base_volume(&configured_digest, ImageFormat::Raw);
+    let foreign = [
+        format!("users-disk-{}.qcow2", &run_digest(6)[..8]),
+        "base-debian-13.qcow2".to_owned(),
+    ];
+    let image = support::kvm_bed::tiny_qcow2("64M");
+
+    let names = (
+        orphan.clone(),
+        live.clone(),
+        freed_base.clone(),
+        live_base.clone(),
+        configured_base.clone(),
+        foreign.clone(),
+    );
+    let setup_uri = uri.clone();
+    tokio::task::spawn_blocking(move || {
+        let (orphan, live, freed_base, live_base, configured_base, foreign) = names;
+        let s = HostSession::open(&setup_uri, "a", "default").unwrap();
+        let put = |name: &str, bytes: &[u8]| {
+            s.delete_volume(name).unwrap();
+            s.create_volume(name, &plain_volume_xml(name, "raw", bytes.len() as u64))
+                .unwrap();
+            s.upload(name, bytes).unwrap();
+        };
+        for base in [&freed_base, &live_base, &configured_base] {
+            put(base, &image);
+            put(&marker_name(base), b"digest");
+        }
+        for name in &foreign {
+            if s.volume_path(name).unwrap().is_none() {
+                put(name, b"not the operator's");
+            }
+        }
+        // The orphan: overlay + seed, no domain (a crash between create and define).
+        let freed_path = s.volume_path(&freed_base).unwrap().unwrap();
+        let overlay = format!("{orphan}.qcow2");
+        s.create_volume(
+            &overlay,
+            &overlay_volume_xml(&overlay, 1 << 30, &freed_path, "qcow2"),
+        )
+        .unwrap();
+        put(&format!("{orphan}-seed.iso"), b"seed");
+        // The live instance: a defined domain with its overlay on live_base.
+        let live_path = s.volume_path(&live_base).unwrap().unwrap();
+        let overlay = format!("{live}.qcow2");
+        s.create_volume(
+            &overlay,
+            &overlay_volume_xml(&overlay, 1 << 30, &live_path, "qcow2"),
+        )
+        .unwrap();
+        s.define_and_start(&live, &minimal_domain(&live)).ok(); // defined is enough; starting may fail
+    })
+    .await
+    .unwrap();
+
+    let cfg = config(&bed, &configured_digest);
+    let provider = KvmProvider::new("kvm-gc", cfg.clone(), runner_factory()("kvm-gc", &cfg).unwrap());
+    let grace = Duration::from_millis(600);
+    let present = |uri: String| async move {
+        tokio::task::spawn_blocking(move || {
+            let s = HostSession::open(&uri, "a", "default").unwrap();
+            s.volumes()
+                .unwrap()
+                .into_iter()
+                .map(|v| v.name)
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap()
+    };
+    let orphan_volumes = [format!("{orphan}.qcow2"), format!("{orphan}-seed.iso")];
+
+    // First sighting: leftovers are noted, nothing is deleted.
+    let first = provider.sweep_leftovers(grace).await.unwrap();
+    assert!(first.errors.is_empty(), "{first:?}");
+    let vols = present(uri.clone()).await;
+    assert!(
+        orphan_volumes.iter().all(|v| vols.contains(v)),
+        "nothing deleted inside the grace period"
+    );
+    assert!(first.waiting >= 2, "{first:?}");
+
+    // Past the grace period: the orphan's overlay and seed go; the base they kept alive is new to the list.
+    tokio::time::sleep(grace).await;
+    let second = provider.sweep_leftovers(grace).await.unwrap();
+    for v in &orphan_volumes {
+        assert!(
+            second.deleted.contains(&format!("a/{v}")),
+            "{v} reaped: {second:?}"
+        );
+    }
+    let vols = present(uri.clone()).await;
+    assert!(
+        vols.contains(&freed_base),
+        "a base freed just now waits out its own grace"
+    );
+
+    let third = provider.sweep_leftovers(grace).await.unwrap();
+    assert!(
+        !third.deleted.iter().any(|v| v.contains(&freed_base)),
+        "{third:?}"
+    );
+    tokio::time::sleep(grace).await;
+    let fourth = provider.sweep_leftovers(grace).await.unwrap();
+    for v in [&freed_base, &marker_name(&freed_base)] {
+        assert!(
+            fourth.deleted.contains(&format!("a/{v}")),
+            "{v} reaped: {fourth:?}"
+        );
+    }
+
+    // Whatever is in use or not the operator's is still there.
+    let vols = present(uri.clone()).await;
+    for kept in [
+        format!("{live}.qcow2"),
+        live_base.clone(),
+        marker_name(&live_base),
+        configured_base.clone(),
+        marker_name(&configured_base),
+        foreign[0].clone(),
+        foreign[1].clone(),
+    ] {
+        assert!(vols.contains(&kept), "{kept} must stay: {vols:?}");
+    }
+
+    tokio::task::spawn_blocking(move || {
+        let s = HostSession::open(&uri, "a", "default").unwrap();
+        s.remove_domain(&live).unwrap();
+        for v in [
+            format!("{live}.qcow2"),
+            live_base.clone(),
+            marker_name(&live_base),
+            configured_base.clone(),
+            marker_name(&configured_base),
+            foreign[0].clone(),
+        ] {
+            s.delete_volume(&v).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    link.close().await;
+}
