@@ -24,6 +24,7 @@ pub mod bind_address;
 pub mod config;
 pub mod forward_proxy;
 pub mod gc;
+pub mod gcp;
 pub mod health;
 pub mod kvm;
 pub mod leader;

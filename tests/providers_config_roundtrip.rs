@@ -91,6 +91,7 @@ fn settings() -> impl Strategy<Value = ProviderSettings> {
                     network: "global/networks/default".into(),
                     network_tag,
                     disk_size_gb,
+                    api_endpoint: "https://compute.googleapis.com/compute/v1/".into(),
                 })
             ),
         kvm().prop_map(ProviderSettings::Kvm),

@@ -139,6 +139,9 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         lease_duration: args.lease_duration,
         proxy_namespace: args.proxy_namespace,
         health_ca_file: args.health_ca_file,
+        gcp: egress_proxies::gcp::GcpOptions {
+            wire_log_full_payloads: args.gcp_wire_log_full_payloads,
+        },
         settings: system::Settings {
             health_workers: args.health_workers as usize,
             trace_health_probes: args.trace_health_probes,

@@ -36,6 +36,7 @@ pub struct Options {
     pub lease_duration: Duration,
     pub proxy_namespace: Option<String>,
     pub health_ca_file: Option<PathBuf>,
+    pub gcp: egress_proxies::gcp::GcpOptions,
     pub settings: system::Settings,
 }
 
@@ -83,6 +84,7 @@ async fn operate(
         operator_exe: std::env::current_exe()?,
         kube_client: Some(client.clone()),
         kvm_runner: Some(crate::kvm_host::runner_factory()),
+        gcp: options.gcp.clone(),
     };
     let providers = Arc::new(Providers::build(&providers_config, &build)?);
     tracing::info!(

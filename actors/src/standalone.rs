@@ -50,6 +50,9 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
         kube_client: None,
         kvm_runner: Some(crate::kvm_host::runner_factory()),
+        gcp: egress_proxies::gcp::GcpOptions {
+            wire_log_full_payloads: config.gcp_wire_log_full_payloads,
+        },
     };
     let providers = Providers::build(&providers_config, &build)?;
     let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;

@@ -231,6 +231,7 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
             operator_exe: exe.into(),
             kube_client: None,
             kvm_runner: None,
+            gcp: Default::default(),
         };
         let config = LocalConfig {
             implementation: LocalImplementation::Builtin,

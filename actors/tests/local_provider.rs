@@ -20,6 +20,7 @@ fn provider(state: &std::path::Path, implementation: LocalImplementation) -> Loc
         operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
         kube_client: None,
         kvm_runner: None,
+        gcp: Default::default(),
     };
     let config = LocalConfig {
         implementation,

@@ -8,6 +8,8 @@ use super::problems::Problems;
 pub const DEFAULT_NETWORK: &str = "global/networks/default";
 /// Default boot disk size; also Compute Engine's minimum for stock images.
 pub const DEFAULT_DISK_SIZE_GB: u32 = 10;
+/// The Compute Engine API root.
+pub const DEFAULT_API_ENDPOINT: &str = "https://compute.googleapis.com/compute/v1/";
 
 /// Settings of one gcp provider instance. Credentials come from Application
 /// Default Credentials, not from this file.
@@ -25,6 +27,9 @@ pub struct GcpConfig {
     /// Boot disk size.
     #[serde(default = "default_disk_size_gb")]
     pub disk_size_gb: u32,
+    /// Compute Engine API root (a Private Service Connect endpoint, say).
+    #[serde(default = "default_api_endpoint")]
+    pub api_endpoint: String,
 }
 
 fn default_network() -> String {
@@ -33,6 +38,9 @@ fn default_network() -> String {
 fn default_disk_size_gb() -> u32 {
     DEFAULT_DISK_SIZE_GB
 }
+fn default_api_endpoint() -> String {
+    DEFAULT_API_ENDPOINT.to_owned()
+}
 
 impl GcpConfig {
     pub(super) fn validate(&self, p: &mut Problems) {
@@ -40,6 +48,16 @@ impl GcpConfig {
             p.report("gcp.project", "is required (the project the VMs are created in)");
         } else if self.project.contains(['/', ' ']) {
             p.report("gcp.project", format!("{:?} is not a project ID", self.project));
+        }
+        match url::Url::parse(&self.api_endpoint) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && self.api_endpoint.ends_with('/') => {}
+            _ => p.report(
+                "gcp.apiEndpoint",
+                format!(
+                    "{:?} must be an http(s) URL ending in '/' (default {DEFAULT_API_ENDPOINT})",
+                    self.api_endpoint
+                ),
+            ),
         }
         if self.network.trim().is_empty() {
             p.report("gcp.network", "must not be empty");

@@ -36,6 +36,8 @@ pub struct StandaloneConfig {
     pub health_ca_file: Option<PathBuf>,
     /// One trace span per health probe.
     pub trace_health_probes: bool,
+    /// gcp wire log shows whole bodies (cloud-init stays redacted).
+    pub gcp_wire_log_full_payloads: bool,
     /// Time between orphan-GC sweeps.
     pub gc_interval: Duration,
     /// Orphans younger than this are spared (in-flight creates).
@@ -66,6 +68,8 @@ struct Raw {
     health_ca_file: Option<PathBuf>,
     #[serde(default)]
     trace_health_probes: bool,
+    #[serde(default)]
+    gcp_wire_log_full_payloads: bool,
     #[serde(default = "default_gc")]
     gc_interval: String,
     #[serde(default = "default_gc")]
@@ -171,6 +175,7 @@ impl StandaloneConfig {
             health_workers: raw.health_workers,
             health_ca_file: raw.health_ca_file.map(resolve),
             trace_health_probes: raw.trace_health_probes,
+            gcp_wire_log_full_payloads: raw.gcp_wire_log_full_payloads,
             providers_config: resolve(raw.providers_config),
             manifests: resolve(raw.manifests),
             state_dir: resolve(raw.state_dir),

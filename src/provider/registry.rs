@@ -21,6 +21,8 @@ pub struct BuildContext {
     pub kube_client: Option<kube::Client>,
     /// Starts the host links of a kvm provider instance (the running system's host actors).
     pub kvm_runner: Option<KvmRunnerFactory>,
+    /// Command-line settings of gcp providers.
+    pub gcp: crate::gcp::GcpOptions,
 }
 
 /// Makes the [`HostRunner`] of one kvm provider instance.
@@ -80,11 +82,16 @@ impl Providers {
                     })?;
                     Arc::new(KvmProvider::new(&instance.name, kvm.clone(), runner))
                 }
-                other => {
-                    return Err(BuildError::Unavailable {
-                        name: instance.name.clone(),
-                        kind: other.kind(),
-                    });
+                ProviderSettings::Gcp(gcp) => {
+                    let tokens = Arc::new(crate::gcp::api::AdcTokens::discover());
+                    Arc::new(
+                        crate::gcp::GcpProvider::new(&instance.name, gcp.clone(), tokens, &ctx.gcp).map_err(
+                            |reason| BuildError::Invalid {
+                                name: instance.name.clone(),
+                                reason,
+                            },
+                        )?,
+                    )
                 }
             };
             by_name.insert(instance.name.clone(), provider);
