@@ -7,7 +7,7 @@
 set -euo pipefail
 
 build=(pkg-config libssl-dev libvirt-dev git)
-test_extra=(squid xorriso)
+test_extra=(squid xorriso openssl)
 
 case "${1:-build}" in
   build) wanted=("${build[@]}") ;;

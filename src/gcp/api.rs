@@ -109,13 +109,21 @@ impl TokenSource for AdcTokens {
                 }
             })
             .await
-            .map_err(|e| GcpError::Credentials(e.to_string()))?;
-        let token = provider
-            .token(&[SCOPE])
-            .await
-            .map_err(|e| GcpError::Credentials(e.to_string()))?;
+            .map_err(credentials)?;
+        let token = provider.token(&[SCOPE]).await.map_err(credentials)?;
         Ok(token.as_str().to_owned())
     }
+}
+
+/// gcp_auth's error with its causes (its own message alone says little).
+fn credentials(e: gcp_auth::Error) -> GcpError {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    GcpError::Credentials(message)
 }
 
 /// One page-merged `aggregatedList` answer.

@@ -147,6 +147,22 @@ impl State {
         self.vms.keys().cloned().collect()
     }
 
+    /// An instance someone else created (not through the API under test).
+    pub fn seed(&mut self, zone: &str, body: Value) {
+        let name = body["name"].as_str().unwrap_or_default().to_owned();
+        self.next_id += 1;
+        let vm = Vm {
+            body,
+            id: self.next_id,
+            created: jiff::Timestamp::now(),
+            since: Instant::now(),
+            forced: None,
+            deleting_since: None,
+            internal_ip: "10.128.9.9".into(),
+        };
+        self.vms.insert((zone.to_owned(), name), vm);
+    }
+
     /// The next `times` requests matching get this error.
     pub fn inject(&mut self, fault: Fault, times: usize) {
         for _ in 0..times {
@@ -414,7 +430,7 @@ fn insert(state: &mut State, base: &str, zone: &str, body: &[u8]) -> HttpRespons
     }
     let machine = vm["machineType"].as_str().unwrap_or_default();
     let prefix = format!("zones/{zone}/machineTypes/");
-    if !machine.strip_prefix(&prefix).is_some_and(|m| !m.is_empty()) {
+    if machine.strip_prefix(&prefix).is_none_or(|m| m.is_empty()) {
         return invalid(
             "machineType",
             &format!("must be {prefix}<type> in the request's zone"),
@@ -586,8 +602,9 @@ fn issue_token(fake: &FakeCompute, body: &[u8]) -> HttpResponse {
     };
     let parts: Vec<&str> = assertion.split('.').collect();
     let decode = |s: &str| {
+        // JWTs are unpadded base64url; Google also takes padded segments (gcp_auth sends them).
         base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(s)
+            .decode(s.trim_end_matches('='))
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
     };

@@ -1,0 +1,203 @@
+//! A `gcp` Proxy through its whole lifecycle in the operator binary
+//! (standalone mode) against the fake Compute API: Application Default
+//! Credentials from `GOOGLE_APPLICATION_CREDENTIALS` (a key whose token URI
+//! is the fake's), create → Provisioning → Running with the VM's external IP
+//! (the fake hands out 127.0.0.1, where a real forward proxy listens) →
+//! probed → Ready; deleting the manifest deletes the VM and releases the
+//! Proxy. Traffic stays on loopback.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use egress_proxies::resource::Phase;
+use egress_proxies::store::embedded::read_snapshot;
+use fake_compute::FakeCompute;
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A loopback HTTP target answering 204.
+fn health_target() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut s in listener.incoming().flatten() {
+            let mut buf = [0u8; 2048];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    format!("http://{addr}/generate_204")
+}
+
+#[test]
+fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
+    let fake = FakeCompute::start("crawl-test").unwrap();
+    fake.state().step = Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+
+    let pem = root.join("key.pem");
+    let made = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&pem)
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let key = json!({
+        "type": "service_account", "project_id": "crawl-test", "private_key_id": "k1",
+        "private_key": std::fs::read_to_string(&pem).unwrap(),
+        "client_email": "proxy-operator@crawl-test.iam.gserviceaccount.com", "client_id": "1",
+        "token_uri": fake.token_uri(),
+    });
+    std::fs::write(root.join("sa.json"), key.to_string()).unwrap();
+
+    // What the VM would run: a forward proxy on the address the fake reports.
+    let port = free_port();
+    let _vm_proxy = Killed(
+        Command::new(BIN)
+            .args([
+                "forward-proxy",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--instance-dir",
+            ])
+            .arg(root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    std::fs::create_dir(root.join("proxies")).unwrap();
+    std::fs::write(
+        root.join("providers.yaml"),
+        format!(
+            "providers:\n  - name: gcp-test\n    type: gcp\n    gcp:\n      project: crawl-test\n      networkTag: egress-proxy\n      apiEndpoint: \"{}\"\n",
+            fake.api_root()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("standalone.yaml"),
+        "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
+         healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"0\"\nmanifestPollInterval: 100ms\n",
+    )
+    .unwrap();
+    let log = std::fs::File::create(root.join("operator.log")).unwrap();
+    let _operator = Killed(
+        Command::new(BIN)
+            .args(["standalone", "--config"])
+            .arg(root.join("standalone.yaml"))
+            .args(["--log-format", "text", "--log-level", "info"])
+            .env("GOOGLE_APPLICATION_CREDENTIALS", root.join("sa.json"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+
+    let manifest = root.join("proxies/gcp-1.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: gcp-1, namespace: crawl}}\n\
+             spec:\n  mode: Managed\n  provider: gcp-test\n  port: {port}\n\
+             \x20 placement: {{zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}}\n\
+             \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n\"}}\n\
+             \x20 healthCheck: {{url: \"{}\", interval: 200ms}}\n",
+            health_target()
+        ),
+    )
+    .unwrap();
+
+    let state = root.join("state");
+    let status = || {
+        read_snapshot(&state)
+            .ok()?
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some("gcp-1"))
+            .map(|p| p.status.unwrap_or_default())
+    };
+    let log_tail = || std::fs::read_to_string(root.join("operator.log")).unwrap_or_default();
+    let started = Instant::now();
+    let mut phases = Vec::new();
+    let ready = loop {
+        if let Some(s) = status()
+            && let Some(phase) = s.phase
+        {
+            if phases.last() != Some(&phase) {
+                phases.push(phase);
+            }
+            if phase == Phase::Ready {
+                break s;
+            }
+            assert_ne!(phase, Phase::Failed, "{s:?}\n{}", log_tail());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not Ready: {phases:?}\n{}",
+            log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(phases.contains(&Phase::Running), "{phases:?}");
+    assert_eq!(ready.ip.as_deref(), Some("127.0.0.1"), "the VM's external IP");
+    let provider_id = ready.provider_id.unwrap();
+    let name = provider_id.rsplit('/').next().unwrap().to_owned();
+    assert_eq!(provider_id, format!("zones/europe-west1-b/instances/{name}"));
+    {
+        let fake_state = fake.state();
+        let inserted = &fake_state.inserted[0];
+        assert_eq!(
+            inserted["metadata"]["items"][0]["value"],
+            "#cloud-config\npackages: [squid]\n"
+        );
+        assert_eq!(inserted["tags"]["items"][0], "egress-proxy");
+        assert!(
+            fake_state.issued.len() == 1,
+            "one token, cached: {:?}",
+            fake_state.issued.len()
+        );
+    }
+
+    std::fs::remove_file(&manifest).unwrap();
+    let started = Instant::now();
+    while status().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not released\n{}",
+            log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(fake.state().instances().is_empty(), "the VM is gone");
+    let log = log_tail();
+    assert!(!log.contains("packages: [squid]"), "cloud-init never in the log");
+}
