@@ -140,7 +140,19 @@ mod tests {
             json!({"items": [{"key": "user-data", "value": "#cloud-config\npackages: [squid]\n"}]})
         );
         let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
-        assert_eq!(keys.len(), 8, "nothing beyond the documented fields: {keys:?}");
+        assert_eq!(
+            keys,
+            [
+                "disks",
+                "labels",
+                "machineType",
+                "metadata",
+                "name",
+                "networkInterfaces",
+                "tags"
+            ],
+            "nothing beyond the documented fields"
+        );
     }
 
     #[test]
