@@ -11,6 +11,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::health::{HealthState, LatencyRule, Prober, Sample};
 use egress_proxies::store::ObjectKey;
+use egress_proxies::telemetry::events::ProbeCompleted;
 use tokio::sync::Semaphore;
 
 use crate::messages::{HealthVerdict, ProbeTarget};
@@ -125,6 +126,11 @@ impl HealthProber {
                 return;
             };
             let result = prober.probe(&target.endpoint, &target.check).await;
+            ProbeCompleted {
+                result: result.outcome.as_ref().err().map_or("ok", |f| f.reason()),
+                duration: result.latency,
+            }
+            .emit();
             if trace {
                 tracing::debug!(
                     proxy = %key, ok = result.outcome.is_ok(), latencyMs = result.latency.as_millis() as u64,

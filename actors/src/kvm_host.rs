@@ -25,6 +25,7 @@ use egress_proxies::kvm::session::{HostSession, KvmError};
 use egress_proxies::kvm::ssh_key::load_private_key;
 use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::provider::ErrorClass;
+use egress_proxies::telemetry::events::{ActorRestarted, KvmHostLinkChanged};
 use russh::keys::PrivateKey;
 use tokio::sync::oneshot;
 
@@ -110,7 +111,12 @@ impl KvmHostActor {
     }
 
     fn fail(&mut self, why: String, ctx: &mut Context<Self>) {
-        tracing::warn!(host = %self.host.name, reason = %why, "KVM host link dropped");
+        KvmHostLinkChanged {
+            host: &self.host.name,
+            connected: false,
+            reason: Some(&why),
+        }
+        .emit();
         for (_, reply) in self.queued.drain(..) {
             let _ = reply.send(Err((
                 RunError {
@@ -189,7 +195,12 @@ impl Actor for KvmHostActor {
                         }
                         actor.worker = Some(worker);
                         *actor.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                        tracing::debug!(host = %actor.host.name, "KVM host connected");
+                        KvmHostLinkChanged {
+                            host: &actor.host.name,
+                            connected: true,
+                            reason: None,
+                        }
+                        .emit();
                     }
                     Err(e) => actor.fail(e, ctx),
                 }),
@@ -205,6 +216,11 @@ impl Actor for KvmHostActor {
 
 impl Supervised for KvmHostActor {
     fn restarting(&mut self, _: &mut Self::Context) {
+        ActorRestarted {
+            actor: "kvm_host",
+            id: &self.host.name,
+        }
+        .emit();
         self.restarts.fetch_add(1, Ordering::Relaxed);
         self.link = None;
         self.worker = None;

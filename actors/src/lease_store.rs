@@ -10,6 +10,8 @@ use egress_proxies::lease::{
     UnknownLease,
 };
 use egress_proxies::store::ObjectKey;
+use egress_proxies::telemetry::events::LeaseEvent;
+use egress_proxies::telemetry::metrics;
 
 /// A proxy's availability changed.
 #[derive(Message, Debug, Clone)]
@@ -77,6 +79,9 @@ impl Actor for LeaseStore {
         ctx.run_interval(Duration::from_secs(1), |store, _| {
             let expired = store.book.sweep(Instant::now());
             store.stats.expired += expired as u64;
+            if expired > 0 {
+                LeaseEvent::Expired { count: expired }.emit(store.book.active_leases());
+            }
         });
     }
 }
@@ -99,11 +104,23 @@ impl Handler<Acquire> for LeaseStore {
     type Result = Result<Grant, AcquireError>;
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
         let result = self.book.acquire(&msg.0, Instant::now());
-        match &result {
-            Ok(_) => self.stats.granted += 1,
-            Err(AcquireError::NoCapacity { .. }) => self.stats.denied += 1,
-            Err(_) => {}
-        }
+        let event = match &result {
+            Ok(grant) => {
+                self.stats.granted += 1;
+                LeaseEvent::Granted {
+                    proxy: &grant.proxy.name,
+                    target: &grant.target,
+                }
+            }
+            Err(AcquireError::NoCapacity { .. }) => {
+                self.stats.denied += 1;
+                LeaseEvent::Denied {
+                    reason: "no_capacity",
+                }
+            }
+            Err(_) => LeaseEvent::Denied { reason: "invalid" },
+        };
+        event.emit(self.book.active_leases());
         result
     }
 }
@@ -114,6 +131,7 @@ impl Handler<Release> for LeaseStore {
         let held = self.book.release(&msg.0, Instant::now());
         if held {
             self.stats.released += 1;
+            metrics().leases_active.set(self.book.active_leases() as i64);
         }
         held
     }

@@ -19,6 +19,7 @@ pub mod health_server;
 pub mod kvm_host;
 pub mod lease_store;
 pub mod messages;
+pub mod metrics_server;
 pub mod operator;
 pub mod proxy_actor;
 pub mod registry;

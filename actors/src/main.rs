@@ -134,6 +134,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         providers_config: args.providers_config,
         state_dir: args.state_dir,
         health_probe_bind_address: args.health_probe_bind_address,
+        metrics_bind_address: args.metrics_bind_address,
         discovery_bind_address: args.discovery_bind_address,
         leader_elect: args.leader_elect,
         lease_duration: args.lease_duration,

@@ -31,6 +31,7 @@ pub struct Options {
     pub providers_config: PathBuf,
     pub state_dir: PathBuf,
     pub health_probe_bind_address: BindAddress,
+    pub metrics_bind_address: BindAddress,
     pub discovery_bind_address: BindAddress,
     pub leader_elect: bool,
     pub lease_duration: Duration,
@@ -61,12 +62,14 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
     let providers_config = ProvidersConfig::load(&options.providers_config)?;
     let prober = Prober::new(options.health_ca_file.as_deref())?;
     let health_listener = system::bind(options.health_probe_bind_address)?;
+    let metrics_listener = system::bind(options.metrics_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
     System::new().block_on(operate(
         options,
         providers_config,
         prober,
         health_listener,
+        metrics_listener,
         discovery_listener,
     ))
 }
@@ -76,6 +79,7 @@ async fn operate(
     providers_config: ProvidersConfig,
     prober: Prober,
     health_listener: Option<TcpListener>,
+    metrics_listener: Option<TcpListener>,
     discovery_listener: Option<TcpListener>,
 ) -> Result<(), OperatorError> {
     let client = kube::Client::try_default().await?;
@@ -94,6 +98,10 @@ async fn operate(
     let readiness = Readiness::default();
     if let Some(listener) = health_listener {
         actix::spawn(health_server::start(listener, readiness.clone())?);
+    }
+    // Every replica serves metrics, leader or not.
+    if let Some(listener) = metrics_listener {
+        actix::spawn(crate::metrics_server::start(listener)?);
     }
     let identity = std::env::var("POD_NAME")
         .ok()

@@ -9,7 +9,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
@@ -17,6 +17,7 @@ use egress_proxies::health::ProbeTarget;
 use egress_proxies::provider::ErrorClass;
 use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
 use egress_proxies::store::ObjectKey;
+use egress_proxies::telemetry::events::{ActorRestarted, ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
 
 use crate::health_prober::{HealthProber, Unwatch, Watch};
@@ -78,6 +79,8 @@ pub struct ProxyActor {
     leases: Option<Addr<LeaseStore>>,
     /// What the lease store was last told.
     announced: Option<egress_proxies::lease::Availability>,
+    /// The phase this proxy is counted under in the proxies-by-phase gauge.
+    counted_phase: Option<String>,
     /// What the prober currently watches for this proxy.
     watching: Option<ProbeTarget>,
     /// Kept between jobs; lent to the running one.
@@ -109,6 +112,7 @@ impl ProxyActor {
             prober,
             leases,
             announced: None,
+            counted_phase: None,
             watching: None,
             memory: Some(Memory::default()),
             pending_verdict: None,
@@ -139,6 +143,7 @@ impl ProxyActor {
         let rctx = self.ctx.clone();
         let mut memory = self.memory.take().unwrap_or_default();
         let work = async move {
+            let started = Instant::now();
             let result = match job {
                 Job::Reconcile => {
                     AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory))
@@ -150,12 +155,28 @@ impl ProxyActor {
                     .await
                     .map(|r| r.map(|()| Next::Idle)),
             };
-            (result, memory)
+            (result, memory, started.elapsed())
         };
-        ctx.spawn(work.into_actor(self).map(move |(result, memory), actor, ctx| {
-            actor.memory = Some(memory);
-            actor.finished(job, result, ctx)
-        }));
+        ctx.spawn(
+            work.into_actor(self)
+                .map(move |(result, memory, took), actor, ctx| {
+                    actor.memory = Some(memory);
+                    if job == Job::Reconcile {
+                        let outcome = match &result {
+                            Ok(Ok(_)) => "ok".to_owned(),
+                            Ok(Err(e)) => e.metric_label(),
+                            Err(_) => "panic".to_owned(),
+                        };
+                        ReconcileCompleted {
+                            proxy: &actor.key.to_string(),
+                            result: &outcome,
+                            duration: took,
+                        }
+                        .emit();
+                    }
+                    actor.finished(job, result, ctx)
+                }),
+        );
     }
 
     fn finished(&mut self, job: Job, result: JobResult, ctx: &mut Context<Self>) {
@@ -227,6 +248,11 @@ impl ProxyActor {
     /// Tells the lease store when the proxy's availability changed.
     fn announce(&mut self) {
         let current = self.memory.as_ref().and_then(|m| m.availability.clone());
+        let phase = current
+            .as_ref()
+            .map(|a| a.phase.clone())
+            .filter(|p| !p.is_empty());
+        self.count_phase(phase);
         if current == self.announced {
             return;
         }
@@ -237,6 +263,19 @@ impl ProxyActor {
             }
         }
         self.announced = current;
+    }
+
+    /// Moves this proxy between the proxies-by-phase gauge's phases.
+    fn count_phase(&mut self, phase: Option<String>) {
+        if phase != self.counted_phase {
+            ProxyPhaseChanged {
+                proxy: &self.key.to_string(),
+                from: self.counted_phase.as_deref(),
+                to: phase.as_deref(),
+            }
+            .emit();
+            self.counted_phase = phase;
+        }
     }
 
     /// Keeps the prober's registration in step with where the proxy serves.
@@ -288,6 +327,7 @@ impl Actor for ProxyActor {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
+        self.count_phase(None);
         if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
             prober.do_send(Unwatch {
                 key: self.key.clone(),
@@ -299,7 +339,11 @@ impl Actor for ProxyActor {
 impl Supervised for ProxyActor {
     fn restarting(&mut self, _: &mut Self::Context) {
         self.restarts.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(proxy = %self.key, "ProxyActor restarted by its supervisor");
+        ActorRestarted {
+            actor: "proxy",
+            id: &self.key.to_string(),
+        }
+        .emit();
         self.running = false;
         self.again = None;
         self.timer = None;

@@ -61,6 +61,8 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         crate::system::bind(config.discovery_bind_address).map_err(StandaloneError::Listen)?;
     let health_listener =
         crate::system::bind(config.health_probe_bind_address).map_err(StandaloneError::Listen)?;
+    let metrics_listener =
+        crate::system::bind(config.metrics_bind_address).map_err(StandaloneError::Listen)?;
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
     let store = Arc::new(store);
     tracing::info!(
@@ -95,6 +97,11 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
                 health_server::start(listener, readiness.clone()).map_err(StandaloneError::System)?;
             actix::spawn(server);
             tracing::info!(%addr, "health probes listening");
+        }
+        if let Some(listener) = metrics_listener {
+            let addr = listener.local_addr().map_err(StandaloneError::System)?;
+            actix::spawn(crate::metrics_server::start(listener).map_err(StandaloneError::System)?);
+            tracing::info!(%addr, "metrics listening");
         }
         readiness.set(true);
         crate::system::wait_for_shutdown()

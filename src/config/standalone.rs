@@ -20,6 +20,8 @@ pub struct StandaloneConfig {
     pub state_dir: PathBuf,
     /// `/healthz` and `/readyz`.
     pub health_probe_bind_address: BindAddress,
+    /// Prometheus metrics (`0` disables).
+    pub metrics_bind_address: BindAddress,
     /// The discovery and lease API.
     pub discovery_bind_address: BindAddress,
     /// Rest of a proxy for a target after a lease on it is released.
@@ -54,6 +56,8 @@ struct Raw {
     health_probe_bind_address: String,
     #[serde(default = "default_discovery")]
     discovery_bind_address: String,
+    #[serde(default = "default_metrics")]
+    metrics_bind_address: String,
     #[serde(default = "default_cooldown")]
     lease_cooldown: String,
     #[serde(default = "default_max_ttl")]
@@ -84,6 +88,10 @@ fn default_workers() -> usize {
     64
 }
 
+/// Off unless asked for (the quickstart asks for 127.0.0.1:8082).
+fn default_metrics() -> String {
+    "0".into()
+}
 fn default_health() -> String {
     "127.0.0.1:8081".to_owned()
 }
@@ -136,6 +144,10 @@ impl StandaloneConfig {
             .health_probe_bind_address
             .parse()
             .map_err(|e| invalid(format!("healthProbeBindAddress: {e}")))?;
+        let metrics_bind_address = raw
+            .metrics_bind_address
+            .parse()
+            .map_err(|e| invalid(format!("metricsBindAddress: {e}")))?;
         let discovery_bind_address = raw
             .discovery_bind_address
             .parse()
@@ -180,6 +192,7 @@ impl StandaloneConfig {
             manifests: resolve(raw.manifests),
             state_dir: resolve(raw.state_dir),
             health_probe_bind_address,
+            metrics_bind_address,
             manifest_poll_interval,
         })
     }

@@ -235,6 +235,16 @@ pub async fn fetch_to_pool(
         .map_err(|e| ImageError::Task(e.to_string()))??;
     let session = Arc::new(session);
     let result = fetch_with(client, image, &session, digest, format, started).await;
+    crate::telemetry::events::ImageDownloadCompleted {
+        host,
+        url,
+        result: match &result {
+            Ok(_) => "ok",
+            Err(e) => e.class().as_str(),
+        },
+        bytes: result.as_ref().map_or(0, |f| f.bytes),
+    }
+    .emit();
     // Closing is a libvirt call over the SSH link, whose forwarding may need
     // the very runtime thread a plain drop here would block.
     drop(tokio::task::spawn_blocking(move || drop(session)));

@@ -114,6 +114,11 @@ impl HostSession {
     ) -> Result<T, KvmError> {
         let started = Instant::now();
         let result = f();
+        crate::telemetry::events::LibvirtCallCompleted {
+            rpc,
+            duration: started.elapsed(),
+        }
+        .emit();
         let ms = started.elapsed().as_millis() as u64;
         match result {
             Ok(v) => {

@@ -8,6 +8,7 @@
 
 mod error;
 mod instance;
+mod instrumented;
 pub mod kubernetes;
 pub mod local;
 mod naming;
@@ -18,6 +19,7 @@ use async_trait::async_trait;
 
 pub use error::{ErrorClass, Op, ProviderError};
 pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, ProviderId};
+pub use instrumented::Instrumented;
 pub use local::LocalProvider;
 pub use naming::{INSTANCE_NAME_PREFIX, InstanceName, instance_name};
 pub use registry::{BuildContext, BuildError, KvmRunnerFactory, Providers};

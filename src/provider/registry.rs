@@ -94,7 +94,7 @@ impl Providers {
                     )
                 }
             };
-            by_name.insert(instance.name.clone(), provider);
+            by_name.insert(instance.name.clone(), super::Instrumented::wrap(provider));
         }
         Ok(Self { by_name })
     }
@@ -102,7 +102,10 @@ impl Providers {
     /// A set made of the given providers (tests, embedding).
     pub fn from_providers(providers: impl IntoIterator<Item = Arc<dyn Provider>>) -> Self {
         Self {
-            by_name: providers.into_iter().map(|p| (p.name().to_owned(), p)).collect(),
+            by_name: providers
+                .into_iter()
+                .map(|p| (p.name().to_owned(), super::Instrumented::wrap(p)))
+                .collect(),
         }
     }
 

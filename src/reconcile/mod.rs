@@ -114,6 +114,15 @@ impl ReconcileError {
         }
     }
 
+    /// The reconciles metric's `result` label: the kind, and for provider
+    /// errors the class (`provider_transient`, `store`, `cloud_init` ...).
+    pub fn metric_label(&self) -> String {
+        match self {
+            ReconcileError::Provider(e) => format!("provider_{}", e.class.as_str()),
+            other => other.kind().to_owned(),
+        }
+    }
+
     /// Label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -1,5 +1,10 @@
-//! Logs (and, as the system grows, metrics and traces).
+//! Logs, metrics and (issue 11) traces. Internal events ([`events`]) are
+//! the one place a notable happening is reported: each writes its log line
+//! and records its metrics, so the two never drift apart.
 
+pub mod events;
 mod logging;
+pub mod metrics;
 
 pub use logging::{LogFormat, LoggingError, init_logging};
+pub use metrics::metrics;

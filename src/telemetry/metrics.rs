@@ -1,0 +1,237 @@
+//! The operator's Prometheus metrics: one registry for the process, served
+//! in the OpenMetrics text format on `--metrics-bind-address`. Names follow
+//! Prometheus conventions (`egress_proxies_` prefix, `_total` counters, base
+//! units — seconds, bytes) and every label has a bounded set of values: no
+//! proxy names or UIDs, only providers, hosts, operations, phases, classes
+//! and reasons. Metrics are recorded through the events in
+//! [`super::events`], which also write the matching log line.
+
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderCallLabels {
+    pub provider: String,
+    pub kind: String,
+    pub op: String,
+    /// `ok` or the error class (`not_found`, `transient`, `quota_exceeded`, `permanent`).
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderOpLabels {
+    pub provider: String,
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActorLabel {
+    pub actor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabel {
+    pub host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabel {
+    pub rpc: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Latencies from 1 ms to ~65 s.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every metric the operator exports.
+pub struct Metrics {
+    registry: Registry,
+    pub provider_calls: Family<ProviderCallLabels, Counter>,
+    pub provider_call_duration: Histograms<ProviderOpLabels>,
+    pub reconciles: Family<ResultLabel, Counter>,
+    pub reconcile_duration: Histogram,
+    pub proxies: Family<PhaseLabel, Gauge>,
+    pub probes: Family<ResultLabel, Counter>,
+    pub probe_duration: Histogram,
+    pub leases_active: Gauge,
+    pub leases_granted: Counter,
+    pub leases_denied: Family<ReasonLabel, Counter>,
+    pub leases_expired: Counter,
+    pub actor_restarts: Family<ActorLabel, Counter>,
+    pub kvm_host_connected: Family<HostLabel, Gauge>,
+    pub libvirt_call_duration: Histograms<RpcLabel>,
+    pub image_downloads: Family<ResultLabel, Counter>,
+    pub image_download_bytes: Counter,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("egress_proxies");
+        let m = Self {
+            provider_calls: Family::default(),
+            provider_call_duration: Family::new_with_constructor(latency),
+            reconciles: Family::default(),
+            reconcile_duration: latency(),
+            proxies: Family::default(),
+            probes: Family::default(),
+            probe_duration: latency(),
+            leases_active: Gauge::default(),
+            leases_granted: Counter::default(),
+            leases_denied: Family::default(),
+            leases_expired: Counter::default(),
+            actor_restarts: Family::default(),
+            kvm_host_connected: Family::default(),
+            libvirt_call_duration: Family::new_with_constructor(latency),
+            image_downloads: Family::default(),
+            image_download_bytes: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "provider_calls",
+            "Provider calls by provider, operation and result (ok or the error class)",
+            m.provider_calls.clone(),
+        );
+        registry.register_with_unit(
+            "provider_call_duration",
+            "Duration of provider calls",
+            Unit::Seconds,
+            m.provider_call_duration.clone(),
+        );
+        registry.register(
+            "reconciles",
+            "Reconciles of Proxies by result (ok or the error kind/class)",
+            m.reconciles.clone(),
+        );
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Duration of reconciles",
+            Unit::Seconds,
+            m.reconcile_duration.clone(),
+        );
+        registry.register("proxies", "Proxies by phase", m.proxies.clone());
+        registry.register(
+            "health_probes",
+            "Health probes by result (ok or the failure reason)",
+            m.probes.clone(),
+        );
+        registry.register_with_unit(
+            "health_probe_duration",
+            "Duration of health probes",
+            Unit::Seconds,
+            m.probe_duration.clone(),
+        );
+        registry.register("leases_active", "Leases currently held", m.leases_active.clone());
+        registry.register("leases_granted", "Leases granted", m.leases_granted.clone());
+        registry.register(
+            "leases_denied",
+            "Lease requests denied, by reason",
+            m.leases_denied.clone(),
+        );
+        registry.register(
+            "leases_expired",
+            "Leases that reached their TTL unreleased",
+            m.leases_expired.clone(),
+        );
+        registry.register(
+            "actor_restarts",
+            "Supervised actor restarts by actor kind",
+            m.actor_restarts.clone(),
+        );
+        registry.register(
+            "kvm_host_connected",
+            "1 while the SSH link and libvirt connection to a KVM host are up",
+            m.kvm_host_connected.clone(),
+        );
+        registry.register_with_unit(
+            "libvirt_call_duration",
+            "Duration of libvirt calls by API name",
+            Unit::Seconds,
+            m.libvirt_call_duration.clone(),
+        );
+        registry.register(
+            "image_downloads",
+            "KVM base image downloads by result",
+            m.image_downloads.clone(),
+        );
+        registry.register_with_unit(
+            "image_download",
+            "Bytes of KVM base images downloaded into pools",
+            Unit::Bytes,
+            m.image_download_bytes.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The content type of [`Metrics::encode`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let m = Metrics::new();
+        m.provider_calls
+            .get_or_create(&ProviderCallLabels {
+                provider: "gcp-eu".into(),
+                kind: "gcp".into(),
+                op: "create".into(),
+                result: "ok".into(),
+            })
+            .inc();
+        m.reconcile_duration.observe(0.02);
+        m.image_download_bytes.inc_by(1024);
+        let text = m.encode();
+        for line in [
+            "# TYPE egress_proxies_provider_calls counter",
+            "egress_proxies_provider_calls_total{provider=\"gcp-eu\",kind=\"gcp\",op=\"create\",result=\"ok\"} 1",
+            "# TYPE egress_proxies_reconcile_duration_seconds histogram",
+            "egress_proxies_reconcile_duration_seconds_count 1",
+            "egress_proxies_image_download_bytes_total 1024",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+}
