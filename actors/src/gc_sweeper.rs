@@ -8,6 +8,8 @@ use actix::prelude::*;
 use egress_proxies::gc::{self, SweepReport};
 use egress_proxies::provider::Providers;
 use egress_proxies::store::ProxyStore;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 /// Run a sweep now; answers with its report (tests, admin).
 #[derive(Message, Debug, Clone, Copy)]
@@ -44,7 +46,24 @@ impl GcSweeper {
         }
         self.running = true;
         let (store, providers, grace) = (self.store.clone(), self.providers.clone(), self.grace);
-        let work = async move { gc::sweep(store.as_ref(), &providers, grace, jiff::Timestamp::now()).await };
+        let span = tracing::info_span!(
+            parent: None, "gc.sweep", gc.listed = Empty, gc.orphans = Empty, gc.deleted = Empty,
+            gc.leftovers_deleted = Empty, traceID = Empty, spanID = Empty,
+        );
+        egress_proxies::telemetry::otel::record_ids(&span);
+        let recorded = span.clone();
+        let work = async move {
+            let result = gc::sweep(store.as_ref(), &providers, grace, jiff::Timestamp::now())
+                .instrument(recorded.clone())
+                .await;
+            if let Ok(r) = &result {
+                recorded.record("gc.listed", r.listed);
+                recorded.record("gc.orphans", r.orphans);
+                recorded.record("gc.deleted", r.deleted);
+                recorded.record("gc.leftovers_deleted", r.leftovers_deleted);
+            }
+            result
+        };
         Some(Box::pin(work.into_actor(self).map(|result, actor, _| {
             actor.running = false;
             match result {

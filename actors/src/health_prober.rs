@@ -12,7 +12,10 @@ use actix::prelude::*;
 use egress_proxies::health::{HealthState, LatencyRule, Prober, Sample};
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
+use opentelemetry::trace::TraceContextExt;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::messages::{HealthVerdict, ProbeTarget};
 
@@ -52,6 +55,7 @@ struct ProbeDone {
     key: ObjectKey,
     generation: u64,
     sample: Sample,
+    span: Option<opentelemetry::trace::SpanContext>,
 }
 
 struct Watched {
@@ -125,7 +129,29 @@ impl HealthProber {
             let Ok(_permit) = pool.acquire_owned().await else {
                 return;
             };
-            let result = prober.probe(&target.endpoint, &target.check).await;
+            // Opt-in: a root span per probe (thousands per second otherwise).
+            let span = if trace {
+                tracing::info_span!(
+                    parent: None, "health.probe", otel.kind = "client", proxy = %key,
+                    probe.result = tracing::field::Empty, traceID = tracing::field::Empty,
+                    spanID = tracing::field::Empty,
+                )
+            } else {
+                tracing::Span::none()
+            };
+            egress_proxies::telemetry::otel::record_ids(&span);
+            let result = prober
+                .probe(&target.endpoint, &target.check)
+                .instrument(span.clone())
+                .await;
+            span.record(
+                "probe.result",
+                result.outcome.as_ref().err().map_or("ok", |f| f.reason()),
+            );
+            let span_context = trace
+                .then(|| span.context().span().span_context().clone())
+                .filter(|sc| sc.is_valid());
+            drop(span);
             ProbeCompleted {
                 result: result.outcome.as_ref().err().map_or("ok", |f| f.reason()),
                 duration: result.latency,
@@ -147,6 +173,7 @@ impl HealthProber {
                 key,
                 generation,
                 sample,
+                span: span_context,
             });
         });
     }
@@ -220,7 +247,7 @@ impl Handler<ProbeDone> for HealthProber {
             .record(&msg.sample, thresholds, self.rule, jiff::Timestamp::now())
         {
             tracing::debug!(proxy = %msg.key, healthy = verdict.healthy, flipped = verdict.flipped, "health verdict");
-            w.owner.do_send(HealthVerdict(verdict));
+            w.owner.do_send(HealthVerdict(verdict, msg.span.clone()));
         }
     }
 }

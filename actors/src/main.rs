@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use egress_proxies::config::ProvidersConfig;
 use egress_proxies::resource::{crd_yaml, proxy_table};
-use egress_proxies::telemetry::init_logging;
+use egress_proxies::telemetry::{TelemetryGuard, init_logging};
 use egress_proxies_operator::{operator, standalone, system};
 
 use cli::{Cli, Command, LoggingArgs, RunArgs};
@@ -33,8 +33,9 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn logging(args: &LoggingArgs) -> Result<(), ExitCode> {
-    init_logging(args.log_level.as_deref(), args.log_format.into()).map_err(fail)
+/// Logs, and traces when `traces` and the environment ask for them; keep the guard until exit.
+fn logging(args: &LoggingArgs, traces: bool) -> Result<TelemetryGuard, ExitCode> {
+    init_logging(args.log_level.as_deref(), args.log_format.into(), traces).map_err(fail)
 }
 
 fn print_crd() -> ExitCode {
@@ -89,9 +90,10 @@ fn get_proxies(config: &Path) -> ExitCode {
 }
 
 fn run_standalone(log: &LoggingArgs, config: &Path) -> ExitCode {
-    if let Err(code) = logging(log) {
-        return code;
-    }
+    let _telemetry = match logging(log, true) {
+        Ok(guard) => guard,
+        Err(code) => return code,
+    };
     tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
     match standalone::run(config) {
         Ok(()) => ExitCode::SUCCESS,
@@ -103,9 +105,11 @@ fn run_standalone(log: &LoggingArgs, config: &Path) -> ExitCode {
 }
 
 fn forward_proxy(log: &LoggingArgs, listen: std::net::SocketAddr, instance_dir: &Path) -> ExitCode {
-    if let Err(code) = logging(log) {
-        return code;
-    }
+    // A helper process of the local provider: no traces of its own.
+    let _telemetry = match logging(log, false) {
+        Ok(guard) => guard,
+        Err(code) => return code,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(e),
@@ -126,9 +130,10 @@ fn forward_proxy(log: &LoggingArgs, listen: std::net::SocketAddr, instance_dir: 
 }
 
 fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
-    if let Err(code) = logging(log) {
-        return code;
-    }
+    let _telemetry = match logging(log, true) {
+        Ok(guard) => guard,
+        Err(code) => return code,
+    };
     tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
     let options = operator::Options {
         providers_config: args.providers_config,

@@ -26,6 +26,11 @@ pub struct RegistryStats {
 /// A health verdict for the receiving ProxyActor's proxy.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct HealthVerdict(pub egress_proxies::health::Verdict);
+pub struct HealthVerdict(
+    pub egress_proxies::health::Verdict,
+    /// The `health.probe` span behind it (when probes are traced): the
+    /// reconcile a flip triggers links to it.
+    pub Option<opentelemetry::trace::SpanContext>,
+);
 
 pub use egress_proxies::health::ProbeTarget;

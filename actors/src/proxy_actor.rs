@@ -19,6 +19,8 @@ use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::{ActorRestarted, ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::health_prober::{HealthProber, Unwatch, Watch};
 use crate::lease_store::{LeaseStore, RemoveProxy, UpdateAvailability};
@@ -81,6 +83,8 @@ pub struct ProxyActor {
     announced: Option<egress_proxies::lease::Availability>,
     /// The phase this proxy is counted under in the proxies-by-phase gauge.
     counted_phase: Option<String>,
+    /// The probe span whose verdict asked for the next reconcile (linked to it).
+    probe_link: Option<opentelemetry::trace::SpanContext>,
     /// What the prober currently watches for this proxy.
     watching: Option<ProbeTarget>,
     /// Kept between jobs; lent to the running one.
@@ -113,6 +117,7 @@ impl ProxyActor {
             leases,
             announced: None,
             counted_phase: None,
+            probe_link: None,
             watching: None,
             memory: Some(Memory::default()),
             pending_verdict: None,
@@ -142,11 +147,25 @@ impl ProxyActor {
         let key = self.key.clone();
         let rctx = self.ctx.clone();
         let mut memory = self.memory.take().unwrap_or_default();
+        let span = match job {
+            Job::Reconcile => {
+                let span = tracing::info_span!(
+                    parent: None, "Reconcile Proxy", otel.kind = "internal", proxy = %key,
+                    traceID = tracing::field::Empty, spanID = tracing::field::Empty,
+                );
+                if let Some(link) = self.probe_link.take() {
+                    span.add_link(link);
+                }
+                egress_proxies::telemetry::otel::record_ids(&span);
+                span
+            }
+            Job::Health => tracing::Span::none(),
+        };
         let work = async move {
             let started = Instant::now();
             let result = match job {
                 Job::Reconcile => {
-                    AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory))
+                    AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory).instrument(span))
                         .catch_unwind()
                         .await
                 }
@@ -310,6 +329,9 @@ impl ProxyActor {
             return;
         }
         let unhealthy = !verdict.0.healthy;
+        if unhealthy {
+            self.probe_link = verdict.1;
+        }
         memory.health = Some(verdict.0);
         self.start(Job::Health, ctx);
         if unhealthy {

@@ -14,6 +14,7 @@ pub mod local;
 mod naming;
 mod registry;
 mod spec_hash;
+mod traced;
 
 use async_trait::async_trait;
 
@@ -24,6 +25,7 @@ pub use local::LocalProvider;
 pub use naming::{INSTANCE_NAME_PREFIX, InstanceName, instance_name};
 pub use registry::{BuildContext, BuildError, KvmRunnerFactory, Providers};
 pub use spec_hash::{SpecHash, spec_hash};
+pub use traced::Traced;
 
 /// A source of proxy instances (a cluster, a cloud, KVM hosts, this machine).
 #[async_trait]

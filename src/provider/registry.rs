@@ -38,6 +38,11 @@ pub enum BuildError {
     Invalid { name: String, reason: String },
 }
 
+/// Every provider is wrapped by the metrics and (outermost) tracing decorators.
+fn wrap(provider: Arc<dyn Provider>) -> Arc<dyn Provider> {
+    super::Traced::wrap(super::Instrumented::wrap(provider))
+}
+
 /// Every configured provider, all built or none.
 #[derive(Clone, Default)]
 pub struct Providers {
@@ -94,7 +99,7 @@ impl Providers {
                     )
                 }
             };
-            by_name.insert(instance.name.clone(), super::Instrumented::wrap(provider));
+            by_name.insert(instance.name.clone(), wrap(provider));
         }
         Ok(Self { by_name })
     }
@@ -104,7 +109,7 @@ impl Providers {
         Self {
             by_name: providers
                 .into_iter()
-                .map(|p| (p.name().to_owned(), super::Instrumented::wrap(p)))
+                .map(|p| (p.name().to_owned(), wrap(p)))
                 .collect(),
         }
     }

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
+use tracing::Instrument;
+
 use crate::health::{CheckSpec, ProbeTarget, Verdict};
 use crate::lease::Availability;
 use crate::provider::{
@@ -148,10 +150,16 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         memory,
     };
     let result = if proxy.metadata.deletion_timestamp.is_some() {
-        step.delete().await
+        step.delete()
+            .instrument(tracing::info_span!("reconcile.delete"))
+            .await
     } else {
         match proxy.spec.mode {
-            Mode::Managed => step.managed().await,
+            Mode::Managed => {
+                step.managed()
+                    .instrument(tracing::info_span!("reconcile.managed"))
+                    .await
+            }
             Mode::External => step.external().await,
         }
     };
@@ -171,7 +179,11 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         _ => Some(availability(&proxy, draft.status(), memory)),
     };
     if !matches!(result, Ok(Next::Gone)) {
-        match draft.write(ctx.store.as_ref(), key).await {
+        match draft
+            .write(ctx.store.as_ref(), key)
+            .instrument(tracing::info_span!("status.patch"))
+            .await
+        {
             Ok(()) | Err(StoreError::Gone { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -242,7 +254,10 @@ impl Step<'_> {
                 match result {
                     Err(e) if e.is_not_found() => self.forget_instance(),
                     Ok(_) => {
-                        self.memory.delete(provider.as_ref(), &id).await?;
+                        self.memory
+                            .delete(provider.as_ref(), &id)
+                            .instrument(tracing::info_span!("reconcile.replaceInstance", providerID = %id))
+                            .await?;
                         return Ok(Next::Poll);
                     }
                     Err(e) => return Err(e.into()),

@@ -3,7 +3,10 @@
 
 use std::io::IsTerminal;
 
+use tracing::Level;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::prelude::*;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,11 +29,41 @@ pub enum LoggingError {
     },
     #[error("a global logger is already installed")]
     AlreadyInstalled,
+    #[error(transparent)]
+    Tracing(#[from] super::otel::OtelError),
+}
+
+/// Keeps tracing alive; dropping it flushes and shuts the exporter down.
+pub struct TelemetryGuard {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Whether spans are exported.
+    pub fn tracing(&self) -> bool {
+        self.provider.is_some()
+    }
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("flushing traces at shutdown: {e}");
+        }
+    }
 }
 
 /// Installs the global subscriber. `level` (from `--log-level`) wins over
-/// `RUST_LOG`; with neither, `info`.
-pub fn init_logging(level: Option<&str>, format: LogFormat) -> Result<(), LoggingError> {
+/// `RUST_LOG`; with neither, `info`. With `traces` and the OpenTelemetry
+/// environment asking for it (see [`super::otel`]), spans are exported too
+/// — filtered on their own, so the log level never hides a span.
+pub fn init_logging(
+    level: Option<&str>,
+    format: LogFormat,
+    traces: bool,
+) -> Result<TelemetryGuard, LoggingError> {
     let filter_text = level
         .map(str::to_owned)
         .or_else(|| std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty()))
@@ -46,17 +79,38 @@ pub fn init_logging(level: Option<&str>, format: LogFormat) -> Result<(), Loggin
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stdout().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result = if json {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init()
+    let exporter = if traces {
+        super::otel::exporter_from_env(|k| std::env::var(k).ok())?
     } else {
-        builder.try_init()
+        None
     };
-    result.map_err(|_| LoggingError::AlreadyInstalled)
+    let provider = exporter.map(super::otel::tracer_provider).transpose()?;
+    let otel_layer = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        // Only the operator's own spans: dependencies' spans would start traces of their own.
+        let spans = Targets::new()
+            .with_target("egress_proxies", Level::INFO)
+            .with_target("egress_proxies_operator", Level::INFO);
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("egress-proxies-operator"))
+            .with_filter(spans)
+    });
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt_layer = if json {
+        // The current span's fields (traceID, spanID, proxy) on every line.
+        fmt.json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_filter(filter)
+            .boxed()
+    } else {
+        fmt.with_filter(filter).boxed()
+    };
+    tracing_subscriber::registry()
+        .with(fmt_layer)
+        .with(otel_layer)
+        .try_init()
+        .map_err(|_| LoggingError::AlreadyInstalled)?;
+    Ok(TelemetryGuard { provider })
 }

@@ -5,6 +5,7 @@
 pub mod events;
 mod logging;
 pub mod metrics;
+pub mod otel;
 
-pub use logging::{LogFormat, LoggingError, init_logging};
+pub use logging::{LogFormat, LoggingError, TelemetryGuard, init_logging};
 pub use metrics::metrics;

@@ -52,3 +52,46 @@ pub async fn contain_panics(
         }
     }
 }
+
+/// Request headers as an OpenTelemetry carrier (for `traceparent`).
+struct Headers<'a>(&'a actix_web::http::header::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// One server span per request, named from the route (`POST /v1/leases`),
+/// continuing the caller's trace when it sends a W3C `traceparent`.
+pub async fn traced(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    use tracing::Instrument;
+    use tracing::field::Empty;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    let method = req.method().to_string();
+    let route = req.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));
+    let span = tracing::info_span!(
+        parent: None, "HTTP request", otel.name = %format!("{method} {route}"), otel.kind = "server",
+        http.request.method = %method, http.route = %route, http.response.status_code = Empty,
+        otel.status_code = Empty, traceID = Empty, spanID = Empty,
+    );
+    let _ = span.set_parent(parent);
+    egress_proxies::telemetry::otel::record_ids(&span);
+    let response = next.call(req).instrument(span.clone()).await;
+    if let Ok(r) = &response {
+        span.record("http.response.status_code", r.status().as_u16());
+        if r.status().is_server_error() {
+            span.record("otel.status_code", "error");
+        }
+    }
+    response
+}

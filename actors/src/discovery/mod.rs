@@ -128,6 +128,7 @@ pub fn start(
                         middleware::authenticate(token.clone(), req, next)
                     }))
                     .wrap(tracing_actix_web::TracingLogger::default())
+                    .wrap(from_fn(middleware::traced))
                     .service(guarded("/v1/proxies").route(web::get().to(handlers::list_proxies)))
                     .service(guarded("/v1/leases").route(web::post().to(handlers::acquire)))
                     .service(guarded("/v1/leases/{id}").route(web::delete().to(handlers::release)))

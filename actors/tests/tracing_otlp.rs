@@ -1,0 +1,388 @@
+//! Traces leave the operator binary over OTLP/HTTP into an in-process
+//! receiver that decodes the export protobuf: span names, kinds, attributes,
+//! parent/child structure, the probe → reconcile link, a continued incoming
+//! `traceparent`, log lines carrying their span's traceID, spans flushed on
+//! SIGTERM. Without the OTel environment nothing is exported and logs carry
+//! no trace IDs.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use egress_proxies::resource::Phase;
+use egress_proxies::store::embedded::read_snapshot;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use prost::Message;
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+
+type Received = Arc<Mutex<Vec<Span>>>;
+
+/// An OTLP/HTTP traces receiver on loopback (`POST /v1/traces`, protobuf).
+fn receiver() -> (String, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let spans: Received = Arc::default();
+    let sink = spans.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let sink = sink.clone();
+            std::thread::spawn(move || serve(stream, sink));
+        }
+    });
+    (format!("http://{addr}"), spans)
+}
+
+fn serve(stream: TcpStream, sink: Received) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0;
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            if let Some((k, v)) = header.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        if line.starts_with("POST /v1/traces")
+            && let Ok(request) = ExportTraceServiceRequest::decode(body.as_slice())
+        {
+            let mut spans = sink.lock().unwrap();
+            for rs in request.resource_spans {
+                for ss in rs.scope_spans {
+                    spans.extend(ss.spans);
+                }
+            }
+        }
+        let _ = writer.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
+        );
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn health_target() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut buf = [0u8; 2048];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    format!("http://{addr}/generate_204")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            AnyValue::StringValue(s) => Some(s.clone()),
+            AnyValue::IntValue(i) => Some(i.to_string()),
+            AnyValue::BoolValue(b) => Some(b.to_string()),
+            _ => None,
+        }
+    })
+}
+
+struct Scenario {
+    root: tempfile::TempDir,
+    api: String,
+    child: Option<Child>,
+}
+
+impl Scenario {
+    /// The operator with one local Proxy; `otel` adds the exporter environment.
+    fn start(otel: Option<&str>) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path();
+        std::fs::create_dir(dir.join("proxies")).unwrap();
+        std::fs::write(
+            dir.join("providers.yaml"),
+            "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        )
+        .unwrap();
+        let api = format!("127.0.0.1:{}", free_port());
+        std::fs::write(
+            dir.join("standalone.yaml"),
+            format!(
+                "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\nhealthProbeBindAddress: \"0\"\n\
+                 discoveryBindAddress: \"{api}\"\nmanifestPollInterval: 100ms\ntraceHealthProbes: true\n\
+                 gcInterval: 1s\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("proxies/p.yaml"),
+            format!(
+                "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p, namespace: crawl}}\n\
+                 spec: {{mode: Managed, provider: local, port: {}, \
+                 healthCheck: {{url: \"{}\", interval: 200ms, unhealthyThreshold: 2}}}}\n",
+                free_port(),
+                health_target()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("operator.log")).unwrap();
+        let mut command = Command::new(BIN);
+        command
+            .args(["standalone", "--config"])
+            .arg(dir.join("standalone.yaml"))
+            .args(["--log-format", "json", "--log-level", "debug"])
+            .env_remove("DISCOVERY_TOKEN")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("OTEL_TRACES_EXPORTER")
+            .env_remove("OTEL_SDK_DISABLED")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null());
+        if let Some(endpoint) = otel {
+            command
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+                .env("OTEL_SERVICE_NAME", "epo-under-test");
+        }
+        let child = command.spawn().unwrap();
+        Self {
+            root,
+            api,
+            child: Some(child),
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.root.path()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir().join("operator.log")).unwrap_or_default()
+    }
+
+    fn wait_ready(&self) {
+        let state = self.dir().join("state");
+        let started = Instant::now();
+        loop {
+            let phase = read_snapshot(&state)
+                .ok()
+                .and_then(|ps| ps.into_iter().next())
+                .and_then(|p| p.status)
+                .and_then(|s| s.phase);
+            if phase == Some(Phase::Ready) {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "not Ready\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn request(&self, path: &str, traceparent: &str) -> String {
+        let mut s = TcpStream::connect(&self.api).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\ntraceparent: {traceparent}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    fn kill_proxy_process(&self) {
+        let instance = std::fs::read_dir(self.dir().join("state/local/local/instances"))
+            .unwrap()
+            .flatten()
+            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .unwrap()
+            .path();
+        let killed = Command::new("pkill")
+            .args(["-9", "-f"])
+            .arg(instance.canonicalize().unwrap())
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    }
+
+    /// SIGTERM and wait: a graceful stop flushes the spans.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let started = Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "no exit after SIGTERM"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+const INCOMING_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const INCOMING_PARENT: &str = "00f067aa0ba902b7";
+
+#[test]
+fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
+    let (endpoint, received) = receiver();
+    let mut run = Scenario::start(Some(&endpoint));
+    run.wait_ready();
+    let answer = run.request(
+        "/v1/proxies",
+        &format!("00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    run.request("/healthz", &format!("00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"));
+    // A dead proxy: failing probes flip the verdict, which triggers a reconcile linked to its probe.
+    run.kill_proxy_process();
+    std::thread::sleep(Duration::from_secs(3));
+    run.stop();
+    let log = run.log();
+    let spans = received.lock().unwrap().clone();
+    assert!(!spans.is_empty(), "no spans received\n{log}");
+    let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
+    let named = |name: &'static str| spans.iter().filter(move |s| s.name == name);
+
+    // Reconcile Proxy roots with their children.
+    let roots: Vec<&Span> = named("Reconcile Proxy").collect();
+    assert!(
+        !roots.is_empty(),
+        "{:?}",
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    assert!(
+        roots
+            .iter()
+            .all(|r| r.parent_span_id.is_empty() && r.kind == SpanKind::Internal as i32)
+    );
+    let root_ids: Vec<&Vec<u8>> = roots.iter().map(|r| &r.span_id).collect();
+    let managed: Vec<&Span> = named("reconcile.managed").collect();
+    assert!(!managed.is_empty() && managed.iter().all(|m| root_ids.contains(&&m.parent_span_id)));
+    assert!(named("status.patch").any(|s| root_ids.contains(&&s.parent_span_id)));
+    let create = named("provider.create").next().expect("a provider.create span");
+    assert_eq!(create.kind, SpanKind::Client as i32);
+    assert_eq!(attr(create, "provider.name").as_deref(), Some("local"));
+    assert_eq!(attr(create, "provider.result").as_deref(), Some("ok"));
+    let parent = by_id[&create.parent_span_id];
+    assert_eq!(
+        parent.name, "reconcile.managed",
+        "provider calls are children of the reconcile"
+    );
+    assert_eq!(parent.trace_id, create.trace_id);
+
+    // The discovery request continued the caller's trace; /healthz made no span.
+    let server: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(
+        server.len(),
+        1,
+        "{:?}",
+        server.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    assert_eq!(server[0].name, "GET /v1/proxies");
+    assert_eq!(hex(&server[0].trace_id), INCOMING_TRACE);
+    assert_eq!(hex(&server[0].parent_span_id), INCOMING_PARENT);
+    assert_eq!(
+        attr(server[0], "http.response.status_code").as_deref(),
+        Some("200")
+    );
+
+    // GC sweeps are traced with their counts.
+    let gc = named("gc.sweep").next().expect("a gc.sweep span");
+    assert!(attr(gc, "gc.listed").is_some());
+
+    // Probes are traced (opt-in) and the reconcile their verdict triggered links to one.
+    let probes: HashMap<&Vec<u8>, &Span> = named("health.probe").map(|p| (&p.span_id, p)).collect();
+    assert!(!probes.is_empty());
+    let linked = roots
+        .iter()
+        .flat_map(|r| r.links.iter())
+        .find(|l| probes.contains_key(&l.span_id))
+        .expect("a reconcile linked to the probe that failed");
+    let probe = probes[&linked.span_id];
+    assert_eq!(linked.trace_id, probe.trace_id);
+    assert_ne!(attr(probe, "probe.result").as_deref(), Some("ok"));
+
+    // Log lines inside a span carry its traceID (JSON: the current span's fields).
+    let create_trace = hex(&create.trace_id);
+    let correlated = log.lines().any(|l| {
+        serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| {
+            v["span"]["name"] == "provider.create" && v["span"]["traceID"] == create_trace.as_str()
+        })
+    });
+    assert!(
+        correlated,
+        "a log line inside provider.create carries its traceID {create_trace}\n{log}"
+    );
+}
+
+#[test]
+fn without_the_otel_environment_nothing_is_exported_and_logs_carry_no_trace_ids() {
+    let (endpoint, received) = receiver();
+    let mut run = Scenario::start(None);
+    run.wait_ready();
+    run.request(
+        "/v1/proxies",
+        &format!("00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"),
+    );
+    run.stop();
+    let _ = endpoint;
+    assert!(received.lock().unwrap().is_empty());
+    let log = run.log();
+    assert!(log.contains("provider call"), "debug logs were written\n{log}");
+    assert!(
+        !log.contains("traceID"),
+        "no trace IDs in logs when tracing is off\n{log}"
+    );
+}
