@@ -1,94 +1,17 @@
 //! The gcp provider's real client (reqwest + gcp_auth with a service-account
 //! key) against the fake Compute API and token endpoint over loopback HTTP:
 //! lifecycle, 409-is-success, every status-code class, every state row,
-//! partial-success lists, token refresh, missing credentials that heal,
-//! and the wire log (elided, cloud-init redacted, no token ever).
+//! partial-success lists, token refresh, missing credentials that heal
+//! (the wire log has its own binary: gcp_wire_log.rs).
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+mod support;
+
 use std::time::Duration;
 
-use egress_proxies::config::GcpConfig;
-use egress_proxies::gcp::api::AdcTokens;
-use egress_proxies::gcp::{GcpOptions, GcpProvider};
-use egress_proxies::provider::{
-    CloudInitBytes, CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
-};
-use egress_proxies::resource::Placement;
+use egress_proxies::provider::{ErrorClass, InstanceState, Provider, ProviderId};
 use fake_compute::{FakeCompute, Fault};
 use serde_json::json;
-
-const ZONE: &str = "europe-west1-b";
-
-/// A fresh RSA service-account key whose `token_uri` is the fake's.
-fn key_file(dir: &Path, fake: &FakeCompute) -> PathBuf {
-    let pem = dir.join("key.pem");
-    let made = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&pem)
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    let key = json!({
-        "type": "service_account",
-        "project_id": "crawl-test",
-        "private_key_id": "k1",
-        "private_key": std::fs::read_to_string(&pem).unwrap(),
-        "client_email": "proxy-operator@crawl-test.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": fake.token_uri(),
-    });
-    let path = dir.join("sa.json");
-    std::fs::write(&path, key.to_string()).unwrap();
-    path
-}
-
-fn config(fake: &FakeCompute) -> GcpConfig {
-    serde_json::from_value(
-        json!({"project": "crawl-test", "networkTag": "egress-proxy", "apiEndpoint": fake.api_root()}),
-    )
-    .unwrap()
-}
-
-fn provider(fake: &FakeCompute, key: PathBuf, full_payloads: bool) -> GcpProvider {
-    GcpProvider::new(
-        "gcp-test",
-        config(fake),
-        Arc::new(AdcTokens::service_account_file(key)),
-        &GcpOptions {
-            wire_log_full_payloads: full_payloads,
-        },
-    )
-    .unwrap()
-}
-
-fn request(uid: &str) -> CreateRequest {
-    CreateRequest {
-        name: instance_name(uid),
-        uid: uid.into(),
-        namespace: "crawl".into(),
-        cloud_init: Some(CloudInitBytes(b"#cloud-config\npackages: [squid]\n".to_vec())),
-        placement: Placement {
-            zone: Some(ZONE.into()),
-            machine_type: Some("e2-micro".into()),
-            image: Some("projects/debian-cloud/global/images/family/debian-12".into()),
-            region: None,
-        },
-        port: 3128,
-    }
-}
+use support::gcp::{ZONE, key_file, provider, request};
 
 async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..100 {
@@ -302,90 +225,4 @@ async fn tokens_are_cached_and_refreshed_and_missing_credentials_heal() {
     assert_eq!(state.issued.len(), 2, "refreshed before expiry");
     let used: Vec<&str> = state.seen.iter().filter_map(|s| s.token.as_deref()).collect();
     assert_eq!(used.last(), Some(&state.issued[1].as_str()));
-}
-
-/// Collects what the subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
-const SECRET_CLOUD_INIT: &str = "#cloud-config\nchpasswd: {list: 'root:S3CRET-PASSW0RD'}\n";
-/// Longer than the 1 KiB elision threshold.
-const IMAGE_LEN: usize = 1125;
-
-async fn wire_log(full_payloads: bool) -> (String, Vec<String>) {
-    let fake = FakeCompute::start("crawl-test").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let gcp = provider(&fake, key_file(dir.path(), &fake), full_payloads);
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(captured.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let mut req = request("3f0c0c5e-0000-4000-8000-000000000030");
-    req.cloud_init = Some(CloudInitBytes(SECRET_CLOUD_INIT.as_bytes().to_vec()));
-    req.placement.image = Some(format!("projects/p/global/images/{}", "x".repeat(IMAGE_LEN - 25)));
-    let id = gcp.create(&req).await.unwrap();
-    gcp.get(&id).await.unwrap();
-    gcp.list_by_tag().await.unwrap();
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    (text, fake.state().issued.clone())
-}
-
-#[tokio::test]
-async fn the_wire_log_elides_redacts_and_never_shows_a_token() {
-    let (text, tokens) = wire_log(false).await;
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            l.contains("egress_proxies::gcp::wire")
-                && (l.contains("gcp request") || l.contains("gcp response"))
-        })
-        .collect();
-    assert_eq!(
-        lines.len(),
-        6,
-        "request + response for insert, get and list:\n{text}"
-    );
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("POST") && l.contains(&format!("<{IMAGE_LEN} bytes elided>"))),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!(
-            "<cloud-init, {} bytes, redacted>",
-            SECRET_CLOUD_INIT.len()
-        )),
-        "{text}"
-    );
-    let (full, full_tokens) = wire_log(true).await;
-    assert!(full.contains(&"x".repeat(1100)), "full payloads show long fields");
-    for (log, tokens) in [(&text, &tokens), (&full, &full_tokens)] {
-        assert!(!tokens.is_empty());
-        for token in tokens.iter() {
-            assert!(!log.contains(token.as_str()), "a token leaked into the log");
-        }
-        assert!(!log.contains("S3CRET-PASSW0RD"), "cloud-init leaked into the log");
-        assert!(!log.contains("Bearer"), "an authorization header leaked");
-    }
 }

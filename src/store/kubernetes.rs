@@ -19,6 +19,8 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use tracing::Instrument;
+
 use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SecretKeyRef};
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
 
@@ -193,7 +195,12 @@ impl KubeStore {
     ) -> Result<(), StoreError> {
         let api = self.proxies(&key.namespace);
         for _ in 0..CONFLICT_RETRIES {
-            let Some(current) = api.get_opt(&key.name).await.map_err(backend)? else {
+            let Some(current) = api
+                .get_opt(&key.name)
+                .instrument(api_span("get", "proxies", Some(key)))
+                .await
+                .map_err(backend)?
+            else {
                 return Err(StoreError::Gone {
                     key: key.clone(),
                     uid: uid.to_owned(),
@@ -220,6 +227,7 @@ impl KubeStore {
                 serde_json::from_value(ops).map_err(|e| StoreError::Backend(e.to_string()))?;
             match api
                 .patch(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .instrument(api_span("patch", "proxies", Some(key)))
                 .await
             {
                 Ok(_) => return Ok(()),
@@ -253,9 +261,11 @@ impl KubeStore {
         let api = self.proxies(&key.namespace);
         let result = if status {
             api.patch_status(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .instrument(api_span("patch", "proxies/status", Some(key)))
                 .await
         } else {
             api.patch(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .instrument(api_span("patch", "proxies", Some(key)))
                 .await
         };
         match result {
@@ -271,11 +281,28 @@ impl KubeStore {
 
 use kube::runtime::watcher::watcher;
 
+/// A client span for one Kubernetes API call — only inside an existing
+/// trace: watches, leader election and other background calls never start
+/// traces of their own.
+fn api_span(verb: &'static str, resource: &'static str, key: Option<&ObjectKey>) -> tracing::Span {
+    if tracing::Span::current().is_none() {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(
+        "kubernetes.api",
+        otel.name = %format!("{verb} {resource}"),
+        otel.kind = "client",
+        k8s.namespace = key.map(|k| k.namespace.as_str()),
+        k8s.name = key.map(|k| k.name.as_str()),
+    )
+}
+
 #[async_trait]
 impl ProxyStore for KubeStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
         self.proxies(&key.namespace)
             .get_opt(&key.name)
+            .instrument(api_span("get", "proxies", Some(key)))
             .await
             .map_err(backend)
     }
@@ -333,6 +360,7 @@ impl ProxyStore for KubeStore {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let found = api
             .get_opt(&secret.name)
+            .instrument(api_span("get", "secrets", None))
             .await
             .map_err(|e| CloudInitError::Backend {
                 namespace: namespace.to_owned(),
@@ -374,6 +402,7 @@ impl ProxyStore for KubeStore {
         let list = self
             .all_proxies()
             .list(&ListParams::default())
+            .instrument(api_span("list", "proxies", None))
             .await
             .map_err(backend)?;
         Ok(list.items.into_iter().filter_map(|p| p.metadata.uid).collect())

@@ -1,6 +1,7 @@
 //! Shared test support: a scripted provider, target servers, waiting helpers.
 #![allow(dead_code)]
 
+pub mod gcp;
 pub mod http;
 pub mod kvm_bed;
 pub mod rbac;
