@@ -71,6 +71,38 @@ fn standalone_refuses_a_missing_manifest_directory_with_a_clear_error() {
 }
 
 #[test]
+fn a_config_path_without_a_directory_is_relative_to_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), "providers: []\n").unwrap();
+    std::fs::write(
+        dir.path().join("standalone.yaml"),
+        "providersConfig: p.yaml\nmanifests: nowhere\nstateDir: s\n",
+    )
+    .unwrap();
+    let out = operator()
+        .current_dir(dir.path())
+        .args([
+            "standalone",
+            "--log-format",
+            "text",
+            "--config",
+            "standalone.yaml",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The config was read (paths resolved against the working directory):
+    // what stops it is the missing manifest directory, not the path itself.
+    assert!(
+        stderr.contains(&format!(
+            "{}/nowhere",
+            dir.path().canonicalize().unwrap().display()
+        )) || stderr.contains(&format!("{}/nowhere", dir.path().display())),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn standalone_reports_a_taken_port_without_panicking() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dir = tempfile::tempdir().unwrap();

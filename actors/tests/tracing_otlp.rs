@@ -127,7 +127,7 @@ struct Scenario {
 
 impl Scenario {
     /// The operator with one local Proxy; `otel` adds the exporter environment.
-    fn start(otel: Option<&str>) -> Self {
+    fn start(otel: Option<(&str, &str)>) -> Self {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path();
         std::fs::create_dir(dir.join("proxies")).unwrap();
@@ -171,9 +171,10 @@ impl Scenario {
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null());
-        if let Some(endpoint) = otel {
+        if let Some((endpoint, protocol)) = otel {
             command
                 .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
                 .env("OTEL_BSP_SCHEDULE_DELAY", "200")
                 .env("OTEL_SERVICE_NAME", "epo-under-test");
         }
@@ -274,7 +275,7 @@ const INCOMING_PARENT: &str = "00f067aa0ba902b7";
 #[test]
 fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     let (endpoint, received) = receiver();
-    let mut run = Scenario::start(Some(&endpoint));
+    let mut run = Scenario::start(Some((&endpoint, "http/protobuf")));
     run.wait_ready();
     let answer = run.request(
         "/v1/proxies",
@@ -384,5 +385,63 @@ fn without_the_otel_environment_nothing_is_exported_and_logs_carry_no_trace_ids(
     assert!(
         !log.contains("traceID"),
         "no trace IDs in logs when tracing is off\n{log}"
+    );
+}
+
+/// An OTLP/gRPC traces receiver (tonic) on loopback, on its own runtime.
+fn grpc_receiver() -> (String, Received) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+
+    struct Sink(Received);
+
+    #[tonic::async_trait]
+    impl TraceService for Sink {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let mut spans = self.0.lock().unwrap();
+            for rs in request.into_inner().resource_spans {
+                for ss in rs.scope_spans {
+                    spans.extend(ss.spans);
+                }
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    let spans: Received = Arc::default();
+    let sink = spans.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(Sink(sink)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+    });
+    (format!("http://{}", rx.recv().unwrap()), spans)
+}
+
+#[test]
+fn grpc_is_used_when_asked_for() {
+    let (endpoint, received) = grpc_receiver();
+    let mut run = Scenario::start(Some((&endpoint, "grpc")));
+    run.wait_ready();
+    run.stop();
+    let spans = received.lock().unwrap().clone();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"Reconcile Proxy") && names.contains(&"provider.create"),
+        "{names:?}\n{}",
+        run.log()
     );
 }

@@ -137,8 +137,12 @@ impl StandaloneConfig {
         };
         let raw: Raw = serde_saphyr::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         // Absolute, so that paths survive any later change of working directory.
-        let base = std::path::absolute(path.parent().unwrap_or(Path::new(".")))
-            .map_err(|e| invalid(e.to_string()))?;
+        // `standalone.yaml` has the empty path as its parent: the current directory.
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let base = std::path::absolute(parent).map_err(|e| invalid(e.to_string()))?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let health_probe_bind_address = raw
             .health_probe_bind_address

@@ -35,20 +35,20 @@ pub enum LoggingError {
 
 /// Keeps tracing alive; dropping it flushes and shuts the exporter down.
 pub struct TelemetryGuard {
-    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+    tracer: Option<super::otel::Tracer>,
 }
 
 impl TelemetryGuard {
     /// Whether spans are exported.
     pub fn tracing(&self) -> bool {
-        self.provider.is_some()
+        self.tracer.is_some()
     }
 }
 
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
-        if let Some(provider) = self.provider.take()
-            && let Err(e) = provider.shutdown()
+        if let Some(tracer) = self.tracer.take()
+            && let Err(e) = tracer.shutdown()
         {
             eprintln!("flushing traces at shutdown: {e}");
         }
@@ -84,15 +84,15 @@ pub fn init_logging(
     } else {
         None
     };
-    let provider = exporter.map(super::otel::tracer_provider).transpose()?;
-    let otel_layer = provider.as_ref().map(|p| {
+    let tracer = exporter.map(super::otel::tracer).transpose()?;
+    let otel_layer = tracer.as_ref().map(|t| {
         use opentelemetry::trace::TracerProvider as _;
         // Only the operator's own spans: dependencies' spans would start traces of their own.
         let spans = Targets::new()
             .with_target("egress_proxies", Level::INFO)
             .with_target("egress_proxies_operator", Level::INFO);
         tracing_opentelemetry::layer()
-            .with_tracer(p.tracer("egress-proxies-operator"))
+            .with_tracer(t.provider.tracer("egress-proxies-operator"))
             .with_filter(spans)
     });
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
@@ -112,5 +112,5 @@ pub fn init_logging(
         .with(otel_layer)
         .try_init()
         .map_err(|_| LoggingError::AlreadyInstalled)?;
-    Ok(TelemetryGuard { provider })
+    Ok(TelemetryGuard { tracer })
 }

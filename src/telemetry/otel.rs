@@ -84,12 +84,32 @@ fn resource() -> Resource {
     builder.build()
 }
 
+/// A running tracer provider and, for gRPC, the runtime its exporter lives on.
+pub struct Tracer {
+    pub provider: SdkTracerProvider,
+    /// tonic needs a Tokio runtime of its own: the export must work whatever
+    /// the calling thread (actix arbiters, the main thread at shutdown).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Tracer {
+    /// Flushes and stops the exporter (then its runtime).
+    pub fn shutdown(mut self) -> Result<(), String> {
+        let result = self.provider.shutdown().map_err(|e| e.to_string());
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(std::time::Duration::from_secs(5));
+        }
+        result
+    }
+}
+
 /// Builds the tracer provider for `exporter` and installs the W3C
-/// propagator. Keep the provider: dropping or shutting it down flushes.
-pub fn tracer_provider(exporter: TracesExporter) -> Result<SdkTracerProvider, OtelError> {
+/// propagator. Keep it: [`Tracer::shutdown`] flushes.
+pub fn tracer(exporter: TracesExporter) -> Result<Tracer, OtelError> {
     // The OTLP HTTP client is rustls without a built-in provider: ours (ring) first.
     crate::tls::ensure_crypto_provider();
     let builder = SdkTracerProvider::builder().with_resource(resource());
+    let mut runtime = None;
     let provider = match exporter {
         TracesExporter::Console => builder
             .with_simple_exporter(opentelemetry_stdout::SpanExporter::default())
@@ -102,16 +122,31 @@ pub fn tracer_provider(exporter: TracesExporter) -> Result<SdkTracerProvider, Ot
             builder.with_batch_exporter(exporter).build()
         }
         TracesExporter::OtlpGrpc => {
-            let exporter = SpanExporter::builder()
-                .with_tonic()
-                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("otel-export")
+                .enable_all()
                 .build()
                 .map_err(|e| OtelError::Build(e.to_string()))?;
-            builder.with_batch_exporter(exporter).build()
+            let processor = {
+                let _inside = rt.enter();
+                let exporter = SpanExporter::builder()
+                    .with_tonic()
+                    .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+                    .build()
+                    .map_err(|e| OtelError::Build(e.to_string()))?;
+                opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+                    exporter,
+                    opentelemetry_sdk::runtime::Tokio,
+                )
+                .build()
+            };
+            runtime = Some(rt);
+            builder.with_span_processor(processor).build()
         }
     };
     global::set_text_map_propagator(TraceContextPropagator::new());
-    Ok(provider)
+    Ok(Tracer { provider, runtime })
 }
 
 /// Records the span's OpenTelemetry IDs as its `traceID`/`spanID` fields
