@@ -89,6 +89,7 @@ impl Actor for GcSweeper {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        crate::supervision::report_singleton("gc_sweeper", "idle", 0);
         ctx.run_interval(self.interval, |actor, ctx| {
             if let Some(work) = actor.sweep() {
                 ctx.spawn(work.map(|_, _, _| ()));

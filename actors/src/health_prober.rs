@@ -181,6 +181,17 @@ impl HealthProber {
 
 impl Actor for HealthProber {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(Duration::from_secs(1), |prober, _| {
+            let in_flight = prober.watched.values().filter(|w| w.in_flight).count();
+            crate::supervision::report_singleton(
+                "health_prober",
+                &format!("watching {}", prober.watched.len()),
+                in_flight,
+            );
+        });
+    }
 }
 
 impl Handler<Watch> for HealthProber {

@@ -110,7 +110,20 @@ impl KvmHostActor {
         Ok(key)
     }
 
+    /// This host's entry in the supervision tree (dashboard).
+    fn report_tree(&self, state: &str) {
+        crate::supervision::report(crate::supervision::ActorInfo {
+            kind: "kvm_host".into(),
+            id: self.host.name.clone(),
+            supervisor: "Supervisor".into(),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            state: state.into(),
+            pending: self.queued.len(),
+        });
+    }
+
     fn fail(&mut self, why: String, ctx: &mut Context<Self>) {
+        self.report_tree(&format!("down: {why}"));
         KvmHostLinkChanged {
             host: &self.host.name,
             connected: false,
@@ -139,6 +152,7 @@ impl Actor for KvmHostActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.report_tree("connecting");
         let attempt = self.restarts.load(Ordering::Relaxed);
         // Backoff on re-dials: 0, 1, 2, 4 … 30 s.
         let delay = if attempt == 0 {
@@ -201,6 +215,7 @@ impl Actor for KvmHostActor {
                             reason: None,
                         }
                         .emit();
+                        actor.report_tree("connected");
                     }
                     Err(e) => actor.fail(e, ctx),
                 }),
@@ -543,6 +558,15 @@ impl Handler<Ensure> for ImageCacheActor {
         queue.push(tx);
         if queue.len() == 1 {
             self.states.insert(key.clone(), ImageState::Fetching);
+            crate::supervision::report_image(crate::supervision::ImageInfo {
+                host: key.0.clone(),
+                url: key.1.url.clone(),
+                state: "fetching".into(),
+                volume: key.1.configured_base(),
+                digest: key.1.sha256.clone(),
+                error: None,
+                fetching_for_secs: None,
+            });
             let (http, me) = (self.http.clone(), ctx.address());
             actix::spawn(async move {
                 let result = ensure(&http, &msg.host, &msg.image, &msg.host_actor).await;
@@ -573,6 +597,20 @@ impl Handler<Finished> for ImageCacheActor {
                 error: e.message.clone(),
             },
         };
+        crate::supervision::report_image(crate::supervision::ImageInfo {
+            host: msg.key.0.clone(),
+            url: msg.key.1.url.clone(),
+            state: match &state {
+                ImageState::Fetching => "fetching",
+                ImageState::Cached { .. } => "cached",
+                ImageState::Failed { .. } => "failed",
+            }
+            .into(),
+            volume: msg.result.as_ref().ok().map(|b| b.volume.clone()),
+            digest: msg.result.as_ref().ok().map(|b| b.digest.clone()),
+            error: msg.result.as_ref().err().map(|e| e.message.clone()),
+            fetching_for_secs: None,
+        });
         self.states.insert(msg.key.clone(), state);
         for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
             let _ = waiter.send(msg.result.clone());

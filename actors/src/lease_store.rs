@@ -44,6 +44,22 @@ pub struct Report {
 #[rtype(result = "Vec<ProxyView>")]
 pub struct ListProxies;
 
+/// Everything the dashboard shows of leases.
+#[derive(Message)]
+#[rtype(result = "LeaseDashboard")]
+pub struct GetLeaseDashboard;
+
+#[derive(Clone, Debug)]
+pub struct LeaseDashboard {
+    pub proxies: Vec<egress_proxies::lease::ProxyView>,
+    pub stats: LeaseStats,
+    /// The latest denials, newest first: (target, when).
+    pub recent_denials: Vec<(String, jiff::Timestamp)>,
+}
+
+/// How many recent denials the dashboard keeps.
+const RECENT_DENIALS: usize = 20;
+
 /// Counters for tests, benchmarks and the dashboard.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "LeaseStats")]
@@ -61,6 +77,7 @@ pub struct LeaseStats {
 pub struct LeaseStore {
     book: LeaseBook,
     stats: LeaseStats,
+    recent_denials: std::collections::VecDeque<(String, jiff::Timestamp)>,
 }
 
 impl LeaseStore {
@@ -68,6 +85,7 @@ impl LeaseStore {
         Self {
             book: LeaseBook::new(settings),
             stats: LeaseStats::default(),
+            recent_denials: std::collections::VecDeque::new(),
         }
     }
 }
@@ -76,8 +94,14 @@ impl Actor for LeaseStore {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        crate::supervision::report_singleton("lease_store", "running", 0);
         ctx.run_interval(Duration::from_secs(1), |store, _| {
             let expired = store.book.sweep(Instant::now());
+            crate::supervision::report_singleton(
+                "lease_store",
+                &format!("{} active leases", store.book.active_leases()),
+                0,
+            );
             store.stats.expired += expired as u64;
             if expired > 0 {
                 LeaseEvent::Expired { count: expired }.emit(store.book.active_leases());
@@ -112,8 +136,11 @@ impl Handler<Acquire> for LeaseStore {
                     target: &grant.target,
                 }
             }
-            Err(AcquireError::NoCapacity { .. }) => {
+            Err(AcquireError::NoCapacity { target }) => {
                 self.stats.denied += 1;
+                self.recent_denials
+                    .push_front((target.clone(), jiff::Timestamp::now()));
+                self.recent_denials.truncate(RECENT_DENIALS);
                 LeaseEvent::Denied {
                     reason: "no_capacity",
                 }
@@ -148,6 +175,19 @@ impl Handler<ListProxies> for LeaseStore {
     type Result = MessageResult<ListProxies>;
     fn handle(&mut self, _: ListProxies, _: &mut Self::Context) -> Self::Result {
         MessageResult(self.book.proxies())
+    }
+}
+
+impl Handler<GetLeaseDashboard> for LeaseStore {
+    type Result = MessageResult<GetLeaseDashboard>;
+    fn handle(&mut self, _: GetLeaseDashboard, _: &mut Self::Context) -> Self::Result {
+        let mut stats = self.stats;
+        stats.active = self.book.active_leases();
+        MessageResult(LeaseDashboard {
+            proxies: self.book.proxies(),
+            stats,
+            recent_denials: self.recent_denials.iter().cloned().collect(),
+        })
     }
 }
 

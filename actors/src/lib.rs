@@ -24,4 +24,5 @@ pub mod operator;
 pub mod proxy_actor;
 pub mod registry;
 pub mod standalone;
+pub mod supervision;
 pub mod system;

@@ -272,6 +272,7 @@ impl ProxyActor {
             .map(|a| a.phase.clone())
             .filter(|p| !p.is_empty());
         self.count_phase(phase);
+        self.report_tree();
         if current == self.announced {
             return;
         }
@@ -282,6 +283,18 @@ impl ProxyActor {
             }
         }
         self.announced = current;
+    }
+
+    /// This actor's entry in the supervision tree (dashboard).
+    fn report_tree(&self) {
+        crate::supervision::report(crate::supervision::ActorInfo {
+            kind: "proxy".into(),
+            id: self.key.to_string(),
+            supervisor: "ProxyRegistry".into(),
+            restarts: u32::try_from(self.restarts.load(Ordering::Relaxed)).unwrap_or(u32::MAX),
+            state: self.counted_phase.clone().unwrap_or_else(|| "starting".into()),
+            pending: usize::from(self.running) + usize::from(self.again.is_some()),
+        });
     }
 
     /// Moves this proxy between the proxies-by-phase gauge's phases.
@@ -350,6 +363,7 @@ impl Actor for ProxyActor {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         self.count_phase(None);
+        crate::supervision::remove("proxy", &self.key.to_string());
         if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
             prober.do_send(Unwatch {
                 key: self.key.clone(),

@@ -45,6 +45,16 @@ impl ProxyRegistry {
 
 impl Actor for ProxyRegistry {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(std::time::Duration::from_secs(1), |registry, _| {
+            crate::supervision::report_singleton(
+                "proxy_registry",
+                &format!("supervising {}", registry.actors.len()),
+                0,
+            );
+        });
+    }
 }
 
 impl StreamHandler<StoreEvent> for ProxyRegistry {

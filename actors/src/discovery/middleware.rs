@@ -22,12 +22,22 @@ pub async fn authenticate(
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
     if let Some(expected) = &token.0 {
-        let presented = req
+        let bearer = req
             .headers()
             .get(actix_web::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
+            .map(str::to_owned);
+        // A browser cannot send a header when opening a page: the dashboard
+        // page alone also takes `?token=` (its script then sends the header).
+        let query = (req.path() == "/dashboard")
+            .then(|| {
+                url::form_urlencoded::parse(req.query_string().as_bytes())
+                    .find(|(k, _)| k == "token")
+                    .map(|(_, v)| v.into_owned())
+            })
+            .flatten();
+        let presented = bearer.or(query).unwrap_or_default();
         // Constant time: the comparison must not reveal how much of a guess was right.
         let ok: bool = presented.as_bytes().ct_eq(expected.as_bytes()).into();
         if !ok {

@@ -3,6 +3,7 @@
 //! errors as `{error, message}`, optional bearer auth, bodies capped,
 //! OpenAPI at `/v1/openapi.json`.
 
+mod dashboard;
 mod errors;
 mod handlers;
 mod middleware;
@@ -134,6 +135,8 @@ pub fn start(
                     .service(guarded("/v1/leases/{id}").route(web::delete().to(handlers::release)))
                     .service(guarded("/v1/leases/{id}/report").route(web::post().to(handlers::report)))
                     .service(guarded("/v1/openapi.json").route(web::get().to(openapi)))
+                    .service(guarded("/v1/dashboard").route(web::get().to(dashboard::data)))
+                    .service(guarded("/dashboard").route(web::get().to(dashboard::page)))
                     .default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) })),
             )
     })

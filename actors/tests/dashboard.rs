@@ -1,0 +1,333 @@
+//! The dashboard on the standalone binary with a bearer token set: the JSON
+//! endpoint (auth, proxies, phases, leases, supervision tree), and the page
+//! in real headless Chromium driven over WebDriver (chromedriver): it loads
+//! with `?token=`, shows both proxies Ready and the actor tree, and — with no
+//! reload — shows Unhealthy once a proxy process is killed (the External
+//! proxy's: a Managed one would be replaced within a second, faster than the
+//! page's poll). A screenshot is
+//! saved as a test artifact (`$CARGO_TARGET_TMPDIR/dashboard.png`, and to
+//! `EPO_DASHBOARD_SCREENSHOT` when set).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use egress_proxies::resource::Phase;
+use egress_proxies::store::embedded::read_snapshot;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+const TOKEN: &str = "dashboard-test-token";
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn health_target() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut buf = [0u8; 2048];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    format!("http://{addr}/generate_204")
+}
+
+fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let auth = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (
+        status,
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default(),
+    )
+}
+
+/// A minimal W3C WebDriver client (the five calls this test needs).
+struct Driver {
+    http: reqwest::Client,
+    base: String,
+    session: String,
+}
+
+impl Driver {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let post = method == reqwest::Method::POST;
+        let mut request = self.http.request(method, url);
+        if post {
+            request = request.json(&body);
+        }
+        let r = request.send().await.unwrap();
+        let v: Value = r.json().await.unwrap();
+        assert!(v["value"].get("error").is_none(), "webdriver {path}: {v}");
+        v["value"].clone()
+    }
+
+    async fn script(&self, js: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": js, "args": []}),
+        )
+        .await
+    }
+}
+
+async fn wait_js(driver: &Driver, what: &str, js: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let v = driver.script(js).await;
+        if ok(&v) {
+            return v;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{what}: last {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
+    if !Path::new("/usr/bin/chromedriver").exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install chromium and chromium-driver"
+        );
+        eprintln!("SKIPPED: no /usr/bin/chromedriver (tests/system-packages.sh test installs it)");
+        return;
+    }
+    egress_proxies::tls::ensure_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("proxies")).unwrap();
+    std::fs::write(
+        root.join("providers.yaml"),
+        "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+    )
+    .unwrap();
+    let api = format!("127.0.0.1:{}", free_port());
+    std::fs::write(
+        root.join("standalone.yaml"),
+        format!(
+            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\nhealthProbeBindAddress: \"0\"\n\
+             discoveryBindAddress: \"{api}\"\nmanifestPollInterval: 100ms\n"
+        ),
+    )
+    .unwrap();
+    let target = health_target();
+    // Someone else's proxy (External): the operator's own forward proxy as a process of this test.
+    let external_port = free_port();
+    let external = Killed(
+        Command::new(BIN)
+            .args([
+                "forward-proxy",
+                "--listen",
+                &format!("127.0.0.1:{external_port}"),
+                "--instance-dir",
+            ])
+            .arg(root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let check = format!("healthCheck: {{url: \"{target}\", interval: 300ms, unhealthyThreshold: 2}}");
+    std::fs::write(
+        root.join("proxies/eu-1.yaml"),
+        format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: eu-1, namespace: crawlers}}\n\
+             spec: {{mode: Managed, provider: local, port: {}, attributes: {{site: eu}}, {check}}}\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("proxies/us-1.yaml"),
+        format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: us-1, namespace: crawlers}}\n\
+             spec: {{mode: External, endpoint: {{host: 127.0.0.1, port: {external_port}}}, attributes: {{site: us}}, {check}}}\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(root.join("operator.log")).unwrap();
+    let _operator = Killed(
+        Command::new(BIN)
+            .args(["standalone", "--config"])
+            .arg(root.join("standalone.yaml"))
+            .args(["--log-format", "text"])
+            .env("DISCOVERY_TOKEN", TOKEN)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let state = root.join("state");
+    let started = Instant::now();
+    loop {
+        let phases: Vec<_> = read_snapshot(&state)
+            .map(|ps| ps.into_iter().map(|p| p.status.and_then(|s| s.phase)).collect())
+            .unwrap_or_default();
+        if phases == [Some(Phase::Ready), Some(Phase::Ready)] {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{phases:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The JSON endpoint: behind the token, with the fleet and the actor tree.
+    assert_eq!(get(&api, "/v1/dashboard", None).0, 401);
+    assert_eq!(get(&api, "/dashboard", None).0, 401);
+    let (status, body) = get(&api, "/v1/dashboard", Some(TOKEN));
+    assert_eq!(status, 200, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(data["phases"], json!({"Ready": 2}), "{data}");
+    let names: Vec<&str> = data["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["eu-1", "us-1"]);
+    assert_eq!(data["proxies"][0]["attributes"], json!({"site": "eu"}));
+    assert!(data["proxies"][0]["latencyMs"].is_u64());
+    let actors = data["actors"].as_array().unwrap();
+    let has = |kind: &str, supervisor: &str| {
+        actors
+            .iter()
+            .any(|a| a["kind"] == kind && a["supervisor"] == supervisor)
+    };
+    assert!(
+        has("proxy", "ProxyRegistry") && has("proxy_registry", "System") && has("lease_store", "System"),
+        "{data}"
+    );
+    assert!(
+        has("health_prober", "System") && has("gc_sweeper", "System"),
+        "{data}"
+    );
+    let (status, page) = get(&api, &format!("/dashboard?token={TOKEN}"), None);
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<title>egress-proxies-operator</title>") && !page.contains("https://"),
+        "self-contained"
+    );
+
+    // The page in headless Chromium.
+    let port = free_port();
+    let _driver = Killed(
+        Command::new("/usr/bin/chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    while http.get(format!("{base}/status")).send().await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "chromedriver did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let profile = tempfile::tempdir().unwrap();
+    let created: Value = http
+        .post(format!("{base}/session"))
+        .json(
+            &json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--disable-dev-shm-usage", "--window-size=1400,1100",
+                     format!("--user-data-dir={}", profile.path().display())]}}}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session = created["value"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let driver = Driver { http, base, session };
+    driver
+        .call(
+            reqwest::Method::POST,
+            "/url",
+            json!({"url": format!("http://{api}/dashboard?token={TOKEN}")}),
+        )
+        .await;
+    let rows = "return [...document.querySelectorAll('#proxies tbody tr')].map(r => [r.dataset.proxy, r.dataset.phase])";
+    wait_js(&driver, "both proxies Ready on the page", rows, |v| {
+        *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Ready"]])
+    })
+    .await;
+    wait_js(
+        &driver,
+        "the supervision tree",
+        "return document.querySelectorAll('#tree [data-actor^=\"proxy:\"]').length",
+        |v| *v == json!(2),
+    )
+    .await;
+    let marker = driver.script("window.__sameDocument = true; return true").await;
+    assert_eq!(marker, json!(true));
+
+    drop(external); // SIGKILL
+    wait_js(&driver, "Unhealthy shown without a reload", rows, |v| {
+        *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Unhealthy"]])
+    })
+    .await;
+    assert_eq!(
+        driver.script("return window.__sameDocument === true").await,
+        json!(true),
+        "the page updated in place"
+    );
+    let png = driver
+        .call(reqwest::Method::GET, "/screenshot", Value::Null)
+        .await;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(png.as_str().unwrap())
+        .unwrap();
+    assert!(bytes.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let artifact = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    std::fs::write(&artifact, &bytes).unwrap();
+    eprintln!("screenshot: {}", artifact.display());
+    if let Some(path) = std::env::var_os("EPO_DASHBOARD_SCREENSHOT") {
+        std::fs::write(path, &bytes).unwrap();
+    }
+    driver.call(reqwest::Method::DELETE, "", Value::Null).await;
+}
