@@ -118,8 +118,26 @@ pub fn start(
                 .into()
             });
         // /healthz sits outside the middleware: never authenticated, never logged per request.
+        let (page_token, data_token) = (token.clone(), token.clone());
         App::new()
             .route("/healthz", web::get().to(handlers::healthz))
+            // The dashboard polls every second: authenticated, but neither
+            // logged nor traced per request.
+            .service(
+                guarded("/v1/dashboard")
+                    .app_data(store.clone())
+                    .wrap(from_fn(move |req, next| {
+                        middleware::authenticate(data_token.clone(), req, next)
+                    }))
+                    .route(web::get().to(dashboard::data)),
+            )
+            .service(
+                guarded("/dashboard")
+                    .wrap(from_fn(move |req, next| {
+                        middleware::authenticate(page_token.clone(), req, next)
+                    }))
+                    .route(web::get().to(dashboard::page)),
+            )
             .service(
                 web::scope("")
                     .app_data(store.clone())
@@ -135,8 +153,6 @@ pub fn start(
                     .service(guarded("/v1/leases/{id}").route(web::delete().to(handlers::release)))
                     .service(guarded("/v1/leases/{id}/report").route(web::post().to(handlers::report)))
                     .service(guarded("/v1/openapi.json").route(web::get().to(openapi)))
-                    .service(guarded("/v1/dashboard").route(web::get().to(dashboard::data)))
-                    .service(guarded("/dashboard").route(web::get().to(dashboard::page)))
                     .default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) })),
             )
     })
