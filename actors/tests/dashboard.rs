@@ -9,9 +9,9 @@
 //! `EPO_DASHBOARD_SCREENSHOT` when set).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -19,38 +19,12 @@ use egress_proxies::resource::Phase;
 use egress_proxies::store::embedded::read_snapshot;
 use serde_json::{Value, json};
 
+mod support;
+
+use support::process::{Killed, free_port, health_target};
+
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const TOKEN: &str = "dashboard-test-token";
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn health_target() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let mut buf = [0u8; 2048];
-            let _ = s.read(&mut buf);
-            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
-        }
-    });
-    format!("http://{addr}/generate_204")
-}
 
 fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();

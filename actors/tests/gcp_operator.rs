@@ -6,48 +6,18 @@
 //! probed → Ready; deleting the manifest deletes the VM and releases the
 //! Proxy. Traffic stays on loopback.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use egress_proxies::resource::Phase;
 use egress_proxies::store::embedded::read_snapshot;
 use fake_compute::FakeCompute;
-use serde_json::json;
+
+mod support;
+
+use support::process::{Killed, free_port, health_target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A loopback HTTP target answering 204.
-fn health_target() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut s in listener.incoming().flatten() {
-            let mut buf = [0u8; 2048];
-            let _ = s.read(&mut buf);
-            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
-        }
-    });
-    format!("http://{addr}/generate_204")
-}
 
 #[test]
 fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
@@ -56,27 +26,7 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
 
-    let pem = root.join("key.pem");
-    let made = Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&pem)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
-    let key = json!({
-        "type": "service_account", "project_id": "crawl-test", "private_key_id": "k1",
-        "private_key": std::fs::read_to_string(&pem).unwrap(),
-        "client_email": "proxy-operator@crawl-test.iam.gserviceaccount.com", "client_id": "1",
-        "token_uri": fake.token_uri(),
-    });
-    std::fs::write(root.join("sa.json"), key.to_string()).unwrap();
+    let key = support::gcp::key_file(root, &fake);
 
     // What the VM would run: a forward proxy on the address the fake reports.
     let port = free_port();
@@ -116,7 +66,7 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             .args(["standalone", "--config"])
             .arg(root.join("standalone.yaml"))
             .args(["--log-format", "text", "--log-level", "info"])
-            .env("GOOGLE_APPLICATION_CREDENTIALS", root.join("sa.json"))
+            .env("GOOGLE_APPLICATION_CREDENTIALS", &key)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

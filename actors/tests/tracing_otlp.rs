@@ -21,6 +21,10 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message;
 
+mod support;
+
+use support::process::{free_port, health_target};
+
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 
 type Received = Arc<Mutex<Vec<Span>>>;
@@ -81,27 +85,6 @@ fn serve(stream: TcpStream, sink: Received) {
             b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
         );
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn health_target() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let mut buf = [0u8; 2048];
-            let _ = s.read(&mut buf);
-            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
-        }
-    });
-    format!("http://{addr}/generate_204")
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -1,0 +1,40 @@
+//! Helpers for tests that run the operator binary and its neighbours as
+//! processes: a child killed on drop, a free loopback port, a health target.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::Child;
+
+/// A child process, SIGKILLed and reaped when dropped.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A loopback HTTP target answering `204 No Content` to anything, on its own
+/// thread; returns its `/generate_204` URL.
+pub fn health_target() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 2048];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+        }
+    });
+    format!("http://{addr}/generate_204")
+}
