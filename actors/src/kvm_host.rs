@@ -17,7 +17,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::kvm::image::{self, CachedBase, ImageSpec, fetch_to_pool};
+use egress_proxies::kvm::image::{self, CachedBase, ImageSpec, Progress, fetch_to_pool};
 use egress_proxies::kvm::ops;
 use egress_proxies::kvm::pool_gc::{self, PoolSweep, SweepPlan};
 use egress_proxies::kvm::provider::{HostJob, HostOutput, HostRunner, RunError};
@@ -558,18 +558,24 @@ impl Handler<Ensure> for ImageCacheActor {
         queue.push(tx);
         if queue.len() == 1 {
             self.states.insert(key.clone(), ImageState::Fetching);
-            crate::supervision::report_image(crate::supervision::ImageInfo {
-                host: key.0.clone(),
-                url: key.1.url.clone(),
-                state: "fetching".into(),
-                volume: key.1.configured_base(),
-                digest: key.1.sha256.clone(),
-                error: None,
-                fetching_for_secs: None,
-            });
+            let progress = Arc::new(Progress::default());
+            crate::supervision::report_image(
+                crate::supervision::ImageInfo {
+                    host: key.0.clone(),
+                    url: key.1.url.clone(),
+                    state: "fetching".into(),
+                    volume: key.1.configured_base(),
+                    digest: key.1.sha256.clone(),
+                    error: None,
+                    fetching_for_secs: None,
+                    bytes_done: None,
+                    bytes_total: None,
+                },
+                Some(progress.clone()),
+            );
             let (http, me) = (self.http.clone(), ctx.address());
             actix::spawn(async move {
-                let result = ensure(&http, &msg.host, &msg.image, &msg.host_actor).await;
+                let result = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress).await;
                 me.do_send(Finished { key, result });
             });
         }
@@ -597,20 +603,25 @@ impl Handler<Finished> for ImageCacheActor {
                 error: e.message.clone(),
             },
         };
-        crate::supervision::report_image(crate::supervision::ImageInfo {
-            host: msg.key.0.clone(),
-            url: msg.key.1.url.clone(),
-            state: match &state {
-                ImageState::Fetching => "fetching",
-                ImageState::Cached { .. } => "cached",
-                ImageState::Failed { .. } => "failed",
-            }
-            .into(),
-            volume: msg.result.as_ref().ok().map(|b| b.volume.clone()),
-            digest: msg.result.as_ref().ok().map(|b| b.digest.clone()),
-            error: msg.result.as_ref().err().map(|e| e.message.clone()),
-            fetching_for_secs: None,
-        });
+        crate::supervision::report_image(
+            crate::supervision::ImageInfo {
+                host: msg.key.0.clone(),
+                url: msg.key.1.url.clone(),
+                state: match &state {
+                    ImageState::Fetching => "fetching",
+                    ImageState::Cached { .. } => "cached",
+                    ImageState::Failed { .. } => "failed",
+                }
+                .into(),
+                volume: msg.result.as_ref().ok().map(|b| b.volume.clone()),
+                digest: msg.result.as_ref().ok().map(|b| b.digest.clone()),
+                error: msg.result.as_ref().err().map(|e| e.message.clone()),
+                fetching_for_secs: None,
+                bytes_done: None,
+                bytes_total: None,
+            },
+            None,
+        );
         self.states.insert(msg.key.clone(), state);
         for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
             let _ = waiter.send(msg.result.clone());
@@ -650,6 +661,7 @@ async fn ensure(
     host: &KvmHost,
     image: &ImageSpec,
     addr: &Addr<KvmHostActor>,
+    progress: &Progress,
 ) -> Result<CachedBase, RunError> {
     if let HostOutput::Base(Some(base)) = addr
         .send(Run(HostJob::LookupBase(image.clone())))
@@ -666,7 +678,7 @@ async fn ensure(
             class: ErrorClass::Transient,
             message: format!("link to host {} is down", host.name),
         })?;
-    fetch_to_pool(http, image, &uri, &host.name, &host.pool)
+    fetch_to_pool(http, image, &uri, &host.name, &host.pool, progress)
         .await
         .map(|fetched| fetched.base)
         .map_err(|e| RunError {

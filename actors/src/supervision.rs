@@ -5,7 +5,10 @@
 //! queued (a ProxyActor's running/queued jobs, a host's queued calls).
 
 use std::collections::BTreeMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use egress_proxies::kvm::image::Progress;
 
 use serde::Serialize;
 
@@ -68,26 +71,37 @@ pub struct ImageInfo {
     pub error: Option<String>,
     /// Seconds since the fetch started (while fetching).
     pub fetching_for_secs: Option<u64>,
+    /// Bytes read so far of the current read, and of how many (while fetching).
+    pub bytes_done: Option<u64>,
+    pub bytes_total: Option<u64>,
 }
 
-/// (host, URL) → where it stands, and since when it is being fetched.
-type ImageTable = BTreeMap<(String, String), (ImageInfo, Option<std::time::Instant>)>;
+/// A fetch under way: since when, and how far.
+type Fetching = (std::time::Instant, Arc<Progress>);
+
+/// (host, URL) → where it stands.
+type ImageTable = BTreeMap<(String, String), (ImageInfo, Option<Fetching>)>;
 
 static IMAGES: LazyLock<Mutex<ImageTable>> = LazyLock::new(Mutex::default);
 
-/// Records where an image stands on a host.
-pub fn report_image(info: ImageInfo) {
+/// Records where an image stands on a host (`progress` while fetching).
+pub fn report_image(info: ImageInfo, progress: Option<Arc<Progress>>) {
     let mut images = IMAGES.lock().unwrap_or_else(|p| p.into_inner());
-    let started = (info.state == "fetching").then(std::time::Instant::now);
-    images.insert((info.host.clone(), info.url.clone()), (info, started));
+    let fetching = progress.map(|p| (std::time::Instant::now(), p));
+    images.insert((info.host.clone(), info.url.clone()), (info, fetching));
 }
 
 pub fn images() -> Vec<ImageInfo> {
     let images = IMAGES.lock().unwrap_or_else(|p| p.into_inner());
     images
         .values()
-        .map(|(info, started)| ImageInfo {
-            fetching_for_secs: started.map(|s| s.elapsed().as_secs()),
+        .map(|(info, fetching)| ImageInfo {
+            fetching_for_secs: fetching.as_ref().map(|(since, _)| since.elapsed().as_secs()),
+            bytes_done: fetching.as_ref().map(|(_, p)| p.done.load(Ordering::Relaxed)),
+            bytes_total: fetching
+                .as_ref()
+                .map(|(_, p)| p.total.load(Ordering::Relaxed))
+                .filter(|t| *t > 0),
             ..info.clone()
         })
         .collect()

@@ -330,6 +330,35 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
             .is_some_and(|m| m.contains("still being fetched")),
         "{stalled:?}"
     );
+    // The dashboard's data sees the same: the host connected, the guest image
+    // cached with its digest, the stalled one downloading with its progress.
+    let answer = http(
+        &api,
+        "GET /v1/dashboard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(
+        dashboard["kvmHosts"],
+        serde_json::json!([{"host": "a", "state": "connected", "connected": true, "restarts": 0}])
+    );
+    let images = dashboard["images"].as_array().unwrap();
+    let image = |url: &str| {
+        images
+            .iter()
+            .find(|i| i["url"] == url)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(image(&image_url)["state"], "cached", "{dashboard}");
+    assert_eq!(image(&image_url)["digest"], digest.as_str());
+    let stalled_image = image(&stalled_url);
+    assert_eq!(stalled_image["state"], "fetching", "{dashboard}");
+    assert_eq!(
+        (&stalled_image["bytesDone"], &stalled_image["bytesTotal"]),
+        (&serde_json::json!(4), &serde_json::json!(100000000))
+    );
+
     std::fs::remove_file(&stalled_manifest).unwrap();
     wait_for("stalled-1 deleted", &op, Duration::from_secs(15), || {
         named("stalled-1").is_none().then_some(())

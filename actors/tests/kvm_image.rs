@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use egress_proxies::config::{Firmware, ImageFormat};
 use egress_proxies::kvm::base_image::{base_volume, marker_name, pin_name};
-use egress_proxies::kvm::image::{ImageError, ImageSpec, fetch_to_pool, lookup};
+use egress_proxies::kvm::image::{ImageError, ImageSpec, Progress, fetch_to_pool, lookup};
 use egress_proxies::kvm::session::HostSession;
 use egress_proxies::kvm::volume_xml::overlay_volume_xml;
 use egress_proxies::provider::ErrorClass;
@@ -108,7 +108,7 @@ async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
         .unwrap()
         .insert("/latest.qcow2".into(), first.clone());
     let latest = spec(format!("http://{server}/latest.qcow2"), None, None);
-    let fetched = fetch_to_pool(&client, &latest, &uri, "a", "default")
+    let fetched = fetch_to_pool(&client, &latest, &uri, "a", "default", &Progress::default())
         .await
         .unwrap();
     let first_base = base_volume(&first_digest, ImageFormat::Qcow2);
@@ -160,11 +160,18 @@ async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
         Some(second_digest.clone()),
         Some(ImageFormat::Qcow2),
     );
-    let fetched = fetch_to_pool(&client, &configured, &uri, "a", "default")
+    let progress = Progress::default();
+    let fetched = fetch_to_pool(&client, &configured, &uri, "a", "default", &progress)
         .await
         .unwrap();
     let second_base = base_volume(&second_digest, ImageFormat::Qcow2);
     assert_eq!(fetched.base.volume, second_base);
+    let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        (read(&progress.done), read(&progress.total)),
+        (second.len() as u64, second.len() as u64),
+        "progress counts every byte of the upload"
+    );
 
     // The old base's marker lost (say, by hand) while an overlay uses it: a fetch
     // that would rewrite it refuses, naming the overlay, and leaves the base alone.
@@ -179,7 +186,7 @@ async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
         .lock()
         .unwrap()
         .insert("/again.qcow2".into(), first.clone());
-    let err = fetch_to_pool(&client, &pinned_again, &uri, "a", "default")
+    let err = fetch_to_pool(&client, &pinned_again, &uri, "a", "default", &Progress::default())
         .await
         .unwrap_err();
     assert!(
@@ -234,7 +241,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
     let raw_digest = sha(&raw);
     served.lock().unwrap().insert("/disk.img".into(), raw.clone());
     let url_image = spec(format!("http://{server}/disk.img"), None, None);
-    let fetched = fetch_to_pool(&client, &url_image, &uri, "a", "default")
+    let fetched = fetch_to_pool(&client, &url_image, &uri, "a", "default", &Progress::default())
         .await
         .unwrap();
     assert_eq!(
@@ -251,7 +258,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
         Some(raw_digest.clone()),
         Some(ImageFormat::Qcow2),
     );
-    let err = fetch_to_pool(&client, &declared, &uri, "a", "default")
+    let err = fetch_to_pool(&client, &declared, &uri, "a", "default", &Progress::default())
         .await
         .unwrap_err();
     assert!(
@@ -280,7 +287,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
         Some(wrong.clone()),
         Some(ImageFormat::Qcow2),
     );
-    let err = fetch_to_pool(&client, &bad, &uri, "a", "default")
+    let err = fetch_to_pool(&client, &bad, &uri, "a", "default", &Progress::default())
         .await
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Permanent);
@@ -289,7 +296,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
         "{err}"
     );
     let missing = spec(format!("http://{server}/missing"), None, None);
-    let err = fetch_to_pool(&client, &missing, &uri, "a", "default")
+    let err = fetch_to_pool(&client, &missing, &uri, "a", "default", &Progress::default())
         .await
         .unwrap_err();
     assert!(
@@ -297,7 +304,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
         "{err}"
     );
     let cut = spec(format!("http://{server}/cut/img.qcow2"), None, None);
-    let err = fetch_to_pool(&client, &cut, &uri, "a", "default")
+    let err = fetch_to_pool(&client, &cut, &uri, "a", "default", &Progress::default())
         .await
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Transient, "{err}");

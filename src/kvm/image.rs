@@ -50,6 +50,29 @@ impl ImageSpec {
     }
 }
 
+/// How far the current read of an image has got (for the dashboard). A
+/// digest-less image is read twice (digest, then upload): each read counts
+/// from zero.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub done: std::sync::atomic::AtomicU64,
+    /// 0 until the size is known.
+    pub total: std::sync::atomic::AtomicU64,
+}
+
+impl Progress {
+    fn start(&self, total: Option<u64>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.done.store(0, Relaxed);
+        self.total.store(total.unwrap_or(0), Relaxed);
+    }
+
+    fn add(&self, n: usize) {
+        self.done
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A complete base in the pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedBase {
@@ -180,8 +203,14 @@ fn refuse_if_in_use(s: &HostSession, volume: &str) -> Result<(), ImageError> {
 
 /// Reads `url` once only to learn its digest and format (images without a
 /// configured digest: the base's name must be known before its upload).
-async fn probe_digest(client: &reqwest::Client, url: &str) -> Result<(String, ImageFormat), ImageError> {
-    let mut body = get(client, url).await?.bytes_stream();
+async fn probe_digest(
+    client: &reqwest::Client,
+    url: &str,
+    progress: &Progress,
+) -> Result<(String, ImageFormat), ImageError> {
+    let response = get(client, url).await?;
+    progress.start(response.content_length());
+    let mut body = response.bytes_stream();
     let mut hasher = Sha256::new();
     let mut head = Vec::with_capacity(4);
     while let Some(chunk) = body.next().await {
@@ -190,6 +219,7 @@ async fn probe_digest(client: &reqwest::Client, url: &str) -> Result<(String, Im
             head.extend(chunk.iter().take(4 - head.len()));
         }
         hasher.update(&chunk);
+        progress.add(chunk.len());
     }
     Ok((hex::encode(hasher.finalize()), detect_format(&head)))
 }
@@ -219,6 +249,7 @@ pub async fn fetch_to_pool(
     libvirt_uri: &str,
     host: &str,
     pool: &str,
+    progress: &Progress,
 ) -> Result<Fetched, ImageError> {
     let started = Instant::now();
     let url = image.url.as_str();
@@ -227,14 +258,14 @@ pub async fn fetch_to_pool(
     // host converts formats instead of copying bytes).
     let (digest, format) = match (&image.sha256, image.format) {
         (Some(d), declared) => (d.clone(), declared.unwrap_or_default()),
-        (None, _) => probe_digest(client, url).await?,
+        (None, _) => probe_digest(client, url, progress).await?,
     };
     let (uri, host_name, pool_name) = (libvirt_uri.to_owned(), host.to_owned(), pool.to_owned());
     let session = tokio::task::spawn_blocking(move || HostSession::open(&uri, &host_name, &pool_name))
         .await
         .map_err(|e| ImageError::Task(e.to_string()))??;
     let session = Arc::new(session);
-    let result = fetch_with(client, image, &session, digest, format, started).await;
+    let result = fetch_with(client, image, &session, digest, format, started, progress).await;
     crate::telemetry::events::ImageDownloadCompleted {
         host,
         url,
@@ -258,6 +289,7 @@ async fn fetch_with(
     digest: String,
     format: ImageFormat,
     started: Instant,
+    progress: &Progress,
 ) -> Result<Fetched, ImageError> {
     let url = image.url.as_str();
     let host = session.host();
@@ -268,7 +300,7 @@ async fn fetch_with(
     let bytes = if already {
         0
     } else {
-        upload(client, image, session, &base, &digest, format).await?
+        upload(client, image, session, &base, &digest, format, progress).await?
     };
     if image.sha256.is_none() {
         let (s, pin) = (session.clone(), pin_name(url));
@@ -308,12 +340,14 @@ async fn upload(
     base: &str,
     digest: &str,
     format: ImageFormat,
+    progress: &Progress,
 ) -> Result<u64, ImageError> {
     let url = image.url.as_str();
     let response = get(client, url).await?;
     let len = response
         .content_length()
         .ok_or_else(|| ImageError::NoLength { url: url.to_owned() })?;
+    progress.start(Some(len));
     tracing::info!(host = %session.host(), volume = %base, url, bytes = len, "image fetch started");
 
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(IN_FLIGHT);
@@ -333,6 +367,7 @@ async fn upload(
             if head.len() < 4 {
                 head.extend(chunk.iter().take(4 - head.len()));
             }
+            progress.add(chunk.len());
             if tx.send(chunk.to_vec()).await.is_err() {
                 break; // the upload side failed; its error is reported first
             }
