@@ -43,18 +43,6 @@ pub struct Run(pub HostJob);
 #[rtype(result = "Option<String>")]
 pub struct LinkUri;
 
-/// Link state for metrics and the dashboard.
-#[derive(Message)]
-#[rtype(result = "HostStatus")]
-pub struct GetHostStatus;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostStatus {
-    pub connected: bool,
-    pub restarts: u32,
-    pub last_error: Option<String>,
-}
-
 type Reply = oneshot::Sender<Result<HostOutput, (RunError, bool)>>;
 
 struct Worker {
@@ -376,17 +364,6 @@ impl Handler<LinkUri> for KvmHostActor {
     }
 }
 
-impl Handler<GetHostStatus> for KvmHostActor {
-    type Result = MessageResult<GetHostStatus>;
-    fn handle(&mut self, _: GetHostStatus, _: &mut Self::Context) -> Self::Result {
-        MessageResult(HostStatus {
-            connected: self.worker.is_some(),
-            restarts: self.restarts.load(Ordering::Relaxed),
-            last_error: self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-        })
-    }
-}
-
 /// The kvm provider's runner: one supervised actor per host, and the image cache.
 pub struct KvmHosts {
     hosts: HashMap<String, Addr<KvmHostActor>>,
@@ -413,14 +390,6 @@ impl KvmHosts {
             .collect();
         let images = ImageCacheActor::new(reqwest::Client::builder().build()?).start();
         Ok(Self { hosts, images })
-    }
-
-    pub fn actor(&self, host: &str) -> Option<&Addr<KvmHostActor>> {
-        self.hosts.get(host)
-    }
-
-    pub fn images(&self) -> &Addr<ImageCacheActor> {
-        &self.images
     }
 
     fn addr(&self, host: &KvmHost) -> Result<&Addr<KvmHostActor>, RunError> {
@@ -480,20 +449,6 @@ impl HostRunner for KvmHosts {
     }
 }
 
-/// Where one (host, image) stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ImageState {
-    /// Checking the pool, downloading or uploading.
-    Fetching,
-    Cached {
-        volume: String,
-        digest: String,
-    },
-    Failed {
-        error: String,
-    },
-}
-
 /// Have an image in a host's pool.
 #[derive(Message)]
 #[rtype(result = "Result<CachedBase, RunError>")]
@@ -502,11 +457,6 @@ pub struct Ensure {
     pub image: ImageSpec,
     pub host_actor: Addr<KvmHostActor>,
 }
-
-/// Every (host, image URL) the cache knows, for the dashboard.
-#[derive(Message)]
-#[rtype(result = "Vec<(String, String, ImageState)>")]
-pub struct GetImages;
 
 /// The volumes fetches are writing on a host right now (the pool sweep spares them).
 #[derive(Message)]
@@ -528,9 +478,9 @@ type Waiter = oneshot::Sender<Result<CachedBase, RunError>>;
 /// `ImageCacheActor`: one fetch per (host, image) at a time; callers that
 /// arrive meanwhile wait for its result. The fetch itself runs beside the
 /// actor, so neither a ProxyActor nor the host's other callers wait on it.
+/// Where each image stands is reported to [`crate::supervision`] (dashboard).
 pub struct ImageCacheActor {
     http: reqwest::Client,
-    states: HashMap<DownloadKey, ImageState>,
     waiters: HashMap<DownloadKey, Vec<Waiter>>,
 }
 
@@ -538,7 +488,6 @@ impl ImageCacheActor {
     pub fn new(http: reqwest::Client) -> Self {
         Self {
             http,
-            states: HashMap::new(),
             waiters: HashMap::new(),
         }
     }
@@ -557,22 +506,8 @@ impl Handler<Ensure> for ImageCacheActor {
         let queue = self.waiters.entry(key.clone()).or_default();
         queue.push(tx);
         if queue.len() == 1 {
-            self.states.insert(key.clone(), ImageState::Fetching);
             let progress = Arc::new(Progress::default());
-            crate::supervision::report_image(
-                crate::supervision::ImageInfo {
-                    host: key.0.clone(),
-                    url: key.1.url.clone(),
-                    state: "fetching".into(),
-                    volume: key.1.configured_base(),
-                    digest: key.1.sha256.clone(),
-                    error: None,
-                    fetching_for_secs: None,
-                    bytes_done: None,
-                    bytes_total: None,
-                },
-                Some(progress.clone()),
-            );
+            crate::supervision::report_fetching(&key.0, &key.1, progress.clone());
             let (http, me) = (self.http.clone(), ctx.address());
             actix::spawn(async move {
                 let result = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress).await;
@@ -594,52 +529,14 @@ impl Handler<Finished> for ImageCacheActor {
     type Result = ();
 
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
-        let state = match &msg.result {
-            Ok(base) => ImageState::Cached {
-                volume: base.volume.clone(),
-                digest: base.digest.clone(),
-            },
-            Err(e) => ImageState::Failed {
-                error: e.message.clone(),
-            },
-        };
-        crate::supervision::report_image(
-            crate::supervision::ImageInfo {
-                host: msg.key.0.clone(),
-                url: msg.key.1.url.clone(),
-                state: match &state {
-                    ImageState::Fetching => "fetching",
-                    ImageState::Cached { .. } => "cached",
-                    ImageState::Failed { .. } => "failed",
-                }
-                .into(),
-                volume: msg.result.as_ref().ok().map(|b| b.volume.clone()),
-                digest: msg.result.as_ref().ok().map(|b| b.digest.clone()),
-                error: msg.result.as_ref().err().map(|e| e.message.clone()),
-                fetching_for_secs: None,
-                bytes_done: None,
-                bytes_total: None,
-            },
-            None,
+        crate::supervision::report_fetched(
+            &msg.key.0,
+            &msg.key.1.url,
+            msg.result.as_ref().map_err(|e| e.message.as_str()),
         );
-        self.states.insert(msg.key.clone(), state);
         for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
             let _ = waiter.send(msg.result.clone());
         }
-    }
-}
-
-impl Handler<GetImages> for ImageCacheActor {
-    type Result = MessageResult<GetImages>;
-
-    fn handle(&mut self, _: GetImages, _: &mut Self::Context) -> Self::Result {
-        let mut out: Vec<_> = self
-            .states
-            .iter()
-            .map(|((h, image), s)| (h.clone(), image.url.clone(), s.clone()))
-            .collect();
-        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        MessageResult(out)
     }
 }
 

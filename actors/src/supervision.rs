@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use egress_proxies::kvm::image::Progress;
+use egress_proxies::kvm::image::{CachedBase, ImageSpec, Progress};
 
 use serde::Serialize;
 
@@ -84,11 +84,41 @@ type ImageTable = BTreeMap<(String, String), (ImageInfo, Option<Fetching>)>;
 
 static IMAGES: LazyLock<Mutex<ImageTable>> = LazyLock::new(Mutex::default);
 
-/// Records where an image stands on a host (`progress` while fetching).
-pub fn report_image(info: ImageInfo, progress: Option<Arc<Progress>>) {
+/// A fetch of `image` onto `host` started; `progress` says how far it is.
+pub fn report_fetching(host: &str, image: &ImageSpec, progress: Arc<Progress>) {
+    let info = ImageInfo {
+        host: host.to_owned(),
+        url: image.url.clone(),
+        state: "fetching".into(),
+        volume: image.configured_base(),
+        digest: image.sha256.clone(),
+        error: None,
+        fetching_for_secs: None,
+        bytes_done: None,
+        bytes_total: None,
+    };
     let mut images = IMAGES.lock().unwrap_or_else(|p| p.into_inner());
-    let fetching = progress.map(|p| (std::time::Instant::now(), p));
-    images.insert((info.host.clone(), info.url.clone()), (info, fetching));
+    images.insert(
+        (info.host.clone(), info.url.clone()),
+        (info, Some((std::time::Instant::now(), progress))),
+    );
+}
+
+/// A fetch ended: the base it produced, or why it failed.
+pub fn report_fetched(host: &str, url: &str, result: Result<&CachedBase, &str>) {
+    let info = ImageInfo {
+        host: host.to_owned(),
+        url: url.to_owned(),
+        state: if result.is_ok() { "cached" } else { "failed" }.into(),
+        volume: result.ok().map(|b| b.volume.clone()),
+        digest: result.ok().map(|b| b.digest.clone()),
+        error: result.err().map(str::to_owned),
+        fetching_for_secs: None,
+        bytes_done: None,
+        bytes_total: None,
+    };
+    let mut images = IMAGES.lock().unwrap_or_else(|p| p.into_inner());
+    images.insert((info.host.clone(), info.url.clone()), (info, None));
 }
 
 pub fn images() -> Vec<ImageInfo> {
