@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 mod support;
 
-use support::process::{Killed, free_port, health_target};
+use support::process::{Killed, forward_proxy, free_port, health_target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const TOKEN: &str = "dashboard-test-token";
@@ -121,20 +121,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let target = health_target();
     // Someone else's proxy (External): the operator's own forward proxy as a process of this test.
     let external_port = free_port();
-    let external = Killed(
-        Command::new(BIN)
-            .args([
-                "forward-proxy",
-                "--listen",
-                &format!("127.0.0.1:{external_port}"),
-                "--instance-dir",
-            ])
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let external = forward_proxy(BIN, external_port, root);
     let check = format!("healthCheck: {{url: \"{target}\", interval: 300ms, unhealthyThreshold: 2}}");
     std::fs::write(
         root.join("proxies/eu-1.yaml"),

@@ -6,7 +6,7 @@
 //! probed → Ready; deleting the manifest deletes the VM and releases the
 //! Proxy. Traffic stays on loopback.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use egress_proxies::resource::Phase;
@@ -15,7 +15,7 @@ use fake_compute::FakeCompute;
 
 mod support;
 
-use support::process::{Killed, free_port, health_target};
+use support::process::{Killed, forward_proxy, free_port, health_target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 
@@ -30,20 +30,7 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
 
     // What the VM would run: a forward proxy on the address the fake reports.
     let port = free_port();
-    let _vm_proxy = Killed(
-        Command::new(BIN)
-            .args([
-                "forward-proxy",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--instance-dir",
-            ])
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _vm_proxy = forward_proxy(BIN, port, root);
 
     std::fs::create_dir(root.join("proxies")).unwrap();
     std::fs::write(

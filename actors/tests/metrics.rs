@@ -13,7 +13,7 @@ use egress_proxies::store::embedded::read_snapshot;
 
 mod support;
 
-use support::process::{Killed, free_port, health_target};
+use support::process::{Killed, free_port, health_target, kill_local_instance};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 
@@ -155,19 +155,7 @@ fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
     expect(&first, "egress_proxies_leases_active", &|v| v == 2.0);
 
     // A proxy process dies: its probes fail with a reason, it turns Unhealthy.
-    // (The instance's process is found by its instance directory on its command line.)
-    let instance = std::fs::read_dir(state.join("local/local/instances"))
-        .unwrap()
-        .flatten()
-        .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .unwrap()
-        .path();
-    let killed = Command::new("pkill")
-        .args(["-9", "-f"])
-        .arg(instance.canonicalize().unwrap())
-        .status()
-        .unwrap();
-    assert!(killed.success(), "killed the proxy process");
+    kill_local_instance(&state);
     let started = Instant::now();
     loop {
         let text = scrape();

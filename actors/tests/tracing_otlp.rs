@@ -23,7 +23,7 @@ use prost::Message;
 
 mod support;
 
-use support::process::{free_port, health_target};
+use support::process::{free_port, health_target, kill_local_instance};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 
@@ -211,18 +211,7 @@ impl Scenario {
     }
 
     fn kill_proxy_process(&self) {
-        let instance = std::fs::read_dir(self.dir().join("state/local/local/instances"))
-            .unwrap()
-            .flatten()
-            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .unwrap()
-            .path();
-        let killed = Command::new("pkill")
-            .args(["-9", "-f"])
-            .arg(instance.canonicalize().unwrap())
-            .status()
-            .unwrap();
-        assert!(killed.success());
+        kill_local_instance(&self.dir().join("state"));
     }
 
     /// SIGTERM and wait: a graceful stop flushes the spans.

@@ -38,3 +38,39 @@ pub fn health_target() -> String {
     });
     format!("http://{addr}/generate_204")
 }
+
+/// The operator binary's built-in forward proxy on `127.0.0.1:port` — a
+/// proxy "someone else" runs (External proxies, a fake cloud VM's proxy).
+pub fn forward_proxy(bin: &str, port: u16, dir: &std::path::Path) -> Killed {
+    Killed(
+        std::process::Command::new(bin)
+            .args([
+                "forward-proxy",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--instance-dir",
+            ])
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// SIGKILLs the process of one local-provider instance under `state`, found
+/// by its instance directory on its command line.
+pub fn kill_local_instance(state: &std::path::Path) {
+    let instance = std::fs::read_dir(state.join("local/local/instances"))
+        .unwrap()
+        .flatten()
+        .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .unwrap()
+        .path();
+    let killed = std::process::Command::new("pkill")
+        .args(["-9", "-f"])
+        .arg(instance.canonicalize().unwrap())
+        .status()
+        .unwrap();
+    assert!(killed.success(), "killed the proxy process");
+}
