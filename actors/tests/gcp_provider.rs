@@ -13,16 +13,6 @@ use fake_compute::{FakeCompute, Fault};
 use serde_json::json;
 use support::gcp::{ZONE, key_file, provider, request};
 
-async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..100 {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what}: not within 5 s");
-}
-
 #[tokio::test]
 async fn a_vm_is_created_found_listed_and_deleted() {
     let fake = FakeCompute::start("crawl-test").unwrap();
@@ -50,7 +40,7 @@ async fn a_vm_is_created_found_listed_and_deleted() {
     assert_eq!((first.state, first.ip), (InstanceState::Provisioning, None));
     assert_eq!(first.uid.as_deref(), Some(req.uid.as_str()));
     assert!(first.created_at.is_some());
-    let running = eventually("RUNNING", async || {
+    let running = support::eventually("RUNNING", Duration::from_secs(5), async || {
         let i = gcp.get(&id).await.unwrap();
         (i.state == InstanceState::Running).then_some(i)
     })
@@ -75,7 +65,7 @@ async fn a_vm_is_created_found_listed_and_deleted() {
         InstanceState::Stopped,
         "STOPPING"
     );
-    let gone = eventually("gone", async || gcp.get(&id).await.err()).await;
+    let gone = support::eventually("gone", Duration::from_secs(5), async || gcp.get(&id).await.err()).await;
     assert_eq!(gone.class, ErrorClass::NotFound);
     gcp.delete(&id).await.unwrap();
     assert!(gcp.list_by_tag().await.unwrap().is_empty());
