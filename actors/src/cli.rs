@@ -60,9 +60,12 @@ pub enum Command {
     ForwardProxy {
         #[arg(long)]
         listen: std::net::SocketAddr,
-        /// The instance directory (identifies the process as the instance's).
+        /// The instance directory (named in its log lines).
         #[arg(long)]
         instance_dir: PathBuf,
+        /// Where to write this process's pid once it listens.
+        #[arg(long)]
+        pid_file: Option<PathBuf>,
     },
 }
 

@@ -20,9 +20,11 @@ fn main() -> ExitCode {
         Some(Command::ValidateConfig { file }) => validate_config(&file),
         Some(Command::Get { config, .. }) => get_proxies(&config),
         Some(Command::Standalone { config }) => run_standalone(&cli.logging, &config),
-        Some(Command::ForwardProxy { listen, instance_dir }) => {
-            forward_proxy(&cli.logging, listen, &instance_dir)
-        }
+        Some(Command::ForwardProxy {
+            listen,
+            instance_dir,
+            pid_file,
+        }) => forward_proxy(&cli.logging, listen, &instance_dir, pid_file.as_deref()),
         Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
     }
@@ -104,7 +106,12 @@ fn run_standalone(log: &LoggingArgs, config: &Path) -> ExitCode {
     }
 }
 
-fn forward_proxy(log: &LoggingArgs, listen: std::net::SocketAddr, instance_dir: &Path) -> ExitCode {
+fn forward_proxy(
+    log: &LoggingArgs,
+    listen: std::net::SocketAddr,
+    instance_dir: &Path,
+    pid_file: Option<&Path>,
+) -> ExitCode {
     // A helper process of the local provider: no traces of its own.
     let _telemetry = match logging(log, false) {
         Ok(guard) => guard,
@@ -117,6 +124,9 @@ fn forward_proxy(log: &LoggingArgs, listen: std::net::SocketAddr, instance_dir: 
     tracing::info!(%listen, instance = %instance_dir.display(), "built-in forward proxy starting");
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen).await?;
+        if let Some(file) = pid_file {
+            std::fs::write(file, format!("{}\n", std::process::id()))?;
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             served = egress_proxies::forward_proxy::serve(listener) => served,

@@ -229,6 +229,11 @@ impl ProxyActor {
                         self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
                         Some(self.timing.resync)
                     }
+                    Next::After(wait) => {
+                        // What follows the wait is new work: poll it closely again.
+                        self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
+                        Some(wait)
+                    }
                     Next::Idle | Next::Gone => {
                         self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
                         None

@@ -53,6 +53,7 @@ pub fn start(
         store: store.clone(),
         providers: providers.clone(),
         now: jiff::Timestamp::now,
+        replacement: Default::default(),
     };
     let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
     let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();

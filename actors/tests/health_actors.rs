@@ -95,6 +95,7 @@ impl Bed {
             store: counting.clone(),
             providers: Arc::new(Providers::from_providers(providers(state.path()))),
             now: jiff::Timestamp::now,
+            replacement: Default::default(),
         };
         let prober = HealthProber::new(Prober::new(None).unwrap(), 8, false).start();
         let p = prober.clone();

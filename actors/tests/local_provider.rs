@@ -40,22 +40,6 @@ fn request(uid: &str) -> CreateRequest {
     }
 }
 
-fn processes_naming(dir: &std::path::Path) -> usize {
-    let needle = dir.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.parse::<u32>().is_ok()))
-        .filter(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let zombie = stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'));
-            !zombie
-                && std::fs::read(e.path().join("cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
-        })
-        .count()
-}
-
 async fn lifecycle(implementation: LocalImplementation) {
     let state = tempfile::tempdir().unwrap();
     let p = provider(state.path(), implementation);
@@ -81,7 +65,7 @@ async fn lifecycle(implementation: LocalImplementation) {
 
     let instances_dir = state.path().join("local/local/instances").canonicalize().unwrap();
     let dir = instances_dir.join(req.name.as_str());
-    assert_eq!(processes_naming(&dir), 1, "exactly one process for the instance");
+    let pid = support::process::instance_pid(&dir).expect("the recorded process runs");
 
     let (tls, ca) = target_server::https_target().await;
     let answer = target_server::get_via_connect(proxy, tls.port(), &ca).await;
@@ -102,7 +86,14 @@ async fn lifecycle(implementation: LocalImplementation) {
 
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();
-    assert_eq!(processes_naming(&dir), 0, "delete stops the process");
+    let state_of = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        state_of.is_empty()
+            || state_of
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with('Z')),
+        "delete stops the process: {state_of}"
+    );
     assert!(!dir.exists());
     assert!(p.get(&id).await.unwrap_err().is_not_found());
     assert!(p.list_by_tag().await.unwrap().is_empty());
@@ -152,16 +143,21 @@ async fn a_dead_process_reads_as_stopped_and_delete_cleans_up() {
         .canonicalize()
         .unwrap()
         .join(req.name.as_str());
-    std::process::Command::new("pkill")
-        .arg("-KILL")
-        .arg("-f")
-        .arg(dir.to_str().unwrap())
-        .status()
-        .unwrap();
-    eventually("stopped", Duration::from_secs(10), async || {
-        (p.get(&id).await.unwrap().state == InstanceState::Stopped).then_some(())
+    let pid = support::process::instance_pid(&dir).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let stopped = eventually("stopped", Duration::from_secs(10), async || {
+        let i = p.get(&id).await.unwrap();
+        (i.state == InstanceState::Stopped).then_some(i)
     })
     .await;
+    assert!(
+        stopped
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("the proxy process was killed by signal 9 (SIGKILL)")),
+        "the reason names the signal: {:?}",
+        stopped.reason
+    );
     p.delete(&id).await.unwrap();
     assert!(p.get(&id).await.unwrap_err().is_not_found());
 }

@@ -75,6 +75,7 @@ impl Bed {
             store: store.clone(),
             providers: Arc::new(Providers::from_providers(configure(provider.clone()))),
             now: jiff::Timestamp::now,
+            replacement: Default::default(),
         };
         let registry = ProxyRegistry::create(move |c| {
             c.add_stream(UnboundedReceiverStream::new(events));
@@ -368,6 +369,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
         store: store.clone(),
         providers: Arc::new(Providers::default()),
         now: jiff::Timestamp::now,
+        replacement: Default::default(),
     };
     let _registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));

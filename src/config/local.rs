@@ -20,6 +20,13 @@ pub struct LocalConfig {
     /// Address the proxies listen on.
     #[serde(default = "default_listen_address")]
     pub listen_address: IpAddr,
+    /// The user Squid switches to when the operator runs as root (default `proxy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub squid_user: Option<String>,
+    /// Where Squid's files live when the operator runs as root: a place
+    /// `squidUser` can reach (default `/run/egress-proxies-operator`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_directory: Option<PathBuf>,
 }
 
 impl Default for LocalConfig {
@@ -28,6 +35,8 @@ impl Default for LocalConfig {
             implementation: LocalImplementation::default(),
             squid_binary: None,
             listen_address: default_listen_address(),
+            squid_user: None,
+            run_directory: None,
         }
     }
 }
@@ -45,6 +54,11 @@ pub enum LocalImplementation {
     Builtin,
 }
 
+/// Squid's unprivileged user on Debian and Ubuntu.
+pub const DEFAULT_SQUID_USER: &str = "proxy";
+/// Run directories of Squid instances started by root.
+pub const DEFAULT_RUN_DIRECTORY: &str = "/run/egress-proxies-operator";
+
 fn default_listen_address() -> IpAddr {
     IpAddr::V4(Ipv4Addr::LOCALHOST)
 }
@@ -58,6 +72,14 @@ impl LocalConfig {
                 "local.squidBinary",
                 "must not be empty (omit it to use `squid` on PATH)",
             );
+        }
+        if self.squid_user.as_deref().is_some_and(|u| u.trim().is_empty()) {
+            p.report("local.squidUser", "must not be empty (omit it for `proxy`)");
+        }
+        if let Some(dir) = &self.run_directory
+            && !dir.is_absolute()
+        {
+            p.report("local.runDirectory", "must be an absolute path");
         }
         if self.squid_binary.is_some() && self.implementation == LocalImplementation::Builtin {
             p.report(

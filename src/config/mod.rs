@@ -28,7 +28,7 @@ pub use kvm::{
     DEFAULT_LIBVIRT_SOCKET, DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
     is_sha256_hex,
 };
-pub use local::{LocalConfig, LocalImplementation};
+pub use local::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
 pub use problems::{IDENTIFIER_RULE, Problem, is_identifier};
 pub use standalone::{StandaloneConfig, StandaloneConfigError};
 

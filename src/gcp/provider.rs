@@ -102,13 +102,31 @@ pub fn state_of(status: &str) -> InstanceState {
 
 /// The instance as the provider contract sees it.
 pub fn instance_of(id: ProviderId, vm: &Value) -> Instance {
-    let state = state_of(vm.get("status").and_then(Value::as_str).unwrap_or(""));
+    let status = vm.get("status").and_then(Value::as_str).unwrap_or("");
+    let state = state_of(status);
+    // Compute Engine's own explanation, when it gives one (`statusMessage`).
+    let reason = (state == InstanceState::Stopped).then(|| {
+        let status = if status.is_empty() {
+            "without a status"
+        } else {
+            status
+        };
+        match vm
+            .get("statusMessage")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            Some(message) => format!("instance {status}: {message}"),
+            None => format!("instance {status}"),
+        }
+    });
     let ip = (state == InstanceState::Running)
         .then(|| external_ip(vm))
         .flatten();
     Instance {
         id,
         state,
+        reason,
         ip,
         port: None,
         uid: vm
@@ -248,6 +266,22 @@ mod tests {
         );
         let mut no_nat = vm.clone();
         no_nat["networkInterfaces"][0]["accessConfigs"] = json!([]);
-        assert_eq!(instance_of(i.id, &no_nat).ip, None);
+        assert_eq!(instance_of(i.id.clone(), &no_nat).ip, None);
+        assert_eq!(i.reason, None, "a running VM needs no explanation");
+
+        let mut preempted = vm.clone();
+        preempted["status"] = json!("TERMINATED");
+        preempted["statusMessage"] = json!("Instance was preempted.");
+        let stopped = instance_of(i.id.clone(), &preempted);
+        assert_eq!(stopped.state, InstanceState::Stopped);
+        assert_eq!(
+            stopped.reason.as_deref(),
+            Some("instance TERMINATED: Instance was preempted.")
+        );
+        preempted["statusMessage"] = json!("");
+        assert_eq!(
+            instance_of(i.id, &preempted).reason.as_deref(),
+            Some("instance TERMINATED")
+        );
     }
 }

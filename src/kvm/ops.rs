@@ -94,6 +94,8 @@ pub fn create(s: &HostSession, plan: &CreatePlan) -> Result<(), OpError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
     pub state: InstanceState,
+    /// Why a stopped domain stopped.
+    pub reason: Option<String>,
     pub ip: Option<IpAddr>,
     pub metadata: Option<InstanceMetadata>,
 }
@@ -103,15 +105,20 @@ pub fn get(s: &HostSession, name: &str) -> Result<Option<Observed>, OpError> {
     let Some((run, metadata)) = s.domain_state(name)? else {
         return Ok(None);
     };
-    let (state, ip) = match run {
+    let (state, ip, reason) = match run {
         DomainRunState::Running => match s.domain_address(name)? {
-            Some(ip) => (InstanceState::Running, Some(ip)),
-            None => (InstanceState::Provisioning, None),
+            Some(ip) => (InstanceState::Running, Some(ip), None),
+            None => (InstanceState::Provisioning, None, None),
         },
-        DomainRunState::Transitional => (InstanceState::Provisioning, None),
-        DomainRunState::Stopped => (InstanceState::Stopped, None),
+        DomainRunState::Transitional => (InstanceState::Provisioning, None, None),
+        DomainRunState::Stopped { reason } => (InstanceState::Stopped, None, Some(reason.to_owned())),
     };
-    Ok(Some(Observed { state, ip, metadata }))
+    Ok(Some(Observed {
+        state,
+        reason,
+        ip,
+        metadata,
+    }))
 }
 
 /// Removes the domain and the instance's volumes by name — also when the

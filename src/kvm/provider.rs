@@ -229,6 +229,7 @@ impl KvmProvider {
         Instance {
             id: id.clone(),
             state: observed.state,
+            reason: observed.reason,
             ip: observed.ip,
             port: None,
             uid: observed.metadata.as_ref().map(|m| m.uid.clone()),
@@ -378,11 +379,14 @@ impl Provider for KvmProvider {
                 Err(e) => return Err(self.err(e.class, Op::List, None, format!("host {}: {e}", host.name))),
             };
             for (name, state, meta) in listed {
-                let state = match state {
-                    DomainRunState::Running | DomainRunState::Transitional => InstanceState::Provisioning,
-                    DomainRunState::Stopped => InstanceState::Stopped,
+                let (state, reason) = match state {
+                    DomainRunState::Running | DomainRunState::Transitional => {
+                        (InstanceState::Provisioning, None)
+                    }
+                    DomainRunState::Stopped { reason } => (InstanceState::Stopped, Some(reason.to_owned())),
                 };
                 out.push(Instance {
+                    reason,
                     id: provider_id(&host.name, &name),
                     state,
                     ip: None,

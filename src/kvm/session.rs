@@ -52,8 +52,29 @@ pub enum DomainRunState {
     Running,
     /// `nostate`, paused, being shut down: the next poll decides.
     Transitional,
-    /// Shut off or crashed.
-    Stopped,
+    /// Shut off or crashed, and why (libvirt's state reason, in words).
+    Stopped {
+        reason: &'static str,
+    },
+}
+
+/// libvirt's reason for a shut-off or crashed domain, as a sentence.
+fn stop_reason(reason: &virt::domain::DomainStateReasonEnum) -> &'static str {
+    use virt::domain::{DomainCrashedReason as C, DomainShutoffReason as S, DomainStateReason as R};
+    use virt::enumutil::Enum::Known as K;
+    match reason {
+        K(R::Shutoff(K(S::Shutdown))) => "domain shut off: the guest shut itself down",
+        K(R::Shutoff(K(S::Destroyed))) => "domain shut off: destroyed (forced off from outside the guest)",
+        K(R::Shutoff(K(S::Crashed))) => "domain shut off: the guest crashed",
+        K(R::Shutoff(K(S::Migrated))) => "domain shut off: migrated to another host",
+        K(R::Shutoff(K(S::Saved))) => "domain shut off: its state was saved",
+        K(R::Shutoff(K(S::Failed))) => "domain shut off: it failed to start",
+        K(R::Shutoff(K(S::FromSnapshot))) => "domain shut off: restored from a snapshot",
+        K(R::Shutoff(K(S::Daemon))) => "domain shut off: libvirtd found its QEMU process gone",
+        K(R::Crashed(K(C::Panicked))) => "domain crashed: the guest kernel panicked",
+        K(R::Crashed(_)) => "domain crashed",
+        _ => "domain shut off (libvirt gives no reason)",
+    }
 }
 
 /// A volume as the pool lists it.
@@ -330,14 +351,16 @@ impl HostSession {
         let Some(domain) = self.domain(name)? else {
             return Ok(None);
         };
-        let (state, _) = self.call("virDomainGetState", name, || domain.state())?;
+        let (state, reason) = self.call("virDomainGetState", name, || domain.state())?;
         let run = match state {
             virt::domain::DomainStateEnum::Known(virt::domain::DomainState::Running) => {
                 DomainRunState::Running
             }
             virt::domain::DomainStateEnum::Known(
                 virt::domain::DomainState::Shutoff | virt::domain::DomainState::Crashed,
-            ) => DomainRunState::Stopped,
+            ) => DomainRunState::Stopped {
+                reason: stop_reason(&reason),
+            },
             _ => DomainRunState::Transitional,
         };
         Ok(Some((run, self.metadata_of(&domain, name)?)))

@@ -60,6 +60,10 @@ pub struct Instance {
     pub uid: Option<String>,
     /// When the instance was created, from the provider (GC grace period).
     pub created_at: Option<Timestamp>,
+    /// Why the instance is not serving, in the provider's terms (an exit
+    /// status and log lines, a domain's shutoff reason, a pod's container
+    /// status). Never holds secrets: it reaches Proxy status and Events.
+    pub reason: Option<String>,
 }
 
 /// Cloud-init user-data bytes. They may hold secrets, so `Debug` shows only the size.

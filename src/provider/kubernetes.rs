@@ -86,6 +86,65 @@ pub fn state_of(pod: &Pod) -> InstanceState {
     }
 }
 
+/// Why a pod is not serving, from its status: the pod's own reason
+/// (evicted, ...) and each container's waiting or terminated state. `None`
+/// when it says nothing useful (a pod starting normally).
+pub fn reason_of(pod: &Pod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some("pod is being deleted".into());
+    }
+    let status = pod.status.as_ref()?;
+    let mut parts = Vec::new();
+    if let Some(reason) = status.reason.as_deref().filter(|r| !r.is_empty()) {
+        let phase = status.phase.as_deref().unwrap_or("Unknown");
+        parts.push(match status.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(message) => format!("pod {phase}: {reason}: {message}"),
+            None => format!("pod {phase}: {reason}"),
+        });
+    }
+    let terminated = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+        let mut text = format!(
+            "{} (exit code {})",
+            t.reason.as_deref().unwrap_or("terminated"),
+            t.exit_code
+        );
+        if let Some(message) = t.message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
+            text.push_str(": ");
+            text.push_str(message);
+        }
+        text
+    };
+    for c in status.container_statuses.iter().flatten() {
+        let state = c.state.as_ref();
+        let last = c
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| format!("; last exit: {}", terminated(t)))
+            .unwrap_or_default();
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+            parts.push(format!("container {} terminated: {}", c.name, terminated(t)));
+        } else if let Some(w) = state
+            .and_then(|s| s.waiting.as_ref())
+            .filter(|w| w.reason.as_deref().is_some_and(|r| r != "ContainerCreating"))
+        {
+            let reason = w.reason.as_deref().unwrap_or_default();
+            let message = w
+                .message
+                .as_deref()
+                .filter(|m| !m.is_empty())
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default();
+            parts.push(format!("container {} waiting: {reason}{message}{last}", c.name));
+        }
+    }
+    let text = parts.join("; ");
+    match text.char_indices().nth(600) {
+        Some((cut, _)) => Some(format!("{}…", &text[..cut])),
+        None => (!text.is_empty()).then_some(text),
+    }
+}
+
 impl KubernetesProvider {
     pub fn new(name: &str, config: KubernetesConfig, client: kube::Client) -> Self {
         Self {
@@ -111,6 +170,9 @@ impl KubernetesProvider {
         Instance {
             id: provider_id(&namespace, &name),
             state,
+            reason: (state != InstanceState::Running)
+                .then(|| reason_of(pod))
+                .flatten(),
             ip: if state == InstanceState::Running { ip } else { None },
             port: None,
             uid: pod
@@ -255,6 +317,55 @@ mod tests {
                 "{phase:?} ready={ready} deleting={deleting}"
             );
         }
+    }
+
+    #[test]
+    fn reasons_come_from_the_pod_and_its_containers() {
+        let evicted: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
+        }))
+        .unwrap();
+        assert_eq!(
+            reason_of(&evicted).as_deref(),
+            Some("pod Failed: Evicted: The node was low on resource: memory.")
+        );
+        let crashing: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": "squid", "image": "squid", "imageID": "", "ready": false, "restartCount": 4,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s restarting failed container"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}
+            }]}
+        }))
+        .unwrap();
+        assert_eq!(
+            reason_of(&crashing).as_deref(),
+            Some(
+                "container squid waiting: CrashLoopBackOff: back-off 1m20s restarting failed container; last exit: Error (exit code 1)"
+            )
+        );
+        let done: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": "squid", "image": "squid", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+            }]}
+        }))
+        .unwrap();
+        assert_eq!(
+            reason_of(&done).as_deref(),
+            Some("container squid terminated: OOMKilled (exit code 137)")
+        );
+        let starting: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "squid", "image": "squid", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}
+            }]}
+        }))
+        .unwrap();
+        assert_eq!(reason_of(&starting), None, "a normal start needs no reason");
     }
 
     #[test]

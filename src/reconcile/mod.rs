@@ -4,6 +4,7 @@
 //! says when to look again. The caller (the ProxyActor) serialises calls per
 //! object and owns the timers.
 
+mod replacement;
 mod status;
 
 use std::sync::Arc;
@@ -21,7 +22,9 @@ use crate::provider::{
 };
 use crate::resource::{FINALIZER, Mode, Phase, Proxy, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION};
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
+use crate::telemetry::events::{InstanceLost, InstanceReplaced};
 
+pub use replacement::{Loss, ReplacementBackoff};
 pub use status::StatusDraft;
 
 /// What the reconcile needs: where objects live and the providers.
@@ -31,6 +34,8 @@ pub struct Context {
     pub providers: Arc<Providers>,
     /// Injectable clock (condition and health timestamps).
     pub now: fn() -> Timestamp,
+    /// How quickly lost instances are replaced.
+    pub replacement: ReplacementBackoff,
 }
 
 /// What a ProxyActor remembers between reconciles of its object. Lost on a
@@ -78,6 +83,8 @@ pub enum Next {
     Poll,
     /// Settled and running: check again after the resync period.
     Resync,
+    /// Waiting on purpose (the replacement backoff): look again after this long.
+    After(Duration),
     /// Nothing to do until the object or configuration changes.
     Idle,
     /// The object no longer exists.
@@ -249,10 +256,20 @@ impl Step<'_> {
             if recorded != Some(hash.as_str()) {
                 // Replace: the old instance must be gone before the new one is
                 // created (both carry the same name), so there are never two.
+                // A new spec starts afresh: earlier losses no longer count.
+                self.draft.clear_replacement();
                 let why = "spec changed: deleting the old instance before creating a new one";
                 self.draft.progress(Phase::Provisioning, why);
                 match result {
-                    Err(e) if e.is_not_found() => self.forget_instance(),
+                    Err(e) if e.is_not_found() => {
+                        InstanceReplaced {
+                            proxy: &key.to_string(),
+                            provider: &provider_name,
+                            reason: "spec_changed",
+                        }
+                        .emit();
+                        self.forget_instance();
+                    }
                     Ok(_) => {
                         self.memory
                             .delete(provider.as_ref(), &id)
@@ -263,10 +280,23 @@ impl Step<'_> {
                     Err(e) => return Err(e.into()),
                 }
             } else {
+                let deleting_lost = self.draft.replacement().is_some_and(|r| r.deleting);
                 match result {
+                    // A lost instance is deleted before its successor is created.
+                    Ok(_) if deleting_lost => {
+                        self.draft.replacing();
+                        self.memory.delete(provider.as_ref(), &id).await?;
+                        return Ok(Next::Poll);
+                    }
                     Ok(instance) => return self.observe(provider.as_ref(), &instance).await,
                     Err(e) if e.is_not_found() => {
-                        tracing::warn!(proxy = %key, providerID = %id, "instance vanished; creating a new one");
+                        if deleting_lost {
+                            self.draft.lost_instance_deleted();
+                        } else {
+                            let why = "the instance vanished (deleted outside the operator?)";
+                            self.lose(provider.as_ref(), Loss::Vanished, why, None, false)
+                                .await;
+                        }
                         self.forget_instance();
                     }
                     Err(e) => return Err(e.into()),
@@ -278,6 +308,14 @@ impl Step<'_> {
             ctx.store
                 .set_annotation(&key, self.uid(), SPEC_HASH_ANNOTATION, Some(hash.as_str()))
                 .await?;
+            self.draft.clear_replacement();
+        }
+        if let Some(retry_at) = self.draft.replacement().map(|r| r.retry_at.0) {
+            let wait = retry_at.duration_since((ctx.now)());
+            if wait.is_positive() {
+                self.draft.replacing();
+                return Ok(Next::After(wait.unsigned_abs()));
+            }
         }
         let request = CreateRequest {
             name: instance_name(self.uid()),
@@ -298,6 +336,50 @@ impl Step<'_> {
         self.memory.forget();
     }
 
+    /// Records that the instance was lost, once per loss: counts it (from
+    /// one again when the lost instance had stayed up, `up_since`), sets
+    /// when its successor may be created, and tells the user why.
+    async fn lose(
+        &mut self,
+        provider: &dyn Provider,
+        loss: Loss,
+        reason: &str,
+        up_since: Option<Timestamp>,
+        deleting: bool,
+    ) {
+        let (ctx, key) = (self.ctx, self.key());
+        let now = (ctx.now)();
+        let policy = ctx.replacement;
+        let count = match self.draft.replacement() {
+            Some(r) => {
+                // The lost instance was created no earlier than its retry time.
+                let since = up_since.map_or(r.retry_at.0, |t| t.max(r.retry_at.0));
+                if policy.is_stable(since, now) {
+                    1
+                } else {
+                    r.count.saturating_add(1)
+                }
+            }
+            None => 1,
+        };
+        let delay = policy.delay(count);
+        let retry_at = now.checked_add(delay).unwrap_or(now);
+        self.draft.lost(count, reason, retry_at, deleting);
+        InstanceLost {
+            proxy: &key.to_string(),
+            provider: provider.name(),
+            loss,
+            reason,
+            count,
+            retry_in: delay,
+        }
+        .emit();
+        let note = format!("{reason}; replacement {count} in {}s", delay.as_secs());
+        ctx.store
+            .publish_event(&key, self.uid(), loss.event_reason(), &note, true)
+            .await;
+    }
+
     /// Records what `get` reported and decides the next step.
     async fn observe(
         &mut self,
@@ -307,21 +389,33 @@ impl Step<'_> {
         match (instance.state, instance.ip) {
             (InstanceState::Running, Some(ip)) => {
                 let port = instance.port.unwrap_or(self.proxy.spec.port);
+                if let Some(r) = self.draft.replacement() {
+                    let since = instance.created_at.map_or(r.retry_at.0, |t| t.max(r.retry_at.0));
+                    if self.ctx.replacement.is_stable(since, (self.ctx.now)()) {
+                        self.draft.clear_replacement();
+                    }
+                }
                 self.draft.running(&ip.to_string(), port);
                 self.serve();
                 Ok(Next::Resync)
             }
             (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
-                self.draft.progress(Phase::Provisioning, "instance is starting");
+                let message = match &instance.reason {
+                    Some(why) => format!("instance is starting: {why}"),
+                    None => "instance is starting".to_owned(),
+                };
+                self.draft.progress(Phase::Provisioning, &message);
                 Ok(Next::Poll)
             }
             (InstanceState::Stopped, _) => {
                 // Cattle: a stopped instance is replaced, not restarted.
-                tracing::warn!(proxy = %self.key(), providerID = %instance.id, "instance stopped; replacing it");
-                self.draft.progress(
-                    Phase::Provisioning,
-                    "instance stopped: deleting it to create a new one",
-                );
+                let why = instance
+                    .reason
+                    .as_deref()
+                    .unwrap_or("the provider gives no reason");
+                let reason = format!("instance stopped: {why}");
+                self.lose(provider, Loss::Stopped, &reason, instance.created_at, true)
+                    .await;
                 self.memory.delete(provider, &instance.id).await?;
                 Ok(Next::Poll)
             }

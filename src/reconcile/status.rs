@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::health::Verdict;
 use crate::provider::ProviderId;
-use crate::resource::{HealthStatus, Phase, Proxy, ProxyStatus, condition, set_condition};
+use crate::resource::{HealthStatus, Phase, Proxy, ProxyStatus, ReplacementStatus, condition, set_condition};
 use crate::store::{ObjectKey, ProxyStore, StoreError};
 
 use super::ReconcileError;
@@ -112,7 +112,72 @@ impl StatusDraft {
 
     pub fn created(&mut self, id: &ProviderId) {
         self.status.provider_id = Some(id.to_string());
-        self.progress(Phase::Provisioning, "instance created; waiting for it to start");
+        let message = match &self.status.replacement {
+            Some(r) => format!(
+                "replacement {} created; waiting for it to start (the last instance was lost: {})",
+                r.count, r.reason
+            ),
+            None => "instance created; waiting for it to start".to_owned(),
+        };
+        self.progress(Phase::Provisioning, &message);
+    }
+
+    /// The replacement backoff, when instances were lost.
+    pub fn replacement(&self) -> Option<&ReplacementStatus> {
+        self.status.replacement.as_ref()
+    }
+
+    /// An instance was lost (`count` in a row): replace it at `retry_at`,
+    /// after deleting it when `deleting`.
+    pub fn lost(&mut self, count: u32, reason: &str, retry_at: Timestamp, deleting: bool) {
+        self.status.replacement = Some(ReplacementStatus {
+            count,
+            reason: reason.to_owned(),
+            lost_at: Time((self.now)()),
+            retry_at: Time(retry_at),
+            deleting,
+        });
+        self.replacing();
+    }
+
+    /// Says where the replacement stands: deleting the lost instance, or
+    /// waiting (phase BackOff) until its successor may be created.
+    pub fn replacing(&mut self) {
+        let Some(r) = self.status.replacement.clone() else {
+            return;
+        };
+        let now = (self.now)();
+        let waiting = r.retry_at.0 > now;
+        let when = if waiting {
+            let wait = jiff::SignedDuration::from_secs(r.retry_at.0.duration_since(now).as_secs().max(1));
+            format!(
+                "replacement {} at {} (backing off {wait:#})",
+                r.count,
+                r.retry_at.0.round(jiff::Unit::Second).unwrap_or(r.retry_at.0)
+            )
+        } else {
+            format!("replacement {} now", r.count)
+        };
+        let step = if r.deleting { "deleting it; " } else { "" };
+        let message = format!("{}; {step}{when}", r.reason);
+        let phase = if waiting {
+            Phase::BackOff
+        } else {
+            Phase::Provisioning
+        };
+        self.progress(phase, &message);
+    }
+
+    /// The lost instance is gone.
+    pub fn lost_instance_deleted(&mut self) {
+        if let Some(r) = self.status.replacement.as_mut() {
+            r.deleting = false;
+        }
+    }
+
+    /// Forgets earlier losses (an instance stayed up, or the spec changed).
+    pub fn clear_replacement(&mut self) {
+        self.status.replacement = None;
     }
 
     /// Work in progress (provisioning, replacing, terminating).
@@ -178,7 +243,10 @@ impl StatusDraft {
                 ),
                 None => format!("{} → {}", phase(self.original.phase), phase(self.status.phase)),
             };
-            let warning = matches!(self.status.phase, Some(Phase::Failed | Phase::Unhealthy));
+            let warning = matches!(
+                self.status.phase,
+                Some(Phase::Failed | Phase::Unhealthy | Phase::BackOff)
+            );
             store
                 .publish_event(key, &self.uid, phase(self.status.phase), &note, warning)
                 .await;

@@ -32,6 +32,27 @@ pub struct ProxyStatus {
     /// The latest health verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthStatus>,
+    /// Instances lost in a row and when the next may be created (the
+    /// replacement backoff); cleared once an instance stays up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<ReplacementStatus>,
+}
+
+/// Instances that stopped or vanished, replaced with growing delays.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplacementStatus {
+    /// Instances lost in a row, none of which stayed up long enough to reset the count.
+    pub count: u32,
+    /// Why the last one was lost, in the provider's words.
+    pub reason: String,
+    /// When the last loss was seen.
+    pub lost_at: Time,
+    /// The next instance is created no earlier than this.
+    pub retry_at: Time,
+    /// The lost instance is still being deleted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 /// Lifecycle phase of a Proxy.
@@ -51,11 +72,14 @@ pub enum Phase {
     Failed,
     /// Being deleted: the instance is being cleaned up.
     Terminating,
+    /// Instances keep stopping: waiting before creating the next one
+    /// (delays grow exponentially, like a crash loop's).
+    BackOff,
 }
 
 impl Phase {
     /// Every phase, in lifecycle order (for metrics and tables).
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::Pending,
         Phase::Provisioning,
         Phase::Running,
@@ -63,6 +87,7 @@ impl Phase {
         Phase::Unhealthy,
         Phase::Failed,
         Phase::Terminating,
+        Phase::BackOff,
     ];
 
     /// The spelling used in manifests, tables and metric labels.
@@ -75,6 +100,7 @@ impl Phase {
             Phase::Unhealthy => "Unhealthy",
             Phase::Failed => "Failed",
             Phase::Terminating => "Terminating",
+            Phase::BackOff => "BackOff",
         }
     }
 }

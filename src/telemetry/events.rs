@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::metrics::{
-    ActorLabel, HostLabel, PhaseLabel, ProviderCallLabels, ProviderOpLabels, ReasonLabel, ResultLabel,
-    RpcLabel, metrics,
+    ActorLabel, HostLabel, PhaseLabel, ProviderCallLabels, ProviderOpLabels, ReasonLabel, ReplacementLabels,
+    ResultLabel, RpcLabel, metrics,
 };
 
 /// A provider call returned.
@@ -71,6 +71,63 @@ impl ReconcileCompleted<'_> {
             .inc();
         m.reconcile_duration.observe(self.duration.as_secs_f64());
     }
+}
+
+/// A Managed proxy's instance stopped or vanished: it will be replaced
+/// after `retry_in` (the replacement backoff).
+pub struct InstanceLost<'a> {
+    pub proxy: &'a str,
+    pub provider: &'a str,
+    pub loss: crate::reconcile::Loss,
+    /// The provider's explanation (never secrets).
+    pub reason: &'a str,
+    /// Losses in a row, this one included.
+    pub count: u32,
+    pub retry_in: Duration,
+}
+
+impl InstanceLost<'_> {
+    pub fn emit(self) {
+        tracing::warn!(
+            proxy = self.proxy,
+            provider = self.provider,
+            reason = self.reason,
+            replacement = self.count,
+            retryInSeconds = self.retry_in.as_secs(),
+            "instance lost; replacing it"
+        );
+        replaced(self.provider, self.loss.as_str());
+    }
+}
+
+/// A Managed proxy's instance is replaced because its spec changed.
+pub struct InstanceReplaced<'a> {
+    pub proxy: &'a str,
+    pub provider: &'a str,
+    /// The metric label: `spec_changed`.
+    pub reason: &'static str,
+}
+
+impl InstanceReplaced<'_> {
+    pub fn emit(self) {
+        tracing::info!(
+            proxy = self.proxy,
+            provider = self.provider,
+            reason = self.reason,
+            "old instance deleted; creating its replacement"
+        );
+        replaced(self.provider, self.reason);
+    }
+}
+
+fn replaced(provider: &str, reason: &str) {
+    metrics()
+        .instance_replacements
+        .get_or_create(&ReplacementLabels {
+            provider: provider.to_owned(),
+            reason: reason.to_owned(),
+        })
+        .inc();
 }
 
 /// A Proxy moved from one phase to another (`None`: not counted — new or gone).

@@ -31,6 +31,13 @@ pub struct ProviderOpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplacementLabels {
+    pub provider: String,
+    /// `stopped`, `vanished` or `spec_changed`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: String,
 }
@@ -74,6 +81,7 @@ pub struct Metrics {
     pub provider_call_duration: Histograms<ProviderOpLabels>,
     pub reconciles: Family<ResultLabel, Counter>,
     pub reconcile_duration: Histogram,
+    pub instance_replacements: Family<ReplacementLabels, Counter>,
     pub proxies: Family<PhaseLabel, Gauge>,
     pub probes: Family<ResultLabel, Counter>,
     pub probe_duration: Histogram,
@@ -96,6 +104,7 @@ impl Metrics {
             provider_call_duration: Family::new_with_constructor(latency),
             reconciles: Family::default(),
             reconcile_duration: latency(),
+            instance_replacements: Family::default(),
             proxies: Family::default(),
             probes: Family::default(),
             probe_duration: latency(),
@@ -131,6 +140,11 @@ impl Metrics {
             "Duration of reconciles",
             Unit::Seconds,
             m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "instance_replacements",
+            "Managed instances replaced, by provider and reason (stopped, vanished, spec_changed)",
+            m.instance_replacements.clone(),
         );
         registry.register("proxies", "Proxies by phase", m.proxies.clone());
         registry.register(

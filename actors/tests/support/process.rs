@@ -58,8 +58,21 @@ pub fn forward_proxy(bin: &str, port: u16, dir: &std::path::Path) -> Killed {
     )
 }
 
-/// SIGKILLs the process of one local-provider instance under `state`, found
-/// by its instance directory on its command line.
+/// The live process a local-provider instance recorded at spawn
+/// (`process.json` in its directory); `None` once it is gone.
+pub fn instance_pid(instance_dir: &std::path::Path) -> Option<i32> {
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(instance_dir.join("process.json")).ok()?).ok()?;
+    let pid = i32::try_from(record["pid"].as_i64()?).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let start: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let alive = !rest.starts_with('Z') && Some(start) == record["startTicks"].as_u64();
+    alive.then_some(pid)
+}
+
+/// SIGKILLs the process of the one local-provider instance under `state`,
+/// found by the pid it recorded.
 pub fn kill_local_instance(state: &std::path::Path) {
     let instance = std::fs::read_dir(state.join("local/local/instances"))
         .unwrap()
@@ -67,10 +80,7 @@ pub fn kill_local_instance(state: &std::path::Path) {
         .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .unwrap()
         .path();
-    let killed = std::process::Command::new("pkill")
-        .args(["-9", "-f"])
-        .arg(instance.canonicalize().unwrap())
-        .status()
-        .unwrap();
-    assert!(killed.success(), "killed the proxy process");
+    let pid = instance_pid(&instance).expect("the instance's proxy process runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("killed the proxy process");
 }

@@ -266,6 +266,7 @@ impl ScriptedProvider {
             port: Some(sim.spec_port),
             uid: Some(sim.uid.clone()),
             created_at: Some(sim.created_at),
+            reason: (state == InstanceState::Stopped).then(|| "scripted to stop".to_owned()),
         }
     }
 }

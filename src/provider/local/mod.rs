@@ -3,11 +3,13 @@
 //! otherwise.
 //!
 //! Instances live in `<state>/local/<provider>/instances/<name>/`: a record
-//! (the tags: managed, owning UID, creation time, port), the generated config
-//! and logs. Processes are found by the instance directory on their command
-//! line, so they are re-adopted after an operator restart and can never be
-//! started twice for one name. They run in their own process group and
-//! outlive the operator, like VMs outlive a cloud controller.
+//! (the tags: managed, owning UID, creation time, port), the identity of the
+//! process (pid, start time, boot) recorded when it was spawned, and its
+//! output. Squid's own files (config, logs, pid file) live there too, or —
+//! when the operator runs as root — in a run directory Squid's unprivileged
+//! user can reach (see [`squid`]). Processes run in their own process group
+//! and outlive the operator, like VMs outlive a cloud controller; a
+//! restarted operator finds them again by their recorded identity.
 
 mod process;
 mod record;
@@ -19,22 +21,30 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::{LocalConfig, LocalImplementation};
+use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
 use crate::provider::{
     BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
 };
 
-use record::InstanceRecord;
+use process::{Exits, ProcessIdentity};
+use record::{Implementation, InstanceRecord};
+pub use squid::SquidRuntime;
 
 /// Prefix of local providerIDs: `instances/<name>`.
 const ID_PREFIX: &str = "instances/";
 /// Grace between SIGTERM and SIGKILL on delete.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Output of the proxy process (stdout and stderr), in the instance directory.
+const PROCESS_LOG: &str = "process.log";
+/// The built-in proxy's pid file, in the instance directory.
+const BUILTIN_PID_FILE: &str = "proxy.pid";
+/// Log lines quoted when an instance stops.
+const TAIL_LINES: usize = 3;
 
 /// Which program runs the instances of this provider.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Launcher {
-    Squid(PathBuf),
+    Squid(SquidRuntime),
     Builtin(PathBuf),
 }
 
@@ -43,6 +53,8 @@ pub enum Launcher {
 pub enum LocalError {
     #[error("implementation squid was requested but no squid binary was found ({0})")]
     NoSquid(String),
+    #[error("squidUser {0:?} does not exist on this machine")]
+    NoSquidUser(String),
     #[error("creating {path}: {source}")]
     StateDir {
         path: String,
@@ -57,6 +69,7 @@ pub struct LocalProvider {
     listen: IpAddr,
     instances_dir: PathBuf,
     launcher: Launcher,
+    exits: Exits,
 }
 
 impl LocalProvider {
@@ -65,26 +78,26 @@ impl LocalProvider {
             Some(path) => which::which(path).map_err(|e| format!("{}: {e}", path.display())),
             None => which::which("squid").map_err(|e| format!("squid on PATH: {e}")),
         };
-        let launcher = match (config.implementation, squid) {
-            (LocalImplementation::Builtin, _) | (LocalImplementation::Auto, Err(_)) => {
-                Launcher::Builtin(ctx.operator_exe.clone())
-            }
-            (_, Ok(path)) => Launcher::Squid(path),
-            (LocalImplementation::Squid, Err(why)) => return Err(LocalError::NoSquid(why)),
-        };
         let instances_dir = ctx.state_dir.join("local").join(name).join("instances");
         let state_error = |source| LocalError::StateDir {
             path: instances_dir.display().to_string(),
             source,
         };
         std::fs::create_dir_all(&instances_dir).map_err(state_error)?;
-        // Processes are recognised by this path on their command line: make it canonical.
         let instances_dir = instances_dir.canonicalize().map_err(state_error)?;
+        let launcher = match (config.implementation, squid) {
+            (LocalImplementation::Builtin, _) | (LocalImplementation::Auto, Err(_)) => {
+                Launcher::Builtin(ctx.operator_exe.clone())
+            }
+            (_, Ok(binary)) => Launcher::Squid(squid_runtime(name, &config, binary, &instances_dir)?),
+            (LocalImplementation::Squid, Err(why)) => return Err(LocalError::NoSquid(why)),
+        };
         Ok(Self {
             name: name.to_owned(),
             listen: config.listen_address,
             instances_dir,
             launcher,
+            exits: Exits::default(),
         })
     }
 
@@ -129,14 +142,20 @@ impl LocalProvider {
     }
 
     async fn observe(&self, id: &ProviderId, dir: &Path, record: &InstanceRecord) -> Instance {
-        let running = !process::find(dir).is_empty();
+        let identity = identity(dir, record);
         let ip = self.client_ip(record.listen);
-        let state = if !running {
-            InstanceState::Stopped
-        } else if accepts(SocketAddr::new(ip, record.port)).await {
-            InstanceState::Running
-        } else {
-            InstanceState::Provisioning
+        let (state, reason) = match &identity {
+            Some(p) if p.is_alive() => {
+                if accepts(SocketAddr::new(ip, record.port)).await {
+                    (InstanceState::Running, None)
+                } else {
+                    (InstanceState::Provisioning, None)
+                }
+            }
+            _ => (
+                InstanceState::Stopped,
+                Some(self.stop_reason(dir, record, identity.as_ref())),
+            ),
         };
         Instance {
             id: id.clone(),
@@ -145,7 +164,153 @@ impl LocalProvider {
             port: Some(record.port),
             uid: Some(record.uid.clone()),
             created_at: Some(record.created_at),
+            reason,
         }
+    }
+
+    /// Why an instance's process is not running: its exit status when this
+    /// operator started it, and the last lines of its log.
+    fn stop_reason(&self, dir: &Path, record: &InstanceRecord, identity: Option<&ProcessIdentity>) -> String {
+        let how = match identity {
+            None => "no proxy process was ever recorded for the instance".to_owned(),
+            Some(p) => match self.exits.of(p) {
+                Some(exit) => format!("the proxy process {exit}"),
+                None => "the proxy process is gone (its exit status is unknown: it was started by an earlier run of the operator)".to_owned(),
+            },
+        };
+        let mut tail = Vec::new();
+        if record.implementation == Implementation::Squid {
+            let run_dir = record.run_dir.as_deref().unwrap_or(dir);
+            tail = process::log_tail(&run_dir.join(squid::CACHE_LOG), TAIL_LINES);
+        }
+        if tail.is_empty() {
+            tail = process::log_tail(&dir.join(PROCESS_LOG), TAIL_LINES);
+        }
+        if tail.is_empty() {
+            how
+        } else {
+            format!("{how}; its log ends: {}", tail.join(" | "))
+        }
+    }
+
+    /// Lays out and starts the proxy of a new instance.
+    async fn start(&self, id: &ProviderId, dir: &Path, name: &str) -> Result<(), ProviderError> {
+        let io = |e: std::io::Error| self.error(ErrorClass::Transient, Op::Create, Some(id.as_str()), e);
+        let record = record::read(dir).map_err(io)?.ok_or_else(|| {
+            self.error(
+                ErrorClass::Transient,
+                Op::Create,
+                Some(id.as_str()),
+                "record vanished",
+            )
+        })?;
+        let cmd = match &self.launcher {
+            Launcher::Squid(squid) => {
+                let run_dir = squid.run_dir(dir, name);
+                squid.prepare(&run_dir, &record).map_err(io)?;
+                if let Err(why) = squid.check(&run_dir).await {
+                    // Nothing was started: leave nothing behind, and say why.
+                    if let Err(e) = remove_instance(dir, &record) {
+                        tracing::warn!(providerID = %id, error = %e, "removing a never-started instance failed");
+                    }
+                    return Err(self.error(ErrorClass::Permanent, Op::Create, Some(id.as_str()), why));
+                }
+                let mut cmd = tokio::process::Command::new(&squid.binary);
+                cmd.arg("-N").arg("-f").arg(run_dir.join(squid::CONFIG_FILE));
+                cmd
+            }
+            Launcher::Builtin(exe) => {
+                let mut cmd = tokio::process::Command::new(exe);
+                cmd.arg("forward-proxy")
+                    .arg("--listen")
+                    .arg(SocketAddr::new(record.listen, record.port).to_string())
+                    .arg("--instance-dir")
+                    .arg(dir)
+                    .arg("--pid-file")
+                    .arg(dir.join(BUILTIN_PID_FILE));
+                cmd
+            }
+        };
+        let identity = process::spawn(cmd, dir, &dir.join(PROCESS_LOG), &self.exits).map_err(io)?;
+        tracing::info!(
+            provider = %self.name, providerID = %id, port = record.port, pid = identity.pid,
+            implementation = record.implementation.as_str(), "local proxy process started"
+        );
+        Ok(())
+    }
+}
+
+/// The Squid runtime of a provider: as root, a run directory per state
+/// directory (two operators on one machine never share one) and Squid's user.
+fn squid_runtime(
+    name: &str,
+    config: &LocalConfig,
+    binary: PathBuf,
+    instances_dir: &Path,
+) -> Result<SquidRuntime, LocalError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(SquidRuntime {
+            binary,
+            user: None,
+            run_root: None,
+        });
+    }
+    let user_name = config.squid_user.as_deref().unwrap_or(DEFAULT_SQUID_USER);
+    let user = nix::unistd::User::from_name(user_name)
+        .ok()
+        .flatten()
+        .ok_or_else(|| LocalError::NoSquidUser(user_name.to_owned()))?;
+    let base = config
+        .run_directory
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIRECTORY));
+    use sha2::Digest;
+    let digest = hex::encode(&sha2::Sha256::digest(instances_dir.as_os_str().as_encoded_bytes())[..6]);
+    Ok(SquidRuntime {
+        binary,
+        user: Some(user),
+        run_root: Some(base.join(format!("{name}-{digest}"))),
+    })
+}
+
+/// Which process serves the instance: the identity recorded at spawn; else
+/// (the operator died between spawning and recording) the pid file the
+/// proxy wrote, which is then recorded.
+fn identity(dir: &Path, record: &InstanceRecord) -> Option<ProcessIdentity> {
+    if let Ok(Some(identity)) = ProcessIdentity::read(dir) {
+        return Some(identity);
+    }
+    let pid_file = match &record.pid_file {
+        Some(file) => file.clone(),
+        // Made before pid tracking: Squid wrote its pid file in the instance directory.
+        None => dir.join(squid::PID_FILE),
+    };
+    let found = ProcessIdentity::from_pid_file(&pid_file, record.created_at).or_else(|| {
+        // A built-in proxy made before pid tracking wrote no pid file.
+        (record.pid_file.is_none() && record.implementation == Implementation::Builtin)
+            .then(|| process::legacy_builtin(dir))
+            .flatten()
+    })?;
+    if let Err(e) = found.write(dir) {
+        tracing::warn!(instance = %dir.display(), error = %e, "recording an adopted proxy process failed");
+    }
+    Some(found)
+}
+
+/// Removes an instance's directories; a missing one is fine.
+fn remove_instance(dir: &Path, record: &InstanceRecord) -> std::io::Result<()> {
+    if let Some(run_dir) = &record.run_dir
+        && run_dir != dir
+    {
+        remove_dir(run_dir)?;
+    }
+    remove_dir(dir)
+}
+
+fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -182,13 +347,17 @@ impl Provider for LocalProvider {
             return Ok(id);
         }
         let port = free_port(self.listen).map_err(io)?;
-        let record = InstanceRecord::new(req, port, self.listen, &self.launcher);
-        record::materialize(&self.instances_dir, &dir, &record, &self.launcher).map_err(io)?;
-        process::spawn(&dir, &record, &self.launcher).map_err(io)?;
-        tracing::info!(
-            provider = %self.name, providerID = %id, port,
-            implementation = record.implementation.as_str(), "local proxy process started"
-        );
+        let (run_dir, pid_file) = match &self.launcher {
+            Launcher::Squid(squid) => {
+                let run_dir = squid.run_dir(&dir, req.name.as_str());
+                let pid_file = run_dir.join(squid::PID_FILE);
+                ((run_dir != dir).then_some(run_dir), pid_file)
+            }
+            Launcher::Builtin(_) => (None, dir.join(BUILTIN_PID_FILE)),
+        };
+        let record = InstanceRecord::new(req, port, self.listen, &self.launcher, run_dir, pid_file);
+        record::materialize(&self.instances_dir, &dir, &record).map_err(io)?;
+        self.start(&id, &dir, req.name.as_str()).await?;
         Ok(id)
     }
 
@@ -208,17 +377,18 @@ impl Provider for LocalProvider {
 
     async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError> {
         let (_, dir) = self.dir_of(id, Op::Delete)?;
-        process::stop(&dir, STOP_GRACE)
-            .await
-            .map_err(|e| self.error(ErrorClass::Transient, Op::Delete, Some(id.as_str()), e))?;
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {
-                tracing::info!(provider = %self.name, providerID = %id, "local proxy deleted");
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.error(ErrorClass::Transient, Op::Delete, Some(id.as_str()), e)),
+        let failed = |e: std::io::Error| self.error(ErrorClass::Transient, Op::Delete, Some(id.as_str()), e);
+        let Some(record) = record::read(&dir).map_err(failed)? else {
+            return remove_dir(&dir).map_err(failed);
+        };
+        if let Some(identity) = identity(&dir, &record) {
+            // Returns only once the process is gone: its files go after it.
+            process::stop(&identity, STOP_GRACE).await.map_err(failed)?;
+            self.exits.forget(&identity);
         }
+        remove_instance(&dir, &record).map_err(failed)?;
+        tracing::info!(provider = %self.name, providerID = %id, "local proxy deleted");
+        Ok(())
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {

@@ -1,14 +1,15 @@
 //! The instance record: the tags GC needs (managed, owning UID, creation
-//! time) and the chosen port, written before the process starts.
+//! time), the chosen port and where the process keeps its files, written
+//! before the process starts.
 
 use std::io;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::{Launcher, squid};
+use super::Launcher;
 use crate::provider::CreateRequest;
 
 const RECORD_FILE: &str = "instance.json";
@@ -39,10 +40,25 @@ pub struct InstanceRecord {
     pub listen: IpAddr,
     pub port: u16,
     pub implementation: Implementation,
+    /// Where Squid keeps its config, logs and pid file when that is not the
+    /// instance directory (the operator runs as root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_dir: Option<PathBuf>,
+    /// The pid file the proxy writes. Absent in records made before
+    /// processes were tracked by pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_file: Option<PathBuf>,
 }
 
 impl InstanceRecord {
-    pub fn new(req: &CreateRequest, port: u16, listen: IpAddr, launcher: &Launcher) -> Self {
+    pub fn new(
+        req: &CreateRequest,
+        port: u16,
+        listen: IpAddr,
+        launcher: &Launcher,
+        run_dir: Option<PathBuf>,
+        pid_file: PathBuf,
+    ) -> Self {
         Self {
             name: req.name.to_string(),
             managed: true,
@@ -54,25 +70,19 @@ impl InstanceRecord {
                 Launcher::Squid(_) => Implementation::Squid,
                 Launcher::Builtin(_) => Implementation::Builtin,
             },
+            run_dir,
+            pid_file: Some(pid_file),
         }
     }
 }
 
 /// Creates the instance directory atomically: built under a temporary name,
 /// then renamed, so a crash never leaves a half-written instance behind.
-pub fn materialize(
-    parent: &Path,
-    dir: &Path,
-    record: &InstanceRecord,
-    launcher: &Launcher,
-) -> io::Result<()> {
+pub fn materialize(parent: &Path, dir: &Path, record: &InstanceRecord) -> io::Result<()> {
     let tmp = parent.join(format!(".{}.tmp-{}", record.name, uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&tmp)?;
     let json = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
     std::fs::write(tmp.join(RECORD_FILE), json)?;
-    if let Launcher::Squid(_) = launcher {
-        squid::prepare(&tmp, dir, record)?;
-    }
     match std::fs::rename(&tmp, dir) {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -89,4 +99,14 @@ pub fn read(dir: &Path) -> io::Result<Option<InstanceRecord>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Replaces `dir/name` with `bytes` in one step (readers see the old or
+/// the new file, never half of one).
+pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(name)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
