@@ -47,6 +47,9 @@ pub enum Command {
         /// The standalone configuration whose state to read.
         #[arg(long, env = "STANDALONE_CONFIG")]
         config: PathBuf,
+        /// `wide` adds each proxy's status message; `yaml` and `json` print whole objects.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
     /// Print the Proxy CustomResourceDefinition as YAML.
     Crd,
@@ -74,6 +77,19 @@ pub enum Command {
 pub enum Resource {
     #[value(alias = "proxy", alias = "px")]
     Proxies,
+}
+
+/// How `get` prints.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The kubectl-style table.
+    Table,
+    /// The table with a MESSAGE column.
+    Wide,
+    /// Whole objects as a YAML `List` (inline cloud-init redacted).
+    Yaml,
+    /// Whole objects as a JSON `List` (inline cloud-init redacted).
+    Json,
 }
 
 /// Log settings, shared by every subcommand.

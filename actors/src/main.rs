@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use egress_proxies::config::ProvidersConfig;
-use egress_proxies::resource::{crd_yaml, proxy_table};
+use egress_proxies::resource::{ListFormat, crd_yaml, proxy_list, proxy_table};
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
 use egress_proxies_operator::{operator, standalone, system};
 
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Crd) => print_crd(),
         Some(Command::ValidateConfig { file }) => validate_config(&file),
-        Some(Command::Get { config, .. }) => get_proxies(&config),
+        Some(Command::Get { config, output, .. }) => get_proxies(&config, output),
         Some(Command::Standalone { config }) => run_standalone(&cli.logging, &config),
         Some(Command::ForwardProxy {
             listen,
@@ -77,14 +77,21 @@ fn validate_config(file: &Path) -> ExitCode {
     }
 }
 
-fn get_proxies(config: &Path) -> ExitCode {
-    match standalone::snapshot(config) {
-        Ok(proxies) if proxies.is_empty() => {
-            println!("No proxies found.");
-            ExitCode::SUCCESS
-        }
-        Ok(proxies) => {
-            print!("{}", proxy_table(&proxies, jiff::Timestamp::now()));
+fn get_proxies(config: &Path, output: cli::Output) -> ExitCode {
+    let proxies = match standalone::snapshot(config) {
+        Ok(proxies) => proxies,
+        Err(e) => return fail(e),
+    };
+    let text = match output {
+        cli::Output::Table | cli::Output::Wide if proxies.is_empty() => Ok("No proxies found.\n".to_owned()),
+        cli::Output::Table => Ok(proxy_table(&proxies, jiff::Timestamp::now(), false)),
+        cli::Output::Wide => Ok(proxy_table(&proxies, jiff::Timestamp::now(), true)),
+        cli::Output::Yaml => proxy_list(&proxies, ListFormat::Yaml),
+        cli::Output::Json => proxy_list(&proxies, ListFormat::Json),
+    };
+    match text {
+        Ok(text) => {
+            print!("{text}");
             ExitCode::SUCCESS
         }
         Err(e) => fail(e),

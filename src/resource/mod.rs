@@ -5,6 +5,7 @@
 
 mod conditions;
 mod crd;
+mod listing;
 mod metadata;
 mod spec;
 mod status;
@@ -12,6 +13,7 @@ mod table;
 
 pub use conditions::set_condition;
 pub use crd::{CrdError, crd_yaml};
+pub use listing::{ListFormat, ListingError, proxy_list};
 pub use metadata::*;
 pub use spec::*;
 pub use status::*;

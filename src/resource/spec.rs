@@ -37,7 +37,8 @@ pub const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 3;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"IP","type":"string","jsonPath":".status.ip"}"#,
     printcolumn = r#"{"name":"Healthy","type":"boolean","jsonPath":".status.health.healthy"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#
 )]
 #[x_kube(
     validation = Rule::new("self.mode != 'External' || has(self.endpoint)")

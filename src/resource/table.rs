@@ -5,8 +5,8 @@ use jiff::Timestamp;
 use super::Proxy;
 
 /// Renders NAME MODE PROVIDER PHASE IP HEALTHY AGE (plus NAMESPACE when
-/// several namespaces are shown), aligned like kubectl.
-pub fn proxy_table(proxies: &[Proxy], now: Timestamp) -> String {
+/// several namespaces are shown, and MESSAGE when `wide`), aligned like kubectl.
+pub fn proxy_table(proxies: &[Proxy], now: Timestamp, wide: bool) -> String {
     let namespaces: std::collections::BTreeSet<_> = proxies
         .iter()
         .map(|p| p.metadata.namespace.as_deref().unwrap_or("default"))
@@ -17,6 +17,9 @@ pub fn proxy_table(proxies: &[Proxy], now: Timestamp) -> String {
     if with_ns {
         header.insert(0, "NAMESPACE");
     }
+    if wide {
+        header.push("MESSAGE");
+    }
     rows.push(header.into_iter().map(str::to_owned).collect());
     for p in proxies {
         let status = p.status.clone().unwrap_or_default();
@@ -25,8 +28,12 @@ pub fn proxy_table(proxies: &[Proxy], now: Timestamp) -> String {
             p.spec.mode.as_str().to_owned(),
             p.spec.provider.clone().unwrap_or_default(),
             status.phase.map(|ph| ph.as_str().to_owned()).unwrap_or_default(),
-            status.ip.unwrap_or_default(),
-            status.health.map(|h| h.healthy.to_string()).unwrap_or_default(),
+            status.ip.clone().unwrap_or_default(),
+            status
+                .health
+                .as_ref()
+                .map(|h| h.healthy.to_string())
+                .unwrap_or_default(),
             p.metadata
                 .creation_timestamp
                 .as_ref()
@@ -38,6 +45,11 @@ pub fn proxy_table(proxies: &[Proxy], now: Timestamp) -> String {
                 0,
                 p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
             );
+        }
+        if wide {
+            // One line per proxy, whatever the message holds.
+            let message = status.message.clone().unwrap_or_default();
+            row.push(message.split_whitespace().collect::<Vec<_>>().join(" "));
         }
         rows.push(row);
     }
@@ -92,11 +104,24 @@ mod tests {
             ip: Some("127.0.0.1".into()),
             ..Default::default()
         });
-        let table = proxy_table(&[p], now);
+        let table = proxy_table(std::slice::from_ref(&p), now, false);
         assert_eq!(
             table,
             "NAME   MODE      PROVIDER   PHASE     IP          HEALTHY   AGE\n\
              eu-1   Managed   local      Running   127.0.0.1             5m\n"
+        );
+        p.status = Some(ProxyStatus {
+            phase: Some(Phase::Pending),
+            message: Some(
+                "kvm-home create: transient: host dc1:\n  SSH connection refused (will retry)".into(),
+            ),
+            ..Default::default()
+        });
+        let wide = proxy_table(&[p], now, true);
+        assert_eq!(
+            wide,
+            "NAME   MODE      PROVIDER   PHASE     IP   HEALTHY   AGE   MESSAGE\n\
+             eu-1   Managed   local      Pending                  5m    kvm-home create: transient: host dc1: SSH connection refused (will retry)\n"
         );
         assert_eq!(age(59), "59s");
         assert_eq!(age(7199), "119m");

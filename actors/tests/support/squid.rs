@@ -52,8 +52,9 @@ impl Squid {
         if nix_is_root() {
             let _ = Command::new("chown").arg("proxy").arg(dir).status();
         }
+        // A service name of its own: Squids sharing one collide on shared memory.
         let child = Command::new(binary().unwrap())
-            .args(["-N", "-f"])
+            .args(["-N", "-n", &self.service(), "-f"])
             .arg(dir.join("squid.conf"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -72,11 +73,22 @@ impl Squid {
         }
     }
 
-    /// SIGKILLs Squid (the port stops answering).
+    fn service(&self) -> String {
+        format!("epotest{}", self.addr.port())
+    }
+
+    /// SIGKILLs Squid (the port stops answering) and removes the shared
+    /// memory it could not.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        let prefix = format!("{}-", self.service());
+        for entry in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
 

@@ -207,8 +207,11 @@ impl LocalProvider {
         let cmd = match &self.launcher {
             Launcher::Squid(squid) => {
                 let run_dir = squid.run_dir(dir, name);
+                let service = squid::service_name(name);
                 squid.prepare(&run_dir, &record).map_err(io)?;
-                if let Err(why) = squid.check(&run_dir).await {
+                // No Squid of this instance runs (it is being created): leftovers of a killed one go.
+                squid::remove_segments(&service).map_err(io)?;
+                if let Err(why) = squid.check(&run_dir, &service).await {
                     // Nothing was started: leave nothing behind, and say why.
                     if let Err(e) = remove_instance(dir, &record) {
                         tracing::warn!(providerID = %id, error = %e, "removing a never-started instance failed");
@@ -216,7 +219,11 @@ impl LocalProvider {
                     return Err(self.error(ErrorClass::Permanent, Op::Create, Some(id.as_str()), why));
                 }
                 let mut cmd = tokio::process::Command::new(&squid.binary);
-                cmd.arg("-N").arg("-f").arg(run_dir.join(squid::CONFIG_FILE));
+                cmd.arg("-N")
+                    .arg("-n")
+                    .arg(&service)
+                    .arg("-f")
+                    .arg(run_dir.join(squid::CONFIG_FILE));
                 cmd
             }
             Launcher::Builtin(exe) => {
@@ -303,6 +310,11 @@ fn remove_instance(dir: &Path, record: &InstanceRecord) -> std::io::Result<()> {
         && run_dir != dir
     {
         remove_dir(run_dir)?;
+        // The provider's run root goes with its last instance (a create
+        // racing this re-creates it, or fails transiently and is retried).
+        if let Some(root) = run_dir.parent() {
+            let _ = std::fs::remove_dir(root);
+        }
     }
     remove_dir(dir)
 }
@@ -376,7 +388,7 @@ impl Provider for LocalProvider {
     }
 
     async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError> {
-        let (_, dir) = self.dir_of(id, Op::Delete)?;
+        let (name, dir) = self.dir_of(id, Op::Delete)?;
         let failed = |e: std::io::Error| self.error(ErrorClass::Transient, Op::Delete, Some(id.as_str()), e);
         let Some(record) = record::read(&dir).map_err(failed)? else {
             return remove_dir(&dir).map_err(failed);
@@ -385,6 +397,9 @@ impl Provider for LocalProvider {
             // Returns only once the process is gone: its files go after it.
             process::stop(&identity, STOP_GRACE).await.map_err(failed)?;
             self.exits.forget(&identity);
+        }
+        if record.implementation == Implementation::Squid {
+            squid::remove_segments(&squid::service_name(&name)).map_err(failed)?;
         }
         remove_instance(&dir, &record).map_err(failed)?;
         tracing::info!(provider = %self.name, providerID = %id, "local proxy deleted");

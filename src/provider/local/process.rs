@@ -234,8 +234,9 @@ pub fn legacy_builtin(dir: &Path) -> Option<ProcessIdentity> {
         .filter(ProcessIdentity::is_alive)
 }
 
-/// The last `lines` non-empty lines of a log file, each cut to a readable
-/// length; empty when there is no log.
+/// What a log says about why its process ended: its last `lines` lines
+/// that report an error (`FATAL`, `ERROR`, `error:`, a panic), else its
+/// last `lines` lines, each cut to a readable length; empty without a log.
 pub fn log_tail(path: &Path, lines: usize) -> Vec<String> {
     const MAX_LINE: usize = 240;
     // Only the end of a long log matters.
@@ -256,19 +257,22 @@ pub fn log_tail(path: &Path, lines: usize) -> Vec<String> {
         return Vec::new();
     }
     let text = String::from_utf8_lossy(&bytes);
-    let mut tail: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .rev()
-        .take(lines)
-        .map(|l| match l.char_indices().nth(MAX_LINE) {
-            Some((cut, _)) => format!("{}…", &l[..cut]),
-            None => l.to_owned(),
+    let all: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let flagged: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|l| {
+            l.contains("FATAL") || l.contains("ERROR") || l.contains("error:") || l.contains("panicked")
         })
         .collect();
-    tail.reverse();
-    tail
+    let chosen = if flagged.is_empty() { all } else { flagged };
+    chosen[chosen.len().saturating_sub(lines)..]
+        .iter()
+        .map(|l| match l.char_indices().nth(MAX_LINE) {
+            Some((cut, _)) => format!("{}…", &l[..cut]),
+            None => (*l).to_owned(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -328,11 +332,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("x.log");
         let long = "y".repeat(1000);
-        std::fs::write(&log, format!("one\n\ntwo\n{long}\nFATAL: three\n\n")).unwrap();
+        std::fs::write(&log, format!("one\n\ntwo\n{long}\nthree\n\n")).unwrap();
         let tail = log_tail(&log, 2);
         assert_eq!(tail.len(), 2);
         assert_eq!(tail[0].chars().count(), 241);
-        assert_eq!(tail[1], "FATAL: three");
+        assert_eq!(tail[1], "three");
+        std::fs::write(
+            &log,
+            "start\nFATAL: Ipc::Mem::Segment::create failed\nTerminated abnormally.\nRemoving PID file\n",
+        )
+        .unwrap();
+        assert_eq!(
+            log_tail(&log, 3),
+            ["FATAL: Ipc::Mem::Segment::create failed"],
+            "error lines win over the last lines"
+        );
         assert!(log_tail(&dir.path().join("missing"), 3).is_empty());
     }
 }

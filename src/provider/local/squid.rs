@@ -22,6 +22,39 @@ use super::record::InstanceRecord;
 pub const CONFIG_FILE: &str = "squid.conf";
 pub const PID_FILE: &str = "squid.pid";
 pub const CACHE_LOG: &str = "cache.log";
+/// Where Squid keeps its shared memory segments.
+const SHM_DIR: &str = "/dev/shm";
+
+/// The instance's Squid service name (`squid -n`). Squid names its shared
+/// memory segments after it (`/dev/shm/<service>-*.shm`) and refuses to
+/// start when one exists: with the default name every Squid on the machine
+/// — a system Squid, another instance, a killed one's leftovers — collides.
+/// Only letters and digits are allowed.
+pub fn service_name(instance: &str) -> String {
+    instance.chars().filter(char::is_ascii_alphanumeric).collect()
+}
+
+/// Removes the shared memory segments a dead Squid of this service left
+/// (a SIGKILLed Squid never removes them); call only while none runs.
+pub fn remove_segments(service: &str) -> io::Result<()> {
+    let prefix = format!("{service}-");
+    let entries = match std::fs::read_dir(SHM_DIR) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".shm") {
+            match std::fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Squid sizes its memory by the descriptor limit; keep it bounded.
 const MAX_FILEDESCRIPTORS: u32 = 4096;
@@ -109,9 +142,11 @@ impl SquidRuntime {
     /// Checks that Squid can start with the instance's config: `squid -k
     /// parse` accepts it and (as root) Squid's user can write the run
     /// directory. The error says what is wrong, in Squid's words.
-    pub async fn check(&self, run_dir: &Path) -> Result<(), String> {
+    pub async fn check(&self, run_dir: &Path, service: &str) -> Result<(), String> {
         let mut parse = tokio::process::Command::new(&self.binary);
         parse
+            .arg("-n")
+            .arg(service)
             .arg("-k")
             .arg("parse")
             .arg("-f")
@@ -192,5 +227,11 @@ mod tests {
             "2026/11/30 13:18:44| FATAL: Bungled squid.conf line 2: nonsense"
         );
         assert_eq!(problems("a\nb\nc\nd\n"), "b | c | d");
+    }
+
+    #[test]
+    fn service_names_are_alphanumeric_and_per_instance() {
+        assert_eq!(service_name("proxy-3emdw3idj5k6bqmm"), "proxy3emdw3idj5k6bqmm");
+        assert_ne!(service_name("proxy-a"), service_name("proxy-b"));
     }
 }
