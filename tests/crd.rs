@@ -171,7 +171,16 @@ fn printer_columns_and_subresource() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["Mode", "Provider", "Phase", "IP", "Healthy", "Age"]);
+    assert_eq!(
+        columns,
+        ["Mode", "Provider", "Phase", "IP", "Healthy", "Age", "Message"]
+    );
+    // The message only with `kubectl get -o wide`, like pods' extra columns.
+    let message = &version["additionalPrinterColumns"][6];
+    assert_eq!(message["priority"], 1);
+    assert_eq!(message["jsonPath"], ".status.message");
+    let phases = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["phase"]["enum"];
+    assert!(phases.as_array().unwrap().contains(&json!("BackOff")), "{phases}");
     assert_eq!(version["subresources"]["status"], json!({}));
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["px"]));
     assert_eq!(crd["spec"]["scope"], "Namespaced");

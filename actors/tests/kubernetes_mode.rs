@@ -255,6 +255,37 @@ async fn the_operator_runs_every_path_against_the_api_server() {
     assert_eq!(replaced.metadata.generation, Some(2));
     assert_eq!(bed.instances().len(), 1);
 
+    // Its process killed: a Warning Event says how, and a replacement serves.
+    support::process::kill_local_instance(&bed.dir.path().join("state"));
+    let stopped = bed
+        .until(
+            "an InstanceStopped Event",
+            async |_| {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .into_iter()
+                    .find(|e| e.data["reason"] == "InstanceStopped")
+            },
+            "m",
+        )
+        .await;
+    assert_eq!(stopped.data["type"], "Warning");
+    let note = stopped.data["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("instance stopped: the proxy process was killed by signal 9 (SIGKILL)"),
+        "{note}"
+    );
+    bed.until(
+        "the replacement Ready",
+        async |o| {
+            o.filter(|o| {
+                o.data["status"]["phase"] == "Ready" && o.data["status"]["replacement"]["count"] == 1
+            })
+        },
+        "m",
+    )
+    .await;
+
     // Cloud-init from a labelled Secret; rotating it replaces the instance.
     let secrets: Api<Secret> = Api::namespaced(bed.client.clone(), "crawl");
     let secret = |content: &str, labelled: bool| -> Secret {

@@ -191,10 +191,28 @@ async fn create_get_list_delete_through_the_host_actors() {
     assert_eq!(instance.uid.as_deref(), Some(reqs[0].uid.as_str()));
     assert!(instance.created_at.is_some());
 
+    assert_eq!(instance.reason, None);
+
+    // A domain forced off from outside is Stopped, and libvirt's reason says so.
+    let destroyed = std::process::Command::new("virsh")
+        .args(["-c", "qemu:///system", "destroy", reqs[1].name.as_str()])
+        .output()
+        .unwrap();
+    assert!(destroyed.status.success(), "{destroyed:?}");
+    let stopped = retry("get a destroyed domain", async || provider.get(&ids[1]).await).await;
+    assert_eq!(stopped.state, InstanceState::Stopped);
+    assert_eq!(
+        stopped.reason.as_deref(),
+        Some("domain shut off: destroyed (forced off from outside the guest)")
+    );
+
     let listed = retry("list", async || provider.list_by_tag().await).await;
     for id in &ids {
         assert!(listed.iter().any(|i| &i.id == id), "{id} listed");
     }
+    let listed_stopped = listed.iter().find(|i| i.id == ids[1]).unwrap();
+    assert_eq!(listed_stopped.state, InstanceState::Stopped);
+    assert_eq!(listed_stopped.reason, stopped.reason);
 
     for id in &ids {
         retry("delete", async || provider.delete(id).await).await;

@@ -22,6 +22,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const CONVERGE: Duration = Duration::from_secs(40);
 
 struct Quickstart {
+    /// Whatever happens, no proxy process is left behind (dropped before `root`).
+    _reaper: support::process::InstanceReaper,
     /// The private directory holding the configuration and the state.
     root: tempfile::TempDir,
     config: PathBuf,
@@ -74,6 +76,7 @@ impl Quickstart {
             own,
             api,
             user,
+            _reaper: support::process::InstanceReaper(dir.join("state")),
             root,
         }
     }
@@ -139,20 +142,6 @@ impl Quickstart {
         let out = cmd.output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-impl Drop for Quickstart {
-    fn drop(&mut self) {
-        // Whatever happened, leave no proxy process behind.
-        for (dir, _) in self.records() {
-            if let Some(pid) = support::process::instance_pid(&dir) {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
     }
 }
 

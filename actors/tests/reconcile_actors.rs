@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::provider::{ErrorClass, Op, Provider, Providers, instance_name};
-use egress_proxies::reconcile;
+use egress_proxies::reconcile::{self, ReplacementBackoff};
 use egress_proxies::resource::{
     FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
@@ -34,6 +34,15 @@ fn fast() -> Timing {
         error_max: Duration::from_millis(100),
         quota_min: Duration::from_millis(400),
         quota_max: Duration::from_millis(500),
+    }
+}
+
+/// The replacement backoff's shape at test speed: 0, 300 ms, 600 ms, 1.2 s, 1.2 s …
+fn fast_replacement() -> ReplacementBackoff {
+    ReplacementBackoff {
+        base: Duration::from_millis(300),
+        max: Duration::from_millis(1200),
+        stable_after: Duration::from_secs(600),
     }
 }
 
@@ -75,7 +84,7 @@ impl Bed {
             store: store.clone(),
             providers: Arc::new(Providers::from_providers(configure(provider.clone()))),
             now: jiff::Timestamp::now,
-            replacement: Default::default(),
+            replacement: fast_replacement(),
         };
         let registry = ProxyRegistry::create(move |c| {
             c.add_stream(UnboundedReceiverStream::new(events));
@@ -276,6 +285,65 @@ async fn vanished_and_stopped_instances_are_recreated() {
     .await;
     bed.wait_phase("a", Phase::Running).await;
     assert_eq!(bed.provider.max_per_uid(), 1);
+}
+
+#[actix_rt::test]
+async fn instances_that_keep_stopping_are_replaced_with_growing_delays() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.declare(managed("a", "z1"));
+    let p = bed.wait_phase("a", Phase::Running).await;
+    let name = instance_name(p.metadata.uid.as_deref().unwrap()).to_string();
+
+    let mut gaps = Vec::new();
+    for loss in 1..=4u32 {
+        let before = creates(&bed.provider);
+        bed.provider.stop(&name);
+        let lost = std::time::Instant::now();
+        if loss >= 2 {
+            let waiting = bed.wait_phase("a", Phase::BackOff).await.status.unwrap();
+            let message = waiting.message.unwrap();
+            assert!(
+                message.contains("instance stopped: scripted to stop") && message.contains("backing off"),
+                "{message}"
+            );
+        }
+        eventually("the replacement", WAIT, async || {
+            (creates(&bed.provider) == before + 1).then_some(())
+        })
+        .await;
+        gaps.push(lost.elapsed());
+        let p = bed.wait_phase("a", Phase::Running).await;
+        let replacement = p.status.unwrap().replacement.unwrap();
+        assert_eq!(replacement.count, loss, "each loss counted once");
+        assert!(!replacement.deleting);
+        assert_eq!(replacement.reason, "instance stopped: scripted to stop");
+    }
+    let policy = fast_replacement();
+    for (n, gap) in gaps.iter().enumerate() {
+        let wanted = policy.delay(u32::try_from(n).unwrap() + 1);
+        assert!(
+            *gap >= wanted,
+            "replacement {} after {gap:?}, before its {wanted:?}",
+            n + 1
+        );
+    }
+    assert!(
+        gaps[0] < Duration::from_millis(300),
+        "the first replacement is immediate: {gaps:?}"
+    );
+    assert_eq!(bed.provider.max_per_uid(), 1, "never two instances at once");
+
+    // A spec change starts afresh: no backoff, no count.
+    let before = creates(&bed.provider);
+    bed.provider.stop(&name);
+    bed.wait_phase("a", Phase::BackOff).await;
+    bed.declare(managed("a", "z2"));
+    eventually("the re-specified instance", WAIT, async || {
+        (creates(&bed.provider) == before + 1).then_some(())
+    })
+    .await;
+    let p = bed.wait_phase("a", Phase::Running).await;
+    assert_eq!(p.status.unwrap().replacement, None);
 }
 
 #[actix_rt::test]

@@ -486,6 +486,8 @@ impl Step<'_> {
         if has_finalizer(proxy) {
             ctx.store.remove_finalizer(&key, self.uid()).await?;
         }
+        // Instances it once lost are no concern of an External proxy.
+        self.draft.clear_replacement();
         if let Some(endpoint) = &proxy.spec.endpoint {
             self.draft.external(&endpoint.host, endpoint.port);
             self.serve();

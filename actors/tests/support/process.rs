@@ -84,3 +84,29 @@ pub fn kill_local_instance(state: &std::path::Path) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
         .expect("killed the proxy process");
 }
+
+/// SIGKILLs, when dropped, every local-provider instance process recorded
+/// under `state` (and its process group): a failing test leaves none behind.
+pub struct InstanceReaper(pub std::path::PathBuf);
+
+impl Drop for InstanceReaper {
+    fn drop(&mut self) {
+        let Ok(providers) = std::fs::read_dir(self.0.join("local")) else {
+            return;
+        };
+        for provider in providers.flatten() {
+            for instance in std::fs::read_dir(provider.path().join("instances"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if let Some(pid) = instance_pid(&instance.path()) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+    }
+}
