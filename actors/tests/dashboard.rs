@@ -103,6 +103,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     egress_proxies::tls::ensure_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    let _reaper = support::process::InstanceReaper(root.join("state"));
     std::fs::create_dir(root.join("proxies")).unwrap();
     std::fs::write(
         root.join("providers.yaml"),

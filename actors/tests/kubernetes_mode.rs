@@ -42,6 +42,7 @@ impl Drop for Bed {
             .arg("-f")
             .arg(self.dir.path())
             .status();
+        drop(support::process::InstanceReaper(self.dir.path().join("state")));
     }
 }
 

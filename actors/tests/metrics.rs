@@ -47,6 +47,7 @@ fn value(scrape: &str, series: &str) -> Option<f64> {
 fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    let _reaper = support::process::InstanceReaper(root.join("state"));
     std::fs::create_dir(root.join("proxies")).unwrap();
     std::fs::write(
         root.join("providers.yaml"),

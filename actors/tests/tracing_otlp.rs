@@ -238,6 +238,8 @@ impl Drop for Scenario {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // The proxies outlive the operator by design; not the test.
+        drop(support::process::InstanceReaper(self.dir().join("state")));
     }
 }
 

@@ -71,6 +71,19 @@ pub fn instance_pid(instance_dir: &std::path::Path) -> Option<i32> {
     alive.then_some(pid)
 }
 
+/// The pid a local instance's proxy wrote into its pid file (the built-in
+/// proxy's `proxy.pid`, or Squid's where the record names it): the process
+/// an operator killed right after spawning it never recorded.
+fn pid_file_pid(instance_dir: &std::path::Path) -> Option<i32> {
+    if instance_dir.join("process.json").exists() {
+        return None;
+    }
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(instance_dir.join("instance.json")).ok()?).ok()?;
+    let file = record["pidFile"].as_str()?;
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
 /// SIGKILLs the process of the one local-provider instance under `state`,
 /// found by the pid it recorded.
 pub fn kill_local_instance(state: &std::path::Path) {
@@ -100,7 +113,7 @@ impl Drop for InstanceReaper {
                 .flatten()
                 .flatten()
             {
-                if let Some(pid) = instance_pid(&instance.path()) {
+                if let Some(pid) = instance_pid(&instance.path()).or_else(|| pid_file_pid(&instance.path())) {
                     let _ = nix::sys::signal::killpg(
                         nix::unistd::Pid::from_raw(pid),
                         nix::sys::signal::Signal::SIGKILL,
