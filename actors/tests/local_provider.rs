@@ -15,16 +15,22 @@ use egress_proxies::resource::Placement;
 use support::{eventually, target_server};
 
 fn provider(state: &std::path::Path, implementation: LocalImplementation) -> LocalProvider {
+    provider_with(
+        state,
+        LocalConfig {
+            implementation,
+            ..LocalConfig::default()
+        },
+    )
+}
+
+fn provider_with(state: &std::path::Path, config: LocalConfig) -> LocalProvider {
     let ctx = BuildContext {
         state_dir: state.to_owned(),
         operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
         kube_client: None,
         kvm_runner: None,
         gcp: Default::default(),
-    };
-    let config = LocalConfig {
-        implementation,
-        ..LocalConfig::default()
     };
     LocalProvider::new("local", config, &ctx).unwrap()
 }
@@ -42,6 +48,7 @@ fn request(uid: &str) -> CreateRequest {
 
 async fn lifecycle(implementation: LocalImplementation) {
     let state = tempfile::tempdir().unwrap();
+    let _reaper = support::process::InstanceReaper(state.path().to_owned());
     let p = provider(state.path(), implementation);
     let uid = "0b7d3c1e-1111-4222-8333-444455556666";
     let req = request(uid);
@@ -130,6 +137,7 @@ fn which_squid() -> Option<std::path::PathBuf> {
 #[tokio::test]
 async fn a_dead_process_reads_as_stopped_and_delete_cleans_up() {
     let state = tempfile::tempdir().unwrap();
+    let _reaper = support::process::InstanceReaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("dead-process");
     let id = p.create(&req).await.unwrap();
@@ -177,4 +185,118 @@ async fn foreign_provider_ids_are_permanent_errors() {
             "{bad}"
         );
     }
+}
+
+/// The operator killed between spawning a proxy and recording its identity:
+/// the proxy's own pid file identifies it, and delete still stops it.
+#[tokio::test]
+async fn a_process_never_recorded_is_found_by_its_pid_file() {
+    let state = tempfile::tempdir().unwrap();
+    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let p = provider(state.path(), LocalImplementation::Builtin);
+    let req = request("unrecorded-process");
+    let id = p.create(&req).await.unwrap();
+    let dir = state
+        .path()
+        .join("local/local/instances")
+        .canonicalize()
+        .unwrap()
+        .join(req.name.as_str());
+    eventually("running", Duration::from_secs(10), async || {
+        (p.get(&id).await.unwrap().state == InstanceState::Running).then_some(())
+    })
+    .await;
+    let pid = support::process::instance_pid(&dir).unwrap();
+    std::fs::remove_file(dir.join("process.json")).unwrap();
+
+    let again = provider(state.path(), LocalImplementation::Builtin);
+    assert_eq!(again.get(&id).await.unwrap().state, InstanceState::Running);
+    assert_eq!(
+        support::process::instance_pid(&dir),
+        Some(pid),
+        "the adopted process is recorded again"
+    );
+    again.delete(&id).await.unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')),
+        "delete stopped the adopted process: {stat}"
+    );
+    assert!(!dir.exists());
+}
+
+/// A config Squid rejects never starts: the error is Permanent and quotes Squid.
+#[tokio::test]
+async fn a_config_squid_rejects_fails_with_squids_words() {
+    let state = tempfile::tempdir().unwrap();
+    let script = state.path().join("picky-squid");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho '2026/11/30 13:18:44| FATAL: Bungled squid.conf line 2: http_port 127.0.0.1:0' >&2\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = provider_with(
+        state.path(),
+        LocalConfig {
+            implementation: LocalImplementation::Squid,
+            squid_binary: Some(script),
+            ..LocalConfig::default()
+        },
+    );
+    let req = request("picky-squid");
+    let err = p.create(&req).await.unwrap_err();
+    assert_eq!(err.class, egress_proxies::provider::ErrorClass::Permanent);
+    let text = err.to_string();
+    assert!(
+        text.contains("`squid -k parse` rejected the generated configuration (exited with status 1)")
+            && text.contains("FATAL: Bungled squid.conf line 2"),
+        "{text}"
+    );
+    let left: Vec<_> = std::fs::read_dir(state.path().join("local/local/instances"))
+        .unwrap()
+        .collect();
+    assert!(
+        left.is_empty(),
+        "nothing is left of a create that failed: {left:?}"
+    );
+}
+
+/// As root, a run directory Squid's user cannot reach fails the create
+/// with a message naming the user and the directory.
+#[tokio::test]
+async fn a_run_directory_squids_user_cannot_reach_is_refused() {
+    if !nix::unistd::geteuid().is_root() || which_squid().is_none() {
+        eprintln!("needs root and Squid (CI has both); skipping");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs this as root with Squid"
+        );
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let private = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let p = provider_with(
+        state.path(),
+        LocalConfig {
+            implementation: LocalImplementation::Squid,
+            run_directory: Some(private.path().join("run")),
+            ..LocalConfig::default()
+        },
+    );
+    let err = p.create(&request("unreachable-run-dir")).await.unwrap_err();
+    assert_eq!(err.class, egress_proxies::provider::ErrorClass::Permanent);
+    let text = err.to_string();
+    assert!(
+        text.contains("Squid's user proxy cannot write its run directory")
+            && text.contains(&private.path().display().to_string()),
+        "{text}"
+    );
+    let left = std::fs::read_dir(private.path().join("run"))
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the provider's run root holds nothing: {left:?}");
 }
