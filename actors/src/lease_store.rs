@@ -1,13 +1,15 @@
 //! `LeaseStore`: owns the lease book. ProxyActors push availability into
 //! it; discovery API handlers ask it for leases. Expired leases are swept
-//! every second.
+//! every second. With a journal, every change is made durable before the
+//! answer leaves: a grant the journal could not keep is taken back and
+//! answered 503, so no client holds a lease a restart would forget.
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Grant, LeaseBook, LeaseSettings, Outcome, ProxyView,
-    UnknownLease,
+    AcquireError, AcquireRequest, Availability, Grant, JournalError, LeaseBook, LeaseChange, LeaseJournal,
+    LeaseSettings, Outcome, ProxyView, UnknownLease,
 };
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
@@ -74,18 +76,76 @@ pub struct LeaseStats {
     pub released: u64,
 }
 
+/// Changes kept for a journal that failed, retried with the next ones. Past
+/// this many the oldest go (the journal has been failing for a long time).
+const MAX_UNSAVED: usize = 100_000;
+/// How often journaled state that has ended is pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
 pub struct LeaseStore {
     book: LeaseBook,
     stats: LeaseStats,
     recent_denials: std::collections::VecDeque<(String, jiff::Timestamp)>,
+    journal: Option<Box<dyn LeaseJournal>>,
+    /// Changes the journal has not taken yet (it failed), oldest first.
+    unsaved: Vec<LeaseChange>,
+    last_prune: Instant,
 }
 
 impl LeaseStore {
+    /// Leases in memory only: a restart forgets them.
     pub fn new(settings: LeaseSettings) -> Self {
         Self {
             book: LeaseBook::new(settings),
             stats: LeaseStats::default(),
             recent_denials: std::collections::VecDeque::new(),
+            journal: None,
+            unsaved: Vec::new(),
+            last_prune: Instant::now(),
+        }
+    }
+
+    /// Leases kept in `journal`: what it remembers is restored first.
+    pub fn durable(
+        settings: LeaseSettings,
+        mut journal: Box<dyn LeaseJournal>,
+    ) -> Result<Self, JournalError> {
+        let snapshot = journal.load(jiff::Timestamp::now())?;
+        tracing::info!(
+            leases = snapshot.leases.len(),
+            rests = snapshot.target_rests.len() + snapshot.proxy_rests.len(),
+            "lease state restored"
+        );
+        let mut store = Self::new(settings);
+        store.book.restore(snapshot, Instant::now());
+        store.book.journal_changes();
+        store.journal = Some(journal);
+        metrics().leases_active.set(store.book.active_leases() as i64);
+        Ok(store)
+    }
+
+    /// Hands the book's latest changes to the journal.
+    fn persist(&mut self) -> Result<(), JournalError> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        self.unsaved.extend(self.book.take_changes());
+        if self.unsaved.is_empty() {
+            return Ok(());
+        }
+        match journal.record(&self.unsaved) {
+            Ok(()) => {
+                self.unsaved.clear();
+                Ok(())
+            }
+            Err(e) => {
+                if self.unsaved.len() > MAX_UNSAVED {
+                    let excess = self.unsaved.len() - MAX_UNSAVED;
+                    self.unsaved.drain(..excess);
+                }
+                tracing::error!(error = %e, unsaved = self.unsaved.len(), "saving lease state failed; retrying with the next change");
+                Err(e)
+            }
         }
     }
 }
@@ -97,6 +157,15 @@ impl Actor for LeaseStore {
         crate::supervision::report_singleton("lease_store", "running", 0);
         ctx.run_interval(Duration::from_secs(1), |store, _| {
             let expired = store.book.sweep(Instant::now());
+            let _ = store.persist();
+            if store.last_prune.elapsed() >= PRUNE_EVERY
+                && let Some(journal) = store.journal.as_mut()
+            {
+                store.last_prune = Instant::now();
+                if let Err(e) = journal.prune(jiff::Timestamp::now()) {
+                    tracing::warn!(error = %e, "pruning ended lease state failed");
+                }
+            }
             crate::supervision::report_singleton(
                 "lease_store",
                 &format!("{} active leases", store.book.active_leases()),
@@ -121,13 +190,24 @@ impl Handler<RemoveProxy> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: RemoveProxy, _: &mut Self::Context) {
         self.book.remove(&msg.0, Instant::now());
+        let _ = self.persist();
     }
 }
 
 impl Handler<Acquire> for LeaseStore {
     type Result = Result<Grant, AcquireError>;
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
-        let result = self.book.acquire(&msg.0, Instant::now());
+        let now = Instant::now();
+        let mut result = self.book.acquire(&msg.0, now);
+        if let Ok(grant) = &result
+            && let Err(e) = self.persist()
+        {
+            // Never hand out a lease a restart would forget.
+            self.book.cancel(&grant.id, now);
+            result = Err(AcquireError::Unavailable(format!(
+                "lease state could not be saved: {e}"
+            )));
+        }
         let event = match &result {
             Ok(grant) => {
                 self.stats.granted += 1;
@@ -145,6 +225,9 @@ impl Handler<Acquire> for LeaseStore {
                     reason: "no_capacity",
                 }
             }
+            Err(AcquireError::Unavailable(_)) => LeaseEvent::Denied {
+                reason: "unavailable",
+            },
             Err(_) => LeaseEvent::Denied { reason: "invalid" },
         };
         event.emit(self.book.active_leases());
@@ -156,6 +239,7 @@ impl Handler<Release> for LeaseStore {
     type Result = bool;
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> bool {
         let held = self.book.release(&msg.0, Instant::now());
+        let _ = self.persist();
         if held {
             self.stats.released += 1;
             metrics().leases_active.set(self.book.active_leases() as i64);
@@ -167,7 +251,9 @@ impl Handler<Release> for LeaseStore {
 impl Handler<Report> for LeaseStore {
     type Result = Result<(), UnknownLease>;
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
-        self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now())
+        let result = self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now());
+        let _ = self.persist();
+        result
     }
 }
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::provider::{BuildContext, BuildError, Providers};
-use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, ManifestDir};
+use egress_proxies::store::embedded::{
+    self, EmbeddedStore, EmbeddedStoreError, ManifestDir, SqliteLeaseJournal,
+};
 
 use crate::health_server::{self, Readiness};
 
@@ -33,6 +35,8 @@ pub enum StandaloneError {
     System(std::io::Error),
     #[error("health probes: {0}")]
     Prober(#[from] egress_proxies::health::ProberError),
+    #[error(transparent)]
+    Leases(egress_proxies::lease::JournalError),
 }
 
 /// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
@@ -77,6 +81,9 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
         discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+        lease_journal: Some(Box::new(
+            SqliteLeaseJournal::open(&config.state_dir).map_err(StandaloneError::Leases)?,
+        )),
     };
     let system = System::new();
     system.block_on(async move {

@@ -30,6 +30,8 @@ pub struct Settings {
     pub gc_grace_period: Duration,
     /// Bearer token of the discovery API (`DISCOVERY_TOKEN`).
     pub discovery_token: Option<String>,
+    /// Where leases are kept across restarts (`None`: in memory only).
+    pub lease_journal: Option<Box<dyn egress_proxies::lease::LeaseJournal>>,
 }
 
 /// Addresses of the started actors.
@@ -57,7 +59,11 @@ pub fn start(
     };
     let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
     let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
-    let leases = LeaseStore::new(settings.leases).start();
+    let leases = match settings.lease_journal {
+        Some(journal) => LeaseStore::durable(settings.leases, journal).map_err(std::io::Error::other)?,
+        None => LeaseStore::new(settings.leases),
+    }
+    .start();
     let (p, l) = (prober.clone(), leases.clone());
     let registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));

@@ -5,9 +5,14 @@
 //! when it is shorter. Neither path looks at unavailable proxies (not
 //! ready, globally cooling, at capacity): they are not in the index.
 
+mod snapshot;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use jiff::Timestamp;
+
+use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::{
     AcquireError, AcquireRequest, Availability, Grant, LeaseSettings, Outcome, ProxyView, UnknownLease,
 };
@@ -28,6 +33,9 @@ struct Entry {
     global_cooldown: Option<Instant>,
     /// The key it has in `available`, if it is there.
     indexed: Option<(u32, u64)>,
+    /// Known only from restored leases or rests: its availability has not
+    /// been reported (yet). Not listed, never leased.
+    placeholder: bool,
 }
 
 #[derive(Debug, Default)]
@@ -41,6 +49,8 @@ struct Lease {
     proxy: ProxyId,
     target: String,
     expires: Instant,
+    ttl: Duration,
+    client: Option<String>,
     reports: Vec<(Outcome, Option<String>)>,
 }
 
@@ -61,6 +71,10 @@ pub struct LeaseBook {
     /// Ended leases that still accept reports: until when, on which proxy and target.
     ended: HashMap<String, (Instant, ProxyId, String)>,
     global_cooling: BTreeSet<(Instant, ProxyId)>,
+    /// Changes not yet taken by the journal; `None` when nothing journals them.
+    changes: Option<Vec<LeaseChange>>,
+    /// One instant with its wall-clock time: how journaled times are converted.
+    epoch: (Instant, Timestamp),
 }
 
 impl LeaseBook {
@@ -77,7 +91,39 @@ impl LeaseBook {
             expiry: BTreeSet::new(),
             ended: HashMap::new(),
             global_cooling: BTreeSet::new(),
+            changes: None,
+            epoch: (Instant::now(), Timestamp::now()),
         }
+    }
+
+    /// From now on, every change is kept for [`Self::take_changes`].
+    pub fn journal_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes made since the last call, oldest first.
+    pub fn take_changes(&mut self) -> Vec<LeaseChange> {
+        self.changes.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn note(&mut self, change: LeaseChange) {
+        if let Some(changes) = self.changes.as_mut() {
+            changes.push(change);
+        }
+    }
+
+    /// The wall-clock time of `at`.
+    fn wall(&self, at: Instant) -> Timestamp {
+        let (instant, wall) = self.epoch;
+        let offset = match at.checked_duration_since(instant) {
+            Some(after) => jiff::SignedDuration::try_from(after).unwrap_or(jiff::SignedDuration::MAX),
+            None => -jiff::SignedDuration::try_from(instant - at).unwrap_or(jiff::SignedDuration::MAX),
+        };
+        wall.checked_add(offset).unwrap_or(wall)
+    }
+
+    fn key_of(&self, id: ProxyId) -> Option<ObjectKey> {
+        self.proxies.get(&id).map(|e| e.availability.key.clone())
     }
 
     pub fn settings(&self) -> &LeaseSettings {
@@ -129,6 +175,7 @@ impl LeaseBook {
                         active: 0,
                         global_cooldown: None,
                         indexed: None,
+                        placeholder: false,
                     },
                 );
                 id
@@ -147,12 +194,15 @@ impl LeaseBook {
                 .insert(id);
         }
         entry.availability = availability;
+        entry.placeholder = false;
         self.reindex(id, now);
     }
 
     /// Forgets a deleted proxy. Its leases end (clients get a 404 on report later).
     pub fn remove(&mut self, key: &ObjectKey, now: Instant) {
-        let Some(id) = self.ids.remove(key) else { return };
+        let Some(id) = self.ids.get(key).copied() else {
+            return;
+        };
         let leases: Vec<String> = self
             .leases
             .iter()
@@ -162,6 +212,8 @@ impl LeaseBook {
         for lease in leases {
             self.end(&lease, now, false);
         }
+        self.ids.remove(key);
+        self.note(LeaseChange::ProxyRemoved(key.clone()));
         if let Some(entry) = self.proxies.remove(&id) {
             if let Some((a, l)) = entry.indexed {
                 self.available.remove(&(a, l, id));
@@ -217,6 +269,8 @@ impl LeaseBook {
                 proxy: id,
                 target: req.target.clone(),
                 expires,
+                ttl,
+                client: req.client.clone(),
                 reports: Vec::new(),
             },
         );
@@ -237,6 +291,14 @@ impl LeaseBook {
             ttl,
         };
         self.reindex(id, now);
+        self.note(LeaseChange::Granted(LeaseRecord {
+            id: grant.id.clone(),
+            proxy: grant.proxy.clone(),
+            target: grant.target.clone(),
+            expires: self.wall(expires),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            client: req.client.clone(),
+        }));
         Ok(grant)
     }
 
@@ -301,29 +363,31 @@ impl LeaseBook {
         self.end(id, now, true)
     }
 
+    /// Takes back a grant its client never saw: no rest, no report grace.
+    pub fn cancel(&mut self, id: &str, now: Instant) {
+        if self.end(id, now, false) {
+            self.ended.remove(id);
+        }
+    }
+
     fn end(&mut self, id: &str, now: Instant, cooldown: bool) -> bool {
         let Some(lease) = self.leases.remove(id) else {
             return false;
         };
         self.expiry.remove(&(lease.expires, id.to_owned()));
-        self.ended.insert(
-            id.to_owned(),
-            (
-                now + self.settings.report_grace,
-                lease.proxy,
-                lease.target.clone(),
-            ),
-        );
+        let grace_until = now + self.settings.report_grace;
+        self.ended
+            .insert(id.to_owned(), (grace_until, lease.proxy, lease.target.clone()));
+        if let Some(proxy) = self.key_of(lease.proxy) {
+            self.note(LeaseChange::Ended(EndedRecord {
+                id: id.to_owned(),
+                proxy,
+                target: lease.target.clone(),
+                until: self.wall(grace_until),
+            }));
+        }
         if cooldown {
-            let until = now + self.settings.cooldown;
-            let slot = self
-                .targets
-                .entry(lease.target.clone())
-                .or_default()
-                .cooldown
-                .entry(lease.proxy)
-                .or_insert(until);
-            *slot = (*slot).max(until);
+            self.rest_for_target(&lease.target, lease.proxy, now + self.settings.cooldown);
         }
         if let Some(entry) = self.proxies.get_mut(&lease.proxy) {
             entry.active = entry.active.saturating_sub(1);
@@ -354,26 +418,50 @@ impl LeaseBook {
         match outcome {
             Outcome::Ok => {}
             Outcome::Blocked => {
-                let until = now + self.settings.blocked_cooldown;
-                let slot = self
-                    .targets
-                    .entry(target)
-                    .or_default()
-                    .cooldown
-                    .entry(proxy)
-                    .or_insert(until);
-                *slot = (*slot).max(until);
+                self.rest_for_target(&target, proxy, now + self.settings.blocked_cooldown);
             }
             Outcome::Error => {
-                let until = now + self.settings.error_cooldown;
-                if let Some(entry) = self.proxies.get_mut(&proxy) {
-                    entry.global_cooldown = Some(entry.global_cooldown.map_or(until, |u| u.max(until)));
-                    self.global_cooling.insert((until, proxy));
-                }
+                self.rest_everywhere(proxy, now + self.settings.error_cooldown);
                 self.reindex(proxy, now);
             }
         }
         Ok(())
+    }
+
+    /// `proxy` rests for `target` until at least `until`.
+    fn rest_for_target(&mut self, target: &str, proxy: ProxyId, until: Instant) {
+        let slot = self
+            .targets
+            .entry(target.to_owned())
+            .or_default()
+            .cooldown
+            .entry(proxy)
+            .or_insert(until);
+        *slot = (*slot).max(until);
+        let until = *slot;
+        if let Some(key) = self.key_of(proxy) {
+            self.note(LeaseChange::TargetRest {
+                target: target.to_owned(),
+                proxy: key,
+                until: self.wall(until),
+            });
+        }
+    }
+
+    /// `proxy` rests for every target until at least `until` (the caller reindexes).
+    fn rest_everywhere(&mut self, proxy: ProxyId, until: Instant) {
+        let Some(entry) = self.proxies.get_mut(&proxy) else {
+            return;
+        };
+        let until = entry.global_cooldown.map_or(until, |u| u.max(until));
+        entry.global_cooldown = Some(until);
+        self.global_cooling.insert((until, proxy));
+        if let Some(key) = self.key_of(proxy) {
+            self.note(LeaseChange::ProxyRest {
+                proxy: key,
+                until: self.wall(until),
+            });
+        }
     }
 
     /// Puts proxies whose global cooldown ended back into the index.
@@ -408,6 +496,7 @@ impl LeaseBook {
                 .retain(|_, at| now.duration_since(*at) < horizon.max(Duration::from_secs(3600)));
             !state.cooldown.is_empty() || !state.last_leased.is_empty()
         });
+        self.drop_idle_placeholders(now);
         expired
     }
 
@@ -416,6 +505,7 @@ impl LeaseBook {
         let mut out: Vec<ProxyView> = self
             .proxies
             .values()
+            .filter(|e| !e.placeholder)
             .map(|e| ProxyView {
                 availability: e.availability.clone(),
                 active_leases: e.active,

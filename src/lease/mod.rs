@@ -3,6 +3,7 @@
 //! clock (every operation takes `now`); the `LeaseStore` actor owns one.
 
 mod book;
+pub mod journal;
 #[cfg(test)]
 mod tests;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use crate::store::ObjectKey;
 
 pub use book::LeaseBook;
+pub use journal::{JournalError, LeaseChange, LeaseJournal, LeaseSnapshot};
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +118,9 @@ pub enum AcquireError {
     EmptyTarget,
     #[error("ttlSeconds must be greater than zero")]
     ZeroTtl,
+    /// The lease could not be kept (its journal failed); try again later.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A report named a lease the store does not know (never, or ended too long ago).

@@ -323,3 +323,96 @@ proptest! {
         }
     }
 }
+
+/// The book a restarted operator builds from what the old one journaled.
+fn restarted(old: &mut LeaseBook, now: Instant, capacity: u32) -> LeaseBook {
+    // Replay the journaled changes the way a journal would, through a snapshot.
+    let snapshot = old.snapshot(now);
+    let mut book = LeaseBook::new(settings(capacity));
+    book.journal_changes();
+    book.restore(snapshot, now);
+    assert!(book.take_changes().is_empty(), "restoring journals nothing again");
+    book
+}
+
+#[test]
+fn a_restored_book_keeps_leases_capacity_and_rests() {
+    let t0 = Instant::now();
+    let mut old = LeaseBook::new(settings(1));
+    old.journal_changes();
+    for name in ["a", "b", "c"] {
+        old.upsert(proxy(name, true, 10, &[]), t0);
+    }
+    let held = old.acquire(&req("t"), t0).unwrap();
+    let released = old.acquire(&req("t"), t0).unwrap();
+    let blocked = old.acquire(&req("u"), t0).unwrap();
+    assert!(old.release(&released.id, t0));
+    old.report(&blocked.id, Outcome::Error, None, t0).unwrap();
+    let changes = old.take_changes();
+    assert!(
+        changes
+            .iter()
+            .filter(|c| matches!(c, LeaseChange::Granted(_)))
+            .count()
+            == 3
+            && changes
+                .iter()
+                .any(|c| matches!(c, LeaseChange::Ended(e) if e.id == released.id))
+            && changes
+                .iter()
+                .any(|c| matches!(c, LeaseChange::TargetRest { target, .. } if target == "t"))
+            && changes.iter().any(|c| matches!(c, LeaseChange::ProxyRest { .. })),
+        "{changes:?}"
+    );
+
+    let t1 = t0 + Duration::from_secs(5);
+    let mut book = restarted(&mut old, t1, 1);
+    assert!(book.proxies().is_empty(), "placeholders are not listed");
+    for name in ["a", "b", "c"] {
+        book.upsert(proxy(name, true, 10, &[]), t1);
+    }
+    assert_eq!(book.active_leases(), 2);
+    assert_eq!(book.leases_on(&held.proxy), 1);
+    // Capacity 1: the held proxy and the one resting everywhere are out;
+    // the released one rests for "t" but serves "v".
+    assert!(matches!(
+        book.acquire(&req("t"), t1),
+        Err(AcquireError::NoCapacity { .. })
+    ));
+    let other = book.acquire(&req("v"), t1).unwrap();
+    assert_eq!(other.proxy, released.proxy);
+    // Reports and releases of leases granted before the restart answer as before.
+    book.report(&held.id, Outcome::Ok, None, t1).unwrap();
+    book.report(&released.id, Outcome::Ok, None, t1).unwrap();
+    assert!(book.release(&held.id, t1));
+    assert!(!book.release(&held.id, t1), "released once");
+}
+
+#[test]
+fn restored_placeholders_of_deleted_proxies_are_dropped_once_idle() {
+    let t0 = Instant::now();
+    let mut old = LeaseBook::new(settings(1));
+    old.upsert(proxy("gone", true, 10, &[]), t0);
+    let lease = old
+        .acquire(
+            &AcquireRequest {
+                ttl: Some(Duration::from_secs(10)),
+                ..req("t")
+            },
+            t0,
+        )
+        .unwrap();
+    let mut book = restarted(&mut old, t0, 1);
+    // Its proxy never reports again (deleted while the operator was down).
+    book.sweep(t0 + Duration::from_secs(11));
+    assert_eq!(book.active_leases(), 0, "the lease expired");
+    // Resting for "t" (30 s) and reportable (600 s): still remembered.
+    book.report(&lease.id, Outcome::Ok, None, t0 + Duration::from_secs(12))
+        .unwrap();
+    book.sweep(t0 + Duration::from_secs(700));
+    assert!(book.snapshot(t0 + Duration::from_secs(700)) == LeaseSnapshot::default());
+    assert!(
+        book.report(&lease.id, Outcome::Ok, None, t0 + Duration::from_secs(700))
+            .is_err()
+    );
+}

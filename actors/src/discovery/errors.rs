@@ -19,6 +19,9 @@ pub enum ApiError {
     TooLarge(usize),
     #[error("no such endpoint")]
     NotFound,
+    /// The lease could not be made durable: try again later (503).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -32,6 +35,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::NotFound => "not_found",
+            ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -40,7 +44,7 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoCapacity(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnknownLease(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -51,8 +55,14 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let mut response = HttpResponse::build(self.status_code());
-        if let ApiError::Unauthorized = self {
-            response.insert_header(("WWW-Authenticate", "Bearer"));
+        match self {
+            ApiError::Unauthorized => {
+                response.insert_header(("WWW-Authenticate", "Bearer"));
+            }
+            ApiError::Unavailable(_) => {
+                response.insert_header(("Retry-After", "1"));
+            }
+            _ => {}
         }
         response.json(ErrorBody {
             error: self.code().to_owned(),

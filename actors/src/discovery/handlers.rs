@@ -104,6 +104,7 @@ pub async fn acquire(
         .map_err(mailbox)?
         .map_err(|e| match e {
             AcquireError::NoCapacity { .. } => ApiError::NoCapacity(e.to_string()),
+            AcquireError::Unavailable(why) => ApiError::Unavailable(why),
             other => ApiError::Invalid(other.to_string()),
         })?;
     let expires_at = jiff::Timestamp::now()

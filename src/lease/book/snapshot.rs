@@ -1,0 +1,167 @@
+//! The book's durable state as a [`LeaseSnapshot`], and bringing one back
+//! into a new book. Proxies are not
+//! known yet when it is restored (their actors report availability later),
+//! so a proxy named by a lease or a rest becomes a *placeholder*: unlisted
+//! and never leased, but carrying its leases against its capacity and its
+//! rests until its availability arrives. A placeholder that holds nothing
+//! any more (its proxy was deleted while the operator was down) is dropped.
+
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+
+use super::{Entry, Lease, LeaseBook, ProxyId};
+use crate::lease::Availability;
+use crate::lease::journal::{EndedRecord, LeaseRecord, LeaseSnapshot};
+use crate::store::ObjectKey;
+
+impl LeaseBook {
+    /// Everything a restarted book must remember, as of `now`.
+    pub fn snapshot(&self, now: Instant) -> LeaseSnapshot {
+        let key = |id: &ProxyId| self.proxies.get(id).map(|e| e.availability.key.clone());
+        let mut snapshot = LeaseSnapshot::default();
+        for (id, lease) in &self.leases {
+            let Some(proxy) = key(&lease.proxy) else { continue };
+            snapshot.leases.push(LeaseRecord {
+                id: id.clone(),
+                proxy,
+                target: lease.target.clone(),
+                expires: self.wall(lease.expires),
+                ttl_ms: u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX),
+                client: lease.client.clone(),
+            });
+        }
+        for (id, (until, proxy, target)) in &self.ended {
+            if let (true, Some(proxy)) = (*until > now, key(proxy)) {
+                snapshot.ended.push(EndedRecord {
+                    id: id.clone(),
+                    proxy,
+                    target: target.clone(),
+                    until: self.wall(*until),
+                });
+            }
+        }
+        for (target, state) in &self.targets {
+            for (proxy, until) in &state.cooldown {
+                if let (true, Some(key)) = (*until > now, key(proxy)) {
+                    snapshot
+                        .target_rests
+                        .push((target.clone(), key, self.wall(*until)));
+                }
+            }
+        }
+        for entry in self.proxies.values() {
+            if let Some(until) = entry.global_cooldown.filter(|u| *u > now) {
+                snapshot
+                    .proxy_rests
+                    .push((entry.availability.key.clone(), self.wall(until)));
+            }
+        }
+        snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));
+        snapshot.ended.sort_by(|a, b| a.id.cmp(&b.id));
+        snapshot.target_rests.sort();
+        snapshot.proxy_rests.sort();
+        snapshot
+    }
+
+    /// Restores `snapshot` (taken at any earlier time; what has expired by
+    /// now is left out). Nothing restored is journaled again.
+    pub fn restore(&mut self, snapshot: LeaseSnapshot, now: Instant) {
+        let journaling = self.changes.take();
+        let wall_now = self.wall(now);
+        let at = |t: Timestamp| -> Option<Instant> {
+            let ahead = t.duration_since(wall_now);
+            ahead
+                .is_positive()
+                .then(|| now + Duration::try_from(ahead).unwrap_or(Duration::MAX / 4))
+        };
+        for lease in snapshot.leases {
+            let Some(expires) = at(lease.expires) else {
+                continue;
+            };
+            let proxy = self.placeholder(&lease.proxy);
+            self.expiry.insert((expires, lease.id.clone()));
+            self.leases.insert(
+                lease.id,
+                Lease {
+                    proxy,
+                    target: lease.target,
+                    expires,
+                    ttl: Duration::from_millis(lease.ttl_ms),
+                    client: lease.client,
+                    reports: Vec::new(),
+                },
+            );
+            if let Some(entry) = self.proxies.get_mut(&proxy) {
+                entry.active += 1;
+            }
+            self.reindex(proxy, now);
+        }
+        for ended in snapshot.ended {
+            let Some(until) = at(ended.until) else { continue };
+            let proxy = self.placeholder(&ended.proxy);
+            self.ended.insert(ended.id, (until, proxy, ended.target));
+        }
+        for (target, key, until) in snapshot.target_rests {
+            let Some(until) = at(until) else { continue };
+            let proxy = self.placeholder(&key);
+            self.rest_for_target(&target, proxy, until);
+        }
+        for (key, until) in snapshot.proxy_rests {
+            let Some(until) = at(until) else { continue };
+            let proxy = self.placeholder(&key);
+            self.rest_everywhere(proxy, until);
+            self.reindex(proxy, now);
+        }
+        self.changes = journaling;
+    }
+
+    /// The proxy's id, creating a placeholder for a proxy not known yet.
+    fn placeholder(&mut self, key: &ObjectKey) -> ProxyId {
+        if let Some(id) = self.ids.get(key) {
+            return *id;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ids.insert(key.clone(), id);
+        self.proxies.insert(
+            id,
+            Entry {
+                availability: Availability {
+                    key: key.clone(),
+                    ready: false,
+                    phase: String::new(),
+                    healthy: None,
+                    url: None,
+                    attributes: Default::default(),
+                    latency: None,
+                },
+                active: 0,
+                global_cooldown: None,
+                indexed: None,
+                placeholder: true,
+            },
+        );
+        id
+    }
+
+    /// Drops placeholders with nothing left to remember: no lease, no rest,
+    /// no ended lease that may still be reported on.
+    pub(super) fn drop_idle_placeholders(&mut self, now: Instant) {
+        let idle: Vec<(ProxyId, ObjectKey)> = self
+            .proxies
+            .iter()
+            .filter(|(_, e)| e.placeholder && e.active == 0)
+            .filter(|(_, e)| e.global_cooldown.is_none_or(|until| until <= now))
+            .map(|(id, e)| (*id, e.availability.key.clone()))
+            .collect();
+        for (id, key) in idle {
+            let resting = self.targets.values().any(|t| t.cooldown.contains_key(&id));
+            let reportable = self.ended.values().any(|(_, proxy, _)| *proxy == id);
+            if !resting && !reportable {
+                self.proxies.remove(&id);
+                self.ids.remove(&key);
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! What the lease book must not forget across a restart: held leases,
+//! recently ended ones (they still accept reports) and rests. The book
+//! describes each change it makes as a [`LeaseChange`]; a [`LeaseJournal`]
+//! makes them durable and hands them back as a [`LeaseSnapshot`] at start.
+//! Times are wall-clock: they outlive the process whose monotonic clock
+//! measured them.
+
+use jiff::Timestamp;
+
+use crate::store::ObjectKey;
+
+/// A held lease as remembered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub id: String,
+    pub proxy: ObjectKey,
+    pub target: String,
+    pub expires: Timestamp,
+    /// The TTL it was granted with (a renewal's default).
+    pub ttl_ms: u64,
+    pub client: Option<String>,
+}
+
+/// An ended lease that still accepts reports until `until`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndedRecord {
+    pub id: String,
+    pub proxy: ObjectKey,
+    pub target: String,
+    pub until: Timestamp,
+}
+
+/// One change to the lease state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseChange {
+    Granted(LeaseRecord),
+    /// A held lease now expires later (renewal).
+    Extended {
+        id: String,
+        expires: Timestamp,
+    },
+    /// A lease ended (released, expired, or its proxy went away).
+    Ended(EndedRecord),
+    /// `proxy` rests for `target` until then (after a release or a `blocked` report).
+    TargetRest {
+        target: String,
+        proxy: ObjectKey,
+        until: Timestamp,
+    },
+    /// `proxy` rests for every target until then (after an `error` report).
+    ProxyRest {
+        proxy: ObjectKey,
+        until: Timestamp,
+    },
+    /// The proxy is gone: nothing about it matters any more.
+    ProxyRemoved(ObjectKey),
+}
+
+/// Everything a journal remembers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseSnapshot {
+    pub leases: Vec<LeaseRecord>,
+    pub ended: Vec<EndedRecord>,
+    pub target_rests: Vec<(String, ObjectKey, Timestamp)>,
+    pub proxy_rests: Vec<(ObjectKey, Timestamp)>,
+}
+
+/// Keeping lease state failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("lease journal {path}: {source}")]
+    Sqlite {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("lease journal {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("lease journal: a stored {what} is invalid: {value}")]
+    Corrupt { what: &'static str, value: String },
+}
+
+/// Durable lease state.
+pub trait LeaseJournal: Send {
+    /// What was remembered (expired entries may be left out).
+    fn load(&mut self, now: Timestamp) -> Result<LeaseSnapshot, JournalError>;
+
+    /// Makes `changes` durable, in order, before returning.
+    fn record(&mut self, changes: &[LeaseChange]) -> Result<(), JournalError>;
+
+    /// Drops what ended before `now` (expired rests, ended leases past their grace).
+    fn prune(&mut self, now: Timestamp) -> Result<(), JournalError>;
+}
