@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Grant, JournalError, LeaseBook, LeaseChange, LeaseJournal,
-    LeaseSettings, Outcome, ProxyView, UnknownLease,
+    AcquireError, AcquireRequest, Availability, Durable, Grant, JournalError, LeaseBook, LeaseChange,
+    LeaseJournal, LeaseSettings, Outcome, ProxyView, UnknownLease,
 };
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
@@ -81,6 +81,8 @@ pub struct LeaseStats {
 const MAX_UNSAVED: usize = 100_000;
 /// How often journaled state that has ended is pruned.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// A grant whose journal has not made it durable by then is taken back (503).
+const DURABLE_WITHIN: Duration = Duration::from_secs(5);
 
 pub struct LeaseStore {
     book: LeaseBook,
@@ -125,18 +127,18 @@ impl LeaseStore {
     }
 
     /// Hands the book's latest changes to the journal.
-    fn persist(&mut self) -> Result<(), JournalError> {
+    fn persist(&mut self) -> Result<Durable, JournalError> {
         let Some(journal) = self.journal.as_mut() else {
-            return Ok(());
+            return Ok(Durable::Now);
         };
         self.unsaved.extend(self.book.take_changes());
         if self.unsaved.is_empty() {
-            return Ok(());
+            return Ok(Durable::Now);
         }
         match journal.record(&self.unsaved) {
-            Ok(()) => {
+            Ok(durable) => {
                 self.unsaved.clear();
-                Ok(())
+                Ok(durable)
             }
             Err(e) => {
                 if self.unsaved.len() > MAX_UNSAVED {
@@ -194,21 +196,18 @@ impl Handler<RemoveProxy> for LeaseStore {
     }
 }
 
-impl Handler<Acquire> for LeaseStore {
-    type Result = Result<Grant, AcquireError>;
-    fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
-        let now = Instant::now();
-        let mut result = self.book.acquire(&msg.0, now);
-        if let Ok(grant) = &result
-            && let Err(e) = self.persist()
-        {
-            // Never hand out a lease a restart would forget.
-            self.book.cancel(&grant.id, now);
-            result = Err(AcquireError::Unavailable(format!(
-                "lease state could not be saved: {e}"
-            )));
-        }
-        let event = match &result {
+impl LeaseStore {
+    /// Takes back a grant that could not be made durable: never hand out a
+    /// lease a restart or failover would forget.
+    fn take_back(&mut self, grant: &Grant, why: &JournalError) -> AcquireError {
+        self.book.cancel(&grant.id, Instant::now());
+        let _ = self.persist();
+        AcquireError::Unavailable(format!("lease state could not be saved: {why}"))
+    }
+
+    /// Counts and logs the outcome of an acquire.
+    fn account(&mut self, result: &Result<Grant, AcquireError>) {
+        let event = match result {
             Ok(grant) => {
                 self.stats.granted += 1;
                 LeaseEvent::Granted {
@@ -231,7 +230,46 @@ impl Handler<Acquire> for LeaseStore {
             Err(_) => LeaseEvent::Denied { reason: "invalid" },
         };
         event.emit(self.book.active_leases());
-        result
+    }
+}
+
+impl Handler<Acquire> for LeaseStore {
+    type Result = ResponseActFuture<Self, Result<Grant, AcquireError>>;
+    fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
+        let grant = match self.book.acquire(&msg.0, Instant::now()) {
+            Ok(grant) => grant,
+            Err(e) => {
+                let result = Err(e);
+                self.account(&result);
+                return Box::pin(fut::ready(result));
+            }
+        };
+        match self.persist() {
+            Ok(Durable::Now) => {
+                let result = Ok(grant);
+                self.account(&result);
+                Box::pin(fut::ready(result))
+            }
+            // Answered once the checkpoint holding the grant is written.
+            Ok(Durable::Later(flush)) => Box::pin(
+                async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
+                    .into_actor(self)
+                    .map(move |flushed, store, _| {
+                        let result = match flushed {
+                            Ok(Ok(())) => Ok(grant),
+                            Ok(Err(e)) => Err(store.take_back(&grant, &e)),
+                            Err(_) => Err(store.take_back(&grant, &JournalError::Timeout(DURABLE_WITHIN))),
+                        };
+                        store.account(&result);
+                        result
+                    }),
+            ),
+            Err(e) => {
+                let result = Err(self.take_back(&grant, &e));
+                self.account(&result);
+                Box::pin(fut::ready(result))
+            }
+        }
     }
 }
 

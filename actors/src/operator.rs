@@ -17,6 +17,7 @@ use egress_proxies::health::Prober;
 use egress_proxies::leader::LeaderElector;
 use egress_proxies::provider::{BuildContext, Providers};
 use egress_proxies::store::kubernetes::KubeStore;
+use egress_proxies::store::lease_checkpoint::CheckpointJournal;
 
 use crate::health_server::{self, Readiness};
 use crate::system;
@@ -55,6 +56,8 @@ pub enum OperatorError {
     Kube(#[from] kube::Error),
     #[error("leader election lost; stopping so the pod restarts as a follower")]
     LeadershipLost,
+    #[error(transparent)]
+    Leases(#[from] egress_proxies::lease::JournalError),
 }
 
 /// Runs until SIGTERM (Ok) or a lost leadership (Err).
@@ -146,6 +149,11 @@ async fn operate(
         tracing::info!(identity = elector.identity(), "became the leader");
     }
 
+    // Leases as the previous leader (or this replica before a restart) left them.
+    let mut settings = options.settings;
+    settings.lease_journal = Some(Box::new(
+        CheckpointJournal::open(client.clone(), &lease_namespace).await?,
+    ));
     let (store, events) = KubeStore::new(
         client.clone(),
         options.proxy_namespace.clone(),
@@ -155,14 +163,7 @@ async fn operate(
     let store = Arc::new(store);
     actix::spawn(store.clone().watch_proxies());
     actix::spawn(store.clone().watch_secrets());
-    let _running = system::start(
-        store,
-        events,
-        providers,
-        prober,
-        options.settings,
-        discovery_listener,
-    )?;
+    let _running = system::start(store, events, providers, prober, settings, discovery_listener)?;
     readiness.set(true);
 
     let outcome = match &elector {

@@ -82,6 +82,21 @@ pub enum JournalError {
     },
     #[error("lease journal: a stored {what} is invalid: {value}")]
     Corrupt { what: &'static str, value: String },
+    #[error("lease checkpoint {name}: {message}")]
+    Checkpoint { name: String, message: String },
+    /// Another replica wrote the checkpoint: this one no longer leads.
+    #[error("lease checkpoint {name} was written by another replica; this one no longer leads")]
+    Deposed { name: String },
+    #[error("lease checkpoint not written within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+/// When recorded changes are durable.
+pub enum Durable {
+    /// Already, when `record` returns.
+    Now,
+    /// Once this resolves (a checkpoint written behind).
+    Later(futures::future::BoxFuture<'static, Result<(), JournalError>>),
 }
 
 /// Durable lease state.
@@ -89,8 +104,8 @@ pub trait LeaseJournal: Send {
     /// What was remembered (expired entries may be left out).
     fn load(&mut self, now: Timestamp) -> Result<LeaseSnapshot, JournalError>;
 
-    /// Makes `changes` durable, in order, before returning.
-    fn record(&mut self, changes: &[LeaseChange]) -> Result<(), JournalError>;
+    /// Takes `changes`, in order; says when they are durable.
+    fn record(&mut self, changes: &[LeaseChange]) -> Result<Durable, JournalError>;
 
     /// Drops what ended before `now` (expired rests, ended leases past their grace).
     fn prune(&mut self, now: Timestamp) -> Result<(), JournalError>;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::store::ObjectKey;
 
 pub use book::LeaseBook;
-pub use journal::{JournalError, LeaseChange, LeaseJournal, LeaseSnapshot};
+pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot};
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@
 pub mod embedded;
 mod key;
 pub mod kubernetes;
+pub mod lease_checkpoint;
 
 use std::collections::HashSet;
 

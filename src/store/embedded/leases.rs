@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use rusqlite::{Connection, params};
 
 use crate::lease::journal::{
-    EndedRecord, JournalError, LeaseChange, LeaseJournal, LeaseRecord, LeaseSnapshot,
+    Durable, EndedRecord, JournalError, LeaseChange, LeaseJournal, LeaseRecord, LeaseSnapshot,
 };
 use crate::store::ObjectKey;
 
@@ -211,9 +211,9 @@ impl LeaseJournal for SqliteLeaseJournal {
         Ok(snapshot)
     }
 
-    fn record(&mut self, changes: &[LeaseChange]) -> Result<(), JournalError> {
+    fn record(&mut self, changes: &[LeaseChange]) -> Result<Durable, JournalError> {
         if changes.is_empty() {
-            return Ok(());
+            return Ok(Durable::Now);
         }
         let tx = self.conn.transaction().map_err(|e| JournalError::Sqlite {
             path: self.path.display().to_string(),
@@ -225,7 +225,8 @@ impl LeaseJournal for SqliteLeaseJournal {
                 source: e,
             })?;
         }
-        tx.commit().map_err(|e| self.wrap(e))
+        tx.commit().map_err(|e| self.wrap(e))?;
+        Ok(Durable::Now)
     }
 
     fn prune(&mut self, now: Timestamp) -> Result<(), JournalError> {
@@ -299,6 +300,7 @@ mod tests {
                     expires: later(700),
                 },
             ])
+            .map(drop)
             .unwrap();
         drop(journal);
 
@@ -320,7 +322,10 @@ mod tests {
         assert!(snapshot.proxy_rests.is_empty());
         assert_eq!(snapshot.target_rests.len(), 1);
 
-        journal.record(&[LeaseChange::ProxyRemoved(key("b"))]).unwrap();
+        journal
+            .record(&[LeaseChange::ProxyRemoved(key("b"))])
+            .map(drop)
+            .unwrap();
         let snapshot = journal.load(later(10)).unwrap();
         assert!(snapshot.ended.is_empty() && snapshot.target_rests.is_empty());
         assert_eq!(snapshot.leases.len(), 1, "other proxies are untouched");

@@ -1,0 +1,531 @@
+//! The Kubernetes lease journal: lease state checkpointed into ConfigMaps in
+//! the operator's namespace, so a new leader starts from what the old one
+//! knew.
+//!
+//! The state is split into [`SHARDS`] ConfigMaps by a stable hash of the
+//! proxy (`egress-proxies-leases-00` …), so a checkpoint of 10,000 leases
+//! stays far below the API server's object size limit and a change rewrites
+//! one shard. A writer task writes the changed shards behind the lease
+//! store, one round at a time and no more often than every
+//! [`MIN_ROUND_INTERVAL`]. A grant is answered only once the round holding
+//! it is written ([`Durable::Later`]); releases, reports and rests are not
+//! waited for, so a leader that dies forgets at most the last round of
+//! those. Every write names the shard's resourceVersion: a replica whose
+//! shard another replica wrote in the meantime has been deposed, and its
+//! pending grants fail instead of landing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+
+use crate::lease::journal::{
+    Durable, EndedRecord, JournalError, LeaseChange, LeaseJournal, LeaseRecord, LeaseSnapshot,
+};
+use crate::store::ObjectKey;
+
+/// ConfigMaps the state is spread over.
+pub const SHARDS: usize = 16;
+/// Name prefix of the shards (`egress-proxies-leases-07`).
+pub const NAME_PREFIX: &str = "egress-proxies-leases-";
+/// The data key holding a shard's JSON.
+const DATA_KEY: &str = "leases.json";
+/// Rounds of writes are at least this far apart (bounds the API write rate).
+pub const MIN_ROUND_INTERVAL: Duration = Duration::from_millis(100);
+/// A failed round is retried after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// One shard's content, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Shard {
+    /// Lease id → lease.
+    #[serde(default)]
+    leases: BTreeMap<String, StoredLease>,
+    /// Ended lease id → (proxy, target, until ms).
+    #[serde(default)]
+    ended: BTreeMap<String, StoredEnded>,
+    /// `namespace/name` → target → until (ms).
+    #[serde(default)]
+    target_rests: BTreeMap<String, BTreeMap<String, i64>>,
+    /// `namespace/name` → until (ms).
+    #[serde(default)]
+    proxy_rests: BTreeMap<String, i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredLease {
+    proxy: String,
+    target: String,
+    expires_ms: i64,
+    ttl_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredEnded {
+    proxy: String,
+    target: String,
+    until_ms: i64,
+}
+
+fn key_string(key: &ObjectKey) -> String {
+    format!("{}/{}", key.namespace, key.name)
+}
+
+fn parse_key(text: &str) -> Result<ObjectKey, JournalError> {
+    text.split_once('/')
+        .map(|(ns, name)| ObjectKey::new(ns, name))
+        .ok_or_else(|| JournalError::Corrupt {
+            what: "proxy key",
+            value: text.to_owned(),
+        })
+}
+
+fn at(ms: i64) -> Result<Timestamp, JournalError> {
+    Timestamp::from_millisecond(ms).map_err(|_| JournalError::Corrupt {
+        what: "time",
+        value: ms.to_string(),
+    })
+}
+
+/// The shard of a proxy: FNV-1a of its key, stable across versions and
+/// machines (a new leader must write an entry where the old one did).
+fn shard_of(key: &ObjectKey) -> usize {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key_string(key).bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % SHARDS as u64) as usize
+}
+
+fn shard_name(index: usize) -> String {
+    format!("{NAME_PREFIX}{index:02}")
+}
+
+impl Shard {
+    fn apply(&mut self, change: &LeaseChange) {
+        match change {
+            LeaseChange::Granted(l) => {
+                self.leases.insert(
+                    l.id.clone(),
+                    StoredLease {
+                        proxy: key_string(&l.proxy),
+                        target: l.target.clone(),
+                        expires_ms: l.expires.as_millisecond(),
+                        ttl_ms: l.ttl_ms,
+                        client: l.client.clone(),
+                    },
+                );
+            }
+            LeaseChange::Extended { id, expires } => {
+                if let Some(lease) = self.leases.get_mut(id) {
+                    lease.expires_ms = expires.as_millisecond();
+                }
+            }
+            LeaseChange::Ended(e) => {
+                self.leases.remove(&e.id);
+                self.ended.insert(
+                    e.id.clone(),
+                    StoredEnded {
+                        proxy: key_string(&e.proxy),
+                        target: e.target.clone(),
+                        until_ms: e.until.as_millisecond(),
+                    },
+                );
+            }
+            LeaseChange::TargetRest { target, proxy, until } => {
+                let slot = self
+                    .target_rests
+                    .entry(key_string(proxy))
+                    .or_default()
+                    .entry(target.clone())
+                    .or_insert(i64::MIN);
+                *slot = (*slot).max(until.as_millisecond());
+            }
+            LeaseChange::ProxyRest { proxy, until } => {
+                let slot = self.proxy_rests.entry(key_string(proxy)).or_insert(i64::MIN);
+                *slot = (*slot).max(until.as_millisecond());
+            }
+            LeaseChange::ProxyRemoved(proxy) => {
+                let proxy = key_string(proxy);
+                self.leases.retain(|_, l| l.proxy != proxy);
+                self.ended.retain(|_, e| e.proxy != proxy);
+                self.target_rests.remove(&proxy);
+                self.proxy_rests.remove(&proxy);
+            }
+        }
+    }
+
+    /// Drops what ended by `now`; true when anything went.
+    fn prune(&mut self, now: i64) -> bool {
+        let before = self.len();
+        self.leases.retain(|_, l| l.expires_ms > now);
+        self.ended.retain(|_, e| e.until_ms > now);
+        for rests in self.target_rests.values_mut() {
+            rests.retain(|_, until| *until > now);
+        }
+        self.target_rests.retain(|_, rests| !rests.is_empty());
+        self.proxy_rests.retain(|_, until| *until > now);
+        self.len() != before
+    }
+
+    fn len(&self) -> usize {
+        self.leases.len()
+            + self.ended.len()
+            + self.target_rests.values().map(BTreeMap::len).sum::<usize>()
+            + self.proxy_rests.len()
+    }
+
+    fn into_snapshot(self, out: &mut LeaseSnapshot) -> Result<(), JournalError> {
+        for (id, l) in self.leases {
+            out.leases.push(LeaseRecord {
+                id,
+                proxy: parse_key(&l.proxy)?,
+                target: l.target,
+                expires: at(l.expires_ms)?,
+                ttl_ms: l.ttl_ms,
+                client: l.client,
+            });
+        }
+        for (id, e) in self.ended {
+            out.ended.push(EndedRecord {
+                id,
+                proxy: parse_key(&e.proxy)?,
+                target: e.target,
+                until: at(e.until_ms)?,
+            });
+        }
+        for (proxy, rests) in self.target_rests {
+            let key = parse_key(&proxy)?;
+            for (target, until) in rests {
+                out.target_rests.push((target, key.clone(), at(until)?));
+            }
+        }
+        for (proxy, until) in self.proxy_rests {
+            out.proxy_rests.push((parse_key(&proxy)?, at(until)?));
+        }
+        Ok(())
+    }
+}
+
+/// What the writer task and the journal share.
+struct Shared {
+    state: Mutex<State>,
+    wake: Notify,
+    /// The newest generation written, or why writing stopped.
+    written: watch::Sender<Written>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Written {
+    Upto(u64),
+    /// Another replica wrote a shard: nothing more will be written.
+    Deposed(String),
+}
+
+struct State {
+    shards: Vec<Shard>,
+    /// The resourceVersion each shard was last read or written at.
+    versions: Vec<Option<String>>,
+    dirty: BTreeSet<usize>,
+    generation: u64,
+}
+
+/// Lease state in ConfigMaps, written behind by a background task.
+pub struct CheckpointJournal {
+    shared: Arc<Shared>,
+    loaded: Option<LeaseSnapshot>,
+}
+
+impl CheckpointJournal {
+    /// Reads the checkpoint in `namespace` and starts the writer (on the
+    /// current Tokio runtime). Call once this replica leads.
+    pub async fn open(client: kube::Client, namespace: &str) -> Result<Self, JournalError> {
+        let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+        let mut shards = Vec::with_capacity(SHARDS);
+        let mut versions = Vec::with_capacity(SHARDS);
+        for index in 0..SHARDS {
+            let name = shard_name(index);
+            let failed = |message: String| JournalError::Checkpoint {
+                name: name.clone(),
+                message,
+            };
+            match api.get_opt(&name).await.map_err(|e| failed(e.to_string()))? {
+                Some(cm) => {
+                    let text = cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(DATA_KEY))
+                        .map(String::as_str)
+                        .unwrap_or("{}");
+                    let shard: Shard = serde_json::from_str(text)
+                        .map_err(|e| failed(format!("unreadable checkpoint: {e}")))?;
+                    shards.push(shard);
+                    versions.push(cm.metadata.resource_version);
+                }
+                None => {
+                    shards.push(Shard::default());
+                    versions.push(None);
+                }
+            }
+        }
+        let mut snapshot = LeaseSnapshot::default();
+        for shard in &shards {
+            shard.clone().into_snapshot(&mut snapshot)?;
+        }
+        let (written, _) = watch::channel(Written::Upto(0));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                shards,
+                versions,
+                dirty: BTreeSet::new(),
+                generation: 0,
+            }),
+            wake: Notify::new(),
+            written,
+        });
+        tokio::spawn(writer(shared.clone(), api));
+        Ok(Self {
+            shared,
+            loaded: Some(snapshot),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl LeaseJournal for CheckpointJournal {
+    fn load(&mut self, now: Timestamp) -> Result<LeaseSnapshot, JournalError> {
+        self.prune(now)?;
+        Ok(self.loaded.take().unwrap_or_default())
+    }
+
+    fn record(&mut self, changes: &[LeaseChange]) -> Result<Durable, JournalError> {
+        if let Written::Deposed(name) = &*self.shared.written.borrow() {
+            return Err(JournalError::Deposed { name: name.clone() });
+        }
+        let generation = {
+            let mut state = self.state();
+            for change in changes {
+                let index = match change {
+                    LeaseChange::Granted(l) => shard_of(&l.proxy),
+                    LeaseChange::Ended(e) => shard_of(&e.proxy),
+                    LeaseChange::TargetRest { proxy, .. }
+                    | LeaseChange::ProxyRest { proxy, .. }
+                    | LeaseChange::ProxyRemoved(proxy) => shard_of(proxy),
+                    // Renewals name only the lease: find its shard.
+                    LeaseChange::Extended { id, .. } => {
+                        match state.shards.iter().position(|s| s.leases.contains_key(id)) {
+                            Some(index) => index,
+                            None => continue,
+                        }
+                    }
+                };
+                state.shards[index].apply(change);
+                state.dirty.insert(index);
+            }
+            state.generation += 1;
+            state.generation
+        };
+        self.shared.wake.notify_one();
+        let mut written = self.shared.written.subscribe();
+        Ok(Durable::Later(Box::pin(async move {
+            let outcome = written
+                .wait_for(|w| match w {
+                    Written::Upto(done) => *done >= generation,
+                    Written::Deposed(_) => true,
+                })
+                .await
+                .map(|w| w.clone());
+            match outcome {
+                Ok(Written::Upto(_)) => Ok(()),
+                Ok(Written::Deposed(name)) => Err(JournalError::Deposed { name }),
+                Err(_) => Err(JournalError::Checkpoint {
+                    name: NAME_PREFIX.trim_end_matches('-').to_owned(),
+                    message: "the checkpoint writer stopped".into(),
+                }),
+            }
+        })))
+    }
+
+    fn prune(&mut self, now: Timestamp) -> Result<(), JournalError> {
+        let now = now.as_millisecond();
+        let mut state = self.state();
+        for index in 0..SHARDS {
+            if state.shards[index].prune(now) {
+                state.dirty.insert(index);
+            }
+        }
+        drop(state);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+}
+
+/// Writes dirty shards, a round at a time, until deposed.
+async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>) {
+    loop {
+        shared.wake.notified().await;
+        loop {
+            let (generation, round) = {
+                let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+                let dirty = std::mem::take(&mut state.dirty);
+                let round: Vec<(usize, String, Option<String>)> = dirty
+                    .into_iter()
+                    .map(|i| {
+                        let json = serde_json::to_string(&state.shards[i]).unwrap_or_else(|_| "{}".into());
+                        (i, json, state.versions[i].clone())
+                    })
+                    .collect();
+                (state.generation, round)
+            };
+            if round.is_empty() {
+                break;
+            }
+            let mut failed = Vec::new();
+            for (index, json, version) in round {
+                match write_shard(&api, index, json, version).await {
+                    Ok(version) => {
+                        let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+                        state.versions[index] = version;
+                    }
+                    Err(WriteError::Conflict) => {
+                        let name = shard_name(index);
+                        tracing::error!(checkpoint = %name, "lease checkpoint written by another replica; no longer writing");
+                        shared.written.send_replace(Written::Deposed(name));
+                        return;
+                    }
+                    Err(WriteError::Api(e)) => {
+                        tracing::warn!(checkpoint = %shard_name(index), error = %e, "writing the lease checkpoint failed; retrying");
+                        failed.push(index);
+                    }
+                }
+            }
+            if failed.is_empty() {
+                shared.written.send_replace(Written::Upto(generation));
+                tokio::time::sleep(MIN_ROUND_INTERVAL).await;
+            } else {
+                shared
+                    .state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .dirty
+                    .extend(failed);
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    }
+}
+
+enum WriteError {
+    /// The shard changed since this replica last read or wrote it.
+    Conflict,
+    Api(kube::Error),
+}
+
+/// Creates or replaces one shard, guarded by its resourceVersion.
+async fn write_shard(
+    api: &Api<ConfigMap>,
+    index: usize,
+    json: String,
+    version: Option<String>,
+) -> Result<Option<String>, WriteError> {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(shard_name(index)),
+            resource_version: version.clone(),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                "egress-proxies-operator".to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(DATA_KEY.to_owned(), json)])),
+        ..ConfigMap::default()
+    };
+    let result = match version {
+        Some(_) => api.replace(&shard_name(index), &PostParams::default(), &cm).await,
+        None => api.create(&PostParams::default(), &cm).await,
+    };
+    match result {
+        Ok(written) => Ok(written.metadata.resource_version),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(WriteError::Conflict),
+        Err(e) => Err(WriteError::Api(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_stable_and_spread() {
+        // Fixed values: a new version must find entries where an old one wrote them.
+        assert_eq!(
+            shard_of(&ObjectKey::new("crawl", "p1")),
+            shard_of(&ObjectKey::new("crawl", "p1"))
+        );
+        let mut counts = [0usize; SHARDS];
+        for i in 0..10_000 {
+            counts[shard_of(&ObjectKey::new("crawl", format!("p{i}")))] += 1;
+        }
+        assert!(counts.iter().all(|c| (400..=850).contains(c)), "{counts:?}");
+    }
+
+    #[test]
+    fn a_shard_applies_changes_and_prunes_what_ended() {
+        let t = |s: i64| Timestamp::from_second(2_000_000_000 + s).unwrap();
+        let key = ObjectKey::new("crawl", "p1");
+        let mut shard = Shard::default();
+        shard.apply(&LeaseChange::Granted(LeaseRecord {
+            id: "l1".into(),
+            proxy: key.clone(),
+            target: "example.org".into(),
+            expires: t(60),
+            ttl_ms: 60_000,
+            client: None,
+        }));
+        shard.apply(&LeaseChange::TargetRest {
+            target: "example.org".into(),
+            proxy: key.clone(),
+            until: t(30),
+        });
+        shard.apply(&LeaseChange::TargetRest {
+            target: "example.org".into(),
+            proxy: key.clone(),
+            until: t(10),
+        });
+        shard.apply(&LeaseChange::Extended {
+            id: "l1".into(),
+            expires: t(90),
+        });
+        let json = serde_json::to_string(&shard).unwrap();
+        let back: Shard = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, shard, "{json}");
+        let mut snapshot = LeaseSnapshot::default();
+        back.into_snapshot(&mut snapshot).unwrap();
+        assert_eq!(snapshot.leases[0].expires, t(90));
+        assert_eq!(
+            snapshot.target_rests,
+            [("example.org".to_owned(), key.clone(), t(30))]
+        );
+
+        assert!(shard.prune(t(31).as_millisecond()));
+        assert!(shard.target_rests.is_empty() && shard.leases.len() == 1);
+        shard.apply(&LeaseChange::ProxyRemoved(key));
+        assert_eq!(shard.len(), 0);
+    }
+}
