@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use egress_proxies::leader::Tenure;
 use egress_proxies::lease::{
     AcquireError, AcquireRequest, Availability, Grant, LeaseBook, LeaseSettings, Outcome, ProxyView,
     UnknownLease,
@@ -78,6 +79,7 @@ pub struct LeaseStore {
     book: LeaseBook,
     stats: LeaseStats,
     recent_denials: std::collections::VecDeque<(String, jiff::Timestamp)>,
+    tenure: Option<Tenure>,
 }
 
 impl LeaseStore {
@@ -86,7 +88,14 @@ impl LeaseStore {
             book: LeaseBook::new(settings),
             stats: LeaseStats::default(),
             recent_denials: std::collections::VecDeque::new(),
+            tenure: None,
         }
+    }
+
+    /// Grants only while `tenure` lasts, checked at the moment of each grant.
+    pub fn with_tenure(mut self, tenure: Tenure) -> Self {
+        self.tenure = Some(tenure);
+        self
     }
 }
 
@@ -127,6 +136,10 @@ impl Handler<RemoveProxy> for LeaseStore {
 impl Handler<Acquire> for LeaseStore {
     type Result = Result<Grant, AcquireError>;
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
+        if self.tenure.as_ref().is_some_and(|t| !t.is_leading()) {
+            LeaseEvent::Denied { reason: "not_leader" }.emit(self.book.active_leases());
+            return Err(AcquireError::NotLeader);
+        }
         let result = self.book.acquire(&msg.0, Instant::now());
         let event = match &result {
             Ok(grant) => {

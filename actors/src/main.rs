@@ -176,6 +176,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             gc_interval: args.gc_interval,
             gc_grace_period: args.gc_grace_period,
             discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+            tenure: None,
         },
     };
     match operator::run(options) {

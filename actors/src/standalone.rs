@@ -77,6 +77,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
         discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+        tenure: None,
     };
     let system = System::new();
     system.block_on(async move {

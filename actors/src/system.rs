@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::health::Prober;
+use egress_proxies::leader::{FencedStore, Tenure};
 use egress_proxies::lease::LeaseSettings;
 use egress_proxies::provider::Providers;
 use egress_proxies::reconcile;
@@ -30,6 +31,9 @@ pub struct Settings {
     pub gc_grace_period: Duration,
     /// Bearer token of the discovery API (`DISCOVERY_TOKEN`).
     pub discovery_token: Option<String>,
+    /// With leader election: the store answers and leases are granted only
+    /// while this lasts (set by `operator::run`).
+    pub tenure: Option<Tenure>,
 }
 
 /// Addresses of the started actors.
@@ -49,6 +53,10 @@ pub fn start(
     settings: Settings,
     discovery: Option<TcpListener>,
 ) -> std::io::Result<Running> {
+    let store = match &settings.tenure {
+        Some(tenure) => Arc::new(FencedStore::new(store, tenure.clone())) as Arc<dyn ProxyStore>,
+        None => store,
+    };
     let ctx = reconcile::Context {
         store: store.clone(),
         providers: providers.clone(),
@@ -57,7 +65,11 @@ pub fn start(
     };
     let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
     let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
-    let leases = LeaseStore::new(settings.leases).start();
+    let mut leases = LeaseStore::new(settings.leases);
+    if let Some(tenure) = settings.tenure {
+        leases = leases.with_tenure(tenure);
+    }
+    let leases = leases.start();
     let (p, l) = (prober.clone(), leases.clone());
     let registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));

@@ -116,6 +116,9 @@ pub enum AcquireError {
     EmptyTarget,
     #[error("ttlSeconds must be greater than zero")]
     ZeroTtl,
+    /// This replica's leadership lapsed (or never began): its book grants nothing.
+    #[error("this replica is not the leader")]
+    NotLeader,
 }
 
 /// A report named a lease the store does not know (never, or ended too long ago).

@@ -19,6 +19,8 @@ pub enum ApiError {
     TooLarge(usize),
     #[error("no such endpoint")]
     NotFound,
+    #[error("this replica is not the leader; retry through the Service")]
+    NotLeader,
     #[error("{0}")]
     Internal(String),
 }
@@ -32,6 +34,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::NotFound => "not_found",
+            ApiError::NotLeader => "not_leader",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -40,7 +43,7 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoCapacity(_) | ApiError::NotLeader => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnknownLease(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
