@@ -1,21 +1,242 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease: the holder renews
-//! it; anyone may take it over once it has not been renewed for its
-//! duration. Every write is guarded by the Lease's resourceVersion, so two
-//! candidates can never both win the same round.
+//! Leader election on a `coordination.k8s.io/v1` Lease, safe without
+//! synchronised clocks.
+//!
+//! # Timings
+//!
+//! Scaled from the lease duration like client-go's defaults (15 s / 10 s /
+//! 2 s): the **renew deadline** is 2/3 of it, the **retry period** 2/15, and
+//! every API call of the elector times out after half the renew deadline.
+//!
+//! # Why at most one replica acts at a time
+//!
+//! Nobody compares another machine's timestamps; `renewTime` is written
+//! because Kubernetes expects it, never read for a decision. Each side
+//! measures on its own monotonic clock:
+//!
+//! - The **leader** acts only until `start + renew deadline`, where `start`
+//!   is taken *before* its last successful renew request was sent
+//!   ([`Tenure`]). Past that instant it stops granting leases and
+//!   reconciling, whether or not a request is still hanging.
+//! - A **candidate** takes over only after it has observed the same record
+//!   (holder, renewTime, resourceVersion) unchanged for the full lease
+//!   duration, counted from *after* the read that returned it.
+//!
+//! The record a candidate last observed was written by a request the leader
+//! sent before that read completed, so the leader's deadline falls at least
+//! `lease duration - renew deadline` (5 s of 15 s) before the candidate's
+//! earliest takeover, however far apart the wall clocks are. Clock *rates*
+//! must merely agree to within that margin. Every write is guarded by the
+//! Lease's resourceVersion, so two candidates never both win a round (409 =
+//! lost the race).
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 
-/// One candidate for leadership.
-pub struct LeaderElector {
-    api: Api<Lease>,
-    name: String,
+use crate::resource::{Proxy, ProxyStatus, SecretKeyRef};
+use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
+
+/// How long a leader lasts, renews and waits for the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// A candidate takes over a record unchanged for this long.
+    pub lease_duration: Duration,
+    /// A leader stops acting this long after starting its last successful renew.
+    pub renew_deadline: Duration,
+    /// Pause between attempts (leader and candidates).
+    pub retry_period: Duration,
+    /// Timeout of every single API call.
+    pub call_timeout: Duration,
+}
+
+impl Timings {
+    /// client-go's 15 s / 10 s / 2 s, scaled to `lease_duration` (at least 1 s).
+    pub fn from_lease_duration(lease_duration: Duration) -> Self {
+        let lease_duration = lease_duration.max(Duration::from_secs(1));
+        let renew_deadline = lease_duration * 2 / 3;
+        Self {
+            lease_duration,
+            renew_deadline,
+            retry_period: lease_duration * 2 / 15,
+            call_timeout: renew_deadline / 2,
+        }
+    }
+}
+
+/// Where the elector reads time: monotonic for every decision, wall only
+/// for the timestamps Kubernetes expects in the record.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+    fn wall(&self) -> Timestamp;
+}
+
+/// The process's clocks.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn wall(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// How long this replica may act as the leader: until an instant on its
+/// monotonic clock, extended by every successful renew. Checked where the
+/// leader acts (lease grants, store calls, `/readyz`), so acting stops at
+/// that instant even while the renew request hangs.
+#[derive(Clone)]
+pub struct Tenure {
+    until: Arc<Mutex<Option<Instant>>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Tenure {
+    /// Not leading until extended.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            until: Arc::new(Mutex::new(None)),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.lock().is_some_and(|until| self.clock.now() < until)
+    }
+
+    /// The end of the tenure, if any (it may be past).
+    pub fn until(&self) -> Option<Instant> {
+        *self.lock()
+    }
+
+    /// Leading until `until` (never shortened by a late, older renew).
+    pub fn extend(&self, until: Instant) {
+        let mut current = self.lock();
+        *current = Some(current.map_or(until, |c| c.max(until)));
+    }
+
+    /// Stops leading now (lost, or about to release the Lease).
+    pub fn end(&self) {
+        let now = self.clock.now();
+        let mut current = self.lock();
+        *current = Some(current.map_or(now, |c| c.min(now)));
+    }
+}
+
+/// What an attempt found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// This candidate holds the Lease and may act until `until`.
+    Leading { until: Instant },
+    /// Someone else holds it (or won this round).
+    Following { holder: String },
+}
+
+/// An API call of the elector failed or took too long.
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    #[error("{call} of the leader Lease failed: {source}")]
+    Api {
+        call: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{call} of the leader Lease got no answer within {after:?}")]
+    Timeout { call: &'static str, after: Duration },
+}
+
+/// The parts of the record whose change proves the holder is alive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: String,
+    renew_time: Option<Timestamp>,
+    resource_version: Option<String>,
+}
+
+impl Record {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        Self {
+            holder: spec.and_then(|s| s.holder_identity.clone()).unwrap_or_default(),
+            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+            resource_version: lease.metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// A record and when this candidate first saw it (its own monotonic clock).
+#[derive(Clone, Debug)]
+struct Observation {
+    record: Record,
+    since: Instant,
+    /// The longer of ours and the record's `leaseDurationSeconds`.
+    wait: Duration,
+}
+
+/// What to do about the record just read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Decision {
+    /// Ours: write a new renewTime.
+    Renew,
+    /// Released, or unchanged for the full lease duration: write ourselves in.
+    TakeOver,
+    Follow {
+        holder: String,
+    },
+}
+
+/// The candidate's memory of the record: takeover only after the same
+/// record was seen unchanged for the full duration. Timestamps inside the
+/// record are compared for equality only, never with a clock.
+#[derive(Debug)]
+struct Observer {
     identity: String,
     lease_duration: Duration,
+    observed: Option<Observation>,
+}
+
+impl Observer {
+    /// `seen_at`: when the read that returned `lease` completed.
+    fn decide(&mut self, lease: &Lease, seen_at: Instant) -> Decision {
+        let record = Record::of(lease);
+        if self.observed.as_ref().is_none_or(|o| o.record != record) {
+            let theirs = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs)
+                .unwrap_or_default();
+            self.observed = Some(Observation {
+                record: record.clone(),
+                since: seen_at,
+                wait: self.lease_duration.max(theirs),
+            });
+        }
+        if record.holder == self.identity {
+            return Decision::Renew;
+        }
+        if record.holder.is_empty() {
+            return Decision::TakeOver;
+        }
+        match &self.observed {
+            Some(o) if seen_at.saturating_duration_since(o.since) >= o.wait => Decision::TakeOver,
+            _ => Decision::Follow {
+                holder: record.holder,
+            },
+        }
+    }
 }
 
 fn code(e: &kube::Error) -> Option<u16> {
@@ -25,19 +246,36 @@ fn code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// One candidate for leadership.
+pub struct LeaderElector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timings: Timings,
+    clock: Arc<dyn Clock>,
+    observer: Observer,
+}
+
 impl LeaderElector {
     pub fn new(
         client: kube::Client,
         namespace: &str,
         name: &str,
         identity: &str,
-        lease_duration: Duration,
+        timings: Timings,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             identity: identity.to_owned(),
-            lease_duration,
+            timings,
+            clock,
+            observer: Observer {
+                identity: identity.to_owned(),
+                lease_duration: timings.lease_duration,
+                observed: None,
+            },
         }
     }
 
@@ -45,14 +283,42 @@ impl LeaderElector {
         &self.identity
     }
 
-    pub fn lease_duration(&self) -> Duration {
-        self.lease_duration
+    pub fn timings(&self) -> Timings {
+        self.timings
     }
 
-    /// Takes or renews the Lease; true while this candidate holds it.
-    pub async fn try_acquire_or_renew(&self, now: Timestamp) -> Result<bool, kube::Error> {
-        let seconds = self.lease_duration.as_secs().max(1) as i32;
-        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Result<T, kube::Error>, ElectionError> {
+        let after = self.timings.call_timeout;
+        tokio::time::timeout(after, request)
+            .await
+            .map_err(|_| ElectionError::Timeout { call, after })
+    }
+
+    fn lease_seconds(&self) -> i32 {
+        // Rounded up: a record may overstate the duration (candidates wait longer), never understate it.
+        let d = self.timings.lease_duration;
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
+    }
+
+    /// Takes or renews the Lease. `Leading.until` counts from before the
+    /// first request of this attempt was sent.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, ElectionError> {
+        let started = self.clock.now();
+        let leading = Attempt::Leading {
+            until: started + self.timings.renew_deadline,
+        };
+        let now = self.clock.wall();
+        let current = self
+            .call("get", self.api.get_opt(&self.name))
+            .await?
+            .map_err(|source| ElectionError::Api { call: "get", source })?;
+        let seen_at = self.clock.now();
+        let Some(mut lease) = current else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
@@ -60,46 +326,65 @@ impl LeaderElector {
                 },
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.identity.clone()),
-                    lease_duration_seconds: Some(seconds),
+                    lease_duration_seconds: Some(self.lease_seconds()),
                     acquire_time: Some(MicroTime(now)),
                     renew_time: Some(MicroTime(now)),
                     lease_transitions: Some(0),
                     ..LeaseSpec::default()
                 }),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(e) if code(&e) == Some(409) => Ok(false),
-                Err(e) => Err(e),
+            return match self
+                .call("create", self.api.create(&PostParams::default(), &lease))
+                .await?
+            {
+                Ok(_) => Ok(leading),
+                Err(e) if code(&e) == Some(409) => Ok(Attempt::Following {
+                    holder: String::new(),
+                }),
+                Err(source) => Err(ElectionError::Api {
+                    call: "create",
+                    source,
+                }),
             };
         };
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        let holder = spec.holder_identity.clone().unwrap_or_default();
-        let ours = holder == self.identity;
-        let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
-            (Some(renewed), Some(d)) => now.duration_since(renewed.0).as_secs_f64() > f64::from(d),
-            _ => true,
+        let holder = match self.observer.decide(&lease, seen_at) {
+            Decision::Follow { holder } => return Ok(Attempt::Following { holder }),
+            Decision::Renew | Decision::TakeOver => Record::of(&lease).holder,
         };
-        if !ours && !holder.is_empty() && !expired {
-            return Ok(false);
-        }
+        let ours = holder == self.identity;
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if !ours {
             spec.holder_identity = Some(self.identity.clone());
             spec.acquire_time = Some(MicroTime(now));
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
         }
         spec.renew_time = Some(MicroTime(now));
-        spec.lease_duration_seconds = Some(seconds);
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
-            Err(e) if code(&e) == Some(409) => Ok(false),
-            Err(e) => Err(e),
+        spec.lease_duration_seconds = Some(self.lease_seconds());
+        // `replace` sends the resourceVersion read above: a concurrent write makes this a 409.
+        match self
+            .call(
+                "update",
+                self.api.replace(&self.name, &PostParams::default(), &lease),
+            )
+            .await?
+        {
+            Ok(_) => Ok(leading),
+            Err(e) if code(&e) == Some(409) => Ok(Attempt::Following { holder }),
+            Err(source) => Err(ElectionError::Api {
+                call: "update",
+                source,
+            }),
         }
     }
 
-    /// Gives the Lease up (on shutdown) so another candidate takes over at once.
-    pub async fn release(&self) -> Result<(), kube::Error> {
-        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+    /// Gives the Lease up (on shutdown) so another candidate takes over at
+    /// once. End the [`Tenure`] first: a follower may act as soon as this lands.
+    pub async fn release(&self) -> Result<(), ElectionError> {
+        let Some(mut lease) = self
+            .call("get", self.api.get_opt(&self.name))
+            .await?
+            .map_err(|source| ElectionError::Api { call: "get", source })?
+        else {
             return Ok(());
         };
         let Some(spec) = lease.spec.as_mut() else {
@@ -110,10 +395,349 @@ impl LeaderElector {
         }
         spec.holder_identity = None;
         spec.renew_time = None;
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        match self
+            .call(
+                "update",
+                self.api.replace(&self.name, &PostParams::default(), &lease),
+            )
+            .await?
+        {
             Ok(_) => Ok(()),
             Err(e) if code(&e) == Some(409) => Ok(()),
-            Err(e) => Err(e),
+            Err(source) => Err(ElectionError::Api {
+                call: "update",
+                source,
+            }),
+        }
+    }
+}
+
+/// A [`ProxyStore`] that answers only while the [`Tenure`] lasts: a leader
+/// whose tenure ran out neither reads nor writes Proxies (reconciles, status,
+/// finalizers, Events, orphan GC all stop at that instant).
+pub struct FencedStore {
+    inner: Arc<dyn ProxyStore>,
+    tenure: Tenure,
+}
+
+impl FencedStore {
+    pub fn new(inner: Arc<dyn ProxyStore>, tenure: Tenure) -> Self {
+        Self { inner, tenure }
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.tenure.is_leading() {
+            Ok(())
+        } else {
+            Err(StoreError::Backend(
+                "not the leader: its leadership lapsed".to_owned(),
+            ))
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyStore for FencedStore {
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+
+    async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.add_finalizer(key, uid).await
+    }
+
+    async fn remove_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.remove_finalizer(key, uid).await
+    }
+
+    async fn set_annotation(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        name: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.set_annotation(key, uid, name, value).await
+    }
+
+    async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.write_status(key, uid, status).await
+    }
+
+    async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
+        if !self.tenure.is_leading() {
+            return Err(CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: secret.name.clone(),
+                reason: "not the leader: its leadership lapsed".to_owned(),
+            });
+        }
+        self.inner.cloud_init(namespace, secret).await
+    }
+
+    async fn live_uids(&self) -> Result<std::collections::HashSet<String>, StoreError> {
+        self.check()?;
+        self.inner.live_uids().await
+    }
+
+    async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
+        if self.tenure.is_leading() {
+            self.inner.publish_event(key, uid, reason, note, warning).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A clock the test moves by hand; the wall clock is set independently.
+    struct FakeClock {
+        base: Instant,
+        offset: Mutex<Duration>,
+    }
+
+    impl FakeClock {
+        fn new() -> Arc<Self> {
+            Arc::new(Self {
+                base: Instant::now(),
+                offset: Mutex::new(Duration::ZERO),
+            })
+        }
+
+        fn advance(&self, by: Duration) {
+            *self.offset.lock().unwrap() += by;
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Instant {
+            self.base + *self.offset.lock().unwrap()
+        }
+
+        fn wall(&self) -> Timestamp {
+            // Far off on purpose: no decision may depend on it.
+            Timestamp::UNIX_EPOCH
+        }
+    }
+
+    #[test]
+    fn timings_scale_like_client_go() {
+        let t = Timings::from_lease_duration(Duration::from_secs(15));
+        assert_eq!(t.renew_deadline, Duration::from_secs(10));
+        assert_eq!(t.retry_period, Duration::from_secs(2));
+        assert_eq!(t.call_timeout, Duration::from_secs(5));
+        let t = Timings::from_lease_duration(Duration::from_secs(3));
+        assert_eq!(t.renew_deadline, Duration::from_secs(2));
+        assert_eq!(t.retry_period, Duration::from_millis(400));
+        assert!(t.retry_period < t.renew_deadline && t.renew_deadline < t.lease_duration);
+        assert_eq!(
+            Timings::from_lease_duration(Duration::ZERO).lease_duration,
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn a_tenure_ends_at_its_deadline_on_the_monotonic_clock() {
+        let clock = FakeClock::new();
+        let tenure = Tenure::new(clock.clone());
+        assert!(!tenure.is_leading(), "not leading before the first renew");
+        let start = clock.now();
+        tenure.extend(start + Duration::from_secs(10));
+        clock.advance(Duration::from_millis(9_999));
+        assert!(tenure.is_leading());
+        clock.advance(Duration::from_millis(1));
+        assert!(!tenure.is_leading(), "stops exactly at the deadline");
+        // A late answer to an older renew never shortens a newer one.
+        tenure.extend(start + Duration::from_secs(20));
+        tenure.extend(start + Duration::from_secs(12));
+        assert_eq!(tenure.until(), Some(start + Duration::from_secs(20)));
+        assert!(tenure.is_leading());
+        tenure.end();
+        assert!(!tenure.is_leading(), "ended at once");
+    }
+
+    /// A Lease as another replica wrote it; `renew_time` from its own clock.
+    fn lease(holder: &str, renew_time: Timestamp, version: u64, seconds: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("l".into()),
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: (!holder.is_empty()).then(|| holder.to_owned()),
+                renew_time: Some(MicroTime(renew_time)),
+                lease_duration_seconds: Some(seconds),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    fn observer(lease_duration: Duration) -> Observer {
+        Observer {
+            identity: "me".into(),
+            lease_duration,
+            observed: None,
+        }
+    }
+
+    fn ten_minutes_off(sign: i64) -> Timestamp {
+        Timestamp::now() + jiff::SignedDuration::from_secs(sign * 600)
+    }
+
+    fn follows(d: &Decision) -> bool {
+        matches!(d, Decision::Follow { holder } if holder == "other")
+    }
+
+    #[test]
+    fn takeover_waits_the_full_duration_from_the_observation() {
+        let clock = FakeClock::new();
+        let mut o = observer(Duration::from_secs(15));
+        // Written ten minutes "ago" by a skewed clock: no premature takeover.
+        let l = lease("other", ten_minutes_off(-1), 7, 15);
+        let seen = clock.now();
+        assert!(follows(&o.decide(&l, seen)));
+        assert!(follows(&o.decide(&l, seen + Duration::from_millis(14_999))));
+        assert_eq!(o.decide(&l, seen + Duration::from_secs(15)), Decision::TakeOver);
+    }
+
+    #[test]
+    fn a_record_that_keeps_changing_is_never_taken_over() {
+        let clock = FakeClock::new();
+        let mut o = observer(Duration::from_secs(3));
+        let past = ten_minutes_off(-1);
+        for i in 0..100u32 {
+            // Renewed every second, with renewTimes minutes in the past.
+            let renewed = past + jiff::SignedDuration::from_micros(i.into());
+            let l = lease("other", renewed, u64::from(i) + 1, 3);
+            assert!(follows(&o.decide(&l, clock.now())), "round {i}");
+            clock.advance(Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn a_renew_time_in_the_future_does_not_delay_takeover() {
+        let clock = FakeClock::new();
+        let mut o = observer(Duration::from_secs(3));
+        let l = lease("other", ten_minutes_off(1), 9, 3);
+        let seen = clock.now();
+        assert!(follows(&o.decide(&l, seen)));
+        assert_eq!(o.decide(&l, seen + Duration::from_secs(3)), Decision::TakeOver);
+    }
+
+    #[test]
+    fn a_change_restarts_the_wait_and_the_longer_duration_wins() {
+        let clock = FakeClock::new();
+        let t0 = clock.now();
+        let mut o = observer(Duration::from_secs(15));
+        let renewed = Timestamp::UNIX_EPOCH;
+        assert!(follows(&o.decide(&lease("other", renewed, 1, 15), t0)));
+        // Renewed (new version) 10 s later: the 15 s count starts again.
+        let l = lease("other", renewed, 2, 15);
+        assert!(follows(&o.decide(&l, t0 + Duration::from_secs(10))));
+        assert!(follows(&o.decide(&l, t0 + Duration::from_secs(24))));
+        assert_eq!(o.decide(&l, t0 + Duration::from_secs(25)), Decision::TakeOver);
+        // A holder that declares 60 s is given 60 s, whatever ours says.
+        let long = lease("other", renewed, 3, 60);
+        assert!(follows(&o.decide(&long, t0 + Duration::from_secs(30))));
+        assert!(follows(&o.decide(&long, t0 + Duration::from_secs(89))));
+        assert_eq!(o.decide(&long, t0 + Duration::from_secs(90)), Decision::TakeOver);
+    }
+
+    #[test]
+    fn released_is_taken_at_once_and_ours_is_renewed() {
+        let clock = FakeClock::new();
+        let mut o = observer(Duration::from_secs(15));
+        let released = lease("", Timestamp::UNIX_EPOCH, 4, 15);
+        assert_eq!(o.decide(&released, clock.now()), Decision::TakeOver);
+        let ours = lease("me", Timestamp::UNIX_EPOCH, 5, 15);
+        assert_eq!(o.decide(&ours, clock.now()), Decision::Renew);
+    }
+
+    /// The safety argument, numerically: the leader's deadline counts from
+    /// before its renew was sent, the candidate's wait from after its read,
+    /// so the leader stops first by `lease duration - renew deadline`.
+    #[test]
+    fn the_leader_always_stops_before_a_candidate_may_take_over() {
+        let t = Timings::from_lease_duration(Duration::from_secs(3));
+        let clock = FakeClock::new();
+        let renew_sent = clock.now();
+        let tenure = Tenure::new(clock.clone());
+        tenure.extend(renew_sent + t.renew_deadline);
+        let stop = tenure.until().unwrap();
+        let l = lease("other", ten_minutes_off(-1), 11, 3);
+        for read_after in [Duration::ZERO, Duration::from_millis(1), Duration::from_secs(2)] {
+            let mut o = observer(t.lease_duration);
+            let seen = renew_sent + read_after;
+            assert!(follows(&o.decide(&l, seen)));
+            // The first instant this candidate would take over, to the microsecond.
+            let mut at = seen;
+            while o.decide(&l, at) != Decision::TakeOver {
+                at += Duration::from_micros(100);
+            }
+            assert!(stop + (t.lease_duration - t.renew_deadline) <= at);
+            clock.advance(stop.saturating_duration_since(clock.now()));
+            assert!(!tenure.is_leading(), "stopped at its deadline");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fenced_store_stops_answering_when_the_tenure_ends() {
+        let clock = FakeClock::new();
+        let tenure = Tenure::new(clock.clone());
+        let inner: Arc<dyn ProxyStore> = Arc::new(Unreachable);
+        let store = FencedStore::new(inner, tenure.clone());
+        let key = ObjectKey::new("ns", "p");
+        assert!(matches!(store.get(&key).await, Err(StoreError::Backend(m)) if m.contains("not the leader")));
+        tenure.extend(clock.now() + Duration::from_secs(1));
+        assert!(matches!(store.get(&key).await, Ok(None)));
+        clock.advance(Duration::from_secs(1));
+        assert!(store.live_uids().await.is_err());
+        assert!(
+            store
+                .write_status(&key, "u", &ProxyStatus::default())
+                .await
+                .is_err()
+        );
+    }
+
+    /// A store with nothing in it.
+    struct Unreachable;
+
+    #[async_trait]
+    impl ProxyStore for Unreachable {
+        async fn get(&self, _: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
+            Ok(None)
+        }
+        async fn add_finalizer(&self, _: &ObjectKey, _: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn remove_finalizer(&self, _: &ObjectKey, _: &str) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn set_annotation(
+            &self,
+            _: &ObjectKey,
+            _: &str,
+            _: &str,
+            _: Option<&str>,
+        ) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn write_status(&self, _: &ObjectKey, _: &str, _: &ProxyStatus) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn cloud_init(&self, _: &str, _: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
+            Ok(Vec::new())
+        }
+        async fn live_uids(&self) -> Result<std::collections::HashSet<String>, StoreError> {
+            Ok(Default::default())
         }
     }
 }

@@ -148,7 +148,9 @@ pub struct RunArgs {
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// Leader Lease duration: a leader silent this long is replaced.
+    /// Leader Lease duration: a candidate takes over a Lease unchanged this
+    /// long; the leader stops acting 2/3 of it after its last successful
+    /// renew began and renews every 2/15 of it.
     #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
 

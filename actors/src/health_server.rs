@@ -5,19 +5,32 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix_web::{App, HttpResponse, HttpServer, dev::Server, get, web};
+use egress_proxies::leader::Tenure;
 
 /// Whether the operator is ready (for standalone: started; with leader
-/// election: leading).
+/// election: leading, checked against the tenure at each request so it
+/// turns unready at the very instant the leader must stop).
 #[derive(Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness {
+    ready: Arc<AtomicBool>,
+    tenure: Option<Tenure>,
+}
 
 impl Readiness {
+    /// Ready only while set and `tenure` lasts.
+    pub fn bounded_by(tenure: Tenure) -> Self {
+        Self {
+            ready: Arc::default(),
+            tenure: Some(tenure),
+        }
+    }
+
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Relaxed);
+        self.ready.store(ready, Ordering::Relaxed);
     }
 
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && self.tenure.as_ref().is_none_or(Tenure::is_leading)
     }
 }
 

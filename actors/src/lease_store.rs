@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use egress_proxies::leader::Tenure;
 use egress_proxies::lease::{
     AcquireError, AcquireRequest, Availability, Durable, Grant, JournalError, LeaseBook, LeaseChange,
     LeaseJournal, LeaseSettings, Outcome, ProxyView, UnknownLease,
@@ -92,6 +93,7 @@ pub struct LeaseStore {
     /// Changes the journal has not taken yet (it failed), oldest first.
     unsaved: Vec<LeaseChange>,
     last_prune: Instant,
+    tenure: Option<Tenure>,
 }
 
 impl LeaseStore {
@@ -104,6 +106,7 @@ impl LeaseStore {
             journal: None,
             unsaved: Vec::new(),
             last_prune: Instant::now(),
+            tenure: None,
         }
     }
 
@@ -149,6 +152,12 @@ impl LeaseStore {
                 Err(e)
             }
         }
+    }
+
+    /// Grants only while `tenure` lasts, checked at the moment of each grant.
+    pub fn with_tenure(mut self, tenure: Tenure) -> Self {
+        self.tenure = Some(tenure);
+        self
     }
 }
 
@@ -227,15 +236,27 @@ impl LeaseStore {
             Err(AcquireError::Unavailable(_)) => LeaseEvent::Denied {
                 reason: "unavailable",
             },
+            Err(AcquireError::NotLeader) => LeaseEvent::Denied { reason: "not_leader" },
             Err(_) => LeaseEvent::Denied { reason: "invalid" },
         };
         event.emit(self.book.active_leases());
     }
 }
 
+impl LeaseStore {
+    fn leading(&self) -> bool {
+        self.tenure.as_ref().is_none_or(Tenure::is_leading)
+    }
+}
+
 impl Handler<Acquire> for LeaseStore {
     type Result = ResponseActFuture<Self, Result<Grant, AcquireError>>;
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
+        if !self.leading() {
+            let result = Err(AcquireError::NotLeader);
+            self.account(&result);
+            return Box::pin(fut::ready(result));
+        }
         let grant = match self.book.acquire(&msg.0, Instant::now()) {
             Ok(grant) => grant,
             Err(e) => {
@@ -256,6 +277,13 @@ impl Handler<Acquire> for LeaseStore {
                     .into_actor(self)
                     .map(move |flushed, store, _| {
                         let result = match flushed {
+                            // Written, but leadership lapsed meanwhile: the
+                            // next leader may not have read it.
+                            Ok(Ok(())) if !store.leading() => {
+                                store.book.cancel(&grant.id, Instant::now());
+                                let _ = store.persist();
+                                Err(AcquireError::NotLeader)
+                            }
                             Ok(Ok(())) => Ok(grant),
                             Ok(Err(e)) => Err(store.take_back(&grant, &e)),
                             Err(_) => Err(store.take_back(&grant, &JournalError::Timeout(DURABLE_WITHIN))),

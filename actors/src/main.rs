@@ -177,6 +177,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             gc_grace_period: args.gc_grace_period,
             discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
             lease_journal: None,
+            tenure: None,
         },
     };
     match operator::run(options) {

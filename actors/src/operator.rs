@@ -2,8 +2,10 @@
 //! server (in-cluster, or the kubeconfig), status through the status
 //! subresource, Events, optional leader election on a Lease. Only the leader
 //! runs ProxyActors, the health prober, GC and the lease store; a leader
-//! that loses its Lease stops (exit code 1) so its pod restarts as a
-//! follower, and `/readyz` answers 200 only while leading.
+//! that cannot renew within the renew deadline stops acting at that instant
+//! and exits (code 1) so its pod restarts as a follower; `/readyz` answers
+//! 200 only while leading. Timings and the safety argument:
+//! [`egress_proxies::leader`].
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -14,7 +16,7 @@ use actix::prelude::*;
 use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::ProvidersConfig;
 use egress_proxies::health::Prober;
-use egress_proxies::leader::LeaderElector;
+use egress_proxies::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::provider::{BuildContext, Providers};
 use egress_proxies::store::kubernetes::KubeStore;
 use egress_proxies::store::lease_checkpoint::CheckpointJournal;
@@ -24,8 +26,6 @@ use crate::system;
 
 /// Name of the leader-election Lease.
 pub const LEASE_NAME: &str = "egress-proxies-operator";
-/// How often the leader renews, and candidates retry.
-const RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 /// Everything `run` needs.
 pub struct Options {
@@ -54,8 +54,8 @@ pub enum OperatorError {
     Io(#[from] std::io::Error),
     #[error("connecting to the Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("leader election lost; stopping so the pod restarts as a follower")]
-    LeadershipLost,
+    #[error("leadership lost ({0}); stopping so the pod restarts as a follower")]
+    LeadershipLost(&'static str),
     #[error(transparent)]
     Leases(#[from] egress_proxies::lease::JournalError),
 }
@@ -78,7 +78,7 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
 }
 
 async fn operate(
-    options: Options,
+    mut options: Options,
     providers_config: ProvidersConfig,
     prober: Prober,
     health_listener: Option<TcpListener>,
@@ -98,7 +98,13 @@ async fn operate(
         namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
         providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"
     );
-    let readiness = Readiness::default();
+    let clock: Arc<SystemClock> = Arc::new(SystemClock);
+    let tenure = Tenure::new(clock.clone());
+    let readiness = if options.leader_elect {
+        Readiness::bounded_by(tenure.clone())
+    } else {
+        Readiness::default()
+    };
     if let Some(listener) = health_listener {
         actix::spawn(health_server::start(listener, readiness.clone())?);
     }
@@ -120,39 +126,52 @@ async fn operate(
         .ok()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let elector = options.leader_elect.then(|| {
+    let timings = Timings::from_lease_duration(options.lease_duration);
+    let mut elector = options.leader_elect.then(|| {
         LeaderElector::new(
             client.clone(),
             &lease_namespace,
             LEASE_NAME,
             &identity,
-            options.lease_duration,
+            timings,
+            clock.clone(),
         )
     });
+    // One listener for the whole run: no SIGTERM slips between two selects.
+    let shutdown = system::wait_for_shutdown();
+    tokio::pin!(shutdown);
 
-    if let Some(elector) = &elector {
-        tracing::info!(identity = elector.identity(), namespace = %lease_namespace, "waiting for leadership");
+    if let Some(elector) = &mut elector {
+        tracing::info!(
+            identity = elector.identity(), namespace = %lease_namespace,
+            leaseDuration = ?timings.lease_duration, renewDeadline = ?timings.renew_deadline,
+            retryPeriod = ?timings.retry_period, "waiting for leadership"
+        );
         loop {
             tokio::select! {
-                won = elector.try_acquire_or_renew(jiff::Timestamp::now()) => match won {
-                    Ok(true) => break,
-                    Ok(false) => {}
+                attempt = elector.try_acquire_or_renew() => match attempt {
+                    Ok(Attempt::Leading { until }) => {
+                        tenure.extend(until);
+                        break;
+                    }
+                    Ok(Attempt::Following { .. }) => {}
                     Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
                 },
-                r = system::wait_for_shutdown() => { r?; return Ok(()) }
+                r = &mut shutdown => { r?; return Ok(()) }
             }
             tokio::select! {
-                _ = tokio::time::sleep(RETRY_PERIOD) => {}
-                r = system::wait_for_shutdown() => { r?; return Ok(()) }
+                _ = tokio::time::sleep(timings.retry_period) => {}
+                r = &mut shutdown => { r?; return Ok(()) }
             }
         }
         tracing::info!(identity = elector.identity(), "became the leader");
+        options.settings.tenure = Some(tenure.clone());
     }
 
     // Leases as the previous leader (or this replica before a restart) left them.
     let mut settings = options.settings;
     settings.lease_journal = Some(Box::new(
-        CheckpointJournal::open(client.clone(), &lease_namespace).await?,
+        CheckpointJournal::open(client.clone(), &lease_namespace, settings.tenure.clone()).await?,
     ));
     let (store, events) = KubeStore::new(
         client.clone(),
@@ -166,10 +185,12 @@ async fn operate(
     let _running = system::start(store, events, providers, prober, settings, discovery_listener)?;
     readiness.set(true);
 
-    let outcome = match &elector {
-        None => system::wait_for_shutdown().await.map_err(OperatorError::from),
-        Some(elector) => keep_leading(elector).await,
+    let outcome = match &mut elector {
+        None => shutdown.await.map_err(OperatorError::from),
+        Some(elector) => keep_leading(elector, &tenure, shutdown).await,
     };
+    // Before the release lands a follower may act: stop acting first.
+    tenure.end();
     readiness.set(false);
     if let Some(elector) = &elector
         && outcome.is_ok()
@@ -180,26 +201,45 @@ async fn operate(
     outcome
 }
 
-/// Renews the Lease until shutdown (Ok) or until it cannot be renewed within its duration (Err).
-async fn keep_leading(elector: &LeaderElector) -> Result<(), OperatorError> {
-    let mut last_renewed = std::time::Instant::now();
+/// Renews the Lease until shutdown (Ok), or until the tenure ends without a
+/// successful renew or another candidate holds the Lease (Err). The tenure
+/// deadline is raced against the renew in flight, so a hanging request
+/// cannot keep this replica acting past it.
+async fn keep_leading(
+    elector: &mut LeaderElector,
+    tenure: &Tenure,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = std::io::Result<()>>>,
+) -> Result<(), OperatorError> {
+    let retry = elector.timings().retry_period;
+    let identity = elector.identity().to_owned();
+    let lapsed = |what: &'static str| {
+        tenure.end();
+        tracing::error!(
+            identity,
+            "could not renew the leader Lease within the renew deadline; stopped acting"
+        );
+        OperatorError::LeadershipLost(what)
+    };
     loop {
+        let deadline = tokio::time::Instant::from_std(tenure.until().unwrap_or_else(std::time::Instant::now));
         tokio::select! {
-            r = system::wait_for_shutdown() => return r.map_err(OperatorError::from),
-            _ = tokio::time::sleep(RETRY_PERIOD) => {}
+            r = &mut shutdown => return r.map_err(OperatorError::from),
+            _ = tokio::time::sleep_until(deadline) => return Err(lapsed("renew deadline passed")),
+            _ = tokio::time::sleep(retry) => {}
         }
-        match elector.try_acquire_or_renew(jiff::Timestamp::now()).await {
-            Ok(true) => last_renewed = std::time::Instant::now(),
-            Ok(false) => {
-                tracing::error!("another candidate holds the leader Lease");
-                return Err(OperatorError::LeadershipLost);
+        let attempt = tokio::select! {
+            r = &mut shutdown => return r.map_err(OperatorError::from),
+            _ = tokio::time::sleep_until(deadline) => return Err(lapsed("renew deadline passed")),
+            attempt = elector.try_acquire_or_renew() => attempt,
+        };
+        match attempt {
+            Ok(Attempt::Leading { until }) => tenure.extend(until),
+            Ok(Attempt::Following { holder }) => {
+                tenure.end();
+                tracing::error!(holder, "another candidate holds the leader Lease");
+                return Err(OperatorError::LeadershipLost("another candidate holds the Lease"));
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "renewing the leader Lease failed");
-                if last_renewed.elapsed() >= elector.lease_duration() {
-                    return Err(OperatorError::LeadershipLost);
-                }
-            }
+            Err(e) => tracing::warn!(error = %e, "renewing the leader Lease failed"),
         }
     }
 }

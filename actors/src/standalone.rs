@@ -84,6 +84,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         lease_journal: Some(Box::new(
             SqliteLeaseJournal::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),
+        tenure: None,
     };
     let system = System::new();
     system.block_on(async move {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::health::Prober;
+use egress_proxies::leader::{FencedStore, Tenure};
 use egress_proxies::lease::LeaseSettings;
 use egress_proxies::provider::Providers;
 use egress_proxies::reconcile;
@@ -32,6 +33,9 @@ pub struct Settings {
     pub discovery_token: Option<String>,
     /// Where leases are kept across restarts (`None`: in memory only).
     pub lease_journal: Option<Box<dyn egress_proxies::lease::LeaseJournal>>,
+    /// With leader election: the store answers and leases are granted only
+    /// while this lasts (set by `operator::run`).
+    pub tenure: Option<Tenure>,
 }
 
 /// Addresses of the started actors.
@@ -51,6 +55,10 @@ pub fn start(
     settings: Settings,
     discovery: Option<TcpListener>,
 ) -> std::io::Result<Running> {
+    let store = match &settings.tenure {
+        Some(tenure) => Arc::new(FencedStore::new(store, tenure.clone())) as Arc<dyn ProxyStore>,
+        None => store,
+    };
     let ctx = reconcile::Context {
         store: store.clone(),
         providers: providers.clone(),
@@ -59,11 +67,14 @@ pub fn start(
     };
     let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
     let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
-    let leases = match settings.lease_journal {
+    let mut leases = match settings.lease_journal {
         Some(journal) => LeaseStore::durable(settings.leases, journal).map_err(std::io::Error::other)?,
         None => LeaseStore::new(settings.leases),
+    };
+    if let Some(tenure) = settings.tenure {
+        leases = leases.with_tenure(tenure);
     }
-    .start();
+    let leases = leases.start();
     let (p, l) = (prober.clone(), leases.clone());
     let registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));

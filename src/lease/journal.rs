@@ -89,6 +89,9 @@ pub enum JournalError {
     Deposed { name: String },
     #[error("lease checkpoint not written within {0:?}")]
     Timeout(std::time::Duration),
+    /// This replica's leadership ended: it writes nothing more.
+    #[error("this replica no longer leads; the lease checkpoint is not written")]
+    NotLeading,
 }
 
 /// When recorded changes are durable.

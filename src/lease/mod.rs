@@ -121,6 +121,9 @@ pub enum AcquireError {
     /// The lease could not be kept (its journal failed); try again later.
     #[error("{0}")]
     Unavailable(String),
+    /// This replica's leadership lapsed (or never began): its book grants nothing.
+    #[error("this replica is not the leader")]
+    NotLeader,
 }
 
 /// A report named a lease the store does not know (never, or ended too long ago).

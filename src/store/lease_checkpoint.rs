@@ -25,6 +25,7 @@ use kube::api::{Api, PostParams};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
+use crate::leader::Tenure;
 use crate::lease::journal::{
     Durable, EndedRecord, JournalError, LeaseChange, LeaseJournal, LeaseRecord, LeaseSnapshot,
 };
@@ -40,6 +41,8 @@ const DATA_KEY: &str = "leases.json";
 pub const MIN_ROUND_INTERVAL: Duration = Duration::from_millis(100);
 /// A failed round is retried after this long.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest a shard write may take (less when the tenure ends sooner).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One shard's content, as stored.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -230,8 +233,10 @@ struct Shared {
 #[derive(Clone, Debug, PartialEq)]
 enum Written {
     Upto(u64),
-    /// Another replica wrote a shard: nothing more will be written.
+    /// Another replica wrote this shard: nothing more will be written.
     Deposed(String),
+    /// This replica's leadership ended: nothing more will be written.
+    Ended,
 }
 
 struct State {
@@ -251,7 +256,13 @@ pub struct CheckpointJournal {
 impl CheckpointJournal {
     /// Reads the checkpoint in `namespace` and starts the writer (on the
     /// current Tokio runtime). Call once this replica leads.
-    pub async fn open(client: kube::Client, namespace: &str) -> Result<Self, JournalError> {
+    /// With `tenure` (leader election), nothing is written once it lapses,
+    /// and no write is allowed to outlast it.
+    pub async fn open(
+        client: kube::Client,
+        namespace: &str,
+        tenure: Option<Tenure>,
+    ) -> Result<Self, JournalError> {
         let api: Api<ConfigMap> = Api::namespaced(client, namespace);
         let mut shards = Vec::with_capacity(SHARDS);
         let mut versions = Vec::with_capacity(SHARDS);
@@ -295,7 +306,7 @@ impl CheckpointJournal {
             wake: Notify::new(),
             written,
         });
-        tokio::spawn(writer(shared.clone(), api));
+        tokio::spawn(writer(shared.clone(), api, tenure));
         Ok(Self {
             shared,
             loaded: Some(snapshot),
@@ -314,8 +325,10 @@ impl LeaseJournal for CheckpointJournal {
     }
 
     fn record(&mut self, changes: &[LeaseChange]) -> Result<Durable, JournalError> {
-        if let Written::Deposed(name) = &*self.shared.written.borrow() {
-            return Err(JournalError::Deposed { name: name.clone() });
+        match &*self.shared.written.borrow() {
+            Written::Deposed(name) => return Err(JournalError::Deposed { name: name.clone() }),
+            Written::Ended => return Err(JournalError::NotLeading),
+            Written::Upto(_) => {}
         }
         let generation = {
             let mut state = self.state();
@@ -346,13 +359,14 @@ impl LeaseJournal for CheckpointJournal {
             let outcome = written
                 .wait_for(|w| match w {
                     Written::Upto(done) => *done >= generation,
-                    Written::Deposed(_) => true,
+                    Written::Deposed(_) | Written::Ended => true,
                 })
                 .await
                 .map(|w| w.clone());
             match outcome {
                 Ok(Written::Upto(_)) => Ok(()),
                 Ok(Written::Deposed(name)) => Err(JournalError::Deposed { name }),
+                Ok(Written::Ended) => Err(JournalError::NotLeading),
                 Err(_) => Err(JournalError::Checkpoint {
                     name: NAME_PREFIX.trim_end_matches('-').to_owned(),
                     message: "the checkpoint writer stopped".into(),
@@ -375,8 +389,8 @@ impl LeaseJournal for CheckpointJournal {
     }
 }
 
-/// Writes dirty shards, a round at a time, until deposed.
-async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>) {
+/// Writes dirty shards, a round at a time, until deposed or no longer leading.
+async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>, tenure: Option<Tenure>) {
     loop {
         shared.wake.notified().await;
         loop {
@@ -397,7 +411,26 @@ async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>) {
             }
             let mut failed = Vec::new();
             for (index, json, version) in round {
-                match write_shard(&api, index, json, version).await {
+                // A write may not land after the tenure: the next leader
+                // reads the checkpoint only once this one has stopped.
+                let budget = match &tenure {
+                    None => WRITE_TIMEOUT,
+                    Some(t) => match t
+                        .until()
+                        .and_then(|u| u.checked_duration_since(std::time::Instant::now()))
+                    {
+                        Some(left) if t.is_leading() => left.min(WRITE_TIMEOUT),
+                        _ => {
+                            tracing::info!("leadership ended; the lease checkpoint is no longer written");
+                            shared.written.send_replace(Written::Ended);
+                            return;
+                        }
+                    },
+                };
+                let written = tokio::time::timeout(budget, write_shard(&api, index, json, version))
+                    .await
+                    .unwrap_or(Err(WriteError::TimedOut(budget)));
+                match written {
                     Ok(version) => {
                         let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                         state.versions[index] = version;
@@ -408,7 +441,7 @@ async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>) {
                         shared.written.send_replace(Written::Deposed(name));
                         return;
                     }
-                    Err(WriteError::Api(e)) => {
+                    Err(e) => {
                         tracing::warn!(checkpoint = %shard_name(index), error = %e, "writing the lease checkpoint failed; retrying");
                         failed.push(index);
                     }
@@ -430,10 +463,15 @@ async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>) {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
 enum WriteError {
     /// The shard changed since this replica last read or wrote it.
+    #[error("conflict")]
     Conflict,
+    #[error(transparent)]
     Api(kube::Error),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// Creates or replaces one shard, guarded by its resourceVersion.

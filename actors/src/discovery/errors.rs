@@ -22,6 +22,8 @@ pub enum ApiError {
     /// The lease could not be made durable: try again later (503).
     #[error("{0}")]
     Unavailable(String),
+    #[error("this replica is not the leader; retry through the Service")]
+    NotLeader,
     #[error("{0}")]
     Internal(String),
 }
@@ -36,6 +38,7 @@ impl ApiError {
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::NotFound => "not_found",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::NotLeader => "not_leader",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -44,7 +47,9 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::NoCapacity(_) | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoCapacity(_) | ApiError::Unavailable(_) | ApiError::NotLeader => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::UnknownLease(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,

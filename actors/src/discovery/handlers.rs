@@ -83,7 +83,7 @@ pub async fn list_proxies(
         (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "No eligible proxy (`no_capacity`)", body = ErrorBody),
+        (status = 503, description = "No eligible proxy (`no_capacity`), or this replica is not the leader (`not_leader`)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -105,6 +105,7 @@ pub async fn acquire(
         .map_err(|e| match e {
             AcquireError::NoCapacity { .. } => ApiError::NoCapacity(e.to_string()),
             AcquireError::Unavailable(why) => ApiError::Unavailable(why),
+            AcquireError::NotLeader => ApiError::NotLeader,
             other => ApiError::Invalid(other.to_string()),
         })?;
     let expires_at = jiff::Timestamp::now()

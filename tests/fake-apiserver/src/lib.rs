@@ -12,6 +12,12 @@
 //! (with `test`); label selectors (equality and set-based) and the
 //! `metadata.name`/`metadata.namespace` field selectors; generateName.
 //!
+//! A network partition: [`FakeApiServer::link`] opens another address to the
+//! same server (another network path); [`FakeApiServer::stall`] holds every
+//! request and watch event on one address unanswered, connection open, until
+//! [`FakeApiServer::resume`] — then they are answered as if the packets had
+//! finally arrived (a stale write then meets its 409).
+//!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting, admission, RBAC, server-side apply, strategic merge beyond a
 //! JSON merge, owner-reference GC, pods that actually run.
@@ -27,7 +33,7 @@ use std::time::Duration;
 use actix_web::web::{self, Bytes};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 pub use kinds::{KINDS, Kind};
 pub use selector::Selector;
@@ -53,19 +59,55 @@ pub struct FakeApiServer {
     pub accesses: Arc<Mutex<Vec<Access>>>,
     /// Bookmark period for watches that allow them.
     pub bookmark_every: Duration,
+    /// While true, nothing on this address is answered.
+    stalled: Arc<watch::Sender<bool>>,
 }
 
 impl FakeApiServer {
     /// Serves on a loopback port; the server runs on the current actix/tokio runtime.
     pub fn start() -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
         let fake = Self {
-            addr,
+            addr: listener.local_addr()?,
             state: Arc::new(Mutex::new(State::default())),
             accesses: Arc::new(Mutex::new(Vec::new())),
             bookmark_every: Duration::from_secs(1),
+            stalled: Arc::new(watch::Sender::new(false)),
         };
+        fake.serve(listener)
+    }
+
+    /// Another loopback address serving the same objects: a separate
+    /// network path one client can use and a test can [`stall`](Self::stall).
+    pub fn link(&self) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let link = Self {
+            addr: listener.local_addr()?,
+            stalled: Arc::new(watch::Sender::new(false)),
+            ..self.clone()
+        };
+        link.serve(listener)
+    }
+
+    /// Cuts this address off: requests (new and held) and watch events get
+    /// no answer and their connections stay open, as in a partition.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Heals the cut: everything held is answered now, in no promised order.
+    pub fn resume(&self) {
+        self.stalled.send_replace(false);
+    }
+
+    /// Waits while this address is stalled.
+    async fn passable(stalled: &watch::Sender<bool>) {
+        let mut rx = stalled.subscribe();
+        let _ = rx.wait_for(|s| !*s).await;
+    }
+
+    fn serve(self, listener: TcpListener) -> std::io::Result<Self> {
+        let fake = self;
         let data = web::Data::new(fake.clone());
         let server =
             HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(route)))
@@ -149,6 +191,7 @@ fn query(req: &HttpRequest) -> Vec<(String, String)> {
 }
 
 async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) -> HttpResponse {
+    FakeApiServer::passable(&fake.stalled).await;
     let Some(target) = parse_path(req.path()) else {
         return respond(
             Err(ApiError::new(
@@ -314,6 +357,7 @@ fn watch(
     let every = fake.bookmark_every;
     let api_version = KINDS[kind].api_version();
     let kind_name = KINDS[kind].kind;
+    let stalled = fake.stalled.clone();
     actix_rt::spawn(async move {
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
@@ -328,6 +372,7 @@ fn watch(
                 }
                 _ = &mut deadline => break,
             };
+            FakeApiServer::passable(&stalled).await;
             if out_tx.send(Ok(Bytes::from(format!("{line}\n")))).is_err() {
                 break;
             }
