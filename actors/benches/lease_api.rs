@@ -4,7 +4,10 @@
 //! ceiling of the HTTP stack on this machine. The server runs in its own
 //! process; this process is the load generator (keep-alive HTTP/1.1).
 //!
-//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10]
+//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10] [--journal sqlite|none]
+//!
+//! `--journal sqlite` (the default) is standalone mode as shipped: every
+//! grant and release written to `leases.db` before the answer.
 //!
 //! All traffic stays on 127.0.0.1.
 
@@ -39,13 +42,22 @@ fn free_addr() -> SocketAddr {
 }
 
 /// The server process: the discovery API with N proxies, and a bare handler.
-fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize) {
+fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str) {
+    let state = tempfile::tempdir().unwrap();
+    let settings = LeaseSettings {
+        capacity: 1,
+        ..LeaseSettings::default()
+    };
+    let store = match journal {
+        "none" => LeaseStore::new(settings),
+        _ => LeaseStore::durable(
+            settings,
+            Box::new(egress_proxies::store::embedded::SqliteLeaseJournal::open(state.path()).unwrap()),
+        )
+        .unwrap(),
+    };
     System::new().block_on(async move {
-        let store = LeaseStore::new(LeaseSettings {
-            capacity: 1,
-            ..LeaseSettings::default()
-        })
-        .start();
+        let store = store.start();
         let geos = ["eu", "us", "asia", "sa"];
         for i in 0..proxies {
             store.do_send(UpdateAvailability(Availability {
@@ -232,16 +244,17 @@ fn main() {
         let api = parts.next().unwrap().parse().unwrap();
         let bare = parts.next().unwrap().parse().unwrap();
         let proxies = parts.next().unwrap().parse().unwrap();
-        serve(api, bare, proxies);
+        serve(api, bare, proxies, parts.next().unwrap_or("sqlite"));
         return;
     }
     let proxies: usize = arg("--proxies").map(|s| s.parse().unwrap()).unwrap_or(10_000);
     let clients: usize = arg("--clients").map(|s| s.parse().unwrap()).unwrap_or(64);
     let seconds: u64 = arg("--seconds").map(|s| s.parse().unwrap()).unwrap_or(10);
+    let journal = arg("--journal").unwrap_or_else(|| "sqlite".into());
     let (api, bare) = (free_addr(), free_addr());
     let _server = Kill(
         Command::new(std::env::current_exe().unwrap())
-            .env(ROLE, format!("{api},{bare},{proxies}"))
+            .env(ROLE, format!("{api},{bare},{proxies},{journal}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -264,7 +277,7 @@ fn main() {
         let api_run = load(clients, seconds, move |_| (api, true)).await;
         let rate = |r: &Run| r.requests as f64 / r.wall.as_secs_f64();
         println!(
-            "proxies={proxies} clients={clients} duration={seconds}s cores={}",
+            "proxies={proxies} clients={clients} duration={seconds}s journal={journal} cores={}",
             std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
         );
         println!("| server | requests/s | errors | p50 ms | p99 ms |");
