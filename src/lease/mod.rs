@@ -3,6 +3,9 @@
 //! clock (every operation takes `now`); the `LeaseStore` actor owns one.
 
 mod book;
+pub mod input;
+mod limits;
+mod reports;
 #[cfg(test)]
 mod tests;
 
@@ -12,6 +15,8 @@ use std::time::Duration;
 use crate::store::ObjectKey;
 
 pub use book::LeaseBook;
+pub use limits::{Footprint, LeaseLimits, TableFull};
+pub use reports::{RecentReport, ReportCounts};
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +119,17 @@ pub enum AcquireError {
     NoCapacity { target: String },
     #[error("target must not be empty")]
     EmptyTarget,
+    #[error("ttlSeconds must be greater than zero")]
+    ZeroTtl,
+    #[error(transparent)]
+    Full(#[from] TableFull),
+}
+
+/// Why a lease was not renewed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RenewError {
+    #[error(transparent)]
+    Unknown(#[from] UnknownLease),
     #[error("ttlSeconds must be greater than zero")]
     ZeroTtl,
 }
