@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Grant, LeaseBook, LeaseSettings, Outcome, ProxyView,
-    UnknownLease,
+    AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseBook, LeaseLimits, LeaseSettings,
+    Outcome, ProxyView, RenewError, UnknownLease,
 };
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
@@ -40,9 +40,23 @@ pub struct Report {
     pub detail: Option<String>,
 }
 
+/// Extends a held lease from now; returns the TTL applied.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Duration, RenewError>")]
+pub struct Renew {
+    pub id: String,
+    /// None: the lease's TTL as granted.
+    pub ttl: Option<Duration>,
+}
+
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Vec<ProxyView>")]
 pub struct ListProxies;
+
+/// Sizes of the lease book's tables (tests show they stay bounded).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Footprint")]
+pub struct GetLeaseFootprint;
 
 /// Everything the dashboard shows of leases.
 #[derive(Message)]
@@ -82,8 +96,12 @@ pub struct LeaseStore {
 
 impl LeaseStore {
     pub fn new(settings: LeaseSettings) -> Self {
+        Self::with_limits(settings, LeaseLimits::default())
+    }
+
+    pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits) -> Self {
         Self {
-            book: LeaseBook::new(settings),
+            book: LeaseBook::with_limits(settings, limits),
             stats: LeaseStats::default(),
             recent_denials: std::collections::VecDeque::new(),
         }
@@ -145,6 +163,7 @@ impl Handler<Acquire> for LeaseStore {
                     reason: "no_capacity",
                 }
             }
+            Err(AcquireError::Full(_)) => LeaseEvent::Denied { reason: "store_full" },
             Err(_) => LeaseEvent::Denied { reason: "invalid" },
         };
         event.emit(self.book.active_leases());
@@ -168,6 +187,20 @@ impl Handler<Report> for LeaseStore {
     type Result = Result<(), UnknownLease>;
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
         self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now())
+    }
+}
+
+impl Handler<Renew> for LeaseStore {
+    type Result = Result<Duration, RenewError>;
+    fn handle(&mut self, msg: Renew, _: &mut Self::Context) -> Self::Result {
+        self.book.renew(&msg.id, msg.ttl, Instant::now())
+    }
+}
+
+impl Handler<GetLeaseFootprint> for LeaseStore {
+    type Result = MessageResult<GetLeaseFootprint>;
+    fn handle(&mut self, _: GetLeaseFootprint, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.footprint())
     }
 }
 
