@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use egress_proxies::lease::{Availability, LeaseSettings};
+use egress_proxies::lease::{Availability, LeaseLimits, LeaseSettings};
+use egress_proxies::rate_limit::RateLimits;
 use egress_proxies::store::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
@@ -41,10 +42,20 @@ fn free_addr() -> SocketAddr {
 /// The server process: the discovery API with N proxies, and a bare handler.
 fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize) {
     System::new().block_on(async move {
-        let store = LeaseStore::new(LeaseSettings {
-            capacity: 1,
-            ..LeaseSettings::default()
-        })
+        // The load generator is one client address far over the per-client
+        // rate limit, and 100,000 targets each resting 30 s outgrow the
+        // target table's default: this measures the store and the HTTP
+        // stack, not those limits (docs/api.md#limits).
+        let store = LeaseStore::with_limits(
+            LeaseSettings {
+                capacity: 1,
+                ..LeaseSettings::default()
+            },
+            LeaseLimits {
+                max_targets: 1_000_000,
+                ..LeaseLimits::default()
+            },
+        )
         .start();
         let geos = ["eu", "us", "asia", "sa"];
         for i in 0..proxies {
@@ -64,7 +75,15 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize) {
             }));
         }
         let _ = store.send(GetLeaseStats).await;
-        actix::spawn(discovery::start(std::net::TcpListener::bind(api).unwrap(), store, None).unwrap());
+        let unlimited = discovery::Limiter::new(RateLimits {
+            per_client: 1e12,
+            per_client_burst: 1e12,
+            global: 1e12,
+            global_burst: 1e12,
+            max_clients: 16,
+        });
+        let listener = std::net::TcpListener::bind(api).unwrap();
+        actix::spawn(discovery::start_with(listener, store, None, unlimited).unwrap());
         let bare_server = actix_web::HttpServer::new(|| {
             actix_web::App::new().route(
                 "/bare",
