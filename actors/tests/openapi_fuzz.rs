@@ -71,9 +71,16 @@ async fn schemathesis_finds_nothing() {
     let seed = std::env::var("EPO_FUZZ_SEED").unwrap_or_else(|_| "20261130".to_owned());
     let examples = std::env::var("EPO_FUZZ_EXAMPLES").unwrap_or_else(|_| "300".to_owned());
     let out = tempfile::tempdir().unwrap();
+    // In a fresh directory: Schemathesis keeps an example database in its
+    // working directory, which would leave files in the repository.
     let child = Command::new(&st)
-        .current_dir(repo().join("tests/openapi-fuzz"))
-        .args(["--no-color", "run"])
+        .current_dir(out.path())
+        .arg("--no-color")
+        .arg(format!(
+            "--config-file={}",
+            repo().join("tests/openapi-fuzz/schemathesis.toml").display()
+        ))
+        .arg("run")
         .arg(format!("http://{addr}/v1/openapi.json"))
         .args([
             "--checks",
