@@ -30,6 +30,7 @@ pub mod kvm;
 pub mod leader;
 pub mod lease;
 pub mod provider;
+pub mod rate_limit;
 pub mod reconcile;
 pub mod resource;
 pub mod store;

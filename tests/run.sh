@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/system-packages.sh test
 bash tests/manifests.sh
+# The OpenAPI fuzzer of actors/tests/openapi_fuzz.rs (a virtual environment, reused).
+EPO_SCHEMATHESIS=$(bash tests/openapi-fuzz-setup.sh)
+export EPO_SCHEMATHESIS
 if [ "$(id -u)" -eq 0 ]; then
   bash tests/kvm-testbed.sh up >/dev/null
   trap 'bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true' EXIT

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use egress_proxies::leader::Tenure;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Durable, Grant, JournalError, LeaseBook, LeaseChange,
-    LeaseJournal, LeaseSettings, Outcome, ProxyView, UnknownLease,
+    AcquireError, AcquireRequest, Availability, Durable, Footprint, Grant, JournalError, LeaseBook,
+    LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, ProxyView, RenewError, UnknownLease,
 };
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
@@ -43,9 +43,23 @@ pub struct Report {
     pub detail: Option<String>,
 }
 
+/// Extends a held lease from now; returns the TTL applied.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Duration, RenewError>")]
+pub struct Renew {
+    pub id: String,
+    /// None: the lease's TTL as granted.
+    pub ttl: Option<Duration>,
+}
+
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Vec<ProxyView>")]
 pub struct ListProxies;
+
+/// Sizes of the lease book's tables (tests show they stay bounded).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Footprint")]
+pub struct GetLeaseFootprint;
 
 /// Everything the dashboard shows of leases.
 #[derive(Message)]
@@ -99,8 +113,12 @@ pub struct LeaseStore {
 impl LeaseStore {
     /// Leases in memory only: a restart forgets them.
     pub fn new(settings: LeaseSettings) -> Self {
+        Self::with_limits(settings, LeaseLimits::default())
+    }
+
+    pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits) -> Self {
         Self {
-            book: LeaseBook::new(settings),
+            book: LeaseBook::with_limits(settings, limits),
             stats: LeaseStats::default(),
             recent_denials: std::collections::VecDeque::new(),
             journal: None,
@@ -113,6 +131,7 @@ impl LeaseStore {
     /// Leases kept in `journal`: what it remembers is restored first.
     pub fn durable(
         settings: LeaseSettings,
+        limits: LeaseLimits,
         mut journal: Box<dyn LeaseJournal>,
     ) -> Result<Self, JournalError> {
         let snapshot = journal.load(jiff::Timestamp::now())?;
@@ -121,7 +140,7 @@ impl LeaseStore {
             rests = snapshot.target_rests.len() + snapshot.proxy_rests.len(),
             "lease state restored"
         );
-        let mut store = Self::new(settings);
+        let mut store = Self::with_limits(settings, limits);
         store.book.restore(snapshot, Instant::now());
         store.book.journal_changes();
         store.journal = Some(journal);
@@ -237,6 +256,7 @@ impl LeaseStore {
                 reason: "unavailable",
             },
             Err(AcquireError::NotLeader) => LeaseEvent::Denied { reason: "not_leader" },
+            Err(AcquireError::Full(_)) => LeaseEvent::Denied { reason: "store_full" },
             Err(_) => LeaseEvent::Denied { reason: "invalid" },
         };
         event.emit(self.book.active_leases());
@@ -320,6 +340,44 @@ impl Handler<Report> for LeaseStore {
         let result = self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now());
         let _ = self.persist();
         result
+    }
+}
+
+impl Handler<Renew> for LeaseStore {
+    type Result = ResponseActFuture<Self, Result<Duration, RenewError>>;
+    fn handle(&mut self, msg: Renew, _: &mut Self::Context) -> Self::Result {
+        if !self.leading() {
+            return Box::pin(fut::ready(Err(RenewError::NotLeader)));
+        }
+        let ttl = match self.book.renew(&msg.id, msg.ttl, Instant::now()) {
+            Ok(ttl) => ttl,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        // Like a grant, a renewal is answered once durable: a forgotten one
+        // would free the proxy while its crawler still uses it.
+        let unavailable =
+            |e: &JournalError| RenewError::Unavailable(format!("the renewal could not be saved: {e}"));
+        match self.persist() {
+            Ok(Durable::Now) => Box::pin(fut::ready(Ok(ttl))),
+            Ok(Durable::Later(flush)) => Box::pin(
+                async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
+                    .into_actor(self)
+                    .map(move |flushed, store, _| match flushed {
+                        Ok(Ok(())) if store.leading() => Ok(ttl),
+                        Ok(Ok(())) => Err(RenewError::NotLeader),
+                        Ok(Err(e)) => Err(unavailable(&e)),
+                        Err(_) => Err(unavailable(&JournalError::Timeout(DURABLE_WITHIN))),
+                    }),
+            ),
+            Err(e) => Box::pin(fut::ready(Err(unavailable(&e)))),
+        }
+    }
+}
+
+impl Handler<GetLeaseFootprint> for LeaseStore {
+    type Result = MessageResult<GetLeaseFootprint>;
+    fn handle(&mut self, _: GetLeaseFootprint, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.footprint())
     }
 }
 

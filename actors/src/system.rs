@@ -68,7 +68,8 @@ pub fn start(
     let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
     let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
     let mut leases = match settings.lease_journal {
-        Some(journal) => LeaseStore::durable(settings.leases, journal).map_err(std::io::Error::other)?,
+        Some(journal) => LeaseStore::durable(settings.leases, Default::default(), journal)
+            .map_err(std::io::Error::other)?,
         None => LeaseStore::new(settings.leases),
     };
     if let Some(tenure) = settings.tenure {

@@ -14,7 +14,7 @@ use egress_proxies::store::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, ListProxies, UpdateAvailability};
 use serde_json::{Value, json};
-use support::http::request;
+use support::http::{request, request_from};
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -147,7 +147,7 @@ async fn list_acquire_report_release_and_their_errors() {
         (r#"{"target":""}"#, "target must not be empty"),
         (
             r#"{"target":"x","ttlSeconds":0}"#,
-            "ttlSeconds must be greater than zero",
+            "ttlSeconds must be between 1 and 86400 (got 0)",
         ),
         (r#"{"target":"x","surprise":1}"#, "unknown field"),
         (r#"{"target":"x""#, "EOF"),
@@ -224,7 +224,7 @@ async fn a_panicking_handler_answers_500_and_the_server_lives_on() {
     let server = actix_web::HttpServer::new(|| {
         actix_web::App::new()
             .service(
-                discovery::guarded("/boom").route(actix_web::web::get().to(|| async {
+                discovery::guarded("/boom", "GET").route(actix_web::web::get().to(|| async {
                     if std::hint::black_box(true) {
                         panic!("handler bug");
                     }
@@ -232,7 +232,7 @@ async fn a_panicking_handler_answers_500_and_the_server_lives_on() {
                 })),
             )
             .service(
-                discovery::guarded("/fine")
+                discovery::guarded("/fine", "GET")
                     .route(actix_web::web::get().to(|| async { actix_web::HttpResponse::Ok().finish() })),
             )
     })
@@ -297,13 +297,248 @@ fn the_openapi_document_describes_every_endpoint() {
         ("/v1/leases", "post"),
         ("/v1/leases/{id}", "delete"),
         ("/v1/leases/{id}/report", "post"),
+        ("/v1/leases/{id}/renew", "post"),
         ("/healthz", "get"),
     ] {
-        assert!(doc["paths"][path][method].is_object(), "{method} {path} missing");
+        let op = &doc["paths"][path][method];
+        assert!(op.is_object(), "{method} {path} missing");
+        assert!(
+            op["responses"]["405"]["headers"]["Allow"].is_object(),
+            "{method} {path}: 405"
+        );
+        if path != "/healthz" {
+            assert!(
+                op["responses"]["429"]["headers"]["Retry-After"].is_object(),
+                "{method} {path}: 429"
+            );
+        }
     }
+    // The bounds the server enforces, stated from the same constants.
+    use egress_proxies::lease::input;
+    let target = &doc["components"]["schemas"]["LeaseRequest"]["properties"]["target"];
+    assert_eq!(target["pattern"], json!(input::target_pattern()));
+    assert_eq!(
+        (target["minLength"].clone(), target["maxLength"].clone()),
+        (json!(1), json!(253))
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["LeaseReport"]["properties"]["detail"]["maxLength"],
+        1024
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["LeaseRequest"]["properties"]["selector"]["maxProperties"],
+        16
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["RenewRequest"]["properties"]["ttlSeconds"]["maximum"],
+        86400
+    );
+    assert_eq!(
+        doc["paths"]["/v1/leases/{id}/renew"]["post"]["requestBody"]["required"],
+        false
+    );
+    assert_eq!(
+        doc["paths"]["/v1/proxies"]["get"]["parameters"][0]["schema"]["items"]["pattern"],
+        json!(input::attr_filter_pattern())
+    );
     assert!(doc["paths"]["/v1/leases"]["post"]["responses"]["503"].is_object());
     for schema in ["LeaseRequest", "Lease", "ProxyInfo", "LeaseReport", "ErrorBody"] {
         assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
     }
     assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+}
+
+#[actix_rt::test]
+async fn renew_extends_a_held_lease_and_404s_otherwise() {
+    let (addr, store) = serve(1, None).await;
+    store.do_send(UpdateAvailability(availability("eu-1", true, "eu", 10)));
+    let (status, text) = request(
+        addr,
+        "POST",
+        "/v1/leases",
+        &[],
+        Some(r#"{"target":"Shop.Example","ttlSeconds":30}"#),
+    )
+    .await;
+    assert_eq!(status, 201, "{text}");
+    let lease = body(&text);
+    assert_eq!(
+        lease["target"], "shop.example",
+        "host names are compared in lower case"
+    );
+    let id = lease["id"].as_str().unwrap().to_owned();
+    let renew = format!("/v1/leases/{id}/renew");
+
+    let left = |v: &Value| {
+        v["expiresAt"]
+            .as_str()
+            .unwrap()
+            .parse::<jiff::Timestamp>()
+            .unwrap()
+            .duration_since(jiff::Timestamp::now())
+            .as_secs()
+    };
+    // No body: the lease's own TTL, from now.
+    let (status, text) = request(addr, "POST", &renew, &[], None).await;
+    assert_eq!(status, 200, "{text}");
+    let renewed = body(&text);
+    assert_eq!(
+        (renewed["id"].as_str(), renewed["ttlSeconds"].as_u64()),
+        (Some(id.as_str()), Some(30))
+    );
+    assert!((28..=30).contains(&left(&renewed)), "{renewed}");
+    // A TTL over the server's maximum (600 s here) is capped; `120.0` is a whole number too.
+    for (ask, applied) in [(r#"{"ttlSeconds":86400}"#, 600), (r#"{"ttlSeconds":120.0}"#, 120)] {
+        let (status, text) = request(addr, "POST", &renew, &[], Some(ask)).await;
+        assert_eq!(
+            (status, body(&text)["ttlSeconds"].as_u64()),
+            (200, Some(applied)),
+            "{ask}"
+        );
+    }
+    for (bad, why) in [
+        (r#"{"ttlSeconds":0}"#, "ttlSeconds must be between 1 and 86400"),
+        (
+            r#"{"ttlSeconds":86401}"#,
+            "ttlSeconds must be between 1 and 86400",
+        ),
+        (r#"{"ttlSeconds":1.5}"#, "not a whole number"),
+        (r#"{"ttlSeconds":-3}"#, "negative"),
+        (r#"{"ttl":5}"#, "unknown field"),
+        ("[]", "expected a map"),
+        ("null", "expected a map"),
+        (r#"{"ttlSeconds":5"#, "EOF"),
+    ] {
+        let (status, text) = request(addr, "POST", &renew, &[], Some(bad)).await;
+        let err = body(&text);
+        assert_eq!(
+            (status, err["error"].clone()),
+            (400, json!("invalid_request")),
+            "{bad}"
+        );
+        assert!(err["message"].as_str().unwrap().contains(why), "{bad}: {err}");
+    }
+    let (status, _) = request(addr, "POST", "/v1/leases/never-existed/renew", &[], None).await;
+    assert_eq!(status, 404);
+    request(addr, "DELETE", &format!("/v1/leases/{id}"), &[], None).await;
+    let (status, text) = request(addr, "POST", &renew, &[], None).await;
+    assert_eq!(
+        (status, body(&text)["error"].clone()),
+        (404, json!("unknown_lease")),
+        "ended"
+    );
+    assert_eq!(store.send(GetLeaseStats).await.unwrap().active, 0);
+}
+
+#[actix_rt::test]
+async fn wrong_methods_answer_405_with_allow() {
+    let (addr, _) = serve(1, None).await;
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    for (method, path, allow) in [
+        ("GET", "/v1/leases", "POST"),
+        ("PUT", "/v1/proxies", "GET"),
+        ("POST", "/v1/leases/abc", "DELETE"),
+        ("GET", "/v1/leases/abc/report", "POST"),
+        ("DELETE", "/v1/leases/abc/renew", "POST"),
+        ("OPTIONS", "/v1/openapi.json", "GET"),
+        ("POST", "/healthz", "GET"),
+        ("PATCH", "/v1/dashboard", "GET"),
+    ] {
+        let r = request_from(loopback, addr, method, path, None).await;
+        assert_eq!(
+            (r.status, r.header("allow")),
+            (405, Some(allow)),
+            "{method} {path}: {}",
+            r.body
+        );
+        assert_eq!(body(&r.body)["error"], "method_not_allowed", "{method} {path}");
+    }
+    let (status, text) = request(addr, "GET", "/v1/nothing", &[], None).await;
+    assert_eq!((status, body(&text)["error"].clone()), (404, json!("not_found")));
+}
+
+#[actix_rt::test]
+async fn every_bound_is_a_400_naming_the_field() {
+    let (addr, store) = serve(0, None).await;
+    store.do_send(UpdateAvailability(availability("eu-1", true, "eu", 10)));
+    let long_key = "k".repeat(129);
+    let many: BTreeMap<String, String> = (0..17).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    let asks = [
+        (json!({"target": "shop.example:443"}), "no port"),
+        (json!({"target": "https://shop.example/"}), "neither a host name"),
+        (
+            json!({"target": format!("{}.example", "a".repeat(250))}),
+            "at most 253",
+        ),
+        (json!({"target": "x", "selector": many}), "selector has 17 pairs"),
+        (
+            json!({"target": "x", "selector": {long_key.clone(): "v"}}),
+            "selector key must be 1 to 128",
+        ),
+        (
+            json!({"target": "x", "selector": {"geo": "v".repeat(257)}}),
+            "at most 256",
+        ),
+        (
+            json!({"target": "x", "client": "c".repeat(129)}),
+            "client is 129 characters",
+        ),
+        (
+            json!({"target": "x", "ttlSeconds": 86401}),
+            "ttlSeconds must be between 1 and 86400",
+        ),
+        (json!(["x"]), "expected a map"),
+    ];
+    for (ask, why) in asks {
+        let (status, text) = request(addr, "POST", "/v1/leases", &[], Some(&ask.to_string())).await;
+        let err = body(&text);
+        assert_eq!(
+            (status, err["error"].clone()),
+            (400, json!("invalid_request")),
+            "{ask}"
+        );
+        assert!(err["message"].as_str().unwrap().contains(why), "{ask}: {err}");
+    }
+    let (_, text) = request(
+        addr,
+        "POST",
+        "/v1/leases",
+        &[],
+        Some(r#"{"target":"2001:DB8::0:1"}"#),
+    )
+    .await;
+    assert_eq!(body(&text)["target"], "2001:db8::1", "IPv6 in its canonical form");
+    let id = body(&text)["id"].as_str().unwrap().to_owned();
+    let detail = json!({"outcome": "blocked", "detail": "d".repeat(1025)}).to_string();
+    let (status, text) = request(
+        addr,
+        "POST",
+        &format!("/v1/leases/{id}/report"),
+        &[],
+        Some(&detail),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        body(&text)["message"]
+            .as_str()
+            .unwrap()
+            .contains("detail is 1025 characters")
+    );
+    let attrs: String = (0..17).map(|i| format!("attr=k{i}%3Dv&")).collect();
+    for (query, why) in [
+        ("attr=", "must be key=value"),
+        ("attr=%3Dv", "attr key must be 1 to 128"),
+        (attrs.as_str(), "attr has 17 pairs"),
+        ("colour=red", "unknown query parameter"),
+    ] {
+        let (status, text) = request(addr, "GET", &format!("/v1/proxies?{query}"), &[], None).await;
+        assert_eq!(status, 400, "{query}");
+        assert!(
+            body(&text)["message"].as_str().unwrap().contains(why),
+            "{query}: {text}"
+        );
+    }
+    let (status, _) = request(addr, "GET", "/v1/proxies?attr=geo%3D", &[], None).await;
+    assert_eq!(status, 200, "an empty value is a value");
 }

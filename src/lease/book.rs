@@ -7,14 +7,16 @@
 
 mod snapshot;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
+use super::reports::RecentReports;
 use super::{
-    AcquireError, AcquireRequest, Availability, Grant, LeaseSettings, Outcome, ProxyView, UnknownLease,
+    AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings, Outcome,
+    ProxyView, RecentReport, RenewError, ReportCounts, TableFull, UnknownLease,
 };
 use crate::store::ObjectKey;
 
@@ -42,6 +44,9 @@ struct Entry {
 struct TargetState {
     last_leased: HashMap<ProxyId, Instant>,
     cooldown: HashMap<ProxyId, Instant>,
+    /// Leases on this target held, or ended but still taking reports: the
+    /// state must outlive them (a release or a late `blocked` rests here).
+    refs: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -49,9 +54,10 @@ struct Lease {
     proxy: ProxyId,
     target: String,
     expires: Instant,
+    /// As granted (capped): what a renewal without a TTL extends by.
     ttl: Duration,
     client: Option<String>,
-    reports: Vec<(Outcome, Option<String>)>,
+    reports: ReportCounts,
 }
 
 /// Leases, cooldowns and the eligible-proxy index.
@@ -75,11 +81,23 @@ pub struct LeaseBook {
     changes: Option<Vec<LeaseChange>>,
     /// One instant with its wall-clock time: how journaled times are converted.
     epoch: (Instant, Timestamp),
+    limits: LeaseLimits,
+    /// `ended` in the order leases ended (the grace is the same for all, so
+    /// also in the order they stop taking reports).
+    ended_order: VecDeque<(Instant, String)>,
+    recent_reports: RecentReports,
 }
 
 impl LeaseBook {
     pub fn new(settings: LeaseSettings) -> Self {
+        Self::with_limits(settings, LeaseLimits::default())
+    }
+
+    pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits) -> Self {
         Self {
+            limits,
+            ended_order: VecDeque::new(),
+            recent_reports: RecentReports::new(limits.recent_reports),
             settings,
             ids: HashMap::new(),
             proxies: HashMap::new(),
@@ -254,9 +272,20 @@ impl LeaseBook {
             return Err(AcquireError::ZeroTtl);
         }
         self.release_cooled(now);
+        if self.leases.len() >= self.limits.max_leases {
+            return Err(TableFull {
+                table: "leases",
+                limit: self.limits.max_leases,
+                retry_after: self.until_next_expiry(now).unwrap_or(Duration::from_secs(1)),
+            }
+            .into());
+        }
         let id = self.select(req, now).ok_or_else(|| AcquireError::NoCapacity {
             target: req.target.clone(),
         })?;
+        if !self.targets.contains_key(&req.target) {
+            self.make_room_for_target(now)?;
+        }
         let ttl = req
             .ttl
             .unwrap_or(self.settings.default_ttl)
@@ -271,15 +300,13 @@ impl LeaseBook {
                 expires,
                 ttl,
                 client: req.client.clone(),
-                reports: Vec::new(),
+                reports: ReportCounts::default(),
             },
         );
         self.expiry.insert((expires, lease_id.clone()));
-        self.targets
-            .entry(req.target.clone())
-            .or_default()
-            .last_leased
-            .insert(id, now);
+        let target = self.targets.entry(req.target.clone()).or_default();
+        target.last_leased.insert(id, now);
+        target.refs += 1;
         let entry = self.proxies.get_mut(&id).expect("selected from the index");
         entry.active += 1;
         let grant = Grant {
@@ -378,6 +405,7 @@ impl LeaseBook {
         let grace_until = now + self.settings.report_grace;
         self.ended
             .insert(id.to_owned(), (grace_until, lease.proxy, lease.target.clone()));
+        self.ended_order.push_back((grace_until, id.to_owned()));
         if let Some(proxy) = self.key_of(lease.proxy) {
             self.note(LeaseChange::Ended(EndedRecord {
                 id: id.to_owned(),
@@ -385,6 +413,12 @@ impl LeaseBook {
                 target: lease.target.clone(),
                 until: self.wall(grace_until),
             }));
+        }
+        while self.ended.len() > self.limits.max_ended {
+            let Some((_, oldest)) = self.ended_order.pop_front() else {
+                break;
+            };
+            self.forget_ended(&oldest);
         }
         if cooldown {
             self.rest_for_target(&lease.target, lease.proxy, now + self.settings.cooldown);
@@ -406,7 +440,7 @@ impl LeaseBook {
     ) -> Result<(), UnknownLease> {
         let (proxy, target) = match self.leases.get_mut(id) {
             Some(lease) => {
-                lease.reports.push((outcome, detail));
+                lease.reports.add(outcome);
                 (lease.proxy, lease.target.clone())
             }
             // A report that arrives just after the release still counts.
@@ -415,6 +449,11 @@ impl LeaseBook {
                 _ => return Err(UnknownLease(id.to_owned())),
             },
         };
+        self.recent_reports.push(RecentReport {
+            lease: id.to_owned(),
+            outcome,
+            detail,
+        });
         match outcome {
             Outcome::Ok => {}
             Outcome::Blocked => {
@@ -486,7 +525,13 @@ impl LeaseBook {
             self.end(&id, now, true);
             expired += 1;
         }
-        self.ended.retain(|_, (until, _, _)| *until > now);
+        while let Some((until, id)) = self.ended_order.front().cloned() {
+            if until > now {
+                break;
+            }
+            self.ended_order.pop_front();
+            self.forget_ended(&id);
+        }
         let horizon = self.settings.blocked_cooldown.max(self.settings.cooldown);
         self.targets.retain(|_, state| {
             state.cooldown.retain(|_, until| *until > now);
@@ -494,10 +539,127 @@ impl LeaseBook {
             state
                 .last_leased
                 .retain(|_, at| now.duration_since(*at) < horizon.max(Duration::from_secs(3600)));
-            !state.cooldown.is_empty() || !state.last_leased.is_empty()
+            !state.cooldown.is_empty() || !state.last_leased.is_empty() || state.refs > 0
         });
         self.drop_idle_placeholders(now);
         expired
+    }
+
+    /// Extends a held lease from `now` by `ttl` (default: its TTL as
+    /// granted), capped at the maximum TTL. Returns the TTL applied.
+    pub fn renew(&mut self, id: &str, ttl: Option<Duration>, now: Instant) -> Result<Duration, RenewError> {
+        if ttl.is_some_and(|t| t.is_zero()) {
+            return Err(RenewError::ZeroTtl);
+        }
+        let Some(lease) = self.leases.get_mut(id) else {
+            return Err(UnknownLease(id.to_owned()).into());
+        };
+        // Past its expiry but not yet swept: over all the same.
+        if lease.expires <= now {
+            return Err(UnknownLease(id.to_owned()).into());
+        }
+        let ttl = ttl.unwrap_or(lease.ttl).min(self.settings.max_ttl);
+        let expires = now + ttl;
+        self.expiry.remove(&(lease.expires, id.to_owned()));
+        lease.expires = expires;
+        self.expiry.insert((expires, id.to_owned()));
+        self.note(LeaseChange::Extended {
+            id: id.to_owned(),
+            expires: self.wall(expires),
+        });
+        Ok(ttl)
+    }
+
+    /// Reports on a held lease, by outcome.
+    pub fn report_counts(&self, id: &str) -> Option<ReportCounts> {
+        self.leases.get(id).map(|l| l.reports)
+    }
+
+    /// The latest reports with their details, newest first.
+    pub fn recent_reports(&self) -> impl Iterator<Item = &RecentReport> {
+        self.recent_reports.iter()
+    }
+
+    /// Sizes of the bookkeeping tables.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            leases: self.leases.len(),
+            ended: self.ended.len(),
+            targets: self.targets.len(),
+            target_marks: self
+                .targets
+                .values()
+                .map(|t| t.cooldown.len() + t.last_leased.len())
+                .sum(),
+            recent_reports: self.recent_reports.len(),
+            detail_bytes: self.recent_reports.detail_bytes(),
+        }
+    }
+
+    /// Drops an ended lease's record; its target may then be forgotten.
+    fn forget_ended(&mut self, id: &str) {
+        if let Some((_, _, target)) = self.ended.remove(id)
+            && let Some(state) = self.targets.get_mut(&target)
+        {
+            state.refs = state.refs.saturating_sub(1);
+        }
+    }
+
+    /// Makes room for one more target by forgetting idle ones: no lease
+    /// held or taking reports, no rest running. Forgetting those loses only
+    /// "last leased" marks (a tie-break), never a rest.
+    fn make_room_for_target(&mut self, now: Instant) -> Result<(), TableFull> {
+        if self.targets.len() < self.limits.max_targets {
+            return Ok(());
+        }
+        let mut idle: Vec<(Option<Instant>, &String)> = self
+            .targets
+            .iter()
+            .filter(|(_, s)| s.refs == 0 && s.cooldown.values().all(|until| *until <= now))
+            .map(|(k, s)| (s.last_leased.values().max().copied(), k))
+            .collect();
+        if idle.is_empty() {
+            return Err(TableFull {
+                table: "targets",
+                limit: self.limits.max_targets,
+                retry_after: self.until_targets_free(now),
+            });
+        }
+        // The oldest tenth at once: one scan pays for many new targets.
+        let n = (self.limits.max_targets / 10).clamp(1, idle.len());
+        idle.select_nth_unstable(n - 1);
+        let forget: Vec<String> = idle[..n].iter().map(|(_, k)| (*k).clone()).collect();
+        for k in forget {
+            self.targets.remove(&k);
+        }
+        Ok(())
+    }
+
+    fn until_next_expiry(&self, now: Instant) -> Option<Duration> {
+        self.expiry
+            .first()
+            .map(|(at, _)| at.saturating_duration_since(now))
+    }
+
+    /// When a target may next become idle: a rest ends, an ended lease
+    /// stops taking reports, or a lease expires.
+    fn until_targets_free(&self, now: Instant) -> Duration {
+        let rests = self
+            .targets
+            .values()
+            .flat_map(|t| t.cooldown.values())
+            .filter(|until| **until > now)
+            .min()
+            .map(|until| until.duration_since(now));
+        let ended = self
+            .ended_order
+            .front()
+            .map(|(until, _)| until.saturating_duration_since(now));
+        [rests, ended, self.until_next_expiry(now)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(Duration::from_secs(1))
     }
 
     /// Every known proxy, with its active leases.

@@ -3,7 +3,10 @@
 //! clock (every operation takes `now`); the `LeaseStore` actor owns one.
 
 mod book;
+pub mod input;
 pub mod journal;
+mod limits;
+mod reports;
 #[cfg(test)]
 mod tests;
 
@@ -14,6 +17,8 @@ use crate::store::ObjectKey;
 
 pub use book::LeaseBook;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot};
+pub use limits::{Footprint, LeaseLimits, TableFull};
+pub use reports::{RecentReport, ReportCounts};
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +127,22 @@ pub enum AcquireError {
     #[error("{0}")]
     Unavailable(String),
     /// This replica's leadership lapsed (or never began): its book grants nothing.
+    #[error("this replica is not the leader")]
+    NotLeader,
+    #[error(transparent)]
+    Full(#[from] TableFull),
+}
+
+/// Why a lease was not renewed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RenewError {
+    #[error(transparent)]
+    Unknown(#[from] UnknownLease),
+    #[error("ttlSeconds must be greater than zero")]
+    ZeroTtl,
+    /// The renewal could not be made durable; the lease still runs until its old expiry at least.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("this replica is not the leader")]
     NotLeader,
 }

@@ -213,6 +213,7 @@ enum Op {
     },
     Release(u8),
     Report(u8, u8),
+    Renew(u8, Option<u8>),
     Advance(u8),
 }
 
@@ -232,6 +233,7 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         any::<u8>().prop_map(Op::Release),
         (any::<u8>(), 0u8..3).prop_map(|(l, o)| Op::Report(l, o)),
+        (any::<u8>(), proptest::option::of(1u8..120)).prop_map(|(l, t)| Op::Renew(l, t)),
         (0u8..90).prop_map(Op::Advance),
     ]
 }
@@ -239,13 +241,20 @@ fn op() -> impl Strategy<Value = Op> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     /// Whatever happens: no proxy above capacity, no lease granted on an
-    /// ineligible proxy, expiry and release free capacity, release idempotent.
+    /// ineligible proxy, expiry and release free capacity, release idempotent,
+    /// renewals move expiry — also with tables so small that the book must
+    /// forget targets and ended leases all the time (a rest is never forgotten).
     #[test]
-    fn invariants_hold_under_any_sequence(capacity in 0u32..3, ops in proptest::collection::vec(op(), 1..200)) {
+    fn invariants_hold_under_any_sequence(
+        capacity in 0u32..3,
+        limits in (1usize..6, 1usize..4, 0usize..4),
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
         let t0 = Instant::now();
         let mut now = t0;
         let s = settings(capacity);
-        let mut book = LeaseBook::new(s);
+        let limits = LeaseLimits { max_leases: 64, max_targets: limits.0, max_ended: limits.1, recent_reports: limits.2 };
+        let mut book = LeaseBook::with_limits(s, limits);
         let mut ready: BTreeMap<u8, (bool, u8)> = BTreeMap::new();
         let mut granted: Vec<(String, u8, u8, Instant)> = Vec::new(); // id, proxy, target, expires
         let mut released: Vec<String> = Vec::new();
@@ -302,6 +311,15 @@ proptest! {
                         }
                     }
                 }
+                Op::Renew(i, ttl) => {
+                    if !granted.is_empty() {
+                        let i = i as usize % granted.len();
+                        let ttl = ttl.map(|t| Duration::from_secs(t as u64));
+                        let applied = book.renew(&granted[i].0, ttl, now).unwrap();
+                        prop_assert!(applied <= s.max_ttl);
+                        granted[i].3 = now + applied;
+                    }
+                }
                 Op::Advance(secs) => {
                     now += Duration::from_secs(secs as u64);
                     book.sweep(now);
@@ -320,6 +338,10 @@ proptest! {
                 }
             }
             prop_assert_eq!(book.active_leases(), granted.len());
+            let size = book.footprint();
+            prop_assert!(size.ended <= limits.max_ended);
+            prop_assert!(size.recent_reports <= limits.recent_reports);
+            prop_assert!(size.targets <= limits.max_targets, "{:?}", size);
         }
     }
 }
@@ -415,4 +437,191 @@ fn restored_placeholders_of_deleted_proxies_are_dropped_once_idle() {
         book.report(&lease.id, Outcome::Ok, None, t0 + Duration::from_secs(700))
             .is_err()
     );
+}
+
+fn limits(max_leases: usize, max_targets: usize, max_ended: usize) -> LeaseLimits {
+    LeaseLimits {
+        max_leases,
+        max_targets,
+        max_ended,
+        recent_reports: 4,
+    }
+}
+
+#[test]
+fn renew_extends_from_now_with_the_original_ttl_capped_and_keeps_expiry_consistent() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let mut r = req("t");
+    r.ttl = Some(Duration::from_secs(100));
+    let lease = book.acquire(&r, t0).unwrap();
+    let t50 = t0 + Duration::from_secs(50);
+    assert_eq!(
+        book.renew(&lease.id, None, t50),
+        Ok(Duration::from_secs(100)),
+        "original TTL"
+    );
+    assert_eq!(
+        book.sweep(t0 + Duration::from_secs(149)),
+        0,
+        "now ends at 150 s, not 100 s"
+    );
+    assert_eq!(
+        book.renew(&lease.id, Some(Duration::from_secs(86_400)), t50),
+        Ok(Duration::from_secs(600)),
+        "capped at the maximum TTL"
+    );
+    // A shorter TTL moves the expiry earlier: from now, as asked.
+    assert_eq!(
+        book.renew(&lease.id, Some(Duration::from_secs(5)), t50),
+        Ok(Duration::from_secs(5))
+    );
+    assert_eq!(book.sweep(t50 + Duration::from_secs(4)), 0);
+    assert_eq!(
+        book.sweep(t50 + Duration::from_secs(5)),
+        1,
+        "the old expiry entries are gone"
+    );
+    assert_eq!(
+        book.sweep(t0 + Duration::from_secs(700)),
+        0,
+        "nothing left behind in the index"
+    );
+    let t60 = t0 + Duration::from_secs(60);
+    assert_eq!(
+        book.renew(&lease.id, None, t60),
+        Err(RenewError::Unknown(UnknownLease(lease.id.clone()))),
+        "an ended lease is not renewed"
+    );
+    assert!(matches!(
+        book.renew("nope", None, t60),
+        Err(RenewError::Unknown(_))
+    ));
+    let other = book.acquire(&req("u"), t60).unwrap();
+    assert_eq!(
+        book.renew(&other.id, Some(Duration::ZERO), t60),
+        Err(RenewError::ZeroTtl)
+    );
+    // Expired but not yet swept: over.
+    assert!(
+        book.renew(&other.id, None, t60 + Duration::from_secs(60))
+            .is_err()
+    );
+}
+
+#[test]
+fn reports_keep_counts_per_lease_and_a_bounded_tail_of_details() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::with_limits(settings(0), limits(10, 10, 10));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let lease = book.acquire(&req("t"), t0).unwrap();
+    for i in 0..3000 {
+        let outcome = [Outcome::Ok, Outcome::Ok, Outcome::Error][i % 3];
+        book.report(&lease.id, outcome, Some(format!("{i}:{}", "d".repeat(1000))), t0)
+            .unwrap();
+    }
+    assert_eq!(
+        book.report_counts(&lease.id),
+        Some(ReportCounts {
+            ok: 2000,
+            blocked: 0,
+            error: 1000
+        })
+    );
+    let size = book.footprint();
+    assert_eq!(size.recent_reports, 4);
+    assert!(size.detail_bytes <= 4 * 1005, "{size:?}");
+    let newest = book.recent_reports().next().unwrap();
+    assert!(newest.detail.as_deref().unwrap().starts_with("2999:"));
+}
+
+#[test]
+fn held_leases_are_bounded() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::with_limits(settings(0), limits(2, 10, 10));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let a = book.acquire(&req("a"), t0).unwrap();
+    book.acquire(&req("b"), t0).unwrap();
+    match book.acquire(&req("c"), t0 + Duration::from_secs(10)) {
+        Err(AcquireError::Full(full)) => {
+            assert_eq!((full.table, full.limit), ("leases", 2));
+            assert_eq!(full.retry_after, Duration::from_secs(50), "the first expiry");
+        }
+        other => panic!("{other:?}"),
+    }
+    book.release(&a.id, t0);
+    assert!(book.acquire(&req("c"), t0).is_ok());
+}
+
+#[test]
+fn targets_are_forgotten_only_when_idle_and_a_full_table_of_rests_refuses() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::with_limits(settings(0), limits(100, 10, 100));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    // Ten targets, each released: each rests for 30 s and takes reports for 600 s.
+    for i in 0..10 {
+        let l = book.acquire(&req(&format!("t{i}")), t0).unwrap();
+        book.release(&l.id, t0);
+    }
+    let full = match book.acquire(&req("new"), t0) {
+        Err(AcquireError::Full(full)) => full,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((full.table, full.limit), ("targets", 10));
+    assert_eq!(full.retry_after, Duration::from_secs(30), "the first rest ends");
+    // Rests over, but the ended leases still take reports (a late `blocked`
+    // must rest the proxy for its target): still nothing to forget.
+    let t31 = t0 + Duration::from_secs(31);
+    book.sweep(t31);
+    assert!(matches!(
+        book.acquire(&req("new"), t31),
+        Err(AcquireError::Full(_))
+    ));
+    assert!(book.acquire(&req("t3"), t31).is_ok(), "known targets are served");
+    // Report grace over: idle targets make room, oldest first.
+    let t601 = t0 + Duration::from_secs(601);
+    book.sweep(t601);
+    assert!(book.acquire(&req("new"), t601).is_ok());
+    assert!(book.footprint().targets <= 10);
+}
+
+#[test]
+fn a_blocked_rest_survives_target_eviction() {
+    let t0 = Instant::now();
+    let mut s = settings(0);
+    s.report_grace = Duration::from_secs(1);
+    let mut book = LeaseBook::with_limits(s, limits(100, 2, 100));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let shop = book.acquire(&req("shop"), t0).unwrap();
+    book.report(&shop.id, Outcome::Blocked, None, t0).unwrap();
+    book.release(&shop.id, t0);
+    let mut now = t0;
+    // Many other targets come and go (each idle again after its 30 s rest);
+    // "shop" keeps its 600 s rest.
+    for i in 0..18 {
+        now += Duration::from_secs(31);
+        book.sweep(now);
+        let l = book.acquire(&req(&format!("other-{i}")), now).unwrap();
+        book.release(&l.id, now);
+        assert!(book.acquire(&req("shop"), now).is_err(), "rest forgotten at {i}");
+        assert!(book.footprint().targets <= 2);
+    }
+}
+
+#[test]
+fn ended_leases_are_bounded_oldest_forgotten_first() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::with_limits(settings(0), limits(100, 100, 3));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    let ids: Vec<String> = (0..5)
+        .map(|i| {
+            let l = book.acquire(&req(&format!("t{i}")), t0).unwrap();
+            book.release(&l.id, t0);
+            l.id
+        })
+        .collect();
+    assert_eq!(book.footprint().ended, 3);
+    assert!(book.report(&ids[0], Outcome::Ok, None, t0).is_err(), "forgotten");
+    assert!(book.report(&ids[4], Outcome::Ok, None, t0).is_ok());
 }

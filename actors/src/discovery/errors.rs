@@ -2,6 +2,8 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
+use egress_proxies::lease::TableFull;
+use egress_proxies::rate_limit::{Limited, retry_after_secs};
 
 use super::types::ErrorBody;
 
@@ -24,9 +26,30 @@ pub enum ApiError {
     Unavailable(String),
     #[error("this replica is not the leader; retry through the Service")]
     NotLeader,
+    /// The path exists; the method does not (the methods it takes).
+    #[error("method not allowed here; this path takes {0}")]
+    MethodNotAllowed(&'static str),
+    #[error("{0}")]
+    RateLimited(Limited),
+    #[error("{0}")]
+    StoreFull(TableFull),
     #[error("{0}")]
     Internal(String),
 }
+
+/// Every `error` code, for the OpenAPI document.
+pub const CODES: [&str; 10] = [
+    "no_capacity",
+    "unknown_lease",
+    "invalid_request",
+    "unauthorized",
+    "payload_too_large",
+    "not_found",
+    "method_not_allowed",
+    "rate_limited",
+    "lease_store_full",
+    "internal",
+];
 
 impl ApiError {
     pub fn code(&self) -> &'static str {
@@ -39,6 +62,9 @@ impl ApiError {
             ApiError::NotFound => "not_found",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::NotLeader => "not_leader",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::RateLimited(_) => "rate_limited",
+            ApiError::StoreFull(_) => "lease_store_full",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -47,13 +73,16 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::NoCapacity(_) | ApiError::Unavailable(_) | ApiError::NotLeader => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::NoCapacity(_)
+            | ApiError::Unavailable(_)
+            | ApiError::NotLeader
+            | ApiError::StoreFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnknownLease(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -66,6 +95,15 @@ impl ResponseError for ApiError {
             }
             ApiError::Unavailable(_) => {
                 response.insert_header(("Retry-After", "1"));
+            }
+            ApiError::MethodNotAllowed(allow) => {
+                response.insert_header(("Allow", *allow));
+            }
+            ApiError::RateLimited(limited) => {
+                response.insert_header(("Retry-After", retry_after_secs(limited.retry_after).to_string()));
+            }
+            ApiError::StoreFull(full) => {
+                response.insert_header(("Retry-After", retry_after_secs(full.retry_after).to_string()));
             }
             _ => {}
         }

@@ -4,15 +4,35 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix::Addr;
-use actix_web::{HttpRequest, HttpResponse, web};
-use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use egress_proxies::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
+use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome, RenewError};
+use futures::StreamExt;
 
+use super::BODY_LIMIT;
 use super::errors::ApiError;
-use super::types::{ErrorBody, Lease, LeaseReport, LeaseRequest, LeasedProxy, ProxyInfo, ReportOutcome};
-use crate::lease_store::{Acquire, LeaseStore, ListProxies, Release, Report};
+use super::types::{
+    ErrorBody, Lease, LeaseReport, LeaseRequest, LeasedProxy, Object, ProxyInfo, RenewRequest, Renewal,
+    ReportOutcome,
+};
+use crate::lease_store::{Acquire, LeaseStore, ListProxies, Release, Renew, Report};
 
 fn mailbox(e: actix::MailboxError) -> ApiError {
     ApiError::Internal(format!("lease store unavailable: {e}"))
+}
+
+impl From<InputError> for ApiError {
+    fn from(e: InputError) -> Self {
+        ApiError::Invalid(e.to_string())
+    }
+}
+
+/// RFC 3339 time `ttl` from now.
+fn expires_at(ttl: Duration) -> String {
+    jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::ZERO))
+        .map(|t| t.to_string())
+        .unwrap_or_default()
 }
 
 /// List proxies, optionally filtered by attributes (`attr=k=v`, repeatable) and health.
@@ -35,12 +55,22 @@ pub async fn list_proxies(
 ) -> Result<HttpResponse, ApiError> {
     let mut wanted: BTreeMap<String, String> = BTreeMap::new();
     let mut healthy: Option<bool> = None;
+    let mut filters = 0;
     for (key, value) in url::form_urlencoded::parse(req.query_string().as_bytes()) {
         match key.as_ref() {
             "attr" => {
+                filters += 1;
+                if filters > MAX_SELECTOR_PAIRS {
+                    return Err(InputError::TooManyPairs {
+                        field: "attr",
+                        count: filters,
+                    }
+                    .into());
+                }
                 let (k, v) = value
                     .split_once('=')
                     .ok_or_else(|| ApiError::Invalid(format!("attr {value:?} must be key=value")))?;
+                input::check_pair("attr", k, v)?;
                 wanted.insert(k.to_owned(), v.to_owned());
             }
             "healthy" => {
@@ -83,17 +113,20 @@ pub async fn list_proxies(
         (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "No eligible proxy (`no_capacity`), or this replica is not the leader (`not_leader`)", body = ErrorBody),
+        (status = 503, description = "No eligible proxy (`no_capacity`), the lease store is full (`lease_store_full`, with `Retry-After`), the lease could not be made durable (`unavailable`), or this replica is not the leader (`not_leader`)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn acquire(
-    body: web::Json<LeaseRequest>,
+    body: web::Json<Object<LeaseRequest>>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = body.into_inner();
+    let body = body.into_inner().0;
+    input::check_attributes("selector", &body.selector)?;
+    input::check_client(body.client.as_deref())?;
+    input::check_ttl(body.ttl_seconds)?;
     let request = AcquireRequest {
-        target: body.target,
+        target: input::normalize_target(&body.target)?,
         selector: body.selector,
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
@@ -106,12 +139,10 @@ pub async fn acquire(
             AcquireError::NoCapacity { .. } => ApiError::NoCapacity(e.to_string()),
             AcquireError::Unavailable(why) => ApiError::Unavailable(why),
             AcquireError::NotLeader => ApiError::NotLeader,
+            AcquireError::Full(full) => ApiError::StoreFull(full),
             other => ApiError::Invalid(other.to_string()),
         })?;
-    let expires_at = jiff::Timestamp::now()
-        .checked_add(jiff::SignedDuration::try_from(grant.ttl).unwrap_or(jiff::SignedDuration::ZERO))
-        .map(|t| t.to_string())
-        .unwrap_or_default();
+    let expires_at = expires_at(grant.ttl);
     Ok(HttpResponse::Created().json(Lease {
         id: grant.id,
         proxy: LeasedProxy {
@@ -152,15 +183,17 @@ pub async fn release(
         (status = 400, description = "Malformed report", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "Unknown lease (`unknown_lease`)", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn report(
     id: web::Path<String>,
-    body: web::Json<LeaseReport>,
+    body: web::Json<Object<LeaseReport>>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = body.into_inner();
+    let body = body.into_inner().0;
+    input::check_detail(body.detail.as_deref())?;
     let outcome = match body.outcome {
         ReportOutcome::Ok => Outcome::Ok,
         ReportOutcome::Blocked => Outcome::Blocked,
@@ -176,6 +209,75 @@ pub async fn report(
         .map_err(mailbox)?
         .map_err(|e| ApiError::UnknownLease(e.to_string()))?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Extend a held lease from now, by `ttlSeconds` or by its TTL as granted.
+#[utoipa::path(
+    post, path = "/v1/leases/{id}/renew", tag = "leases",
+    request_body(content = RenewRequest, description = "Optional; without it the lease's own TTL applies"),
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, description = "Renewed", body = Renewal),
+        (status = 400, description = "Malformed request", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "Unknown or ended lease (`unknown_lease`)", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn renew(
+    req: HttpRequest,
+    id: web::Path<String>,
+    payload: web::Payload,
+    store: web::Data<Addr<LeaseStore>>,
+) -> Result<HttpResponse, ApiError> {
+    let Object(body) = optional_json::<Object<RenewRequest>>(&req, payload).await?;
+    input::check_ttl(body.ttl_seconds)?;
+    let id = id.into_inner();
+    let ttl = store
+        .send(Renew {
+            id: id.clone(),
+            ttl: body.ttl_seconds.map(Duration::from_secs),
+        })
+        .await
+        .map_err(mailbox)?
+        .map_err(|e| match e {
+            RenewError::Unknown(u) => ApiError::UnknownLease(u.to_string()),
+            RenewError::Unavailable(why) => ApiError::Unavailable(why),
+            RenewError::NotLeader => ApiError::NotLeader,
+            other => ApiError::Invalid(other.to_string()),
+        })?;
+    Ok(HttpResponse::Ok().json(Renewal {
+        id,
+        expires_at: expires_at(ttl),
+        ttl_seconds: ttl.as_secs(),
+    }))
+}
+
+/// A JSON body that may be absent (empty reads as `{}`), read up to the body limit.
+async fn optional_json<T: serde::de::DeserializeOwned>(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+) -> Result<T, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::Invalid(format!("reading the body: {e}")))?;
+        if body.len() + chunk.len() > BODY_LIMIT {
+            return Err(ApiError::TooLarge(BODY_LIMIT));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    if body.is_empty() {
+        body.extend_from_slice(b"{}");
+    } else {
+        let content_type = req.content_type().to_ascii_lowercase();
+        if content_type != "application/json" && !content_type.ends_with("+json") {
+            return Err(ApiError::Invalid(
+                "Content type error: a body must be application/json".into(),
+            ));
+        }
+    }
+    serde_json::from_slice(&body).map_err(|e| ApiError::Invalid(format!("Json deserialize error: {e}")))
 }
 
 /// Liveness of the API (never authenticated, never traced).

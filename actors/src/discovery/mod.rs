@@ -7,6 +7,8 @@ mod dashboard;
 mod errors;
 mod handlers;
 mod middleware;
+mod openapi;
+mod rate_limit;
 pub mod types;
 
 use std::net::TcpListener;
@@ -16,49 +18,16 @@ use actix::Addr;
 use actix_web::dev::Server;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use utoipa::OpenApi;
+use egress_proxies::rate_limit::RateLimits;
 
 use crate::lease_store::LeaseStore;
 use errors::ApiError;
 use middleware::Token;
+pub use openapi::openapi_json;
+pub use rate_limit::Limiter;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "egress-proxies-operator discovery API",
-        description = "Lists the egress proxy fleet and hands proxies out to crawler clients as leases."
-    ),
-    paths(handlers::list_proxies, handlers::acquire, handlers::release, handlers::report, handlers::healthz),
-    components(schemas(
-        types::ProxyInfo, types::LeaseRequest, types::Lease, types::LeasedProxy,
-        types::LeaseReport, types::ReportOutcome, types::ErrorBody
-    )),
-    modifiers(&BearerAuth)
-)]
-pub struct ApiDoc;
-
-struct BearerAuth;
-
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
-
-/// The OpenAPI document as JSON.
-pub fn openapi_json() -> String {
-    ApiDoc::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
 
 async fn openapi() -> HttpResponse {
     HttpResponse::Ok()
@@ -66,10 +35,12 @@ async fn openapi() -> HttpResponse {
         .body(openapi_json())
 }
 
-/// A resource whose handler panics answer 500 instead of killing the worker.
+/// A resource whose handler panics answer 500 instead of killing the worker,
+/// and which answers 405 with `Allow: allow` to other methods.
 /// (Resource level: after routing, where holding a request clone is safe.)
 pub fn guarded(
     path: &str,
+    allow: &'static str,
 ) -> actix_web::Resource<
     impl actix_web::dev::ServiceFactory<
         actix_web::dev::ServiceRequest,
@@ -79,7 +50,14 @@ pub fn guarded(
         InitError = (),
     >,
 > {
-    web::resource(path).wrap(from_fn(middleware::contain_panics))
+    resource(path, allow).wrap(from_fn(middleware::contain_panics))
+}
+
+/// A resource that answers 405 with `Allow` to any method but its own.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move || async move {
+        Err::<HttpResponse, _>(ApiError::MethodNotAllowed(allow))
+    }))
 }
 
 /// Serves the discovery API on a bound listener. `token` (from
@@ -88,6 +66,17 @@ pub fn start(
     listener: TcpListener,
     store: Addr<LeaseStore>,
     token: Option<String>,
+) -> std::io::Result<Server> {
+    start_with(listener, store, token, Limiter::new(RateLimits::default()))
+}
+
+/// [`start`] with the given rate limiter (tests pass small limits and read
+/// how many clients it tracks).
+pub fn start_with(
+    listener: TcpListener,
+    store: Addr<LeaseStore>,
+    token: Option<String>,
+    limiter: Limiter,
 ) -> std::io::Result<Server> {
     let addr = listener.local_addr()?;
     if token.is_none() {
@@ -119,12 +108,13 @@ pub fn start(
             });
         // /healthz sits outside the middleware: never authenticated, never logged per request.
         let (page_token, data_token) = (token.clone(), token.clone());
+        let limiter = limiter.clone();
         App::new()
-            .route("/healthz", web::get().to(handlers::healthz))
+            .service(resource("/healthz", "GET").route(web::get().to(handlers::healthz)))
             // The dashboard polls every second: authenticated, but neither
             // logged nor traced per request.
             .service(
-                guarded("/v1/dashboard")
+                guarded("/v1/dashboard", "GET")
                     .app_data(store.clone())
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(data_token.clone(), req, next)
@@ -132,7 +122,7 @@ pub fn start(
                     .route(web::get().to(dashboard::data)),
             )
             .service(
-                guarded("/dashboard")
+                guarded("/dashboard", "GET")
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(page_token.clone(), req, next)
                     }))
@@ -148,11 +138,18 @@ pub fn start(
                     }))
                     .wrap(tracing_actix_web::TracingLogger::default())
                     .wrap(from_fn(middleware::traced))
-                    .service(guarded("/v1/proxies").route(web::get().to(handlers::list_proxies)))
-                    .service(guarded("/v1/leases").route(web::post().to(handlers::acquire)))
-                    .service(guarded("/v1/leases/{id}").route(web::delete().to(handlers::release)))
-                    .service(guarded("/v1/leases/{id}/report").route(web::post().to(handlers::report)))
-                    .service(guarded("/v1/openapi.json").route(web::get().to(openapi)))
+                    // Outermost: a flood is refused before it is authenticated or logged.
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(limiter.clone(), req, next)
+                    }))
+                    .service(guarded("/v1/proxies", "GET").route(web::get().to(handlers::list_proxies)))
+                    .service(guarded("/v1/leases", "POST").route(web::post().to(handlers::acquire)))
+                    .service(guarded("/v1/leases/{id}", "DELETE").route(web::delete().to(handlers::release)))
+                    .service(
+                        guarded("/v1/leases/{id}/report", "POST").route(web::post().to(handlers::report)),
+                    )
+                    .service(guarded("/v1/leases/{id}/renew", "POST").route(web::post().to(handlers::renew)))
+                    .service(guarded("/v1/openapi.json", "GET").route(web::get().to(openapi)))
                     .default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) })),
             )
     })

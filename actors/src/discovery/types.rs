@@ -2,8 +2,23 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
+
+/// A request body that must be a JSON object: serde would also read a
+/// struct from an array (`["ok"]`), which the schema does not allow.
+#[derive(Debug)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = serde_json::Map::deserialize(d)?;
+        T::deserialize(serde_json::Value::Object(map))
+            .map(Object)
+            .map_err(D::Error::custom)
+    }
+}
 
 /// A proxy as listed for clients.
 #[derive(Serialize, Deserialize, ToSchema, Debug, Clone, PartialEq)]
@@ -33,6 +48,7 @@ pub struct LeaseRequest {
     #[serde(default)]
     pub selector: BTreeMap<String, String>,
     /// Requested lifetime; capped by the server's maximum.
+    #[serde(default, deserialize_with = "whole_number")]
     pub ttl_seconds: Option<u64>,
     /// Free-form client name, for logs.
     pub client: Option<String>,
@@ -78,10 +94,62 @@ pub struct LeaseReport {
     pub detail: Option<String>,
 }
 
+/// Extend a held lease (the body is optional).
+#[derive(Serialize, Deserialize, ToSchema, Debug, Clone, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RenewRequest {
+    /// New lifetime from now; default: the lease's TTL as granted. Capped by the server's maximum.
+    #[serde(default, deserialize_with = "whole_number")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A renewed lease.
+#[derive(Serialize, Deserialize, ToSchema, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Renewal {
+    pub id: String,
+    /// RFC 3339 time the lease now ends unless released or renewed.
+    pub expires_at: String,
+    /// The lifetime applied, from now (after the server's cap).
+    pub ttl_seconds: u64,
+}
+
 /// Every error: a stable code and a human message.
 #[derive(Serialize, Deserialize, ToSchema, Debug, Clone, PartialEq)]
 pub struct ErrorBody {
-    /// `no_capacity`, `unknown_lease`, `invalid_request`, `unauthorized`, `payload_too_large`, `not_found`, `internal`.
+    /// `no_capacity`, `lease_store_full`, `unknown_lease`, `invalid_request`, `unauthorized`,
+    /// `payload_too_large`, `not_found`, `method_not_allowed`, `rate_limited`, `internal`.
     pub error: String,
     pub message: String,
+}
+
+/// A non-negative whole number, also written as `30.0`: JSON Schema counts
+/// that as an integer, so a client that sends it is not wrong.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct Whole;
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a whole number of seconds")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u64::try_from(v)
+                .map(Some)
+                .map_err(|_| E::custom(format!("{v} is negative; expected a whole number of seconds")))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            if v.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&v) {
+                Ok(Some(v as u64))
+            } else {
+                Err(E::custom(format!("{v} is not a whole number of seconds")))
+            }
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Whole)
 }

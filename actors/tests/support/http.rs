@@ -13,7 +13,68 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    let (status, _, body) = exchange(
+        TcpStream::connect(addr).await.unwrap(),
+        addr,
+        method,
+        path,
+        headers,
+        body,
+    )
+    .await;
+    (status, body)
+}
+
+/// A response with its header lines (names in lower case).
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends a request from the local address `from` (any of 127.0.0.0/8 on
+/// loopback); returns the status, headers and body.
+pub async fn request_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Response {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let s = socket.connect(addr).await.unwrap();
+    let (status, head, body) = exchange(s, addr, method, path, &[], body).await;
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+async fn exchange(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String, String) {
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
@@ -40,7 +101,8 @@ pub async fn request(
         .unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    (status, if chunked { dechunk(body) } else { body.to_owned() })
+    let body = if chunked { dechunk(body) } else { body.to_owned() };
+    (status, head.to_owned(), body)
 }
 
 fn dechunk(mut body: &str) -> String {

@@ -81,6 +81,7 @@ impl LeaseBook {
             };
             let proxy = self.placeholder(&lease.proxy);
             self.expiry.insert((expires, lease.id.clone()));
+            self.targets.entry(lease.target.clone()).or_default().refs += 1;
             self.leases.insert(
                 lease.id,
                 Lease {
@@ -89,7 +90,7 @@ impl LeaseBook {
                     expires,
                     ttl: Duration::from_millis(lease.ttl_ms),
                     client: lease.client,
-                    reports: Vec::new(),
+                    reports: Default::default(),
                 },
             );
             if let Some(entry) = self.proxies.get_mut(&proxy) {
@@ -97,10 +98,21 @@ impl LeaseBook {
             }
             self.reindex(proxy, now);
         }
-        for ended in snapshot.ended {
-            let Some(until) = at(ended.until) else { continue };
-            let proxy = self.placeholder(&ended.proxy);
-            self.ended.insert(ended.id, (until, proxy, ended.target));
+        // Oldest first, as they ended: the bound on ended leases keeps the newest.
+        let mut ended = snapshot.ended;
+        ended.sort_by_key(|e| e.until);
+        for e in ended {
+            let Some(until) = at(e.until) else { continue };
+            let proxy = self.placeholder(&e.proxy);
+            self.targets.entry(e.target.clone()).or_default().refs += 1;
+            self.ended_order.push_back((until, e.id.clone()));
+            self.ended.insert(e.id, (until, proxy, e.target));
+            while self.ended.len() > self.limits.max_ended {
+                let Some((_, oldest)) = self.ended_order.pop_front() else {
+                    break;
+                };
+                self.forget_ended(&oldest);
+            }
         }
         for (target, key, until) in snapshot.target_rests {
             let Some(until) = at(until) else { continue };
