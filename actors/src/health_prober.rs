@@ -183,14 +183,20 @@ impl Actor for HealthProber {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(Duration::from_secs(1), |prober, _| {
-            let in_flight = prober.watched.values().filter(|w| w.in_flight).count();
-            crate::supervision::report_singleton(
-                "health_prober",
-                &format!("watching {}", prober.watched.len()),
-                in_flight,
-            );
-        });
+        // In the tree from the start, then refreshed every second.
+        self.report_tree();
+        ctx.run_interval(Duration::from_secs(1), |prober, _| prober.report_tree());
+    }
+}
+
+impl HealthProber {
+    fn report_tree(&self) {
+        let in_flight = self.watched.values().filter(|w| w.in_flight).count();
+        crate::supervision::report_singleton(
+            "health_prober",
+            &format!("watching {}", self.watched.len()),
+            in_flight,
+        );
     }
 }
 

@@ -43,16 +43,24 @@ impl ProxyRegistry {
     }
 }
 
+impl ProxyRegistry {
+    fn report_tree(&self) {
+        crate::supervision::report_singleton(
+            "proxy_registry",
+            &format!("supervising {}", self.actors.len()),
+            0,
+        );
+    }
+}
+
 impl Actor for ProxyRegistry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        // In the tree from the start, then refreshed every second.
+        self.report_tree();
         ctx.run_interval(std::time::Duration::from_secs(1), |registry, _| {
-            crate::supervision::report_singleton(
-                "proxy_registry",
-                &format!("supervising {}", registry.actors.len()),
-                0,
-            );
+            registry.report_tree()
         });
     }
 }
