@@ -321,25 +321,45 @@ impl Handler<Acquire> for LeaseStore {
     }
 }
 
+impl LeaseStore {
+    /// Answers `value` once the changes just made are durable. Should the
+    /// journal fail, the change stands in memory (logged): a release or a
+    /// rest a restart might forget errs on the side of resting a proxy.
+    fn answer_when_durable<T: 'static>(&mut self, value: T) -> ResponseActFuture<Self, T> {
+        match self.persist() {
+            Ok(Durable::Later(flush)) => Box::pin(
+                async move {
+                    match tokio::time::timeout(DURABLE_WITHIN, flush).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "a lease change may not survive a restart"),
+                        Err(_) => tracing::warn!("a lease change was not saved within {DURABLE_WITHIN:?}"),
+                    }
+                    value
+                }
+                .into_actor(self),
+            ),
+            _ => Box::pin(fut::ready(value)),
+        }
+    }
+}
+
 impl Handler<Release> for LeaseStore {
-    type Result = bool;
-    fn handle(&mut self, msg: Release, _: &mut Self::Context) -> bool {
+    type Result = ResponseActFuture<Self, bool>;
+    fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
         let held = self.book.release(&msg.0, Instant::now());
-        let _ = self.persist();
         if held {
             self.stats.released += 1;
             metrics().leases_active.set(self.book.active_leases() as i64);
         }
-        held
+        self.answer_when_durable(held)
     }
 }
 
 impl Handler<Report> for LeaseStore {
-    type Result = Result<(), UnknownLease>;
+    type Result = ResponseActFuture<Self, Result<(), UnknownLease>>;
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
         let result = self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now());
-        let _ = self.persist();
-        result
+        self.answer_when_durable(result)
     }
 }
 
