@@ -7,10 +7,9 @@
 //! stays far below the API server's object size limit and a change rewrites
 //! one shard. A writer task writes the changed shards behind the lease
 //! store, one round at a time and no more often than every
-//! [`MIN_ROUND_INTERVAL`]. A grant is answered only once the round holding
-//! it is written ([`Durable::Later`]); releases, reports and rests are not
-//! waited for, so a leader that dies forgets at most the last round of
-//! those. Every write names the shard's resourceVersion: a replica whose
+//! [`MIN_ROUND_INTERVAL`]. A change is answered only once the round holding
+//! it is written ([`Durable::Later`]), so a leader that dies forgets
+//! nothing it answered. Every write names the shard's resourceVersion: a replica whose
 //! shard another replica wrote in the meantime has been deposed, and its
 //! pending grants fail instead of landing.
 
