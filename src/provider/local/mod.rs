@@ -154,7 +154,7 @@ impl LocalProvider {
             }
             _ => (
                 InstanceState::Stopped,
-                Some(self.stop_reason(dir, record, identity.as_ref())),
+                Some(self.stop_reason(dir, record, identity.as_ref()).await),
             ),
         };
         Instance {
@@ -170,10 +170,15 @@ impl LocalProvider {
 
     /// Why an instance's process is not running: its exit status when this
     /// operator started it, and the last lines of its log.
-    fn stop_reason(&self, dir: &Path, record: &InstanceRecord, identity: Option<&ProcessIdentity>) -> String {
+    async fn stop_reason(
+        &self,
+        dir: &Path,
+        record: &InstanceRecord,
+        identity: Option<&ProcessIdentity>,
+    ) -> String {
         let how = match identity {
             None => "no proxy process was ever recorded for the instance".to_owned(),
-            Some(p) => match self.exits.of(p) {
+            Some(p) => match self.exits.of(p).await {
                 Some(exit) => format!("the proxy process {exit}"),
                 None => "the proxy process is gone (its exit status is unknown: it was started by an earlier run of the operator)".to_owned(),
             },

@@ -125,30 +125,47 @@ impl std::fmt::Display for Exit {
     }
 }
 
-/// Exit statuses of processes this operator started, by identity. A
-/// process that exits is reaped by the task that spawned it, which records
-/// the status here; entries go when their instance is deleted.
+/// Exit statuses of processes this operator started, by identity (`None`
+/// while running). A process that exits is reaped by the task that spawned
+/// it, which records the status here; entries go when their instance is
+/// deleted.
 #[derive(Clone, Default)]
-pub struct Exits(Arc<Mutex<HashMap<ProcessIdentity, Exit>>>);
+pub struct Exits(Arc<Mutex<HashMap<ProcessIdentity, Option<Exit>>>>);
+
+/// How long a gone process's exit status may take to be reaped and recorded.
+const REAP_WAIT: Duration = Duration::from_millis(500);
 
 impl Exits {
-    pub fn of(&self, identity: &ProcessIdentity) -> Option<Exit> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(identity)
-            .copied()
+    /// How a process this operator started ended; `None` for one it did not
+    /// start (its status is unknowable). A process that just died may still
+    /// be a zombie for its reaper: waits briefly for the status.
+    pub async fn of(&self, identity: &ProcessIdentity) -> Option<Exit> {
+        let deadline = Instant::now() + REAP_WAIT;
+        loop {
+            match self.lock().get(identity) {
+                None => return None,
+                Some(Some(exit)) => return Some(*exit),
+                Some(None) if Instant::now() >= deadline => return None,
+                Some(None) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ProcessIdentity, Option<Exit>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn forget(&self, identity: &ProcessIdentity) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(identity);
+        self.lock().remove(identity);
+    }
+
+    fn started(&self, identity: ProcessIdentity) {
+        self.lock().insert(identity, None);
     }
 
     fn record(&self, identity: ProcessIdentity, exit: Exit) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(identity, exit);
+        self.lock().insert(identity, Some(exit));
     }
 }
 
@@ -176,6 +193,7 @@ pub fn spawn(
     // The child cannot be reaped before `wait` below, so /proc still has it.
     let identity = ProcessIdentity::of(pid)?;
     let recorded = identity.write(dir);
+    exits.started(identity.clone());
     let exits = exits.clone();
     let waited = identity.clone();
     tokio::spawn(async move {
