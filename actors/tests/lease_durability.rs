@@ -8,31 +8,12 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::process::{InstanceReaper, Killed, free_port, health_target};
+use support::process::{InstanceReaper, free_port, health_target, standalone};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
-
-fn start(dir: &Path) -> Killed {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("operator.log"))
-        .unwrap();
-    Killed(
-        Command::new(BIN)
-            .args(["standalone", "--log-format", "text", "--config"])
-            .arg(dir.join("standalone.yaml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
 
 async fn call(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
     let (status, text) = support::http::request(api, method, path, &[], body).await;
@@ -100,7 +81,7 @@ async fn leases_and_rests_survive_a_sigkill() {
         .unwrap();
     }
 
-    let operator = start(dir);
+    let operator = standalone(BIN, dir);
     ready(api, 3, dir).await;
     let mut leases = Vec::new();
     for _ in 0..3 {
@@ -117,7 +98,7 @@ async fn leases_and_rests_survive_a_sigkill() {
     // Killed right after its last answer.
     drop(operator);
 
-    let _operator = start(dir);
+    let _operator = standalone(BIN, dir);
     let listed = ready(api, 3, dir).await;
     let active: Vec<u64> = listed
         .as_array()

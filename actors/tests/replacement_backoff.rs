@@ -7,12 +7,11 @@ mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use egress_proxies::resource::{Phase, Proxy};
 use egress_proxies::store::embedded::read_snapshot;
-use support::process::{InstanceReaper, Killed, free_port, health_target};
+use support::process::{InstanceReaper, free_port, health_target, standalone};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 /// How long the crash loop is watched.
@@ -107,7 +106,7 @@ async fn an_always_exiting_instance_is_replaced_with_growing_delays_and_a_reason
     .unwrap();
     let health = health_target();
     write_manifest(dir, 3128, &health);
-    let operator = start_operator(dir);
+    let operator = standalone(BIN, dir);
     let operator_log = || std::fs::read_to_string(dir.join("operator.log")).unwrap_or_default();
 
     // Watch the crash loop for a minute: it must back off, and say so.
@@ -165,7 +164,7 @@ async fn an_always_exiting_instance_is_replaced_with_growing_delays_and_a_reason
     // status), not restarted from zero, and no loss is counted twice.
     drop(operator);
     let waiting = proxy(dir).unwrap().status.unwrap().replacement.unwrap();
-    let operator = start_operator(dir);
+    let operator = standalone(BIN, dir);
     let deadline = Instant::now() + Duration::from_secs(60);
     while starts(dir) == n {
         assert!(
@@ -209,29 +208,10 @@ async fn an_always_exiting_instance_is_replaced_with_growing_delays_and_a_reason
 
     // The manifest goes, and with it the healed instance.
     std::fs::remove_file(dir.join("proxies/crashing.yaml")).unwrap();
-    let _operator = start_operator(dir);
+    let _operator = standalone(BIN, dir);
     let deadline = Instant::now() + Duration::from_secs(20);
     while proxy(dir).is_some() {
         assert!(Instant::now() < deadline, "not deleted\n{}", operator_log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// The operator binary on `dir`'s configuration, logging into `operator.log`.
-fn start_operator(dir: &Path) -> Killed {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("operator.log"))
-        .unwrap();
-    Killed(
-        Command::new(BIN)
-            .args(["standalone", "--log-format", "text", "--config"])
-            .arg(dir.join("standalone.yaml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
 }

@@ -123,3 +123,23 @@ impl Drop for InstanceReaper {
         }
     }
 }
+
+/// The operator binary (`bin`) in standalone mode on `dir/standalone.yaml`,
+/// appending its text log to `dir/operator.log`; killed when dropped.
+pub fn standalone(bin: &str, dir: &std::path::Path) -> Killed {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("operator.log"))
+        .unwrap();
+    Killed(
+        std::process::Command::new(bin)
+            .args(["standalone", "--log-format", "text", "--config"])
+            .arg(dir.join("standalone.yaml"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
