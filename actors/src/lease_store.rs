@@ -285,61 +285,55 @@ impl Handler<Acquire> for LeaseStore {
                 return Box::pin(fut::ready(result));
             }
         };
-        match self.persist() {
-            Ok(Durable::Now) => {
-                let result = Ok(grant);
-                self.account(&result);
-                Box::pin(fut::ready(result))
-            }
-            // Answered once the checkpoint holding the grant is written.
-            Ok(Durable::Later(flush)) => Box::pin(
-                async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
-                    .into_actor(self)
-                    .map(move |flushed, store, _| {
-                        let result = match flushed {
-                            // Written, but leadership lapsed meanwhile: the
-                            // next leader may not have read it.
-                            Ok(Ok(())) if !store.leading() => {
-                                store.book.cancel(&grant.id, Instant::now());
-                                let _ = store.persist();
-                                Err(AcquireError::NotLeader)
-                            }
-                            Ok(Ok(())) => Ok(grant),
-                            Ok(Err(e)) => Err(store.take_back(&grant, &e)),
-                            Err(_) => Err(store.take_back(&grant, &JournalError::Timeout(DURABLE_WITHIN))),
-                        };
-                        store.account(&result);
-                        result
-                    }),
-            ),
-            Err(e) => {
-                let result = Err(self.take_back(&grant, &e));
-                self.account(&result);
-                Box::pin(fut::ready(result))
-            }
-        }
+        self.when_durable(move |outcome, store| {
+            let result = match outcome {
+                // Written, but leadership lapsed meanwhile: the next leader
+                // may not have read it.
+                Ok(()) if !store.leading() => {
+                    store.book.cancel(&grant.id, Instant::now());
+                    let _ = store.persist();
+                    Err(AcquireError::NotLeader)
+                }
+                Ok(()) => Ok(grant),
+                Err(e) => Err(store.take_back(&grant, &e)),
+            };
+            store.account(&result);
+            result
+        })
     }
 }
 
 impl LeaseStore {
+    /// Waits (at most [`DURABLE_WITHIN`]) until the changes just made are
+    /// durable, then answers with `finish(outcome, store)`.
+    fn when_durable<T: 'static>(
+        &mut self,
+        finish: impl FnOnce(Result<(), JournalError>, &mut Self) -> T + 'static,
+    ) -> ResponseActFuture<Self, T> {
+        match self.persist() {
+            Ok(Durable::Now) => Box::pin(fut::ready(finish(Ok(()), self))),
+            Err(e) => Box::pin(fut::ready(finish(Err(e), self))),
+            Ok(Durable::Later(flush)) => Box::pin(
+                async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
+                    .into_actor(self)
+                    .map(|flushed, store, _| {
+                        let outcome = flushed.unwrap_or_else(|_| Err(JournalError::Timeout(DURABLE_WITHIN)));
+                        finish(outcome, store)
+                    }),
+            ),
+        }
+    }
+
     /// Answers `value` once the changes just made are durable. Should the
     /// journal fail, the change stands in memory (logged): a release or a
     /// rest a restart might forget errs on the side of resting a proxy.
     fn answer_when_durable<T: 'static>(&mut self, value: T) -> ResponseActFuture<Self, T> {
-        match self.persist() {
-            Ok(Durable::Later(flush)) => Box::pin(
-                async move {
-                    match tokio::time::timeout(DURABLE_WITHIN, flush).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "a lease change may not survive a restart"),
-                        Err(_) => tracing::warn!("a lease change was not saved within {DURABLE_WITHIN:?}"),
-                    }
-                    value
-                }
-                .into_actor(self),
-            ),
-            _ => Box::pin(fut::ready(value)),
-        }
+        self.when_durable(move |outcome, _| {
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "a lease change may not survive a restart");
+            }
+            value
+        })
     }
 }
 
@@ -375,22 +369,13 @@ impl Handler<Renew> for LeaseStore {
         };
         // Like a grant, a renewal is answered once durable: a forgotten one
         // would free the proxy while its crawler still uses it.
-        let unavailable =
-            |e: &JournalError| RenewError::Unavailable(format!("the renewal could not be saved: {e}"));
-        match self.persist() {
-            Ok(Durable::Now) => Box::pin(fut::ready(Ok(ttl))),
-            Ok(Durable::Later(flush)) => Box::pin(
-                async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
-                    .into_actor(self)
-                    .map(move |flushed, store, _| match flushed {
-                        Ok(Ok(())) if store.leading() => Ok(ttl),
-                        Ok(Ok(())) => Err(RenewError::NotLeader),
-                        Ok(Err(e)) => Err(unavailable(&e)),
-                        Err(_) => Err(unavailable(&JournalError::Timeout(DURABLE_WITHIN))),
-                    }),
-            ),
-            Err(e) => Box::pin(fut::ready(Err(unavailable(&e)))),
-        }
+        self.when_durable(move |outcome, store| match outcome {
+            Ok(()) if store.leading() => Ok(ttl),
+            Ok(()) => Err(RenewError::NotLeader),
+            Err(e) => Err(RenewError::Unavailable(format!(
+                "the renewal could not be saved: {e}"
+            ))),
+        })
     }
 }
 
