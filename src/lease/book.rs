@@ -35,9 +35,6 @@ struct Entry {
     global_cooldown: Option<Instant>,
     /// The key it has in `available`, if it is there.
     indexed: Option<(u32, u64)>,
-    /// Known only from restored leases or rests: its availability has not
-    /// been reported (yet). Not listed, never leased.
-    placeholder: bool,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +74,9 @@ pub struct LeaseBook {
     /// Ended leases that still accept reports: until when, on which proxy and target.
     ended: HashMap<String, (Instant, ProxyId, String)>,
     global_cooling: BTreeSet<(Instant, ProxyId)>,
+    /// Proxies known only from restored leases or rests: their availability
+    /// has not been reported (yet). Not listed, never leased.
+    placeholders: HashSet<ProxyId>,
     /// Changes not yet taken by the journal; `None` when nothing journals them.
     changes: Option<Vec<LeaseChange>>,
     /// One instant with its wall-clock time: how journaled times are converted.
@@ -109,6 +109,7 @@ impl LeaseBook {
             expiry: BTreeSet::new(),
             ended: HashMap::new(),
             global_cooling: BTreeSet::new(),
+            placeholders: HashSet::new(),
             changes: None,
             epoch: (Instant::now(), Timestamp::now()),
         }
@@ -193,7 +194,6 @@ impl LeaseBook {
                         active: 0,
                         global_cooldown: None,
                         indexed: None,
-                        placeholder: false,
                     },
                 );
                 id
@@ -212,7 +212,7 @@ impl LeaseBook {
                 .insert(id);
         }
         entry.availability = availability;
-        entry.placeholder = false;
+        self.placeholders.remove(&id);
         self.reindex(id, now);
     }
 
@@ -221,6 +221,7 @@ impl LeaseBook {
         let Some(id) = self.ids.get(key).copied() else {
             return;
         };
+        self.placeholders.remove(&id);
         let leases: Vec<String> = self
             .leases
             .iter()
@@ -666,9 +667,9 @@ impl LeaseBook {
     pub fn proxies(&self) -> Vec<ProxyView> {
         let mut out: Vec<ProxyView> = self
             .proxies
-            .values()
-            .filter(|e| !e.placeholder)
-            .map(|e| ProxyView {
+            .iter()
+            .filter(|(id, _)| !self.placeholders.contains(id))
+            .map(|(_, e)| ProxyView {
                 availability: e.availability.clone(),
                 active_leases: e.active,
             })

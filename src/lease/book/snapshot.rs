@@ -151,21 +151,22 @@ impl LeaseBook {
                 active: 0,
                 global_cooldown: None,
                 indexed: None,
-                placeholder: true,
             },
         );
+        self.placeholders.insert(id);
         id
     }
 
     /// Drops placeholders with nothing left to remember: no lease, no rest,
     /// no ended lease that may still be reported on.
     pub(super) fn drop_idle_placeholders(&mut self, now: Instant) {
+        // Only placeholders are looked at: the sweep runs every second.
         let idle: Vec<(ProxyId, ObjectKey)> = self
-            .proxies
+            .placeholders
             .iter()
-            .filter(|(_, e)| e.placeholder && e.active == 0)
-            .filter(|(_, e)| e.global_cooldown.is_none_or(|until| until <= now))
-            .map(|(id, e)| (*id, e.availability.key.clone()))
+            .filter_map(|id| Some((*id, self.proxies.get(id)?)))
+            .filter(|(_, e)| e.active == 0 && e.global_cooldown.is_none_or(|until| until <= now))
+            .map(|(id, e)| (id, e.availability.key.clone()))
             .collect();
         for (id, key) in idle {
             let resting = self.targets.values().any(|t| t.cooldown.contains_key(&id));
@@ -173,6 +174,7 @@ impl LeaseBook {
             if !resting && !reportable {
                 self.proxies.remove(&id);
                 self.ids.remove(&key);
+                self.placeholders.remove(&id);
             }
         }
     }
