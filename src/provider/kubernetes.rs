@@ -138,11 +138,7 @@ pub fn reason_of(pod: &Pod) -> Option<String> {
             parts.push(format!("container {} waiting: {reason}{message}{last}", c.name));
         }
     }
-    let text = parts.join("; ");
-    match text.char_indices().nth(600) {
-        Some((cut, _)) => Some(format!("{}…", &text[..cut])),
-        None => (!text.is_empty()).then_some(text),
-    }
+    (!parts.is_empty()).then(|| crate::provider::reason::clip(&parts.join("; "), 600))
 }
 
 impl KubernetesProvider {

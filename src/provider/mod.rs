@@ -12,6 +12,7 @@ mod instrumented;
 pub mod kubernetes;
 pub mod local;
 mod naming;
+pub mod reason;
 mod registry;
 mod spec_hash;
 mod traced;

@@ -15,6 +15,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::provider::reason::{clip, telling_lines};
+
 /// The identity file in the instance directory, written right after spawn.
 pub const PROCESS_FILE: &str = "process.json";
 
@@ -276,20 +278,9 @@ pub fn log_tail(path: &Path, lines: usize) -> Vec<String> {
     }
     let text = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let flagged: Vec<&str> = all
-        .iter()
-        .copied()
-        .filter(|l| {
-            l.contains("FATAL") || l.contains("ERROR") || l.contains("error:") || l.contains("panicked")
-        })
-        .collect();
-    let chosen = if flagged.is_empty() { all } else { flagged };
-    chosen[chosen.len().saturating_sub(lines)..]
-        .iter()
-        .map(|l| match l.char_indices().nth(MAX_LINE) {
-            Some((cut, _)) => format!("{}…", &l[..cut]),
-            None => (*l).to_owned(),
-        })
+    telling_lines(&all, lines)
+        .into_iter()
+        .map(|l| clip(l, MAX_LINE))
         .collect()
 }
 

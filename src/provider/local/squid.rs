@@ -18,6 +18,7 @@ use std::time::Duration;
 use nix::unistd::User;
 
 use super::record::InstanceRecord;
+use crate::provider::reason::{clip, telling_lines};
 
 pub const CONFIG_FILE: &str = "squid.conf";
 pub const PID_FILE: &str = "squid.pid";
@@ -193,24 +194,10 @@ impl SquidRuntime {
     }
 }
 
-/// Squid's complaints in `output`: its FATAL/ERROR/WARNING lines, else the last lines.
+/// Squid's complaints in `output`: its error lines, else its last lines.
 fn problems(output: &str) -> String {
     let lines: Vec<&str> = output.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let flagged: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| l.contains("FATAL") || l.contains("ERROR") || l.contains("Bungled"))
-        .collect();
-    let chosen = if flagged.is_empty() {
-        &lines[lines.len().saturating_sub(3)..]
-    } else {
-        &flagged[flagged.len().saturating_sub(3)..]
-    };
-    let joined = chosen.join(" | ");
-    match joined.char_indices().nth(600) {
-        Some((cut, _)) => format!("{}…", &joined[..cut]),
-        None => joined,
-    }
+    clip(&telling_lines(&lines, 3).join(" | "), 600)
 }
 
 #[cfg(test)]
