@@ -93,14 +93,8 @@ async fn lifecycle(implementation: LocalImplementation) {
 
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();
-    let state_of = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    assert!(
-        state_of.is_empty()
-            || state_of
-                .rsplit_once(") ")
-                .is_some_and(|(_, r)| r.starts_with('Z')),
-        "delete stops the process: {state_of}"
-    );
+    let (gone, state_of) = support::process::is_gone(pid);
+    assert!(gone, "delete stops the process: {state_of}");
     assert!(!dir.exists());
     assert!(p.get(&id).await.unwrap_err().is_not_found());
     assert!(p.list_by_tag().await.unwrap().is_empty());
@@ -217,11 +211,8 @@ async fn a_process_never_recorded_is_found_by_its_pid_file() {
         "the adopted process is recorded again"
     );
     again.delete(&id).await.unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    assert!(
-        stat.is_empty() || stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')),
-        "delete stopped the adopted process: {stat}"
-    );
+    let (gone, stat) = support::process::is_gone(pid);
+    assert!(gone, "delete stopped the adopted process: {stat}");
     assert!(!dir.exists());
 }
 

@@ -273,11 +273,8 @@ async fn run_quickstart(qs: Quickstart) {
     }
     drop(operator);
     for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        assert!(
-            stat.is_empty() || stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')),
-            "proxy process {pid} outlived its Proxy: {stat}"
-        );
+        let (gone, stat) = support::process::is_gone(pid);
+        assert!(gone, "proxy process {pid} outlived its Proxy: {stat}");
     }
     for dir in run_dirs {
         assert!(!dir.exists(), "{} outlived its Proxy", dir.display());

@@ -143,3 +143,11 @@ pub fn standalone(bin: &str, dir: &std::path::Path) -> Killed {
             .unwrap(),
     )
 }
+
+/// Whether `pid` no longer runs (gone, or a zombie awaiting its reaper);
+/// with its `/proc` stat line for assertion messages.
+pub fn is_gone(pid: i32) -> (bool, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let gone = stat.is_empty() || stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'));
+    (gone, stat)
+}
