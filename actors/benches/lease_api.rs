@@ -4,10 +4,10 @@
 //! ceiling of the HTTP stack on this machine. The server runs in its own
 //! process; this process is the load generator (keep-alive HTTP/1.1).
 //!
-//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10] [--journal sqlite|none]
+//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10] [--journal log|none]
 //!
-//! `--journal sqlite` (the default) is standalone mode as shipped: every
-//! grant and release written to `leases.db` before the answer.
+//! `--journal log` (the default) is standalone mode as shipped: every
+//! grant and release appended to the lease log before the answer.
 //!
 //! All traffic stays on 127.0.0.1.
 
@@ -43,8 +43,7 @@ fn free_addr() -> SocketAddr {
 }
 
 /// The server process: the discovery API with N proxies, and a bare handler.
-fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str) {
-    let state = tempfile::tempdir().unwrap();
+fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state: &std::path::Path) {
     let settings = LeaseSettings {
         capacity: 1,
         ..LeaseSettings::default()
@@ -62,7 +61,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str) {
         _ => LeaseStore::durable(
             settings,
             limits,
-            Box::new(egress_proxies::store::embedded::SqliteLeaseJournal::open(state.path()).unwrap()),
+            Box::new(egress_proxies::store::embedded::LeaseLog::open(state).unwrap()),
         )
         .unwrap(),
     };
@@ -262,17 +261,24 @@ fn main() {
         let api = parts.next().unwrap().parse().unwrap();
         let bare = parts.next().unwrap().parse().unwrap();
         let proxies = parts.next().unwrap().parse().unwrap();
-        serve(api, bare, proxies, parts.next().unwrap_or("sqlite"));
+        let journal = parts.next().unwrap_or("log");
+        let state = parts.next().unwrap();
+        serve(api, bare, proxies, journal, std::path::Path::new(state));
         return;
     }
     let proxies: usize = arg("--proxies").map(|s| s.parse().unwrap()).unwrap_or(10_000);
     let clients: usize = arg("--clients").map(|s| s.parse().unwrap()).unwrap_or(64);
     let seconds: u64 = arg("--seconds").map(|s| s.parse().unwrap()).unwrap_or(10);
-    let journal = arg("--journal").unwrap_or_else(|| "sqlite".into());
+    let journal = arg("--journal").unwrap_or_else(|| "log".into());
     let (api, bare) = (free_addr(), free_addr());
+    // Made (and removed) here: the server is killed, it cannot clean up.
+    let state = tempfile::tempdir().unwrap();
     let _server = Kill(
         Command::new(std::env::current_exe().unwrap())
-            .env(ROLE, format!("{api},{bare},{proxies},{journal}"))
+            .env(
+                ROLE,
+                format!("{api},{bare},{proxies},{journal},{}", state.path().display()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

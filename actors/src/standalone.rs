@@ -7,9 +7,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::provider::{BuildContext, BuildError, Providers};
-use egress_proxies::store::embedded::{
-    self, EmbeddedStore, EmbeddedStoreError, ManifestDir, SqliteLeaseJournal,
-};
+use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
 
 use crate::health_server::{self, Readiness};
 
@@ -82,7 +80,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         gc_grace_period: config.gc_grace_period,
         discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
         lease_journal: Some(Box::new(
-            SqliteLeaseJournal::open(&config.state_dir).map_err(StandaloneError::Leases)?,
+            LeaseLog::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),
         tenure: None,
     };

@@ -5,7 +5,11 @@
 //! Times are wall-clock: they outlive the process whose monotonic clock
 //! measured them.
 
+mod state;
+
 use jiff::Timestamp;
+
+pub use state::{JournalState, key_string, parse_key, parse_ms};
 
 use crate::store::ObjectKey;
 

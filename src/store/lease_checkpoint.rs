@@ -21,12 +21,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use crate::leader::Tenure;
 use crate::lease::journal::{
-    Durable, EndedRecord, JournalError, LeaseChange, LeaseJournal, LeaseRecord, LeaseSnapshot,
+    Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
 use crate::store::ObjectKey;
 
@@ -43,63 +42,6 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest a shard write may take (less when the tenure ends sooner).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One shard's content, as stored.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Shard {
-    /// Lease id → lease.
-    #[serde(default)]
-    leases: BTreeMap<String, StoredLease>,
-    /// Ended lease id → (proxy, target, until ms).
-    #[serde(default)]
-    ended: BTreeMap<String, StoredEnded>,
-    /// `namespace/name` → target → until (ms).
-    #[serde(default)]
-    target_rests: BTreeMap<String, BTreeMap<String, i64>>,
-    /// `namespace/name` → until (ms).
-    #[serde(default)]
-    proxy_rests: BTreeMap<String, i64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct StoredLease {
-    proxy: String,
-    target: String,
-    expires_ms: i64,
-    ttl_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    client: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct StoredEnded {
-    proxy: String,
-    target: String,
-    until_ms: i64,
-}
-
-fn key_string(key: &ObjectKey) -> String {
-    format!("{}/{}", key.namespace, key.name)
-}
-
-fn parse_key(text: &str) -> Result<ObjectKey, JournalError> {
-    text.split_once('/')
-        .map(|(ns, name)| ObjectKey::new(ns, name))
-        .ok_or_else(|| JournalError::Corrupt {
-            what: "proxy key",
-            value: text.to_owned(),
-        })
-}
-
-fn at(ms: i64) -> Result<Timestamp, JournalError> {
-    Timestamp::from_millisecond(ms).map_err(|_| JournalError::Corrupt {
-        what: "time",
-        value: ms.to_string(),
-    })
-}
-
 /// The shard of a proxy: FNV-1a of its key, stable across versions and
 /// machines (a new leader must write an entry where the old one did).
 fn shard_of(key: &ObjectKey) -> usize {
@@ -113,112 +55,6 @@ fn shard_of(key: &ObjectKey) -> usize {
 
 fn shard_name(index: usize) -> String {
     format!("{NAME_PREFIX}{index:02}")
-}
-
-impl Shard {
-    fn apply(&mut self, change: &LeaseChange) {
-        match change {
-            LeaseChange::Granted(l) => {
-                self.leases.insert(
-                    l.id.clone(),
-                    StoredLease {
-                        proxy: key_string(&l.proxy),
-                        target: l.target.clone(),
-                        expires_ms: l.expires.as_millisecond(),
-                        ttl_ms: l.ttl_ms,
-                        client: l.client.clone(),
-                    },
-                );
-            }
-            LeaseChange::Extended { id, expires } => {
-                if let Some(lease) = self.leases.get_mut(id) {
-                    lease.expires_ms = expires.as_millisecond();
-                }
-            }
-            LeaseChange::Ended(e) => {
-                self.leases.remove(&e.id);
-                self.ended.insert(
-                    e.id.clone(),
-                    StoredEnded {
-                        proxy: key_string(&e.proxy),
-                        target: e.target.clone(),
-                        until_ms: e.until.as_millisecond(),
-                    },
-                );
-            }
-            LeaseChange::TargetRest { target, proxy, until } => {
-                let slot = self
-                    .target_rests
-                    .entry(key_string(proxy))
-                    .or_default()
-                    .entry(target.clone())
-                    .or_insert(i64::MIN);
-                *slot = (*slot).max(until.as_millisecond());
-            }
-            LeaseChange::ProxyRest { proxy, until } => {
-                let slot = self.proxy_rests.entry(key_string(proxy)).or_insert(i64::MIN);
-                *slot = (*slot).max(until.as_millisecond());
-            }
-            LeaseChange::ProxyRemoved(proxy) => {
-                let proxy = key_string(proxy);
-                self.leases.retain(|_, l| l.proxy != proxy);
-                self.ended.retain(|_, e| e.proxy != proxy);
-                self.target_rests.remove(&proxy);
-                self.proxy_rests.remove(&proxy);
-            }
-        }
-    }
-
-    /// Drops what ended by `now`; true when anything went.
-    fn prune(&mut self, now: i64) -> bool {
-        let before = self.len();
-        self.leases.retain(|_, l| l.expires_ms > now);
-        self.ended.retain(|_, e| e.until_ms > now);
-        for rests in self.target_rests.values_mut() {
-            rests.retain(|_, until| *until > now);
-        }
-        self.target_rests.retain(|_, rests| !rests.is_empty());
-        self.proxy_rests.retain(|_, until| *until > now);
-        self.len() != before
-    }
-
-    fn len(&self) -> usize {
-        self.leases.len()
-            + self.ended.len()
-            + self.target_rests.values().map(BTreeMap::len).sum::<usize>()
-            + self.proxy_rests.len()
-    }
-
-    fn into_snapshot(self, out: &mut LeaseSnapshot) -> Result<(), JournalError> {
-        for (id, l) in self.leases {
-            out.leases.push(LeaseRecord {
-                id,
-                proxy: parse_key(&l.proxy)?,
-                target: l.target,
-                expires: at(l.expires_ms)?,
-                ttl_ms: l.ttl_ms,
-                client: l.client,
-            });
-        }
-        for (id, e) in self.ended {
-            out.ended.push(EndedRecord {
-                id,
-                proxy: parse_key(&e.proxy)?,
-                target: e.target,
-                until: at(e.until_ms)?,
-            });
-        }
-        for (proxy, rests) in self.target_rests {
-            let key = parse_key(&proxy)?;
-            for (target, until) in rests {
-                out.target_rests.push((target, key.clone(), at(until)?));
-            }
-        }
-        for (proxy, until) in self.proxy_rests {
-            out.proxy_rests.push((parse_key(&proxy)?, at(until)?));
-        }
-        Ok(())
-    }
 }
 
 /// What the writer task and the journal share.
@@ -239,7 +75,7 @@ enum Written {
 }
 
 struct State {
-    shards: Vec<Shard>,
+    shards: Vec<JournalState>,
     /// The resourceVersion each shard was last read or written at.
     versions: Vec<Option<String>>,
     dirty: BTreeSet<usize>,
@@ -279,13 +115,13 @@ impl CheckpointJournal {
                         .and_then(|d| d.get(DATA_KEY))
                         .map(String::as_str)
                         .unwrap_or("{}");
-                    let shard: Shard = serde_json::from_str(text)
+                    let shard: JournalState = serde_json::from_str(text)
                         .map_err(|e| failed(format!("unreadable checkpoint: {e}")))?;
                     shards.push(shard);
                     versions.push(cm.metadata.resource_version);
                 }
                 None => {
-                    shards.push(Shard::default());
+                    shards.push(JournalState::default());
                     versions.push(None);
                 }
             }
@@ -339,12 +175,10 @@ impl LeaseJournal for CheckpointJournal {
                     | LeaseChange::ProxyRest { proxy, .. }
                     | LeaseChange::ProxyRemoved(proxy) => shard_of(proxy),
                     // Renewals name only the lease: find its shard.
-                    LeaseChange::Extended { id, .. } => {
-                        match state.shards.iter().position(|s| s.leases.contains_key(id)) {
-                            Some(index) => index,
-                            None => continue,
-                        }
-                    }
+                    LeaseChange::Extended { id, .. } => match state.shards.iter().position(|s| s.holds(id)) {
+                        Some(index) => index,
+                        None => continue,
+                    },
                 };
                 state.shards[index].apply(change);
                 state.dirty.insert(index);
@@ -520,49 +354,5 @@ mod tests {
             counts[shard_of(&ObjectKey::new("crawl", format!("p{i}")))] += 1;
         }
         assert!(counts.iter().all(|c| (400..=850).contains(c)), "{counts:?}");
-    }
-
-    #[test]
-    fn a_shard_applies_changes_and_prunes_what_ended() {
-        let t = |s: i64| Timestamp::from_second(2_000_000_000 + s).unwrap();
-        let key = ObjectKey::new("crawl", "p1");
-        let mut shard = Shard::default();
-        shard.apply(&LeaseChange::Granted(LeaseRecord {
-            id: "l1".into(),
-            proxy: key.clone(),
-            target: "example.org".into(),
-            expires: t(60),
-            ttl_ms: 60_000,
-            client: None,
-        }));
-        shard.apply(&LeaseChange::TargetRest {
-            target: "example.org".into(),
-            proxy: key.clone(),
-            until: t(30),
-        });
-        shard.apply(&LeaseChange::TargetRest {
-            target: "example.org".into(),
-            proxy: key.clone(),
-            until: t(10),
-        });
-        shard.apply(&LeaseChange::Extended {
-            id: "l1".into(),
-            expires: t(90),
-        });
-        let json = serde_json::to_string(&shard).unwrap();
-        let back: Shard = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, shard, "{json}");
-        let mut snapshot = LeaseSnapshot::default();
-        back.into_snapshot(&mut snapshot).unwrap();
-        assert_eq!(snapshot.leases[0].expires, t(90));
-        assert_eq!(
-            snapshot.target_rests,
-            [("example.org".to_owned(), key.clone(), t(30))]
-        );
-
-        assert!(shard.prune(t(31).as_millisecond()));
-        assert!(shard.target_rests.is_empty() && shard.leases.len() == 1);
-        shard.apply(&LeaseChange::ProxyRemoved(key));
-        assert_eq!(shard.len(), 0);
     }
 }

@@ -86,8 +86,8 @@ pub async fn traced(
     use tracing::field::Empty;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-    let method = req.method().to_string();
-    let route = req.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+    let method = req.method().clone();
+    let route = super::routes::route_of(req.path()).unwrap_or("unmatched");
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));
     let span = tracing::info_span!(
         parent: None, "HTTP request", otel.name = %format!("{method} {route}"), otel.kind = "server",

@@ -9,6 +9,7 @@ mod handlers;
 mod middleware;
 mod openapi;
 mod rate_limit;
+mod routes;
 pub mod types;
 
 use std::net::TcpListener;
@@ -136,20 +137,17 @@ pub fn start_with(
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(token.clone(), req, next)
                     }))
-                    .wrap(tracing_actix_web::TracingLogger::default())
                     .wrap(from_fn(middleware::traced))
                     // Outermost: a flood is refused before it is authenticated or logged.
                     .wrap(from_fn(move |req, next| {
                         rate_limit::limit(limiter.clone(), req, next)
                     }))
-                    .service(guarded("/v1/proxies", "GET").route(web::get().to(handlers::list_proxies)))
-                    .service(guarded("/v1/leases", "POST").route(web::post().to(handlers::acquire)))
-                    .service(guarded("/v1/leases/{id}", "DELETE").route(web::delete().to(handlers::release)))
-                    .service(
-                        guarded("/v1/leases/{id}/report", "POST").route(web::post().to(handlers::report)),
-                    )
-                    .service(guarded("/v1/leases/{id}/renew", "POST").route(web::post().to(handlers::renew)))
-                    .service(guarded("/v1/openapi.json", "GET").route(web::get().to(openapi)))
+                    .service(guarded(routes::PROXIES, "GET").route(web::get().to(handlers::list_proxies)))
+                    .service(guarded(routes::LEASES, "POST").route(web::post().to(handlers::acquire)))
+                    .service(guarded(routes::LEASE, "DELETE").route(web::delete().to(handlers::release)))
+                    .service(guarded(routes::LEASE_REPORT, "POST").route(web::post().to(handlers::report)))
+                    .service(guarded(routes::LEASE_RENEW, "POST").route(web::post().to(handlers::renew)))
+                    .service(guarded(routes::OPENAPI, "GET").route(web::get().to(openapi)))
                     .default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) })),
             )
     })

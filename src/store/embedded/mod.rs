@@ -7,7 +7,7 @@
 //! keeps status, finalizers and the operator's annotations across restarts.
 
 mod database;
-mod leases;
+mod lease_log;
 mod manifests;
 
 use std::collections::{BTreeMap, HashSet};
@@ -24,7 +24,7 @@ use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SPEC_HASH
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
 
 pub use database::{Database, DatabaseError};
-pub use leases::{LEASES_FILE, SqliteLeaseJournal};
+pub use lease_log::{LEASES_DIR, LeaseLog};
 pub use manifests::{Document, ManifestDir, ManifestSet, SecretDoc, parse_file};
 
 /// File name of the state database inside the state directory.
