@@ -4,10 +4,16 @@
 //! ceiling of the HTTP stack on this machine. The server runs in its own
 //! process; this process is the load generator (keep-alive HTTP/1.1).
 //!
-//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10] [--journal log|none]
+//!   cargo bench -p egress-proxies-operator --bench lease_api -- [--proxies 10000] [--clients 64] [--seconds 10] [--journal log|none] [--target spread|hot]
 //!
 //! `--journal log` (the default) is standalone mode as shipped: every
 //! grant and release appended to the lease log before the answer.
+//!
+//! `--target spread` (the default) asks for one of 100,000 targets each
+//! time; `--target hot` asks for the same one every time, so after the
+//! first pass over the fleet every proxy rests 30 s for it and most answers
+//! are `503 no_capacity` — the case where selection must not walk past the
+//! resting proxies. A 503 is then an expected answer, not an error.
 //!
 //! All traffic stays on 127.0.0.1.
 
@@ -165,6 +171,7 @@ impl Conn {
 
 struct Run {
     requests: u64,
+    granted: u64,
     errors: u64,
     latencies: Vec<Duration>,
     wall: Duration,
@@ -173,6 +180,7 @@ struct Run {
 async fn load(
     clients: usize,
     seconds: u64,
+    hot: bool,
     work: impl Fn(u64) -> (SocketAddr, bool) + Send + Sync + 'static,
 ) -> Run {
     let work = Arc::new(work);
@@ -184,21 +192,26 @@ async fn load(
             tokio::spawn(async move {
                 let (addr, _) = work(0);
                 let mut conn = Conn::open(addr).await;
-                let (mut requests, mut errors, mut latencies) = (0u64, 0u64, Vec::new());
+                let (mut requests, mut granted, mut errors, mut latencies) = (0u64, 0u64, 0u64, Vec::new());
                 let mut n = c as u64;
                 while Instant::now() < deadline {
                     n += clients as u64;
                     let (_, lease_api) = work(n);
                     if lease_api {
-                        let ask = format!(r#"{{"target":"site-{}.example","ttlSeconds":60}}"#, n % 100_000);
+                        let ask = if hot {
+                            r#"{"target":"hot.example","ttlSeconds":60}"#.to_owned()
+                        } else {
+                            format!(r#"{{"target":"site-{}.example","ttlSeconds":60}}"#, n % 100_000)
+                        };
                         let t = Instant::now();
                         let (status, body) = conn.call("POST", "/v1/leases", &ask).await;
                         latencies.push(t.elapsed());
                         requests += 1;
                         if status != 201 {
-                            errors += 1;
+                            errors += u64::from(!(hot && status == 503));
                             continue;
                         }
+                        granted += 1;
                         let id = body
                             .split("\"id\":\"")
                             .nth(1)
@@ -218,19 +231,21 @@ async fn load(
                         errors += u64::from(status != 201);
                     }
                 }
-                (requests, errors, latencies)
+                (requests, granted, errors, latencies)
             })
         })
         .collect();
     let mut run = Run {
         requests: 0,
+        granted: 0,
         errors: 0,
         latencies: Vec::new(),
         wall: Duration::ZERO,
     };
     for t in tasks {
-        let (r, e, l) = t.await.unwrap();
+        let (r, g, e, l) = t.await.unwrap();
         run.requests += r;
+        run.granted += g;
         run.errors += e;
         run.latencies.extend(l);
     }
@@ -270,6 +285,12 @@ fn main() {
     let clients: usize = arg("--clients").map(|s| s.parse().unwrap()).unwrap_or(64);
     let seconds: u64 = arg("--seconds").map(|s| s.parse().unwrap()).unwrap_or(10);
     let journal = arg("--journal").unwrap_or_else(|| "log".into());
+    let target = arg("--target").unwrap_or_else(|| "spread".into());
+    let hot = match target.as_str() {
+        "hot" => true,
+        "spread" => false,
+        other => panic!("--target {other}: expected spread or hot"),
+    };
     let (api, bare) = (free_addr(), free_addr());
     // Made (and removed) here: the server is killed, it cannot clean up.
     let state = tempfile::tempdir().unwrap();
@@ -297,22 +318,23 @@ fn main() {
         }
         // Let the 10k availability messages land before measuring.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let bare_run = load(clients, seconds, move |_| (bare, false)).await;
-        let api_run = load(clients, seconds, move |_| (api, true)).await;
+        let bare_run = load(clients, seconds, false, move |_| (bare, false)).await;
+        let api_run = load(clients, seconds, hot, move |_| (api, true)).await;
         let rate = |r: &Run| r.requests as f64 / r.wall.as_secs_f64();
         println!(
-            "proxies={proxies} clients={clients} duration={seconds}s journal={journal} cores={}",
+            "proxies={proxies} clients={clients} duration={seconds}s journal={journal} target={target} cores={}",
             std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
         );
-        println!("| server | requests/s | errors | p50 ms | p99 ms |");
-        println!("|---|---:|---:|---:|---:|");
+        println!("| server | requests/s | leases granted | errors | p50 ms | p99 ms |");
+        println!("|---|---:|---:|---:|---:|---:|");
         for (name, r) in [
             ("bare actix handler", &bare_run),
             ("lease API (acquire + release)", &api_run),
         ] {
             println!(
-                "| {name} | {:.0} | {} | {:.3} | {:.3} |",
+                "| {name} | {:.0} | {} | {} | {:.3} | {:.3} |",
                 rate(r),
+                r.granted,
                 r.errors,
                 pct(&r.latencies, 0.50),
                 pct(&r.latencies, 0.99)

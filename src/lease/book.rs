@@ -1,17 +1,21 @@
-//! The lease book. Selection walks an index of *available* proxies ordered
-//! by (active leases, latency): the first level with a match wins, and
-//! within it a proxy never leased for the target wins at once. With an
-//! attribute selector, the smallest matching posting list is walked instead
-//! when it is shorter. Neither path looks at unavailable proxies (not
-//! ready, globally cooling, at capacity): they are not in the index.
+//! The lease book. Available proxies (ready, not resting everywhere, below
+//! capacity) are indexed by (active leases, latency). A request picks the
+//! best proxy not resting for its target: fewest active leases, then one
+//! never leased for the target, then the one leased for it longest ago,
+//! then the lowest latency. See [`LeaseBook::select`] for how that stays
+//! O(log n) for a hot target whose proxies nearly all rest.
 
 mod snapshot;
+mod target;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
+use self::target::TargetState;
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
 use super::{
@@ -21,6 +25,22 @@ use super::{
 use crate::store::ObjectKey;
 
 type ProxyId = u32;
+
+/// A proxy's place in the availability index: (active leases, latency, id).
+type IndexKey = (u32, u64, ProxyId);
+
+/// Past the end of the index.
+const INDEX_END: IndexKey = (u32::MAX, u64::MAX, ProxyId::MAX);
+
+/// A walk for a never-used proxy that passes this many used ones marks
+/// the target hot: it keeps where its next walk starts.
+const HOT_WALK: usize = 32;
+/// Hot targets that keep a starting point (each costs a lookup whenever a
+/// proxy returns to the index).
+const MAX_HOT_TARGETS: usize = 32;
+/// Never-used proxies a hot target notes as back in the index before its
+/// starting point; past this many it starts from the beginning once.
+const MAX_RETURNED: usize = 1024;
 
 /// Latency key for ordering: unknown latency sorts last.
 fn latency_key(latency: Option<Duration>) -> u64 {
@@ -33,17 +53,8 @@ struct Entry {
     active: u32,
     /// Resting for every target until then (`error` report).
     global_cooldown: Option<Instant>,
-    /// The key it has in `available`, if it is there.
+    /// (active, latency) of its key in `available`, if it is there.
     indexed: Option<(u32, u64)>,
-}
-
-#[derive(Debug, Default)]
-struct TargetState {
-    last_leased: HashMap<ProxyId, Instant>,
-    cooldown: HashMap<ProxyId, Instant>,
-    /// Leases on this target held, or ended but still taking reports: the
-    /// state must outlive them (a release or a late `blocked` rests here).
-    refs: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -64,11 +75,15 @@ pub struct LeaseBook {
     ids: HashMap<ObjectKey, ProxyId>,
     proxies: HashMap<ProxyId, Entry>,
     next_id: ProxyId,
-    /// Available proxies: (active leases, latency, id).
-    available: BTreeSet<(u32, u64, ProxyId)>,
+    /// Available proxies.
+    available: BTreeSet<IndexKey>,
     /// Attribute postings of every known proxy.
     postings: HashMap<(String, String), HashSet<ProxyId>>,
     targets: HashMap<String, TargetState>,
+    /// Targets keeping where their walk for a never-used proxy starts.
+    hot_targets: HashSet<String>,
+    /// Proxies the last selection looked at (tests hold it to a bound).
+    last_walk: usize,
     leases: HashMap<String, Lease>,
     expiry: BTreeSet<(Instant, String)>,
     /// Ended leases that still accept reports: until when, on which proxy and target.
@@ -105,6 +120,8 @@ impl LeaseBook {
             available: BTreeSet::new(),
             postings: HashMap::new(),
             targets: HashMap::new(),
+            hot_targets: HashSet::new(),
+            last_walk: 0,
             leases: HashMap::new(),
             expiry: BTreeSet::new(),
             ended: HashMap::new(),
@@ -173,9 +190,23 @@ impl LeaseBook {
         let cooling = entry.global_cooldown.is_some_and(|until| until > now);
         let full = self.settings.capacity != 0 && entry.active >= self.settings.capacity;
         if entry.availability.ready && !cooling && !full {
-            let key = (entry.active, latency_key(entry.availability.latency));
-            self.available.insert((key.0, key.1, id));
-            entry.indexed = Some(key);
+            let key = (entry.active, latency_key(entry.availability.latency), id);
+            self.available.insert(key);
+            entry.indexed = Some((key.0, key.1));
+            // A hot target's walk starts past proxies it used: a never-used
+            // one coming back before that point is noted.
+            for name in &self.hot_targets {
+                if let Some(target) = self.targets.get_mut(name)
+                    && target.untouched_from.is_some_and(|from| key < from)
+                    && !target.touched(id)
+                {
+                    if target.returned.len() < MAX_RETURNED {
+                        target.returned.insert(key);
+                    } else {
+                        target.forget_walk_start();
+                    }
+                }
+            }
         }
     }
 
@@ -244,8 +275,7 @@ impl LeaseBook {
             }
         }
         for state in self.targets.values_mut() {
-            state.last_leased.remove(&id);
-            state.cooldown.remove(&id);
+            state.forget_proxy(id);
         }
     }
 
@@ -258,12 +288,6 @@ impl LeaseBook {
             .all(|(k, v)| entry.availability.attributes.get(k) == Some(v))
     }
 
-    fn cooling_for(&self, id: ProxyId, target: Option<&TargetState>, now: Instant) -> bool {
-        target
-            .and_then(|t| t.cooldown.get(&id))
-            .is_some_and(|until| *until > now)
-    }
-
     /// Grants a lease on the best eligible proxy.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> Result<Grant, AcquireError> {
         if req.target.is_empty() {
@@ -273,6 +297,16 @@ impl LeaseBook {
             return Err(AcquireError::ZeroTtl);
         }
         self.release_cooled(now);
+        if let Some(target) = self.targets.get_mut(&req.target) {
+            target.settle(now);
+            // Noted returns that were used or left the index since.
+            while let Some(&key) = target.returned.first() {
+                if self.available.contains(&key) && !target.touched(key.2) {
+                    break;
+                }
+                target.returned.pop_first();
+            }
+        }
         if self.leases.len() >= self.limits.max_leases {
             return Err(TableFull {
                 table: "leases",
@@ -306,7 +340,7 @@ impl LeaseBook {
         );
         self.expiry.insert((expires, lease_id.clone()));
         let target = self.targets.entry(req.target.clone()).or_default();
-        target.last_leased.insert(id, now);
+        target.leased(id, now);
         target.refs += 1;
         let entry = self.proxies.get_mut(&id).expect("selected from the index");
         entry.active += 1;
@@ -330,14 +364,24 @@ impl LeaseBook {
         Ok(grant)
     }
 
-    /// The best eligible proxy: fewest active leases, then longest since last
-    /// leased for the target (never is longest), then lowest latency.
-    fn select(&self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
+    /// The best eligible proxy: fewest active leases, then never leased for
+    /// the target, then leased for it longest ago, then lowest latency.
+    ///
+    /// Proxies resting for the target are never walked past: they sit in
+    /// the target's rest queue, not among its idle proxies. The best used
+    /// proxy is the first idle one at the lowest level; the best never-used
+    /// one is the first proxy of the index the target has not touched. For
+    /// a hot target that walk would pass every proxy it used, so it keeps
+    /// where the walk can start (everything before is used), moved back
+    /// whenever an unused proxy returns to the index. An acquire costs
+    /// O(log n), plus the used proxies that are now leased elsewhere or not
+    /// ready — whatever rests. With a selector whose posting list is shorter
+    /// than the index, that list is walked instead.
+    fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
-        let eligible = |id: ProxyId| self.matches(id, &req.selector) && !self.cooling_for(id, target, now);
         let rank = |id: ProxyId| {
             let entry = &self.proxies[&id];
-            let last = target.and_then(|t| t.last_leased.get(&id)).copied();
+            let last = target.and_then(|t| t.last_leased(id));
             // None (never leased) sorts before any instant.
             (entry.active, last, latency_key(entry.availability.latency), id)
         };
@@ -360,30 +404,109 @@ impl LeaseBook {
             return postings
                 .iter()
                 .copied()
-                .filter(|id| self.proxies[id].indexed.is_some() && eligible(*id))
+                .filter(|id| self.proxies[id].indexed.is_some() && self.matches(*id, &req.selector))
+                .filter(|id| !target.is_some_and(|t| t.resting(*id, now)))
                 .min_by_key(|id| rank(*id));
         }
 
-        let mut best: Option<(u32, Option<Instant>, u64, ProxyId)> = None;
-        for &(active, latency, id) in &self.available {
-            if let Some(b) = best
-                && b.0 < active
-            {
-                break; // a lower level already had a match
+        let Some(target) = target else {
+            // Never asked for: the first matching proxy of the index.
+            return self
+                .available
+                .iter()
+                .find(|key| self.matches(key.2, &req.selector))
+                .map(|key| key.2);
+        };
+        let floor = self.available.first()?.0;
+        let mut used: Option<(u32, Option<Instant>, u64, ProxyId)> = None;
+        let consider = |last: Instant, id: ProxyId, used: &mut Option<_>| -> bool {
+            let Some((active, latency)) = self.proxies.get(&id).and_then(|e| e.indexed) else {
+                return false;
+            };
+            if !self.matches(id, &req.selector) {
+                return false;
             }
-            if !eligible(id) {
-                continue;
+            let candidate = (active, Some(last), latency, id);
+            if used.is_none_or(|best| candidate < best) {
+                *used = Some(candidate);
             }
-            let r = rank(id);
-            if r.1.is_none() {
-                return Some(id); // never leased for the target, lowest latency of its level
+            active == floor
+        };
+        let mut walk = 0;
+        let mut oldest_at_floor = None;
+        for (last, id) in target.idle() {
+            if oldest_at_floor.is_some_and(|oldest| last > oldest) {
+                break; // the oldest at the lowest level (ties went by latency)
             }
-            debug_assert_eq!((r.0, r.2), (active, latency));
-            if best.is_none_or(|b| r < b) {
-                best = Some(r);
+            walk += 1;
+            if consider(last, id, &mut used) {
+                oldest_at_floor = Some(last);
             }
         }
-        best.map(|b| b.3)
+        if self.settings.capacity != 1 {
+            // Leased for the target and still below capacity.
+            for (last, id) in target.held() {
+                walk += 1;
+                consider(last, id, &mut used);
+            }
+        }
+
+        let hot = req.selector.is_empty();
+        let start = if hot { target.untouched_from } else { None };
+        let (mut found, mut stopped, mut passed) = (None, INDEX_END, 0);
+        // A noted return sorts before the starting point: no walk needed.
+        let returned = if hot {
+            target.returned.first().copied()
+        } else {
+            None
+        };
+        let walk_from = if returned.is_some() {
+            INDEX_END
+        } else {
+            start.unwrap_or((0, 0, 0))
+        };
+        for &key in self.available.range(walk_from..) {
+            walk += 1;
+            if used.is_some_and(|best| key.0 > best.0) {
+                stopped = key; // a used proxy at a lower level wins
+                break;
+            }
+            if target.touched(key.2) || !self.matches(key.2, &req.selector) {
+                passed += 1;
+                continue;
+            }
+            found = Some(key);
+            break;
+        }
+        self.last_walk = walk;
+        if returned.is_some() {
+            found = returned;
+        } else if hot && (passed >= HOT_WALK || self.hot_targets.contains(&req.target)) {
+            self.mark_hot(&req.target, found.unwrap_or(stopped));
+        }
+        match (found, used) {
+            (Some(key), Some(best)) if key.0 <= best.0 => Some(key.2),
+            (Some(key), None) => Some(key.2),
+            (_, best) => best.map(|b| b.3),
+        }
+    }
+
+    /// `target`'s walk for a never-used proxy starts at `from` from now on.
+    fn mark_hot(&mut self, target: &str, from: IndexKey) {
+        if !self.hot_targets.contains(target) {
+            if self.hot_targets.len() >= MAX_HOT_TARGETS
+                && let Some(evicted) = self.hot_targets.iter().next().cloned()
+            {
+                self.hot_targets.remove(&evicted);
+                if let Some(state) = self.targets.get_mut(&evicted) {
+                    state.forget_walk_start();
+                }
+            }
+            self.hot_targets.insert(target.to_owned());
+        }
+        if let Some(state) = self.targets.get_mut(target) {
+            state.untouched_from = Some(from);
+        }
     }
 
     /// Ends a lease (idempotent) and rests its proxy for the target.
@@ -420,6 +543,9 @@ impl LeaseBook {
                 break;
             };
             self.forget_ended(&oldest);
+        }
+        if let Some(target) = self.targets.get_mut(&lease.target) {
+            target.unheld(lease.proxy);
         }
         if cooldown {
             self.rest_for_target(&lease.target, lease.proxy, now + self.settings.cooldown);
@@ -470,15 +596,11 @@ impl LeaseBook {
 
     /// `proxy` rests for `target` until at least `until`.
     fn rest_for_target(&mut self, target: &str, proxy: ProxyId, until: Instant) {
-        let slot = self
+        let until = self
             .targets
             .entry(target.to_owned())
             .or_default()
-            .cooldown
-            .entry(proxy)
-            .or_insert(until);
-        *slot = (*slot).max(until);
-        let until = *slot;
+            .rest(proxy, until);
         if let Some(key) = self.key_of(proxy) {
             self.note(LeaseChange::TargetRest {
                 target: target.to_owned(),
@@ -533,15 +655,19 @@ impl LeaseBook {
             self.ended_order.pop_front();
             self.forget_ended(&id);
         }
-        let horizon = self.settings.blocked_cooldown.max(self.settings.cooldown);
+        // After the longest cooldown, "when last leased" no longer matters much.
+        let horizon = (self.settings.blocked_cooldown)
+            .max(self.settings.cooldown)
+            .max(Duration::from_secs(3600));
+        let cutoff = now.checked_sub(horizon);
         self.targets.retain(|_, state| {
-            state.cooldown.retain(|_, until| *until > now);
-            // After the longest cooldown, "when last leased" no longer matters much.
-            state
-                .last_leased
-                .retain(|_, at| now.duration_since(*at) < horizon.max(Duration::from_secs(3600)));
-            !state.cooldown.is_empty() || !state.last_leased.is_empty() || state.refs > 0
+            state.settle(now);
+            if let Some(cutoff) = cutoff {
+                state.forget_marks_before(cutoff);
+            }
+            !state.is_idle()
         });
+        self.hot_targets.retain(|name| self.targets.contains_key(name));
         self.drop_idle_placeholders(now);
         expired
     }
@@ -587,11 +713,7 @@ impl LeaseBook {
             leases: self.leases.len(),
             ended: self.ended.len(),
             targets: self.targets.len(),
-            target_marks: self
-                .targets
-                .values()
-                .map(|t| t.cooldown.len() + t.last_leased.len())
-                .sum(),
+            target_marks: self.targets.values().map(TargetState::marks).sum(),
             recent_reports: self.recent_reports.len(),
             detail_bytes: self.recent_reports.detail_bytes(),
         }
@@ -616,8 +738,8 @@ impl LeaseBook {
         let mut idle: Vec<(Option<Instant>, &String)> = self
             .targets
             .iter()
-            .filter(|(_, s)| s.refs == 0 && s.cooldown.values().all(|until| *until <= now))
-            .map(|(k, s)| (s.last_leased.values().max().copied(), k))
+            .filter(|(_, s)| s.refs == 0 && s.last_rest_end().is_none_or(|until| until <= now))
+            .map(|(k, s)| (s.newest_mark(), k))
             .collect();
         if idle.is_empty() {
             return Err(TableFull {
@@ -632,6 +754,7 @@ impl LeaseBook {
         let forget: Vec<String> = idle[..n].iter().map(|(_, k)| (*k).clone()).collect();
         for k in forget {
             self.targets.remove(&k);
+            self.hot_targets.remove(&k);
         }
         Ok(())
     }
@@ -648,8 +771,8 @@ impl LeaseBook {
         let rests = self
             .targets
             .values()
-            .flat_map(|t| t.cooldown.values())
-            .filter(|until| **until > now)
+            .filter_map(|t| t.next_rest_end())
+            .filter(|until| *until > now)
             .min()
             .map(|until| until.duration_since(now));
         let ended = self

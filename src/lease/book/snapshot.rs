@@ -42,11 +42,11 @@ impl LeaseBook {
             }
         }
         for (target, state) in &self.targets {
-            for (proxy, until) in &state.cooldown {
-                if let (true, Some(key)) = (*until > now, key(proxy)) {
+            for (proxy, until) in state.rests() {
+                if let (true, Some(key)) = (until > now, key(&proxy)) {
                     snapshot
                         .target_rests
-                        .push((target.clone(), key, self.wall(*until)));
+                        .push((target.clone(), key, self.wall(until)));
                 }
             }
         }
@@ -169,7 +169,7 @@ impl LeaseBook {
             .map(|(id, e)| (id, e.availability.key.clone()))
             .collect();
         for (id, key) in idle {
-            let resting = self.targets.values().any(|t| t.cooldown.contains_key(&id));
+            let resting = self.targets.values().any(|t| t.resting(id, now));
             let reportable = self.ended.values().any(|(_, proxy, _)| *proxy == id);
             if !resting && !reportable {
                 self.proxies.remove(&id);
