@@ -1,19 +1,77 @@
 //! Orphan GC: delete provider instances whose Proxy no longer exists.
 //!
 //! Live UIDs are read first (objects being deleted still count as live —
-//! their own finalizer handles them), then every provider lists what it
-//! tagged. An instance is reaped only when its UID is not live **and** it is
-//! older than the grace period, so a create racing the sweep is never
-//! touched. A provider that cannot list is skipped for this sweep (GC never
-//! acts on a partial view of a provider); a failed delete is logged and not
-//! counted.
+//! their own finalizer handles them), then every provider lists what is
+//! tagged managed. An instance is reaped only when it is **this
+//! installation's** (its installation tag), within the operator's namespace
+//! scope, not released, its UID is not live, and it is older than the grace
+//! period, so a create racing the sweep is never touched. Instances of other
+//! installations, or of namespaces out of scope, are someone else's to
+//! judge; instances without an installation tag (made by hand or by an
+//! earlier version) are never reaped, only reported. A provider that
+//! cannot list is skipped for this sweep (GC never acts on a partial view
+//! of a provider); a failed delete is logged and not counted.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::provider::Providers;
+use crate::installation::InstallationId;
+use crate::provider::{Instance, ProviderId, Providers};
 use crate::store::ProxyStore;
+
+/// Whose instances a sweep may reap.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    pub installation: InstallationId,
+    /// Proxy namespaces the operator watches (`--proxy-namespace`); `None`: all.
+    pub namespaces: Option<BTreeSet<String>>,
+}
+
+/// Why a listed instance is not this sweep's to judge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NotOurs {
+    /// No installation tag: made by hand or by an earlier version.
+    Untagged,
+    OtherInstallation,
+    /// This installation's, but its Proxy's namespace is outside `--proxy-namespace`.
+    OutOfScope,
+    /// Released with skip-cleanup: left to its admin.
+    Released,
+}
+
+impl NotOurs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotOurs::Untagged => "untagged",
+            NotOurs::OtherInstallation => "other_installation",
+            NotOurs::OutOfScope => "out_of_scope",
+            NotOurs::Released => "released",
+        }
+    }
+}
+
+impl Scope {
+    /// Whether the sweep may judge `instance` (and why not).
+    pub fn judges(&self, instance: &Instance) -> Result<(), NotOurs> {
+        let owner = &instance.owner;
+        if owner.released {
+            return Err(NotOurs::Released);
+        }
+        match owner.installation.as_deref() {
+            None => return Err(NotOurs::Untagged),
+            Some(i) if i != self.installation.as_str() => return Err(NotOurs::OtherInstallation),
+            Some(_) => {}
+        }
+        match (&self.namespaces, owner.namespace.as_deref()) {
+            (None, _) => Ok(()),
+            (Some(scope), Some(ns)) if scope.contains(ns) => Ok(()),
+            (Some(_), _) => Err(NotOurs::OutOfScope),
+        }
+    }
+}
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -32,6 +90,10 @@ pub struct SweepReport {
     pub leftovers_deleted: usize,
     pub leftovers_waiting: usize,
     pub leftover_errors: usize,
+    /// Instances listed that were not this sweep's to judge, by provider and why.
+    pub not_ours: BTreeMap<(String, NotOurs), usize>,
+    /// Instances without an installation tag: (provider, id), for a one-time report.
+    pub untagged: Vec<(String, ProviderId)>,
 }
 
 /// The live Proxy UIDs could not be read; nothing was deleted.
@@ -43,6 +105,7 @@ pub struct SweepError(#[from] crate::store::StoreError);
 pub async fn sweep(
     store: &dyn ProxyStore,
     providers: &Providers,
+    scope: &Scope,
     grace: Duration,
     now: Timestamp,
 ) -> Result<SweepReport, SweepError> {
@@ -58,9 +121,29 @@ pub async fn sweep(
             }
         };
         report.listed += instances.len();
+        for reason in [
+            NotOurs::Untagged,
+            NotOurs::OtherInstallation,
+            NotOurs::OutOfScope,
+            NotOurs::Released,
+        ] {
+            report.not_ours.insert((provider.name().to_owned(), reason), 0);
+        }
         for instance in instances {
+            if let Err(reason) = scope.judges(&instance) {
+                *report
+                    .not_ours
+                    .entry((provider.name().to_owned(), reason))
+                    .or_default() += 1;
+                if reason == NotOurs::Untagged {
+                    report
+                        .untagged
+                        .push((provider.name().to_owned(), instance.id.clone()));
+                }
+                continue;
+            }
             // Without its tags an instance cannot be judged: leave it.
-            let (Some(uid), Some(created)) = (&instance.uid, instance.created_at) else {
+            let (Some(uid), Some(created)) = (&instance.owner.uid, instance.created_at) else {
                 continue;
             };
             if live.contains(uid) {

@@ -26,6 +26,7 @@ pub mod forward_proxy;
 pub mod gc;
 pub mod gcp;
 pub mod health;
+pub mod installation;
 pub mod kvm;
 pub mod leader;
 pub mod lease;

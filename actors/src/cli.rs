@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use egress_proxies::bind_address::BindAddress;
+use egress_proxies::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 
 /// Version line: crate version and the commit the binary was built from.
@@ -155,8 +156,16 @@ pub struct RunArgs {
     pub lease_duration: Duration,
 
     /// Watch Proxies in this namespace only (default: all namespaces).
+    /// Orphan GC then reaps only instances of Proxies in it.
     #[arg(long, env = "PROXY_NAMESPACE")]
     pub proxy_namespace: Option<String>,
+
+    /// This installation's id, written on every instance it creates (orphan
+    /// GC reaps only its own). Default: generated once and kept in the
+    /// ConfigMap `egress-proxies-installation` of the operator's namespace.
+    /// 1-63 characters a-z, 0-9, '-'.
+    #[arg(long, env = "INSTALLATION_ID")]
+    pub installation_id: Option<InstallationId>,
 
     /// Health probes running at the same time.
     #[arg(long, env = "HEALTH_WORKERS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]

@@ -5,9 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::gc::{self, SweepReport};
+use std::collections::HashSet;
+
+use egress_proxies::gc::{self, Scope, SweepReport};
+use egress_proxies::provider::ProviderId;
 use egress_proxies::provider::Providers;
 use egress_proxies::store::ProxyStore;
+use egress_proxies::telemetry::events::GcNotOurs;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -21,13 +25,17 @@ pub struct GcSweeper {
     providers: Arc<Providers>,
     interval: Duration,
     grace: Duration,
+    scope: Arc<Scope>,
     running: bool,
+    /// Untagged instances already reported (each is logged once).
+    reported: HashSet<(String, ProviderId)>,
 }
 
 impl GcSweeper {
     pub fn new(
         store: Arc<dyn ProxyStore>,
         providers: Arc<Providers>,
+        scope: Scope,
         interval: Duration,
         grace: Duration,
     ) -> Self {
@@ -36,7 +44,9 @@ impl GcSweeper {
             providers,
             interval,
             grace,
+            scope: Arc::new(scope),
             running: false,
+            reported: HashSet::new(),
         }
     }
 
@@ -46,6 +56,7 @@ impl GcSweeper {
         }
         self.running = true;
         let (store, providers, grace) = (self.store.clone(), self.providers.clone(), self.grace);
+        let scope = self.scope.clone();
         let span = tracing::info_span!(
             parent: None, "gc.sweep", gc.listed = Empty, gc.orphans = Empty, gc.deleted = Empty,
             gc.leftovers_deleted = Empty, traceID = Empty, spanID = Empty,
@@ -53,7 +64,7 @@ impl GcSweeper {
         egress_proxies::telemetry::otel::record_ids(&span);
         let recorded = span.clone();
         let work = async move {
-            let result = gc::sweep(store.as_ref(), &providers, grace, jiff::Timestamp::now())
+            let result = gc::sweep(store.as_ref(), &providers, &scope, grace, jiff::Timestamp::now())
                 .instrument(recorded.clone())
                 .await;
             if let Ok(r) = &result {
@@ -68,6 +79,23 @@ impl GcSweeper {
             actor.running = false;
             match result {
                 Ok(report) => {
+                    for ((provider, reason), count) in &report.not_ours {
+                        GcNotOurs {
+                            provider,
+                            reason: reason.as_str(),
+                            count: *count,
+                        }
+                        .emit();
+                    }
+                    for (provider, id) in &report.untagged {
+                        if actor.reported.insert((provider.clone(), id.clone())) {
+                            tracing::warn!(
+                                provider, providerID = %id,
+                                "GC: instance tagged managed but without an installation tag (made by hand or by an \
+                                 earlier version): never reaped; see docs/operations.md to adopt or remove it"
+                            );
+                        }
+                    }
                     tracing::info!(
                         listed = report.listed, orphans = report.orphans, deleted = report.deleted,
                         failedDeletes = report.failed_deletes, sparedYoung = report.spared_young,

@@ -160,7 +160,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         discovery_bind_address: args.discovery_bind_address,
         leader_elect: args.leader_elect,
         lease_duration: args.lease_duration,
-        proxy_namespace: args.proxy_namespace,
+        proxy_namespace: args.proxy_namespace.clone(),
         health_ca_file: args.health_ca_file,
         gcp: egress_proxies::gcp::GcpOptions {
             wire_log_full_payloads: args.gcp_wire_log_full_payloads,
@@ -178,7 +178,9 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
             lease_journal: None,
             tenure: None,
+            proxy_namespace: args.proxy_namespace.clone(),
         },
+        installation_id: args.installation_id.clone(),
     };
     match operator::run(options) {
         Ok(()) => ExitCode::SUCCESS,

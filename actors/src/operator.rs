@@ -16,8 +16,10 @@ use actix::prelude::*;
 use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::ProvidersConfig;
 use egress_proxies::health::Prober;
+use egress_proxies::installation::InstallationId;
 use egress_proxies::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::provider::{BuildContext, Providers};
+use egress_proxies::store::installation;
 use egress_proxies::store::kubernetes::KubeStore;
 use egress_proxies::store::lease_checkpoint::CheckpointJournal;
 
@@ -40,6 +42,8 @@ pub struct Options {
     pub health_ca_file: Option<PathBuf>,
     pub gcp: egress_proxies::gcp::GcpOptions,
     pub settings: system::Settings,
+    /// `--installation-id`: overrides the id kept in the cluster.
+    pub installation_id: Option<InstallationId>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +62,8 @@ pub enum OperatorError {
     LeadershipLost(&'static str),
     #[error(transparent)]
     Leases(#[from] egress_proxies::lease::JournalError),
+    #[error(transparent)]
+    Installation(#[from] installation::InstallationRecordError),
 }
 
 /// Runs until SIGTERM (Ok) or a lost leadership (Err).
@@ -169,6 +175,11 @@ async fn operate(
     }
 
     // Leases as the previous leader (or this replica before a restart) left them.
+    let installation = match options.installation_id {
+        Some(id) => id,
+        None => installation::from_cluster(client.clone(), &lease_namespace).await?,
+    };
+    tracing::info!(%installation, "installation");
     let mut settings = options.settings;
     settings.lease_journal = Some(Box::new(
         CheckpointJournal::open(client.clone(), &lease_namespace, settings.tenure.clone()).await?,
@@ -182,7 +193,15 @@ async fn operate(
     let store = Arc::new(store);
     actix::spawn(store.clone().watch_proxies());
     actix::spawn(store.clone().watch_secrets());
-    let _running = system::start(store, events, providers, prober, settings, discovery_listener)?;
+    let _running = system::start(
+        store,
+        events,
+        providers,
+        prober,
+        settings,
+        installation,
+        discovery_listener,
+    )?;
     readiness.set(true);
 
     let outcome = match &mut elector {

@@ -66,10 +66,11 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     let metrics_listener =
         crate::system::bind(config.metrics_bind_address).map_err(StandaloneError::Listen)?;
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
+    let installation = store.installation_id(config.installation_id.as_ref())?;
     let store = Arc::new(store);
     tracing::info!(
         manifests = %config.manifests.display(), state = %config.state_dir.display(),
-        providers = ?providers.names(), "standalone mode starting"
+        providers = ?providers.names(), %installation, "standalone mode starting"
     );
 
     let settings = crate::system::Settings {
@@ -83,13 +84,22 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             LeaseLog::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),
         tenure: None,
+        proxy_namespace: None,
     };
     let system = System::new();
     system.block_on(async move {
         let providers = Arc::new(providers);
         let port: Arc<dyn egress_proxies::store::ProxyStore> = store.clone();
-        crate::system::start(port, events, providers, prober, settings, discovery_listener)
-            .map_err(StandaloneError::System)?;
+        crate::system::start(
+            port,
+            events,
+            providers,
+            prober,
+            settings,
+            installation,
+            discovery_listener,
+        )
+        .map_err(StandaloneError::System)?;
         store.resync();
         actix::spawn(embedded::watch_manifests(
             store.clone(),

@@ -2,12 +2,15 @@
 //! HealthProber, LeaseStore, GcSweeper and the discovery API, over whichever
 //! object store the mode provides.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::gc::Scope;
 use egress_proxies::health::Prober;
+use egress_proxies::installation::InstallationId;
 use egress_proxies::leader::{FencedStore, Tenure};
 use egress_proxies::lease::LeaseSettings;
 use egress_proxies::provider::Providers;
@@ -36,6 +39,8 @@ pub struct Settings {
     /// With leader election: the store answers and leases are granted only
     /// while this lasts (set by `operator::run`).
     pub tenure: Option<Tenure>,
+    /// `--proxy-namespace`: GC reaps only instances of Proxies in it.
+    pub proxy_namespace: Option<String>,
 }
 
 /// Addresses of the started actors.
@@ -46,13 +51,16 @@ pub struct Running {
     pub gc: Addr<GcSweeper>,
 }
 
-/// Starts every actor (call inside the actix system) and the discovery API on `discovery`.
+/// Starts every actor (call inside the actix system) and the discovery API
+/// on `discovery`. `installation` tags every instance made and bounds what
+/// orphan GC may reap.
 pub fn start(
     store: Arc<dyn ProxyStore>,
     events: UnboundedReceiver<StoreEvent>,
     providers: Arc<Providers>,
     prober: Prober,
     settings: Settings,
+    installation: InstallationId,
     discovery: Option<TcpListener>,
 ) -> std::io::Result<Running> {
     let store = match &settings.tenure {
@@ -64,8 +72,20 @@ pub fn start(
         providers: providers.clone(),
         now: jiff::Timestamp::now,
         replacement: Default::default(),
+        installation: installation.clone(),
     };
-    let gc = GcSweeper::new(store, providers, settings.gc_interval, settings.gc_grace_period).start();
+    let scope = Scope {
+        installation,
+        namespaces: settings.proxy_namespace.map(|ns| BTreeSet::from([ns])),
+    };
+    let gc = GcSweeper::new(
+        store,
+        providers,
+        scope,
+        settings.gc_interval,
+        settings.gc_grace_period,
+    )
+    .start();
     let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
     let mut leases = match settings.lease_journal {
         Some(journal) => LeaseStore::durable(settings.leases, Default::default(), journal)

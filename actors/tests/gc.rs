@@ -16,6 +16,14 @@ use serde_json::json;
 use support::scripted_provider::{Call, ScriptedProvider};
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// This installation's GC, over every namespace or only `namespace`.
+fn scope(namespace: Option<&str>) -> gc::Scope {
+    gc::Scope {
+        installation: support::installation(),
+        namespaces: namespace.map(|ns| [ns.to_owned()].into()),
+    }
+}
 const GRACE: Duration = Duration::from_secs(600);
 
 fn proxy(name: &str) -> Proxy {
@@ -75,9 +83,15 @@ async fn reaps_old_orphans_and_spares_live_deleting_and_young_instances() {
     sim.plant("proxy-in-flight", "uid-not-yet-visible", Duration::from_secs(5));
     let providers = Providers::from_providers([sim.clone() as Arc<dyn Provider>]);
 
-    let report = gc::sweep(store.as_ref(), &providers, GRACE, jiff::Timestamp::now())
-        .await
-        .unwrap();
+    let report = gc::sweep(
+        store.as_ref(),
+        &providers,
+        &scope(None),
+        GRACE,
+        jiff::Timestamp::now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (report.listed, report.orphans, report.deleted, report.spared_young),
         (4, 1, 1, 1)
@@ -103,9 +117,15 @@ async fn a_provider_that_cannot_list_is_skipped_and_failed_deletes_are_not_count
         flaky.clone() as Arc<dyn Provider>,
     ]);
 
-    let report = gc::sweep(store.as_ref(), &providers, GRACE, jiff::Timestamp::now())
-        .await
-        .unwrap();
+    let report = gc::sweep(
+        store.as_ref(),
+        &providers,
+        &scope(None),
+        GRACE,
+        jiff::Timestamp::now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.skipped_providers, ["broken"]);
     assert_eq!((report.orphans, report.deleted, report.failed_deletes), (2, 1, 1));
     assert_eq!(
@@ -116,9 +136,15 @@ async fn a_provider_that_cannot_list_is_skipped_and_failed_deletes_are_not_count
     assert_eq!(flaky.instances().len(), 1);
 
     // The next sweep finishes the job.
-    let report = gc::sweep(store.as_ref(), &providers, GRACE, jiff::Timestamp::now())
-        .await
-        .unwrap();
+    let report = gc::sweep(
+        store.as_ref(),
+        &providers,
+        &scope(None),
+        GRACE,
+        jiff::Timestamp::now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (
             report.deleted,
@@ -136,7 +162,14 @@ async fn the_sweeper_actor_sweeps_on_demand_and_on_its_interval() {
     let sim = Arc::new(ScriptedProvider::new("sim", 0, 0));
     sim.plant("proxy-a", "dead", HOUR);
     let providers = Arc::new(Providers::from_providers([sim.clone() as Arc<dyn Provider>]));
-    let sweeper = GcSweeper::new(store.clone(), providers, Duration::from_millis(200), GRACE).start();
+    let sweeper = GcSweeper::new(
+        store.clone(),
+        providers,
+        scope(None),
+        Duration::from_millis(200),
+        GRACE,
+    )
+    .start();
     let report = sweeper.send(SweepNow).await.unwrap().expect("a sweep ran");
     assert_eq!(report.deleted, 1);
     sim.plant("proxy-b", "dead-too", HOUR);
@@ -144,5 +177,102 @@ async fn the_sweeper_actor_sweeps_on_demand_and_on_its_interval() {
     assert!(
         sim.instances().is_empty(),
         "the interval sweep reaped the second orphan"
+    );
+}
+
+#[tokio::test]
+async fn reaps_only_this_installations_instances_in_scope() {
+    let (store, _dir, _) = store_with(&[]).await;
+    let sim = Arc::new(ScriptedProvider::new("sim", 0, 0));
+    sim.plant("proxy-ours", "dead-1", HOUR);
+    sim.plant_owned("proxy-theirs", "dead-2", "crawl", Some("iother"), HOUR);
+    sim.plant_owned("proxy-untagged", "dead-3", "crawl", None, HOUR);
+    sim.plant_owned(
+        "proxy-other-ns",
+        "dead-4",
+        "elsewhere",
+        Some(support::INSTALLATION),
+        HOUR,
+    );
+    sim.plant("proxy-released", "dead-5", HOUR);
+    sim.release(&egress_proxies::provider::ProviderId("sim/proxy-released".into()))
+        .await
+        .unwrap();
+    sim.plant_owned(
+        "proxy-released-listed",
+        "dead-6",
+        "crawl",
+        Some(support::INSTALLATION),
+        HOUR,
+    );
+    sim.set_released_but_listed("proxy-released-listed");
+    let providers = Providers::from_providers([sim.clone() as Arc<dyn Provider>]);
+
+    // Scoped to namespace "crawl": many sweeps, only the own orphan in scope goes.
+    for _ in 0..5 {
+        gc::sweep(
+            store.as_ref(),
+            &providers,
+            &scope(Some("crawl")),
+            GRACE,
+            jiff::Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    }
+    let report = gc::sweep(
+        store.as_ref(),
+        &providers,
+        &scope(Some("crawl")),
+        GRACE,
+        jiff::Timestamp::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sim.instances(),
+        [
+            "proxy-other-ns",
+            "proxy-released",
+            "proxy-released-listed",
+            "proxy-theirs",
+            "proxy-untagged"
+        ]
+    );
+    let left = |reason| report.not_ours[&("sim".to_owned(), reason)];
+    assert_eq!(left(gc::NotOurs::OtherInstallation), 1);
+    assert_eq!(left(gc::NotOurs::Untagged), 1);
+    assert_eq!(left(gc::NotOurs::OutOfScope), 1);
+    assert_eq!(
+        left(gc::NotOurs::Released),
+        1,
+        "a released instance that still lists is left alone"
+    );
+    assert_eq!(
+        report.untagged,
+        [(
+            "sim".to_owned(),
+            egress_proxies::provider::ProviderId("sim/proxy-untagged".into())
+        )]
+    );
+
+    // Over every namespace, this installation's orphan there goes too — nothing else.
+    gc::sweep(
+        store.as_ref(),
+        &providers,
+        &scope(None),
+        GRACE,
+        jiff::Timestamp::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sim.instances(),
+        [
+            "proxy-released",
+            "proxy-released-listed",
+            "proxy-theirs",
+            "proxy-untagged"
+        ]
     );
 }

@@ -38,7 +38,7 @@ async fn a_vm_is_created_found_listed_and_deleted() {
 
     let first = gcp.get(&id).await.unwrap();
     assert_eq!((first.state, first.ip), (InstanceState::Provisioning, None));
-    assert_eq!(first.uid.as_deref(), Some(req.uid.as_str()));
+    assert_eq!(first.owner.uid.as_deref(), Some(req.uid.as_str()));
     assert!(first.created_at.is_some());
     let running = support::eventually("RUNNING", Duration::from_secs(5), async || {
         let i = gcp.get(&id).await.unwrap();
@@ -55,7 +55,7 @@ async fn a_vm_is_created_found_listed_and_deleted() {
     let listed = gcp.list_by_tag().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(
-        (&listed[0].id, listed[0].uid.as_deref()),
+        (&listed[0].id, listed[0].owner.uid.as_deref()),
         (&id, Some(req.uid.as_str()))
     );
 

@@ -96,6 +96,7 @@ impl Bed {
             providers: Arc::new(Providers::from_providers(providers(state.path()))),
             now: jiff::Timestamp::now,
             replacement: Default::default(),
+            installation: support::installation(),
         };
         let prober = HealthProber::new(Prober::new(None).unwrap(), 8, false).start();
         let p = prober.clone();

@@ -27,6 +27,7 @@ fn request(uid: &str, port: u16) -> CreateRequest {
         name: instance_name(uid),
         uid: uid.to_owned(),
         namespace: "crawl".into(),
+        installation: support::installation(),
         cloud_init: None,
         placement: Placement::default(),
         port,
@@ -69,7 +70,7 @@ async fn pods_are_created_mapped_listed_and_deleted() {
 
     let i = provider.get(&id).await.unwrap();
     assert_eq!((i.state, i.ip), (InstanceState::Provisioning, None));
-    assert_eq!(i.uid.as_deref(), Some("uid-1"));
+    assert_eq!(i.owner.uid.as_deref(), Some("uid-1"));
     assert!(i.created_at.is_some());
     mark(&pods, req.name.as_str(), json!({"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "False"}]})).await;
     assert_eq!(

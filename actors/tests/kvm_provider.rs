@@ -102,6 +102,7 @@ fn request(uid: &str, zone: &str) -> CreateRequest {
         name: instance_name(uid),
         uid: uid.into(),
         namespace: "crawl".into(),
+        installation: support::installation(),
         cloud_init: Some(egress_proxies::provider::CloudInitBytes(
             b"#!/bin/sh\necho proxy\n".to_vec(),
         )),
@@ -188,7 +189,7 @@ async fn create_get_list_delete_through_the_host_actors() {
         InstanceState::Provisioning,
         "running, no address yet"
     );
-    assert_eq!(instance.uid.as_deref(), Some(reqs[0].uid.as_str()));
+    assert_eq!(instance.owner.uid.as_deref(), Some(reqs[0].uid.as_str()));
     assert!(instance.created_at.is_some());
 
     assert_eq!(instance.reason, None);

@@ -40,6 +40,7 @@ fn request(uid: &str) -> CreateRequest {
         name: instance_name(uid),
         uid: uid.to_owned(),
         namespace: "default".into(),
+        installation: support::installation(),
         cloud_init: None,
         placement: Placement::default(),
         port: 3128,
@@ -67,7 +68,7 @@ async fn lifecycle(implementation: LocalImplementation) {
     .await;
     let proxy = SocketAddr::new(instance.ip.unwrap(), instance.port.unwrap());
     assert!(proxy.ip().is_loopback());
-    assert_eq!(instance.uid.as_deref(), Some(uid));
+    assert_eq!(instance.owner.uid.as_deref(), Some(uid));
     assert!(instance.created_at.is_some());
 
     let instances_dir = state.path().join("local/local/instances").canonicalize().unwrap();
@@ -89,7 +90,7 @@ async fn lifecycle(implementation: LocalImplementation) {
 
     let listed = p.list_by_tag().await.unwrap();
     assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].uid.as_deref(), Some(uid));
+    assert_eq!(listed[0].owner.uid.as_deref(), Some(uid));
 
     p.delete(&id).await.unwrap();
     p.delete(&id).await.unwrap();

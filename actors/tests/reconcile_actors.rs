@@ -85,6 +85,7 @@ impl Bed {
             providers: Arc::new(Providers::from_providers(configure(provider.clone()))),
             now: jiff::Timestamp::now,
             replacement: fast_replacement(),
+            installation: support::installation(),
         };
         let registry = ProxyRegistry::create(move |c| {
             c.add_stream(UnboundedReceiverStream::new(events));
@@ -376,6 +377,12 @@ async fn skip_cleanup_releases_without_touching_the_instance() {
         1,
         "left running for the admin"
     );
+    assert_eq!(
+        bed.provider.count(|c| matches!(c, Call::Release(_))),
+        1,
+        "marked released, so no GC of any installation reaps it"
+    );
+    assert!(bed.provider.list_by_tag().await.unwrap().is_empty());
 }
 
 #[actix_rt::test]
@@ -390,15 +397,86 @@ async fn a_proxy_without_instance_is_released_at_once() {
 }
 
 #[actix_rt::test]
-async fn permanent_get_error_on_delete_still_deletes() {
+async fn an_instance_that_cannot_be_looked_up_is_not_deleted_but_left_to_gc() {
     let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
     bed.declare(managed("a", "z1"));
     bed.wait_phase("a", Phase::Running).await;
     bed.provider.fail(Op::Get, ErrorClass::Permanent, 1);
     bed.undeclare("a");
     bed.wait_gone("a").await;
-    assert_eq!(deletes(&bed.provider), 1);
-    assert!(bed.provider.instances().is_empty());
+    // Whose it is could not be checked: nothing deleted on the Proxy's behalf.
+    assert_eq!(deletes(&bed.provider), 0);
+    assert_eq!(bed.provider.instances().len(), 1);
+    // It is this installation's and its Proxy is gone: orphan GC reaps it.
+    let providers = Providers::from_providers([bed.provider.clone() as Arc<dyn Provider>]);
+    let scope = egress_proxies::gc::Scope {
+        installation: support::installation(),
+        namespaces: None,
+    };
+    let report = egress_proxies::gc::sweep(
+        bed.store.as_ref(),
+        &providers,
+        &scope,
+        Duration::ZERO,
+        jiff::Timestamp::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.deleted, 1);
+}
+
+#[actix_rt::test]
+async fn a_provider_id_naming_another_proxys_instance_is_never_deleted() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.declare(managed("a", "z1"));
+    bed.declare(managed("b", "z1"));
+    bed.wait_phase("a", Phase::Running).await;
+    let b = bed.wait_phase("b", Phase::Running).await;
+    // Someone edits a's status to name b's instance.
+    let a = bed.get("a").await.unwrap();
+    let mut status = a.status.clone().unwrap();
+    status.provider_id = b.status.as_ref().unwrap().provider_id.clone();
+    bed.store
+        .write_status(&key("a"), a.metadata.uid.as_deref().unwrap(), &status)
+        .await
+        .unwrap();
+    bed.undeclare("a");
+    let conflicted = eventually("a to report the conflict", WAIT, async || {
+        let p = bed.get("a").await?;
+        let message = p.status.as_ref()?.message.clone()?;
+        message.contains("is not this Proxy's").then_some(p)
+    })
+    .await;
+    let status = conflicted.status.clone().unwrap();
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "InstanceReady")
+        .unwrap();
+    assert_eq!(condition.reason, "InstanceConflict");
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("belongs to Proxy UID"),
+        "{:?}",
+        status.message
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(deletes(&bed.provider), 0, "b's instance is never deleted");
+    assert!(bed.get("a").await.is_some(), "a waits (its finalizer stays)");
+
+    // skip-cleanup releases a — still without touching b's instance.
+    let uid = conflicted.metadata.uid.clone().unwrap();
+    bed.store
+        .set_annotation(&key("a"), &uid, SKIP_CLEANUP_ANNOTATION, Some("true"))
+        .await
+        .unwrap();
+    bed.wait_gone("a").await;
+    assert_eq!(deletes(&bed.provider), 0);
+    assert_eq!(bed.provider.count(|c| matches!(c, Call::Release(_))), 0);
+    assert_eq!(bed.provider.live_instances().len(), 2);
 }
 
 #[actix_rt::test]
@@ -438,6 +516,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
         providers: Arc::new(Providers::default()),
         now: jiff::Timestamp::now,
         replacement: Default::default(),
+        installation: support::installation(),
     };
     let _registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));

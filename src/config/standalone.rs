@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::bind_address::BindAddress;
+use crate::installation::InstallationId;
 
 /// Settings of `egress-proxies-operator standalone`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +45,9 @@ pub struct StandaloneConfig {
     pub gc_interval: Duration,
     /// Orphans younger than this are spared (in-flight creates).
     pub gc_grace_period: Duration,
+    /// This installation's id; by default generated once and kept in the
+    /// state database.
+    pub installation_id: Option<InstallationId>,
 }
 
 #[derive(Deserialize)]
@@ -78,6 +82,8 @@ struct Raw {
     gc_interval: String,
     #[serde(default = "default_gc")]
     gc_grace_period: String,
+    #[serde(default)]
+    installation_id: Option<String>,
 }
 
 fn default_gc() -> String {
@@ -181,7 +187,12 @@ impl StandaloneConfig {
         if raw.health_workers == 0 {
             return Err(invalid("healthWorkers must be at least 1".into()));
         }
+        let installation_id = raw
+            .installation_id
+            .map(|id| InstallationId::parse(&id).map_err(|e| invalid(format!("installationId: {e}"))))
+            .transpose()?;
         Ok(Self {
+            installation_id,
             gc_interval,
             gc_grace_period,
             discovery_bind_address,

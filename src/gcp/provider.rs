@@ -129,10 +129,13 @@ pub fn instance_of(id: ProviderId, vm: &Value) -> Instance {
         reason,
         ip,
         port: None,
-        uid: vm
-            .pointer(&format!("/labels/{UID_LABEL}"))
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        owner: crate::provider::Ownership {
+            uid: vm
+                .pointer(&format!("/labels/{UID_LABEL}"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            ..Default::default()
+        },
         created_at: vm
             .get("creationTimestamp")
             .and_then(Value::as_str)
@@ -191,6 +194,16 @@ impl Provider for GcpProvider {
             Err(e) if e.class() == ErrorClass::NotFound => Ok(()),
             other => other.map_err(|e| self.api_err(Op::Delete, Some(id.as_str()), e)),
         }
+    }
+
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        Err(ProviderError::new(
+            ErrorClass::Permanent,
+            Op::Release,
+            &self.name,
+            Some(id.as_str()),
+            "HELPER: release not written yet",
+        ))
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {

@@ -232,7 +232,10 @@ impl KvmProvider {
             reason: observed.reason,
             ip: observed.ip,
             port: None,
-            uid: observed.metadata.as_ref().map(|m| m.uid.clone()),
+            owner: crate::provider::Ownership {
+                uid: observed.metadata.as_ref().map(|m| m.uid.clone()),
+                ..Default::default()
+            },
             created_at: observed.metadata.map(|m| m.created_at),
         }
     }
@@ -369,6 +372,15 @@ impl Provider for KvmProvider {
         Ok(out)
     }
 
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        Err(self.err(
+            ErrorClass::Permanent,
+            Op::Release,
+            Some(id.as_str()),
+            "HELPER: release not written yet",
+        ))
+    }
+
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
         let mut out = Vec::new();
         for host in &self.config.hosts {
@@ -391,7 +403,10 @@ impl Provider for KvmProvider {
                     state,
                     ip: None,
                     port: None,
-                    uid: Some(meta.uid),
+                    owner: crate::provider::Ownership {
+                        uid: Some(meta.uid),
+                        ..Default::default()
+                    },
                     created_at: Some(meta.created_at),
                 });
             }

@@ -42,6 +42,7 @@ pub enum Op {
     Get,
     Delete,
     List,
+    Release,
 }
 
 impl Op {
@@ -52,6 +53,7 @@ impl Op {
             Op::Get => "get",
             Op::Delete => "delete",
             Op::List => "list",
+            Op::Release => "release",
         }
     }
 }

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use jiff::Timestamp;
 
+use crate::installation::InstallationId;
 use crate::resource::Placement;
 
 use super::InstanceName;
@@ -56,14 +57,55 @@ pub struct Instance {
     pub ip: Option<IpAddr>,
     /// The port clients use, when the provider chose it (else the spec's port).
     pub port: Option<u16>,
-    /// UID of the owning Proxy, from the instance's tag.
-    pub uid: Option<String>,
+    /// Who it belongs to, from its tags.
+    pub owner: Ownership,
     /// When the instance was created, from the provider (GC grace period).
     pub created_at: Option<Timestamp>,
     /// Why the instance is not serving, in the provider's terms (an exit
     /// status and log lines, a domain's shutoff reason, a pod's container
     /// status). Never holds secrets: it reaches Proxy status and Events.
     pub reason: Option<String>,
+}
+
+/// Who an instance belongs to, as its tags say. Every tag may be missing:
+/// an instance made by hand or by an earlier version carries fewer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// UID of the owning Proxy.
+    pub uid: Option<String>,
+    /// Namespace of the owning Proxy.
+    pub namespace: Option<String>,
+    /// The installation that created it.
+    pub installation: Option<String>,
+    /// Released with skip-cleanup: left to the admin, no GC deletes it.
+    pub released: bool,
+}
+
+impl Ownership {
+    /// Tags of an instance created for `req`.
+    pub fn of(req: &CreateRequest) -> Self {
+        Self {
+            uid: Some(req.uid.clone()),
+            namespace: Some(req.namespace.clone()),
+            installation: Some(req.installation.to_string()),
+            released: false,
+        }
+    }
+
+    /// Why this instance is not the one of Proxy `uid` in `installation`, if it is not.
+    pub fn conflict(&self, uid: &str, installation: &InstallationId) -> Option<String> {
+        let installation = installation.as_str();
+        match (self.uid.as_deref(), self.installation.as_deref()) {
+            _ if self.released => Some("it was released (skip-cleanup) and is left to its admin".into()),
+            (Some(u), Some(i)) if u == uid && i == installation => None,
+            (_, None) => Some(
+                "it carries no installation tag (made by hand or by an earlier version; see docs/operations.md)".into(),
+            ),
+            (_, Some(i)) if i != installation => Some(format!("it belongs to installation {i}")),
+            (Some(u), _) => Some(format!("it belongs to Proxy UID {u}")),
+            (None, _) => Some("it carries no Proxy UID tag".into()),
+        }
+    }
 }
 
 /// Cloud-init user-data bytes. They may hold secrets, so `Debug` shows only the size.
@@ -85,6 +127,8 @@ pub struct CreateRequest {
     pub uid: String,
     /// Namespace of the owning Proxy (the kubernetes provider creates its pod there).
     pub namespace: String,
+    /// The installation creating it (tagged onto the instance).
+    pub installation: InstallationId,
     /// Resolved cloud-init user-data, passed to the instance byte for byte.
     pub cloud_init: Option<CloudInitBytes>,
     pub placement: Placement,

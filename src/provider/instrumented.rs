@@ -65,6 +65,13 @@ impl Provider for Instrumented {
         result
     }
 
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let started = Instant::now();
+        let result = self.inner.release(id).await;
+        self.record("release", started, &result);
+        result
+    }
+
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
         let started = Instant::now();
         let result = self.inner.list_by_tag().await;

@@ -9,18 +9,22 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::config::KubernetesConfig;
 use crate::provider::{
-    CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
+    CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";
 /// Label with the owning Proxy's UID.
 pub const UID_LABEL: &str = "crawl.example.com/uid";
+/// Label with the installation that made the pod.
+pub const INSTALLATION_LABEL: &str = "crawl.example.com/installation";
+/// Label a pod released with skip-cleanup carries (instead of [`MANAGED_LABEL`]).
+pub const RELEASED_LABEL: &str = "crawl.example.com/released";
 /// Squid sizes its memory by the descriptor limit; unset it is OOM-killed in containers.
 const MAX_FILEDESCRIPTORS: u32 = 4096;
 
@@ -171,12 +175,15 @@ impl KubernetesProvider {
                 .flatten(),
             ip: if state == InstanceState::Running { ip } else { None },
             port: None,
-            uid: pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(UID_LABEL))
-                .cloned(),
+            owner: {
+                let label = |name: &str| pod.metadata.labels.as_ref().and_then(|l| l.get(name)).cloned();
+                Ownership {
+                    uid: label(UID_LABEL),
+                    namespace: pod.metadata.namespace.clone(),
+                    installation: label(INSTALLATION_LABEL),
+                    released: label(RELEASED_LABEL).as_deref() == Some("true"),
+                }
+            },
             created_at: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
     }
@@ -191,6 +198,7 @@ impl KubernetesProvider {
             ),
             (MANAGED_LABEL.to_owned(), "true".to_owned()),
             (UID_LABEL.to_owned(), req.uid.clone()),
+            (INSTALLATION_LABEL.to_owned(), req.installation.to_string()),
         ]);
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -270,6 +278,29 @@ impl Provider for KubernetesProvider {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(self.error(Op::Delete, Some(id.as_str()), e)),
+        }
+    }
+
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let (ns, name) = parse_id(id).ok_or_else(|| {
+            ProviderError::new(
+                ErrorClass::Permanent,
+                Op::Release,
+                &self.name,
+                Some(id.as_str()),
+                "not a pod providerID",
+            )
+        })?;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        // Without the managed label no installation's GC lists the pod.
+        let patch = json!({"metadata": {"labels": {MANAGED_LABEL: null, RELEASED_LABEL: "true"}}});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(self.error(Op::Release, Some(id.as_str()), e)),
         }
     }
 

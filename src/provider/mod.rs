@@ -2,9 +2,10 @@
 //!
 //! A provider creates the machine a Managed proxy runs on. None of the
 //! operations blocks until a VM is up: `create` submits and returns, and the
-//! reconciler polls `get`. Every created resource is tagged managed=true and
-//! with the Proxy UID and reports its creation time, so orphan GC can find it
-//! through `list_by_tag`.
+//! reconciler polls `get`. Every created resource is tagged managed=true,
+//! with the Proxy's UID and namespace and the installation that made it, and
+//! reports its creation time, so orphan GC can find it through
+//! `list_by_tag` and tell its own instances from another installation's.
 
 mod error;
 mod instance;
@@ -20,7 +21,7 @@ mod traced;
 use async_trait::async_trait;
 
 pub use error::{ErrorClass, Op, ProviderError};
-pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, ProviderId};
+pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, Ownership, ProviderId};
 pub use instrumented::Instrumented;
 pub use local::LocalProvider;
 pub use naming::{INSTANCE_NAME_PREFIX, InstanceName, instance_name};
@@ -47,8 +48,15 @@ pub trait Provider: Send + Sync {
     /// Deletes an instance; deleting one that is already gone succeeds.
     async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError>;
 
-    /// Every instance this operator ever tagged, for orphan GC.
+    /// Every instance tagged managed, whichever installation made it, with
+    /// its [`Ownership`]: orphan GC judges which are its own.
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError>;
+
+    /// Leaves an instance to its admin (skip-cleanup): its tags are changed
+    /// so that it is no longer listed as managed and is marked released —
+    /// no orphan GC of any installation or version deletes it. It keeps
+    /// running. Releasing one that is gone succeeds.
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError>;
 
     /// Removes what instances leave behind outside themselves (kvm: volumes
     /// without a domain, base images nothing uses) once it has been left

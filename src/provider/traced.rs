@@ -93,6 +93,14 @@ impl Provider for Traced {
         result
     }
 
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let span = provider_span!("provider.release", self.inner.name(), id.as_str());
+        record_ids(&span);
+        let result = self.inner.release(id).instrument(span.clone()).await;
+        finish(&span, &result);
+        result
+    }
+
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
         let span = provider_span!("provider.list", self.inner.name(), Empty);
         record_ids(&span);

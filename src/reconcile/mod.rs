@@ -15,6 +15,7 @@ use jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::health::{CheckSpec, ProbeTarget, Verdict};
+use crate::installation::InstallationId;
 use crate::lease::Availability;
 use crate::provider::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, ProviderId,
@@ -36,6 +37,9 @@ pub struct Context {
     pub now: fn() -> Timestamp,
     /// How quickly lost instances are replaced.
     pub replacement: ReplacementBackoff,
+    /// This installation: written on every instance, checked before one is
+    /// used, deleted or released.
+    pub installation: InstallationId,
 }
 
 /// What a ProxyActor remembers between reconciles of its object. Lost on a
@@ -104,6 +108,12 @@ pub enum ReconcileError {
         "provider {0:?} is not configured; add it to the providers config, or set {SKIP_CLEANUP_ANNOTATION}: \"true\" to release the Proxy without cleanup"
     )]
     ProviderMissingOnDelete(String),
+    /// The instance `status.providerID` names is not this Proxy's in this
+    /// installation: it is neither used, deleted nor released.
+    #[error(
+        "instance {id} is not this Proxy's: {why}; nothing was deleted or adopted — fix the instance's tags or status.providerID, or set {SKIP_CLEANUP_ANNOTATION}: \"true\" to release the Proxy"
+    )]
+    InstanceConflict { id: ProviderId, why: String },
 }
 
 impl ReconcileError {
@@ -139,6 +149,7 @@ impl ReconcileError {
             ReconcileError::Store(_) => "store",
             ReconcileError::CloudInit(_) => "cloud_init",
             ReconcileError::ProviderMissingOnDelete(_) => "provider_missing",
+            ReconcileError::InstanceConflict { .. } => "instance_conflict",
         }
     }
 }
@@ -253,6 +264,9 @@ impl Step<'_> {
 
         if let Some(id) = self.draft.provider_id() {
             let result = provider.get(&id).await;
+            if let Ok(instance) = &result {
+                self.check_owner(&id, instance).await?;
+            }
             if recorded != Some(hash.as_str()) {
                 // Replace: the old instance must be gone before the new one is
                 // created (both carry the same name), so there are never two.
@@ -321,6 +335,7 @@ impl Step<'_> {
             name: instance_name(self.uid()),
             uid: self.uid().to_owned(),
             namespace: key.namespace.clone(),
+            installation: ctx.installation.clone(),
             cloud_init,
             placement,
             port: proxy.spec.port,
@@ -430,12 +445,7 @@ impl Step<'_> {
         self.draft.progress(Phase::Terminating, "deleting the instance");
         // Checked before the provider lookup: it must free a Proxy whose provider left the config.
         if annotation(proxy, SKIP_CLEANUP_ANNOTATION) == Some("true") {
-            if let Some(id) = self.draft.provider_id() {
-                tracing::warn!(
-                    proxy = %key, providerID = %id,
-                    "skip-cleanup: releasing the Proxy and leaving its instance running"
-                );
-            }
+            self.leave_instance().await?;
             ctx.store.remove_finalizer(&key, self.uid()).await?;
             return Ok(Next::Gone);
         }
@@ -445,6 +455,57 @@ impl Step<'_> {
             return Ok(Next::Gone);
         }
         Ok(Next::Poll)
+    }
+
+    /// The instance is not this Proxy's in this installation: it is not
+    /// touched, and the user is told (an Event the first time).
+    async fn check_owner(&mut self, id: &ProviderId, instance: &Instance) -> Result<(), ReconcileError> {
+        let Some(why) = instance.owner.conflict(self.uid(), &self.ctx.installation) else {
+            return Ok(());
+        };
+        let error = ReconcileError::InstanceConflict { id: id.clone(), why };
+        let note = error.to_string();
+        if !self.draft.says(&note) {
+            tracing::warn!(proxy = %self.key(), providerID = %id, "{note}");
+            self.ctx
+                .store
+                .publish_event(&self.key(), self.uid(), "InstanceConflict", &note, true)
+                .await;
+        }
+        Err(error)
+    }
+
+    /// skip-cleanup: marks the instance released (no GC of any installation
+    /// deletes it) and leaves it running. An instance that is not this
+    /// Proxy's is left untouched.
+    async fn leave_instance(&mut self) -> Result<(), ReconcileError> {
+        let key = self.key();
+        let Some(id) = self.draft.provider_id() else {
+            return Ok(());
+        };
+        let provider_name = self.proxy.spec.provider.clone().unwrap_or_default();
+        let Some(provider) = self.ctx.providers.get(&provider_name).cloned() else {
+            tracing::warn!(
+                proxy = %key, providerID = %id, provider = %provider_name,
+                "skip-cleanup: the provider is not configured, so the instance cannot be marked released; \
+                 it is left running, but a later GC of this installation with the provider configured would reap it"
+            );
+            return Ok(());
+        };
+        match provider.get(&id).await {
+            Ok(instance) => match instance.owner.conflict(self.uid(), &self.ctx.installation) {
+                None => {
+                    provider.release(&id).await?;
+                    tracing::warn!(proxy = %key, providerID = %id, "skip-cleanup: instance marked released and left running");
+                }
+                Some(why) => {
+                    tracing::warn!(proxy = %key, providerID = %id, "skip-cleanup: instance left untouched: it is not this Proxy's: {why}");
+                }
+            },
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
     }
 
     /// Drives the recorded instance towards gone; true once it is.
@@ -461,13 +522,21 @@ impl Step<'_> {
                 self.forget_instance();
                 Ok(true)
             }
-            Ok(_) => {
+            Ok(instance) => {
+                self.check_owner(&id, &instance).await?;
                 self.memory.delete(provider.as_ref(), &id).await?;
                 Ok(false)
             }
-            // The id itself may be what is wrong; delete is idempotent, so try it.
+            // The id itself is what is wrong (malformed, an unknown host):
+            // nothing can be checked, so nothing is deleted. An instance of
+            // this installation left behind is reaped by orphan GC.
             Err(e) if e.class == ErrorClass::Permanent => {
-                provider.delete(&id).await?;
+                let note = format!("instance {id} cannot be looked up ({e}); nothing was deleted");
+                tracing::warn!(proxy = %self.key(), providerID = %id, "{note}");
+                self.ctx
+                    .store
+                    .publish_event(&self.key(), self.uid(), "InstanceUnverifiable", &note, true)
+                    .await;
                 self.forget_instance();
                 Ok(true)
             }

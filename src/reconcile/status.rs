@@ -221,9 +221,21 @@ impl StatusDraft {
     pub fn retrying(&mut self, error: &ReconcileError) {
         let message = format!("{error} (will retry)");
         self.status.message = Some(message.clone());
-        if let ReconcileError::CloudInit(_) = error {
-            self.instance_condition(false, "CloudInitError", &message);
+        match error {
+            ReconcileError::CloudInit(_) => self.instance_condition(false, "CloudInitError", &message),
+            ReconcileError::InstanceConflict { .. } => {
+                self.instance_condition(false, "InstanceConflict", &message)
+            }
+            _ => {}
         }
+    }
+
+    /// Whether the stored status already tells `message` (as a retrying error).
+    pub fn says(&self, message: &str) -> bool {
+        self.original
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with(message))
     }
 
     /// Writes the status if it changed.

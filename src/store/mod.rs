@@ -9,6 +9,7 @@
 //! incarnation never lands on a new one.
 
 pub mod embedded;
+pub mod installation;
 mod key;
 pub mod kubernetes;
 pub mod lease_checkpoint;

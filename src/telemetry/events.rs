@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::metrics::{
-    ActorLabel, HostLabel, PhaseLabel, ProviderCallLabels, ProviderOpLabels, ReasonLabel, ReplacementLabels,
-    ResultLabel, RpcLabel, metrics,
+    ActorLabel, HostLabel, PhaseLabel, ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels,
+    ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
 };
 
 /// A provider call returned.
@@ -211,6 +211,35 @@ impl LeaseEvent<'_> {
             }
         }
         m.leases_active.set(active as i64);
+    }
+}
+
+/// How many instances one GC sweep listed but left alone, for one provider
+/// and one reason (`untagged`, `other_installation`, `out_of_scope`,
+/// `released`). A gauge: the count of the latest sweep.
+pub struct GcNotOurs<'a> {
+    pub provider: &'a str,
+    pub reason: &'a str,
+    pub count: usize,
+}
+
+impl GcNotOurs<'_> {
+    pub fn emit(self) {
+        if self.count > 0 {
+            tracing::debug!(
+                provider = self.provider,
+                reason = self.reason,
+                count = self.count,
+                "GC: instances left alone"
+            );
+        }
+        metrics()
+            .gc_instances_left_alone
+            .get_or_create(&ProviderReasonLabels {
+                provider: self.provider.to_owned(),
+                reason: self.reason.to_owned(),
+            })
+            .set(self.count as i64);
     }
 }
 

@@ -38,6 +38,12 @@ pub struct ReplacementLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderReasonLabels {
+    pub provider: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: String,
 }
@@ -94,6 +100,7 @@ pub struct Metrics {
     pub libvirt_call_duration: Histograms<RpcLabel>,
     pub image_downloads: Family<ResultLabel, Counter>,
     pub image_download_bytes: Counter,
+    pub gc_instances_left_alone: Family<ProviderReasonLabels, Gauge>,
 }
 
 impl Metrics {
@@ -117,6 +124,7 @@ impl Metrics {
             libvirt_call_duration: Family::new_with_constructor(latency),
             image_downloads: Family::default(),
             image_download_bytes: Counter::default(),
+            gc_instances_left_alone: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -196,6 +204,12 @@ impl Metrics {
             "Bytes of KVM base images downloaded into pools",
             Unit::Bytes,
             m.image_download_bytes.clone(),
+        );
+        registry.register(
+            "gc_instances_left_alone",
+            "Instances the latest orphan-GC sweep listed but may not reap, by provider and reason \
+             (untagged, other_installation, out_of_scope, released)",
+            m.gc_instances_left_alone.clone(),
         );
         Self { registry, ..m }
     }

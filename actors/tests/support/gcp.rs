@@ -72,6 +72,7 @@ pub fn request(uid: &str) -> CreateRequest {
         name: instance_name(uid),
         uid: uid.into(),
         namespace: "crawl".into(),
+        installation: "itest".parse().unwrap(),
         cloud_init: Some(CloudInitBytes(b"#cloud-config\npackages: [squid]\n".to_vec())),
         placement: Placement {
             zone: Some(ZONE.into()),

@@ -12,6 +12,15 @@ pub mod target_server;
 
 use std::time::{Duration, Instant};
 
+use egress_proxies::installation::InstallationId;
+
+/// The installation tests run as.
+pub const INSTALLATION: &str = "itest";
+
+pub fn installation() -> InstallationId {
+    InstallationId::parse(INSTALLATION).expect("a valid id")
+}
+
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;

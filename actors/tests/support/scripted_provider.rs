@@ -19,11 +19,17 @@ pub enum Call {
     Get(String),
     Delete(String),
     List,
+    Release(String),
 }
 
 #[derive(Clone, Debug)]
 struct Sim {
     uid: String,
+    namespace: String,
+    installation: String,
+    released: bool,
+    /// Still listed by `list_by_tag` though released.
+    listed_while_released: bool,
     created_at: jiff::Timestamp,
     gets: u32,
     stopped: bool,
@@ -107,13 +113,30 @@ impl ScriptedProvider {
         self.world().max_per_uid.values().copied().max().unwrap_or(0)
     }
 
-    /// An instance made outside the operator's current knowledge (a leak), `age` old.
+    /// An instance of this installation made outside the operator's current
+    /// knowledge (a leak), `age` old, for a Proxy in namespace `crawl`.
     pub fn plant(&self, name: &str, uid: &str, age: std::time::Duration) {
+        self.plant_owned(name, uid, "crawl", Some(super::INSTALLATION), age);
+    }
+
+    /// An instance with the given tags (`installation: None`: untagged).
+    pub fn plant_owned(
+        &self,
+        name: &str,
+        uid: &str,
+        namespace: &str,
+        installation: Option<&str>,
+        age: std::time::Duration,
+    ) {
         let created_at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap();
         self.world().instances.insert(
             name.to_owned(),
             Sim {
                 uid: uid.to_owned(),
+                namespace: namespace.to_owned(),
+                installation: installation.unwrap_or_default().to_owned(),
+                released: false,
+                listed_while_released: false,
                 created_at,
                 gets: 0,
                 stopped: false,
@@ -121,6 +144,15 @@ impl ScriptedProvider {
                 spec_port: 3128,
             },
         );
+    }
+
+    /// Marks an instance released while it still lists as managed (as a
+    /// provider whose listing lags behind a release).
+    pub fn set_released_but_listed(&self, name: &str) {
+        if let Some(s) = self.world().instances.get_mut(name) {
+            s.released = true;
+            s.listed_while_released = true;
+        }
     }
 
     /// The instance stops by itself (as a VM that crashed).
@@ -174,6 +206,10 @@ impl Provider for ScriptedProvider {
                     name.clone(),
                     Sim {
                         uid: req.uid.clone(),
+                        namespace: req.namespace.clone(),
+                        installation: req.installation.to_string(),
+                        released: false,
+                        listed_while_released: false,
                         created_at: jiff::Timestamp::now(),
                         gets: 0,
                         stopped: false,
@@ -246,12 +282,24 @@ impl Provider for ScriptedProvider {
         Ok(())
     }
 
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let name = name_of(id);
+        let mut w = self.world();
+        w.calls.push(Call::Release(name.clone()));
+        self.take_failure(&mut w, Op::Release, Some(id.as_str()))?;
+        if let Some(sim) = w.instances.get_mut(&name) {
+            sim.released = true;
+        }
+        Ok(())
+    }
+
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
         let mut w = self.world();
         w.calls.push(Call::List);
         self.take_failure(&mut w, Op::List, None)?;
         Ok(w.instances
             .iter()
+            .filter(|(_, s)| !s.released || s.listed_while_released)
             .map(|(n, s)| self.instance(&ProviderId(format!("sim/{n}")), s, InstanceState::Running))
             .collect())
     }
@@ -264,7 +312,12 @@ impl ScriptedProvider {
             state,
             ip: (state == InstanceState::Running).then_some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
             port: Some(sim.spec_port),
-            uid: Some(sim.uid.clone()),
+            owner: egress_proxies::provider::Ownership {
+                uid: Some(sim.uid.clone()),
+                namespace: Some(sim.namespace.clone()),
+                installation: Some(sim.installation.clone()).filter(|i| !i.is_empty()),
+                released: sim.released,
+            },
             created_at: Some(sim.created_at),
             reason: (state == InstanceState::Stopped).then(|| "scripted to stop".to_owned()),
         }

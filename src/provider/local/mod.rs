@@ -23,7 +23,8 @@ use async_trait::async_trait;
 
 use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
 use crate::provider::{
-    BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
+    BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError,
+    ProviderId,
 };
 
 use process::{Exits, ProcessIdentity};
@@ -162,7 +163,12 @@ impl LocalProvider {
             state,
             ip: (state == InstanceState::Running).then_some(ip),
             port: Some(record.port),
-            uid: Some(record.uid.clone()),
+            owner: Ownership {
+                uid: Some(record.uid.clone()),
+                namespace: record.namespace.clone(),
+                installation: record.installation.clone(),
+                released: record.released,
+            },
             created_at: Some(record.created_at),
             reason,
         }
@@ -408,6 +414,18 @@ impl Provider for LocalProvider {
         }
         remove_instance(&dir, &record).map_err(failed)?;
         tracing::info!(provider = %self.name, providerID = %id, "local proxy deleted");
+        Ok(())
+    }
+
+    async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
+        let (_, dir) = self.dir_of(id, Op::Release)?;
+        let failed = |e: std::io::Error| self.error(ErrorClass::Transient, Op::Release, Some(id.as_str()), e);
+        let Some(mut record) = record::read(&dir).map_err(failed)? else {
+            return Ok(());
+        };
+        (record.managed, record.released) = (false, true);
+        record::rewrite(&dir, &record).map_err(failed)?;
+        tracing::info!(provider = %self.name, providerID = %id, "local proxy released: left running, no longer managed");
         Ok(())
     }
 

@@ -1,6 +1,6 @@
-//! The instance record: the tags GC needs (managed, owning UID, creation
-//! time), the chosen port and where the process keeps its files, written
-//! before the process starts.
+//! The instance record: the tags GC needs (managed, owning UID and
+//! namespace, installation, creation time), the chosen port and where the
+//! process keeps its files, written before the process starts.
 
 use std::io;
 use std::net::IpAddr;
@@ -36,6 +36,15 @@ pub struct InstanceRecord {
     pub name: String,
     pub managed: bool,
     pub uid: String,
+    /// The owning Proxy's namespace (absent in records of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The installation that made it (absent in records of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installation: Option<String>,
+    /// Released with skip-cleanup (then `managed` is false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
     pub created_at: Timestamp,
     pub listen: IpAddr,
     pub port: u16,
@@ -63,6 +72,9 @@ impl InstanceRecord {
             name: req.name.to_string(),
             managed: true,
             uid: req.uid.clone(),
+            namespace: Some(req.namespace.clone()),
+            installation: Some(req.installation.to_string()),
+            released: false,
             created_at: Timestamp::now(),
             listen,
             port,
@@ -90,6 +102,12 @@ pub fn materialize(parent: &Path, dir: &Path, record: &InstanceRecord) -> io::Re
             Err(e)
         }
     }
+}
+
+/// Replaces the record of an instance directory.
+pub fn rewrite(dir: &Path, record: &InstanceRecord) -> io::Result<()> {
+    let json = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+    write_atomically(dir, RECORD_FILE, &json)
 }
 
 /// The record of an instance directory; `None` when there is none.

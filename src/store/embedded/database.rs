@@ -6,6 +6,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, params};
 
+use crate::installation::InstallationId;
 use crate::resource::Proxy;
 use crate::store::ObjectKey;
 
@@ -18,6 +19,8 @@ pub enum DatabaseError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("state database holds an invalid {key}: {message}")]
+    Setting { key: &'static str, message: String },
     #[error("state database holds an unreadable object {key}: {source}")]
     Corrupt {
         key: String,
@@ -38,7 +41,13 @@ CREATE TABLE IF NOT EXISTS proxies (
     name      TEXT NOT NULL,
     object    TEXT NOT NULL,
     PRIMARY KEY (namespace, name)
+);
+CREATE TABLE IF NOT EXISTS settings (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );";
+
+const INSTALLATION_KEY: &str = "installationId";
 
 impl Database {
     /// Opens (creating when missing) the state file for writing.
@@ -127,6 +136,43 @@ impl Database {
             )
             .map_err(|e| self.wrap(e))?;
         Ok(())
+    }
+
+    /// This installation's id: `configured` when given (and kept from then
+    /// on), else the one kept, else a new one (kept).
+    pub fn installation_id(
+        &self,
+        configured: Option<&InstallationId>,
+    ) -> Result<InstallationId, DatabaseError> {
+        if let Some(id) = configured {
+            self.conn
+                .execute(
+                    "INSERT INTO settings (key, value) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    params![INSTALLATION_KEY, id.as_str()],
+                )
+                .map_err(|e| self.wrap(e))?;
+            return Ok(id.clone());
+        }
+        let generated = InstallationId::generate();
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO settings (key, value) VALUES (?1, ?2)",
+                params![INSTALLATION_KEY, generated.as_str()],
+            )
+            .map_err(|e| self.wrap(e))?;
+        let kept: String = self
+            .conn
+            .query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![INSTALLATION_KEY],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.wrap(e))?;
+        InstallationId::parse(&kept).map_err(|e| DatabaseError::Setting {
+            key: INSTALLATION_KEY,
+            message: e.to_string(),
+        })
     }
 
     /// Forgets one object.

@@ -106,6 +106,15 @@ impl EmbeddedStore {
         let _ = self.events.send(event);
     }
 
+    /// This installation's id, kept in the state database (see
+    /// [`Database::installation_id`]).
+    pub fn installation_id(
+        &self,
+        configured: Option<&crate::installation::InstallationId>,
+    ) -> Result<crate::installation::InstallationId, EmbeddedStoreError> {
+        Ok(self.lock().db.installation_id(configured)?)
+    }
+
     /// Announces every stored object (at start, so each gets reconciled).
     pub fn resync(&self) {
         let keys: Vec<ObjectKey> = self.lock().objects.keys().cloned().collect();
