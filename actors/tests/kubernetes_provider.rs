@@ -59,6 +59,7 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     let labels = pod.metadata.labels.clone().unwrap();
     assert_eq!(labels["crawl.example.com/managed"], "true");
     assert_eq!(labels["crawl.example.com/uid"], "uid-1");
+    assert_eq!(labels["crawl.example.com/installation"], support::INSTALLATION);
     let container = &pod.spec.as_ref().unwrap().containers[0];
     assert_eq!(container.image.as_deref(), Some("ubuntu/squid:6.6-24.04_edge"));
     assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 3128);
@@ -70,7 +71,15 @@ async fn pods_are_created_mapped_listed_and_deleted() {
 
     let i = provider.get(&id).await.unwrap();
     assert_eq!((i.state, i.ip), (InstanceState::Provisioning, None));
-    assert_eq!(i.owner.uid.as_deref(), Some("uid-1"));
+    assert_eq!(
+        i.owner,
+        egress_proxies::provider::Ownership {
+            uid: Some("uid-1".into()),
+            namespace: Some("crawl".into()),
+            installation: Some(support::INSTALLATION.into()),
+            released: false,
+        }
+    );
     assert!(i.created_at.is_some());
     mark(&pods, req.name.as_str(), json!({"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "False"}]})).await;
     assert_eq!(
@@ -99,6 +108,26 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     let listed = provider.list_by_tag().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].id, id);
+
+    // Released: no longer listed as managed by any installation, still there.
+    let kept = request("uid-2", 3128);
+    let kept_id = provider.create(&kept).await.unwrap();
+    provider.release(&kept_id).await.unwrap();
+    let labels = pods
+        .get(kept.name.as_str())
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert!(!labels.contains_key("crawl.example.com/managed"), "{labels:?}");
+    assert_eq!(labels["crawl.example.com/released"], "true");
+    assert!(provider.get(&kept_id).await.unwrap().owner.released);
+    assert_eq!(provider.list_by_tag().await.unwrap().len(), 1, "only uid-1's pod");
+    provider
+        .release(&ProviderId("namespaces/crawl/pods/gone".into()))
+        .await
+        .unwrap();
 
     provider.delete(&id).await.unwrap();
     provider.delete(&id).await.unwrap();
