@@ -292,3 +292,57 @@ async fn a_run_directory_squids_user_cannot_reach_is_refused() {
         .unwrap_or_default();
     assert!(left.is_empty(), "the provider's run root holds nothing: {left:?}");
 }
+
+#[tokio::test]
+async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
+    let state = tempfile::tempdir().unwrap();
+    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let p = provider(state.path(), LocalImplementation::Builtin);
+    let req = request("5e7d3c1e-2222-4222-8333-444455556666");
+    let id = p.create(&req).await.unwrap();
+    let created = p.get(&id).await.unwrap();
+    assert_eq!(created.owner, egress_proxies::provider::Ownership::of(&req));
+    let dir = state.path().join("local/local/instances").join(req.name.as_str());
+    let pid = eventually("the proxy process", Duration::from_secs(20), async || {
+        support::process::instance_pid(&dir)
+    })
+    .await;
+
+    p.release(&id).await.unwrap();
+    assert!(p.list_by_tag().await.unwrap().is_empty(), "no GC lists it");
+    let released = p.get(&id).await.unwrap();
+    assert!(released.owner.released);
+    assert_eq!(released.owner.uid.as_deref(), Some(req.uid.as_str()));
+    assert!(!support::process::is_gone(pid).0, "it keeps running");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("instance.json")).unwrap()).unwrap();
+    assert_eq!(
+        (record["managed"].clone(), record["released"].clone()),
+        (false.into(), true.into())
+    );
+    p.release(&egress_proxies::provider::ProviderId(
+        "instances/proxy-gone".into(),
+    ))
+    .await
+    .unwrap();
+
+    // A record an earlier version wrote (no installation, no namespace) reads as untagged.
+    let mut legacy = record.clone();
+    let fields = legacy.as_object_mut().unwrap();
+    for field in ["installation", "namespace", "released"] {
+        fields.remove(field);
+    }
+    fields.insert("managed".into(), true.into());
+    std::fs::write(dir.join("instance.json"), serde_json::to_vec(&legacy).unwrap()).unwrap();
+    let listed = p.list_by_tag().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (
+            listed[0].owner.installation.clone(),
+            listed[0].owner.namespace.clone(),
+            listed[0].owner.released
+        ),
+        (None, None, false)
+    );
+    p.delete(&id).await.unwrap();
+}

@@ -480,6 +480,37 @@ async fn a_provider_id_naming_another_proxys_instance_is_never_deleted() {
 }
 
 #[actix_rt::test]
+async fn an_existing_instance_of_another_installation_is_never_adopted() {
+    let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
+    bed.provider.fail(Op::Create, ErrorClass::Transient, 10_000);
+    bed.declare(managed("a", "z1"));
+    let uid = eventually("a's UID", WAIT, async || bed.get("a").await?.metadata.uid).await;
+    // The same Proxy managed by another installation too: its instance
+    // already exists under the name this one would create.
+    let name = instance_name(&uid);
+    bed.provider
+        .plant_owned(name.as_str(), &uid, "crawl", Some("iother"), Duration::ZERO);
+    bed.provider.heal(Op::Create);
+    let p = eventually("a to report the conflict", WAIT, async || {
+        let p = bed.get("a").await?;
+        let message = p.status.as_ref()?.message.clone()?;
+        message.contains("belongs to installation iother").then_some(p)
+    })
+    .await;
+    let status = p.status.unwrap();
+    assert_ne!(status.phase, Some(Phase::Running), "not used");
+    assert_eq!(status.ip, None);
+    bed.undeclare("a");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(deletes(&bed.provider), 0, "not deleted either");
+    assert!(
+        bed.get("a").await.is_some(),
+        "the Proxy waits for the conflict to be resolved"
+    );
+    assert_eq!(bed.provider.live_instances(), [name.to_string()]);
+}
+
+#[actix_rt::test]
 async fn failed_deletes_keep_the_finalizer_and_are_retried() {
     let mut bed = Bed::start(ScriptedProvider::new("sim", 0, 0));
     bed.declare(managed("a", "z1"));

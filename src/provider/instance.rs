@@ -135,3 +135,29 @@ pub struct CreateRequest {
     /// Port the proxy listens on.
     pub port: u16,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_is_a_proxys_only_with_its_uid_and_installation() {
+        let ours = InstallationId::parse("iours").unwrap();
+        let owner = |uid: Option<&str>, installation: Option<&str>, released| Ownership {
+            uid: uid.map(str::to_owned),
+            namespace: Some("crawl".into()),
+            installation: installation.map(str::to_owned),
+            released,
+        };
+        assert_eq!(
+            owner(Some("u1"), Some("iours"), false).conflict("u1", &ours),
+            None
+        );
+        let why = |o: Ownership| o.conflict("u1", &ours).unwrap();
+        assert!(why(owner(Some("u2"), Some("iours"), false)).contains("Proxy UID u2"));
+        assert!(why(owner(Some("u1"), Some("itheirs"), false)).contains("installation itheirs"));
+        assert!(why(owner(Some("u1"), None, false)).contains("no installation tag"));
+        assert!(why(owner(None, Some("iours"), false)).contains("no Proxy UID"));
+        assert!(why(owner(Some("u1"), Some("iours"), true)).contains("released"));
+    }
+}

@@ -81,6 +81,11 @@ impl ScriptedProvider {
         q.extend(std::iter::repeat_n(class, count));
     }
 
+    /// Drops the failures still scripted for `op`.
+    pub fn heal(&self, op: Op) {
+        self.world().failures.remove(op_name(op));
+    }
+
     /// The next create makes the instance, then panics (a crash mid-create).
     pub fn panic_after_next_create(&self) {
         self.world().panic_after_next_create = true;

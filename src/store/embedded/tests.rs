@@ -225,3 +225,31 @@ async fn cloud_init_comes_only_from_labelled_secrets_and_rotation_triggers_a_rec
         Err(CloudInitError::MissingKey { .. })
     ));
 }
+
+#[test]
+fn the_installation_id_is_generated_once_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = {
+        let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+        let id = store.installation_id(None).unwrap();
+        assert_eq!(store.installation_id(None).unwrap(), id);
+        id
+    };
+    let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store.installation_id(None).unwrap(),
+        first,
+        "kept across restarts"
+    );
+    // A configured id wins, and is kept from then on.
+    let configured = crate::installation::InstallationId::parse("prod-eu").unwrap();
+    assert_eq!(store.installation_id(Some(&configured)).unwrap(), configured);
+    assert_eq!(store.installation_id(None).unwrap(), configured);
+    let other = tempfile::tempdir().unwrap();
+    let (elsewhere, _rx) = EmbeddedStore::open(other.path()).unwrap();
+    assert_ne!(
+        elsewhere.installation_id(None).unwrap(),
+        first,
+        "each state directory its own"
+    );
+}
