@@ -238,11 +238,9 @@ fn standalone_bed(dir: &Path, health: &str) {
     .unwrap();
     std::fs::write(
         dir.join("standalone.yaml"),
-        format!(
-            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
-             healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"0\"\nmanifestPollInterval: 100ms\n\
-             gcInterval: 200ms\ngcGracePeriod: 0s\n"
-        ),
+        "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
+         healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"0\"\nmanifestPollInterval: 100ms\n\
+         gcInterval: 200ms\ngcGracePeriod: 0s\n",
     )
     .unwrap();
     std::fs::write(
