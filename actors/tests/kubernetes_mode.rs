@@ -379,7 +379,15 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         "skip-cleanup leaves the instance"
     );
 
-    // GC: the kept instance is now an orphan but young (spared); an old planted one is reaped.
+    // GC: the kept instance was released (never reaped); an old planted
+    // orphan of this installation is reaped.
+    let installation = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client.clone(), "crawl")
+        .get("egress-proxies-installation")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["id"]
+        .clone();
     let instances_dir = bed.dir.path().join("state/local/local/instances");
     let planted = instances_dir.join("proxy-plantedorphan00");
     std::fs::create_dir_all(&planted).unwrap();
@@ -387,6 +395,7 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         planted.join("instance.json"),
         serde_json::to_vec(&json!({
             "name": "proxy-plantedorphan00", "managed": true, "uid": "uid-of-a-long-gone-proxy",
+            "namespace": "crawl", "installation": installation,
             "createdAt": "2026-01-01T00:00:00Z", "listen": "127.0.0.1", "port": 9, "implementation": "builtin"
         }))
         .unwrap(),
@@ -400,7 +409,7 @@ async fn the_operator_runs_every_path_against_the_api_server() {
     assert_eq!(
         bed.instances().len(),
         with_kept,
-        "the young orphan (skip-cleanup's) is spared by the grace period"
+        "the released instance (skip-cleanup's) is spared"
     );
     support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
 }
