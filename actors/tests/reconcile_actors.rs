@@ -618,3 +618,142 @@ async fn external_proxies_get_their_endpoint_and_no_provider_calls() {
     bed.wait_gone("ext").await;
     assert_eq!(bed.phase("ext").await, None);
 }
+
+/// One reconcile at a time, by hand, against the embedded store.
+struct Direct {
+    store: Arc<EmbeddedStore>,
+    provider: Arc<ScriptedProvider>,
+    ctx: reconcile::Context,
+    memory: reconcile::Memory,
+    _state: tempfile::TempDir,
+}
+
+impl Direct {
+    fn new() -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let (store, _events) = EmbeddedStore::open(state.path()).unwrap();
+        let store = Arc::new(store);
+        let provider = Arc::new(ScriptedProvider::new("sim", 0, 0));
+        let ctx = reconcile::Context {
+            store: store.clone(),
+            providers: Arc::new(Providers::from_providers([provider.clone() as Arc<dyn Provider>])),
+            now: jiff::Timestamp::now,
+            replacement: fast_replacement(),
+            installation: support::installation(),
+        };
+        Self {
+            store,
+            provider,
+            ctx,
+            memory: Default::default(),
+            _state: state,
+        }
+    }
+
+    async fn once(&mut self) -> Result<reconcile::Next, reconcile::ReconcileError> {
+        reconcile::reconcile(&key("a"), &self.ctx, &mut self.memory).await
+    }
+}
+
+#[actix_rt::test]
+async fn a_provider_hiccup_keeps_a_serving_proxy_serving() {
+    let mut d = Direct::new();
+    d.store
+        .apply(&ManifestSet {
+            proxies: [(key("a"), managed("a", "z1"))].into(),
+            ..Default::default()
+        })
+        .unwrap();
+    for _ in 0..3 {
+        d.once().await.unwrap();
+    }
+    let target = d.memory.serving.clone().expect("running and probed");
+    for class in [ErrorClass::Transient, ErrorClass::QuotaExceeded] {
+        d.provider.fail(Op::Get, class, 1);
+        assert!(d.once().await.is_err());
+        assert_eq!(
+            d.memory.serving.as_ref(),
+            Some(&target),
+            "still probed after a {class} error"
+        );
+        let status = d.store.get(&key("a")).await.unwrap().unwrap().status.unwrap();
+        assert_eq!(status.phase, Some(Phase::Running), "status agrees");
+        assert!(status.message.unwrap().contains("will retry"));
+    }
+    // A confirmed stop takes it out.
+    d.provider.stop(
+        &instance_name(
+            d.store
+                .get(&key("a"))
+                .await
+                .unwrap()
+                .unwrap()
+                .metadata
+                .uid
+                .as_deref()
+                .unwrap(),
+        )
+        .to_string(),
+    );
+    let _ = d.once().await;
+    assert_eq!(d.memory.serving, None);
+}
+
+#[actix_rt::test]
+async fn a_deletion_the_provider_refuses_is_retried_and_never_given_up() {
+    let mut d = Direct::new();
+    d.store
+        .apply(&ManifestSet {
+            proxies: [(key("a"), managed("a", "z1"))].into(),
+            ..Default::default()
+        })
+        .unwrap();
+    for _ in 0..3 {
+        d.once().await.unwrap();
+    }
+    d.store.apply(&ManifestSet::default()).unwrap();
+    d.provider.fail(Op::Delete, ErrorClass::Permanent, 3);
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        match d.once().await.unwrap() {
+            reconcile::Next::After(wait) => waits.push(wait),
+            other => panic!("a refused deletion must be retried, got {other:?}"),
+        }
+        let p = d
+            .store
+            .get(&key("a"))
+            .await
+            .unwrap()
+            .expect("the finalizer stays");
+        let status = p.status.unwrap();
+        assert_eq!(status.phase, Some(Phase::Terminating));
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "InstanceReady")
+            .unwrap();
+        assert_eq!(condition.reason, "DeletionBlocked");
+        assert!(
+            condition.message.contains(SKIP_CLEANUP_ANNOTATION),
+            "{}",
+            condition.message
+        );
+    }
+    assert_eq!(
+        waits,
+        [
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+            Duration::from_secs(120)
+        ],
+        "a growing wait, capped at minutes"
+    );
+    // The provider accepts again: the deletion completes.
+    for _ in 0..5 {
+        if d.once().await.unwrap() == reconcile::Next::Gone {
+            break;
+        }
+    }
+    assert!(d.store.get(&key("a")).await.unwrap().is_none());
+    assert!(d.provider.instances().is_empty());
+}

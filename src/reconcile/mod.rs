@@ -54,10 +54,26 @@ pub struct Memory {
     pub serving: Option<ProbeTarget>,
     /// What the lease store should know about the proxy, after the last job.
     pub availability: Option<Availability>,
+    /// Deletes refused for good in a row (a Permanent error): how long the
+    /// next attempt waits.
+    delete_refusals: u32,
 }
 
 /// A delete still unfinished after this long is requested again.
 const REDELETE_AFTER: Duration = Duration::from_secs(60);
+/// A deletion the provider refuses for good is retried after this long,
+/// doubling up to [`MAX_DELETION_RETRY`]: something outside may fix it.
+const FIRST_DELETION_RETRY: Duration = Duration::from_secs(30);
+const MAX_DELETION_RETRY: Duration = Duration::from_secs(600);
+
+impl Memory {
+    /// How long to wait after one more refused deletion.
+    fn next_deletion_retry(&mut self) -> Duration {
+        let wait = FIRST_DELETION_RETRY.saturating_mul(1 << self.delete_refusals.min(10));
+        self.delete_refusals += 1;
+        wait.min(MAX_DELETION_RETRY)
+    }
+}
 
 impl Memory {
     /// Deletes `id` unless that was already requested recently: while a
@@ -160,7 +176,8 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         return Ok(Next::Gone);
     };
     let mut draft = StatusDraft::new(&proxy, ctx.now);
-    memory.serving = None;
+    // Set again below by whatever path finds the proxy serving.
+    let served = memory.serving.take();
     let mut step = Step {
         proxy: &proxy,
         ctx,
@@ -181,16 +198,41 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
             Mode::External => step.external().await,
         }
     };
+    let deleting = proxy.metadata.deletion_timestamp.is_some();
     let result = match result {
+        // A deletion never gives up: the finalizer stays and it is retried.
+        Err(e) if e.class() == ErrorClass::Permanent && deleting => {
+            let wait = memory.next_deletion_retry();
+            let note = format!(
+                "deleting the instance failed: {e}; retrying in {}s — set {SKIP_CLEANUP_ANNOTATION}: \"true\" to release the Proxy and leave the instance",
+                wait.as_secs()
+            );
+            if !draft.says(&note[..note.find("; retrying").unwrap_or(note.len())]) {
+                ctx.store
+                    .publish_event(key, uid(&proxy), "DeletionBlocked", &note, true)
+                    .await;
+            }
+            draft.deletion_blocked(&note);
+            Ok(Next::After(wait))
+        }
         Err(e) if e.class() == ErrorClass::Permanent => {
             draft.fail(&e.to_string());
             Ok(Next::Idle)
         }
         Err(e) => {
+            // A hiccup (the provider or the store did not answer) is no news
+            // about the instance: it keeps serving on its last known state.
+            if memory.serving.is_none() && !deleting && !matches!(e, ReconcileError::InstanceConflict { .. })
+            {
+                memory.serving = served.filter(|s| Some(s.uid.as_str()) == proxy.metadata.uid.as_deref());
+            }
             draft.retrying(&e);
             Err(e)
         }
-        ok => ok,
+        ok => {
+            memory.delete_refusals = 0;
+            ok
+        }
     };
     memory.availability = match result {
         Ok(Next::Gone) => None,

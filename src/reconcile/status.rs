@@ -230,6 +230,13 @@ impl StatusDraft {
         }
     }
 
+    /// The provider refuses to delete the instance; the deletion is retried.
+    pub fn deletion_blocked(&mut self, message: &str) {
+        self.status.phase = Some(Phase::Terminating);
+        self.status.message = Some(message.to_owned());
+        self.instance_condition(false, "DeletionBlocked", message);
+    }
+
     /// Whether the stored status already tells `message` (as a retrying error).
     pub fn says(&self, message: &str) -> bool {
         self.original
