@@ -215,7 +215,7 @@ fn main() {
                         endpoint: format!("127.0.0.1:{proxy_port}"),
                         check: check.clone(),
                     },
-                    owner: sink.clone().recipient(),
+                    owner: sink.downgrade().recipient(),
                 });
             }
             // One interval to spread the start times, then measure.

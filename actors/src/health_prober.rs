@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix::WeakRecipient;
 use actix::prelude::*;
 use egress_proxies::health::{HealthState, LatencyRule, Prober, Sample};
 use egress_proxies::store::ObjectKey;
@@ -25,7 +26,9 @@ use crate::messages::{HealthVerdict, ProbeTarget};
 pub struct Watch {
     pub key: ObjectKey,
     pub target: ProbeTarget,
-    pub owner: Recipient<HealthVerdict>,
+    /// Weak: the prober must never keep a stopped ProxyActor alive (its
+    /// Supervisor would restart it).
+    pub owner: WeakRecipient<HealthVerdict>,
 }
 
 /// Stop watching a proxy.
@@ -60,7 +63,7 @@ struct ProbeDone {
 
 struct Watched {
     target: ProbeTarget,
-    owner: Recipient<HealthVerdict>,
+    owner: WeakRecipient<HealthVerdict>,
     state: HealthState,
     generation: u64,
     timer: SpawnHandle,
@@ -108,7 +111,7 @@ impl HealthProber {
         let Some(w) = self.watched.get_mut(key) else {
             return;
         };
-        if !w.owner.connected() {
+        if w.owner.upgrade().is_none_or(|owner| !owner.connected()) {
             // The owning ProxyActor is gone: prune.
             let w = self.watched.remove(key);
             if let Some(w) = w {
@@ -264,7 +267,9 @@ impl Handler<ProbeDone> for HealthProber {
             .record(&msg.sample, thresholds, self.rule, jiff::Timestamp::now())
         {
             tracing::debug!(proxy = %msg.key, healthy = verdict.healthy, flipped = verdict.flipped, "health verdict");
-            w.owner.do_send(HealthVerdict(verdict, msg.span.clone()));
+            if let Some(owner) = w.owner.upgrade() {
+                owner.do_send(HealthVerdict(verdict, msg.span.clone()));
+            }
         }
     }
 }

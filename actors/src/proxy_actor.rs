@@ -326,7 +326,7 @@ impl ProxyActor {
                 Some(target) => prober.do_send(Watch {
                     key: self.key.clone(),
                     target: target.clone(),
-                    owner: ctx.address().recipient(),
+                    owner: ctx.address().downgrade().recipient(),
                 }),
                 None => prober.do_send(Unwatch {
                     key: self.key.clone(),
@@ -414,6 +414,16 @@ impl Handler<Shutdown> for ProxyActor {
     type Result = ();
 
     fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
+        // The Proxy is gone: it is no longer leasable, nor probed. (A crash
+        // restart keeps both: the restarted actor resumes where it was.)
+        if let Some(leases) = &self.leases {
+            leases.do_send(RemoveProxy(self.key.clone()));
+        }
+        if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
+            prober.do_send(Unwatch {
+                key: self.key.clone(),
+            });
+        }
         ctx.stop();
     }
 }
