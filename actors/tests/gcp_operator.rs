@@ -4,14 +4,17 @@
 //! is the fake's), create → Provisioning → Running with the VM's external IP
 //! (the fake hands out 127.0.0.1, where a real forward proxy listens) →
 //! probed → Ready; deleting the manifest deletes the VM and releases the
-//! Proxy. Traffic stays on loopback.
+//! Proxy. A second Proxy with skip-cleanup leaves its VM running, labelled
+//! released. Traffic stays on loopback.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use egress_proxies::installation::InstallationId;
 use egress_proxies::resource::Phase;
 use egress_proxies::store::embedded::read_snapshot;
 use fake_compute::FakeCompute;
+use serde_json::json;
 
 mod support;
 
@@ -61,18 +64,15 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
     );
 
     let manifest = root.join("proxies/gcp-1.yaml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: gcp-1, namespace: crawl}}\n\
+    let manifest_text = format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: gcp-1, namespace: crawl}}\n\
              spec:\n  mode: Managed\n  provider: gcp-test\n  port: {port}\n\
              \x20 placement: {{zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}}\n\
              \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n\"}}\n\
              \x20 healthCheck: {{url: \"{}\", interval: 200ms}}\n",
-            health_target()
-        ),
-    )
-    .unwrap();
+        health_target()
+    );
+    std::fs::write(&manifest, &manifest_text).unwrap();
 
     let state = root.join("state");
     let status = || {
@@ -117,6 +117,20 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             "#cloud-config\npackages: [squid]\n"
         );
         assert_eq!(inserted["tags"]["items"][0], "egress-proxy");
+        let labels = &inserted["labels"];
+        assert_eq!(
+            (
+                &labels["egress-proxies-managed"],
+                &labels["egress-proxies-namespace"]
+            ),
+            (&json!("true"), &json!("crawl")),
+            "{labels}"
+        );
+        let installation = labels["egress-proxies-installation"].as_str().unwrap_or_default();
+        assert!(
+            InstallationId::parse(installation).is_ok(),
+            "the operator's installation id: {labels}"
+        );
         assert!(
             fake_state.issued.len() == 1,
             "one token, cached: {:?}",
@@ -135,6 +149,52 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(fake.state().instances().is_empty(), "the VM is gone");
+
+    // skip-cleanup: deleting the Proxy leaves its VM running, released.
+    let kept = root.join("proxies/gcp-2.yaml");
+    std::fs::write(
+        &kept,
+        manifest_text.replace(
+            "{name: gcp-1, namespace: crawl}",
+            "{name: gcp-2, namespace: crawl, annotations: {crawl.example.com/skip-cleanup: \"true\"}}",
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let kept_name = loop {
+        let found = read_snapshot(&state).ok().and_then(|proxies| {
+            let p = proxies
+                .into_iter()
+                .find(|p| p.metadata.name.as_deref() == Some("gcp-2"))?;
+            p.status?.provider_id
+        });
+        if let Some(id) = found {
+            break id.rsplit('/').next().unwrap().to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "gcp-2 got no VM\n{}",
+            log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::fs::remove_file(&kept).unwrap();
+    let started = Instant::now();
+    while read_snapshot(&state)
+        .ok()
+        .is_some_and(|ps| ps.iter().any(|p| p.metadata.name.as_deref() == Some("gcp-2")))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "gcp-2 not deleted\n{}",
+            log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let labels = fake.state().labels("europe-west1-b", &kept_name);
+    let labels = labels.unwrap_or_else(|| panic!("the VM was deleted despite skip-cleanup\n{}", log_tail()));
+    assert_eq!(labels["egress-proxies-released"], "true", "{labels}");
+    assert!(labels.get("egress-proxies-managed").is_none(), "{labels}");
     let log = log_tail();
     assert!(!log.contains("packages: [squid]"), "cloud-init never in the log");
 }

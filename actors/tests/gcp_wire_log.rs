@@ -1,6 +1,6 @@
 //! The gcp wire log at trace level, captured from the real client against
 //! the fake: long fields elided unless full payloads, cloud-init redacted
-//! always, no token or `Bearer` anywhere. Its own test binary: a scoped
+//! always, no token or `Bearer` anywhere, setLabels shown with its labels. Its own test binary: a scoped
 //! subscriber races other tests' threads for the log callsites' interest.
 
 mod support;
@@ -57,6 +57,7 @@ async fn wire_log(full_payloads: bool) -> (String, Vec<String>) {
     let id = gcp.create(&req).await.unwrap();
     gcp.get(&id).await.unwrap();
     gcp.list_by_tag().await.unwrap();
+    gcp.release(&id).await.unwrap();
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     (text, fake.state().issued.clone())
 }
@@ -73,8 +74,16 @@ async fn the_wire_log_elides_redacts_and_never_shows_a_token() {
         .collect();
     assert_eq!(
         lines.len(),
-        6,
-        "request + response for insert, get and list:\n{text}"
+        10,
+        "request + response for insert, get, list and release's get and setLabels:\n{text}"
+    );
+    // Labels are not secret: setLabels shows what it sends.
+    assert!(
+        lines.iter().any(|l| l.contains("POST")
+            && l.contains("/setLabels")
+            && l.contains("labelFingerprint")
+            && l.contains("egress-proxies-released")),
+        "{text}"
     );
     assert!(
         lines

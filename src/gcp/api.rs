@@ -1,5 +1,5 @@
-//! The four Compute Engine calls the provider needs (`instances.insert`,
-//! `get`, `delete`, `aggregatedList`) over reqwest, with tokens from
+//! The five Compute Engine calls the provider needs (`instances.insert`,
+//! `get`, `delete`, `aggregatedList`, `setLabels`) over reqwest, with tokens from
 //! Application Default Credentials (gcp_auth: the credentials file named by
 //! `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's application-default login, or
 //! the metadata server / workload identity), cached and refreshed by
@@ -13,7 +13,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use reqwest::Method;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 use url::Url;
 
 use super::wire_log::loggable;
@@ -57,6 +57,11 @@ impl GcpError {
             // Missing credentials heal when they appear; the rest is the network.
             GcpError::Credentials(_) | GcpError::Transport(_) | GcpError::Decode(_) => ErrorClass::Transient,
         }
+    }
+
+    /// `setLabels` refused the fingerprint: the labels changed since they were read.
+    pub fn is_stale_fingerprint(&self) -> bool {
+        matches!(self, GcpError::Api { status: 412, .. })
     }
 }
 
@@ -185,6 +190,23 @@ impl ComputeApi {
     pub async fn delete(&self, zone: &str, name: &str) -> Result<(), GcpError> {
         let url = self.url(&format!("zones/{zone}/instances/{name}"))?;
         self.call(Method::DELETE, url, None).await.map(|_| ())
+    }
+
+    /// Replaces an instance's labels wholesale (`instances.setLabels`),
+    /// guarded by `fingerprint`, the `labelFingerprint` read with the labels
+    /// it is based on. Submits and returns, like insert and delete: the zone
+    /// operation is not polled. A stale fingerprint comes back as HTTP 412
+    /// ([`GcpError::is_stale_fingerprint`]), a vanished instance as 404.
+    pub async fn set_labels(
+        &self,
+        zone: &str,
+        name: &str,
+        labels: &Map<String, Value>,
+        fingerprint: &str,
+    ) -> Result<(), GcpError> {
+        let url = self.url(&format!("zones/{zone}/instances/{name}/setLabels"))?;
+        let body = json!({"labels": labels, "labelFingerprint": fingerprint});
+        self.call(Method::POST, url, Some(&body)).await.map(|_| ())
     }
 
     /// Every instance matching `filter` in every zone, all pages, with partial success.

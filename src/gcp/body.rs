@@ -1,6 +1,6 @@
 //! The `instances.insert` request body, field by field (pure).
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::config::GcpConfig;
 use crate::provider::CreateRequest;
@@ -9,6 +9,12 @@ use crate::provider::CreateRequest;
 pub const MANAGED_LABEL: &str = "egress-proxies-managed";
 /// Label carrying the owning Proxy's UID.
 pub const UID_LABEL: &str = "egress-proxies-uid";
+/// Label carrying the owning Proxy's namespace (a DNS label: always a valid label value).
+pub const NAMESPACE_LABEL: &str = "egress-proxies-namespace";
+/// Label carrying the installation that created the VM.
+pub const INSTALLATION_LABEL: &str = "egress-proxies-installation";
+/// Label a VM released with skip-cleanup carries (`"true"`) instead of [`MANAGED_LABEL`].
+pub const RELEASED_LABEL: &str = "egress-proxies-released";
 /// The instance metadata key cloud-init reads its user-data from.
 pub const USER_DATA_KEY: &str = "user-data";
 
@@ -71,7 +77,12 @@ pub fn instance_body(config: &GcpConfig, req: &CreateRequest) -> Result<Value, B
             "network": config.network,
             "accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}],
         }],
-        "labels": {MANAGED_LABEL: "true", UID_LABEL: req.uid},
+        "labels": {
+            MANAGED_LABEL: "true",
+            UID_LABEL: req.uid,
+            NAMESPACE_LABEL: req.namespace,
+            INSTALLATION_LABEL: req.installation.as_str(),
+        },
     });
     if let Some(tag) = &config.network_tag {
         body["tags"] = json!({"items": [tag]});
@@ -80,6 +91,16 @@ pub fn instance_body(config: &GcpConfig, req: &CreateRequest) -> Result<Value, B
         body["metadata"] = json!({"items": [{"key": USER_DATA_KEY, "value": user_data}]});
     }
     Ok(body)
+}
+
+/// The labels of a released VM: the current ones without [`MANAGED_LABEL`]
+/// (so no installation's GC lists it) and with [`RELEASED_LABEL`]; the
+/// owner's labels and any an admin added stay.
+pub fn released_labels(current: &Map<String, Value>) -> Map<String, Value> {
+    let mut labels = current.clone();
+    labels.remove(MANAGED_LABEL);
+    labels.insert(RELEASED_LABEL.to_owned(), Value::from("true"));
+    labels
 }
 
 #[cfg(test)]
@@ -101,7 +122,7 @@ mod tests {
             name: instance_name(uid),
             uid: uid.into(),
             namespace: "crawl".into(),
-            installation: "itest".parse().unwrap(),
+            installation: "prod-eu".parse().unwrap(),
             cloud_init: Some(CloudInitBytes(b"#cloud-config\npackages: [squid]\n".to_vec())),
             placement: ProxyPlacement {
                 zone: Some("europe-west1-b".into()),
@@ -134,7 +155,8 @@ mod tests {
         assert_eq!(body["tags"], json!({"items": ["egress-proxy"]}));
         assert_eq!(
             body["labels"],
-            json!({"egress-proxies-managed": "true", "egress-proxies-uid": req.uid})
+            json!({"egress-proxies-managed": "true", "egress-proxies-uid": req.uid,
+                   "egress-proxies-namespace": "crawl", "egress-proxies-installation": "prod-eu"})
         );
         assert_eq!(
             body["metadata"],
@@ -197,6 +219,23 @@ mod tests {
         assert_eq!(
             instance_body(&config(), &req).unwrap_err(),
             BodyError::BinaryCloudInit
+        );
+    }
+
+    #[test]
+    fn released_labels_drop_managed_and_keep_the_rest() {
+        let current = json!({"egress-proxies-managed": "true", "egress-proxies-uid": "u-1",
+            "egress-proxies-namespace": "crawl", "egress-proxies-installation": "prod-eu", "team": "web"});
+        let released = released_labels(current.as_object().unwrap());
+        assert_eq!(
+            Value::Object(released.clone()),
+            json!({"egress-proxies-released": "true", "egress-proxies-uid": "u-1",
+                "egress-proxies-namespace": "crawl", "egress-proxies-installation": "prod-eu", "team": "web"})
+        );
+        assert_eq!(
+            released_labels(&released),
+            released,
+            "releasing twice changes nothing"
         );
     }
 }

@@ -1,4 +1,4 @@
-//! The gcp provider (SPEC §4 "gcp provider"): Compute Engine VMs over four
+//! The gcp provider (SPEC §4 "gcp provider"): Compute Engine VMs over five
 //! REST calls, authenticated with Application Default Credentials.
 //!
 //! ```text

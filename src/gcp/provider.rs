@@ -2,7 +2,9 @@
 //! Fire-and-forget: `create` returns once the insert is accepted and the
 //! reconciler polls `get`. The providerID carries the zone
 //! (`zones/<zone>/instances/<name>`), so get and delete stay right even
-//! mid-replacement after the Proxy's zone was edited.
+//! mid-replacement after the Proxy's zone was edited. Ownership travels in
+//! labels (managed, UID, namespace, installation; released once left to
+//! the admin), changed only through `setLabels` with the label fingerprint.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -11,11 +13,18 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::api::{ComputeApi, GcpError, TokenSource};
-use super::body::{BodyError, MANAGED_LABEL, UID_LABEL, instance_body, placement};
+use super::body::{
+    BodyError, INSTALLATION_LABEL, MANAGED_LABEL, NAMESPACE_LABEL, RELEASED_LABEL, UID_LABEL, instance_body,
+    placement, released_labels,
+};
 use crate::config::GcpConfig;
 use crate::provider::{
-    CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
+    CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
+
+/// setLabels attempts while someone else keeps changing the labels (412);
+/// after that the release fails Transient and the reconciler retries later.
+const RELEASE_ATTEMPTS: usize = 5;
 
 pub struct GcpProvider {
     name: String,
@@ -129,17 +138,28 @@ pub fn instance_of(id: ProviderId, vm: &Value) -> Instance {
         reason,
         ip,
         port: None,
-        owner: crate::provider::Ownership {
-            uid: vm
-                .pointer(&format!("/labels/{UID_LABEL}"))
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            ..Default::default()
-        },
+        owner: owner_of(vm),
         created_at: vm
             .get("creationTimestamp")
             .and_then(Value::as_str)
             .and_then(|t| t.parse().ok()),
+    }
+}
+
+/// Who the VM belongs to, from its labels (any may be missing: a VM of an
+/// earlier version has only the managed and UID labels).
+pub fn owner_of(vm: &Value) -> Ownership {
+    let label = |key: &str| {
+        vm.get("labels")
+            .and_then(|l| l.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    Ownership {
+        uid: label(UID_LABEL),
+        namespace: label(NAMESPACE_LABEL),
+        installation: label(INSTALLATION_LABEL),
+        released: label(RELEASED_LABEL).as_deref() == Some("true"),
     }
 }
 
@@ -197,12 +217,39 @@ impl Provider for GcpProvider {
     }
 
     async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
-        Err(ProviderError::new(
-            ErrorClass::Permanent,
+        let (zone, name) = self.parse_id(Op::Release, id)?;
+        let fail = |e: GcpError| self.api_err(Op::Release, Some(id.as_str()), e);
+        for _ in 0..RELEASE_ATTEMPTS {
+            // setLabels replaces the whole set, guarded by the fingerprint read with it.
+            let vm = match self.api.get(zone, name).await {
+                Err(e) if e.class() == ErrorClass::NotFound => return Ok(()),
+                other => other.map_err(fail)?,
+            };
+            let empty = serde_json::Map::new();
+            let current = vm.get("labels").and_then(Value::as_object).unwrap_or(&empty);
+            let wanted = released_labels(current);
+            if wanted == *current {
+                return Ok(());
+            }
+            let fingerprint = vm
+                .get("labelFingerprint")
+                .and_then(Value::as_str)
+                .ok_or_else(|| fail(GcpError::Decode("the instance has no labelFingerprint".into())))?;
+            match self.api.set_labels(zone, name, &wanted, fingerprint).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.class() == ErrorClass::NotFound => return Ok(()),
+                // Someone changed the labels since the read: read them again.
+                Err(e) if e.is_stale_fingerprint() => continue,
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        Err(self.err(
+            ErrorClass::Transient,
             Op::Release,
-            &self.name,
             Some(id.as_str()),
-            "HELPER: release not written yet",
+            format!(
+                "the labels kept changing under setLabels (HTTP 412 {RELEASE_ATTEMPTS} times); retried later"
+            ),
         ))
     }
 
@@ -266,7 +313,14 @@ mod tests {
             Some("203.0.113.7".parse().unwrap()),
             "the external, not the internal address"
         );
-        assert_eq!(i.owner.uid.as_deref(), Some("u-1"));
+        assert_eq!(
+            i.owner,
+            Ownership {
+                uid: Some("u-1".into()),
+                ..Default::default()
+            },
+            "an earlier version's labels: no installation, no namespace"
+        );
         assert_eq!(i.created_at.unwrap().to_string(), "2026-11-30T09:02:03.456Z");
         assert_eq!(zone_of(&vm), Some("europe-west1-b"));
 
@@ -296,5 +350,29 @@ mod tests {
             instance_of(i.id, &preempted).reason.as_deref(),
             Some("instance TERMINATED")
         );
+    }
+
+    #[test]
+    fn the_owner_comes_from_every_label() {
+        let vm = json!({"labels": {"egress-proxies-managed": "true", "egress-proxies-uid": "u-1",
+            "egress-proxies-namespace": "crawl", "egress-proxies-installation": "prod-eu"}});
+        let mine = Ownership {
+            uid: Some("u-1".into()),
+            namespace: Some("crawl".into()),
+            installation: Some("prod-eu".into()),
+            released: false,
+        };
+        assert_eq!(owner_of(&vm), mine);
+        let released = json!({"labels": released_labels(vm["labels"].as_object().unwrap())});
+        assert_eq!(
+            owner_of(&released),
+            Ownership {
+                released: true,
+                ..mine
+            }
+        );
+        assert_eq!(owner_of(&json!({})), Ownership::default(), "a VM without labels");
+        let not_true = json!({"labels": {"egress-proxies-released": "no"}});
+        assert!(!owner_of(&not_true).released);
     }
 }

@@ -1,6 +1,6 @@
 //! A faithful in-memory fake of what the gcp provider uses of Google Cloud:
-//! the Compute Engine v1 instance calls `insert`, `get`, `delete` and
-//! `aggregatedList`, and the OAuth 2.0 token endpoint a service-account key
+//! the Compute Engine v1 instance calls `insert`, `get`, `delete`,
+//! `aggregatedList` and `setLabels`, and the OAuth 2.0 token endpoint a service-account key
 //! points at (`token_uri`). Real HTTP on loopback, on its own thread, so
 //! the real client (reqwest + gcp_auth) drives it unchanged.
 //!
@@ -17,6 +17,11 @@
 //!   goes PROVISIONING → STAGING → RUNNING (one `step` each), a deleted
 //!   instance is STOPPING for one step, then gone (404 `notFound`);
 //! - a RUNNING instance has an external `natIP` on its first access config;
+//! - every instance has a `labelFingerprint`, a hash of its labels;
+//!   `setLabels` needs the current one (missing or stale → 412
+//!   `conditionNotMet`), validates the labels like insert, replaces them
+//!   wholesale (the fingerprint changes with them), answers an Operation and
+//!   applies at once, so `get` and label-filtered `aggregatedList` see it;
 //! - aggregatedList filters on `labels.<key> = "<value>"`, pages with
 //!   `maxResults`/`pageToken`, lists zones without matches with a
 //!   `NO_RESULTS_ON_PAGE` warning, and with unreachable zones answers 503
@@ -91,6 +96,11 @@ pub struct State {
     pub seen: Vec<Seen>,
     /// Bodies of accepted inserts, in order.
     pub inserted: Vec<Value>,
+    /// Every setLabels request that reached an instance: its status and body, in order.
+    pub label_sets: Vec<(u16, Value)>,
+    /// Labels another client sets on an instance just before the next
+    /// setLabels for it is served (a lost race on the fingerprint).
+    racing_labels: Option<((String, String), Value)>,
 }
 
 impl State {
@@ -163,6 +173,19 @@ impl State {
         self.vms.insert((zone.to_owned(), name), vm);
     }
 
+    /// The labels an instance has now.
+    pub fn labels(&mut self, zone: &str, name: &str) -> Option<Value> {
+        self.settle();
+        let vm = self.vms.get(&(zone.to_owned(), name.to_owned()))?;
+        Some(vm.body.get("labels").cloned().unwrap_or_else(|| json!({})))
+    }
+
+    /// Another client replaces an instance's labels just before the next
+    /// setLabels for it is served, so that request's fingerprint is stale.
+    pub fn race_next_set_labels(&mut self, zone: &str, name: &str, labels: Value) {
+        self.racing_labels = Some(((zone.to_owned(), name.to_owned()), labels));
+    }
+
     /// The next `times` requests matching get this error.
     pub fn inject(&mut self, fault: Fault, times: usize) {
         for _ in 0..times {
@@ -187,6 +210,7 @@ impl State {
         out["zone"] = json!(zone_url);
         out["selfLink"] = json!(format!("{zone_url}/instances/{name}"));
         out["status"] = json!(status);
+        out["labelFingerprint"] = json!(label_fingerprint(&vm.body));
         // Compute Engine reports creation time in Pacific time with an offset.
         let pacific = jiff::tz::offset(-8).to_time_zone();
         out["creationTimestamp"] = json!(
@@ -237,6 +261,8 @@ impl FakeCompute {
             faults: VecDeque::new(),
             seen: Vec::new(),
             inserted: Vec::new(),
+            label_sets: Vec::new(),
+            racing_labels: None,
         }));
         let fake = Self { addr, state };
         let data = web::Data::new(fake.clone());
@@ -370,6 +396,9 @@ fn answer(
                 None => not_found(&project, zone, name),
             }
         }
+        ("POST", ["zones", zone, "instances", name, "setLabels"]) => {
+            set_labels(&mut state, &base, zone, name, body)
+        }
         ("GET", ["aggregated", "instances"]) => aggregated_list(&state, &base, &query),
         _ => error(404, "notFound", &format!("no such method {method} {path}")),
     }
@@ -410,6 +439,83 @@ fn valid_label(s: &str, key: bool) -> bool {
         && (!key || s.starts_with(|c: char| c.is_ascii_lowercase()))
         && s.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+/// The label syntax error of a `labels` map, if any.
+fn check_labels(labels: &Value, field: &str) -> Option<HttpResponse> {
+    let Some(labels) = labels.as_object() else {
+        return Some(invalid(field, "must be a map"));
+    };
+    if labels.len() > 64 {
+        return Some(invalid(field, "at most 64 labels"));
+    }
+    labels
+        .iter()
+        .find(|(k, v)| !valid_label(k, true) || !v.as_str().is_some_and(|v| valid_label(v, false)))
+        .map(|(k, _)| {
+            invalid(
+                &format!("{field}.{k}"),
+                "label keys and values must be lowercase letters, digits, '-' or '_'",
+            )
+        })
+}
+
+/// The `labelFingerprint` of an instance `body`.
+fn label_fingerprint(body: &Value) -> String {
+    fingerprint_of(body.get("labels").unwrap_or(&Value::Null))
+}
+
+/// Google's `labelFingerprint` for a set of labels: base64 of a hash of
+/// them, so it changes whenever they do (the same labels give the same one).
+pub fn fingerprint_of(labels: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let sorted: BTreeMap<&str, &str> = labels
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or_default()))
+        .collect();
+    // DefaultHasher::new() has fixed keys: stable for the fake's lifetime.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    sorted.hash(&mut hasher);
+    base64::engine::general_purpose::STANDARD.encode(hasher.finish().to_be_bytes())
+}
+
+fn set_labels(state: &mut State, base: &str, zone: &str, name: &str, body: &[u8]) -> HttpResponse {
+    let key = (zone.to_owned(), name.to_owned());
+    if !state.vms.contains_key(&key) {
+        return not_found(&state.project, zone, name);
+    }
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return error(400, "parseError", "Parse Error");
+    };
+    if let Some((racing, labels)) = state.racing_labels.take_if(|(k, _)| *k == key)
+        && let Some(vm) = state.vms.get_mut(&racing)
+    {
+        vm.body["labels"] = labels;
+    }
+    let labels = request.get("labels").cloned().unwrap_or_else(|| json!({}));
+    let project = state.project.clone();
+    let answer = match state.vms.get_mut(&key) {
+        None => not_found(&project, zone, name),
+        Some(vm) => {
+            let given = request.get("labelFingerprint").and_then(Value::as_str);
+            if given != Some(label_fingerprint(&vm.body).as_str()) {
+                error(
+                    412,
+                    "conditionNotMet",
+                    "Labels fingerprint either invalid or resource labels have changed",
+                )
+            } else if let Some(bad) = check_labels(&labels, "labels") {
+                bad
+            } else {
+                vm.body["labels"] = labels;
+                HttpResponse::Ok().json(operation(base, &project, zone, name, "setLabels"))
+            }
+        }
+    };
+    state.label_sets.push((answer.status().as_u16(), request));
+    answer
 }
 
 fn invalid(field: &str, why: &str) -> HttpResponse {
@@ -457,18 +563,10 @@ fn insert(state: &mut State, base: &str, zone: &str, body: &[u8]) -> HttpRespons
     if vm["networkInterfaces"].as_array().is_none_or(Vec::is_empty) {
         return invalid("networkInterfaces", "at least one network interface is required");
     }
-    if let Some(labels) = vm.get("labels") {
-        let Some(labels) = labels.as_object() else {
-            return invalid("labels", "must be a map");
-        };
-        for (k, v) in labels {
-            if !valid_label(k, true) || !v.as_str().is_some_and(|v| valid_label(v, false)) {
-                return invalid(
-                    &format!("labels.{k}"),
-                    "label keys and values must be lowercase letters, digits, '-' or '_'",
-                );
-            }
-        }
+    if let Some(labels) = vm.get("labels")
+        && let Some(bad) = check_labels(labels, "labels")
+    {
+        return bad;
     }
     if let Some(items) = vm["metadata"]["items"].as_array() {
         let total: usize = items

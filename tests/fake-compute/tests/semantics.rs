@@ -334,3 +334,150 @@ async fn aggregated_list_filters_pages_and_reports_unreachable_zones() {
     .await;
     assert_eq!(status, 400, "only label filters are understood");
 }
+
+#[tokio::test]
+async fn set_labels_needs_the_current_fingerprint_replaces_them_all_and_lists_see_it() {
+    let fake = FakeCompute::start("p").unwrap();
+    let client = client();
+    let t = bearer(&fake, &client).await;
+    let zone_url = format!("{}projects/p/zones/z-1/instances", fake.api_root());
+    for (name, uid) in [("vm-a", "u1"), ("vm-b", "u2")] {
+        let r = client
+            .post(&zone_url)
+            .bearer_auth(&t)
+            .json(&vm(name, "z-1", uid))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let get = |name: &'static str| {
+        let (client, url, t) = (client.clone(), format!("{zone_url}/{name}"), t.clone());
+        async move {
+            client
+                .get(url)
+                .bearer_auth(t)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let set = |name: &'static str, body: Value| {
+        let (client, url, t) = (client.clone(), format!("{zone_url}/{name}/setLabels"), t.clone());
+        async move {
+            let r = client.post(url).bearer_auth(t).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let list = |label: &'static str| {
+        let client = client.clone();
+        let url = format!("{}projects/p/aggregated/instances", fake.api_root());
+        let t = t.clone();
+        async move {
+            let page: Value = client
+                .get(url)
+                .bearer_auth(t)
+                .query(&[("filter", format!("labels.{label} = \"true\""))])
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let mut names: Vec<String> = page["items"]
+                .as_object()
+                .unwrap()
+                .values()
+                .flat_map(|s| s["instances"].as_array().cloned().unwrap_or_default())
+                .map(|i| i["name"].as_str().unwrap().to_owned())
+                .collect();
+            names.sort();
+            names
+        }
+    };
+
+    let before = get("vm-a").await;
+    let f0 = before["labelFingerprint"].as_str().unwrap().to_owned();
+    assert!(!f0.is_empty());
+    assert_ne!(
+        get("vm-b").await["labelFingerprint"].as_str().unwrap(),
+        f0,
+        "the fingerprint follows the labels (vm-b's UID differs)"
+    );
+    let released = json!({"egress-proxies-uid": "u1", "egress-proxies-released": "true"});
+
+    // The fingerprint is required and must be the current one.
+    for body in [
+        json!({"labels": released}),
+        json!({"labels": released, "labelFingerprint": "c3RhbGUtZnA="}),
+    ] {
+        let (status, answer) = set("vm-a", body).await;
+        assert_eq!(status, 412, "{answer}");
+        assert_eq!(answer["error"]["errors"][0]["reason"], "conditionNotMet");
+    }
+    assert_eq!(
+        get("vm-a").await["labels"],
+        before["labels"],
+        "refused: unchanged"
+    );
+
+    let (status, op) = set("vm-a", json!({"labels": released, "labelFingerprint": f0})).await;
+    assert_eq!(status, 200, "{op}");
+    assert_eq!(
+        (op["kind"].as_str(), op["operationType"].as_str()),
+        (Some("compute#operation"), Some("setLabels"))
+    );
+    let after = get("vm-a").await;
+    assert_eq!(
+        after["labels"], released,
+        "replaced wholesale: the managed label is gone"
+    );
+    let f1 = after["labelFingerprint"].as_str().unwrap().to_owned();
+    assert_ne!(f1, f0, "the fingerprint changes with the labels");
+    let (status, _) = set("vm-a", json!({"labels": {}, "labelFingerprint": f0})).await;
+    assert_eq!(status, 412, "the old fingerprint is stale now");
+
+    // Lists filter on the new labels.
+    assert_eq!(list("egress-proxies-managed").await, ["vm-b"]);
+    assert_eq!(list("egress-proxies-released").await, ["vm-a"]);
+
+    // Labels are validated like insert's; an unknown instance is 404.
+    let (status, answer) = set(
+        "vm-a",
+        json!({"labels": {"Bad.Key": "x"}, "labelFingerprint": f1}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(get("vm-a").await["labels"], released);
+    let (status, _) = set("vm-zz", json!({"labels": {}, "labelFingerprint": f1})).await;
+    assert_eq!(status, 404);
+
+    // Another client's change landing first makes a fingerprint read before it stale.
+    fake.state()
+        .race_next_set_labels("z-1", "vm-a", json!({"egress-proxies-uid": "u1", "team": "web"}));
+    let (status, _) = set("vm-a", json!({"labels": {}, "labelFingerprint": f1})).await;
+    assert_eq!(status, 412);
+    let raced = get("vm-a").await;
+    assert_eq!(
+        raced["labels"],
+        json!({"egress-proxies-uid": "u1", "team": "web"})
+    );
+    let (status, _) = set(
+        "vm-a",
+        json!({"labels": {}, "labelFingerprint": raced["labelFingerprint"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "with the fresh fingerprint it goes through");
+    assert_eq!(get("vm-a").await["labels"], json!({}));
+
+    let state = fake.state();
+    let statuses: Vec<u16> = state.label_sets.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        statuses,
+        [412, 412, 200, 412, 400, 412, 200],
+        "the 404 never reached an instance"
+    );
+}
