@@ -101,6 +101,7 @@ mod tests {
             name: instance_name(uid),
             uid: uid.into(),
             namespace: "crawl".into(),
+            installation: crate::installation::InstallationId::parse("itest").unwrap(),
             cloud_init: Some(CloudInitBytes(b"#cloud-config\npackages: [squid]\n".to_vec())),
             placement: ProxyPlacement {
                 zone: Some("europe-west1-b".into()),

@@ -266,7 +266,7 @@ mod tests {
             Some("203.0.113.7".parse().unwrap()),
             "the external, not the internal address"
         );
-        assert_eq!(i.uid.as_deref(), Some("u-1"));
+        assert_eq!(i.owner.uid.as_deref(), Some("u-1"));
         assert_eq!(i.created_at.unwrap().to_string(), "2026-11-30T09:02:03.456Z");
         assert_eq!(zone_of(&vm), Some("europe-west1-b"));
 
