@@ -284,6 +284,7 @@ fn execute(s: &HostSession, job: HostJob) -> Result<HostOutput, (RunError, bool)
         HostJob::Create(plan) => ops::create(s, &plan).map(|()| HostOutput::Done).map_err(op),
         HostJob::Get(name) => ops::get(s, &name).map(HostOutput::Observed).map_err(op),
         HostJob::Delete(name) => ops::delete(s, &name).map(|()| HostOutput::Done).map_err(op),
+        HostJob::Release(name) => ops::release(s, &name).map(HostOutput::Released).map_err(op),
         HostJob::List => s.managed_domains().map(HostOutput::Listed).map_err(kvm),
         HostJob::LookupBase(spec) => image::lookup(s, &spec).map(HostOutput::Base).map_err(kvm),
         HostJob::SweepPool(plan) => pool_gc::sweep(s, &plan).map(HostOutput::Swept).map_err(kvm),

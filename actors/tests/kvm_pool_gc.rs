@@ -2,7 +2,9 @@
 //! seed whose domain never came (or went) are reaped after the grace period,
 //! then the base they kept alive; bases in use (an overlay of a defined
 //! domain, a configured image), pins of configured URLs and volumes that are
-//! not the operator's are never touched. Its own test binary: it sweeps the
+//! not the operator's are never touched. Nor is any volume some domain on
+//! the host uses as a disk, whoever made it and whatever its name: a base an
+//! admin's VM boots from directly, an overlay and seed whose domain was renamed. Its own test binary: it sweeps the
 //! whole shared pool, so it must not run beside the other kvm tests.
 
 mod support;
@@ -63,6 +65,33 @@ fn run_digest(tag: u8) -> String {
     hex::encode(<sha2::Sha256 as sha2::Digest>::digest(format!("{nanos}-{tag}")))
 }
 
+/// A domain defined (not started) with `disks` as its disks, as an admin might make one.
+fn define_with_disks(name: &str, disks: &[String]) {
+    let devices: String = disks
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            format!(
+                "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{path}'/>\
+                 <target dev='vd{}' bus='virtio'/></disk>",
+                char::from(b'a' + i as u8)
+            )
+        })
+        .collect();
+    let xml = format!(
+        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='q35'>hvm</type></os><devices>{devices}</devices></domain>"
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), xml).unwrap();
+    let out = std::process::Command::new("virsh")
+        .args(["-c", "qemu:///system", "define"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn minimal_domain(name: &str) -> String {
     format!(
         "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
@@ -86,6 +115,12 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
         format!("users-disk-{}.qcow2", &run_digest(6)[..8]),
         "base-debian-13.qcow2".to_owned(),
     ];
+    // Used by domains that are not named after them: an admin's VM booting
+    // a base directly, and an instance whose domain was renamed.
+    let direct_base = base_volume(&run_digest(7), ImageFormat::Qcow2);
+    let renamed = instance_name(&run_digest(8)).to_string();
+    let admins_vm = format!("users-vm-{}", &run_digest(9)[..8]);
+    let renamed_vm = format!("adopted-{}", &run_digest(10)[..8]);
     let image = support::kvm_bed::tiny_qcow2("64M");
 
     let names = (
@@ -95,10 +130,17 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
         live_base.clone(),
         configured_base.clone(),
         foreign.clone(),
+        (
+            direct_base.clone(),
+            renamed.clone(),
+            admins_vm.clone(),
+            renamed_vm.clone(),
+        ),
     );
     let setup_uri = uri.clone();
     tokio::task::spawn_blocking(move || {
-        let (orphan, live, freed_base, live_base, configured_base, foreign) = names;
+        let (orphan, live, freed_base, live_base, configured_base, foreign, by_disk) = names;
+        let (direct_base, renamed, admins_vm, renamed_vm) = by_disk;
         let s = HostSession::open(&setup_uri, "a", "default").unwrap();
         let put = |name: &str, bytes: &[u8]| {
             s.delete_volume(name).unwrap();
@@ -133,6 +175,14 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
         )
         .unwrap();
         s.define_and_start(&live, &minimal_domain(&live)).ok(); // defined is enough; starting may fail
+        put(&direct_base, &image);
+        put(&marker_name(&direct_base), b"digest");
+        define_with_disks(&admins_vm, &[s.volume_path(&direct_base).unwrap().unwrap()]);
+        let renamed_disks = [format!("{renamed}.qcow2"), format!("{renamed}-seed.iso")].map(|v| {
+            put(&v, b"disk");
+            s.volume_path(&v).unwrap().unwrap()
+        });
+        define_with_disks(&renamed_vm, &renamed_disks);
     })
     .await
     .unwrap();
@@ -203,6 +253,10 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
         marker_name(&configured_base),
         foreign[0].clone(),
         foreign[1].clone(),
+        direct_base.clone(),
+        marker_name(&direct_base),
+        format!("{renamed}.qcow2"),
+        format!("{renamed}-seed.iso"),
     ] {
         assert!(vols.contains(&kept), "{kept} must stay: {vols:?}");
     }
@@ -210,7 +264,13 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
     tokio::task::spawn_blocking(move || {
         let s = HostSession::open(&uri, "a", "default").unwrap();
         s.remove_domain(&live).unwrap();
+        s.remove_domain(&admins_vm).unwrap();
+        s.remove_domain(&renamed_vm).unwrap();
         for v in [
+            direct_base.clone(),
+            marker_name(&direct_base),
+            format!("{renamed}.qcow2"),
+            format!("{renamed}-seed.iso"),
             format!("{live}.qcow2"),
             live_base.clone(),
             marker_name(&live_base),

@@ -190,6 +190,12 @@ async fn create_get_list_delete_through_the_host_actors() {
         "running, no address yet"
     );
     assert_eq!(instance.owner.uid.as_deref(), Some(reqs[0].uid.as_str()));
+    assert_eq!(instance.owner.namespace.as_deref(), Some("crawl"));
+    assert_eq!(
+        instance.owner.installation.as_deref(),
+        Some(support::INSTALLATION)
+    );
+    assert!(!instance.owner.released);
     assert!(instance.created_at.is_some());
 
     assert_eq!(instance.reason, None);

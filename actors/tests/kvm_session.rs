@@ -66,6 +66,9 @@ async fn volumes_seed_and_a_domain_through_the_link() {
             managed: true,
             uid: "5a3f0c2e-0000-4000-8000-000000000001".into(),
             created_at: "2026-11-30T01:00:00Z".parse().unwrap(),
+            namespace: Some("crawl".into()),
+            installation: Some(support::INSTALLATION.into()),
+            released: false,
         };
         let xml = domain_xml(&DomainSpec {
             name: name.into(),
@@ -129,6 +132,9 @@ async fn create_get_delete_resume_from_every_partial_state() {
             managed: true,
             uid: "5a3f0c2e-0000-4000-8000-000000000002".into(),
             created_at: "2026-11-30T02:00:00Z".parse().unwrap(),
+            namespace: Some("crawl".into()),
+            installation: Some(support::INSTALLATION.into()),
+            released: false,
         };
         let mut plan = CreatePlan {
             domain: DomainSpec {

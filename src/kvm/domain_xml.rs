@@ -64,17 +64,10 @@ fn body(w: &mut W, spec: &DomainSpec) -> R {
         w.create_element(tag.as_str())
             .with_attribute((xmlns.as_str(), METADATA_URI))
             .write_inner_content(|w| {
-                text(
-                    w,
-                    &format!("{METADATA_PREFIX}:managed"),
-                    &spec.metadata.managed.to_string(),
-                )?;
-                text(w, &format!("{METADATA_PREFIX}:uid"), &spec.metadata.uid)?;
-                text(
-                    w,
-                    &format!("{METADATA_PREFIX}:createdAt"),
-                    &spec.metadata.created_at.to_string(),
-                )
+                for (name, value) in spec.metadata.fields() {
+                    text(w, &format!("{METADATA_PREFIX}:{name}"), &value)?;
+                }
+                Ok(())
             })?;
         Ok(())
     })?;
@@ -229,6 +222,9 @@ mod tests {
                 managed: true,
                 uid: "uid<&>\"1".into(),
                 created_at: "2026-11-30T00:00:00Z".parse().unwrap(),
+                namespace: Some("crawl".into()),
+                installation: Some("prod-eu-1".into()),
+                released: false,
             },
         }
     }

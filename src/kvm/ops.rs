@@ -129,3 +129,30 @@ pub fn delete(s: &HostSession, name: &str) -> Result<(), OpError> {
     s.delete_volume(&seed_name(name))?;
     Ok(())
 }
+
+/// What [`release`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// Marked released (or already was).
+    Marked,
+    /// No such domain: nothing to leave behind.
+    Gone,
+    /// The domain carries no mark of the operator: no GC lists it anyway.
+    Unmarked,
+}
+
+/// Leaves a domain to its admin: its mark becomes managed=false,
+/// released=true (who made it and when are kept), persistently and live.
+/// The domain and its volumes are not touched.
+pub fn release(s: &HostSession, name: &str) -> Result<Released, OpError> {
+    let meta = match s.domain_metadata(name)? {
+        None => return Ok(Released::Gone),
+        Some(None) => return Ok(Released::Unmarked),
+        Some(Some(meta)) => meta,
+    };
+    if s.set_metadata(name, &meta.released())? {
+        Ok(Released::Marked)
+    } else {
+        Ok(Released::Gone)
+    }
+}

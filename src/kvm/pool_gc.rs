@@ -3,6 +3,13 @@
 //! hand), bases no overlay is backed by any more, their markers and pins. Only
 //! names the operator gives ([`PoolName`]) are ever considered.
 //!
+//! "In use" is judged against every domain defined on the host, whoever made
+//! it — this installation, another one sharing the host, an earlier version,
+//! a released domain or an admin's own — never against this installation's
+//! list: a domain of an overlay's name keeps it, and any volume a domain has
+//! as a disk (or as a backing file libvirt reports) is never a leftover, so
+//! a renamed domain or one booting a base directly keeps what it uses.
+//!
 //! A leftover is deleted only after it has been one for the whole grace
 //! period (the caller tracks since when, [`SweepPlan::due`]), and never when
 //! it is in use: a base backing any overlay, the current base of a
@@ -40,19 +47,30 @@ pub struct PoolSweep {
 /// The leftovers among `volumes`, in a safe deletion order (pins and
 /// markers before their bases, so an interrupted sweep never leaves a base
 /// that looks complete without being pinned or marked).
+///
+/// `domains`: names of every domain on the host; `disks`: the paths every
+/// domain uses as disks ([`HostSession::domain_disk_paths`], pool volumes
+/// resolved to paths).
 pub fn leftovers(
     volumes: &[VolumeInfo],
     domains: &HashSet<String>,
+    disks: &HashSet<String>,
     pins: &HashMap<String, String>,
     plan: &SweepPlan,
 ) -> Vec<String> {
     let present: HashSet<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
     let backing: HashSet<&str> = volumes.iter().filter_map(|v| v.backing.as_deref()).collect();
-    // Bases in use: backing an overlay, configured, or pinned by a configured URL.
+    let on_disk: HashSet<&str> = volumes
+        .iter()
+        .filter(|v| disks.contains(&v.path))
+        .map(|v| v.name.as_str())
+        .collect();
+    // Bases in use: a domain's disk, backing an overlay, configured, or pinned by a configured URL.
     let mut used: HashSet<&str> = volumes
         .iter()
         .filter(|v| backing.contains(v.path.as_str()) || plan.keep.contains(&v.name))
         .map(|v| v.name.as_str())
+        .chain(on_disk.iter().copied())
         .collect();
     used.extend(
         pins.iter()
@@ -65,7 +83,7 @@ pub fn leftovers(
     let mut bases = Vec::new();
     for v in volumes {
         let name = v.name.as_str();
-        if plan.protect.contains(name) || plan.keep.contains(name) {
+        if plan.protect.contains(name) || plan.keep.contains(name) || on_disk.contains(name) {
             continue;
         }
         match PoolName::of(name) {
@@ -89,6 +107,21 @@ pub fn leftovers(
 pub fn sweep(s: &HostSession, plan: &SweepPlan) -> Result<PoolSweep, KvmError> {
     let volumes = s.volumes()?;
     let domains: HashSet<String> = s.domain_names()?.into_iter().collect();
+    // Disks named as `pool/volume` are resolved to paths for this pool.
+    let disks: HashSet<String> = s
+        .domain_disk_paths()?
+        .into_iter()
+        .filter_map(|d| {
+            if d.starts_with('/') {
+                return Some(d);
+            }
+            let (pool, volume) = d.split_once('/')?;
+            (pool == s.pool())
+                .then(|| volumes.iter().find(|v| v.name == volume))
+                .flatten()
+                .map(|v| v.path.clone())
+        })
+        .collect();
     let mut pins = HashMap::new();
     for v in volumes.iter().filter(|v| PoolName::of(&v.name) == PoolName::Pin) {
         if let Some((digest, format)) = s.read_small(&v.name, 128)?.as_deref().and_then(parse_pin) {
@@ -96,7 +129,7 @@ pub fn sweep(s: &HostSession, plan: &SweepPlan) -> Result<PoolSweep, KvmError> {
         }
     }
     let mut report = PoolSweep {
-        leftovers: leftovers(&volumes, &domains, &pins, plan),
+        leftovers: leftovers(&volumes, &domains, &disks, &pins, plan),
         ..PoolSweep::default()
     };
     for name in report.leftovers.iter().filter(|n| plan.due.contains(*n)) {
@@ -165,7 +198,7 @@ mod tests {
             keep: BTreeSet::from([configured.clone(), pin_name(pinned_url)]),
             ..SweepPlan::default()
         };
-        let found = leftovers(&volumes, &domains, &pins, &plan);
+        let found = leftovers(&volumes, &domains, &HashSet::new(), &pins, &plan);
         assert_eq!(
             found,
             vec![
@@ -182,7 +215,7 @@ mod tests {
             .filter(|v| !v.name.starts_with(&dead))
             .cloned()
             .collect();
-        let found = leftovers(&without, &domains, &pins, &plan);
+        let found = leftovers(&without, &domains, &HashSet::new(), &pins, &plan);
         assert_eq!(
             found,
             vec![
@@ -198,10 +231,43 @@ mod tests {
             protect: BTreeSet::from([old_base.clone(), marker_name(&old_base)]),
             ..plan
         };
-        let found = leftovers(&without, &domains, &pins, &plan);
+        let found = leftovers(&without, &domains, &HashSet::new(), &pins, &plan);
         assert!(
             !found.contains(&old_base) && !found.contains(&marker_name(&old_base)),
             "{found:?}"
         );
+    }
+    #[test]
+    fn whatever_any_domain_uses_as_a_disk_is_never_a_leftover() {
+        // Instances of other installations, renamed or hand-made domains:
+        // none of their names is this installation's, yet their disks count.
+        let renamed = instance_name("renamed").to_string();
+        let gone = instance_name("gone").to_string();
+        let direct_base = base_volume(&"6".repeat(64), ImageFormat::Qcow2);
+        let under_renamed = base_volume(&"7".repeat(64), ImageFormat::Qcow2);
+        let volumes = vec![
+            vol(&format!("{renamed}.qcow2"), Some(&under_renamed)),
+            vol(&format!("{renamed}-seed.iso"), None),
+            vol(&under_renamed, None),
+            vol(&marker_name(&under_renamed), None),
+            vol(&direct_base, None),
+            vol(&marker_name(&direct_base), None),
+            vol(&format!("{gone}.qcow2"), None),
+        ];
+        // No domain carries these names any more: `renamed` was renamed by its admin.
+        let domains = HashSet::from(["admins-vm".to_owned(), "other-vm".to_owned()]);
+        let disks = HashSet::from([
+            format!("/pool/{renamed}.qcow2"),
+            format!("/pool/{renamed}-seed.iso"),
+            format!("/pool/{direct_base}"),
+            "/elsewhere/disk.img".to_owned(),
+        ]);
+        let plan = SweepPlan::default();
+        let found = leftovers(&volumes, &domains, &disks, &HashMap::new(), &plan);
+        assert_eq!(found, vec![format!("{gone}.qcow2")], "only what no domain uses");
+
+        // The same pool judged by names alone would lose the renamed domain's disks.
+        let by_name = leftovers(&volumes, &domains, &HashSet::new(), &HashMap::new(), &plan);
+        assert!(by_name.contains(&format!("{renamed}.qcow2")) && by_name.contains(&direct_base));
     }
 }

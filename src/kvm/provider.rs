@@ -14,7 +14,7 @@ use super::base_image::pin_name;
 use super::domain_xml::DomainSpec;
 pub use super::image::{CachedBase, ImageSpec};
 use super::metadata::InstanceMetadata;
-use super::ops::{CreatePlan, Observed};
+use super::ops::{CreatePlan, Observed, Released};
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::provider_id::{parse, provider_id};
 use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
@@ -35,6 +35,8 @@ pub enum HostJob {
     Create(Box<CreatePlan>),
     Get(String),
     Delete(String),
+    /// Mark the domain released (skip-cleanup); it keeps running.
+    Release(String),
     List,
     /// The complete base of an image in the pool, if any.
     LookupBase(ImageSpec),
@@ -47,6 +49,7 @@ pub enum HostJob {
 pub enum HostOutput {
     Done,
     Observed(Option<Observed>),
+    Released(Released),
     Listed(Vec<(String, DomainRunState, InstanceMetadata)>),
     Base(Option<CachedBase>),
     Swept(PoolSweep),
@@ -173,6 +176,9 @@ impl KvmProvider {
                     managed: true,
                     uid: req.uid.clone(),
                     created_at: Timestamp::now(),
+                    namespace: Some(req.namespace.clone()),
+                    installation: Some(req.installation.to_string()),
+                    released: false,
                 },
             },
             base_volume: base.volume.clone(),
@@ -232,10 +238,11 @@ impl KvmProvider {
             reason: observed.reason,
             ip: observed.ip,
             port: None,
-            owner: crate::provider::Ownership {
-                uid: observed.metadata.as_ref().map(|m| m.uid.clone()),
-                ..Default::default()
-            },
+            owner: observed
+                .metadata
+                .as_ref()
+                .map(InstanceMetadata::ownership)
+                .unwrap_or_default(),
             created_at: observed.metadata.map(|m| m.created_at),
         }
     }
@@ -373,12 +380,34 @@ impl Provider for KvmProvider {
     }
 
     async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
-        Err(self.err(
-            ErrorClass::Permanent,
-            Op::Release,
-            Some(id.as_str()),
-            "HELPER: release not written yet",
-        ))
+        let failed = |class, why: String| self.err(class, Op::Release, Some(id.as_str()), why);
+        let (host_name, domain) =
+            parse(id).ok_or_else(|| failed(ErrorClass::Permanent, "not a kvm providerID".into()))?;
+        // Unlike delete, not a silent success: the domain would stay markable as managed.
+        let host = self.host_named(host_name).ok_or_else(|| {
+            failed(
+                ErrorClass::Permanent,
+                format!("host {host_name:?} is not configured; the domain cannot be marked released"),
+            )
+        })?;
+        match self.runner.run(host, HostJob::Release(domain.to_owned())).await {
+            Ok(HostOutput::Released(how)) => {
+                match how {
+                    Released::Marked => {
+                        tracing::info!(provider = %self.name, providerID = %id, "domain released: left running, no longer managed")
+                    }
+                    Released::Gone => {
+                        tracing::debug!(provider = %self.name, providerID = %id, "release: no such domain")
+                    }
+                    Released::Unmarked => {
+                        tracing::warn!(provider = %self.name, providerID = %id, "release: the domain carries no operator metadata; left untouched")
+                    }
+                }
+                Ok(())
+            }
+            Ok(_) => Err(failed(ErrorClass::Transient, "unexpected answer".into())),
+            Err(e) => Err(failed(e.class, e.to_string())),
+        }
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
@@ -403,10 +432,7 @@ impl Provider for KvmProvider {
                     state,
                     ip: None,
                     port: None,
-                    owner: crate::provider::Ownership {
-                        uid: Some(meta.uid),
-                        ..Default::default()
-                    },
+                    owner: meta.ownership(),
                     created_at: Some(meta.created_at),
                 });
             }

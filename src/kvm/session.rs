@@ -3,6 +3,7 @@
 //! and — on failure — libvirt's error code name; XML goes to trace level.
 //! Callers run these off the async executor (a host actor's own thread).
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Instant;
 
@@ -14,7 +15,7 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
 use super::errors::classify;
-use super::metadata::{self, InstanceMetadata, METADATA_URI};
+use super::metadata::{self, InstanceMetadata, METADATA_PREFIX, METADATA_URI};
 use crate::provider::ErrorClass;
 
 /// A failed libvirt call.
@@ -97,6 +98,28 @@ fn backing_path(xml: &str) -> Option<String> {
     (!path.is_empty()).then(|| path.to_owned())
 }
 
+/// The disk paths in a domain's XML: `<source file|dev>` of every disk and
+/// of its `<backingStore>` chain; `<source pool volume>` as `pool/volume`.
+fn disk_sources(xml: &str) -> Vec<String> {
+    let Ok(doc) = roxmltree::Document::parse(xml) else {
+        return Vec::new();
+    };
+    doc.descendants()
+        .filter(|n| n.has_tag_name("source"))
+        .filter(|n| {
+            n.parent()
+                .is_some_and(|p| p.has_tag_name("disk") || p.has_tag_name("backingStore"))
+        })
+        .filter_map(|n| match (n.attribute("pool"), n.attribute("volume")) {
+            (Some(pool), Some(volume)) => Some(format!("{pool}/{volume}")),
+            _ => n
+                .attribute("file")
+                .or_else(|| n.attribute("dev"))
+                .map(str::to_owned),
+        })
+        .collect()
+}
+
 /// One libvirt connection to a host's daemon and its storage pool.
 pub struct HostSession {
     conn: Connect,
@@ -125,6 +148,11 @@ impl HostSession {
     /// The host's configured name (for logs).
     pub fn host(&self) -> &str {
         &self.host
+    }
+
+    /// The storage pool this session uses.
+    pub fn pool(&self) -> &str {
+        &self.pool
     }
 
     fn call<T>(
@@ -381,6 +409,75 @@ impl HostSession {
         }
     }
 
+    /// The operator's mark on a domain and whether the domain exists; `None` without a mark.
+    pub fn domain_metadata(&self, name: &str) -> Result<Option<Option<InstanceMetadata>>, KvmError> {
+        match self.domain(name)? {
+            Some(domain) => self.metadata_of(&domain, name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Rewrites the operator's mark on a domain, in its persistent
+    /// definition and, while it runs, in the live one too (so it survives a
+    /// restart and is seen at once). False when the domain does not exist.
+    pub fn set_metadata(&self, name: &str, meta: &InstanceMetadata) -> Result<bool, KvmError> {
+        let Some(domain) = self.domain(name)? else {
+            return Ok(false);
+        };
+        let xml = metadata::to_xml(meta);
+        tracing::trace!(host = %self.host, domain = name, xml, "new domain metadata");
+        let kind = virt::sys::VIR_DOMAIN_METADATA_ELEMENT as i32;
+        let persistent = self.call("virDomainIsPersistent", name, || domain.is_persistent())?;
+        let active = self.call("virDomainIsActive", name, || domain.is_active())?;
+        let config = if persistent {
+            virt::sys::VIR_DOMAIN_AFFECT_CONFIG
+        } else {
+            0
+        };
+        let live = if active {
+            virt::sys::VIR_DOMAIN_AFFECT_LIVE
+        } else {
+            0
+        };
+        let set = |flags: u32| {
+            self.call("virDomainSetMetadata", name, || {
+                domain.set_metadata(kind, Some(&xml), Some(METADATA_PREFIX), Some(METADATA_URI), flags)
+            })
+        };
+        match set(config | live) {
+            Ok(()) => Ok(true),
+            // It stopped between the two calls: its definition is all there is left.
+            Err(e) if live != 0 && config != 0 && e.code == Some(ErrorNumber::OperationInvalid) => {
+                set(config).map(|()| true)
+            }
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every path a domain on the host uses for a disk — any domain, the
+    /// operator's or not, running or only defined: its sources and, where
+    /// libvirt reports them, their backing files, in the live and the
+    /// persistent definition. Disks given as pool volumes are returned as
+    /// `pool/volume`. A domain removed meanwhile is skipped.
+    pub fn domain_disk_paths(&self) -> Result<HashSet<String>, KvmError> {
+        let domains = self.call("virConnectListAllDomains", &self.host, || {
+            self.conn.list_all_domains(0)
+        })?;
+        let mut out = HashSet::new();
+        for domain in domains {
+            let Ok(name) = domain.name() else { continue };
+            for flags in [0, virt::sys::VIR_DOMAIN_XML_INACTIVE] {
+                match self.call("virDomainGetXMLDesc", &name, || domain.xml_desc(flags)) {
+                    Ok(xml) => out.extend(disk_sources(&xml)),
+                    Err(e) if e.is_not_found() => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// First routable IPv4 address: from the ARP table, else from the guest
     /// agent. Errors of either source mean "no address yet".
     pub fn domain_address(&self, name: &str) -> Result<Option<IpAddr>, KvmError> {
@@ -458,5 +555,38 @@ fn error(rpc: &'static str, target: &str, e: virt::error::Error) -> KvmError {
         target: target.to_owned(),
         code,
         message: e.message().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_sources_cover_files_devices_volumes_and_backing_chains() {
+        let xml = r#"<domain type='kvm'><name>x</name><devices>
+            <disk type='file' device='disk'><source file='/pool/top.qcow2' index='2'/>
+              <backingStore type='file' index='1'><format type='qcow2'/><source file='/pool/base.qcow2'/>
+                <backingStore/></backingStore>
+              <target dev='vda'/></disk>
+            <disk type='block' device='disk'><source dev='/dev/vg/lv'/><target dev='vdb'/></disk>
+            <disk type='volume' device='cdrom'><source pool='default' volume='seed.iso'/><target dev='sda'/></disk>
+            <disk type='file' device='cdrom'><target dev='sdb'/></disk>
+            <interface type='bridge'><source bridge='br0'/></interface>
+            <serial type='pty'><source path='/dev/pts/3'/></serial>
+          </devices></domain>"#;
+        let mut found = disk_sources(xml);
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "/dev/vg/lv",
+                "/pool/base.qcow2",
+                "/pool/top.qcow2",
+                "default/seed.iso"
+            ],
+            "an empty cdrom, the NIC and the serial port are no disks"
+        );
+        assert!(disk_sources("not xml").is_empty());
     }
 }
