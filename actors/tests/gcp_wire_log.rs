@@ -74,8 +74,8 @@ async fn the_wire_log_elides_redacts_and_never_shows_a_token() {
         .collect();
     assert_eq!(
         lines.len(),
-        10,
-        "request + response for insert, get, list and release's get and setLabels:\n{text}"
+        12,
+        "request + response for insert, get, list, and release's get, setLabels and confirming get:\n{text}"
     );
     // Labels are not secret: setLabels shows what it sends.
     assert!(

@@ -25,6 +25,10 @@ use crate::provider::{
 /// setLabels attempts while someone else keeps changing the labels (412);
 /// after that the release fails Transient and the reconciler retries later.
 const RELEASE_ATTEMPTS: usize = 5;
+/// setLabels returns before Google applies it: release looks this many
+/// times, a second apart, for the new labels before it reports success —
+/// until then this installation's GC could still see the VM as its orphan.
+const RELEASE_CONFIRMATIONS: usize = 30;
 
 pub struct GcpProvider {
     name: String,
@@ -40,6 +44,35 @@ pub struct GcpOptions {
 }
 
 impl GcpProvider {
+    /// Waits until the VM's labels read as released (or the VM is gone).
+    async fn confirm_released(&self, zone: &str, name: &str, id: &ProviderId) -> Result<(), ProviderError> {
+        for attempt in 0..RELEASE_CONFIRMATIONS {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            match self.api.get(zone, name).await {
+                Err(e) if e.class() == ErrorClass::NotFound => return Ok(()),
+                Err(e) => return Err(self.api_err(Op::Release, Some(id.as_str()), e)),
+                Ok(vm) => {
+                    let released = vm
+                        .pointer(&format!("/labels/{RELEASED_LABEL}"))
+                        .and_then(Value::as_str)
+                        == Some("true");
+                    let managed = vm.pointer(&format!("/labels/{MANAGED_LABEL}")).is_some();
+                    if released && !managed {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Err(self.err(
+            ErrorClass::Transient,
+            Op::Release,
+            Some(id.as_str()),
+            "setLabels was accepted but the released labels do not show yet; retried later",
+        ))
+    }
+
     pub fn new(
         name: &str,
         config: GcpConfig,
@@ -236,7 +269,7 @@ impl Provider for GcpProvider {
                 .and_then(Value::as_str)
                 .ok_or_else(|| fail(GcpError::Decode("the instance has no labelFingerprint".into())))?;
             match self.api.set_labels(zone, name, &wanted, fingerprint).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => return self.confirm_released(zone, name, id).await,
                 Err(e) if e.class() == ErrorClass::NotFound => return Ok(()),
                 // Someone changed the labels since the read: read them again.
                 Err(e) if e.is_stale_fingerprint() => continue,
