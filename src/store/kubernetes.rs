@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
@@ -47,6 +48,49 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
+    }
+}
+
+fn secret_key(secret: &Secret) -> ObjectKey {
+    ObjectKey::new(
+        secret.metadata.namespace.clone().unwrap_or_default(),
+        secret.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The objects a watch has seen, so that a re-list (after an error or a
+/// 410 Gone) reveals the ones deleted while no events arrived.
+#[derive(Debug, Default)]
+struct Relisted {
+    known: HashSet<ObjectKey>,
+    /// While a re-list runs: what it has listed so far.
+    listing: Option<HashSet<ObjectKey>>,
+}
+
+impl Relisted {
+    fn seen(&mut self, key: &ObjectKey) {
+        self.known.insert(key.clone());
+    }
+
+    fn gone(&mut self, key: &ObjectKey) {
+        self.known.remove(key);
+    }
+
+    fn relist_started(&mut self) {
+        self.listing = Some(HashSet::new());
+    }
+
+    fn relisted(&mut self, key: &ObjectKey) {
+        self.listing.get_or_insert_with(HashSet::new).insert(key.clone());
+    }
+
+    /// The objects known before that the re-list no longer has.
+    fn relist_done(&mut self) -> Vec<ObjectKey> {
+        let listed = self.listing.take().unwrap_or_default();
+        let mut missing: Vec<ObjectKey> = self.known.difference(&listed).cloned().collect();
+        missing.sort();
+        self.known = listed;
+        missing
     }
 }
 
@@ -98,23 +142,44 @@ impl KubeStore {
     }
 
     /// Watches Proxies until the stream ends; every change becomes an event.
-    /// The watcher re-lists and resumes by itself after errors and 410s.
+    /// The watcher re-lists and resumes by itself after errors and 410s,
+    /// backing off while the API server does not answer. A re-list is
+    /// compared with what was known: a Proxy deleted during the gap (its
+    /// deletion never seen as an event) is removed all the same.
     pub async fn watch_proxies(self: Arc<Self>) {
-        let mut stream = watcher(self.all_proxies(), watcher::Config::default()).boxed();
+        let mut stream = watcher(self.all_proxies(), watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut known = Relisted::default();
         while let Some(item) = stream.next().await {
             match item {
-                Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                Ok(Event::Apply(p)) => {
                     let key = ObjectKey::of(&p);
+                    known.seen(&key);
+                    self.remember_secret_use(&key, &p);
+                    self.emit(StoreEvent::Changed(key));
+                }
+                Ok(Event::InitApply(p)) => {
+                    let key = ObjectKey::of(&p);
+                    known.relisted(&key);
                     self.remember_secret_use(&key, &p);
                     self.emit(StoreEvent::Changed(key));
                 }
                 Ok(Event::Delete(p)) => {
                     let key = ObjectKey::of(&p);
+                    known.gone(&key);
                     self.forget_secret_use(&key);
                     self.emit(StoreEvent::Removed(key));
                 }
-                Ok(Event::Init | Event::InitDone) => {}
-                Err(e) => tracing::warn!(error = %e, "watching Proxies failed; retrying"),
+                Ok(Event::Init) => known.relist_started(),
+                Ok(Event::InitDone) => {
+                    for key in known.relist_done() {
+                        tracing::info!(proxy = %key, "Proxy deleted while the watch was down");
+                        self.forget_secret_use(&key);
+                        self.emit(StoreEvent::Removed(key));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "watching Proxies failed; retrying with backoff"),
             }
         }
     }
@@ -126,42 +191,72 @@ impl KubeStore {
             None => Api::all(self.client.clone()),
         };
         let config = watcher::Config::default().labels(&format!("{CLOUD_INIT_LABEL}=true"));
-        let mut stream = watcher(api, config).boxed();
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut known = Relisted::default();
         while let Some(item) = stream.next().await {
             let secret = match item {
-                Ok(Event::Apply(s) | Event::InitApply(s) | Event::Delete(s)) => s,
-                Ok(_) => continue,
+                Ok(Event::Apply(s)) => s,
+                Ok(Event::Delete(s)) => {
+                    let key = secret_key(&s);
+                    known.gone(&key);
+                    self.secret_changed(&key, String::new());
+                    continue;
+                }
+                Ok(Event::InitApply(s)) => {
+                    known.relisted(&secret_key(&s));
+                    s
+                }
+                Ok(Event::Init) => {
+                    known.relist_started();
+                    continue;
+                }
+                Ok(Event::InitDone) => {
+                    // Deleted during the gap: their users must notice.
+                    for key in known.relist_done() {
+                        self.secret_changed(&key, String::new());
+                    }
+                    continue;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "watching cloud-init Secrets failed; retrying");
+                    tracing::warn!(error = %e, "watching cloud-init Secrets failed; retrying with backoff");
                     continue;
                 }
             };
-            let key = ObjectKey::new(
-                secret.metadata.namespace.clone().unwrap_or_default(),
-                secret.metadata.name.clone().unwrap_or_default(),
-            );
+            let key = secret_key(&secret);
+            known.seen(&key);
             let digest = serde_json::to_string(&secret.data).unwrap_or_default();
-            let previous = self
-                .secret_versions
-                .lock()
-                .map(|mut v| v.insert(key.clone(), digest.clone()))
-                .ok()
-                .flatten();
-            if previous.as_deref() == Some(digest.as_str()) {
-                continue;
-            }
-            let users: Vec<ObjectKey> = self
-                .secret_users
-                .lock()
-                .map(|u| {
-                    u.get(&key)
-                        .map(|s| s.iter().cloned().collect())
-                        .unwrap_or_default()
-                })
-                .unwrap_or_default();
-            for user in users {
-                self.emit(StoreEvent::Changed(user));
-            }
+            self.secret_changed(&key, digest);
+        }
+    }
+
+    /// A Secret's content is now `digest` (empty: gone): its users reconcile if it changed.
+    fn secret_changed(&self, key: &ObjectKey, digest: String) {
+        let previous = self
+            .secret_versions
+            .lock()
+            .map(|mut v| {
+                if digest.is_empty() {
+                    v.remove(key)
+                } else {
+                    v.insert(key.clone(), digest.clone())
+                }
+            })
+            .ok()
+            .flatten();
+        if previous.as_deref().unwrap_or_default() == digest {
+            return;
+        }
+        let users: Vec<ObjectKey> = self
+            .secret_users
+            .lock()
+            .map(|u| {
+                u.get(key)
+                    .map(|s| s.iter().cloned().collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        for user in users {
+            self.emit(StoreEvent::Changed(user));
         }
     }
 
@@ -431,5 +526,29 @@ impl ProxyStore for KubeStore {
         if let Err(e) = self.recorder.publish(&event, &reference).await {
             tracing::debug!(proxy = %key, error = %e, "publishing a Kubernetes Event failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod relist_tests {
+    use super::*;
+
+    #[test]
+    fn a_relist_reveals_what_was_deleted_during_the_gap() {
+        let k = |n: &str| ObjectKey::new("crawl", n);
+        let mut known = Relisted::default();
+        for n in ["a", "b", "c"] {
+            known.seen(&k(n));
+        }
+        known.gone(&k("c"));
+        // The watch broke; the re-list no longer has "b".
+        known.relist_started();
+        known.relisted(&k("a"));
+        known.relisted(&k("d"));
+        assert_eq!(known.relist_done(), [k("b")]);
+        // The next re-list starts from what the last one listed.
+        known.relist_started();
+        known.relisted(&k("d"));
+        assert_eq!(known.relist_done(), [k("a")]);
     }
 }
