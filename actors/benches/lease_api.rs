@@ -72,7 +72,8 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
         .unwrap(),
     };
     System::new().block_on(async move {
-        let store = store.start();
+        // As the operator runs it: on an arbiter of its own.
+        let store = LeaseStore::start_in_arbiter(&Arbiter::new().handle(), move |_| store);
         let geos = ["eu", "us", "asia", "sa"];
         for i in 0..proxies {
             store.do_send(UpdateAvailability(Availability {

@@ -116,8 +116,13 @@ impl GcSweeper {
 impl Actor for GcSweeper {
     type Context = Context<Self>;
 
+    fn stopped(&mut self, _: &mut Self::Context) {
+        crate::supervision::stop_beating("gc_sweeper");
+    }
+
     fn started(&mut self, ctx: &mut Self::Context) {
         crate::supervision::report_singleton("gc_sweeper", "idle", 0);
+        crate::supervision::beat_while_running::<Self>("gc_sweeper", ctx);
         ctx.run_interval(self.interval, |actor, ctx| {
             if let Some(work) = actor.sweep() {
                 ctx.spawn(work.map(|_, _, _| ()));

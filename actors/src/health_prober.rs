@@ -185,10 +185,15 @@ impl HealthProber {
 impl Actor for HealthProber {
     type Context = Context<Self>;
 
+    fn stopped(&mut self, _: &mut Self::Context) {
+        crate::supervision::stop_beating("health_prober");
+    }
+
     fn started(&mut self, ctx: &mut Self::Context) {
         // In the tree from the start, then refreshed every second.
         self.report_tree();
         ctx.run_interval(Duration::from_secs(1), |prober, _| prober.report_tree());
+        crate::supervision::beat_while_running::<Self>("health_prober", ctx);
     }
 }
 

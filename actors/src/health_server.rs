@@ -34,9 +34,21 @@ impl Readiness {
     }
 }
 
+/// Alive: every singleton actor (registry, prober, lease store, GC) has
+/// beaten recently. One that has not is dead or wedged — in-process
+/// restarts did not help, so the process should be restarted.
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().body("ok")
+    let silent = crate::supervision::silent(crate::supervision::HEARTBEAT_DEADLINE);
+    if silent.is_empty() {
+        return HttpResponse::Ok().body("ok");
+    }
+    let which: Vec<String> = silent
+        .iter()
+        .map(|(kind, quiet)| format!("{kind} silent for {}s", quiet.as_secs()))
+        .collect();
+    tracing::error!(actors = ?which, "/healthz: actors stopped beating");
+    HttpResponse::ServiceUnavailable().body(format!("unhealthy: {}", which.join(", ")))
 }
 
 #[get("/readyz")]
@@ -58,4 +70,38 @@ pub fn start(listener: TcpListener, readiness: Readiness) -> std::io::Result<Ser
             .listen(listener)?
             .run(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use actix_web::test;
+
+    use super::*;
+    use crate::supervision::{HEARTBEAT_DEADLINE, heartbeat, heartbeat_at, stop_beating};
+
+    #[actix_web::test]
+    async fn healthz_turns_unhealthy_when_a_singleton_stops_beating() {
+        let app = test::init_service(App::new().service(healthz)).await;
+        heartbeat("test_singleton");
+        let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
+        assert_eq!(ok.status(), 200);
+
+        // Its thread stuck (or its task dead) for longer than the deadline.
+        heartbeat_at(
+            "test_singleton",
+            Instant::now() - HEARTBEAT_DEADLINE - Duration::from_secs(5),
+        );
+        let sick = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
+        assert_eq!(sick.status(), 503);
+        let body = test::read_body(sick).await;
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("test_singleton silent for 35s"), "{body}");
+
+        // Stopped on purpose (shutdown): no longer expected.
+        stop_beating("test_singleton");
+        let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
+        assert_eq!(ok.status(), 200);
+    }
 }

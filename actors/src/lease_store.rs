@@ -183,8 +183,13 @@ impl LeaseStore {
 impl Actor for LeaseStore {
     type Context = Context<Self>;
 
+    fn stopped(&mut self, _: &mut Self::Context) {
+        crate::supervision::stop_beating("lease_store");
+    }
+
     fn started(&mut self, ctx: &mut Self::Context) {
         crate::supervision::report_singleton("lease_store", "running", 0);
+        crate::supervision::beat_while_running::<Self>("lease_store", ctx);
         ctx.run_interval(Duration::from_secs(1), |store, _| {
             let expired = store.book.sweep(Instant::now());
             let _ = store.persist();

@@ -56,9 +56,14 @@ impl ProxyRegistry {
 impl Actor for ProxyRegistry {
     type Context = Context<Self>;
 
+    fn stopped(&mut self, _: &mut Self::Context) {
+        crate::supervision::stop_beating("proxy_registry");
+    }
+
     fn started(&mut self, ctx: &mut Self::Context) {
         // In the tree from the start, then refreshed every second.
         self.report_tree();
+        crate::supervision::beat_while_running::<Self>("proxy_registry", ctx);
         ctx.run_interval(std::time::Duration::from_secs(1), |registry, _| {
             registry.report_tree()
         });

@@ -95,7 +95,9 @@ pub fn start(
     if let Some(tenure) = settings.tenure {
         leases = leases.with_tenure(tenure);
     }
-    let leases = leases.start();
+    // A thread of its own: lease answers never wait behind reconciles'
+    // store writes or process scans on the system arbiter.
+    let leases = LeaseStore::start_in_arbiter(&Arbiter::new().handle(), move |_| leases);
     let (p, l) = (prober.clone(), leases.clone());
     let registry = ProxyRegistry::create(move |c| {
         c.add_stream(UnboundedReceiverStream::new(events));
