@@ -17,7 +17,9 @@ use std::time::Duration;
 use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::kvm::image::{self, CachedBase, ImageSpec, Progress, fetch_to_pool};
+use egress_proxies::kvm::image::{
+    self, CachedBase, DownloadLimits, Downloader, ImageSpec, Progress, fetch_to_pool,
+};
 use egress_proxies::kvm::ops;
 use egress_proxies::kvm::pool_gc::{self, PoolSweep, SweepPlan};
 use egress_proxies::kvm::provider::{HostJob, HostOutput, HostRunner, RunError};
@@ -389,7 +391,7 @@ impl KvmHosts {
                 )
             })
             .collect();
-        let images = ImageCacheActor::new(reqwest::Client::builder().build()?).start();
+        let images = ImageCacheActor::new(Downloader::new(DownloadLimits::default())?).start();
         Ok(Self { hosts, images })
     }
 
@@ -481,12 +483,12 @@ type Waiter = oneshot::Sender<Result<CachedBase, RunError>>;
 /// actor, so neither a ProxyActor nor the host's other callers wait on it.
 /// Where each image stands is reported to [`crate::supervision`] (dashboard).
 pub struct ImageCacheActor {
-    http: reqwest::Client,
+    http: Downloader,
     waiters: HashMap<DownloadKey, Vec<Waiter>>,
 }
 
 impl ImageCacheActor {
-    pub fn new(http: reqwest::Client) -> Self {
+    pub fn new(http: Downloader) -> Self {
         Self {
             http,
             waiters: HashMap::new(),
@@ -555,7 +557,7 @@ impl Handler<FetchingVolumes> for ImageCacheActor {
 
 /// Finds the image's complete base in the pool, or fetches it.
 async fn ensure(
-    http: &reqwest::Client,
+    http: &Downloader,
     host: &KvmHost,
     image: &ImageSpec,
     addr: &Addr<KvmHostActor>,

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use egress_proxies::config::{Firmware, ImageFormat};
 use egress_proxies::kvm::base_image::{base_volume, marker_name, pin_name};
-use egress_proxies::kvm::image::{ImageError, ImageSpec, Progress, fetch_to_pool, lookup};
+use egress_proxies::kvm::image::{
+    DownloadLimits, Downloader, ImageError, ImageSpec, Progress, fetch_to_pool, lookup,
+};
 use egress_proxies::kvm::session::HostSession;
 use egress_proxies::kvm::volume_xml::overlay_volume_xml;
 use egress_proxies::provider::ErrorClass;
@@ -97,7 +99,7 @@ async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
     egress_proxies::tls::ensure_crypto_provider();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
-    let client = reqwest::Client::builder().build().unwrap();
+    let client = Downloader::new(DownloadLimits::default()).unwrap();
     let (server, served) = image_server().await;
 
     // A `latest` URL without a digest: read once for its digest, streamed into the base it names, pinned.
@@ -230,7 +232,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
     egress_proxies::tls::ensure_crypto_provider();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
-    let client = reqwest::Client::builder().build().unwrap();
+    let client = Downloader::new(DownloadLimits::default()).unwrap();
     let (server, served) = image_server().await;
 
     // A raw disk image by URL is a raw base (never assumed qcow2).

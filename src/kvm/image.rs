@@ -21,6 +21,63 @@ use crate::provider::ErrorClass;
 /// Chunks in flight between the download and the upload (backpressure).
 const IN_FLIGHT: usize = 16;
 
+/// Bounds on an image download: a server that stalls, loops or sends more
+/// than any image should fails the fetch (and its waiters) instead of
+/// holding it for ever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DownloadLimits {
+    pub connect_timeout: Duration,
+    /// A read that brings nothing for this long fails the download.
+    pub idle_timeout: Duration,
+    pub max_redirects: usize,
+    pub max_bytes: u64,
+}
+
+impl Default for DownloadLimits {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_redirects: 5,
+            max_bytes: 64 << 30,
+        }
+    }
+}
+
+/// The HTTP client images are fetched with, and its limits.
+#[derive(Clone, Debug)]
+pub struct Downloader {
+    client: reqwest::Client,
+    max_bytes: u64,
+}
+
+impl Downloader {
+    pub fn new(limits: DownloadLimits) -> Result<Self, reqwest::Error> {
+        crate::tls::ensure_crypto_provider();
+        let client = reqwest::Client::builder()
+            .connect_timeout(limits.connect_timeout)
+            .read_timeout(limits.idle_timeout)
+            .redirect(reqwest::redirect::Policy::limited(limits.max_redirects))
+            .build()?;
+        Ok(Self {
+            client,
+            max_bytes: limits.max_bytes,
+        })
+    }
+
+    /// Counts `more` bytes read so far into `total`; past the limit, fails.
+    fn count(&self, url: &str, total: &mut u64, more: usize) -> Result<(), ImageError> {
+        *total += more as u64;
+        if *total > self.max_bytes {
+            return Err(ImageError::TooLarge {
+                url: url.to_owned(),
+                limit: self.max_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// An image to have in a host's pool before a create.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ImageSpec {
@@ -88,6 +145,8 @@ pub enum ImageError {
     Http { url: String, status: u16 },
     #[error("fetching {url}: {reason}")]
     Transport { url: String, reason: String },
+    #[error("{url} is larger than the {limit}-byte limit on images")]
+    TooLarge { url: String, limit: u64 },
     #[error("{url} did not say how large it is (no Content-Length)")]
     NoLength { url: String },
     #[error("{url}: sha256 {actual} does not match the configured {expected}")]
@@ -124,6 +183,7 @@ impl ImageError {
         match self {
             ImageError::Http { status, .. } if (400..500).contains(status) => ErrorClass::Permanent,
             ImageError::NoLength { .. }
+            | ImageError::TooLarge { .. }
             | ImageError::DigestMismatch { .. }
             | ImageError::FormatMismatch { .. }
             | ImageError::InUse { .. } => ErrorClass::Permanent,
@@ -204,7 +264,7 @@ fn refuse_if_in_use(s: &HostSession, volume: &str) -> Result<(), ImageError> {
 /// Reads `url` once only to learn its digest and format (images without a
 /// configured digest: the base's name must be known before its upload).
 async fn probe_digest(
-    client: &reqwest::Client,
+    client: &Downloader,
     url: &str,
     progress: &Progress,
 ) -> Result<(String, ImageFormat), ImageError> {
@@ -213,8 +273,10 @@ async fn probe_digest(
     let mut body = response.bytes_stream();
     let mut hasher = Sha256::new();
     let mut head = Vec::with_capacity(4);
+    let mut total = 0;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| transport(url, e))?;
+        client.count(url, &mut total, chunk.len())?;
         if head.len() < 4 {
             head.extend(chunk.iter().take(4 - head.len()));
         }
@@ -225,18 +287,40 @@ async fn probe_digest(
 }
 
 fn transport(url: &str, e: reqwest::Error) -> ImageError {
+    // reqwest says what it was doing; the causes say what went wrong.
+    let mut reason = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        reason.push_str(": ");
+        reason.push_str(&c.to_string());
+        cause = c.source();
+    }
     ImageError::Transport {
         url: url.to_owned(),
-        reason: e.to_string(),
+        reason,
     }
 }
 
-async fn get(client: &reqwest::Client, url: &str) -> Result<reqwest::Response, ImageError> {
-    let response = client.get(url).send().await.map_err(|e| transport(url, e))?;
+async fn get(client: &Downloader, url: &str) -> Result<reqwest::Response, ImageError> {
+    let response = client
+        .client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| transport(url, e))?;
     if !response.status().is_success() {
         return Err(ImageError::Http {
             url: url.to_owned(),
             status: response.status().as_u16(),
+        });
+    }
+    if response
+        .content_length()
+        .is_some_and(|len| len > client.max_bytes)
+    {
+        return Err(ImageError::TooLarge {
+            url: url.to_owned(),
+            limit: client.max_bytes,
         });
     }
     Ok(response)
@@ -244,7 +328,7 @@ async fn get(client: &reqwest::Client, url: &str) -> Result<reqwest::Response, I
 
 /// Downloads `image` into the pool of the host reachable at `libvirt_uri`.
 pub async fn fetch_to_pool(
-    client: &reqwest::Client,
+    client: &Downloader,
     image: &ImageSpec,
     libvirt_uri: &str,
     host: &str,
@@ -283,7 +367,7 @@ pub async fn fetch_to_pool(
 }
 
 async fn fetch_with(
-    client: &reqwest::Client,
+    client: &Downloader,
     image: &ImageSpec,
     session: &Arc<HostSession>,
     digest: String,
@@ -334,7 +418,7 @@ async fn blocking<T: Send + 'static>(
 
 /// Streams the image into `base`, checks digest and format, writes the marker last.
 async fn upload(
-    client: &reqwest::Client,
+    client: &Downloader,
     image: &ImageSpec,
     session: &Arc<HostSession>,
     base: &str,
@@ -361,8 +445,10 @@ async fn upload(
         let mut hasher = Sha256::new();
         let mut head: Vec<u8> = Vec::with_capacity(4);
         let mut body = response.bytes_stream();
+        let mut total = 0;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| transport(url, e))?;
+            client.count(url, &mut total, chunk.len())?;
             hasher.update(&chunk);
             if head.len() < 4 {
                 head.extend(chunk.iter().take(4 - head.len()));
@@ -413,4 +499,110 @@ async fn upload(
     })
     .await?;
     Ok(len)
+}
+
+#[cfg(test)]
+mod download_limit_tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A loopback server answering every connection with `reply(port)`,
+    /// then holding the connection open for `hold`.
+    async fn server(reply: fn(u16) -> Vec<u8>, hold: Duration) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = [0u8; 1024];
+                    let _ = conn.read(&mut request).await;
+                    let _ = conn.write_all(&reply(port)).await;
+                    tokio::time::sleep(hold).await;
+                });
+            }
+        });
+        format!("http://127.0.0.1:{port}/image.qcow2")
+    }
+
+    fn limits() -> DownloadLimits {
+        DownloadLimits {
+            connect_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_millis(300),
+            max_redirects: 3,
+            max_bytes: 1024,
+        }
+    }
+
+    async fn probe(url: &str) -> ImageError {
+        let client = Downloader::new(limits()).unwrap();
+        probe_digest(&client, url, &Progress::default())
+            .await
+            .expect_err("the download must fail")
+    }
+
+    #[tokio::test]
+    async fn a_server_that_stops_sending_fails_the_download() {
+        let url = server(
+            |_| b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nQFI".to_vec(),
+            Duration::from_secs(30),
+        )
+        .await;
+        let started = Instant::now();
+        let err = probe(&url).await;
+        assert!(matches!(err, ImageError::Transport { .. }), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(err.class(), ErrorClass::Transient, "retried later");
+    }
+
+    #[tokio::test]
+    async fn an_image_over_the_size_limit_is_refused_announced_or_not() {
+        let announced = server(
+            |_| b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n".to_vec(),
+            Duration::from_secs(30),
+        )
+        .await;
+        let err = probe(&announced).await;
+        assert!(matches!(err, ImageError::TooLarge { limit: 1024, .. }), "{err}");
+        assert_eq!(err.class(), ErrorClass::Permanent);
+
+        let chunked = server(
+            |_| {
+                let chunk = vec![b'x'; 600];
+                let mut body = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+                for _ in 0..3 {
+                    body.extend(format!("{:x}\r\n", chunk.len()).as_bytes());
+                    body.extend(&chunk);
+                    body.extend(b"\r\n");
+                }
+                body.extend(b"0\r\n\r\n");
+                body
+            },
+            Duration::ZERO,
+        )
+        .await;
+        let err = probe(&chunked).await;
+        assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_redirect_loop_ends() {
+        let url = server(
+            |port| {
+                format!(
+                    "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{port}/again\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                .into_bytes()
+            },
+            Duration::ZERO,
+        )
+        .await;
+        let err = probe(&url).await;
+        assert!(err.to_string().contains("redirect"), "{err}");
+    }
 }
