@@ -513,7 +513,21 @@ impl Handler<Ensure> for ImageCacheActor {
             crate::supervision::report_fetching(&key.0, &key.1, progress.clone());
             let (http, me) = (self.http.clone(), ctx.address());
             actix::spawn(async move {
-                let result = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress).await;
+                let fetch = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress);
+                // A panic must not leave the image "being fetched" for ever:
+                // its waiters get an error and the next create fetches again.
+                let result = match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(fetch)).await
+                {
+                    Ok(result) => result,
+                    Err(panic) => {
+                        let what = crate::supervision::panic_message(panic.as_ref());
+                        tracing::error!(host = %key.0, url = %key.1.url, panic = %what, "image fetch panicked");
+                        Err(RunError {
+                            class: ErrorClass::Transient,
+                            message: format!("the image fetch failed unexpectedly ({what}); it is retried"),
+                        })
+                    }
+                };
                 me.do_send(Finished { key, result });
             });
         }

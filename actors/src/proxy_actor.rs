@@ -205,11 +205,7 @@ impl ProxyActor {
         }
         let delay = match (job, result) {
             (_, Err(panic)) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let what = crate::supervision::panic_message(panic.as_ref());
                 tracing::error!(proxy = %self.key, panic = %what, "reconcile panicked; restarting the actor");
                 ctx.stop();
                 return;

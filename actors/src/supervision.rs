@@ -93,6 +93,15 @@ pub(crate) fn heartbeat_at(kind: &str, at: Instant) {
     beats().insert(kind.to_owned(), at);
 }
 
+/// What a caught panic said (its `&str` or `String` payload).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// An actor that ended for good.
 pub fn remove(kind: &str, id: &str) {
     tree().remove(&(kind.to_owned(), id.to_owned()));
@@ -180,4 +189,19 @@ pub fn images() -> Vec<ImageInfo> {
             ..info.clone()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panics_message_is_read_from_either_payload() {
+        let caught = std::panic::catch_unwind(|| panic!("plain")).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "plain");
+        let caught = std::panic::catch_unwind(|| panic!("formatted {}", 7)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "formatted 7");
+        let caught = std::panic::catch_unwind(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "a panic without a message");
+    }
 }
