@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use async_trait::async_trait;
@@ -23,6 +23,7 @@ use egress_proxies::kvm::image::{
 use egress_proxies::kvm::ops;
 use egress_proxies::kvm::pool_gc::{self, PoolSweep, SweepPlan};
 use egress_proxies::kvm::provider::{HostJob, HostOutput, HostRunner, RunError};
+use egress_proxies::kvm::redial::Redial;
 use egress_proxies::kvm::session::{HostSession, KvmError};
 use egress_proxies::kvm::ssh_key::load_private_key;
 use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
@@ -65,6 +66,10 @@ pub struct KvmHostActor {
     worker: Option<Worker>,
     /// Jobs that arrived while the link was being dialed: sent once it is up.
     queued: Vec<(HostJob, Reply)>,
+    /// When to dial again after a loss (backs off, resets once healthy).
+    redial: Redial,
+    /// The wait before this incarnation's dial.
+    dial_in: Duration,
 }
 
 impl KvmHostActor {
@@ -78,6 +83,8 @@ impl KvmHostActor {
             link: None,
             worker: None,
             queued: Vec::new(),
+            redial: Redial::default(),
+            dial_in: Duration::ZERO,
         }
     }
 
@@ -143,13 +150,7 @@ impl Actor for KvmHostActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.report_tree("connecting");
-        let attempt = self.restarts.load(Ordering::Relaxed);
-        // Backoff on re-dials: 0, 1, 2, 4 … 30 s.
-        let delay = if attempt == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs((1u64 << attempt.min(5)).min(30) / 2)
-        };
+        let delay = self.dial_in;
         let target = LinkTarget {
             address: self.host.address.clone(),
             user: self.host.user.clone(),
@@ -198,6 +199,7 @@ impl Actor for KvmHostActor {
                             let _ = worker.jobs.send(queued);
                         }
                         actor.worker = Some(worker);
+                        actor.redial.connected(Instant::now());
                         *actor.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
                         KvmHostLinkChanged {
                             host: &actor.host.name,
@@ -227,6 +229,7 @@ impl Supervised for KvmHostActor {
         }
         .emit();
         self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.dial_in = self.redial.lost(Instant::now());
         self.link = None;
         self.worker = None;
     }

@@ -13,6 +13,7 @@ pub mod ops;
 pub mod pool_gc;
 pub mod provider;
 pub mod provider_id;
+pub mod redial;
 pub mod seed;
 pub mod session;
 pub mod ssh_key;
