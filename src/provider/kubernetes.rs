@@ -188,6 +188,20 @@ impl KubernetesProvider {
         }
     }
 
+    /// The pods API of `id`'s namespace, and the pod's name.
+    fn pod_api<'a>(&self, id: &'a ProviderId, op: Op) -> Result<(Api<Pod>, &'a str), ProviderError> {
+        let (ns, name) = parse_id(id).ok_or_else(|| {
+            ProviderError::new(
+                ErrorClass::Permanent,
+                op,
+                &self.name,
+                Some(id.as_str()),
+                "not a pod providerID",
+            )
+        })?;
+        Ok((Api::namespaced(self.client.clone(), ns), name))
+    }
+
     /// The pod for a create request.
     pub fn pod(&self, req: &CreateRequest) -> Pod {
         let labels = BTreeMap::from([
@@ -247,16 +261,7 @@ impl Provider for KubernetesProvider {
     }
 
     async fn get(&self, id: &ProviderId) -> Result<Instance, ProviderError> {
-        let (ns, name) = parse_id(id).ok_or_else(|| {
-            ProviderError::new(
-                ErrorClass::Permanent,
-                Op::Get,
-                &self.name,
-                Some(id.as_str()),
-                "not a pod providerID",
-            )
-        })?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let (api, name) = self.pod_api(id, Op::Get)?;
         match api.get(name).await {
             Ok(pod) => Ok(self.instance(&pod)),
             Err(e) => Err(self.error(Op::Get, Some(id.as_str()), e)),
@@ -264,16 +269,7 @@ impl Provider for KubernetesProvider {
     }
 
     async fn delete(&self, id: &ProviderId) -> Result<(), ProviderError> {
-        let (ns, name) = parse_id(id).ok_or_else(|| {
-            ProviderError::new(
-                ErrorClass::Permanent,
-                Op::Delete,
-                &self.name,
-                Some(id.as_str()),
-                "not a pod providerID",
-            )
-        })?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let (api, name) = self.pod_api(id, Op::Delete)?;
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -282,16 +278,7 @@ impl Provider for KubernetesProvider {
     }
 
     async fn release(&self, id: &ProviderId) -> Result<(), ProviderError> {
-        let (ns, name) = parse_id(id).ok_or_else(|| {
-            ProviderError::new(
-                ErrorClass::Permanent,
-                Op::Release,
-                &self.name,
-                Some(id.as_str()),
-                "not a pod providerID",
-            )
-        })?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let (api, name) = self.pod_api(id, Op::Release)?;
         // Without the managed label no installation's GC lists the pod.
         let patch = json!({"metadata": {"labels": {MANAGED_LABEL: null, RELEASED_LABEL: "true"}}});
         match api

@@ -252,14 +252,36 @@ fn replay(path: &Path, state: &mut JournalState) -> Result<(), JournalError> {
     Ok(())
 }
 
-/// Folds the base and the logs up to `upto` into a new base; returns its size.
-fn fold(dir: &Path, upto: u64) -> Result<u64, JournalError> {
+/// The state as written: the base with the logs after it, up to `upto`.
+struct Written {
+    state: JournalState,
+    /// The last log the base covers.
+    covers: u64,
+    /// Every log in the directory, oldest first.
+    logs: Vec<(u64, PathBuf)>,
+}
+
+fn read_written(dir: &Path, upto: u64) -> Result<Written, JournalError> {
     let base = read_base(dir)?;
     let mut state = base.state;
-    let covered = logs(dir)?;
-    for (_, path) in covered.iter().filter(|(n, _)| *n > base.covers && *n <= upto) {
+    let all = logs(dir)?;
+    for (_, path) in all.iter().filter(|(n, _)| *n > base.covers && *n <= upto) {
         replay(path, &mut state)?;
     }
+    Ok(Written {
+        state,
+        covers: base.covers,
+        logs: all,
+    })
+}
+
+/// Folds the base and the logs up to `upto` into a new base; returns its size.
+fn fold(dir: &Path, upto: u64) -> Result<u64, JournalError> {
+    let Written {
+        mut state,
+        logs: covered,
+        ..
+    } = read_written(dir, upto)?;
     state.prune(Timestamp::now().as_millisecond());
     let temp = dir.join(BASE_TEMP);
     let file = File::create(&temp).map_err(io_error(&temp))?;
@@ -308,12 +330,11 @@ impl LeaseLog {
         fs::create_dir_all(&dir).map_err(io_error(&dir))?;
         // A fold interrupted before its rename: the old base still stands.
         let _ = fs::remove_file(dir.join(BASE_TEMP));
-        let base = read_base(&dir)?;
-        let (mut state, covers) = (base.state, base.covers);
-        let all = logs(&dir)?;
-        for (_, path) in all.iter().filter(|(n, _)| *n > covers) {
-            replay(path, &mut state)?;
-        }
+        let Written {
+            state,
+            covers,
+            logs: all,
+        } = read_written(&dir, u64::MAX)?;
         for (_, path) in all.iter().filter(|(n, _)| *n <= covers) {
             fs::remove_file(path).map_err(io_error(path))?;
         }
