@@ -485,6 +485,11 @@ impl ProxyStore for FencedStore {
         self.inner.live_uids().await
     }
 
+    async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        self.check()?;
+        self.inner.keys().await
+    }
+
     async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
         if self.tenure.is_leading() {
             self.inner.publish_event(key, uid, reason, note, warning).await;
@@ -738,6 +743,10 @@ mod tests {
         }
         async fn live_uids(&self) -> Result<std::collections::HashSet<String>, StoreError> {
             Ok(Default::default())
+        }
+
+        async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+            Ok(Vec::new())
         }
     }
 }

@@ -131,6 +131,13 @@ impl Actor for GcSweeper {
     }
 }
 
+impl actix::Supervised for GcSweeper {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        // A sweep cut short is safe to run again: every step re-checks.
+        self.running = false;
+    }
+}
+
 impl Handler<SweepNow> for GcSweeper {
     type Result = ResponseActFuture<Self, Option<SweepReport>>;
 

@@ -5,12 +5,14 @@
 //! still running skips a tick instead of piling up.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::WeakRecipient;
 use actix::prelude::*;
-use egress_proxies::health::{HealthState, LatencyRule, Prober, Sample};
+use egress_proxies::health::{HealthState, LatencyRule, ProbeFailure, ProbeResult, Prober, Sample};
+use futures::FutureExt;
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use opentelemetry::trace::TraceContextExt;
@@ -143,10 +145,14 @@ impl HealthProber {
                 tracing::Span::none()
             };
             egress_proxies::telemetry::otel::record_ids(&span);
-            let result = prober
-                .probe(&target.endpoint, &target.check)
-                .instrument(span.clone())
+            // A probe that panics is a failed probe, not a proxy never probed again.
+            let probed = AssertUnwindSafe(prober.probe(&target.endpoint, &target.check).instrument(span.clone()))
+                .catch_unwind()
                 .await;
+            let result = probed.unwrap_or_else(|panic| ProbeResult {
+                outcome: Err(ProbeFailure::Panicked(crate::supervision::panic_message(panic.as_ref()))),
+                latency: Duration::ZERO,
+            });
             span.record(
                 "probe.result",
                 result.outcome.as_ref().err().map_or("ok", |f| f.reason()),
@@ -194,6 +200,32 @@ impl Actor for HealthProber {
         self.report_tree();
         ctx.run_interval(Duration::from_secs(1), |prober, _| prober.report_tree());
         crate::supervision::beat_while_running::<Self>("health_prober", ctx);
+        // After a restart: every proxy still watched is probed again.
+        let keys: Vec<(ObjectKey, Duration)> = self
+            .watched
+            .iter()
+            .map(|(key, w)| (key.clone(), w.target.check.interval))
+            .collect();
+        for (key, interval) in keys {
+            let timer = self.schedule(key.clone(), interval, ctx);
+            if let Some(w) = self.watched.get_mut(&key) {
+                w.timer = timer;
+            }
+        }
+    }
+}
+
+impl actix::Supervised for HealthProber {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        // Timers and probes in flight went with the old context. The
+        // watched proxies and their health state stay; a result of a probe
+        // started before the crash is dropped (new generation).
+        for w in self.watched.values_mut() {
+            self.next_generation += 1;
+            w.generation = self.next_generation;
+            w.in_flight = false;
+        }
+        self.stats.in_flight = 0;
     }
 }
 

@@ -34,18 +34,26 @@ impl Readiness {
     }
 }
 
-/// Alive: every singleton actor (registry, prober, lease store, GC) has
-/// beaten recently. One that has not is dead or wedged — in-process
-/// restarts did not help, so the process should be restarted.
+/// Alive: every singleton actor (registry, prober, lease store, GC, image
+/// cache) has beaten recently and none keeps crashing. One that is silent is
+/// dead or wedged, one that crashes again and again does not recover by
+/// in-process restarts: either way the process should be restarted.
 #[get("/healthz")]
 async fn healthz() -> HttpResponse {
     let silent = crate::supervision::silent(crate::supervision::HEARTBEAT_DEADLINE);
-    if silent.is_empty() {
+    let looping = crate::supervision::crash_looping();
+    if silent.is_empty() && looping.is_empty() {
         return HttpResponse::Ok().body("ok");
     }
     let which: Vec<String> = silent
         .iter()
         .map(|(kind, quiet)| format!("{kind} silent for {}s", quiet.as_secs()))
+        .chain(looping.iter().map(|(kind, restarts)| {
+            format!(
+                "{kind} restarted {restarts} times in {}s",
+                crate::supervision::RESTART_WINDOW.as_secs()
+            )
+        }))
         .collect();
     tracing::error!(actors = ?which, "/healthz: actors stopped beating");
     HttpResponse::ServiceUnavailable().body(format!("unhealthy: {}", which.join(", ")))

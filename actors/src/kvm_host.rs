@@ -28,7 +28,8 @@ use egress_proxies::kvm::session::{HostSession, KvmError};
 use egress_proxies::kvm::ssh_key::load_private_key;
 use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::provider::ErrorClass;
-use egress_proxies::telemetry::events::{ActorRestarted, KvmHostLinkChanged};
+use egress_proxies::telemetry::events::KvmHostLinkChanged;
+use crate::supervision::Node;
 use russh::keys::PrivateKey;
 use tokio::sync::oneshot;
 
@@ -109,14 +110,7 @@ impl KvmHostActor {
 
     /// This host's entry in the supervision tree (dashboard).
     fn report_tree(&self, state: &str) {
-        crate::supervision::report(crate::supervision::ActorInfo {
-            kind: "kvm_host".into(),
-            id: self.host.name.clone(),
-            supervisor: "Supervisor".into(),
-            restarts: self.restarts.load(Ordering::Relaxed),
-            state: state.into(),
-            pending: self.queued.len(),
-        });
+        crate::supervision::report_state("kvm_host", &self.host.name, state, self.queued.len());
     }
 
     fn fail(&mut self, why: String, ctx: &mut Context<Self>) {
@@ -223,11 +217,6 @@ impl Actor for KvmHostActor {
 
 impl Supervised for KvmHostActor {
     fn restarting(&mut self, _: &mut Self::Context) {
-        ActorRestarted {
-            actor: "kvm_host",
-            id: &self.host.name,
-        }
-        .emit();
         self.restarts.fetch_add(1, Ordering::Relaxed);
         self.dial_in = self.redial.lost(Instant::now());
         self.link = None;
@@ -390,11 +379,14 @@ impl KvmHosts {
                 let (host, cfg, keys) = (h.clone(), shared.clone(), keys.clone());
                 (
                     h.name.clone(),
-                    Supervisor::start(move |_| KvmHostActor::new(host, cfg, keys)),
+                    crate::supervision::start(Node::member("kvm_host", h.name.clone(), "system"), move |_| {
+                        KvmHostActor::new(host, cfg, keys)
+                    }),
                 )
             })
             .collect();
-        let images = ImageCacheActor::new(Downloader::new(DownloadLimits::default())?).start();
+        let images = ImageCacheActor::new(Downloader::new(DownloadLimits::default())?);
+        let images = crate::supervision::start(Node::singleton("kvm_image_cache"), |_| images);
         Ok(Self { hosts, images })
     }
 
@@ -501,7 +493,18 @@ impl ImageCacheActor {
 
 impl Actor for ImageCacheActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::supervision::beat_while_running::<Self>("kvm_image_cache", ctx);
+        ctx.run_interval(std::time::Duration::from_secs(1), |cache, _| {
+            crate::supervision::report_singleton("kvm_image_cache", &format!("fetching {}", cache.waiters.len()), 0);
+        });
+    }
 }
+
+/// Fetches run beside the actor and report to its address, and waiters are
+/// kept: a restarted cache carries on with both.
+impl Supervised for ImageCacheActor {}
 
 impl Handler<Ensure> for ImageCacheActor {
     type Result = ResponseFuture<Result<CachedBase, RunError>>;

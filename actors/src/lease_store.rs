@@ -214,6 +214,23 @@ impl Actor for LeaseStore {
     }
 }
 
+impl actix::Supervised for LeaseStore {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        // Answers waiting on the journal went with the old context (their
+        // callers hear 503). The book is rebuilt from its records: the crash
+        // may have left its indexes half-updated.
+        let now = Instant::now();
+        let mut book = self.book.rebuilt(now);
+        if self.journal.is_some() {
+            self.unsaved.extend(self.book.take_changes());
+            book.journal_changes();
+        }
+        self.book = book;
+        let _ = self.persist();
+        tracing::info!(leases = self.book.active_leases(), "lease store restarted with its leases and rests");
+    }
+}
+
 impl Handler<UpdateAvailability> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: UpdateAvailability, _: &mut Self::Context) {

@@ -3,8 +3,8 @@
 //! in flight, the resync period once running, exponential backoff on errors,
 //! minutes on quota errors. It registers its proxy with the HealthProber
 //! while the proxy serves, and folds verdicts into the status. A panicking
-//! reconcile stops the actor; its Supervisor restarts it and it resumes from
-//! the stored state.
+//! reconcile panics the actor: its supervisor restarts it, and it resumes
+//! from the stored state, still serving where it served.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use egress_proxies::health::ProbeTarget;
 use egress_proxies::provider::ErrorClass;
 use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
 use egress_proxies::store::ObjectKey;
-use egress_proxies::telemetry::events::{ActorRestarted, ProxyPhaseChanged, ReconcileCompleted};
+use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -204,12 +204,8 @@ impl ProxyActor {
             self.accept(verdict, ctx);
         }
         let delay = match (job, result) {
-            (_, Err(panic)) => {
-                let what = crate::supervision::panic_message(panic.as_ref());
-                tracing::error!(proxy = %self.key, panic = %what, "reconcile panicked; restarting the actor");
-                ctx.stop();
-                return;
-            }
+            // Its supervisor restarts the actor (and logs the panic).
+            (_, Err(panic)) => std::panic::resume_unwind(panic),
             (Job::Health, Ok(Ok(_))) => None,
             (Job::Health, Ok(Err(error))) => {
                 tracing::warn!(proxy = %self.key, error = %error, "recording a health verdict failed; reconciling");
@@ -288,14 +284,12 @@ impl ProxyActor {
 
     /// This actor's entry in the supervision tree (dashboard).
     fn report_tree(&self) {
-        crate::supervision::report(crate::supervision::ActorInfo {
-            kind: "proxy".into(),
-            id: self.key.to_string(),
-            supervisor: "ProxyRegistry".into(),
-            restarts: u32::try_from(self.restarts.load(Ordering::Relaxed)).unwrap_or(u32::MAX),
-            state: self.counted_phase.clone().unwrap_or_else(|| "starting".into()),
-            pending: usize::from(self.running) + usize::from(self.again.is_some()),
-        });
+        crate::supervision::report_state(
+            "proxy",
+            &self.key.to_string(),
+            self.counted_phase.as_deref().unwrap_or("starting"),
+            usize::from(self.running) + usize::from(self.again.is_some()),
+        );
     }
 
     /// Moves this proxy between the proxies-by-phase gauge's phases.
@@ -362,9 +356,13 @@ impl Actor for ProxyActor {
         self.start(Job::Reconcile, ctx);
     }
 
+    /// Stopped for good (its Proxy is gone; a crash restarts without
+    /// stopping): no longer leasable, nor probed.
     fn stopped(&mut self, _: &mut Self::Context) {
         self.count_phase(None);
-        crate::supervision::remove("proxy", &self.key.to_string());
+        if let Some(leases) = &self.leases {
+            leases.do_send(RemoveProxy(self.key.clone()));
+        }
         if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
             prober.do_send(Unwatch {
                 key: self.key.clone(),
@@ -376,16 +374,13 @@ impl Actor for ProxyActor {
 impl Supervised for ProxyActor {
     fn restarting(&mut self, _: &mut Self::Context) {
         self.restarts.fetch_add(1, Ordering::Relaxed);
-        ActorRestarted {
-            actor: "proxy",
-            id: &self.key.to_string(),
-        }
-        .emit();
         self.running = false;
         self.again = None;
         self.timer = None;
         self.pending_verdict = None;
-        self.memory = Some(Memory::default());
+        // The memory may be lost with the job the crash dropped; what the
+        // prober and the lease store were told is not.
+        self.memory = Some(Memory::resuming(self.watching.clone(), self.announced.clone()));
         self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
     }
 }
@@ -410,16 +405,6 @@ impl Handler<Shutdown> for ProxyActor {
     type Result = ();
 
     fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
-        // The Proxy is gone: it is no longer leasable, nor probed. (A crash
-        // restart keeps both: the restarted actor resumes where it was.)
-        if let Some(leases) = &self.leases {
-            leases.do_send(RemoveProxy(self.key.clone()));
-        }
-        if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
-            prober.do_send(Unwatch {
-                key: self.key.clone(),
-            });
-        }
         ctx.stop();
     }
 }

@@ -1,6 +1,7 @@
 //! The actor system both modes run: ProxyRegistry (with its ProxyActors),
 //! HealthProber, LeaseStore, GcSweeper and the discovery API, over whichever
-//! object store the mode provides.
+//! object store the mode provides. Every actor runs under a supervisor that
+//! restarts it in place when it crashes (see [`crate::supervision`]).
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -17,13 +18,13 @@ use egress_proxies::provider::Providers;
 use egress_proxies::reconcile;
 use egress_proxies::store::{ProxyStore, StoreEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::gc_sweeper::GcSweeper;
 use crate::health_prober::HealthProber;
 use crate::lease_store::LeaseStore;
 use crate::proxy_actor::Timing;
 use crate::registry::ProxyRegistry;
+use crate::supervision::{self, Node};
 
 /// Settings shared by both modes.
 pub struct Settings {
@@ -84,9 +85,10 @@ pub fn start(
         scope,
         settings.gc_interval,
         settings.gc_grace_period,
-    )
-    .start();
-    let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).start();
+    );
+    let gc = supervision::start(Node::singleton("gc_sweeper"), |_| gc);
+    let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes);
+    let prober = supervision::start(Node::singleton("health_prober"), |_| prober);
     let mut leases = match settings.lease_journal {
         Some(journal) => LeaseStore::durable(settings.leases, Default::default(), journal)
             .map_err(std::io::Error::other)?,
@@ -97,12 +99,12 @@ pub fn start(
     }
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.
-    let leases = LeaseStore::start_in_arbiter(&Arbiter::new().handle(), move |_| leases);
-    let (p, l) = (prober.clone(), leases.clone());
-    let registry = ProxyRegistry::create(move |c| {
-        c.add_stream(UnboundedReceiverStream::new(events));
-        ProxyRegistry::new(ctx, Timing::default(), Some(p)).with_leases(l)
+    let leases = supervision::start_in_arbiter(&Arbiter::new().handle(), Node::singleton("lease_store"), move |_| {
+        leases
     });
+    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(prober.clone()))
+        .with_leases(leases.clone())
+        .run(events);
     if let Some(listener) = discovery {
         let addr = listener.local_addr()?;
         let server = crate::discovery::start(listener, leases.clone(), settings.discovery_token)?;

@@ -25,7 +25,6 @@ use serde_json::json;
 use support::eventually;
 use support::squid::Squid;
 use support::target_server::{Behaviour, http_target_with};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// The embedded store, counting status writes per object.
 struct Counting {
@@ -70,6 +69,10 @@ impl ProxyStore for Counting {
     async fn live_uids(&self) -> Result<std::collections::HashSet<String>, StoreError> {
         self.inner.live_uids().await
     }
+
+    async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        self.inner.keys().await
+    }
 }
 
 struct Bed {
@@ -106,10 +109,7 @@ impl Bed {
             resync: Duration::from_secs(30),
             ..Timing::default()
         };
-        let registry = ProxyRegistry::create(move |c| {
-            c.add_stream(UnboundedReceiverStream::new(events));
-            ProxyRegistry::new(ctx, timing, Some(p))
-        });
+        let registry = ProxyRegistry::new(ctx, timing, Some(p)).run(events);
         Self {
             store,
             counting,

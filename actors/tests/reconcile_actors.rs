@@ -21,7 +21,6 @@ use egress_proxies_operator::registry::ProxyRegistry;
 use serde_json::json;
 use support::eventually;
 use support::scripted_provider::{Call, ScriptedProvider};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -87,10 +86,7 @@ impl Bed {
             replacement: fast_replacement(),
             installation: support::installation(),
         };
-        let registry = ProxyRegistry::create(move |c| {
-            c.add_stream(UnboundedReceiverStream::new(events));
-            ProxyRegistry::new(ctx, fast(), None)
-        });
+        let registry = ProxyRegistry::new(ctx, fast(), None).run(events);
         Self {
             store,
             provider,
@@ -549,10 +545,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
         replacement: Default::default(),
         installation: support::installation(),
     };
-    let _registry = ProxyRegistry::create(move |c| {
-        c.add_stream(UnboundedReceiverStream::new(events));
-        ProxyRegistry::new(ctx, fast(), None)
-    });
+    let _registry = ProxyRegistry::new(ctx, fast(), None).run(events);
     let message = eventually("the not-configured message", WAIT, async || {
         store
             .get(&key("a"))

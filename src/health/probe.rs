@@ -39,6 +39,10 @@ pub enum ProbeFailure {
     Timeout { after: Duration, stage: &'static str },
     #[error("malformed response: {0}")]
     Protocol(String),
+    /// A bug: the probe itself panicked (counted as a failure, so the proxy
+    /// is still probed next time).
+    #[error("the probe panicked: {0}")]
+    Panicked(String),
 }
 
 impl ProbeFailure {
@@ -52,6 +56,7 @@ impl ProbeFailure {
             ProbeFailure::UnexpectedStatus { .. } => "unexpected_status",
             ProbeFailure::Timeout { .. } => "timeout",
             ProbeFailure::Protocol(_) => "protocol",
+            ProbeFailure::Panicked(_) => "panicked",
         }
     }
 }

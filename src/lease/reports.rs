@@ -34,7 +34,7 @@ pub struct RecentReport {
 }
 
 /// The latest reports, oldest dropped first.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct RecentReports {
     capacity: usize,
     entries: VecDeque<RecentReport>,

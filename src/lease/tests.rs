@@ -411,6 +411,38 @@ fn a_restored_book_keeps_leases_capacity_and_rests() {
 }
 
 #[test]
+fn a_rebuilt_book_holds_the_same_leases_rests_proxies_and_reports() {
+    let t0 = Instant::now();
+    let mut old = LeaseBook::new(settings(1));
+    for name in ["a", "b", "c", "d"] {
+        old.upsert(proxy(name, true, 10, &[("geo", "eu")]), t0);
+    }
+    let held = old.acquire(&req("t"), t0).unwrap();
+    let released = old.acquire(&req("t"), t0).unwrap();
+    let errored = old.acquire(&req("u"), t0).unwrap();
+    assert!(old.release(&released.id, t0));
+    old.report(&held.id, Outcome::Blocked, Some("captcha".into()), t0).unwrap();
+    old.report(&errored.id, Outcome::Error, None, t0).unwrap();
+
+    let t1 = t0 + Duration::from_secs(1);
+    let mut book = old.rebuilt(t1);
+    assert_eq!(book.snapshot(t1), old.snapshot(t1));
+    assert_eq!(book.proxies(), old.proxies(), "proxies listed as before, nothing waits for availability");
+    assert_eq!(book.active_leases(), 2);
+    assert_eq!(book.report_counts(&held.id), old.report_counts(&held.id));
+    assert_eq!(book.recent_reports().count(), old.recent_reports().count());
+    // The rebuilt book decides as the old one would: "t" rests on `released`
+    // and `held` is full, the error rests `errored` everywhere: only "d" is left.
+    let next = book.acquire(&req("t"), t1).unwrap();
+    assert_eq!(next.proxy.name, "d");
+    assert!(matches!(
+        book.acquire(&req("t"), t1),
+        Err(AcquireError::NoCapacity { .. })
+    ));
+    assert!(book.release(&held.id, t1), "leases granted before are released as before");
+}
+
+#[test]
 fn restored_placeholders_of_deleted_proxies_are_dropped_once_idle() {
     let t0 = Instant::now();
     let mut old = LeaseBook::new(settings(1));

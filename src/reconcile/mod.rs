@@ -67,6 +67,17 @@ const FIRST_DELETION_RETRY: Duration = Duration::from_secs(30);
 const MAX_DELETION_RETRY: Duration = Duration::from_secs(600);
 
 impl Memory {
+    /// What a restarted ProxyActor starts from: where the proxy serves and
+    /// what the lease store was told (so it stays probed and leasable, as on
+    /// a hiccup, until a reconcile says otherwise); the rest afresh.
+    pub fn resuming(serving: Option<ProbeTarget>, availability: Option<Availability>) -> Memory {
+        Memory {
+            serving,
+            availability,
+            ..Memory::default()
+        }
+    }
+
     /// How long to wait after one more refused deletion.
     fn next_deletion_retry(&mut self) -> Duration {
         let wait = FIRST_DELETION_RETRY.saturating_mul(1 << self.delete_refusals.min(10));

@@ -503,6 +503,20 @@ impl ProxyStore for KubeStore {
         Ok(list.items.into_iter().filter_map(|p| p.metadata.uid).collect())
     }
 
+    async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        let list = self
+            .all_proxies()
+            .list(&ListParams::default())
+            .instrument(api_span("list", "proxies", None))
+            .await
+            .map_err(backend)?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|p| Some(ObjectKey::new(p.metadata.namespace?, p.metadata.name?)))
+            .collect())
+    }
+
     async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
         let reference = ObjectReference {
             api_version: Some("crawl.example.com/v1alpha1".into()),

@@ -95,6 +95,10 @@ pub trait ProxyStore: Send + Sync {
     /// UIDs of every existing Proxy, including those being deleted (for orphan GC).
     async fn live_uids(&self) -> Result<HashSet<String>, StoreError>;
 
+    /// The key of every existing Proxy (a restarted registry checks that it
+    /// runs one actor for each).
+    async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError>;
+
     /// Records a notable change of the Proxy where users look for it
     /// (Kubernetes Events); stores without such a place only log.
     async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {

@@ -249,11 +249,13 @@ pub struct ActorRestarted<'a> {
     pub actor: &'a str,
     /// Which one (a proxy key, a host name): logged, not a label.
     pub id: &'a str,
+    /// Why: `stopped` (it stopped itself to start afresh) or `panicked: …`.
+    pub cause: &'a str,
 }
 
 impl ActorRestarted<'_> {
     pub fn emit(self) {
-        tracing::warn!(actor = self.actor, id = self.id, "actor restarting");
+        tracing::warn!(actor = self.actor, id = self.id, cause = self.cause, "actor restarting");
         metrics()
             .actor_restarts
             .get_or_create(&ActorLabel {

@@ -17,8 +17,10 @@ use super::types::{
 };
 use crate::lease_store::{Acquire, LeaseStore, ListProxies, Release, Renew, Report};
 
+/// The lease store did not answer: it is restarting after a crash (the
+/// request was in its hands) — a retry is answered by the restarted store.
 fn mailbox(e: actix::MailboxError) -> ApiError {
-    ApiError::Internal(format!("lease store unavailable: {e}"))
+    ApiError::Unavailable(format!("the lease store is restarting ({e}); retry"))
 }
 
 impl From<InputError> for ApiError {

@@ -128,6 +128,30 @@ impl LeaseBook {
         self.changes = journaling;
     }
 
+    /// A new book holding what this one holds — leases, ended leases, rests,
+    /// proxies with their availability, report counts — with every index
+    /// built afresh from those records, as a restore does. A lease store
+    /// restarted after a panic continues with it: the panic may have left
+    /// this book's indexes half-updated, its records are what count.
+    /// Changes are not journaled by the new book until asked.
+    pub fn rebuilt(&self, now: Instant) -> LeaseBook {
+        let mut book = LeaseBook::with_limits(self.settings, self.limits);
+        book.epoch = self.epoch;
+        book.restore(self.snapshot(now), now);
+        for (id, entry) in &self.proxies {
+            if !self.placeholders.contains(id) {
+                book.upsert(entry.availability.clone(), now);
+            }
+        }
+        for (id, lease) in &self.leases {
+            if let Some(copy) = book.leases.get_mut(id) {
+                copy.reports = lease.reports;
+            }
+        }
+        book.recent_reports = self.recent_reports.clone();
+        book
+    }
+
     /// The proxy's id, creating a placeholder for a proxy not known yet.
     fn placeholder(&mut self, key: &ObjectKey) -> ProxyId {
         if let Some(id) = self.ids.get(key) {

@@ -362,6 +362,10 @@ impl ProxyStore for EmbeddedStore {
             .filter_map(|p| p.metadata.uid.clone())
             .collect())
     }
+
+    async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        Ok(self.lock().objects.keys().cloned().collect())
+    }
 }
 
 /// Keeps the store in step with the manifest directory: rescans every

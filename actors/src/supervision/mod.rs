@@ -1,0 +1,224 @@
+//! The supervision tree. Every long-lived actor runs under [`start`]'s
+//! supervisor (restarted in place after a crash, see [`supervisor`]) and
+//! reports itself here: kind, where it sits in the tree, its restart count,
+//! a one-word state and how much work it has waiting. Actix does not expose
+//! mailbox depths, so "pending" is the work each actor knows it has queued
+//! (a ProxyActor's running/queued jobs, a host's queued calls).
+//!
+//! ```text
+//! system
+//! ├── proxy_registry ── proxy × N      (one per Proxy)
+//! ├── health_prober
+//! ├── lease_store                      (a thread of its own)
+//! ├── gc_sweeper
+//! ├── kvm_image_cache                  (kvm provider configured)
+//! └── kvm_host × H                     (one per KVM host, started on first use)
+//! ```
+//!
+//! Singletons also beat once a second ([`heartbeat`]); `/healthz` turns
+//! unhealthy when one falls silent or keeps crashing.
+
+mod heartbeat;
+mod images;
+pub mod supervisor;
+
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use heartbeat::*;
+pub use images::*;
+pub use supervisor::{start, start_in_arbiter};
+
+/// One actor in the tree.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActorInfo {
+    pub kind: String,
+    pub id: String,
+    /// The node it hangs under: `system`, or the kind of the actor that
+    /// started it (`proxy_registry` for ProxyActors).
+    pub supervisor: String,
+    /// How often its supervisor restarted it.
+    pub restarts: u32,
+    pub state: String,
+    pub pending: usize,
+}
+
+/// Where a supervised actor sits in the tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub kind: &'static str,
+    pub id: String,
+    pub parent: &'static str,
+    /// The process cannot do its job without it: while it keeps crashing,
+    /// `/healthz` says so.
+    pub vital: bool,
+}
+
+impl Node {
+    /// The one actor of its kind, started by the system.
+    pub fn singleton(kind: &'static str) -> Self {
+        Self {
+            kind,
+            id: kind.to_owned(),
+            parent: "system",
+            vital: true,
+        }
+    }
+
+    /// One of many (a proxy, a host) under `parent`: one of them crashing
+    /// does not make the process unhealthy.
+    pub fn member(kind: &'static str, id: impl Into<String>, parent: &'static str) -> Self {
+        Self {
+            kind,
+            id: id.into(),
+            parent,
+            vital: false,
+        }
+    }
+}
+
+/// Restarts are counted over this window for pauses and crash loops.
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+/// A vital actor restarted this often within [`RESTART_WINDOW`] is crash-looping.
+pub const CRASH_LOOP: usize = 5;
+
+struct Entry {
+    info: ActorInfo,
+    vital: bool,
+    /// When it was restarted lately (within [`RESTART_WINDOW`]).
+    recent: VecDeque<Instant>,
+}
+
+impl Entry {
+    fn new(info: ActorInfo) -> Self {
+        Self {
+            info,
+            vital: false,
+            recent: VecDeque::new(),
+        }
+    }
+
+    fn recent_restarts(&mut self, now: Instant) -> usize {
+        while self
+            .recent
+            .front()
+            .is_some_and(|at| now.duration_since(*at) > RESTART_WINDOW)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.len()
+    }
+}
+
+type Tree = BTreeMap<(String, String), Entry>;
+
+static TREE: LazyLock<Mutex<Tree>> = LazyLock::new(Mutex::default);
+
+fn tree() -> std::sync::MutexGuard<'static, Tree> {
+    TREE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A supervised actor starts: in the tree until its supervisor ends.
+fn register(node: &Node) {
+    let mut tree = tree();
+    let entry = tree
+        .entry((node.kind.to_owned(), node.id.clone()))
+        .or_insert_with(|| {
+            Entry::new(ActorInfo {
+                kind: node.kind.to_owned(),
+                id: node.id.clone(),
+                state: "starting".into(),
+                ..ActorInfo::default()
+            })
+        });
+    entry.info.supervisor = node.parent.to_owned();
+    entry.vital = node.vital;
+}
+
+/// Its supervisor ended (nobody holds the actor's address any more).
+fn unregister(node: &Node) {
+    tree().remove(&(node.kind.to_owned(), node.id.clone()));
+}
+
+/// Counts a restart; returns how many happened within [`RESTART_WINDOW`].
+fn record_restart(node: &Node) -> usize {
+    let now = Instant::now();
+    let mut tree = tree();
+    let Some(entry) = tree.get_mut(&(node.kind.to_owned(), node.id.clone())) else {
+        return 1;
+    };
+    entry.info.restarts = entry.info.restarts.saturating_add(1);
+    entry.recent.push_back(now);
+    entry.recent_restarts(now)
+}
+
+/// An actor says what it is doing and how much work waits.
+pub fn report_state(kind: &str, id: &str, state: &str, pending: usize) {
+    let mut tree = tree();
+    let entry = tree.entry((kind.to_owned(), id.to_owned())).or_insert_with(|| {
+        // Started without a supervisor (a test wiring actors by hand).
+        Entry::new(ActorInfo {
+            kind: kind.to_owned(),
+            id: id.to_owned(),
+            supervisor: "system".into(),
+            ..ActorInfo::default()
+        })
+    });
+    entry.info.state = state.to_owned();
+    entry.info.pending = pending;
+}
+
+/// A singleton says what it is doing.
+pub fn report_singleton(kind: &str, state: &str, pending: usize) {
+    report_state(kind, kind, state, pending);
+}
+
+/// Vital actors restarted [`CRASH_LOOP`] times or more within
+/// [`RESTART_WINDOW`], with how often.
+pub fn crash_looping() -> Vec<(String, usize)> {
+    let now = Instant::now();
+    tree()
+        .values_mut()
+        .filter(|e| e.vital)
+        .filter_map(|e| {
+            let recent = e.recent_restarts(now);
+            (recent >= CRASH_LOOP).then(|| (e.info.kind.clone(), recent))
+        })
+        .collect()
+}
+
+/// What a caught panic said (its `&str` or `String` payload).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Every actor, by kind then id.
+pub fn snapshot() -> Vec<ActorInfo> {
+    tree().values().map(|e| e.info.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panics_message_is_read_from_either_payload() {
+        let caught = std::panic::catch_unwind(|| panic!("plain")).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "plain");
+        let caught = std::panic::catch_unwind(|| panic!("formatted {}", 7)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "formatted 7");
+        let caught = std::panic::catch_unwind(|| std::panic::panic_any(7u8)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "a panic without a message");
+    }
+}
