@@ -87,10 +87,14 @@ mod tests {
     use actix_web::test;
 
     use super::*;
-    use crate::supervision::{HEARTBEAT_DEADLINE, heartbeat, heartbeat_at, stop_beating};
+    use crate::supervision::{
+        CRASH_LOOP, HEARTBEAT_DEADLINE, Node, heartbeat, heartbeat_at, record_restart, register, stop_beating,
+        unregister,
+    };
 
     #[actix_web::test]
     async fn healthz_turns_unhealthy_when_a_singleton_stops_beating() {
+        let _turn = crate::supervision::HEALTH_TESTS.lock().await;
         let app = test::init_service(App::new().service(healthz)).await;
         heartbeat("test_singleton");
         let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
@@ -111,5 +115,36 @@ mod tests {
         stop_beating("test_singleton");
         let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
         assert_eq!(ok.status(), 200);
+    }
+
+    #[actix_web::test]
+    async fn healthz_turns_unhealthy_while_a_vital_actor_keeps_crashing() {
+        let _turn = crate::supervision::HEALTH_TESTS.lock().await;
+        let app = test::init_service(App::new().service(healthz)).await;
+        let vital = Node::singleton("test_crasher");
+        let member = Node::member("test_member", "one", "system");
+        register(&vital);
+        register(&member);
+        for _ in 0..CRASH_LOOP {
+            record_restart(&member);
+        }
+        let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
+        assert_eq!(ok.status(), 200, "one proxy or host crashing is not the process's illness");
+
+        for _ in 0..CRASH_LOOP - 1 {
+            record_restart(&vital);
+        }
+        let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
+        assert_eq!(ok.status(), 200, "a few restarts are what supervisors are for");
+        record_restart(&vital);
+        let sick = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
+        assert_eq!(sick.status(), 503);
+        let body = test::read_body(sick).await;
+        assert!(
+            String::from_utf8_lossy(&body).contains("test_crasher restarted 5 times in 60s"),
+            "{body:?}"
+        );
+        unregister(&vital);
+        unregister(&member);
     }
 }

@@ -126,7 +126,7 @@ fn tree() -> std::sync::MutexGuard<'static, Tree> {
 }
 
 /// A supervised actor starts: in the tree until its supervisor ends.
-fn register(node: &Node) {
+pub(crate) fn register(node: &Node) {
     let mut tree = tree();
     let entry = tree
         .entry((node.kind.to_owned(), node.id.clone()))
@@ -143,12 +143,12 @@ fn register(node: &Node) {
 }
 
 /// Its supervisor ended (nobody holds the actor's address any more).
-fn unregister(node: &Node) {
+pub(crate) fn unregister(node: &Node) {
     tree().remove(&(node.kind.to_owned(), node.id.clone()));
 }
 
 /// Counts a restart; returns how many happened within [`RESTART_WINDOW`].
-fn record_restart(node: &Node) -> usize {
+pub(crate) fn record_restart(node: &Node) -> usize {
     let now = Instant::now();
     let mut tree = tree();
     let Some(entry) = tree.get_mut(&(node.kind.to_owned(), node.id.clone())) else {
@@ -202,6 +202,11 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
 }
+
+/// Tests that read or change the process-wide health (heartbeats, crash
+/// loops) take turns.
+#[cfg(test)]
+pub(crate) static HEALTH_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Every actor, by kind then id.
 pub fn snapshot() -> Vec<ActorInfo> {

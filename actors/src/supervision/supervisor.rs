@@ -160,4 +160,86 @@ mod tests {
         assert_eq!(pause_after(FREE_RESTARTS + 2), Some(Duration::from_millis(400)));
         assert_eq!(pause_after(FREE_RESTARTS + 40), Some(MAX_PAUSE));
     }
+
+    /// Counts what it handled; panics when told to.
+    #[derive(Default)]
+    struct Fragile {
+        handled: u32,
+        restarted: u32,
+    }
+
+    impl Actor for Fragile {
+        type Context = Context<Self>;
+    }
+
+    impl actix::Supervised for Fragile {
+        fn restarting(&mut self, _: &mut Self::Context) {
+            self.restarted += 1;
+        }
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "(u32, u32)")]
+    struct Count;
+
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Explode;
+
+    impl Handler<Count> for Fragile {
+        type Result = MessageResult<Count>;
+        fn handle(&mut self, _: Count, _: &mut Self::Context) -> Self::Result {
+            self.handled += 1;
+            MessageResult((self.handled, self.restarted))
+        }
+    }
+
+    impl Handler<Explode> for Fragile {
+        type Result = ();
+        fn handle(&mut self, _: Explode, _: &mut Self::Context) {
+            panic!("boom");
+        }
+    }
+
+    fn entry(kind: &str) -> Option<super::super::ActorInfo> {
+        super::super::snapshot().into_iter().find(|a| a.kind == kind)
+    }
+
+    #[actix_rt::test]
+    async fn a_panicking_actor_is_restarted_in_place_and_a_crash_loop_is_reported() {
+        let _turn = super::super::HEALTH_TESTS.lock().await;
+        let addr = start(Node::singleton("test_fragile"), |_| Fragile::default());
+        assert_eq!(addr.send(Count).await.unwrap(), (1, 0));
+
+        // Under actix's own Supervisor the first panic would end the actor
+        // and this send would fail: here the caller of the panicking message
+        // hears that its answer is lost, the actor keeps its state and mailbox.
+        assert!(addr.send(Explode).await.is_err());
+        assert_eq!(addr.send(Count).await.unwrap(), (2, 1));
+        assert_eq!(entry("test_fragile").map(|a| a.restarts), Some(1));
+        assert!(super::super::crash_looping().iter().all(|(kind, _)| kind != "test_fragile"));
+
+        // Crashing again and again: restarts slow down and /healthz is told.
+        let started = std::time::Instant::now();
+        for _ in 0..super::super::CRASH_LOOP {
+            assert!(addr.send(Explode).await.is_err());
+        }
+        assert_eq!(addr.send(Count).await.unwrap(), (3, 6));
+        assert!(
+            started.elapsed() >= Duration::from_millis(200 + 400 + 800),
+            "paused before restarts 4–6: {:?}",
+            started.elapsed()
+        );
+        assert!(super::super::crash_looping().contains(&("test_fragile".to_owned(), 6)));
+
+        // Nobody holds its address any more: it ends and leaves the tree.
+        drop(addr);
+        for _ in 0..50 {
+            if entry("test_fragile").is_none() {
+                return;
+            }
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the ended actor is still in the tree");
+    }
 }

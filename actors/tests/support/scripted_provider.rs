@@ -45,6 +45,8 @@ struct World {
     calls: Vec<Call>,
     max_per_uid: HashMap<String, usize>,
     panic_after_next_create: bool,
+    /// How long a listing takes (a slow cloud API).
+    list_delay: std::time::Duration,
 }
 
 pub struct ScriptedProvider {
@@ -84,6 +86,11 @@ impl ScriptedProvider {
     /// Drops the failures still scripted for `op`.
     pub fn heal(&self, op: Op) {
         self.world().failures.remove(op_name(op));
+    }
+
+    /// Every listing takes `delay` from now on.
+    pub fn slow_list(&self, delay: std::time::Duration) {
+        self.world().list_delay = delay;
     }
 
     /// The next create makes the instance, then panics (a crash mid-create).
@@ -299,6 +306,8 @@ impl Provider for ScriptedProvider {
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
+        let delay = self.world().list_delay;
+        tokio::time::sleep(delay).await;
         let mut w = self.world();
         w.calls.push(Call::List);
         self.take_failure(&mut w, Op::List, None)?;
