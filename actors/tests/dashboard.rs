@@ -190,11 +190,11 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
             .any(|a| a["kind"] == kind && a["supervisor"] == supervisor)
     };
     assert!(
-        has("proxy", "ProxyRegistry") && has("proxy_registry", "System") && has("lease_store", "System"),
+        has("proxy", "proxy_registry") && has("proxy_registry", "system") && has("lease_store", "system"),
         "{data}"
     );
     assert!(
-        has("health_prober", "System") && has("gc_sweeper", "System"),
+        has("health_prober", "system") && has("gc_sweeper", "system"),
         "{data}"
     );
     let (status, page) = get(&api, &format!("/dashboard?token={TOKEN}"), None);
@@ -261,7 +261,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     wait_js(
         &driver,
         "the supervision tree",
-        "return document.querySelectorAll('#tree [data-actor^=\"proxy:\"]').length",
+        "return document.querySelectorAll('#tree [data-actor=\"proxy_registry:proxy_registry\"] [data-actor^=\"proxy:\"]').length",
         |v| *v == json!(2),
     )
     .await;
