@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,17 +29,12 @@ use egress_proxies::rate_limit::RateLimits;
 use egress_proxies::store::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-const ROLE: &str = "EPO_BENCH_LEASE_SERVER";
+mod common;
+use common::{Conn, Kill, arg, lease_id, pct};
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
+const ROLE: &str = "EPO_BENCH_LEASE_SERVER";
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -121,55 +116,6 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
     });
 }
 
-/// One keep-alive connection.
-struct Conn {
-    reader: BufReader<TcpStream>,
-    addr: SocketAddr,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> Self {
-        let s = TcpStream::connect(addr).await.unwrap();
-        s.set_nodelay(true).unwrap();
-        Self {
-            reader: BufReader::new(s),
-            addr,
-        }
-    }
-
-    async fn call(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        self.reader.get_mut().write_all(req.as_bytes()).await.unwrap();
-        let mut line = String::new();
-        self.reader.read_line(&mut line).await.unwrap();
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let mut length = 0usize;
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).await.unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':')
-                && k.eq_ignore_ascii_case("content-length")
-            {
-                length = v.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut payload = vec![0u8; length];
-        self.reader.read_exact(&mut payload).await.unwrap();
-        (status, String::from_utf8_lossy(&payload).into_owned())
-    }
-}
-
 struct Run {
     requests: u64,
     granted: u64,
@@ -213,12 +159,7 @@ async fn load(
                             continue;
                         }
                         granted += 1;
-                        let id = body
-                            .split("\"id\":\"")
-                            .nth(1)
-                            .and_then(|r| r.split('"').next())
-                            .unwrap_or("")
-                            .to_owned();
+                        let id = lease_id(&body);
                         let t = Instant::now();
                         let (status, _) = conn.call("DELETE", &format!("/v1/leases/{id}"), "").await;
                         latencies.push(t.elapsed());
@@ -253,22 +194,6 @@ async fn load(
     run.wall = start.elapsed();
     run.latencies.sort();
     run
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn main() {

@@ -12,9 +12,9 @@ use std::time::Duration;
 use actix::WeakRecipient;
 use actix::prelude::*;
 use egress_proxies::health::{HealthState, LatencyRule, ProbeFailure, ProbeResult, Prober, Sample};
-use futures::FutureExt;
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
+use futures::FutureExt;
 use opentelemetry::trace::TraceContextExt;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
@@ -146,11 +146,17 @@ impl HealthProber {
             };
             egress_proxies::telemetry::otel::record_ids(&span);
             // A probe that panics is a failed probe, not a proxy never probed again.
-            let probed = AssertUnwindSafe(prober.probe(&target.endpoint, &target.check).instrument(span.clone()))
-                .catch_unwind()
-                .await;
+            let probed = AssertUnwindSafe(
+                prober
+                    .probe(&target.endpoint, &target.check)
+                    .instrument(span.clone()),
+            )
+            .catch_unwind()
+            .await;
             let result = probed.unwrap_or_else(|panic| ProbeResult {
-                outcome: Err(ProbeFailure::Panicked(crate::supervision::panic_message(panic.as_ref()))),
+                outcome: Err(ProbeFailure::Panicked(crate::supervision::panic_message(
+                    panic.as_ref(),
+                ))),
                 latency: Duration::ZERO,
             });
             span.record(

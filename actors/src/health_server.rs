@@ -88,8 +88,8 @@ mod tests {
 
     use super::*;
     use crate::supervision::{
-        CRASH_LOOP, HEARTBEAT_DEADLINE, Node, heartbeat, heartbeat_at, record_restart, register, stop_beating,
-        unregister,
+        CRASH_LOOP, HEARTBEAT_DEADLINE, Node, heartbeat, heartbeat_at, record_restart, register,
+        stop_beating, unregister,
     };
 
     #[actix_web::test]
@@ -129,7 +129,11 @@ mod tests {
             record_restart(&member);
         }
         let ok = test::call_service(&app, test::TestRequest::get().uri("/healthz").to_request()).await;
-        assert_eq!(ok.status(), 200, "one proxy or host crashing is not the process's illness");
+        assert_eq!(
+            ok.status(),
+            200,
+            "one proxy or host crashing is not the process's illness"
+        );
 
         for _ in 0..CRASH_LOOP - 1 {
             record_restart(&vital);

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::supervision::Node;
 use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
@@ -29,7 +30,6 @@ use egress_proxies::kvm::ssh_key::load_private_key;
 use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::provider::ErrorClass;
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
-use crate::supervision::Node;
 use russh::keys::PrivateKey;
 use tokio::sync::oneshot;
 
@@ -379,9 +379,10 @@ impl KvmHosts {
                 let (host, cfg, keys) = (h.clone(), shared.clone(), keys.clone());
                 (
                     h.name.clone(),
-                    crate::supervision::start(Node::member("kvm_host", h.name.clone(), "system"), move |_| {
-                        KvmHostActor::new(host, cfg, keys)
-                    }),
+                    crate::supervision::start(
+                        Node::member("kvm_host", h.name.clone(), "system"),
+                        move |_| KvmHostActor::new(host, cfg, keys),
+                    ),
                 )
             })
             .collect();
@@ -497,7 +498,11 @@ impl Actor for ImageCacheActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         crate::supervision::beat_while_running::<Self>("kvm_image_cache", ctx);
         ctx.run_interval(std::time::Duration::from_secs(1), |cache, _| {
-            crate::supervision::report_singleton("kvm_image_cache", &format!("fetching {}", cache.waiters.len()), 0);
+            crate::supervision::report_singleton(
+                "kvm_image_cache",
+                &format!("fetching {}", cache.waiters.len()),
+                0,
+            );
         });
     }
 }

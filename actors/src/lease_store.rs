@@ -227,7 +227,10 @@ impl actix::Supervised for LeaseStore {
         }
         self.book = book;
         let _ = self.persist();
-        tracing::info!(leases = self.book.active_leases(), "lease store restarted with its leases and rests");
+        tracing::info!(
+            leases = self.book.active_leases(),
+            "lease store restarted with its leases and rests"
+        );
     }
 }
 

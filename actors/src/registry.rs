@@ -93,7 +93,9 @@ impl ProxyRegistry {
             self.leases.clone(),
         );
         let node = Node::member("proxy", key.to_string(), "proxy_registry");
-        let addr = supervision::start(node, move |_| ProxyActor::new(k, ctx, timing, restarts, prober, leases));
+        let addr = supervision::start(node, move |_| {
+            ProxyActor::new(k, ctx, timing, restarts, prober, leases)
+        });
         tracing::debug!(proxy = %key, "ProxyActor started");
         self.actors.insert(key, addr);
     }
@@ -167,7 +169,12 @@ impl Handler<Listed> for ProxyRegistry {
 
     fn handle(&mut self, Listed(keys): Listed, _: &mut Self::Context) {
         let stored: HashSet<ObjectKey> = keys.into_iter().collect();
-        let gone: Vec<ObjectKey> = self.actors.keys().filter(|k| !stored.contains(*k)).cloned().collect();
+        let gone: Vec<ObjectKey> = self
+            .actors
+            .keys()
+            .filter(|k| !stored.contains(*k))
+            .cloned()
+            .collect();
         let (mut started, stopped) = (0, gone.len());
         for key in gone {
             self.stop_actor(&key);
@@ -178,7 +185,12 @@ impl Handler<Listed> for ProxyRegistry {
                 started += 1;
             }
         }
-        tracing::info!(started, stopped, running = self.actors.len(), "restarted registry checked its actors against the store");
+        tracing::info!(
+            started,
+            stopped,
+            running = self.actors.len(),
+            "restarted registry checked its actors against the store"
+        );
     }
 }
 

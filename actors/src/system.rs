@@ -99,9 +99,11 @@ pub fn start(
     }
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.
-    let leases = supervision::start_in_arbiter(&Arbiter::new().handle(), Node::singleton("lease_store"), move |_| {
-        leases
-    });
+    let leases = supervision::start_in_arbiter(
+        &Arbiter::new().handle(),
+        Node::singleton("lease_store"),
+        move |_| leases,
+    );
     let registry = ProxyRegistry::new(ctx, Timing::default(), Some(prober.clone()))
         .with_leases(leases.clone())
         .run(events);

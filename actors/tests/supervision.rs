@@ -175,7 +175,10 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
         "a request the crash swallowed is a 503 to retry, never a 500: {during:?}"
     );
     let mut active = 2 + usize::from(during.0 == 201);
-    eventually("the lease store restarted", WAIT, async || (restarts("lease_store") == 1).then_some(())).await;
+    eventually("the lease store restarted", WAIT, async || {
+        (restarts("lease_store") == 1).then_some(())
+    })
+    .await;
     let stats = bed.running.leases.send(GetLeaseStats).await.unwrap();
     assert_eq!(stats.active, active, "leases survive the restart: {stats:?}");
     let (_, listed) = bed.call("GET", "/v1/proxies", None).await;
@@ -199,16 +202,20 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     let (status, _) = bed.acquire("more.example").await;
     assert_eq!(status, 503, "no capacity beyond three leases");
     let id = held["id"].as_str().unwrap();
-    let (status, _) = bed
-        .call("DELETE", &format!("/v1/leases/{id}"), None)
-        .await;
-    assert_eq!(status, 204, "a lease granted before the crash is released as before");
+    let (status, _) = bed.call("DELETE", &format!("/v1/leases/{id}"), None).await;
+    assert_eq!(
+        status, 204,
+        "a lease granted before the crash is released as before"
+    );
 
     // ── HealthProber: crashed with probes in flight; probes resume. ──
     let before = bed.running.prober.send(GetProberStats).await.unwrap();
     assert_eq!(before.watched, 3);
     bed.running.prober.do_send(Crash);
-    eventually("the prober restarted", WAIT, async || (restarts("health_prober") == 1).then_some(())).await;
+    eventually("the prober restarted", WAIT, async || {
+        (restarts("health_prober") == 1).then_some(())
+    })
+    .await;
     eventually("probes to resume after the restart", WAIT, async || {
         let now = bed.running.prober.send(GetProberStats).await.ok()?;
         (now.watched == 3 && now.probes >= before.probes + 30).then_some(())
@@ -230,14 +237,27 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     .await;
 
     // ── GcSweeper: crashed while a sweep waits on a slow provider. ──
-    bed.gc_provider.plant("proxy-orphan", "uid-of-a-deleted-proxy", HOUR);
+    bed.gc_provider
+        .plant("proxy-orphan", "uid-of-a-deleted-proxy", HOUR);
     bed.gc_provider.slow_list(Duration::from_millis(500));
     let cut_short = bed.running.gc.send(SweepNow);
     tokio::time::sleep(Duration::from_millis(100)).await;
     bed.running.gc.do_send(Crash);
-    assert!(cut_short.await.is_err(), "the sweep under way went with the crash");
-    eventually("the sweeper restarted", WAIT, async || (restarts("gc_sweeper") == 1).then_some(())).await;
-    let report = bed.running.gc.send(SweepNow).await.unwrap().expect("a sweep runs after the restart");
+    assert!(
+        cut_short.await.is_err(),
+        "the sweep under way went with the crash"
+    );
+    eventually("the sweeper restarted", WAIT, async || {
+        (restarts("gc_sweeper") == 1).then_some(())
+    })
+    .await;
+    let report = bed
+        .running
+        .gc
+        .send(SweepNow)
+        .await
+        .unwrap()
+        .expect("a sweep runs after the restart");
     assert_eq!(report.deleted, 1, "{report:?}");
     assert!(bed.gc_provider.instances().is_empty());
     assert!(bed.gc_provider.count(|c| matches!(c, Call::Delete(_))) >= 1);
@@ -245,10 +265,15 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     // ── ProxyRegistry: crashed, it still follows the store. ──
     bed.running.registry.do_send(Crash);
     bed.declare("d");
-    eventually("the registry restarted", WAIT, async || (restarts("proxy_registry") == 1).then_some(())).await;
-    eventually("the Proxy declared during the restart to serve", WAIT, async || {
-        (bed.healthy().await == ["a", "b", "c", "d"]).then_some(())
+    eventually("the registry restarted", WAIT, async || {
+        (restarts("proxy_registry") == 1).then_some(())
     })
+    .await;
+    eventually(
+        "the Proxy declared during the restart to serve",
+        WAIT,
+        async || (bed.healthy().await == ["a", "b", "c", "d"]).then_some(()),
+    )
     .await;
     bed.undeclare("a");
     eventually("the deleted Proxy to leave the pool", WAIT, async || {

@@ -421,13 +421,18 @@ fn a_rebuilt_book_holds_the_same_leases_rests_proxies_and_reports() {
     let released = old.acquire(&req("t"), t0).unwrap();
     let errored = old.acquire(&req("u"), t0).unwrap();
     assert!(old.release(&released.id, t0));
-    old.report(&held.id, Outcome::Blocked, Some("captcha".into()), t0).unwrap();
+    old.report(&held.id, Outcome::Blocked, Some("captcha".into()), t0)
+        .unwrap();
     old.report(&errored.id, Outcome::Error, None, t0).unwrap();
 
     let t1 = t0 + Duration::from_secs(1);
     let mut book = old.rebuilt(t1);
     assert_eq!(book.snapshot(t1), old.snapshot(t1));
-    assert_eq!(book.proxies(), old.proxies(), "proxies listed as before, nothing waits for availability");
+    assert_eq!(
+        book.proxies(),
+        old.proxies(),
+        "proxies listed as before, nothing waits for availability"
+    );
     assert_eq!(book.active_leases(), 2);
     assert_eq!(book.report_counts(&held.id), old.report_counts(&held.id));
     assert_eq!(book.recent_reports().count(), old.recent_reports().count());
@@ -439,7 +444,10 @@ fn a_rebuilt_book_holds_the_same_leases_rests_proxies_and_reports() {
         book.acquire(&req("t"), t1),
         Err(AcquireError::NoCapacity { .. })
     ));
-    assert!(book.release(&held.id, t1), "leases granted before are released as before");
+    assert!(
+        book.release(&held.id, t1),
+        "leases granted before are released as before"
+    );
 }
 
 #[test]

@@ -255,7 +255,12 @@ pub struct ActorRestarted<'a> {
 
 impl ActorRestarted<'_> {
     pub fn emit(self) {
-        tracing::warn!(actor = self.actor, id = self.id, cause = self.cause, "actor restarting");
+        tracing::warn!(
+            actor = self.actor,
+            id = self.id,
+            cause = self.cause,
+            "actor restarting"
+        );
         metrics()
             .actor_restarts
             .get_or_create(&ActorLabel {

@@ -48,4 +48,3 @@ pub fn silent(deadline: Duration) -> Vec<(String, Duration)> {
 pub(crate) fn heartbeat_at(kind: &str, at: Instant) {
     beats().insert(kind.to_owned(), at);
 }
-

@@ -86,4 +86,3 @@ pub fn images() -> Vec<ImageInfo> {
         })
         .collect()
 }
-

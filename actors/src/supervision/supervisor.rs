@@ -217,7 +217,11 @@ mod tests {
         assert!(addr.send(Explode).await.is_err());
         assert_eq!(addr.send(Count).await.unwrap(), (2, 1));
         assert_eq!(entry("test_fragile").map(|a| a.restarts), Some(1));
-        assert!(super::super::crash_looping().iter().all(|(kind, _)| kind != "test_fragile"));
+        assert!(
+            super::super::crash_looping()
+                .iter()
+                .all(|(kind, _)| kind != "test_fragile")
+        );
 
         // Crashing again and again: restarts slow down and /healthz is told.
         let started = std::time::Instant::now();

@@ -1,0 +1,106 @@
+//! What the benchmarks share: a keep-alive HTTP/1.1 client connection,
+//! percentiles, and a child process killed on drop.
+#![allow(dead_code)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::Child;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// One keep-alive connection.
+pub struct Conn {
+    reader: BufReader<TcpStream>,
+    addr: SocketAddr,
+}
+
+impl Conn {
+    pub async fn open(addr: SocketAddr) -> Self {
+        Self::wrap(TcpStream::connect(addr).await.unwrap(), addr)
+    }
+
+    /// From `source` (another loopback address: each counts as its own
+    /// client for the API's per-client rate limit).
+    pub async fn open_from(source: IpAddr, addr: SocketAddr) -> Self {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(source, 0)).unwrap();
+        Self::wrap(socket.connect(addr).await.unwrap(), addr)
+    }
+
+    fn wrap(stream: TcpStream, addr: SocketAddr) -> Self {
+        stream.set_nodelay(true).unwrap();
+        Self {
+            reader: BufReader::new(stream),
+            addr,
+        }
+    }
+
+    pub async fn call(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        self.reader.get_mut().write_all(req.as_bytes()).await.unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).await.unwrap();
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).await.unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut payload = vec![0u8; length];
+        self.reader.read_exact(&mut payload).await.unwrap();
+        (status, String::from_utf8_lossy(&payload).into_owned())
+    }
+}
+
+/// The `"id"` of a lease answer.
+pub fn lease_id(body: &str) -> String {
+    body.split("\"id\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// The `p` quantile of sorted latencies, in ms.
+pub fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+/// A child process, killed and reaped when dropped.
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The value after `--name` on the command line.
+pub fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
