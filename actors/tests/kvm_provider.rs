@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use egress_proxies::kvm::provider::KvmProvider;
 use egress_proxies::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
 use egress_proxies_operator::kvm::router::runner_factory;
-use support::kvm_bed::{create_request, image_server, pool_volumes, provider_config};
+use support::kvm_bed::{
+    RemoveOnDrop, create_request, domain_exists, image_server, pool_volumes, provider_config, virsh_ok,
+};
 
 async fn retry<T>(
     what: &str,
@@ -124,6 +126,54 @@ async fn create_get_list_delete_through_the_host_actors() {
         ErrorClass::Permanent
     );
     provider.delete(&stray).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn delete_removes_a_domain_with_snapshots_and_checkpoints() {
+    let bed = bed_or_skip!();
+    let (url, _, _) = image_server().await;
+    let cfg = provider_config(&bed, &url);
+    let runner = runner_factory()("kvm-snap", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-snap", cfg, runner);
+    let req = create_request("7e0c0c5e-0000-4000-8000-0000000000c1", "b");
+    let name = req.name.to_string();
+    let _cleanup = RemoveOnDrop(vec![name.clone()]);
+    let id = retry("create", async || provider.create(&req).await).await;
+
+    // What an admin or a backup tool may leave behind: an internal snapshot
+    // (taken shut off) and a checkpoint (taken running). Either alone makes
+    // libvirt refuse a plain undefine. A checkpoint needs a qcow2 v3 disk
+    // (dirty bitmaps); libvirt creates overlays as v2, so the admin amends it.
+    virsh_ok(&["destroy", &name]);
+    let overlay = virsh_ok(&["vol-path", "--pool", "default", &format!("{name}.qcow2")]);
+    let amended = std::process::Command::new("qemu-img")
+        .args(["amend", "-f", "qcow2", "-o", "compat=1.1", overlay.trim()])
+        .output()
+        .unwrap();
+    assert!(amended.status.success(), "{amended:?}");
+    virsh_ok(&["snapshot-create-as", &name, "before-upgrade"]);
+    virsh_ok(&["start", &name]);
+    virsh_ok(&["checkpoint-create-as", &name, "backup-1"]);
+    assert!(virsh_ok(&["snapshot-list", &name, "--name"]).contains("before-upgrade"));
+    assert!(virsh_ok(&["checkpoint-list", &name, "--name"]).contains("backup-1"));
+
+    retry("delete", async || provider.delete(&id).await).await;
+    assert!(!domain_exists(&name), "the domain is gone");
+    for kept in ["snapshot", "checkpoint"] {
+        let dir = std::path::Path::new("/var/lib/libvirt/qemu")
+            .join(kept)
+            .join(&name);
+        assert!(
+            !dir.exists(),
+            "libvirt's {kept} metadata is gone: {}",
+            dir.display()
+        );
+    }
+    let left: Vec<String> = pool_volumes()
+        .into_iter()
+        .filter(|v| v.contains(name.as_str()))
+        .collect();
+    assert!(left.is_empty(), "instance volumes left: {left:?}");
 }
 
 fn kill_sshd(bed: &HashMap<String, String>, port: &str) {

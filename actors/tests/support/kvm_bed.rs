@@ -212,6 +212,17 @@ pub fn virsh(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `virsh` that must succeed; its output.
+pub fn virsh_ok(args: &[&str]) -> String {
+    let out = virsh(args);
+    assert!(
+        out.status.success(),
+        "virsh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Whether a domain of that name is defined on the bed.
 pub fn domain_exists(name: &str) -> bool {
     virsh(&["dominfo", name]).status.success()
@@ -225,7 +236,14 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         for name in &self.0 {
             let _ = virsh(&["destroy", name]);
-            let _ = virsh(&["undefine", name, "--nvram", "--managed-save"]);
+            let _ = virsh(&[
+                "undefine",
+                name,
+                "--nvram",
+                "--managed-save",
+                "--snapshots-metadata",
+                "--checkpoints-metadata",
+            ]);
             for volume in [
                 egress_proxies::kvm::ops::overlay_name(name),
                 egress_proxies::kvm::ops::seed_name(name),
