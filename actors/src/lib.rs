@@ -16,7 +16,7 @@ pub mod discovery;
 pub mod gc_sweeper;
 pub mod health_prober;
 pub mod health_server;
-pub mod kvm_host;
+pub mod kvm;
 pub mod lease_store;
 pub mod messages;
 pub mod metrics_server;

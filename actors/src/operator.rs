@@ -96,7 +96,7 @@ async fn operate(
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,
         kube_client: Some(client.clone()),
-        kvm_runner: Some(crate::kvm_host::runner_factory()),
+        kvm_runner: Some(crate::kvm::router::runner_factory()),
         gcp: options.gcp.clone(),
     };
     let providers = Arc::new(Providers::build(&providers_config, &build)?);

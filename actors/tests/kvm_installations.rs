@@ -30,7 +30,7 @@ use egress_proxies::provider::{
 use egress_proxies::resource::{Placement, Proxy};
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::store::{ObjectKey, ProxyStore};
-use egress_proxies_operator::kvm_host::runner_factory;
+use egress_proxies_operator::kvm::router::runner_factory;
 use serde_json::json;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

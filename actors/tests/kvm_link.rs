@@ -1,16 +1,24 @@
 //! The SSH link to a real libvirt daemon behind a real sshd on loopback
-//! (tests/kvm-testbed.sh). Without the test bed these tests say so and skip;
-//! CI sets the bed up, so there they always run.
+//! (tests/kvm-testbed.sh), on its own and under a host actor: calls queued
+//! on a busy host keep the link, a hung call tears it down at its deadline.
+//! Without the test bed these tests say so and skip; CI sets the bed up, so
+//! there they always run.
 
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use egress_proxies::kvm::libvirt::ensure_client_setup;
+use egress_proxies::kvm::provider::KvmProvider;
 use egress_proxies::kvm::ssh_key::load_private_key;
 use egress_proxies::kvm::ssh_link::{LinkError, SshLink};
-use support::kvm_bed::target;
+use egress_proxies::provider::{ErrorClass, Provider, ProviderId};
+use egress_proxies_operator::kvm::router::runner_factory_with_job_deadline;
+use egress_proxies_operator::supervision;
+use support::kvm_bed::{
+    RemoveOnDrop, bed_host, create_request, domain_exists, image_server, provider_config, target,
+};
 
 #[tokio::test]
 async fn libvirt_over_the_ssh_link_lists_the_pool() {
@@ -75,4 +83,181 @@ async fn a_dead_port_is_a_transient_dial_error() {
         .err()
         .expect("nothing listens there");
     assert!(err.is_transient(), "{err}");
+}
+
+/// The restarts of host actor `host` so far, from the supervision tree.
+fn host_restarts(host: &str) -> Option<u32> {
+    supervision::snapshot()
+        .into_iter()
+        .find(|a| a.kind == "kvm_host" && a.id == host)
+        .map(|a| a.restarts)
+}
+
+#[actix_rt::test]
+async fn a_burst_of_creates_queued_past_the_job_deadline_keeps_the_link() {
+    let bed = bed_or_skip!();
+    let (url, _, _) = image_server().await;
+    let mut cfg = provider_config(&bed, &url);
+    cfg.hosts = vec![bed_host(&bed, "burst", "EPO_KVM_HOST_A")];
+    // Short enough for the burst to queue well past it; each create alone
+    // takes a fraction of it.
+    let deadline = Duration::from_secs(4);
+    let runner = runner_factory_with_job_deadline(deadline)("kvm-burst", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-burst", cfg, runner);
+    let requests: Vec<_> = (0..13)
+        .map(|i| create_request(&format!("b0a5b0a5-0000-4000-8000-0000000000{i:02}"), "burst"))
+        .collect();
+    let _cleanup = RemoveOnDrop(requests.iter().map(|r| r.name.to_string()).collect());
+
+    // The first create dials the host and fetches the image.
+    let first = &requests[0];
+    let started = Instant::now();
+    let id = loop {
+        match provider.create(first).await {
+            Ok(id) => break id,
+            Err(e) if e.class == ErrorClass::Transient && started.elapsed() < Duration::from_secs(60) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("first create: {e}"),
+        }
+    };
+    let alone = Instant::now();
+    provider.create(first).await.unwrap();
+    eprintln!("a create alone (domain already there): {:?}", alone.elapsed());
+
+    // The burst: twelve creates at once, one after the other on the host's libvirt thread.
+    let burst = requests[1..].iter().map(|r| async {
+        let asked = Instant::now();
+        (provider.create(r).await, asked.elapsed())
+    });
+    let answered = futures::future::join_all(burst).await;
+    let mut longest = Duration::ZERO;
+    for (request, (created, took)) in requests[1..].iter().zip(&answered) {
+        if let Err(e) = created {
+            panic!("{} failed after {took:?}: {e}", request.name);
+        }
+        longest = longest.max(*took);
+    }
+    eprintln!("longest wait in the burst: {longest:?}");
+    assert!(
+        longest > deadline,
+        "the burst must queue calls past the {deadline:?} deadline to show anything (longest {longest:?}); add creates"
+    );
+    assert_eq!(host_restarts("burst"), Some(0), "the link was never torn down");
+
+    // And a burst of deletes, for good measure.
+    let ids: Vec<ProviderId> = std::iter::once(id)
+        .chain(
+            requests[1..]
+                .iter()
+                .map(|r| ProviderId(format!("hosts/burst/domains/{}", r.name))),
+        )
+        .collect();
+    let deletes = ids.iter().map(|id| provider.delete(id));
+    for (id, deleted) in ids.iter().zip(futures::future::join_all(deletes).await) {
+        deleted.unwrap_or_else(|e| panic!("deleting {id}: {e}"));
+    }
+    for request in &requests {
+        assert!(!domain_exists(request.name.as_str()), "{} deleted", request.name);
+    }
+    assert_eq!(host_restarts("burst"), Some(0));
+}
+
+/// PIDs of the sshd processes serving this process's connections to `port`.
+fn sshd_sessions_of_this_process(port: &str) -> Vec<String> {
+    let ss = |filter: String| {
+        let out = std::process::Command::new("ss")
+            .args(["-Htnp", &filter])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let me = format!("pid={},", std::process::id());
+    let mut pids = Vec::new();
+    for line in ss(format!("dport = :{port}")).lines().filter(|l| l.contains(&me)) {
+        // Local address:port is the fourth column.
+        let Some(local_port) = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|a| a.rsplit_once(':'))
+            .map(|(_, p)| p.to_owned())
+        else {
+            continue;
+        };
+        let servers = ss(format!("sport = :{port} and dport = :{local_port}"));
+        for line in servers.lines() {
+            pids.extend(
+                line.split("pid=")
+                    .skip(1)
+                    .filter_map(|p| p.split(',').next())
+                    .map(str::to_owned),
+            );
+        }
+    }
+    pids.sort();
+    pids.dedup();
+    pids
+}
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+#[actix_rt::test]
+async fn a_hung_call_fails_at_its_deadline_and_the_link_is_redialed() {
+    let bed = bed_or_skip!();
+    let mut cfg = provider_config(&bed, "http://127.0.0.1:9/unused.qcow2");
+    cfg.hosts = vec![bed_host(&bed, "hung", "EPO_KVM_HOST_B")];
+    let deadline = Duration::from_secs(2);
+    let runner = runner_factory_with_job_deadline(deadline)("kvm-hung", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-hung", cfg, runner);
+    let missing = ProviderId("hosts/hung/domains/proxy-hungcall0000000".into());
+    support::eventually("the link to come up", Duration::from_secs(30), async || {
+        matches!(provider.get(&missing).await, Err(e) if e.class == ErrorClass::NotFound).then_some(())
+    })
+    .await;
+
+    // Freeze the sshd session serving the link: the next libvirt call gets no answer.
+    let port = bed["EPO_KVM_HOST_B"].rsplit_once(':').unwrap().1.to_owned();
+    let frozen = sshd_sessions_of_this_process(&port);
+    assert!(!frozen.is_empty(), "found the link's sshd session");
+    let signal = |sig: &str| {
+        for pid in &frozen {
+            let _ = std::process::Command::new("kill").args([sig, pid]).status();
+        }
+    };
+    signal("-STOP");
+    let asked = Instant::now();
+    let answer = provider.get(&missing).await;
+    let took = asked.elapsed();
+    // Released by the teardown while sshd is still frozen: the old libvirt thread ends.
+    let released = support::eventually("the hung thread to end", Duration::from_secs(10), async || {
+        (threads_named("libvirt-hung") <= 1).then_some(())
+    });
+    let released = tokio::time::timeout(Duration::from_secs(15), released).await;
+    signal("-CONT");
+    let err = answer.expect_err("a call to a frozen server cannot succeed");
+    assert_eq!(err.class, ErrorClass::Transient, "{err}");
+    assert!(err.to_string().contains("ran past its 2s deadline"), "{err}");
+    // SSH keepalive would notice the frozen server only after ~15 s.
+    assert!(
+        took >= deadline && took < deadline + Duration::from_secs(5),
+        "failed after {took:?}"
+    );
+    assert!(released.is_ok(), "the blocked libvirt call was released");
+
+    support::eventually(
+        "the redialed link to answer",
+        Duration::from_secs(30),
+        async || {
+            matches!(provider.get(&missing).await, Err(e) if e.class == ErrorClass::NotFound).then_some(())
+        },
+    )
+    .await;
+    assert!(host_restarts("hung") >= Some(1), "the host actor restarted");
 }

@@ -18,7 +18,7 @@ use egress_proxies::kvm::provider::KvmProvider;
 use egress_proxies::kvm::session::HostSession;
 use egress_proxies::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use egress_proxies::provider::{Provider, instance_name};
-use egress_proxies_operator::kvm_host::runner_factory;
+use egress_proxies_operator::kvm::router::runner_factory;
 
 fn config(bed: &HashMap<String, String>, configured_digest: &str) -> KvmConfig {
     KvmConfig {

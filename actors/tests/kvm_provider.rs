@@ -3,134 +3,16 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 use egress_proxies::kvm::provider::KvmProvider;
-use egress_proxies::provider::{
-    CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
+use egress_proxies::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
+use egress_proxies_operator::kvm::router::runner_factory;
+use support::kvm_bed::{
+    RemoveOnDrop, create_request, domain_exists, image_server, pool_volumes, provider_config, virsh_ok,
 };
-use egress_proxies::resource::Placement;
-use egress_proxies_operator::kvm_host::runner_factory;
-use sha2::Digest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Serves one small qcow2 image; counts the downloads. Returns its URL, the
-/// counter and the base volume its content names.
-async fn image_server() -> (String, Arc<AtomicUsize>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("i.qcow2");
-    assert!(
-        std::process::Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2"])
-            .arg(&path)
-            .arg("256M")
-            .status()
-            .unwrap()
-            .success()
-    );
-    let body = Arc::new(std::fs::read(&path).unwrap());
-    let base = egress_proxies::kvm::base_image::base_volume(
-        &hex::encode(sha2::Sha256::digest(body.as_slice())),
-        ImageFormat::Qcow2,
-    );
-    let hits = Arc::new(AtomicUsize::new(0));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let counter = hits.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let (body, counter) = (body.clone(), counter.clone());
-            tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let _ = s.read(&mut buf).await;
-                counter.fetch_add(1, Ordering::SeqCst);
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(&body).await;
-            });
-        }
-    });
-    (format!("http://{addr}/debian-tiny.qcow2"), hits, base)
-}
-
-fn config(bed: &HashMap<String, String>, url: &str) -> KvmConfig {
-    let host = |name: &str, key: &str| KvmHost {
-        name: name.into(),
-        address: bed[key].clone(),
-        user: bed["EPO_KVM_USER"].clone(),
-        bridge: bed["EPO_KVM_BRIDGE"].clone(),
-        socket: "/var/run/libvirt/libvirt-sock".into(),
-        pool: "default".into(),
-        domain_type: DomainType::Qemu,
-    };
-    KvmConfig {
-        ssh_key_file: bed["EPO_KVM_SSH_KEY"].clone().into(),
-        known_hosts_file: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-        insecure_ignore_host_key: false,
-        disk_size_gb: 1,
-        vendor_data: None,
-        install_guest_agent: true,
-        images: BTreeMap::from([(
-            "tiny".to_owned(),
-            KvmImage {
-                url: url.into(),
-                sha256: None,
-                format: ImageFormat::Qcow2,
-                firmware: Firmware::Bios,
-            },
-        )]),
-        machine_types: BTreeMap::from([(
-            "small".to_owned(),
-            MachineType {
-                vcpus: 1,
-                memory_mib: 128,
-            },
-        )]),
-        hosts: vec![host("a", "EPO_KVM_HOST_A"), host("b", "EPO_KVM_HOST_B")],
-    }
-}
-
-fn request(uid: &str, zone: &str) -> CreateRequest {
-    CreateRequest {
-        name: instance_name(uid),
-        uid: uid.into(),
-        namespace: "crawl".into(),
-        installation: support::installation(),
-        cloud_init: Some(egress_proxies::provider::CloudInitBytes(
-            b"#!/bin/sh\necho proxy\n".to_vec(),
-        )),
-        placement: Placement {
-            zone: Some(zone.into()),
-            machine_type: Some("small".into()),
-            image: Some("tiny".into()),
-            region: None,
-        },
-        port: 3128,
-    }
-}
-
-fn pool_volumes() -> Vec<String> {
-    let out = std::process::Command::new("virsh")
-        .args(["-c", "qemu:///system", "vol-list", "default"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // A table: header, a rule, then "name   path" rows.
-    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .skip(2)
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_owned)
-        .collect();
-    names
-}
 
 async fn retry<T>(
     what: &str,
@@ -152,7 +34,7 @@ async fn retry<T>(
 async fn create_get_list_delete_through_the_host_actors() {
     let bed = bed_or_skip!();
     let (url, hits, base) = image_server().await;
-    let mut cfg = config(&bed, &url);
+    let mut cfg = provider_config(&bed, &url);
     // With its digest configured, a first fetch reads the image once (and the base's name is known).
     let digest = base
         .trim_start_matches("base-")
@@ -170,7 +52,7 @@ async fn create_get_list_delete_through_the_host_actors() {
 
     // Three creates racing on host b share one download of the image.
     let reqs: Vec<CreateRequest> = (0..3)
-        .map(|i| request(&format!("7e0c0c5e-0000-4000-8000-00000000000{i}"), "b"))
+        .map(|i| create_request(&format!("7e0c0c5e-0000-4000-8000-00000000000{i}"), "b"))
         .collect();
     let creates = reqs
         .iter()
@@ -246,6 +128,54 @@ async fn create_get_list_delete_through_the_host_actors() {
     provider.delete(&stray).await.unwrap();
 }
 
+#[actix_rt::test]
+async fn delete_removes_a_domain_with_snapshots_and_checkpoints() {
+    let bed = bed_or_skip!();
+    let (url, _, _) = image_server().await;
+    let cfg = provider_config(&bed, &url);
+    let runner = runner_factory()("kvm-snap", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-snap", cfg, runner);
+    let req = create_request("7e0c0c5e-0000-4000-8000-0000000000c1", "b");
+    let name = req.name.to_string();
+    let _cleanup = RemoveOnDrop(vec![name.clone()]);
+    let id = retry("create", async || provider.create(&req).await).await;
+
+    // What an admin or a backup tool may leave behind: an internal snapshot
+    // (taken shut off) and a checkpoint (taken running). Either alone makes
+    // libvirt refuse a plain undefine. A checkpoint needs a qcow2 v3 disk
+    // (dirty bitmaps); libvirt creates overlays as v2, so the admin amends it.
+    virsh_ok(&["destroy", &name]);
+    let overlay = virsh_ok(&["vol-path", "--pool", "default", &format!("{name}.qcow2")]);
+    let amended = std::process::Command::new("qemu-img")
+        .args(["amend", "-f", "qcow2", "-o", "compat=1.1", overlay.trim()])
+        .output()
+        .unwrap();
+    assert!(amended.status.success(), "{amended:?}");
+    virsh_ok(&["snapshot-create-as", &name, "before-upgrade"]);
+    virsh_ok(&["start", &name]);
+    virsh_ok(&["checkpoint-create-as", &name, "backup-1"]);
+    assert!(virsh_ok(&["snapshot-list", &name, "--name"]).contains("before-upgrade"));
+    assert!(virsh_ok(&["checkpoint-list", &name, "--name"]).contains("backup-1"));
+
+    retry("delete", async || provider.delete(&id).await).await;
+    assert!(!domain_exists(&name), "the domain is gone");
+    for kept in ["snapshot", "checkpoint"] {
+        let dir = std::path::Path::new("/var/lib/libvirt/qemu")
+            .join(kept)
+            .join(&name);
+        assert!(
+            !dir.exists(),
+            "libvirt's {kept} metadata is gone: {}",
+            dir.display()
+        );
+    }
+    let left: Vec<String> = pool_volumes()
+        .into_iter()
+        .filter(|v| v.contains(name.as_str()))
+        .collect();
+    assert!(left.is_empty(), "instance volumes left: {left:?}");
+}
+
 fn kill_sshd(bed: &HashMap<String, String>, port: &str) {
     let master = std::fs::read_to_string(&bed["EPO_KVM_SSHD_A_PID_FILE"]).unwrap();
     let _ = std::process::Command::new("kill").arg(master.trim()).status();
@@ -265,7 +195,7 @@ fn kill_sshd(bed: &HashMap<String, String>, port: &str) {
 async fn a_dead_link_restarts_only_its_host() {
     let bed = bed_or_skip!();
     let (url, _, _) = image_server().await;
-    let cfg = config(&bed, &url);
+    let cfg = provider_config(&bed, &url);
     let runner = runner_factory()("kvm-iso", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-iso", cfg, runner);
     let missing_a = ProviderId("hosts/a/domains/proxy-isolation0000a".into());
@@ -327,7 +257,7 @@ async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
     let (url, _, _) = image_server().await;
     let dir = tempfile::tempdir().unwrap();
     let key_path = dir.path().join("id_ed25519");
-    let mut cfg = config(&bed, &url);
+    let mut cfg = provider_config(&bed, &url);
     cfg.ssh_key_file = key_path.clone();
     cfg.hosts.truncate(1);
     let runner = runner_factory()("kvm-heal", &cfg).unwrap();
@@ -358,11 +288,11 @@ async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
 async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers() {
     let bed = bed_or_skip!();
     let (url, _, _) = image_server().await;
-    let mut cfg = config(&bed, &url);
+    let mut cfg = provider_config(&bed, &url);
     cfg.disk_size_gb = 1 << 20; // 1 PiB: more than any test machine's pool has free
     let runner = runner_factory()("kvm-full", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-full", cfg, runner);
-    let req = request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
+    let req = create_request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
     let err = loop {
         match provider.create(&req).await {
             Err(e) if e.class == ErrorClass::Transient => {

@@ -30,6 +30,12 @@ impl OpError {
             OpError::BaseMissing(_) => ErrorClass::Transient,
         }
     }
+
+    /// The connection to the daemon failed (not a daemon-reported error):
+    /// the link must be re-established.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, OpError::Libvirt(e) if e.is_transport())
+    }
 }
 
 /// Names of everything one instance owns on its host.

@@ -12,6 +12,7 @@ use jiff::Timestamp;
 
 use super::base_image::pin_name;
 use super::domain_xml::DomainSpec;
+use super::host_runner::{HostRunner, RunError};
 pub use super::image::{CachedBase, ImageSpec};
 use super::metadata::InstanceMetadata;
 use super::ops::{CreatePlan, Observed, Released};
@@ -28,50 +29,6 @@ use crate::provider::{
 /// How long a create waits for its image before handing back with a retry hint.
 const IMAGE_WAIT: Duration = Duration::from_secs(10);
 const IMAGE_RECHECK: Duration = Duration::from_secs(1);
-
-/// Work for one host's libvirt session.
-#[derive(Clone, Debug)]
-pub enum HostJob {
-    Create(Box<CreatePlan>),
-    Get(String),
-    Delete(String),
-    /// Mark the domain released (skip-cleanup); it keeps running.
-    Release(String),
-    List,
-    /// The complete base of an image in the pool, if any.
-    LookupBase(ImageSpec),
-    /// Inventory the pool and delete the due leftovers.
-    SweepPool(SweepPlan),
-}
-
-/// What a job answered.
-#[derive(Clone, Debug)]
-pub enum HostOutput {
-    Done,
-    Observed(Option<Observed>),
-    Released(Released),
-    Listed(Vec<(String, DomainRunState, InstanceMetadata)>),
-    Base(Option<CachedBase>),
-    Swept(PoolSweep),
-}
-
-/// A job failed: its class decides the retry.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct RunError {
-    pub class: ErrorClass,
-    pub message: String,
-}
-
-/// Runs jobs on hosts (the host actors, in the running system).
-#[async_trait]
-pub trait HostRunner: Send + Sync {
-    async fn run(&self, host: &KvmHost, job: HostJob) -> Result<HostOutput, RunError>;
-    /// Makes sure `image` is in the host's pool (one download per host and image).
-    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError>;
-    /// One pool sweep; what downloads are writing right now is added to `plan.protect`.
-    async fn sweep_pool(&self, host: &KvmHost, plan: SweepPlan) -> Result<PoolSweep, RunError>;
-}
 
 pub struct KvmProvider {
     name: String,
@@ -294,7 +251,7 @@ impl Provider for KvmProvider {
         };
         let plan = self.plan(req, host, &base, image.firmware)?;
         self.runner
-            .run(host, HostJob::Create(Box::new(plan)))
+            .create(host, plan)
             .await
             .map_err(|e| self.err(e.class, Op::Create, id_name, e))?;
         Ok(provider_id(&host.name, req.name.as_str()))
@@ -318,17 +275,9 @@ impl Provider for KvmProvider {
                 format!("host {host_name:?} is not configured"),
             )
         })?;
-        match self.runner.run(host, HostJob::Get(domain.to_owned())).await {
-            Ok(HostOutput::Observed(Some(observed))) => Ok(self.instance(id, observed)),
-            Ok(HostOutput::Observed(None)) => {
-                Err(self.err(ErrorClass::NotFound, Op::Get, Some(id.as_str()), "no such domain"))
-            }
-            Ok(_) => Err(self.err(
-                ErrorClass::Transient,
-                Op::Get,
-                Some(id.as_str()),
-                "unexpected answer",
-            )),
+        match self.runner.get(host, domain).await {
+            Ok(Some(observed)) => Ok(self.instance(id, observed)),
+            Ok(None) => Err(self.err(ErrorClass::NotFound, Op::Get, Some(id.as_str()), "no such domain")),
             Err(e) => Err(self.err(e.class, Op::Get, Some(id.as_str()), e)),
         }
     }
@@ -348,9 +297,8 @@ impl Provider for KvmProvider {
             return Ok(());
         };
         self.runner
-            .run(host, HostJob::Delete(domain.to_owned()))
+            .delete(host, domain)
             .await
-            .map(|_| ())
             .map_err(|e| self.err(e.class, Op::Delete, Some(id.as_str()), e))
     }
 
@@ -390,35 +338,34 @@ impl Provider for KvmProvider {
                 format!("host {host_name:?} is not configured; the domain cannot be marked released"),
             )
         })?;
-        match self.runner.run(host, HostJob::Release(domain.to_owned())).await {
-            Ok(HostOutput::Released(how)) => {
-                match how {
-                    Released::Marked => {
-                        tracing::info!(provider = %self.name, providerID = %id, "domain released: left running, no longer managed")
-                    }
-                    Released::Gone => {
-                        tracing::debug!(provider = %self.name, providerID = %id, "release: no such domain")
-                    }
-                    Released::Unmarked => {
-                        tracing::warn!(provider = %self.name, providerID = %id, "release: the domain carries no operator metadata; left untouched")
-                    }
-                }
-                Ok(())
+        let how = self
+            .runner
+            .release(host, domain)
+            .await
+            .map_err(|e| failed(e.class, e.to_string()))?;
+        match how {
+            Released::Marked => {
+                tracing::info!(provider = %self.name, providerID = %id, "domain released: left running, no longer managed")
             }
-            Ok(_) => Err(failed(ErrorClass::Transient, "unexpected answer".into())),
-            Err(e) => Err(failed(e.class, e.to_string())),
+            Released::Gone => {
+                tracing::debug!(provider = %self.name, providerID = %id, "release: no such domain")
+            }
+            Released::Unmarked => {
+                tracing::warn!(provider = %self.name, providerID = %id, "release: the domain carries no operator metadata; left untouched")
+            }
         }
+        Ok(())
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
         let mut out = Vec::new();
         for host in &self.config.hosts {
             // One unreachable host fails the sweep: GC must not act on a partial view.
-            let listed = match self.runner.run(host, HostJob::List).await {
-                Ok(HostOutput::Listed(l)) => l,
-                Ok(_) => return Err(self.err(ErrorClass::Transient, Op::List, None, "unexpected answer")),
-                Err(e) => return Err(self.err(e.class, Op::List, None, format!("host {}: {e}", host.name))),
-            };
+            let listed = self
+                .runner
+                .list_managed(host)
+                .await
+                .map_err(|e| self.err(e.class, Op::List, None, format!("host {}: {e}", host.name)))?;
             for (name, state, meta) in listed {
                 let (state, reason) = match state {
                     DomainRunState::Running | DomainRunState::Transitional => {

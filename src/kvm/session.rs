@@ -505,8 +505,11 @@ impl HostSession {
         Ok(None)
     }
 
-    /// Destroys (if running) and undefines the domain with its NVRAM and
-    /// managed save; a missing domain is fine.
+    /// Destroys (if running) and undefines the domain with everything libvirt
+    /// keeps for it — NVRAM, managed save, snapshot and checkpoint metadata —
+    /// since any of them left makes libvirt refuse the undefine (a snapshot an
+    /// admin took would pin the delete for ever); a missing domain is fine.
+    /// The checkpoint flag needs libvirt 5.6 or newer on the host.
     pub fn remove_domain(&self, name: &str) -> Result<(), KvmError> {
         let Some(domain) = self.domain(name)? else {
             return Ok(());
@@ -519,7 +522,10 @@ impl HostSession {
                 Err(e) => return Err(e),
             }
         }
-        let flags = virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM | virt::sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE;
+        let flags = virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM
+            | virt::sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+            | virt::sys::VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+            | virt::sys::VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA;
         match self.call("virDomainUndefineFlags", name, || domain.undefine_flags(flags)) {
             Ok(()) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),

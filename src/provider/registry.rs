@@ -8,7 +8,8 @@ use crate::config::{ProviderSettings, ProvidersConfig};
 
 use super::Provider;
 use super::local::LocalProvider;
-use crate::kvm::provider::{HostRunner, KvmProvider};
+use crate::kvm::host_runner::HostRunner;
+use crate::kvm::provider::KvmProvider;
 
 /// What building providers needs besides their configuration.
 #[derive(Clone)]

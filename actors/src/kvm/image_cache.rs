@@ -1,0 +1,179 @@
+//! `ImageCacheActor`: one fetch per (host, image) at a time; callers that
+//! arrive meanwhile wait for its result. The fetch itself runs beside the
+//! actor, on a libvirt connection of its own, so neither a ProxyActor nor the
+//! host's other callers wait on it. Where each image stands is reported to
+//! [`crate::supervision`] (dashboard).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use egress_proxies::config::KvmHost;
+use egress_proxies::kvm::host_calls::LookupBase;
+use egress_proxies::kvm::host_runner::RunError;
+use egress_proxies::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
+use egress_proxies::provider::ErrorClass;
+use tokio::sync::oneshot;
+
+use super::host_actor::{Call, KvmHostActor, LinkUri};
+use super::unavailable;
+
+/// Have an image in a host's pool.
+#[derive(Message)]
+#[rtype(result = "Result<CachedBase, RunError>")]
+pub struct Ensure {
+    pub host: KvmHost,
+    pub image: ImageSpec,
+    pub host_actor: Addr<KvmHostActor>,
+}
+
+/// The volumes fetches are writing on a host right now (the pool sweep spares them).
+#[derive(Message)]
+#[rtype(result = "Vec<String>")]
+pub struct FetchingVolumes(pub String);
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Finished {
+    key: DownloadKey,
+    result: Result<CachedBase, RunError>,
+}
+
+/// (host, image).
+type DownloadKey = (String, ImageSpec);
+
+type Waiter = oneshot::Sender<Result<CachedBase, RunError>>;
+
+pub struct ImageCacheActor {
+    http: Downloader,
+    waiters: HashMap<DownloadKey, Vec<Waiter>>,
+}
+
+impl ImageCacheActor {
+    pub fn new(http: Downloader) -> Self {
+        Self {
+            http,
+            waiters: HashMap::new(),
+        }
+    }
+}
+
+impl Actor for ImageCacheActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        crate::supervision::beat_while_running::<Self>("kvm_image_cache", ctx);
+        ctx.run_interval(std::time::Duration::from_secs(1), |cache, _| {
+            crate::supervision::report_singleton(
+                "kvm_image_cache",
+                &format!("fetching {}", cache.waiters.len()),
+                0,
+            );
+        });
+    }
+}
+
+/// Fetches run beside the actor and report to its address, and waiters are
+/// kept: a restarted cache carries on with both.
+impl Supervised for ImageCacheActor {}
+
+impl Handler<Ensure> for ImageCacheActor {
+    type Result = ResponseFuture<Result<CachedBase, RunError>>;
+
+    fn handle(&mut self, msg: Ensure, ctx: &mut Self::Context) -> Self::Result {
+        let key = (msg.host.name.clone(), msg.image.clone());
+        let (tx, rx) = oneshot::channel();
+        let queue = self.waiters.entry(key.clone()).or_default();
+        queue.push(tx);
+        if queue.len() == 1 {
+            let progress = Arc::new(Progress::default());
+            crate::supervision::report_fetching(&key.0, &key.1, progress.clone());
+            let (http, me) = (self.http.clone(), ctx.address());
+            actix::spawn(async move {
+                let fetch = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress);
+                // A panic must not leave the image "being fetched" for ever:
+                // its waiters get an error and the next create fetches again.
+                let result = match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(fetch)).await
+                {
+                    Ok(result) => result,
+                    Err(panic) => {
+                        let what = crate::supervision::panic_message(panic.as_ref());
+                        tracing::error!(host = %key.0, url = %key.1.url, panic = %what, "image fetch panicked");
+                        Err(RunError {
+                            class: ErrorClass::Transient,
+                            message: format!("the image fetch failed unexpectedly ({what}); it is retried"),
+                        })
+                    }
+                };
+                me.do_send(Finished { key, result });
+            });
+        }
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(RunError {
+                    class: ErrorClass::Transient,
+                    message: "image cache restarted".into(),
+                })
+            })
+        })
+    }
+}
+
+impl Handler<Finished> for ImageCacheActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
+        crate::supervision::report_fetched(
+            &msg.key.0,
+            &msg.key.1.url,
+            msg.result.as_ref().map_err(|e| e.message.as_str()),
+        );
+        for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
+            let _ = waiter.send(msg.result.clone());
+        }
+    }
+}
+
+impl Handler<FetchingVolumes> for ImageCacheActor {
+    type Result = Vec<String>;
+
+    fn handle(&mut self, FetchingVolumes(host): FetchingVolumes, _: &mut Self::Context) -> Vec<String> {
+        self.waiters
+            .keys()
+            .filter(|(h, _)| *h == host)
+            .flat_map(|(_, image)| image.fetch_volumes())
+            .collect()
+    }
+}
+
+/// Finds the image's complete base in the pool, or fetches it.
+async fn ensure(
+    http: &Downloader,
+    host: &KvmHost,
+    image: &ImageSpec,
+    addr: &Addr<KvmHostActor>,
+    progress: &Progress,
+) -> Result<CachedBase, RunError> {
+    if let Some(base) = addr
+        .send(Call(LookupBase(image.clone())))
+        .await
+        .map_err(unavailable)??
+    {
+        return Ok(base);
+    }
+    let uri = addr
+        .send(LinkUri)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| RunError {
+            class: ErrorClass::Transient,
+            message: format!("link to host {} is down", host.name),
+        })?;
+    fetch_to_pool(http, image, &uri, &host.name, &host.pool, progress)
+        .await
+        .map(|fetched| fetched.base)
+        .map_err(|e| RunError {
+            class: e.class(),
+            message: e.to_string(),
+        })
+}

@@ -1,0 +1,42 @@
+//! The kvm provider's hosts in the running system.
+//!
+//! ```text
+//!  KvmProvider (src/kvm) ──HostRunner──► router: LazyKvmHosts → KvmHosts
+//!                                           │ Call<C> (typed)     │ Ensure
+//!                                           ▼                     ▼
+//!                          KvmHostActor (one per host,     ImageCacheActor
+//!                          each under a Supervisor)        (one fetch per host+image,
+//!                            │ owns the SSH link             beside the actor)
+//!                            ▼                                    │ LookupBase, LinkUri
+//!                          libvirt thread: one call at a time ◄───┘
+//! ```
+//!
+//! - [`host_actor`]: one actor per host owns its SSH link and libvirt
+//!   thread; a dead link, a transport error or a call past its deadline
+//!   restarts only that host's actor.
+//! - [`libvirt_thread`]: where the blocking calls run; a call's deadline
+//!   counts from when it starts there, not from when it was queued.
+//! - [`router`]: the provider's `HostRunner`: typed requests to the host
+//!   actors, images through the cache.
+//! - [`image_cache`]: one download per (host, image), shared by its waiters.
+//!
+//! Each request is a [`HostCall`](egress_proxies::kvm::host_calls::HostCall)
+//! answered with its own type: no caller picks its answer out of a sum.
+
+use actix::MailboxError;
+use egress_proxies::kvm::host_runner::RunError;
+use egress_proxies::provider::ErrorClass;
+
+pub mod host_actor;
+pub mod image_cache;
+pub mod libvirt_thread;
+pub mod router;
+
+/// An actor stopped while a request waited on it (a host link was torn
+/// down, or the actor restarted): worth a retry.
+fn unavailable(e: MailboxError) -> RunError {
+    RunError {
+        class: ErrorClass::Transient,
+        message: format!("actor unavailable: {e}"),
+    }
+}

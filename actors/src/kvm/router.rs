@@ -1,0 +1,167 @@
+//! The kvm provider's [`HostRunner`] in the running system: each request
+//! goes, as a typed [`Call`], to the actor of the host it names; images go
+//! through the image cache, one download per (host, image).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actix::prelude::*;
+use async_trait::async_trait;
+use egress_proxies::config::{KvmConfig, KvmHost};
+use egress_proxies::kvm::host_calls::{
+    CreateDomain, DeleteDomain, GetDomain, HostCall, ListManaged, ManagedDomain, ReleaseDomain, SweepPool,
+};
+use egress_proxies::kvm::host_runner::{HostRunner, RunError};
+use egress_proxies::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
+use egress_proxies::kvm::ops::{CreatePlan, Observed, Released};
+use egress_proxies::kvm::pool_gc::{PoolSweep, SweepPlan};
+use egress_proxies::provider::{ErrorClass, KvmRunnerFactory};
+
+use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
+use super::image_cache::{Ensure, FetchingVolumes, ImageCacheActor};
+use super::unavailable;
+use crate::supervision::{self, Node};
+
+/// One supervised actor per host, and the image cache.
+pub struct KvmHosts {
+    hosts: HashMap<String, Addr<KvmHostActor>>,
+    images: Addr<ImageCacheActor>,
+}
+
+impl KvmHosts {
+    /// Starts one supervised actor per configured host (call inside the actix
+    /// system); each lets a call run `job_deadline` once started.
+    pub fn start(config: &KvmConfig, job_deadline: Duration) -> Result<Self, reqwest::Error> {
+        egress_proxies::kvm::libvirt::ensure_client_setup();
+        egress_proxies::tls::ensure_crypto_provider();
+        let shared = Arc::new(config.clone());
+        let keys = Arc::new(KeyCache::default());
+        let hosts = config
+            .hosts
+            .iter()
+            .map(|h| {
+                let (host, cfg, keys) = (h.clone(), shared.clone(), keys.clone());
+                (
+                    h.name.clone(),
+                    supervision::start(Node::member("kvm_host", h.name.clone(), "system"), move |_| {
+                        KvmHostActor::new(host, cfg, keys, job_deadline)
+                    }),
+                )
+            })
+            .collect();
+        let images = ImageCacheActor::new(Downloader::new(DownloadLimits::default())?);
+        let images = supervision::start(Node::singleton("kvm_image_cache"), |_| images);
+        Ok(Self { hosts, images })
+    }
+
+    fn addr(&self, host: &KvmHost) -> Result<&Addr<KvmHostActor>, RunError> {
+        self.hosts.get(&host.name).ok_or_else(|| RunError {
+            class: ErrorClass::Permanent,
+            message: format!("host {} is not configured", host.name),
+        })
+    }
+
+    /// Runs one call on `host`'s libvirt thread.
+    pub async fn call<C: HostCall>(&self, host: &KvmHost, call: C) -> Result<C::Output, RunError> {
+        self.addr(host)?.send(Call(call)).await.map_err(|e| RunError {
+            class: ErrorClass::Transient,
+            message: format!("the link to host {} was reset during the call ({e})", host.name),
+        })?
+    }
+
+    /// Makes sure `image` is in the host's pool (one download per host and image).
+    pub async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError> {
+        let host_actor = self.addr(host)?.clone();
+        self.images
+            .send(Ensure {
+                host: host.clone(),
+                image: image.clone(),
+                host_actor,
+            })
+            .await
+            .map_err(unavailable)?
+    }
+
+    /// One pool sweep, sparing what downloads are writing right now.
+    pub async fn sweep_pool(&self, host: &KvmHost, mut plan: SweepPlan) -> Result<PoolSweep, RunError> {
+        // An unconfigured host fails before the image cache is asked.
+        self.addr(host)?;
+        // Asked right before the sweep: a fetch starting later writes volumes
+        // too new to be due, so it cannot lose them.
+        let fetching = self
+            .images
+            .send(FetchingVolumes(host.name.clone()))
+            .await
+            .map_err(unavailable)?;
+        plan.protect.extend(fetching);
+        self.call(host, SweepPool(plan)).await
+    }
+}
+
+/// Host actors started on first use, inside the actor system (providers are
+/// built before it runs).
+pub struct LazyKvmHosts {
+    config: KvmConfig,
+    job_deadline: Duration,
+    hosts: OnceLock<Result<KvmHosts, String>>,
+}
+
+impl LazyKvmHosts {
+    fn started(&self) -> Result<&KvmHosts, RunError> {
+        self.hosts
+            .get_or_init(|| KvmHosts::start(&self.config, self.job_deadline).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| RunError {
+                class: ErrorClass::Transient,
+                message: format!("starting KVM host links: {e}"),
+            })
+    }
+}
+
+#[async_trait]
+impl HostRunner for LazyKvmHosts {
+    async fn create(&self, host: &KvmHost, plan: CreatePlan) -> Result<(), RunError> {
+        self.started()?.call(host, CreateDomain(Box::new(plan))).await
+    }
+
+    async fn get(&self, host: &KvmHost, domain: &str) -> Result<Option<Observed>, RunError> {
+        self.started()?.call(host, GetDomain(domain.to_owned())).await
+    }
+
+    async fn delete(&self, host: &KvmHost, domain: &str) -> Result<(), RunError> {
+        self.started()?.call(host, DeleteDomain(domain.to_owned())).await
+    }
+
+    async fn release(&self, host: &KvmHost, domain: &str) -> Result<Released, RunError> {
+        self.started()?.call(host, ReleaseDomain(domain.to_owned())).await
+    }
+
+    async fn list_managed(&self, host: &KvmHost) -> Result<Vec<ManagedDomain>, RunError> {
+        self.started()?.call(host, ListManaged).await
+    }
+
+    async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError> {
+        self.started()?.ensure_image(host, image).await
+    }
+
+    async fn sweep_pool(&self, host: &KvmHost, plan: SweepPlan) -> Result<PoolSweep, RunError> {
+        self.started()?.sweep_pool(host, plan).await
+    }
+}
+
+/// The factory the providers registry uses for kvm instances.
+pub fn runner_factory() -> KvmRunnerFactory {
+    runner_factory_with_job_deadline(JOB_DEADLINE)
+}
+
+/// [`runner_factory`] with another deadline for calls (tests make hung calls fail fast).
+pub fn runner_factory_with_job_deadline(job_deadline: Duration) -> KvmRunnerFactory {
+    Arc::new(move |_name, config| {
+        Ok(Arc::new(LazyKvmHosts {
+            config: config.clone(),
+            job_deadline,
+            hosts: OnceLock::new(),
+        }) as Arc<dyn HostRunner>)
+    })
+}
