@@ -137,6 +137,16 @@ pub struct Exits(Arc<Mutex<HashMap<ProcessIdentity, Option<Exit>>>>);
 /// How long a gone process's exit status may take to be reaped and recorded.
 const REAP_WAIT: Duration = Duration::from_millis(500);
 
+/// The only environment a proxy process gets. The operator's own holds
+/// secrets (`DISCOVERY_TOKEN`, cloud credential paths, OTLP headers) that
+/// are none of a proxy's business.
+const PROXY_ENVIRONMENT: [(&str, &str); 2] = [("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LC_ALL", "C")];
+
+/// Replaces `cmd`'s environment with [`PROXY_ENVIRONMENT`].
+pub fn clean_environment(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    cmd.env_clear().envs(PROXY_ENVIRONMENT)
+}
+
 impl Exits {
     /// How a process this operator started ended; `None` for one it did not
     /// start (its status is unknowable). A process that just died may still
@@ -172,7 +182,8 @@ impl Exits {
 }
 
 /// Starts `cmd` in its own process group (so a Ctrl-C on the operator's
-/// terminal does not reach it) with stdout and stderr in `log`, records its
+/// terminal does not reach it) with stdout and stderr in `log` and nothing of
+/// the operator's environment ([`PROXY_ENVIRONMENT`]), records its
 /// identity in `dir`, and reaps it in the background when it exits.
 pub fn spawn(
     mut cmd: tokio::process::Command,
@@ -181,7 +192,8 @@ pub fn spawn(
     exits: &Exits,
 ) -> io::Result<ProcessIdentity> {
     let log = std::fs::File::create(log)?;
-    cmd.current_dir(dir)
+    clean_environment(&mut cmd)
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -320,6 +332,29 @@ mod tests {
         assert!(identity.is_alive());
         child.kill().unwrap();
         child.wait().unwrap();
+        assert!(!identity.is_alive());
+    }
+
+    #[tokio::test]
+    async fn a_proxy_process_gets_none_of_the_operators_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = tokio::process::Command::new("/bin/sleep");
+        // As if inherited from the operator (or set by a careless caller).
+        cmd.arg("5")
+            .env("DISCOVERY_TOKEN", "s3cret")
+            .env("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cret")
+            .env("GOOGLE_APPLICATION_CREDENTIALS", "/secrets/key.json");
+        let exits = Exits::default();
+        let identity = spawn(cmd, dir.path(), &dir.path().join("log"), &exits).unwrap();
+        let environ = std::fs::read(format!("/proc/{}/environ", identity.pid)).unwrap();
+        let mut seen: Vec<String> = environ
+            .split(|b| *b == 0)
+            .filter(|v| !v.is_empty())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        seen.sort();
+        assert_eq!(seen, ["LC_ALL=C", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]);
+        stop(&identity, Duration::from_secs(2)).await.unwrap();
         assert!(!identity.is_alive());
     }
 

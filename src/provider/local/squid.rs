@@ -145,7 +145,7 @@ impl SquidRuntime {
     /// directory. The error says what is wrong, in Squid's words.
     pub async fn check(&self, run_dir: &Path, service: &str) -> Result<(), String> {
         let mut parse = tokio::process::Command::new(&self.binary);
-        parse
+        super::process::clean_environment(&mut parse)
             .arg("-n")
             .arg(service)
             .arg("-k")
