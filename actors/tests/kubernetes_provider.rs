@@ -218,3 +218,69 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     let _ = child.wait();
     support::rbac::assert_covered(&fake.accesses.lock().unwrap());
 }
+
+/// Runs the pod's container as a container runtime would under the pod's
+/// security settings — the root filesystem read-only, only its volume
+/// mounts writable (empty), as the pod's user, every capability dropped —
+/// with the host's Squid standing in for the image's.
+fn run_like_the_kubelet(pod: &Pod) -> support::process::Killed {
+    let spec = pod.spec.as_ref().unwrap();
+    let user = spec.security_context.as_ref().unwrap();
+    let container = &spec.containers[0];
+    let mut bwrap = Command::new("bwrap");
+    bwrap.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
+    for mount in container.volume_mounts.iter().flatten() {
+        bwrap.args(["--tmpfs", &mount.mount_path]);
+    }
+    bwrap
+        .args(["--unshare-user", "--unshare-pid", "--cap-drop", "ALL", "--die-with-parent", "--clearenv"])
+        .args(["--uid", &user.run_as_user.unwrap().to_string()])
+        .args(["--gid", &user.run_as_group.unwrap().to_string()])
+        .args(["--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin"]);
+    for var in container.env.iter().flatten() {
+        bwrap.args(["--setenv", &var.name, var.value.as_deref().unwrap_or_default()]);
+    }
+    bwrap
+        .arg("--")
+        .args(container.command.iter().flatten())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    support::process::Killed(bwrap.spawn().unwrap())
+}
+
+#[actix_rt::test]
+async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_root() {
+    let fake = FakeApiServer::start().unwrap();
+    let c = client(&fake);
+    let provider = KubernetesProvider::new("cluster", KubernetesConfig::default(), c.clone());
+    let port = support::process::free_port();
+    let req = request("uid-hardened", port);
+    provider.create(&req).await.unwrap();
+    // What the API server received.
+    let pod = Api::<Pod>::namespaced(c, "crawl").get(req.name.as_str()).await.unwrap();
+    let violations = support::pod_security::restricted_violations(&pod);
+    assert!(violations.is_empty(), "{violations:?}");
+    // The check can fail: the same pod with root and its capabilities.
+    let mut loose = pod.clone();
+    let spec = loose.spec.as_mut().unwrap();
+    spec.security_context = None;
+    spec.containers[0].security_context = None;
+    let violations = support::pod_security::restricted_violations(&loose);
+    assert_eq!(violations.len(), 4, "{violations:?}");
+
+    if Command::new("bwrap").arg("--version").output().is_err() || support::squid::binary().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "CI must have bubblewrap and squid installed");
+        eprintln!("skipping the run under the pod's restrictions: bwrap or squid missing");
+        return;
+    }
+    let (target, _) = support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
+    let _squid = run_like_the_kubelet(&pod);
+    let proxy: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(proxy).await.is_err() {
+        assert!(Instant::now() < deadline, "Squid never listened under the pod's restrictions");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = support::target_server::get_via_absolute_uri(proxy, target).await;
+    assert!(status.starts_with("HTTP/1.1 204"), "{status}");
+}

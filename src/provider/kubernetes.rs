@@ -35,14 +35,29 @@ pub struct KubernetesProvider {
     config: KubernetesConfig,
 }
 
+/// The user the Squid container runs as: `proxy` (13) in the Debian and
+/// Ubuntu images, which own nothing the container needs to write.
+pub const SQUID_UID: u32 = 13;
+
+/// The container's command: write the config into the writable `/tmp`,
+/// then run Squid in the foreground.
+pub const SQUID_COMMAND: [&str; 3] = [
+    "/bin/sh",
+    "-c",
+    "printf '%s' \"$SQUID_CONFIG\" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf",
+];
+
 /// The squid.conf of a pod listening on `port`. `forwarded_for delete`:
-/// `off` would still send `X-Forwarded-For: unknown` to every target.
+/// `off` would still send `X-Forwarded-For: unknown` to every target. Every
+/// file Squid writes is under `/tmp` (the pod's only writable directory) or
+/// a standard stream; `netdb_filename none`: the netdb state would be saved
+/// under /var/spool on shutdown.
 pub fn squid_config(port: u16) -> String {
     format!(
         "http_port {port}\nhttp_access allow all\nvia off\nforwarded_for delete\n\
          max_filedescriptors {MAX_FILEDESCRIPTORS}\ncache deny all\ncache_mem 8 MB\npinger_enable off\n\
          shutdown_lifetime 1 seconds\npid_filename /tmp/squid.pid\ncoredump_dir /tmp\n\
-         cache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n"
+         netdb_filename none\ncache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n"
     )
 }
 
@@ -221,18 +236,35 @@ impl KubernetesProvider {
                 "restartPolicy": "Always",
                 "enableServiceLinks": false,
                 "automountServiceAccountToken": false,
+                // The Pod Security Standards' `restricted` profile: not root,
+                // no privilege escalation, no capabilities, the runtime's
+                // seccomp profile, a read-only root filesystem.
+                "securityContext": {
+                    "runAsNonRoot": true,
+                    "runAsUser": SQUID_UID,
+                    "runAsGroup": SQUID_UID,
+                    "seccompProfile": {"type": "RuntimeDefault"}
+                },
                 "containers": [{
                     "name": "squid",
                     "image": self.config.image,
-                    "command": ["/bin/sh", "-c", "printf '%s' \"$SQUID_CONFIG\" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf"],
+                    "command": SQUID_COMMAND,
                     "env": [{"name": "SQUID_CONFIG", "value": squid_config(req.port)}],
                     "ports": [{"name": "proxy", "containerPort": req.port, "protocol": "TCP"}],
                     "readinessProbe": {"tcpSocket": {"port": req.port}, "periodSeconds": 2},
                     "resources": {
-                        "requests": {"cpu": "50m", "memory": "64Mi"},
-                        "limits": {"memory": "256Mi"}
-                    }
-                }]
+                        "requests": {"cpu": "50m", "memory": "64Mi", "ephemeral-storage": "16Mi"},
+                        "limits": {"cpu": "1", "memory": "256Mi", "ephemeral-storage": "128Mi"}
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false,
+                        "readOnlyRootFilesystem": true,
+                        "capabilities": {"drop": ["ALL"]}
+                    },
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]
+                }],
+                // Config, pid file and core dumps; logs go to stdout/stderr.
+                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
             }
         }))
         .expect("a static pod template deserializes")

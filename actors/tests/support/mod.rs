@@ -4,6 +4,7 @@
 pub mod gcp;
 pub mod http;
 pub mod kvm_bed;
+pub mod pod_security;
 pub mod process;
 pub mod rbac;
 pub mod scripted_provider;
