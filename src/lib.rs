@@ -30,6 +30,7 @@ pub mod installation;
 pub mod kvm;
 pub mod leader;
 pub mod lease;
+pub mod private_files;
 pub mod provider;
 pub mod rate_limit;
 pub mod reconcile;

@@ -207,6 +207,20 @@ fn insecure_mode_needs_no_known_hosts() {
 }
 
 #[test]
+fn insecure_mode_and_a_known_hosts_file_together_are_refused() {
+    let yaml = replace(
+        "      knownHostsFile: /keys/known_hosts\n",
+        "      knownHostsFile: /keys/known_hosts\n      insecureIgnoreHostKey: true\n",
+    );
+    let problems = problems(&yaml);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("kvm.insecureIgnoreHostKey cannot be true together with knownHostsFile"),
+        "{problems:?}"
+    );
+}
+
+#[test]
 fn instance_level_rules() {
     let cases = [
         (

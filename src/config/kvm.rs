@@ -156,11 +156,19 @@ impl KvmConfig {
         if self.ssh_key_file.as_os_str().is_empty() {
             p.report("kvm.sshKeyFile", "must name the SSH private key file");
         }
-        if self.known_hosts_file.is_none() && !self.insecure_ignore_host_key {
-            p.report(
+        match (&self.known_hosts_file, self.insecure_ignore_host_key) {
+            (None, false) => p.report(
                 "kvm.knownHostsFile",
                 "is required unless insecureIgnoreHostKey is true (host keys must be verified)",
-            );
+            ),
+            // Which one was meant? Ignoring the file silently would turn off
+            // the verification its author configured.
+            (Some(_), true) => p.report(
+                "kvm.insecureIgnoreHostKey",
+                "cannot be true together with knownHostsFile: remove one (knownHostsFile verifies host keys, \
+                 insecureIgnoreHostKey turns verification off)",
+            ),
+            _ => {}
         }
         if self.disk_size_gb == 0 {
             p.report("kvm.diskSizeGb", "must be at least 1");

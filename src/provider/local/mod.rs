@@ -84,7 +84,7 @@ impl LocalProvider {
             path: instances_dir.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(&instances_dir).map_err(state_error)?;
+        crate::private_files::private_dir(&instances_dir).map_err(state_error)?;
         let instances_dir = instances_dir.canonicalize().map_err(state_error)?;
         let launcher = match (config.implementation, squid) {
             (LocalImplementation::Builtin, _) | (LocalImplementation::Auto, Err(_)) => {

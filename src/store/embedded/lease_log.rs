@@ -25,7 +25,7 @@
 //! ignored.
 
 use std::borrow::Cow;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::BufWriter;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -284,7 +284,7 @@ fn fold(dir: &Path, upto: u64) -> Result<u64, JournalError> {
     } = read_written(dir, upto)?;
     state.prune(Timestamp::now().as_millisecond());
     let temp = dir.join(BASE_TEMP);
-    let file = File::create(&temp).map_err(io_error(&temp))?;
+    let file = crate::private_files::create_private(&temp).map_err(io_error(&temp))?;
     let mut out = BufWriter::new(file);
     serde_json::to_writer(&mut out, &Base { covers: upto, state }).map_err(|e| io_error(&temp)(e.into()))?;
     let file = out.into_inner().map_err(|e| io_error(&temp)(e.into_error()))?;
@@ -327,7 +327,7 @@ impl LeaseLog {
     /// Opens (creating) `leases/` in `state_dir` and reads what it holds.
     pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
         let dir = state_dir.join(LEASES_DIR);
-        fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+        crate::private_files::private_dir(&dir).map_err(io_error(&dir))?;
         // A fold interrupted before its rename: the old base still stands.
         let _ = fs::remove_file(dir.join(BASE_TEMP));
         let Written {
@@ -341,7 +341,7 @@ impl LeaseLog {
         let newest = all.last().map_or(covers, |(n, _)| (*n).max(covers));
         let number = newest + 1;
         let path = dir.join(log_name(number));
-        let file = OpenOptions::new()
+        let file = crate::private_files::private_options()
             .write(true)
             .create_new(true)
             .open(&path)
@@ -401,7 +401,11 @@ impl LeaseLog {
         }
         let next = self.number + 1;
         let path = self.dir.join(log_name(next));
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
+        match crate::private_files::private_options()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
             Ok(file) => {
                 let sealed = self.number;
                 (self.file, self.number, self.len, self.dirty_tail) = (file, next, 0, false);

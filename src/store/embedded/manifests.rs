@@ -150,8 +150,11 @@ impl ManifestDir {
 
 /// Parses every document of a file; any error rejects the whole file.
 pub fn parse_file(content: &str) -> Result<Vec<Document>, String> {
-    let values: Vec<Value> =
-        serde_saphyr::from_multiple(content).map_err(|e| format!("not valid YAML: {e}"))?;
+    // Without the excerpt the parser would quote: the lines around an error
+    // may be a Secret's, and this message is logged. Line and column say where.
+    let options = serde_saphyr::options! { with_snippet: false };
+    let values: Vec<Value> = serde_saphyr::from_multiple_with_options(content, options)
+        .map_err(|e| format!("not valid YAML: {e}"))?;
     let mut docs = Vec::new();
     let mut keys = HashSet::new();
     for (i, value) in values.into_iter().enumerate() {
@@ -364,6 +367,20 @@ data: {other: aGVsbG8=}
             let err = parse_file(yaml).unwrap_err();
             assert!(err.starts_with(expected), "{yaml}\n => {err}");
         }
+    }
+
+    #[test]
+    fn a_yaml_error_says_where_without_quoting_the_file() {
+        // A broken Secret: the message is logged, its lines must not be.
+        let yaml = "apiVersion: v1\nkind: Secret\nmetadata: {name: ci}\nstringData:\n  user-data: |\n    \
+                    password: hunter2-secret\n  oops: [tail-of-the-file\n";
+        let err = parse_file(yaml).unwrap_err();
+        assert!(err.starts_with("not valid YAML"), "{err}");
+        assert!(err.contains("line 7"), "says where: {err}");
+        assert!(
+            !err.contains("hunter2") && !err.contains("tail-of-the-file"),
+            "quotes nothing: {err}"
+        );
     }
 
     #[test]

@@ -67,17 +67,27 @@ impl EmbeddedStore {
     /// manifest-driven changes arrive on the returned receiver.
     pub fn open(state_dir: &Path) -> Result<(Self, mpsc::UnboundedReceiver<StoreEvent>), EmbeddedStoreError> {
         let shown = state_dir.display().to_string();
-        std::fs::create_dir_all(state_dir).map_err(|source| EmbeddedStoreError::StateDir {
+        let state_error = |source| EmbeddedStoreError::StateDir {
             path: shown.clone(),
             source,
-        })?;
-        let lock =
-            File::create(state_dir.join(LOCK_FILE)).map_err(|source| EmbeddedStoreError::StateDir {
-                path: shown.clone(),
-                source,
-            })?;
-        lock.try_lock().map_err(|_| EmbeddedStoreError::Locked(shown))?;
-        let db = Database::open(&state_dir.join(DATABASE_FILE))?;
+        };
+        crate::private_files::private_dir(state_dir).map_err(state_error)?;
+        let lock = crate::private_files::create_private(&state_dir.join(LOCK_FILE)).map_err(state_error)?;
+        lock.try_lock()
+            .map_err(|_| EmbeddedStoreError::Locked(shown.clone()))?;
+        let db_path = state_dir.join(DATABASE_FILE);
+        // SQLite would create its files 0644; its -wal and -shm files take the
+        // database's mode, so a database made private first keeps all three so.
+        if !db_path.exists() {
+            crate::private_files::create_private(&db_path).map_err(state_error)?;
+        }
+        let db = Database::open(&db_path)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let path = state_dir.join(format!("{DATABASE_FILE}{suffix}"));
+            if path.exists() {
+                crate::private_files::make_private(&path).map_err(state_error)?;
+            }
+        }
         let objects = db
             .load_all()?
             .into_iter()

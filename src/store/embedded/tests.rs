@@ -253,3 +253,37 @@ fn the_installation_id_is_generated_once_and_kept() {
         "each state directory its own"
     );
 }
+
+#[test]
+fn the_state_directory_and_its_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (store, _events) = EmbeddedStore::open(&state).unwrap();
+    store.apply(&set(&[proxy("a", "local")])).unwrap();
+    // Opening the lease log makes its directory and first log file.
+    let _log = LeaseLog::open(&state).unwrap();
+    let mut seen = Vec::new();
+    for entry in walk(&state) {
+        let m = mode(&entry);
+        let want = if entry.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(m, want, "{} is {m:o}", entry.display());
+        seen.push(entry);
+    }
+    assert!(mode(&state) == 0o700 && seen.len() >= 4, "{seen:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path);
+    }
+    out
+}

@@ -4,6 +4,7 @@ use std::io::Write;
 
 use super::*;
 use crate::store::ObjectKey;
+use std::fs::OpenOptions;
 
 fn key(name: &str) -> ObjectKey {
     ObjectKey::new("crawl", name)
