@@ -13,13 +13,16 @@ fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-for overlay in crd rbac manager samples default; do
+for overlay in crd rbac manager samples default namespaced; do
   kubectl kustomize "deploy/$overlay" > "$out/$overlay.yaml"
   echo "rendered deploy/$overlay ($(grep -c '^kind:' "$out/$overlay.yaml") objects)"
 done
 
 # Built-in kinds (and the CRD object itself), strictly.
 kubernetes-validate --strict --quiet "$out/default.yaml"
+kubernetes-validate --strict --quiet "$out/namespaced.yaml"
+grep -q -- "--proxy-namespace=crawl" "$out/namespaced.yaml"
+! grep -q "^kind: ClusterRoleBinding" "$out/namespaced.yaml"
 python3 - "$out/samples.yaml" "$out/samples-builtin.yaml" "$out/samples-proxies.json" <<'PY'
 import json, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]

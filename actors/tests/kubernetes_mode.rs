@@ -415,6 +415,32 @@ async fn the_operator_runs_every_path_against_the_api_server() {
 }
 
 #[actix_rt::test]
+async fn an_operator_limited_to_one_namespace_needs_only_the_namespaced_rbac() {
+    let bed = Bed::new(LOCAL).await;
+    let _op = bed.start(
+        &[
+            "--proxy-namespace",
+            "crawl",
+            "--gc-interval",
+            "1s",
+            "--gc-grace-period",
+            "30s",
+        ],
+        "operator.log",
+    );
+    bed.apply("m", managed(&bed.target), json!({})).await;
+    bed.phase("m", "Ready").await;
+    bed.proxies().delete("m", &DeleteParams::default()).await.unwrap();
+    bed.until("deletion", async |o| o.is_none().then_some(()), "m")
+        .await;
+    // A GC sweep or two ran meanwhile (they list Proxies too). Without
+    // --proxy-namespace this fails: Proxies and Secrets are watched
+    // cluster-wide.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    support::rbac::assert_namespaced(&bed._fake.accesses.lock().unwrap(), "crawl");
+}
+
+#[actix_rt::test]
 async fn a_provider_removed_from_the_config_holds_deletion_until_skip_cleanup() {
     let bed = Bed::new(LOCAL).await;
     let op = bed.start(&[], "first.log");

@@ -3,13 +3,20 @@
 use fake_apiserver::Access;
 use serde_json::Value;
 
-fn rules() -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac/role.yaml")).unwrap();
+fn rules(file: &str) -> Vec<Value> {
+    let path = format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
     docs.iter()
         .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
         .collect()
+}
+
+/// The operator's rules and its leader election's.
+fn all_rules() -> Vec<Value> {
+    let mut all = rules("rbac-base/operator_rules.yaml");
+    all.extend(rules("rbac-base/leader_election.yaml"));
+    all
 }
 
 fn allows(rule: &Value, access: &Access) -> bool {
@@ -22,9 +29,19 @@ fn allows(rule: &Value, access: &Access) -> bool {
     has("apiGroups", &access.group) && has("resources", &access.resource) && has("verbs", &access.verb)
 }
 
+fn named(a: &Access) -> String {
+    format!(
+        "{} {}/{} in {}",
+        a.verb,
+        a.group,
+        a.resource,
+        a.namespace.as_deref().unwrap_or("the whole cluster")
+    )
+}
+
 /// Panics naming every call the RBAC rules would refuse.
 pub fn assert_covered(accesses: &[Access]) {
-    let rules = rules();
+    let rules = all_rules();
     let mut missing: Vec<String> = accesses
         .iter()
         .filter(|a| !rules.iter().any(|r| allows(r, a)))
@@ -34,7 +51,26 @@ pub fn assert_covered(accesses: &[Access]) {
     missing.dedup();
     assert!(
         missing.is_empty(),
-        "deploy/rbac/role.yaml does not allow: {missing:?}"
+        "deploy/rbac-base's rules do not allow: {missing:?}"
+    );
+    assert!(!accesses.is_empty(), "no operator request was recorded");
+}
+
+/// Panics naming every call a namespace-scoped install (deploy/namespaced:
+/// the rules bound in `namespace` only) would refuse — any cluster-wide
+/// request, any request in another namespace, any verb not allowed.
+pub fn assert_namespaced(accesses: &[Access], namespace: &str) {
+    let rules = all_rules();
+    let mut refused: Vec<String> = accesses
+        .iter()
+        .filter(|a| a.namespace.as_deref() != Some(namespace) || !rules.iter().any(|r| allows(r, a)))
+        .map(named)
+        .collect();
+    refused.sort();
+    refused.dedup();
+    assert!(
+        refused.is_empty(),
+        "deploy/namespaced (bound in {namespace} only) would refuse: {refused:?}"
     );
     assert!(!accesses.is_empty(), "no operator request was recorded");
 }

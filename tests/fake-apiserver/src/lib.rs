@@ -48,6 +48,8 @@ pub struct Access {
     pub group: String,
     /// Resource, with `/status` for the subresource.
     pub resource: String,
+    /// The namespace of the request's path; `None` for a cluster-wide request.
+    pub namespace: Option<String>,
 }
 
 /// A running fake API server.
@@ -241,6 +243,7 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
                 verb: verb.to_owned(),
                 group: kind.group.to_owned(),
                 resource,
+                namespace: target.namespace.clone(),
             });
         }
     }
