@@ -22,7 +22,9 @@ done
 kubernetes-validate --strict --quiet "$out/default.yaml"
 kubernetes-validate --strict --quiet "$out/namespaced.yaml"
 grep -q -- "--proxy-namespace=crawl" "$out/namespaced.yaml"
-! grep -q "^kind: ClusterRoleBinding" "$out/namespaced.yaml"
+# Cluster-wide, the namespaced install binds only the metrics-auth role.
+[ "$(grep -A2 '^kind: ClusterRoleBinding' "$out/namespaced.yaml" | grep -c 'name: ')" = 1 ]
+grep -A3 '^kind: ClusterRoleBinding' "$out/namespaced.yaml" | grep -q 'name: egress-proxies-operator-metrics-auth' 
 python3 - "$out/samples.yaml" "$out/samples-builtin.yaml" "$out/samples-proxies.json" <<'PY'
 import json, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]

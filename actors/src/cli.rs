@@ -137,6 +137,18 @@ pub struct RunArgs {
     #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
     pub metrics_bind_address: BindAddress,
 
+    /// Serve metrics over HTTPS, only to bearer tokens the API server
+    /// authenticates (TokenReview) and allows `get /metrics`
+    /// (SubjectAccessReview). `false`: plain HTTP, open to anyone who
+    /// reaches the port.
+    #[arg(long, env = "METRICS_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+
+    /// Directory with `tls.crt` and `tls.key` for the metrics listener
+    /// (default: a self-signed certificate made at start).
+    #[arg(long, env = "METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<PathBuf>,
+
     /// Listener for `/healthz` and `/readyz`.
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
     pub health_probe_bind_address: BindAddress,

@@ -157,6 +157,8 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         state_dir: args.state_dir,
         health_probe_bind_address: args.health_probe_bind_address,
         metrics_bind_address: args.metrics_bind_address,
+        metrics_secure: args.metrics_secure,
+        metrics_cert_dir: args.metrics_cert_dir.clone(),
         discovery_bind_address: args.discovery_bind_address,
         leader_elect: args.leader_elect,
         lease_duration: args.lease_duration,

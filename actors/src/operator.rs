@@ -35,6 +35,9 @@ pub struct Options {
     pub state_dir: PathBuf,
     pub health_probe_bind_address: BindAddress,
     pub metrics_bind_address: BindAddress,
+    /// Metrics over HTTPS to authorized bearer tokens only.
+    pub metrics_secure: bool,
+    pub metrics_cert_dir: Option<PathBuf>,
     pub discovery_bind_address: BindAddress,
     pub leader_elect: bool,
     pub lease_duration: Duration,
@@ -64,6 +67,8 @@ pub enum OperatorError {
     Leases(#[from] egress_proxies::lease::JournalError),
     #[error(transparent)]
     Installation(#[from] installation::InstallationRecordError),
+    #[error("metrics listener: {0}")]
+    MetricsCert(#[from] egress_proxies::serving_cert::ServingCertError),
 }
 
 /// Runs until SIGTERM (Ok) or a lost leadership (Err).
@@ -116,7 +121,20 @@ async fn operate(
     }
     // Every replica serves metrics, leader or not.
     if let Some(listener) = metrics_listener {
-        actix::spawn(crate::metrics_server::start(listener)?);
+        use crate::metrics_server::Protection;
+        let (protection, tls) = if options.metrics_secure {
+            let names = vec![hostname(), "localhost".to_owned()];
+            let tls =
+                egress_proxies::serving_cert::server_config(options.metrics_cert_dir.as_deref(), &names)?;
+            let access = egress_proxies::metrics_access::MetricsAccess::new(client.clone());
+            (Protection::Kubernetes(Arc::new(access)), Some(tls))
+        } else {
+            tracing::warn!(
+                "metrics are served over plain HTTP to anyone who reaches the port (--metrics-secure=false)"
+            );
+            (Protection::Open, None)
+        };
+        actix::spawn(crate::metrics_server::start(listener, protection, tls)?);
     }
     let identity = std::env::var("POD_NAME")
         .ok()

@@ -116,7 +116,10 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         }
         if let Some(listener) = metrics_listener {
             let addr = listener.local_addr().map_err(StandaloneError::System)?;
-            actix::spawn(crate::metrics_server::start(listener).map_err(StandaloneError::System)?);
+            actix::spawn(
+                crate::metrics_server::start(listener, crate::metrics_server::Protection::Open, None)
+                    .map_err(StandaloneError::System)?,
+            );
             tracing::info!(%addr, "metrics listening");
         }
         readiness.set(true);

@@ -79,14 +79,12 @@ impl Bed {
             .arg(self.dir.path().join("providers.yaml"))
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))
-            .args([
-                "--metrics-bind-address",
-                "0",
-                "--discovery-bind-address",
-                "0",
-                "--log-format",
-                "text",
-            ])
+            .args(
+                ["--metrics-bind-address", "0"]
+                    .into_iter()
+                    .filter(|_| !extra.contains(&"--metrics-bind-address")),
+            )
+            .args(["--discovery-bind-address", "0", "--log-format", "text"])
             .args(["--health-probe-bind-address", &health.to_string()])
             .args(extra)
             .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
@@ -438,6 +436,65 @@ async fn an_operator_limited_to_one_namespace_needs_only_the_namespaced_rbac() {
     // cluster-wide.
     tokio::time::sleep(Duration::from_secs(2)).await;
     support::rbac::assert_namespaced(&bed._fake.accesses.lock().unwrap(), "crawl");
+}
+
+#[actix_rt::test]
+async fn metrics_are_served_over_https_to_tokens_allowed_get_metrics_only() {
+    let bed = Bed::new(LOCAL).await;
+    {
+        let mut reviews = bed._fake.reviews.lock().unwrap();
+        reviews.add_token(
+            "prometheus-token",
+            "system:serviceaccount:monitoring:prometheus",
+            &[],
+        );
+        reviews.grant_non_resource("system:serviceaccount:monitoring:prometheus", "/metrics", "get");
+        reviews.add_token("someone-token", "system:serviceaccount:crawl:crawler", &[]);
+    }
+    let addr = free_addr();
+    let _op = bed.start(&["--metrics-bind-address", &addr.to_string()], "operator.log");
+    egress_proxies::tls::ensure_crypto_provider();
+    // Self-signed (no --metrics-cert-dir): the token is what protects.
+    let client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let url = format!("https://{addr}/metrics");
+    let scrape = async |token: Option<&str>| {
+        let mut req = client.get(&url);
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req.send().await.ok()?;
+        Some((resp.status().as_u16(), resp.text().await.unwrap_or_default()))
+    };
+    let deadline = Instant::now() + WAIT;
+    let (status, _) = loop {
+        if let Some(answer) = scrape(None).await {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics listener never answered over HTTPS"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, 401, "no token");
+    assert_eq!(
+        scrape(Some("forged")).await.unwrap().0,
+        401,
+        "a token the API server does not know"
+    );
+    let (status, body) = scrape(Some("someone-token")).await.unwrap();
+    assert_eq!(status, 403, "authenticated, not allowed get /metrics: {body}");
+    assert!(body.contains("system:serviceaccount:crawl:crawler"), "{body}");
+    let (status, body) = scrape(Some("prometheus-token")).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("egress_proxies_"), "{body}");
+    // Plain HTTP gets nothing from the TLS listener.
+    let plain = reqwest::get(format!("http://{addr}/metrics")).await;
+    assert!(!plain.is_ok_and(|r| r.status().is_success()));
+    support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
 }
 
 #[actix_rt::test]

@@ -16,7 +16,16 @@ fn rules(file: &str) -> Vec<Value> {
 fn all_rules() -> Vec<Value> {
     let mut all = rules("rbac-base/operator_rules.yaml");
     all.extend(rules("rbac-base/leader_election.yaml"));
+    all.extend(metrics_auth_rules());
     all
+}
+
+/// Bound cluster-wide in every install (reviews are cluster-scoped).
+fn metrics_auth_rules() -> Vec<Value> {
+    rules("rbac-base/metrics_auth.yaml")
+        .into_iter()
+        .filter(|r| r.get("apiGroups").is_some())
+        .collect()
 }
 
 fn allows(rule: &Value, access: &Access) -> bool {
@@ -61,9 +70,13 @@ pub fn assert_covered(accesses: &[Access]) {
 /// request, any request in another namespace, any verb not allowed.
 pub fn assert_namespaced(accesses: &[Access], namespace: &str) {
     let rules = all_rules();
+    let cluster_wide = metrics_auth_rules();
     let mut refused: Vec<String> = accesses
         .iter()
-        .filter(|a| a.namespace.as_deref() != Some(namespace) || !rules.iter().any(|r| allows(r, a)))
+        .filter(|a| match a.namespace.as_deref() {
+            Some(ns) => ns != namespace || !rules.iter().any(|r| allows(r, a)),
+            None => !cluster_wide.iter().any(|r| allows(r, a)),
+        })
         .map(named)
         .collect();
     refused.sort();

@@ -23,6 +23,7 @@
 //! JSON merge, owner-reference GC, pods that actually run.
 
 mod kinds;
+mod reviews;
 mod selector;
 mod state;
 
@@ -36,6 +37,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 pub use kinds::{KINDS, Kind};
+pub use reviews::Reviews;
 pub use selector::Selector;
 pub use state::{ApiError, State, Watcher};
 
@@ -63,6 +65,8 @@ pub struct FakeApiServer {
     pub bookmark_every: Duration,
     /// While true, nothing on this address is answered.
     stalled: Arc<watch::Sender<bool>>,
+    /// Known tokens and grants for TokenReview and SubjectAccessReview.
+    pub reviews: Arc<Mutex<Reviews>>,
 }
 
 impl FakeApiServer {
@@ -75,6 +79,7 @@ impl FakeApiServer {
             accesses: Arc::new(Mutex::new(Vec::new())),
             bookmark_every: Duration::from_secs(1),
             stalled: Arc::new(watch::Sender::new(false)),
+            reviews: Arc::default(),
         };
         fake.serve(listener)
     }
@@ -192,8 +197,57 @@ fn query(req: &HttpRequest) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Reviews are created and answered, never stored.
+fn review(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer) -> Option<HttpResponse> {
+    let (resource, group) = match req.path() {
+        "/apis/authentication.k8s.io/v1/tokenreviews" => ("tokenreviews", "authentication.k8s.io"),
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
+            ("subjectaccessreviews", "authorization.k8s.io")
+        }
+        _ => return None,
+    };
+    if req.method() != actix_web::http::Method::POST {
+        return Some(respond(
+            Err(ApiError::new(405, "MethodNotAllowed", "create only")),
+            200,
+        ));
+    }
+    let authorised =
+        req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token");
+    if authorised && let Ok(mut log) = fake.accesses.lock() {
+        log.push(Access {
+            verb: "create".into(),
+            group: group.into(),
+            resource: resource.into(),
+            namespace: None,
+        });
+    }
+    let body: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(respond(
+                Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    format!("invalid JSON body: {e}"),
+                )),
+                200,
+            ));
+        }
+    };
+    let reviews = fake.reviews.lock().unwrap_or_else(|p| p.into_inner());
+    let answer = match resource {
+        "tokenreviews" => reviews.token_review(&body),
+        _ => reviews.subject_access_review(&body),
+    };
+    Some(respond(Ok(answer), 201))
+}
+
 async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) -> HttpResponse {
     FakeApiServer::passable(&fake.stalled).await;
+    if let Some(answer) = review(&req, &body, &fake) {
+        return answer;
+    }
     let Some(target) = parse_path(req.path()) else {
         return respond(
             Err(ApiError::new(
