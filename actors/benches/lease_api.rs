@@ -95,7 +95,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
             max_clients: 16,
         });
         let listener = std::net::TcpListener::bind(api).unwrap();
-        actix::spawn(discovery::start_with(listener, store, None, unlimited).unwrap());
+        actix::spawn(discovery::start_with(listener, store, discovery::Tokens::open(), unlimited).unwrap());
         let bare_server = actix_web::HttpServer::new(|| {
             actix_web::App::new().route(
                 "/bare",

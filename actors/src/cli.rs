@@ -157,6 +157,12 @@ pub struct RunArgs {
     #[arg(long, env = "DISCOVERY_BIND_ADDRESS", default_value = ":8090")]
     pub discovery_bind_address: BindAddress,
 
+    /// Serve the discovery API without `DISCOVERY_TOKEN` (anyone who reaches
+    /// it may lease proxies). Without this flag the operator refuses to
+    /// start with the API enabled and no token.
+    #[arg(long, env = "INSECURE_DISCOVERY_WITHOUT_TOKEN")]
+    pub insecure_discovery_without_token: bool,
+
     /// Run only while holding the leader Lease (for more than one replica).
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,

@@ -152,6 +152,21 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         Err(code) => return code,
     };
     tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
+    let tokens = match egress_proxies_operator::discovery::Tokens::from_env() {
+        Ok(tokens) => tokens,
+        Err(e) => return fail(e),
+    };
+    if tokens.is_open() && args.discovery_bind_address != egress_proxies::bind_address::BindAddress::Disabled
+    {
+        if !args.insecure_discovery_without_token {
+            return fail(
+                "DISCOVERY_TOKEN is not set: the discovery API would lease proxies to anyone who reaches it. \
+                 Set it (the Deployment takes it from the discovery-token Secret), or pass \
+                 --insecure-discovery-without-token to serve it open on purpose",
+            );
+        }
+        tracing::warn!("--insecure-discovery-without-token: the discovery API serves without authentication");
+    }
     let options = operator::Options {
         providers_config: args.providers_config,
         state_dir: args.state_dir,
@@ -177,7 +192,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             ),
             gc_interval: args.gc_interval,
             gc_grace_period: args.gc_grace_period,
-            discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+            discovery_tokens: tokens,
             lease_journal: None,
             tenure: None,
             proxy_namespace: args.proxy_namespace.clone(),

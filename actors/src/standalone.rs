@@ -24,6 +24,8 @@ pub enum StandaloneError {
     Store(#[from] EmbeddedStoreError),
     #[error("manifest directory {0} does not exist")]
     NoManifests(String),
+    #[error(transparent)]
+    Tokens(#[from] crate::discovery::TokensError),
     #[error("locating the operator binary: {0}")]
     Exe(std::io::Error),
     /// A listener could not be bound (the error names the address).
@@ -79,7 +81,8 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         leases: lease_settings(&config),
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
-        discovery_token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+        // Standalone serves on loopback by default: a token is optional.
+        discovery_tokens: crate::discovery::Tokens::from_env().map_err(StandaloneError::Tokens)?,
         lease_journal: Some(Box::new(
             LeaseLog::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),

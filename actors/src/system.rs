@@ -33,8 +33,8 @@ pub struct Settings {
     pub leases: LeaseSettings,
     pub gc_interval: Duration,
     pub gc_grace_period: Duration,
-    /// Bearer token of the discovery API (`DISCOVERY_TOKEN`).
-    pub discovery_token: Option<String>,
+    /// Bearer tokens of the discovery API (`DISCOVERY_TOKEN`, `DISCOVERY_READ_TOKEN`).
+    pub discovery_tokens: crate::discovery::Tokens,
     /// Where leases are kept across restarts (`None`: in memory only).
     pub lease_journal: Option<Box<dyn egress_proxies::lease::LeaseJournal>>,
     /// With leader election: the store answers and leases are granted only
@@ -109,7 +109,7 @@ pub fn start(
         .run(events);
     if let Some(listener) = discovery {
         let addr = listener.local_addr()?;
-        let server = crate::discovery::start(listener, leases.clone(), settings.discovery_token)?;
+        let server = crate::discovery::start(listener, leases.clone(), settings.discovery_tokens)?;
         actix::spawn(server);
         tracing::info!(%addr, "discovery API listening");
     }

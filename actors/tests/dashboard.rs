@@ -1,7 +1,8 @@
-//! The dashboard on the standalone binary with a bearer token set: the JSON
+//! The dashboard on the standalone binary with bearer tokens set: the JSON
 //! endpoint (auth, proxies, phases, leases, supervision tree), and the page
-//! in real headless Chromium driven over WebDriver (chromedriver): it loads
-//! with `?token=`, shows both proxies Ready and the actor tree, and — with no
+//! in real headless Chromium driven over WebDriver (chromedriver): it asks for
+//! a token, the read-only one is typed into its form (it never appears in a
+//! URL), then it shows both proxies Ready and the actor tree, and — with no
 //! reload — shows Unhealthy once a proxy process is killed (the External
 //! proxy's: a Managed one would be replaced within a second, faster than the
 //! page's poll). A screenshot is
@@ -25,6 +26,22 @@ use support::process::{Killed, forward_proxy, free_port, health_target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const TOKEN: &str = "dashboard-test-token";
+/// The read-only token: enough for the dashboard.
+const READ_TOKEN: &str = "dashboard-read-token";
+
+/// The response headers (lowercased names) of `GET path`.
+fn headers(addr: &str, path: &str) -> Vec<(String, String)> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let head = out.split_once("\r\n\r\n").map_or(out.as_str(), |(h, _)| h);
+    head.lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect()
+}
 
 fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -148,6 +165,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
             .arg(root.join("standalone.yaml"))
             .args(["--log-format", "text"])
             .env("DISCOVERY_TOKEN", TOKEN)
+            .env("DISCOVERY_READ_TOKEN", READ_TOKEN)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null())
@@ -169,7 +187,26 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
 
     // The JSON endpoint: behind the token, with the fleet and the actor tree.
     assert_eq!(get(&api, "/v1/dashboard", None).0, 401);
-    assert_eq!(get(&api, "/dashboard", None).0, 401);
+    assert_eq!(
+        get(&api, "/v1/dashboard", Some(READ_TOKEN)).0,
+        200,
+        "the read token reads"
+    );
+    // …and cannot lease (a GET-less request with it: 403, not 401).
+    {
+        let mut s = TcpStream::connect(&api).unwrap();
+        let body = r#"{"target":"x.example"}"#;
+        write!(
+            s,
+            "POST /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {READ_TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    }
     let (status, body) = get(&api, "/v1/dashboard", Some(TOKEN));
     assert_eq!(status, 200, "{body}");
     let data: Value = serde_json::from_str(&body).unwrap();
@@ -197,8 +234,19 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         has("health_prober", "system") && has("gc_sweeper", "system"),
         "{data}"
     );
-    let (status, page) = get(&api, &format!("/dashboard?token={TOKEN}"), None);
+    // The page holds no data: served to anyone, it asks for the token.
+    let (status, page) = get(&api, "/dashboard", None);
     assert_eq!(status, 200);
+    let served = headers(&api, "/dashboard");
+    let header = |name: &str| served.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    assert_eq!(header("referrer-policy").as_deref(), Some("no-referrer"));
+    let csp = header("content-security-policy").unwrap_or_default();
+    assert!(
+        csp.contains("default-src 'none'")
+            && csp.contains("script-src 'sha256-")
+            && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
     assert!(
         page.contains("<title>egress-proxies-operator</title>") && !page.contains("https://"),
         "self-contained"
@@ -250,7 +298,35 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         .call(
             reqwest::Method::POST,
             "/url",
-            json!({"url": format!("http://{api}/dashboard?token={TOKEN}")}),
+            json!({"url": format!("http://{api}/dashboard")}),
+        )
+        .await;
+    // The page asks for a token; typed into its form, as a person would.
+    wait_js(
+        &driver,
+        "the login form",
+        "return !document.getElementById('login').hidden",
+        |v| *v == json!(true),
+    )
+    .await;
+    let input = driver
+        .call(
+            reqwest::Method::POST,
+            "/element",
+            json!({"using": "css selector", "value": "#token-input"}),
+        )
+        .await;
+    let input = input
+        .as_object()
+        .and_then(|o| o.values().next())
+        .and_then(Value::as_str)
+        .unwrap()
+        .to_owned();
+    driver
+        .call(
+            reqwest::Method::POST,
+            &format!("/element/{input}/value"),
+            json!({"text": format!("{READ_TOKEN}\n")}),
         )
         .await;
     let rows = "return [...document.querySelectorAll('#proxies tbody tr')].map(r => [r.dataset.proxy, r.dataset.phase])";
@@ -258,6 +334,17 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Ready"]])
     })
     .await;
+    let href = driver.script("return location.href").await;
+    assert!(
+        !href.to_string().contains(READ_TOKEN),
+        "the token is in no URL: {href}"
+    );
+    assert_eq!(
+        driver
+            .script("return document.getElementById('login').hidden")
+            .await,
+        json!(true)
+    );
     wait_js(
         &driver,
         "the supervision tree",

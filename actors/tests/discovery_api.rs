@@ -43,7 +43,12 @@ async fn serve(capacity: u32, token: Option<&str>) -> (SocketAddr, Addr<LeaseSto
     .start();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = discovery::start(listener, store.clone(), token.map(str::to_owned)).unwrap();
+    let server = discovery::start(
+        listener,
+        store.clone(),
+        discovery::Tokens::crawler(token.map(str::to_owned)),
+    )
+    .unwrap();
     actix::spawn(server);
     (addr, store)
 }

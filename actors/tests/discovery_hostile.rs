@@ -58,7 +58,15 @@ async fn serve(rate: RateLimits) -> (SocketAddr, Addr<LeaseStore>, Limiter) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let limiter = Limiter::new(rate);
-    actix::spawn(discovery::start_with(listener, store.clone(), None, limiter.clone()).unwrap());
+    actix::spawn(
+        discovery::start_with(
+            listener,
+            store.clone(),
+            discovery::Tokens::open(),
+            limiter.clone(),
+        )
+        .unwrap(),
+    );
     (addr, store, limiter)
 }
 

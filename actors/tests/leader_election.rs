@@ -77,6 +77,8 @@ impl Bed {
             .args(["--metrics-bind-address", "0", "--log-format", "text"])
             .args(["--health-probe-bind-address", &health.to_string()])
             .args(["--discovery-bind-address", &discovery.to_string()])
+            // This test is about leadership, not the API's tokens.
+            .arg("--insecure-discovery-without-token")
             // Every grant succeeds while a proxy is available: no per-proxy cap.
             .args(["--max-leases-per-proxy", "0"])
             .env("KUBECONFIG", &kubeconfig)

@@ -49,6 +49,8 @@ fn start(dir: &std::path::Path, log: &str) -> Replica {
         .args(["--metrics-bind-address", "0", "--log-format", "text"])
         .args(["--health-probe-bind-address", &health.to_string()])
         .args(["--discovery-bind-address", &api.to_string()])
+        // This test is about failover, not the API's tokens.
+        .arg("--insecure-discovery-without-token")
         .args(["--leader-elect", "--lease-duration", "3s"])
         .args([
             "--lease-cooldown",

@@ -66,7 +66,14 @@ async fn schemathesis_finds_nothing() {
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    actix::spawn(discovery::start(listener, store.clone(), Some(TOKEN.to_owned())).unwrap());
+    actix::spawn(
+        discovery::start(
+            listener,
+            store.clone(),
+            discovery::Tokens::crawler(Some(TOKEN.to_owned())),
+        )
+        .unwrap(),
+    );
 
     let seed = std::env::var("EPO_FUZZ_SEED").unwrap_or_else(|_| "20261130".to_owned());
     let examples = std::env::var("EPO_FUZZ_EXAMPLES").unwrap_or_else(|_| "300".to_owned());

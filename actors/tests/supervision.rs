@@ -75,7 +75,7 @@ impl Bed {
             // Sweeps only when a test asks.
             gc_interval: HOUR,
             gc_grace_period: Duration::from_secs(60),
-            discovery_token: None,
+            discovery_tokens: egress_proxies_operator::discovery::Tokens::open(),
             lease_journal: None,
             tenure: None,
             proxy_namespace: None,

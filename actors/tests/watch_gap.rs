@@ -121,6 +121,8 @@ async fn a_proxy_deleted_while_the_watch_was_down_is_forgotten_and_the_watch_bac
             .args([
                 "--discovery-bind-address",
                 &api.to_string(),
+                // This test is about watches, not the API's tokens.
+                "--insecure-discovery-without-token",
                 "--log-format",
                 "text",
             ])

@@ -3,10 +3,13 @@
 //! that polls `GET /v1/dashboard` — the same JSON tests read.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use actix::Addr;
 use actix_web::{HttpResponse, web};
+use data_encoding::BASE64;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use super::errors::ApiError;
 use crate::lease_store::{GetLeaseDashboard, LeaseStore};
@@ -68,10 +71,33 @@ struct HostRow {
     restarts: u32,
 }
 
+/// The page's Content-Security-Policy: its own inline script and style
+/// (by hash) and requests to this origin only; nothing may frame it.
+static CSP: LazyLock<String> = LazyLock::new(|| {
+    let hash = |open: &str, close: &str| {
+        let body = PAGE
+            .split_once(open)
+            .and_then(|(_, rest)| rest.split_once(close))
+            .map_or("", |(inner, _)| inner);
+        format!("'sha256-{}'", BASE64.encode(&Sha256::digest(body.as_bytes())))
+    };
+    format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        hash("<script>", "</script>"),
+        hash("<style>", "</style>"),
+    )
+});
+
+/// The page holds no data (that comes from `/v1/dashboard`, behind the
+/// token), so it is served to anyone; it asks for the token itself.
 pub async fn page() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .insert_header(("Cache-Control", "no-store"))
+        .insert_header(("Content-Security-Policy", CSP.as_str()))
+        .insert_header(("Referrer-Policy", "no-referrer"))
+        .insert_header(("X-Content-Type-Options", "nosniff"))
         .body(PAGE)
 }
 

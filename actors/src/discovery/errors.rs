@@ -17,6 +17,8 @@ pub enum ApiError {
     Invalid(String),
     #[error("a valid bearer token is required")]
     Unauthorized,
+    #[error("this token may only read (list proxies, the dashboard); leases need the crawler token")]
+    ReadOnlyToken,
     #[error("request body is larger than {0} bytes")]
     TooLarge(usize),
     #[error("no such endpoint")]
@@ -58,6 +60,7 @@ impl ApiError {
             ApiError::UnknownLease(_) => "unknown_lease",
             ApiError::Invalid(_) => "invalid_request",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::ReadOnlyToken => "forbidden",
             ApiError::TooLarge(_) => "payload_too_large",
             ApiError::NotFound => "not_found",
             ApiError::Unavailable(_) => "unavailable",
@@ -80,6 +83,7 @@ impl ResponseError for ApiError {
             ApiError::UnknownLease(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::ReadOnlyToken => StatusCode::FORBIDDEN,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,

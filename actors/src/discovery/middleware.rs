@@ -12,35 +12,83 @@ use subtle::ConstantTimeEq;
 
 use super::errors::ApiError;
 
-/// The token clients must present, if one is configured.
-#[derive(Clone)]
-pub struct Token(pub Option<Arc<String>>);
+/// The bearer tokens of the API: the crawler token (`DISCOVERY_TOKEN`) may
+/// do everything, the read-only token (`DISCOVERY_READ_TOKEN`) only `GET`s —
+/// list proxies, the dashboard's data, the OpenAPI document. No tokens: open.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    crawler: Option<Arc<String>>,
+    reader: Option<Arc<String>>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TokensError {
+    #[error("DISCOVERY_READ_TOKEN is set without DISCOVERY_TOKEN: leases would need no token at all")]
+    ReaderWithoutCrawler,
+    #[error("DISCOVERY_READ_TOKEN equals DISCOVERY_TOKEN: the read-only token would lease too")]
+    Same,
+}
+
+impl Tokens {
+    /// No authentication (tests, and a standalone operator on loopback).
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    pub fn new(crawler: Option<String>, reader: Option<String>) -> Result<Self, TokensError> {
+        let set = |t: Option<String>| t.filter(|t| !t.is_empty()).map(Arc::new);
+        let (crawler, reader) = (set(crawler), set(reader));
+        match (&crawler, &reader) {
+            (None, Some(_)) => Err(TokensError::ReaderWithoutCrawler),
+            (Some(c), Some(r)) if c == r => Err(TokensError::Same),
+            _ => Ok(Self { crawler, reader }),
+        }
+    }
+
+    /// `DISCOVERY_TOKEN` and `DISCOVERY_READ_TOKEN`.
+    pub fn from_env() -> Result<Self, TokensError> {
+        Self::new(
+            std::env::var("DISCOVERY_TOKEN").ok(),
+            std::env::var("DISCOVERY_READ_TOKEN").ok(),
+        )
+    }
+
+    /// Only the crawler token.
+    pub fn crawler(token: Option<String>) -> Self {
+        Self {
+            crawler: token.filter(|t| !t.is_empty()).map(Arc::new),
+            reader: None,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.crawler.is_none()
+    }
+}
+
+/// Constant time: a comparison must not reveal how much of a guess was right.
+fn matches(presented: &str, expected: Option<&Arc<String>>) -> bool {
+    expected.is_some_and(|e| bool::from(presented.as_bytes().ct_eq(e.as_bytes())))
+}
 
 pub async fn authenticate(
-    token: Token,
+    tokens: Tokens,
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
-    if let Some(expected) = &token.0 {
-        let bearer = req
+    if !tokens.is_open() {
+        let presented = req
             .headers()
             .get(actix_web::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::to_owned);
-        // A browser cannot send a header when opening a page: the dashboard
-        // page alone also takes `?token=` (its script then sends the header).
-        let query = (req.path() == "/dashboard")
-            .then(|| {
-                url::form_urlencoded::parse(req.query_string().as_bytes())
-                    .find(|(k, _)| k == "token")
-                    .map(|(_, v)| v.into_owned())
-            })
-            .flatten();
-        let presented = bearer.or(query).unwrap_or_default();
-        // Constant time: the comparison must not reveal how much of a guess was right.
-        let ok: bool = presented.as_bytes().ct_eq(expected.as_bytes()).into();
-        if !ok {
+            .unwrap_or_default();
+        let reading = req.method() == actix_web::http::Method::GET;
+        if matches(presented, tokens.reader.as_ref()) {
+            if !reading {
+                return Ok(req.into_response(ApiError::ReadOnlyToken.error_response()));
+            }
+        } else if !matches(presented, tokens.crawler.as_ref()) {
             return Ok(req.into_response(ApiError::Unauthorized.error_response()));
         }
     }
@@ -104,4 +152,27 @@ pub async fn traced(
         }
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_token_needs_a_different_crawler_token() {
+        assert!(Tokens::new(None, None).unwrap().is_open());
+        assert!(
+            Tokens::new(Some(String::new()), None).unwrap().is_open(),
+            "empty is unset"
+        );
+        assert!(!Tokens::new(Some("c".into()), Some("r".into())).unwrap().is_open());
+        assert_eq!(
+            Tokens::new(None, Some("r".into())).err(),
+            Some(TokensError::ReaderWithoutCrawler)
+        );
+        assert_eq!(
+            Tokens::new(Some("t".into()), Some("t".into())).err(),
+            Some(TokensError::Same)
+        );
+    }
 }

@@ -13,7 +13,6 @@ mod routes;
 pub mod types;
 
 use std::net::TcpListener;
-use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::dev::Server;
@@ -23,7 +22,7 @@ use egress_proxies::rate_limit::RateLimits;
 
 use crate::lease_store::LeaseStore;
 use errors::ApiError;
-use middleware::Token;
+pub use middleware::{Tokens, TokensError};
 pub use openapi::openapi_json;
 pub use rate_limit::Limiter;
 
@@ -61,14 +60,9 @@ fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
     }))
 }
 
-/// Serves the discovery API on a bound listener. `token` (from
-/// `DISCOVERY_TOKEN`) enables bearer auth.
-pub fn start(
-    listener: TcpListener,
-    store: Addr<LeaseStore>,
-    token: Option<String>,
-) -> std::io::Result<Server> {
-    start_with(listener, store, token, Limiter::new(RateLimits::default()))
+/// Serves the discovery API on a bound listener, behind `tokens`.
+pub fn start(listener: TcpListener, store: Addr<LeaseStore>, tokens: Tokens) -> std::io::Result<Server> {
+    start_with(listener, store, tokens, Limiter::new(RateLimits::default()))
 }
 
 /// [`start`] with the given rate limiter (tests pass small limits and read
@@ -76,18 +70,18 @@ pub fn start(
 pub fn start_with(
     listener: TcpListener,
     store: Addr<LeaseStore>,
-    token: Option<String>,
+    tokens: Tokens,
     limiter: Limiter,
 ) -> std::io::Result<Server> {
     let addr = listener.local_addr()?;
-    if token.is_none() {
+    if tokens.is_open() {
         tracing::warn!(
             %addr,
             "DISCOVERY_TOKEN is not set: the discovery API serves WITHOUT authentication; \
              anyone who can reach it can lease proxies"
         );
     }
-    let token = Token(token.map(Arc::new));
+    let token = tokens;
     let store = web::Data::new(store);
     let server = HttpServer::new(move || {
         let token = token.clone();
@@ -108,7 +102,7 @@ pub fn start_with(
                 .into()
             });
         // /healthz sits outside the middleware: never authenticated, never logged per request.
-        let (page_token, data_token) = (token.clone(), token.clone());
+        let data_token = token.clone();
         let limiter = limiter.clone();
         App::new()
             .service(resource("/healthz", "GET").route(web::get().to(handlers::healthz)))
@@ -122,13 +116,8 @@ pub fn start_with(
                     }))
                     .route(web::get().to(dashboard::data)),
             )
-            .service(
-                guarded("/dashboard", "GET")
-                    .wrap(from_fn(move |req, next| {
-                        middleware::authenticate(page_token.clone(), req, next)
-                    }))
-                    .route(web::get().to(dashboard::page)),
-            )
+            // The page holds no data and asks for the token itself.
+            .service(guarded("/dashboard", "GET").route(web::get().to(dashboard::page)))
             .service(
                 web::scope("")
                     .app_data(store.clone())
