@@ -233,7 +233,14 @@ fn run_like_the_kubelet(pod: &Pod) -> support::process::Killed {
         bwrap.args(["--tmpfs", &mount.mount_path]);
     }
     bwrap
-        .args(["--unshare-user", "--unshare-pid", "--cap-drop", "ALL", "--die-with-parent", "--clearenv"])
+        .args([
+            "--unshare-user",
+            "--unshare-pid",
+            "--cap-drop",
+            "ALL",
+            "--die-with-parent",
+            "--clearenv",
+        ])
         .args(["--uid", &user.run_as_user.unwrap().to_string()])
         .args(["--gid", &user.run_as_group.unwrap().to_string()])
         .args(["--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin"]);
@@ -257,7 +264,10 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     let req = request("uid-hardened", port);
     provider.create(&req).await.unwrap();
     // What the API server received.
-    let pod = Api::<Pod>::namespaced(c, "crawl").get(req.name.as_str()).await.unwrap();
+    let pod = Api::<Pod>::namespaced(c, "crawl")
+        .get(req.name.as_str())
+        .await
+        .unwrap();
     let violations = support::pod_security::restricted_violations(&pod);
     assert!(violations.is_empty(), "{violations:?}");
     // The check can fail: the same pod with root and its capabilities.
@@ -269,16 +279,23 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     assert_eq!(violations.len(), 4, "{violations:?}");
 
     if Command::new("bwrap").arg("--version").output().is_err() || support::squid::binary().is_none() {
-        assert!(std::env::var_os("CI").is_none(), "CI must have bubblewrap and squid installed");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have bubblewrap and squid installed"
+        );
         eprintln!("skipping the run under the pod's restrictions: bwrap or squid missing");
         return;
     }
-    let (target, _) = support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
+    let (target, _) =
+        support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
     let _squid = run_like_the_kubelet(&pod);
     let proxy: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(proxy).await.is_err() {
-        assert!(Instant::now() < deadline, "Squid never listened under the pod's restrictions");
+        assert!(
+            Instant::now() < deadline,
+            "Squid never listened under the pod's restrictions"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let status = support::target_server::get_via_absolute_uri(proxy, target).await;

@@ -77,7 +77,11 @@ fn container_violations(
     if ctx.privileged == Some(true) {
         out.push(format!("{name}: privileged"));
     }
-    if c.ports.iter().flatten().any(|p| p.host_port.is_some_and(|h| h != 0)) {
+    if c.ports
+        .iter()
+        .flatten()
+        .any(|p| p.host_port.is_some_and(|h| h != 0))
+    {
         out.push(format!("{name}: hostPort"));
     }
     if ctx.allow_privilege_escalation != Some(false) {
@@ -95,7 +99,9 @@ fn container_violations(
         .map(|p| p.type_.as_str())
         .or(pod_seccomp);
     if !matches!(seccomp, Some("RuntimeDefault" | "Localhost")) {
-        out.push(format!("{name}: seccompProfile.type must be RuntimeDefault or Localhost"));
+        out.push(format!(
+            "{name}: seccompProfile.type must be RuntimeDefault or Localhost"
+        ));
     }
     let caps = ctx.capabilities.clone().unwrap_or_default();
     if !caps.drop.iter().flatten().any(|d| d == "ALL") {
