@@ -692,6 +692,28 @@ mod download_limit_tests {
         .await;
         let err = probe(&chunked).await;
         assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
+
+        // Under the limit but past the pool's free space: cut off as the bytes pass it.
+        let client = Downloader::new(DownloadLimits {
+            max_bytes: 1 << 20,
+            ..limits()
+        })
+        .unwrap();
+        let err = probe_digest(&client, &chunked, 1000, &Progress::default())
+            .await
+            .expect_err("more than the pool holds");
+        assert!(
+            matches!(
+                err,
+                ImageError::NoRoom {
+                    size: 1200,
+                    available: 1000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.class(), ErrorClass::QuotaExceeded);
     }
 
     #[tokio::test]
