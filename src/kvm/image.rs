@@ -706,7 +706,7 @@ mod download_limit_tests {
             matches!(
                 err,
                 ImageError::NoRoom {
-                    size: 1200,
+                    size: 1001..=1800,
                     available: 1000,
                     ..
                 }
