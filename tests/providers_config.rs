@@ -191,6 +191,14 @@ fn kvm_rules_each_report_their_field_path_and_reason() {
             replace("    kvm:\n", "    kvm:\n      diskSizeGb: 0\n"),
             format!("{p}kvm.diskSizeGb must be at least 1"),
         ),
+        (
+            replace("    kvm:\n", "    kvm:\n      maxImageSizeGb: 0\n"),
+            format!("{p}kvm.maxImageSizeGb must be at least 1"),
+        ),
+        (
+            replace("    kvm:\n", "    kvm:\n      allowImageUrls: yes please\n"),
+            format!("{p}kvm.allowImageUrls invalid type: string \"yes please\", expected a boolean"),
+        ),
     ];
     for (yaml, expected) in cases {
         assert_eq!(problems(&yaml), vec![expected.clone()], "for:\n{yaml}");

@@ -1,7 +1,9 @@
 //! Image fetches into the real daemon's pool over the SSH link, from a local
 //! HTTP server: content-addressed bases, pins for digest-less URLs, format
 //! from the magic bytes, no base ever replaced under an overlay, and bad
-//! digests, HTTP errors and cut-off downloads leaving nothing behind.
+//! digests, HTTP errors and cut-off downloads leaving nothing behind;
+//! images naming a backing or external data file, or too large for the
+//! limit or the pool, refused before use with nothing left in the pool.
 
 mod support;
 
@@ -14,8 +16,11 @@ use egress_proxies::kvm::base_image::{base_volume, marker_name, pin_name};
 use egress_proxies::kvm::image::{
     DownloadLimits, Downloader, ImageError, ImageSpec, Progress, fetch_to_pool, lookup,
 };
+use egress_proxies::kvm::ops::OpError;
+use egress_proxies::kvm::qcow2_header::Qcow2HeaderError;
 use egress_proxies::kvm::session::HostSession;
 use egress_proxies::kvm::volume_xml::overlay_volume_xml;
+use egress_proxies::kvm::volume_xml::plain_volume_xml;
 use egress_proxies::provider::ErrorClass;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 type Served = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 /// Serves the bytes registered for each path; unknown paths are 404,
-/// `/cut/...` stops half-way through.
+/// `/cut/...` stops half-way through, `/huge/...` announces a petabyte.
 async fn image_server() -> (SocketAddr, Served) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -43,10 +48,13 @@ async fn image_server() -> (SocketAddr, Served) {
                         .await;
                     return;
                 };
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
+                let announced = if path.starts_with("/huge") {
+                    1u64 << 50
+                } else {
+                    body.len() as u64
+                };
+                let head =
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {announced}\r\nConnection: close\r\n\r\n");
                 let _ = s.write_all(head.as_bytes()).await;
                 let part = if path.starts_with("/cut") {
                     body.len() / 2
@@ -328,6 +336,192 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
         ] {
             s.delete_volume(&v).unwrap();
         }
+    })
+    .await;
+    link.close().await;
+}
+
+/// A qcow2 made by `qemu-img create` with `args` (in a scratch directory
+/// holding an empty raw `base.raw`), plus a nonce so every run's image is new.
+fn qemu_img_image(args: &[&str]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("qemu-img")
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "qemu-img {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["create", "-q", "-f", "raw", "base.raw", "1M"]);
+    run(args);
+    let mut bytes = std::fs::read(dir.path().join("image.qcow2")).unwrap();
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    bytes.extend_from_slice(format!("{nonce}").as_bytes());
+    bytes
+}
+
+#[tokio::test]
+async fn images_naming_other_files_or_too_large_are_refused_and_leave_nothing() {
+    let bed = bed_or_skip!();
+    egress_proxies::tls::ensure_crypto_provider();
+    let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
+    let uri = link.libvirt_uri();
+    let client = Downloader::new(DownloadLimits::default()).unwrap();
+    let (server, served) = image_server().await;
+    let url = |path: &str| format!("http://{server}{path}");
+
+    let backed = qemu_img_image(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.raw",
+        "-F",
+        "raw",
+        "image.qcow2",
+    ]);
+    let data_file = qemu_img_image(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "data_file=data.raw",
+        "image.qcow2",
+        "1M",
+    ]);
+    let big = qcow2_image(5);
+    for (path, bytes) in [
+        ("/backed.qcow2", &backed),
+        ("/data-file.qcow2", &data_file),
+        ("/big.qcow2", &big),
+        ("/huge/big.qcow2", &big),
+    ] {
+        served.lock().unwrap().insert(path.into(), bytes.clone());
+    }
+    let mut never_in_pool = Vec::new();
+    let mut refused = |image: ImageSpec, client: Downloader| {
+        if let Some(base) = image.configured_base() {
+            never_in_pool.push(marker_name(&base));
+            never_in_pool.push(base);
+        }
+        never_in_pool.push(pin_name(&image.url));
+        let uri = uri.clone();
+        async move {
+            fetch_to_pool(&client, &image, &uri, "a", "default", &Progress::default())
+                .await
+                .expect_err("the image must be refused")
+        }
+    };
+
+    // (a) A backing file: refused after the upload (digest known) or after the
+    // digest read (no digest), naming the file.
+    for sha256 in [Some(sha(&backed)), None] {
+        let image = spec(url("/backed.qcow2"), sha256, Some(ImageFormat::Qcow2));
+        let err = refused(image, client.clone()).await;
+        assert!(
+            matches!(&err, ImageError::Unsafe { problem: Qcow2HeaderError::BackingFile { name }, .. } if name == "base.raw"),
+            "{err}"
+        );
+        assert_eq!(err.class(), ErrorClass::Permanent);
+        assert!(err.to_string().contains("backing file (\"base.raw\")"), "{err}");
+    }
+
+    // (b) An external data file (incompatible feature bit and its name).
+    let image = spec(
+        url("/data-file.qcow2"),
+        Some(sha(&data_file)),
+        Some(ImageFormat::Qcow2),
+    );
+    let err = refused(image, client.clone()).await;
+    assert!(
+        matches!(&err, ImageError::Unsafe { problem: Qcow2HeaderError::ExternalDataFile { name: Some(n) }, .. } if n == "data.raw"),
+        "{err}"
+    );
+    assert_eq!(err.class(), ErrorClass::Permanent);
+
+    // (c) Larger than the configured maximum: refused before a byte is written.
+    let small = Downloader::new(DownloadLimits {
+        max_bytes: 1 << 20,
+        ..DownloadLimits::default()
+    })
+    .unwrap();
+    for sha256 in [Some(sha(&big)), None] {
+        let image = spec(url("/big.qcow2"), sha256, Some(ImageFormat::Qcow2));
+        let err = refused(image, small.clone()).await;
+        assert!(
+            matches!(err, ImageError::TooLarge { limit: 1048576, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("kvm.maxImageSizeGb"), "{err}");
+    }
+    // ... or than the pool's free space (the server announces a petabyte).
+    let unbounded = Downloader::new(DownloadLimits {
+        max_bytes: u64::MAX,
+        ..DownloadLimits::default()
+    })
+    .unwrap();
+    for sha256 in [Some(sha(&big)), None] {
+        let image = spec(url("/huge/big.qcow2"), sha256, Some(ImageFormat::Qcow2));
+        let err = refused(image, unbounded.clone()).await;
+        assert!(
+            matches!(err, ImageError::NoRoom { size, available, .. } if size == 1 << 50 && available < size),
+            "{err}"
+        );
+        assert_eq!(
+            err.class(),
+            ErrorClass::QuotaExceeded,
+            "retried slowly: space may be freed"
+        );
+        assert!(err.to_string().contains("bytes free"), "{err}");
+    }
+
+    let gone = never_in_pool.clone();
+    with_session(&uri, move |s| {
+        for v in gone {
+            assert_eq!(s.volume_path(&v).unwrap(), None, "{v} left in the pool");
+        }
+    })
+    .await;
+
+    // A base already in the pool (say, from an earlier version) is inspected
+    // before use too, by lookup and by a fetch that finds it complete.
+    let digest = sha(&backed);
+    let base = base_volume(&digest, ImageFormat::Qcow2);
+    let (b, bytes, d) = (base.clone(), backed.clone(), digest.clone());
+    with_session(&uri, move |s| {
+        for (name, content) in [(b.clone(), bytes), (marker_name(&b), d.into_bytes())] {
+            s.delete_volume(&name).unwrap();
+            s.create_volume(&name, &plain_volume_xml(&name, "raw", content.len() as u64))
+                .unwrap();
+            s.upload(&name, &content).unwrap();
+        }
+    })
+    .await;
+    let cached = spec(url("/backed.qcow2"), Some(digest), Some(ImageFormat::Qcow2));
+    let c = cached.clone();
+    let err = with_session(&uri, move |s| lookup(s, &c).unwrap_err()).await;
+    assert!(
+        matches!(&err, OpError::UnsafeBase { volume, problem: Qcow2HeaderError::BackingFile { .. } } if *volume == base),
+        "{err}"
+    );
+    assert_eq!(err.class(), ErrorClass::Permanent);
+    let err = fetch_to_pool(&client, &cached, &uri, "a", "default", &Progress::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::UnsafeBase { .. }), "{err}");
+    with_session(&uri, move |s| {
+        s.delete_volume(&marker_name(&base)).unwrap();
+        s.delete_volume(&base).unwrap();
     })
     .await;
     link.close().await;

@@ -79,6 +79,8 @@ fn config(bed: &HashMap<String, String>, url: &str, digest: &str) -> KvmConfig {
                 firmware: Firmware::Bios,
             },
         )]),
+        allow_image_urls: false,
+        max_image_size_gb: egress_proxies::config::DEFAULT_MAX_IMAGE_SIZE_GB,
         machine_types: BTreeMap::from([(
             "small".to_owned(),
             MachineType {

@@ -13,6 +13,8 @@ pub const DEFAULT_LIBVIRT_SOCKET: &str = "/var/run/libvirt/libvirt-sock";
 pub const DEFAULT_POOL: &str = "default";
 /// Default capacity of each VM's overlay disk.
 pub const DEFAULT_DISK_SIZE_GB: u32 = 10;
+/// Default bound on a base image's size.
+pub const DEFAULT_MAX_IMAGE_SIZE_GB: u32 = 20;
 /// Smallest memory a VM may be given (UEFI guests need 256 MiB to boot).
 pub const MIN_MEMORY_MIB: u32 = 128;
 
@@ -40,6 +42,14 @@ pub struct KvmConfig {
     /// Named base images (`placement.image` picks one).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub images: BTreeMap<String, KvmImage>,
+    /// Let a Proxy name an image URL (with its sha256) instead of a
+    /// configured image: whoever may create a Proxy then picks what the
+    /// operator downloads and boots.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_image_urls: bool,
+    /// Largest base image accepted, in GiB (announced or streamed).
+    #[serde(default = "default_max_image_size_gb")]
+    pub max_image_size_gb: u32,
     /// Named VM sizes (`placement.machineType` picks one).
     #[serde(default)]
     pub machine_types: BTreeMap<String, MachineType>,
@@ -138,6 +148,9 @@ pub enum DomainType {
 fn default_disk_size_gb() -> u32 {
     DEFAULT_DISK_SIZE_GB
 }
+fn default_max_image_size_gb() -> u32 {
+    DEFAULT_MAX_IMAGE_SIZE_GB
+}
 fn default_socket() -> String {
     DEFAULT_LIBVIRT_SOCKET.to_owned()
 }
@@ -172,6 +185,9 @@ impl KvmConfig {
         }
         if self.disk_size_gb == 0 {
             p.report("kvm.diskSizeGb", "must be at least 1");
+        }
+        if self.max_image_size_gb == 0 {
+            p.report("kvm.maxImageSizeGb", "must be at least 1");
         }
         for (key, image) in &self.images {
             image.validate(&format!("kvm.images.{key}"), key, p);
@@ -208,6 +224,11 @@ impl KvmConfig {
                 first_index.insert(&host.name, i);
             }
         }
+    }
+
+    /// [`Self::max_image_size_gb`] in bytes.
+    pub fn max_image_bytes(&self) -> u64 {
+        u64::from(self.max_image_size_gb) << 30
     }
 
     /// The host a `placement.zone` selects: the named one, or the only one.
@@ -355,6 +376,8 @@ mod tests {
             vendor_data: None,
             install_guest_agent: true,
             images: BTreeMap::new(),
+            allow_image_urls: false,
+            max_image_size_gb: DEFAULT_MAX_IMAGE_SIZE_GB,
             machine_types: BTreeMap::new(),
             hosts: vec![host("a")],
         };

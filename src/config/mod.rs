@@ -25,8 +25,8 @@ use serde_json::Value;
 pub use gcp::GcpConfig;
 pub use kubernetes::{DEFAULT_SQUID_IMAGE, KubernetesConfig};
 pub use kvm::{
-    DEFAULT_LIBVIRT_SOCKET, DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
-    is_sha256_hex,
+    DEFAULT_LIBVIRT_SOCKET, DEFAULT_MAX_IMAGE_SIZE_GB, DomainType, Firmware, ImageFormat, KvmConfig, KvmHost,
+    KvmImage, MachineType, is_sha256_hex,
 };
 pub use local::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
 pub use problems::{IDENTIFIER_RULE, Problem, is_identifier};

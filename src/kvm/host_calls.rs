@@ -90,7 +90,7 @@ impl HostCall for LookupBase {
     type Output = Option<CachedBase>;
     const NAME: &'static str = "image lookup";
     fn run(self, session: &HostSession) -> Result<Option<CachedBase>, OpError> {
-        Ok(image::lookup(session, &self.0)?)
+        image::lookup(session, &self.0)
     }
 }
 

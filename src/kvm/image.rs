@@ -13,9 +13,11 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::base_image::{base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name};
+use super::ops::OpError;
+use super::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
 use super::session::{HostSession, KvmError};
 use super::volume_xml::plain_volume_xml;
-use crate::config::{Firmware, ImageFormat};
+use crate::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmConfig};
 use crate::provider::ErrorClass;
 
 /// Chunks in flight between the download and the upload (backpressure).
@@ -30,7 +32,18 @@ pub struct DownloadLimits {
     /// A read that brings nothing for this long fails the download.
     pub idle_timeout: Duration,
     pub max_redirects: usize,
+    /// The largest image accepted (`kvm.maxImageSizeGb`).
     pub max_bytes: u64,
+}
+
+impl DownloadLimits {
+    /// The defaults, with the provider's own bound on image size.
+    pub fn for_config(config: &KvmConfig) -> Self {
+        Self {
+            max_bytes: config.max_image_bytes(),
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for DownloadLimits {
@@ -39,7 +52,7 @@ impl Default for DownloadLimits {
             connect_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_redirects: 5,
-            max_bytes: 64 << 30,
+            max_bytes: u64::from(DEFAULT_MAX_IMAGE_SIZE_GB) << 30,
         }
     }
 }
@@ -65,16 +78,45 @@ impl Downloader {
         })
     }
 
-    /// Counts `more` bytes read so far into `total`; past the limit, fails.
-    fn count(&self, url: &str, total: &mut u64, more: usize) -> Result<(), ImageError> {
+    /// Counts `more` bytes read so far into `total`; past the size limit
+    /// or the pool's free space (`room`), fails.
+    fn count(&self, url: &str, total: &mut u64, more: usize, room: u64) -> Result<(), ImageError> {
         *total += more as u64;
-        if *total > self.max_bytes {
+        self.check_size(url, *total, room)
+    }
+
+    /// An image of `size` bytes fits the limit and the pool's free space.
+    fn check_size(&self, url: &str, size: u64, room: u64) -> Result<(), ImageError> {
+        if size > self.max_bytes {
             return Err(ImageError::TooLarge {
                 url: url.to_owned(),
                 limit: self.max_bytes,
             });
         }
+        if size > room {
+            return Err(ImageError::NoRoom {
+                url: url.to_owned(),
+                size,
+                available: room,
+            });
+        }
         Ok(())
+    }
+}
+
+/// The leading bytes of an image as they stream past: enough for its
+/// format and its qcow2 header.
+#[derive(Default)]
+struct Head(Vec<u8>);
+
+impl Head {
+    fn keep(&mut self, chunk: &[u8]) {
+        let missing = HEADER_PROBE_BYTES.saturating_sub(self.0.len());
+        self.0.extend_from_slice(&chunk[..missing.min(chunk.len())]);
+    }
+
+    fn format(&self) -> ImageFormat {
+        detect_format(&self.0)
     }
 }
 
@@ -145,8 +187,20 @@ pub enum ImageError {
     Http { url: String, status: u16 },
     #[error("fetching {url}: {reason}")]
     Transport { url: String, reason: String },
-    #[error("{url} is larger than the {limit}-byte limit on images")]
+    #[error("{url} is larger than the {limit}-byte limit on images (kvm.maxImageSizeGb)")]
     TooLarge { url: String, limit: u64 },
+    #[error(
+        "{url} is at least {size} bytes but the storage pool has only {available} bytes free; \
+         not fetched"
+    )]
+    NoRoom { url: String, size: u64, available: u64 },
+    #[error("{url} is refused as a base image: {problem}")]
+    Unsafe { url: String, problem: Qcow2HeaderError },
+    #[error("base volume {volume} in the pool is refused: {problem}")]
+    UnsafeBase {
+        volume: String,
+        problem: Qcow2HeaderError,
+    },
     #[error("{url} did not say how large it is (no Content-Length)")]
     NoLength { url: String },
     #[error("{url}: sha256 {actual} does not match the configured {expected}")]
@@ -186,7 +240,11 @@ impl ImageError {
             | ImageError::TooLarge { .. }
             | ImageError::DigestMismatch { .. }
             | ImageError::FormatMismatch { .. }
+            | ImageError::Unsafe { .. }
+            | ImageError::UnsafeBase { .. }
             | ImageError::InUse { .. } => ErrorClass::Permanent,
+            // As a full pool for an overlay: retried slowly, space may be freed.
+            ImageError::NoRoom { .. } => ErrorClass::QuotaExceeded,
             ImageError::Libvirt(e) => e.class(),
             _ => ErrorClass::Transient,
         }
@@ -202,8 +260,10 @@ pub struct Fetched {
 }
 
 /// The complete base for `image` on this host, if there is one: the
-/// configured digest's, or the one the URL's pin records.
-pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, KvmError> {
+/// configured digest's, or the one the URL's pin records. A base found
+/// there is inspected before use, as a downloaded one is (it may have been
+/// written by an earlier version, or by hand).
+pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, OpError> {
     let (digest, format) = match &image.sha256 {
         Some(d) => (d.clone(), image.format.unwrap_or_default()),
         None => match s
@@ -216,11 +276,25 @@ pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, 
         },
     };
     let volume = base_volume(&digest, format);
-    Ok(is_complete(s, &volume, &digest)?.then_some(CachedBase {
+    if !is_complete(s, &volume, &digest)? {
+        return Ok(None);
+    }
+    if let Err(problem) = inspect_base(s, &volume)? {
+        return Err(OpError::UnsafeBase { volume, problem });
+    }
+    Ok(Some(CachedBase {
         volume,
         format,
         digest,
     }))
+}
+
+/// Reads a base's leading bytes from the pool and checks its qcow2 header.
+fn inspect_base(s: &HostSession, volume: &str) -> Result<Result<(), Qcow2HeaderError>, KvmError> {
+    let head = s
+        .read_small(volume, HEADER_PROBE_BYTES as u64)?
+        .unwrap_or_default();
+    Ok(check_standalone(&head))
 }
 
 /// The base exists and its marker names `digest`.
@@ -263,27 +337,32 @@ fn refuse_if_in_use(s: &HostSession, volume: &str) -> Result<(), ImageError> {
 
 /// Reads `url` once only to learn its digest and format (images without a
 /// configured digest: the base's name must be known before its upload).
+/// An image that would not fit the pool (`room` bytes free), or whose
+/// header names other files, is refused before anything is written.
 async fn probe_digest(
     client: &Downloader,
     url: &str,
+    room: u64,
     progress: &Progress,
 ) -> Result<(String, ImageFormat), ImageError> {
-    let response = get(client, url).await?;
+    let response = get(client, url, room).await?;
     progress.start(response.content_length());
     let mut body = response.bytes_stream();
     let mut hasher = Sha256::new();
-    let mut head = Vec::with_capacity(4);
+    let mut head = Head::default();
     let mut total = 0;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| transport(url, e))?;
-        client.count(url, &mut total, chunk.len())?;
-        if head.len() < 4 {
-            head.extend(chunk.iter().take(4 - head.len()));
-        }
+        client.count(url, &mut total, chunk.len(), room)?;
+        head.keep(&chunk);
         hasher.update(&chunk);
         progress.add(chunk.len());
     }
-    Ok((hex::encode(hasher.finalize()), detect_format(&head)))
+    check_standalone(&head.0).map_err(|problem| ImageError::Unsafe {
+        url: url.to_owned(),
+        problem,
+    })?;
+    Ok((hex::encode(hasher.finalize()), head.format()))
 }
 
 fn transport(url: &str, e: reqwest::Error) -> ImageError {
@@ -301,7 +380,9 @@ fn transport(url: &str, e: reqwest::Error) -> ImageError {
     }
 }
 
-async fn get(client: &Downloader, url: &str) -> Result<reqwest::Response, ImageError> {
+/// Starts the download; an announced size over the limit or the pool's
+/// free space (`room`) fails before a byte of the body is read.
+async fn get(client: &Downloader, url: &str, room: u64) -> Result<reqwest::Response, ImageError> {
     let response = client
         .client
         .get(url)
@@ -314,14 +395,8 @@ async fn get(client: &Downloader, url: &str) -> Result<reqwest::Response, ImageE
             status: response.status().as_u16(),
         });
     }
-    if response
-        .content_length()
-        .is_some_and(|len| len > client.max_bytes)
-    {
-        return Err(ImageError::TooLarge {
-            url: url.to_owned(),
-            limit: client.max_bytes,
-        });
+    if let Some(len) = response.content_length() {
+        client.check_size(url, len, room)?;
     }
     Ok(response)
 }
@@ -337,19 +412,12 @@ pub async fn fetch_to_pool(
 ) -> Result<Fetched, ImageError> {
     let started = Instant::now();
     let url = image.url.as_str();
-    // The base is named by content: without a configured digest, one read
-    // learns it first (libvirt cannot rename a volume, and copying one on the
-    // host converts formats instead of copying bytes).
-    let (digest, format) = match (&image.sha256, image.format) {
-        (Some(d), declared) => (d.clone(), declared.unwrap_or_default()),
-        (None, _) => probe_digest(client, url, progress).await?,
-    };
     let (uri, host_name, pool_name) = (libvirt_uri.to_owned(), host.to_owned(), pool.to_owned());
     let session = tokio::task::spawn_blocking(move || HostSession::open(&uri, &host_name, &pool_name))
         .await
         .map_err(|e| ImageError::Task(e.to_string()))??;
     let session = Arc::new(session);
-    let result = fetch_with(client, image, &session, digest, format, started, progress).await;
+    let result = fetch_into(client, image, &session, started, progress).await;
     crate::telemetry::events::ImageDownloadCompleted {
         host,
         url,
@@ -366,25 +434,57 @@ pub async fn fetch_to_pool(
     result
 }
 
+async fn fetch_into(
+    client: &Downloader,
+    image: &ImageSpec,
+    session: &Arc<HostSession>,
+    started: Instant,
+    progress: &Progress,
+) -> Result<Fetched, ImageError> {
+    // Free space is read before the download starts; the download is refused
+    // (announced) or cut off (not announced) when the image would not fit.
+    let s = session.clone();
+    let room = blocking(move || Ok(s.pool_available_bytes()?)).await?;
+    // The base is named by content: without a configured digest, one read
+    // learns it first (libvirt cannot rename a volume, and copying one on the
+    // host converts formats instead of copying bytes).
+    let (digest, format) = match (&image.sha256, image.format) {
+        (Some(d), declared) => (d.clone(), declared.unwrap_or_default()),
+        (None, _) => probe_digest(client, &image.url, room, progress).await?,
+    };
+    fetch_with(client, image, session, digest, format, room, started, progress).await
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn fetch_with(
     client: &Downloader,
     image: &ImageSpec,
     session: &Arc<HostSession>,
     digest: String,
     format: ImageFormat,
+    room: u64,
     started: Instant,
     progress: &Progress,
 ) -> Result<Fetched, ImageError> {
     let url = image.url.as_str();
     let host = session.host();
     let base = base_volume(&digest, format);
-    // Another URL may already have brought the same bytes.
+    // Another URL may already have brought the same bytes; they are inspected as a download is.
     let (s, b, d) = (session.clone(), base.clone(), digest.clone());
-    let already = blocking(move || Ok(is_complete(&s, &b, &d)?)).await?;
+    let already = blocking(move || {
+        if !is_complete(&s, &b, &d)? {
+            return Ok(false);
+        }
+        match inspect_base(&s, &b)? {
+            Ok(()) => Ok(true),
+            Err(problem) => Err(ImageError::UnsafeBase { volume: b, problem }),
+        }
+    })
+    .await?;
     let bytes = if already {
         0
     } else {
-        upload(client, image, session, &base, &digest, format, progress).await?
+        upload(client, image, session, &base, &digest, format, room, progress).await?
     };
     if image.sha256.is_none() {
         let (s, pin) = (session.clone(), pin_name(url));
@@ -416,7 +516,9 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ImageError::Task(e.to_string()))?
 }
 
-/// Streams the image into `base`, checks digest and format, writes the marker last.
+/// Streams the image into `base`, checks digest, format and qcow2 header
+/// (a refused image's volume is deleted), writes the marker last.
+#[allow(clippy::too_many_arguments)]
 async fn upload(
     client: &Downloader,
     image: &ImageSpec,
@@ -424,10 +526,11 @@ async fn upload(
     base: &str,
     digest: &str,
     format: ImageFormat,
+    room: u64,
     progress: &Progress,
 ) -> Result<u64, ImageError> {
     let url = image.url.as_str();
-    let response = get(client, url).await?;
+    let response = get(client, url, room).await?;
     let len = response
         .content_length()
         .ok_or_else(|| ImageError::NoLength { url: url.to_owned() })?;
@@ -443,24 +546,22 @@ async fn upload(
     });
     let reader = async move {
         let mut hasher = Sha256::new();
-        let mut head: Vec<u8> = Vec::with_capacity(4);
+        let mut head = Head::default();
         let mut body = response.bytes_stream();
         let mut total = 0;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| transport(url, e))?;
-            client.count(url, &mut total, chunk.len())?;
+            client.count(url, &mut total, chunk.len(), room)?;
             hasher.update(&chunk);
-            if head.len() < 4 {
-                head.extend(chunk.iter().take(4 - head.len()));
-            }
+            head.keep(&chunk);
             progress.add(chunk.len());
             if tx.send(chunk.to_vec()).await.is_err() {
                 break; // the upload side failed; its error is reported first
             }
         }
-        Ok::<_, ImageError>((hex::encode(hasher.finalize()), detect_format(&head)))
+        Ok::<_, ImageError>((hex::encode(hasher.finalize()), head))
     };
-    let (actual, detected) = match tokio::join!(writer, reader) {
+    let (actual, head) = match tokio::join!(writer, reader) {
         // A cut-off download also fails the upload; the download's error says why.
         (_, Err(e)) | (Err(e), _) => return Err(e),
         (Ok(()), Ok(read)) => read,
@@ -479,14 +580,17 @@ async fn upload(
                 second: actual,
             },
         })
-    } else if detected != format {
+    } else if head.format() != format {
         Some(ImageError::FormatMismatch {
             url: url.to_owned(),
             declared: format.as_str(),
-            detected: detected.as_str(),
+            detected: head.format().as_str(),
         })
     } else {
-        None
+        check_standalone(&head.0).err().map(|problem| ImageError::Unsafe {
+            url: url.to_owned(),
+            problem,
+        })
     };
     let (s, vol, digest) = (session.clone(), base.to_owned(), digest.to_owned());
     blocking(move || match problem {
@@ -537,7 +641,7 @@ mod download_limit_tests {
 
     async fn probe(url: &str) -> ImageError {
         let client = Downloader::new(limits()).unwrap();
-        probe_digest(&client, url, &Progress::default())
+        probe_digest(&client, url, u64::MAX, &Progress::default())
             .await
             .expect_err("the download must fail")
     }
@@ -588,6 +692,28 @@ mod download_limit_tests {
         .await;
         let err = probe(&chunked).await;
         assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
+
+        // Under the limit but past the pool's free space: cut off as the bytes pass it.
+        let client = Downloader::new(DownloadLimits {
+            max_bytes: 1 << 20,
+            ..limits()
+        })
+        .unwrap();
+        let err = probe_digest(&client, &chunked, 1000, &Progress::default())
+            .await
+            .expect_err("more than the pool holds");
+        assert!(
+            matches!(
+                err,
+                ImageError::NoRoom {
+                    size: 1001..=1800,
+                    available: 1000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.class(), ErrorClass::QuotaExceeded);
     }
 
     #[tokio::test]

@@ -19,6 +19,11 @@ pub enum OpError {
     NoRoom { needed: u64, available: u64 },
     #[error("base image volume {0} is not in the pool")]
     BaseMissing(String),
+    #[error("base volume {volume} in the pool is refused: {problem}")]
+    UnsafeBase {
+        volume: String,
+        problem: super::qcow2_header::Qcow2HeaderError,
+    },
 }
 
 impl OpError {
@@ -28,6 +33,7 @@ impl OpError {
             // libvirt has no quota signal; a full pool is the closest thing.
             OpError::NoRoom { .. } => ErrorClass::QuotaExceeded,
             OpError::BaseMissing(_) => ErrorClass::Transient,
+            OpError::UnsafeBase { .. } => ErrorClass::Permanent,
         }
     }
 

@@ -16,6 +16,7 @@ use super::host_runner::{HostRunner, RunError};
 pub use super::image::{CachedBase, ImageSpec};
 use super::metadata::InstanceMetadata;
 use super::ops::{CreatePlan, Observed, Released};
+use super::placement_image;
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::provider_id::{parse, provider_id};
 use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
@@ -63,30 +64,9 @@ impl KvmProvider {
         self.config.hosts.iter().find(|h| h.name == name)
     }
 
-    /// `placement.image`: a configured key, or an http(s) URL used directly.
+    /// `placement.image`, resolved as [`placement_image::resolve`] says.
     pub fn resolve_image(&self, image: Option<&str>) -> Result<ImageSpec, String> {
-        let image = image.ok_or("placement.image is required (an images key or an http(s) URL)")?;
-        if let Some(cfg) = self.config.images.get(image) {
-            return Ok(ImageSpec {
-                url: cfg.url.clone(),
-                sha256: cfg.sha256.as_deref().map(str::to_ascii_lowercase),
-                format: Some(cfg.format),
-                firmware: cfg.firmware,
-            });
-        }
-        if image.starts_with("http://") || image.starts_with("https://") {
-            return Ok(ImageSpec {
-                url: image.to_owned(),
-                sha256: None,
-                format: None,
-                firmware: Firmware::Uefi,
-            });
-        }
-        let known: Vec<&str> = self.config.images.keys().map(String::as_str).collect();
-        Err(format!(
-            "placement.image {image:?} is neither a configured image ({}) nor an http(s) URL",
-            known.join(", ")
-        ))
+        placement_image::resolve(&self.config, &self.name, image)
     }
 
     fn plan(

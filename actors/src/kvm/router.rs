@@ -50,7 +50,7 @@ impl KvmHosts {
                 )
             })
             .collect();
-        let images = ImageCacheActor::new(Downloader::new(DownloadLimits::default())?);
+        let images = ImageCacheActor::new(Downloader::new(DownloadLimits::for_config(config))?);
         let images = supervision::start(Node::singleton("kvm_image_cache"), |_| images);
         Ok(Self { hosts, images })
     }

@@ -152,6 +152,8 @@ pub fn provider_config(bed: &HashMap<String, String>, url: &str) -> KvmConfig {
                 firmware: Firmware::Bios,
             },
         )]),
+        allow_image_urls: false,
+        max_image_size_gb: egress_proxies::config::DEFAULT_MAX_IMAGE_SIZE_GB,
         machine_types: BTreeMap::from([(
             "small".to_owned(),
             MachineType {
