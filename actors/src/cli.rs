@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use egress_proxies::bind_address::BindAddress;
+use egress_proxies::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, IpNet};
 use egress_proxies::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 
@@ -70,7 +71,34 @@ pub enum Command {
         /// Where to write this process's pid once it listens.
         #[arg(long)]
         pid_file: Option<PathBuf>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
     },
+}
+
+/// The built-in proxy's destination rules. Without any, it refuses what
+/// every operator-made proxy refuses by default (docs/security.md).
+#[derive(Args, Debug, Clone)]
+pub struct DestinationArgs {
+    /// A network (CIDR or address) reachable despite the default denies, or a port CONNECT may reach besides 443 (repeatable).
+    #[arg(long = "allow", value_name = "CIDR|PORT")]
+    pub allow: Vec<DestinationEntry>,
+    /// A network or port never reached (repeatable); beats --allow.
+    #[arg(long = "deny", value_name = "CIDR|PORT")]
+    pub deny: Vec<DestinationEntry>,
+    /// A cluster network denied like the default ones (repeatable).
+    #[arg(long = "cluster-network", value_name = "CIDR")]
+    pub cluster_networks: Vec<IpNet>,
+}
+
+impl DestinationArgs {
+    pub fn policy(&self) -> DestinationPolicy {
+        let rules = DestinationRules {
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+        };
+        DestinationPolicy::new(&rules, &self.cluster_networks)
+    }
 }
 
 /// What `get` lists.
@@ -202,6 +230,17 @@ pub struct RunArgs {
     /// Open one trace span per health probe (off by default: one per proxy per second).
     #[arg(long, env = "TRACE_HEALTH_PROBES")]
     pub trace_health_probes: bool,
+
+    /// The cluster's pod and service ranges (comma-separated CIDRs): every
+    /// proxy the operator makes refuses them unless a provider's
+    /// `destinations.allow` lists them.
+    #[arg(
+        long,
+        env = "CLUSTER_NETWORKS",
+        value_delimiter = ',',
+        value_name = "CIDR,..."
+    )]
+    pub cluster_networks: Vec<IpNet>,
 
     /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
     #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]

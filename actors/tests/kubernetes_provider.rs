@@ -152,7 +152,10 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     // The "pod" serves on loopback: a built-in forward proxy run by the test.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        support::open_to_loopback(),
+    ));
     let (target, _) =
         support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
 

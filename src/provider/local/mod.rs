@@ -22,6 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
+use crate::destinations::{DestinationPolicy, DestinationRules, IpNet};
 use crate::provider::{
     BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError,
     ProviderId,
@@ -71,6 +72,26 @@ pub struct LocalProvider {
     instances_dir: PathBuf,
     launcher: Launcher,
     exits: Exits,
+    destinations: Destinations,
+}
+
+/// The provider's destination rules, for Squid's config and the built-in proxy's arguments.
+struct Destinations {
+    policy: DestinationPolicy,
+    builtin_args: Vec<String>,
+}
+
+impl Destinations {
+    fn new(rules: &DestinationRules, cluster_networks: &[IpNet]) -> Self {
+        let mut builtin_args = rules.to_args();
+        for net in cluster_networks {
+            builtin_args.extend(["--cluster-network".to_owned(), net.to_string()]);
+        }
+        Self {
+            policy: DestinationPolicy::new(rules, cluster_networks),
+            builtin_args,
+        }
+    }
 }
 
 impl LocalProvider {
@@ -99,6 +120,7 @@ impl LocalProvider {
             instances_dir,
             launcher,
             exits: Exits::default(),
+            destinations: Destinations::new(&config.destinations, &ctx.cluster_networks),
         })
     }
 
@@ -219,7 +241,9 @@ impl LocalProvider {
             Launcher::Squid(squid) => {
                 let run_dir = squid.run_dir(dir, name);
                 let service = squid::service_name(name);
-                squid.prepare(&run_dir, &record).map_err(io)?;
+                squid
+                    .prepare(&run_dir, &record, &self.destinations.policy)
+                    .map_err(io)?;
                 // No Squid of this instance runs (it is being created): leftovers of a killed one go.
                 squid::remove_segments(&service).map_err(io)?;
                 if let Err(why) = squid.check(&run_dir, &service).await {
@@ -245,7 +269,8 @@ impl LocalProvider {
                     .arg("--instance-dir")
                     .arg(dir)
                     .arg("--pid-file")
-                    .arg(dir.join(BUILTIN_PID_FILE));
+                    .arg(dir.join(BUILTIN_PID_FILE))
+                    .args(&self.destinations.builtin_args);
                 cmd
             }
         };
