@@ -251,3 +251,33 @@ async fn squid_refuses_denied_destinations_and_passes_allowed_ones() {
     }
     refuses_and_passes_by_class(LocalImplementation::Squid, 2).await;
 }
+
+/// The kubernetes provider's pod config, with every kind of rule and a
+/// cluster network, is accepted by a real Squid's parser.
+#[tokio::test]
+async fn the_kubernetes_pods_squid_config_parses() {
+    let Some(squid) = support::squid::binary() else {
+        eprintln!("squid is not installed; skipping (CI installs it)");
+        assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
+        return;
+    };
+    let policy = egress_proxies::destinations::DestinationPolicy::new(
+        &rules(r#"{"allow": ["10.1.0.0/16", "fd00::1", 8443, "9000-9009"], "deny": ["10.1.2.0/24", 25]}"#),
+        &["10.96.0.0/12".parse().unwrap()],
+    );
+    let conf = egress_proxies::provider::kubernetes::squid_config(3128, &policy);
+    assert!(
+        conf.contains("acl epo_default_denied_dst dst ") && conf.contains(" 10.96.0.0/12\n"),
+        "{conf}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("squid.conf"), &conf).unwrap();
+    let out = std::process::Command::new(squid)
+        .args(["-k", "parse", "-f"])
+        .arg(dir.path().join("squid.conf"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(!said.contains("ERROR") && !said.contains("FATAL"), "{said}");
+}

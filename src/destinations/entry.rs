@@ -161,4 +161,19 @@ mod tests {
         ));
         assert!(matches!(parse("9-8"), Err(DestinationEntryError::EmptyRange(_))));
     }
+
+    #[test]
+    fn entries_read_back_as_written() {
+        let rules: crate::destinations::DestinationRules =
+            serde_json::from_str(r#"{"allow": ["127.0.0.0/8", 8443, "9000-9009", "fd00::1"]}"#).unwrap();
+        let written = serde_json::to_string(&rules).unwrap();
+        assert_eq!(
+            written,
+            r#"{"allow":["127.0.0.0/8",8443,"9000-9009","fd00::1/128"]}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<crate::destinations::DestinationRules>(&written).unwrap(),
+            rules
+        );
+    }
 }

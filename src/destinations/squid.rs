@@ -14,6 +14,7 @@ use super::DestinationPolicy;
 /// The destination rules section of a squid.conf.
 pub fn squid_rules(policy: &DestinationPolicy) -> String {
     let mut conf = String::from("# Destination rules (docs/security.md): first match wins.\n");
+    // Predefined since Squid 5; defining it again is accepted and keeps Squid 4 working.
     conf.push_str("acl CONNECT method CONNECT\n");
     acl(&mut conf, "SSL_ports", "port", &ports(policy.tunnel_ports()));
     acl(
@@ -112,6 +113,16 @@ mod tests {
             "http_access deny epo_denied_dst\nhttp_access deny epo_denied_ports\nhttp_access deny CONNECT !SSL_ports\nhttp_access deny epo_default_denied_dst !epo_allowed_dst\n",
         ] {
             assert!(conf.contains(line), "{line:?} in {conf}");
+        }
+    }
+
+    #[test]
+    fn the_vm_cloud_init_sample_carries_the_default_rules() {
+        // The sample is static: this keeps it in step with the defaults.
+        let sample = include_str!("../../deploy/samples/cloud-init-secret.yaml");
+        let lines: Vec<&str> = sample.lines().map(str::trim).collect();
+        for line in squid_rules(&DestinationPolicy::default()).lines() {
+            assert!(lines.contains(&line), "{line:?} missing from the sample");
         }
     }
 }
