@@ -282,6 +282,52 @@ mod tests {
     }
 
     #[test]
+    fn cluster_networks_and_forward_proxy_rules_parse() {
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "--cluster-networks",
+            "10.244.0.0/16,10.96.0.0/12",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.cluster_networks.len(), 2);
+        let err =
+            Cli::try_parse_from(["egress-proxies-operator", "--cluster-networks", "10.244.0.0"]).unwrap_err();
+        assert!(err.to_string().contains("--cluster-networks"), "{err}");
+
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "forward-proxy",
+            "--listen",
+            "127.0.0.1:3128",
+            "--instance-dir",
+            "/tmp",
+            "--allow",
+            "127.0.0.0/8",
+            "--deny",
+            "25",
+        ])
+        .unwrap();
+        let Some(Command::ForwardProxy { destinations, .. }) = cli.command else {
+            panic!("forward-proxy parses as ForwardProxy");
+        };
+        let policy = destinations.policy();
+        assert!(policy.check("127.0.0.1".parse().unwrap(), 80, false).is_ok());
+        assert!(policy.check("127.0.0.1".parse().unwrap(), 25, false).is_err());
+        let err = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "forward-proxy",
+            "--listen",
+            "127.0.0.1:3128",
+            "--instance-dir",
+            "/tmp",
+            "--allow",
+            "10.0.0.1/8",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("did you mean 10.0.0.0/8"), "{err}");
+    }
+
+    #[test]
     fn bad_values_are_rejected_with_the_flag_named() {
         let err = Cli::try_parse_from(["egress-proxies-operator", "--gc-interval", "soon"]).unwrap_err();
         assert!(err.to_string().contains("--gc-interval"), "{err}");

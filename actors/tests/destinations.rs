@@ -281,3 +281,33 @@ async fn the_kubernetes_pods_squid_config_parses() {
     assert!(out.status.success(), "{said}");
     assert!(!said.contains("ERROR") && !said.contains("FATAL"), "{said}");
 }
+
+/// `forward-proxy` run by hand applies the defaults; `--allow` lifts them.
+#[tokio::test]
+async fn forward_proxy_without_rules_refuses_loopback_and_allow_lifts_it() {
+    let target = server(IpAddr::from([127, 0, 0, 1])).await;
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, want) in [
+        (&[][..], "HTTP/1.1 403 Forbidden"),
+        (&["--allow", "127.0.0.0/8"][..], "HTTP/1.1 204 No Content"),
+    ] {
+        let port = support::process::free_port();
+        let _proxy = support::process::Killed(
+            std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+                .args(["forward-proxy", "--listen", &format!("127.0.0.1:{port}")])
+                .arg("--instance-dir")
+                .arg(dir.path())
+                .args(extra)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let proxy = SocketAddr::from(([127, 0, 0, 1], port));
+        eventually("the proxy to listen", Duration::from_secs(10), async || {
+            TcpStream::connect(proxy).await.ok()
+        })
+        .await;
+        assert_eq!(get(proxy, &target.to_string()).await, want, "with {extra:?}");
+    }
+}
