@@ -203,6 +203,16 @@ async fn refuses_and_passes_by_class(implementation: LocalImplementation, tag: u
             REFUSED,
         ),
         (
+            "loopback as an IPv4-mapped IPv6 address",
+            get(proxy, &format!("[::ffff:127.0.0.1]:{}", loopback.port())).await,
+            REFUSED,
+        ),
+        (
+            "0.0.0.0 (reaches this host)",
+            get(proxy, &format!("0.0.0.0:{}", loopback.port())).await,
+            REFUSED,
+        ),
+        (
             "loopback by name (checked after resolving)",
             get(proxy, &format!("localhost:{}", loopback.port())).await,
             REFUSED,
