@@ -11,6 +11,7 @@
 //! and outlive the operator, like VMs outlive a cloud controller; a
 //! restarted operator finds them again by their recorded identity.
 
+mod destinations;
 mod process;
 mod record;
 mod squid;
@@ -22,12 +23,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
-use crate::destinations::{DestinationPolicy, DestinationRules, IpNet};
 use crate::provider::{
     BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError,
     ProviderId,
 };
 
+use destinations::Destinations;
 use process::{Exits, ProcessIdentity};
 use record::{Implementation, InstanceRecord};
 pub use squid::SquidRuntime;
@@ -73,25 +74,6 @@ pub struct LocalProvider {
     launcher: Launcher,
     exits: Exits,
     destinations: Destinations,
-}
-
-/// The provider's destination rules, for Squid's config and the built-in proxy's arguments.
-struct Destinations {
-    policy: DestinationPolicy,
-    builtin_args: Vec<String>,
-}
-
-impl Destinations {
-    fn new(rules: &DestinationRules, cluster_networks: &[IpNet]) -> Self {
-        let mut builtin_args = rules.to_args();
-        for net in cluster_networks {
-            builtin_args.extend(["--cluster-network".to_owned(), net.to_string()]);
-        }
-        Self {
-            policy: DestinationPolicy::new(rules, cluster_networks),
-            builtin_args,
-        }
-    }
 }
 
 impl LocalProvider {
