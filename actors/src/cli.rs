@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use egress_proxies::bind_address::BindAddress;
-use egress_proxies::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, IpNet};
+use egress_proxies::destinations::{
+    DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr,
+};
 use egress_proxies::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 
@@ -87,7 +89,7 @@ pub struct DestinationArgs {
     #[arg(long = "deny", value_name = "CIDR|PORT")]
     pub deny: Vec<DestinationEntry>,
     /// A cluster network denied like the default ones (repeatable).
-    #[arg(long = "cluster-network", value_name = "CIDR")]
+    #[arg(long = "cluster-network", value_name = "CIDR", value_parser = parse_cidr)]
     pub cluster_networks: Vec<IpNet>,
 }
 
@@ -238,6 +240,7 @@ pub struct RunArgs {
         long,
         env = "CLUSTER_NETWORKS",
         value_delimiter = ',',
+        value_parser = parse_cidr,
         value_name = "CIDR,..."
     )]
     pub cluster_networks: Vec<IpNet>,
@@ -292,7 +295,10 @@ mod tests {
         assert_eq!(cli.run.cluster_networks.len(), 2);
         let err =
             Cli::try_parse_from(["egress-proxies-operator", "--cluster-networks", "10.244.0.0"]).unwrap_err();
-        assert!(err.to_string().contains("--cluster-networks"), "{err}");
+        assert!(
+            err.to_string().contains("--cluster-networks") && err.to_string().contains("is not a CIDR"),
+            "{err}"
+        );
 
         let cli = Cli::try_parse_from([
             "egress-proxies-operator",

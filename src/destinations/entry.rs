@@ -25,6 +25,8 @@ pub enum DestinationEntryError {
         "{0:?} is not a destination: expected a CIDR (10.0.0.0/8, fd00::/8), an IP address, a port (8443) or a port range (8000-8099)"
     )]
     Unrecognised(String),
+    #[error("{0:?} is not a CIDR: expected a network such as 10.96.0.0/12 or fd00::/8")]
+    NotCidr(String),
     #[error("{given:?} has host bits set: did you mean {network}?")]
     HostBits { given: String, network: IpNet },
     #[error("{0:?}: ports are 1-65535")]
@@ -33,20 +35,34 @@ pub enum DestinationEntryError {
     EmptyRange(String),
 }
 
+/// A network written as a CIDR with its host bits zero (`10.96.0.0/12`).
+pub fn parse_cidr(text: &str) -> Result<IpNet, DestinationEntryError> {
+    let text = text.trim();
+    let network: IpNet = text
+        .parse()
+        .map_err(|_| DestinationEntryError::NotCidr(text.to_owned()))?;
+    // `10.0.0.1/8` is almost always a typo for `10.0.0.0/8` (or `/32`).
+    if network.trunc() != network {
+        return Err(DestinationEntryError::HostBits {
+            given: text.to_owned(),
+            network: network.trunc(),
+        });
+    }
+    Ok(network)
+}
+
 impl FromStr for DestinationEntry {
     type Err = DestinationEntryError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
-        if let Ok(network) = text.parse::<IpNet>() {
-            // `10.0.0.1/8` is almost always a typo for `10.0.0.0/8` (or `/32`).
-            if network.trunc() != network {
-                return Err(DestinationEntryError::HostBits {
-                    given: text.to_owned(),
-                    network: network.trunc(),
-                });
-            }
-            return Ok(Self::Network(network));
+        if text.contains('/') {
+            return match parse_cidr(text) {
+                Err(DestinationEntryError::NotCidr(_)) => {
+                    Err(DestinationEntryError::Unrecognised(text.to_owned()))
+                }
+                other => other.map(Self::Network),
+            };
         }
         if let Ok(address) = text.parse::<IpAddr>() {
             return Ok(Self::Network(IpNet::from(address)));

@@ -13,7 +13,7 @@ mod squid;
 use serde::{Deserialize, Serialize};
 
 pub use checked_connect::{CheckedConnectError, connect_checked};
-pub use entry::{DestinationEntry, DestinationEntryError};
+pub use entry::{DestinationEntry, DestinationEntryError, parse_cidr};
 pub use ipnet::IpNet;
 pub use policy::{DEFAULT_DENIED, DestinationPolicy, Refusal, TLS_PORT};
 pub use squid::squid_rules;
