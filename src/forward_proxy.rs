@@ -2,13 +2,17 @@
 //! requests (`GET http://host/path`). The local provider runs it as a
 //! separate process when Squid is not installed. Like the Squid config the
 //! operator generates, it adds no `Via` or `X-Forwarded-For` header, so
-//! targets see a plain client.
+//! targets see a plain client. Every destination passes the provider's
+//! destination rules first (see `destinations`): refused ones get 403.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
 
 /// Largest request head accepted.
 const MAX_HEAD: usize = 16 * 1024;
@@ -24,18 +28,19 @@ const HOP_HEADERS: [&str; 5] = [
 ];
 
 /// Serves until the listener fails.
-pub async fn serve(listener: TcpListener) -> io::Result<()> {
+pub async fn serve(listener: TcpListener, destinations: Arc<DestinationPolicy>) -> io::Result<()> {
     loop {
         let (client, peer) = listener.accept().await?;
+        let destinations = destinations.clone();
         tokio::spawn(async move {
-            if let Err(e) = handle(client).await {
+            if let Err(e) = handle(client, &destinations).await {
                 tracing::debug!(%peer, error = %e, "proxied connection ended with an error");
             }
         });
     }
 }
 
-async fn handle(mut client: TcpStream) -> io::Result<()> {
+async fn handle(mut client: TcpStream, destinations: &DestinationPolicy) -> io::Result<()> {
     let (head, rest) = match tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client)).await {
         Ok(result) => result?,
         Err(_) => return reply(&mut client, 408, "Request Timeout").await,
@@ -49,8 +54,15 @@ async fn handle(mut client: TcpStream) -> io::Result<()> {
     let target = request.path.unwrap_or_default().to_owned();
 
     if method.eq_ignore_ascii_case("CONNECT") {
-        let Ok(mut upstream) = connect(&target).await else {
-            return reply(&mut client, 502, "Bad Gateway").await;
+        let Some((host, port)) = target.rsplit_once(':') else {
+            return reply(&mut client, 400, "Bad Request").await;
+        };
+        let Ok(port) = port.parse::<u16>() else {
+            return reply(&mut client, 400, "Bad Request").await;
+        };
+        let mut upstream = match connect_checked(destinations, host, port, true, STEP_TIMEOUT).await {
+            Ok(upstream) => upstream,
+            Err(e) => return refuse(&mut client, e).await,
         };
         client
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -73,8 +85,9 @@ async fn handle(mut client: TcpStream) -> io::Result<()> {
         Some(p) => format!("{host}:{p}"),
         None => host.to_owned(),
     };
-    let Ok(mut upstream) = connect(&format!("{host}:{port}")).await else {
-        return reply(&mut client, 502, "Bad Gateway").await;
+    let mut upstream = match connect_checked(destinations, host, port, false, STEP_TIMEOUT).await {
+        Ok(upstream) => upstream,
+        Err(e) => return refuse(&mut client, e).await,
     };
     let path = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let mut out = format!("{method} {path} HTTP/1.1\r\n");
@@ -127,10 +140,13 @@ async fn read_head(client: &mut TcpStream) -> io::Result<(Vec<u8>, Vec<u8>)> {
     }
 }
 
-async fn connect(authority: &str) -> io::Result<TcpStream> {
-    tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(authority))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"))?
+/// 403 for a refused destination, 502 when it could not be reached.
+async fn refuse(client: &mut TcpStream, e: CheckedConnectError) -> io::Result<()> {
+    tracing::info!(error = %e, "destination not reached");
+    match e {
+        CheckedConnectError::Refused { .. } => reply(client, 403, "Forbidden").await,
+        _ => reply(client, 502, "Bad Gateway").await,
+    }
 }
 
 async fn reply(client: &mut TcpStream, code: u16, reason: &str) -> io::Result<()> {

@@ -295,6 +295,36 @@ fn instance_level_rules() {
             "providers:\n  - {name: l, type: local, local: {listenAddress: localhost}}\n",
             vec!["providers[0] (l): local.listenAddress invalid IP address syntax"],
         ),
+        (
+            "providers:\n  - {name: l, type: local, local: {destinations: {allow: [127.0.0.0/8, 10.0.0.1/8]}}}\n",
+            vec![
+                "providers[0] (l): local.destinations.allow[1] \"10.0.0.1/8\" has host bits set: did you mean 10.0.0.0/8?",
+            ],
+        ),
+        (
+            "providers:\n  - {name: k, type: kubernetes, kubernetes: {destinations: {deny: [example.com]}}}\n",
+            vec![
+                "providers[0] (k): kubernetes.destinations.deny[0] \"example.com\" is not a destination: expected a CIDR \
+                 (10.0.0.0/8, fd00::/8), an IP address, a port (8443) or a port range (8000-8099)",
+            ],
+        ),
+        (
+            "providers:\n  - {name: l, type: local, local: {destinations: {allow: [70000]}}}\n",
+            vec!["providers[0] (l): local.destinations.allow[0] \"70000\": ports are 1-65535"],
+        ),
+        (
+            "providers:\n  - {name: l, type: local, local: {destinations: {permit: [8443]}}}\n",
+            vec![
+                "providers[0] (l): local.destinations.permit unknown field `permit`, expected `allow` or `deny`",
+            ],
+        ),
+        (
+            "providers:\n  - {name: v, type: kvm, kvm: {destinations: {allow: [8443]}}}\n",
+            vec![
+                "providers[0] (v): kvm.destinations is not applied by type kvm: its VMs' Squid is configured by the \
+                 cloud-init you supply; edit the destination rules there (see docs/security.md) and remove this field",
+            ],
+        ),
     ];
     for (yaml, expected) in cases {
         assert_eq!(problems(yaml), expected, "for:\n{yaml}");

@@ -80,8 +80,12 @@ fn kvm() -> impl Strategy<Value = KvmConfig> {
 
 fn settings() -> impl Strategy<Value = ProviderSettings> {
     prop_oneof![
-        "[a-z]{1,10}(/[a-z]{1,10})?:[a-z0-9.]{1,8}"
-            .prop_map(|image| ProviderSettings::Kubernetes(KubernetesConfig { image })),
+        "[a-z]{1,10}(/[a-z]{1,10})?:[a-z0-9.]{1,8}".prop_map(|image| ProviderSettings::Kubernetes(
+            KubernetesConfig {
+                image,
+                ..Default::default()
+            }
+        )),
         (
             "[a-z][a-z0-9-]{5,20}",
             proptest::option::of("[a-z][a-z0-9]{0,10}"),

@@ -7,7 +7,7 @@
 set -euo pipefail
 
 build=(pkg-config libssl-dev libvirt-dev git)
-test_extra=(squid xorriso openssl chromium chromium-driver python3-venv bubblewrap)
+test_extra=(squid iproute2 xorriso openssl chromium chromium-driver python3-venv bubblewrap)
 
 case "${1:-build}" in
   build) wanted=("${build[@]}") ;;

@@ -164,6 +164,11 @@ fn main() {
                 "forward-proxy",
                 "--listen",
                 &format!("127.0.0.1:{proxy_port}"),
+                // The target is on loopback, which the proxy refuses by default.
+                "--allow",
+                "127.0.0.0/8",
+                "--allow",
+                "1-65535",
                 "--instance-dir",
                 "/tmp",
             ])

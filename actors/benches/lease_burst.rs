@@ -167,7 +167,7 @@ fn main() {
     std::fs::create_dir(&manifests).unwrap();
     std::fs::write(
         dir.path().join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
     )
     .unwrap();
     std::fs::write(

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use egress_proxies::bind_address::BindAddress;
+use egress_proxies::destinations::{
+    DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr,
+};
 use egress_proxies::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 
@@ -70,7 +73,34 @@ pub enum Command {
         /// Where to write this process's pid once it listens.
         #[arg(long)]
         pid_file: Option<PathBuf>,
+        #[command(flatten)]
+        destinations: DestinationArgs,
     },
+}
+
+/// The built-in proxy's destination rules. Without any, it refuses what
+/// every operator-made proxy refuses by default (docs/security.md).
+#[derive(Args, Debug, Clone)]
+pub struct DestinationArgs {
+    /// A network (CIDR or address) reachable despite the default denies, or a port CONNECT may reach besides 443 (repeatable).
+    #[arg(long = "allow", value_name = "CIDR|PORT")]
+    pub allow: Vec<DestinationEntry>,
+    /// A network or port never reached (repeatable); beats --allow.
+    #[arg(long = "deny", value_name = "CIDR|PORT")]
+    pub deny: Vec<DestinationEntry>,
+    /// A cluster network denied like the default ones (repeatable).
+    #[arg(long = "cluster-network", value_name = "CIDR", value_parser = parse_cidr)]
+    pub cluster_networks: Vec<IpNet>,
+}
+
+impl DestinationArgs {
+    pub fn policy(&self) -> DestinationPolicy {
+        let rules = DestinationRules {
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+        };
+        DestinationPolicy::new(&rules, &self.cluster_networks)
+    }
 }
 
 /// What `get` lists.
@@ -221,6 +251,18 @@ pub struct RunArgs {
     #[arg(long, env = "TRACE_HEALTH_PROBES")]
     pub trace_health_probes: bool,
 
+    /// The cluster's pod and service ranges (comma-separated CIDRs): every
+    /// proxy the operator makes refuses them unless a provider's
+    /// `destinations.allow` lists them.
+    #[arg(
+        long,
+        env = "CLUSTER_NETWORKS",
+        value_delimiter = ',',
+        value_parser = parse_cidr,
+        value_name = "CIDR,..."
+    )]
+    pub cluster_networks: Vec<IpNet>,
+
     /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
     #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]
     pub gcp_wire_log_full_payloads: bool,
@@ -258,6 +300,55 @@ mod tests {
             BindAddress::Listen("127.0.0.1:9000".parse().unwrap())
         );
         assert_eq!(cli.run.gc_interval, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn cluster_networks_and_forward_proxy_rules_parse() {
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "--cluster-networks",
+            "10.244.0.0/16,10.96.0.0/12",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.cluster_networks.len(), 2);
+        let err =
+            Cli::try_parse_from(["egress-proxies-operator", "--cluster-networks", "10.244.0.0"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--cluster-networks") && err.to_string().contains("is not a CIDR"),
+            "{err}"
+        );
+
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "forward-proxy",
+            "--listen",
+            "127.0.0.1:3128",
+            "--instance-dir",
+            "/tmp",
+            "--allow",
+            "127.0.0.0/8",
+            "--deny",
+            "25",
+        ])
+        .unwrap();
+        let Some(Command::ForwardProxy { destinations, .. }) = cli.command else {
+            panic!("forward-proxy parses as ForwardProxy");
+        };
+        let policy = destinations.policy();
+        assert!(policy.check("127.0.0.1".parse().unwrap(), 80, false).is_ok());
+        assert!(policy.check("127.0.0.1".parse().unwrap(), 25, false).is_err());
+        let err = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "forward-proxy",
+            "--listen",
+            "127.0.0.1:3128",
+            "--instance-dir",
+            "/tmp",
+            "--allow",
+            "10.0.0.1/8",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("did you mean 10.0.0.0/8"), "{err}");
     }
 
     #[test]

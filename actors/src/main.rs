@@ -24,7 +24,14 @@ fn main() -> ExitCode {
             listen,
             instance_dir,
             pid_file,
-        }) => forward_proxy(&cli.logging, listen, &instance_dir, pid_file.as_deref()),
+            destinations,
+        }) => forward_proxy(
+            &cli.logging,
+            listen,
+            &instance_dir,
+            pid_file.as_deref(),
+            destinations.policy(),
+        ),
         Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
     }
@@ -118,6 +125,7 @@ fn forward_proxy(
     listen: std::net::SocketAddr,
     instance_dir: &Path,
     pid_file: Option<&Path>,
+    destinations: egress_proxies::destinations::DestinationPolicy,
 ) -> ExitCode {
     // A helper process of the local provider: no traces of its own.
     let _telemetry = match logging(log, false) {
@@ -136,7 +144,7 @@ fn forward_proxy(
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            served = egress_proxies::forward_proxy::serve(listener) => served,
+            served = egress_proxies::forward_proxy::serve(listener, destinations.into()) => served,
             _ = term.recv() => Ok(()),
         }
     });
@@ -182,6 +190,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         gcp: egress_proxies::gcp::GcpOptions {
             wire_log_full_payloads: args.gcp_wire_log_full_payloads,
         },
+        cluster_networks: args.cluster_networks,
         settings: system::Settings {
             health_workers: args.health_workers as usize,
             trace_health_probes: args.trace_health_probes,

@@ -44,6 +44,8 @@ pub struct Options {
     pub proxy_namespace: Option<String>,
     pub health_ca_file: Option<PathBuf>,
     pub gcp: egress_proxies::gcp::GcpOptions,
+    /// `--cluster-networks`: pod and service ranges every proxy denies by default.
+    pub cluster_networks: Vec<egress_proxies::destinations::IpNet>,
     pub settings: system::Settings,
     /// `--installation-id`: overrides the id kept in the cluster.
     pub installation_id: Option<InstallationId>,
@@ -103,6 +105,7 @@ async fn operate(
         kube_client: Some(client.clone()),
         kvm_runner: Some(crate::kvm::router::runner_factory()),
         gcp: options.gcp.clone(),
+        cluster_networks: options.cluster_networks.clone(),
     };
     let providers = Arc::new(Providers::build(&providers_config, &build)?);
     tracing::info!(

@@ -57,6 +57,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         gcp: egress_proxies::gcp::GcpOptions {
             wire_log_full_payloads: config.gcp_wire_log_full_payloads,
         },
+        cluster_networks: Vec::new(),
     };
     let providers = Providers::build(&providers_config, &build)?;
     let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;

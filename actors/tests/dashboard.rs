@@ -124,7 +124,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     std::fs::create_dir(root.join("proxies")).unwrap();
     std::fs::write(
         root.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
     )
     .unwrap();
     let api = format!("127.0.0.1:{}", free_port());

@@ -234,9 +234,11 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
             kube_client: None,
             kvm_runner: None,
             gcp: Default::default(),
+            cluster_networks: Vec::new(),
         };
         let config = LocalConfig {
             implementation: LocalImplementation::Builtin,
+            destinations: support::loopback_rules(),
             ..LocalConfig::default()
         };
         vec![Arc::new(LocalProvider::new("local", config, &ctx).unwrap()) as Arc<dyn Provider>]

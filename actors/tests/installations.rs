@@ -233,7 +233,7 @@ fn standalone_bed(dir: &Path, health: &str) {
     std::fs::create_dir_all(dir.join("proxies")).unwrap();
     std::fs::write(
         dir.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
     )
     .unwrap();
     std::fs::write(

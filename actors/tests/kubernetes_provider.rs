@@ -44,6 +44,58 @@ async fn mark(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
     .unwrap();
 }
 
+/// A kubernetes provider built from a providers file, with the operator's
+/// cluster networks: its pods' Squid refuses the cluster networks and the
+/// default ranges, except what `destinations.allow` lists.
+#[actix_rt::test]
+async fn the_pods_squid_config_carries_the_destination_rules() {
+    let fake = FakeApiServer::start().unwrap();
+    let config = egress_proxies::config::ProvidersConfig::parse(
+        "providers:\n  - {name: cluster, type: kubernetes, kubernetes: {destinations: {allow: [10.1.0.0/16, 8443], deny: [10.1.2.0/24]}}}\n",
+        "test",
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let ctx = egress_proxies::provider::BuildContext {
+        state_dir: state.path().to_owned(),
+        operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
+        kube_client: Some(client(&fake)),
+        kvm_runner: None,
+        gcp: Default::default(),
+        cluster_networks: vec!["10.96.0.0/12".parse().unwrap()],
+    };
+    let providers = egress_proxies::provider::Providers::build(&config, &ctx).unwrap();
+    let req = request("uid-rules", 3128);
+    providers.get("cluster").unwrap().create(&req).await.unwrap();
+    let pod = Api::<Pod>::namespaced(client(&fake), "crawl")
+        .get(req.name.as_str())
+        .await
+        .unwrap();
+    let conf = pod.spec.unwrap().containers[0].env.as_ref().unwrap()[0]
+        .value
+        .clone()
+        .unwrap();
+    for line in [
+        "acl SSL_ports port 443 8443\n",
+        "acl epo_denied_dst dst 10.1.2.0/24\n",
+        "acl epo_allowed_dst dst 10.1.0.0/16\n",
+        "http_access deny CONNECT !SSL_ports\n",
+        "http_access deny epo_default_denied_dst !epo_allowed_dst\n",
+    ] {
+        assert!(conf.contains(line), "{line:?} in {conf}");
+    }
+    assert!(
+        conf.contains("acl epo_default_denied_dst dst 0.0.0.0/8 127.0.0.0/8 169.254.0.0/16")
+            && conf.contains(" fc00::/7 10.96.0.0/12\n"),
+        "defaults and the cluster network: {conf}"
+    );
+    let rules_end = conf.find("http_access deny epo_default_denied_dst").unwrap();
+    assert!(
+        rules_end < conf.find("http_access allow all").unwrap(),
+        "the rules come before the final allow: {conf}"
+    );
+}
+
 #[actix_rt::test]
 async fn pods_are_created_mapped_listed_and_deleted() {
     let fake = FakeApiServer::start().unwrap();
@@ -152,7 +204,10 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     // The "pod" serves on loopback: a built-in forward proxy run by the test.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        support::open_to_loopback(),
+    ));
     let (target, _) =
         support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
 

@@ -22,7 +22,7 @@ use support::process::{InstanceReaper, Killed, free_port};
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const LEASE_NAME: &str = "egress-proxies-operator";
 const LEASE_DURATION: Duration = Duration::from_secs(3);
-const LOCAL: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n";
+const LOCAL: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n";
 /// One sample's patience: a replica that does not answer in time did not act.
 const SAMPLE_TIMEOUT: Duration = Duration::from_millis(300);
 

@@ -126,7 +126,7 @@ async fn leases_and_rests_survive_a_leader_change() {
     std::fs::write(dir.join("kubeconfig"), fake.kubeconfig("crawl")).unwrap();
     std::fs::write(
         dir.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
     )
     .unwrap();
     let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();

@@ -19,6 +19,7 @@ fn provider(state: &std::path::Path, implementation: LocalImplementation) -> Loc
         state,
         LocalConfig {
             implementation,
+            destinations: support::loopback_rules(),
             ..LocalConfig::default()
         },
     )
@@ -31,6 +32,7 @@ fn provider_with(state: &std::path::Path, config: LocalConfig) -> LocalProvider 
         kube_client: None,
         kvm_runner: None,
         gcp: Default::default(),
+        cluster_networks: Vec::new(),
     };
     LocalProvider::new("local", config, &ctx).unwrap()
 }

@@ -51,7 +51,7 @@ fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
     std::fs::create_dir(root.join("proxies")).unwrap();
     std::fs::write(
         root.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
     )
     .unwrap();
     let (api, metrics) = (

@@ -89,7 +89,7 @@ async fn an_always_exiting_instance_is_replaced_with_growing_delays_and_a_reason
     std::fs::write(
         dir.join("providers.yaml"),
         format!(
-            "providers:\n  - {{name: local, type: local, local: {{implementation: squid, squidBinary: {}}}}}\n",
+            "providers:\n  - {{name: local, type: local, local: {{implementation: squid, squidBinary: {}, destinations: {{allow: [127.0.0.0/8]}}}}}}\n",
             script.display()
         ),
     )

@@ -44,7 +44,7 @@ impl Bed {
         std::fs::create_dir(dir.join("proxies")).unwrap();
         std::fs::write(
             dir.join("providers.yaml"),
-            "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+            "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
         )
         .unwrap();
         std::fs::write(

@@ -116,7 +116,7 @@ impl Scenario {
         std::fs::create_dir(dir.join("proxies")).unwrap();
         std::fs::write(
             dir.join("providers.yaml"),
-            "providers:\n  - {name: local, type: local, local: {implementation: builtin}}\n",
+            "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
         )
         .unwrap();
         let api = format!("127.0.0.1:{}", free_port());

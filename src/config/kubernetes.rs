@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::problems::Problems;
+use crate::destinations::DestinationRules;
 
 /// Squid image run by default.
 pub const DEFAULT_SQUID_IMAGE: &str = "ubuntu/squid:6.6-24.04_edge";
@@ -14,12 +15,16 @@ pub struct KubernetesConfig {
     /// Container image running Squid.
     #[serde(default = "default_image")]
     pub image: String,
+    /// Which destinations the proxies may reach (docs/security.md).
+    #[serde(default, skip_serializing_if = "DestinationRules::is_empty")]
+    pub destinations: DestinationRules,
 }
 
 impl Default for KubernetesConfig {
     fn default() -> Self {
         Self {
             image: default_image(),
+            destinations: DestinationRules::default(),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::problems::Problems;
+use crate::destinations::DestinationRules;
 
 /// Settings of one local provider instance.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub struct LocalConfig {
     /// `squidUser` can reach (default `/run/egress-proxies-operator`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_directory: Option<PathBuf>,
+    /// Which destinations the proxies may reach (docs/security.md).
+    #[serde(default, skip_serializing_if = "DestinationRules::is_empty")]
+    pub destinations: DestinationRules,
 }
 
 impl Default for LocalConfig {
@@ -37,6 +41,7 @@ impl Default for LocalConfig {
             listen_address: default_listen_address(),
             squid_user: None,
             run_directory: None,
+            destinations: DestinationRules::default(),
         }
     }
 }

@@ -236,6 +236,18 @@ fn parse_instance(entry: Value, p: &mut Problems) -> Option<ProviderInstance> {
             );
         }
     }
+    for (kind, block) in [("gcp", &raw.gcp), ("kvm", &raw.kvm)] {
+        if block.as_ref().is_some_and(|b| b.get("destinations").is_some()) {
+            p.report(
+                format!("{kind}.destinations"),
+                format!(
+                    "is not applied by type {kind}: its VMs' Squid is configured by the cloud-init you supply; \
+                     edit the destination rules there (see docs/security.md) and remove this field"
+                ),
+            );
+            return None;
+        }
+    }
     let settings = match raw.kind.as_str() {
         "kubernetes" => ProviderSettings::Kubernetes(typed_block("kubernetes", raw.kubernetes, true, p)?),
         "gcp" => ProviderSettings::Gcp(typed_block("gcp", raw.gcp, false, p)?),

@@ -13,6 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::config::KubernetesConfig;
+use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
@@ -33,6 +34,7 @@ pub struct KubernetesProvider {
     name: String,
     client: kube::Client,
     config: KubernetesConfig,
+    destinations: DestinationPolicy,
 }
 
 /// The user the Squid container runs as: `proxy` (13) in the Debian and
@@ -52,12 +54,13 @@ pub const SQUID_COMMAND: [&str; 3] = [
 /// file Squid writes is under `/tmp` (the pod's only writable directory) or
 /// a standard stream; `netdb_filename none`: the netdb state would be saved
 /// under /var/spool on shutdown.
-pub fn squid_config(port: u16) -> String {
+pub fn squid_config(port: u16, destinations: &DestinationPolicy) -> String {
     format!(
-        "http_port {port}\nhttp_access allow all\nvia off\nforwarded_for delete\n\
+        "http_port {port}\n{rules}http_access allow all\nvia off\nforwarded_for delete\n\
          max_filedescriptors {MAX_FILEDESCRIPTORS}\ncache deny all\ncache_mem 8 MB\npinger_enable off\n\
          shutdown_lifetime 1 seconds\npid_filename /tmp/squid.pid\ncoredump_dir /tmp\n\
-         netdb_filename none\ncache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n"
+         netdb_filename none\ncache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n",
+        rules = squid_rules(destinations),
     )
 }
 
@@ -165,8 +168,15 @@ impl KubernetesProvider {
         Self {
             name: name.to_owned(),
             client,
+            destinations: DestinationPolicy::new(&config.destinations, &[]),
             config,
         }
+    }
+
+    /// Denies the cluster's pod and service ranges unless `destinations.allow` lists them.
+    pub fn with_cluster_networks(mut self, cluster_networks: &[IpNet]) -> Self {
+        self.destinations = DestinationPolicy::new(&self.config.destinations, cluster_networks);
+        self
     }
 
     fn error(&self, op: Op, id: Option<&str>, e: kube::Error) -> ProviderError {
@@ -249,7 +259,7 @@ impl KubernetesProvider {
                     "name": "squid",
                     "image": self.config.image,
                     "command": SQUID_COMMAND,
-                    "env": [{"name": "SQUID_CONFIG", "value": squid_config(req.port)}],
+                    "env": [{"name": "SQUID_CONFIG", "value": squid_config(req.port, &self.destinations)}],
                     "ports": [{"name": "proxy", "containerPort": req.port, "protocol": "TCP"}],
                     "readinessProbe": {"tcpSocket": {"port": req.port}, "periodSeconds": 2},
                     "resources": {
@@ -470,7 +480,7 @@ mod tests {
 
     #[test]
     fn squid_config_has_what_containers_need() {
-        let conf = squid_config(3128);
+        let conf = squid_config(3128, &DestinationPolicy::default());
         for line in [
             "http_port 3128",
             "http_access allow all",

@@ -24,6 +24,9 @@ pub struct BuildContext {
     pub kvm_runner: Option<KvmRunnerFactory>,
     /// Command-line settings of gcp providers.
     pub gcp: crate::gcp::GcpOptions,
+    /// The cluster's pod and service ranges (Kubernetes mode): proxies deny
+    /// them like the other internal networks.
+    pub cluster_networks: Vec<crate::destinations::IpNet>,
 }
 
 /// Makes the [`HostRunner`] of one kvm provider instance.
@@ -64,11 +67,14 @@ impl Providers {
                     })?,
                 ),
                 ProviderSettings::Kubernetes(k8s) => match &ctx.kube_client {
-                    Some(client) => Arc::new(super::kubernetes::KubernetesProvider::new(
-                        &instance.name,
-                        k8s.clone(),
-                        client.clone(),
-                    )),
+                    Some(client) => Arc::new(
+                        super::kubernetes::KubernetesProvider::new(
+                            &instance.name,
+                            k8s.clone(),
+                            client.clone(),
+                        )
+                        .with_cluster_networks(&ctx.cluster_networks),
+                    ),
                     None => {
                         return Err(BuildError::Invalid {
                             name: instance.name.clone(),

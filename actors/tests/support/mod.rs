@@ -1,6 +1,7 @@
 //! Shared test support: a scripted provider, target servers, waiting helpers.
 #![allow(dead_code)]
 
+pub mod address_bed;
 pub mod gcp;
 pub mod http;
 pub mod kvm_bed;
@@ -35,4 +36,21 @@ pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl AsyncF
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Destination rules for proxies the tests fetch through: loopback targets
+/// (where the tests' servers listen) on any port.
+pub fn loopback_rules() -> egress_proxies::destinations::DestinationRules {
+    egress_proxies::destinations::DestinationRules {
+        allow: vec!["127.0.0.0/8".parse().unwrap(), "1-65535".parse().unwrap()],
+        deny: Vec::new(),
+    }
+}
+
+/// [`loopback_rules`] for an in-process built-in proxy standing in for someone else's.
+pub fn open_to_loopback() -> std::sync::Arc<egress_proxies::destinations::DestinationPolicy> {
+    std::sync::Arc::new(egress_proxies::destinations::DestinationPolicy::new(
+        &loopback_rules(),
+        &[],
+    ))
 }

@@ -40,7 +40,8 @@ pub fn health_target() -> String {
 }
 
 /// The operator binary's built-in forward proxy on `127.0.0.1:port` — a
-/// proxy "someone else" runs (External proxies, a fake cloud VM's proxy).
+/// proxy "someone else" runs (External proxies, a fake cloud VM's proxy),
+/// open to this machine's loopback targets on any port.
 pub fn forward_proxy(bin: &str, port: u16, dir: &std::path::Path) -> Killed {
     Killed(
         std::process::Command::new(bin)
@@ -48,6 +49,10 @@ pub fn forward_proxy(bin: &str, port: u16, dir: &std::path::Path) -> Killed {
                 "forward-proxy",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
+                "--allow",
+                "127.0.0.0/8",
+                "--allow",
+                "1-65535",
                 "--instance-dir",
             ])
             .arg(dir)

@@ -11,6 +11,7 @@
 //! and outlive the operator, like VMs outlive a cloud controller; a
 //! restarted operator finds them again by their recorded identity.
 
+mod destinations;
 mod process;
 mod record;
 mod squid;
@@ -27,6 +28,7 @@ use crate::provider::{
     ProviderId,
 };
 
+use destinations::Destinations;
 use process::{Exits, ProcessIdentity};
 use record::{Implementation, InstanceRecord};
 pub use squid::SquidRuntime;
@@ -71,6 +73,7 @@ pub struct LocalProvider {
     instances_dir: PathBuf,
     launcher: Launcher,
     exits: Exits,
+    destinations: Destinations,
 }
 
 impl LocalProvider {
@@ -99,6 +102,7 @@ impl LocalProvider {
             instances_dir,
             launcher,
             exits: Exits::default(),
+            destinations: Destinations::new(&config.destinations, &ctx.cluster_networks),
         })
     }
 
@@ -219,7 +223,9 @@ impl LocalProvider {
             Launcher::Squid(squid) => {
                 let run_dir = squid.run_dir(dir, name);
                 let service = squid::service_name(name);
-                squid.prepare(&run_dir, &record).map_err(io)?;
+                squid
+                    .prepare(&run_dir, &record, &self.destinations.policy)
+                    .map_err(io)?;
                 // No Squid of this instance runs (it is being created): leftovers of a killed one go.
                 squid::remove_segments(&service).map_err(io)?;
                 if let Err(why) = squid.check(&run_dir, &service).await {
@@ -245,7 +251,8 @@ impl LocalProvider {
                     .arg("--instance-dir")
                     .arg(dir)
                     .arg("--pid-file")
-                    .arg(dir.join(BUILTIN_PID_FILE));
+                    .arg(dir.join(BUILTIN_PID_FILE))
+                    .args(&self.destinations.builtin_args);
                 cmd
             }
         };

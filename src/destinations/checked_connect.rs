@@ -1,0 +1,121 @@
+//! Connecting to a destination only after checking it: the name is resolved
+//! once, every address is checked, and the connection goes to a checked
+//! address, so a DNS answer cannot change between the check and the connect.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use super::{DestinationPolicy, Refusal};
+
+/// Why no connection to a destination was made.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckedConnectError {
+    #[error("{host}:{port} is refused: {refusal}")]
+    Refused {
+        host: String,
+        port: u16,
+        refusal: Refusal,
+    },
+    #[error("resolving {host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{host} has no address")]
+    NoAddress { host: String },
+    #[error("connecting to {address}: {source}")]
+    Connect {
+        address: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("connecting to {host}:{port} timed out")]
+    TimedOut { host: String, port: u16 },
+}
+
+/// Connects to `host:port` (`host` a name or an address, IPv6 with or
+/// without brackets) at one of its addresses the policy allows; `tunnel` for
+/// `CONNECT`. When every address is refused, the first refusal is returned.
+pub async fn connect_checked(
+    policy: &DestinationPolicy,
+    host: &str,
+    port: u16,
+    tunnel: bool,
+    timeout: Duration,
+) -> Result<TcpStream, CheckedConnectError> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let attempt = async {
+        let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|source| CheckedConnectError::Resolve {
+                host: host.to_owned(),
+                source,
+            })?
+            .collect();
+        let mut refused = None;
+        let mut last_error = None;
+        for address in addresses {
+            if let Err(refusal) = policy.check(address.ip(), port, tunnel) {
+                refused.get_or_insert(refusal);
+                continue;
+            }
+            match TcpStream::connect(address).await {
+                Ok(stream) => return Ok(stream),
+                Err(source) => last_error = Some(CheckedConnectError::Connect { address, source }),
+            }
+        }
+        Err(last_error
+            .or(refused.map(|refusal| CheckedConnectError::Refused {
+                host: host.to_owned(),
+                port,
+                refusal,
+            }))
+            .unwrap_or_else(|| CheckedConnectError::NoAddress {
+                host: host.to_owned(),
+            }))
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| CheckedConnectError::TimedOut {
+            host: host.to_owned(),
+            port,
+        })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_name_resolving_to_a_denied_address_is_refused_without_connecting() {
+        // Something listens, so only the check stands between it and a connection.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let policy = DestinationPolicy::default();
+        for host in ["localhost", "127.0.0.1"] {
+            let err = connect_checked(&policy, host, port, false, Duration::from_secs(5))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    CheckedConnectError::Refused {
+                        refusal: Refusal::DefaultDenied(_),
+                        ..
+                    }
+                ),
+                "{host}: {err}"
+            );
+        }
+        let allowed: super::super::DestinationRules =
+            serde_json::from_str(r#"{"allow": ["127.0.0.0/8"]}"#).unwrap();
+        let policy = DestinationPolicy::new(&allowed, &[]);
+        connect_checked(&policy, "127.0.0.1", port, false, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+}
