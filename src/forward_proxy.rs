@@ -2,13 +2,17 @@
 //! requests (`GET http://host/path`). The local provider runs it as a
 //! separate process when Squid is not installed. Like the Squid config the
 //! operator generates, it adds no `Via` or `X-Forwarded-For` header, so
-//! targets see a plain client.
+//! targets see a plain client. Given credentials, it demands them in
+//! `Proxy-Authorization` (Basic) before relaying anything.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::credentials::BasicAuthorization;
 
 /// Largest request head accepted.
 const MAX_HEAD: usize = 16 * 1024;
@@ -23,19 +27,24 @@ const HOP_HEADERS: [&str; 5] = [
     "te",
 ];
 
-/// Serves until the listener fails.
-pub async fn serve(listener: TcpListener) -> io::Result<()> {
+/// The realm named in a 407's `Proxy-Authenticate`.
+const REALM: &str = "egress-proxies";
+
+/// Serves until the listener fails. With `auth`, every request must present it.
+pub async fn serve(listener: TcpListener, auth: Option<BasicAuthorization>) -> io::Result<()> {
+    let auth = auth.map(Arc::new);
     loop {
         let (client, peer) = listener.accept().await?;
+        let auth = auth.clone();
         tokio::spawn(async move {
-            if let Err(e) = handle(client).await {
+            if let Err(e) = handle(client, auth.as_deref()).await {
                 tracing::debug!(%peer, error = %e, "proxied connection ended with an error");
             }
         });
     }
 }
 
-async fn handle(mut client: TcpStream) -> io::Result<()> {
+async fn handle(mut client: TcpStream, auth: Option<&BasicAuthorization>) -> io::Result<()> {
     let (head, rest) = match tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client)).await {
         Ok(result) => result?,
         Err(_) => return reply(&mut client, 408, "Request Timeout").await,
@@ -44,6 +53,16 @@ async fn handle(mut client: TcpStream) -> io::Result<()> {
     let mut request = httparse::Request::new(&mut headers);
     if !matches!(request.parse(&head), Ok(httparse::Status::Complete(_))) {
         return reply(&mut client, 400, "Bad Request").await;
+    }
+    if let Some(auth) = auth {
+        let presented = request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+            .map(|h| h.value);
+        if !presented.is_some_and(|value| auth.admits(value)) {
+            return refuse_unauthenticated(&mut client).await;
+        }
     }
     let method = request.method.unwrap_or_default().to_owned();
     let target = request.path.unwrap_or_default().to_owned();
@@ -131,6 +150,14 @@ async fn connect(authority: &str) -> io::Result<TcpStream> {
     tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(authority))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"))?
+}
+
+async fn refuse_unauthenticated(client: &mut TcpStream) -> io::Result<()> {
+    let response = format!(
+        "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"{REALM}\"\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    client.write_all(response.as_bytes()).await
 }
 
 async fn reply(client: &mut TcpStream, code: u16, reason: &str) -> io::Result<()> {

@@ -70,6 +70,11 @@ pub enum Command {
         /// Where to write this process's pid once it listens.
         #[arg(long)]
         pid_file: Option<PathBuf>,
+        /// A file (mode 0600) holding `username:password` that every request
+        /// must present (Basic `Proxy-Authorization`). A file, not a flag:
+        /// `ps` shows command lines to every user.
+        #[arg(long)]
+        credentials_file: Option<PathBuf>,
     },
 }
 

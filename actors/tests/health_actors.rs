@@ -63,6 +63,14 @@ impl ProxyStore for Counting {
             .push(status.phase);
         self.inner.write_status(key, uid, status).await
     }
+    async fn proxy_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<egress_proxies::credentials::ProxyCredentials, StoreError> {
+        self.inner.proxy_credentials(key, uid, generation).await
+    }
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
         self.inner.cloud_init(namespace, secret).await
     }

@@ -34,7 +34,7 @@ fn prober_trusting(ca: &CertificateDer<'static>) -> Prober {
 async fn builtin_proxy() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    tokio::spawn(egress_proxies::forward_proxy::serve(listener, None));
     addr
 }
 

@@ -196,7 +196,7 @@ async fn the_operator_runs_every_path_against_the_api_server() {
     // An External proxy: the built-in forward proxy of this test, probed through.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ext_port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    tokio::spawn(egress_proxies::forward_proxy::serve(listener, None));
     bed.apply(
         "ext",
         json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port},

@@ -31,6 +31,7 @@ fn request(uid: &str, port: u16) -> CreateRequest {
         cloud_init: None,
         placement: Placement::default(),
         port,
+        credentials: None,
     }
 }
 
@@ -152,7 +153,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     // The "pod" serves on loopback: a built-in forward proxy run by the test.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener));
+    tokio::spawn(egress_proxies::forward_proxy::serve(listener, None));
     let (target, _) =
         support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
 

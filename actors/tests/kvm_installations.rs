@@ -172,6 +172,7 @@ impl Installation {
                 region: None,
             },
             port: 3128,
+            credentials: None,
         }
     }
 

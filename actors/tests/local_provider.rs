@@ -44,6 +44,7 @@ fn request(uid: &str) -> CreateRequest {
         cloud_init: None,
         placement: Placement::default(),
         port: 3128,
+        credentials: None,
     }
 }
 
