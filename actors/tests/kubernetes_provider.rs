@@ -50,7 +50,11 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     let fake = FakeApiServer::start().unwrap();
     let c = client(&fake);
     let provider = KubernetesProvider::new("cluster", KubernetesConfig::default(), c.clone());
-    let req = request("uid-1", 3128);
+    let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
+    let req = CreateRequest {
+        credentials: Some(credentials.clone()),
+        ..request("uid-1", 3128)
+    };
     let id = provider.create(&req).await.unwrap();
     assert_eq!(id.as_str(), format!("namespaces/crawl/pods/{}", req.name));
     assert_eq!(provider.create(&req).await.unwrap(), id, "idempotent on the name");
@@ -68,6 +72,30 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     assert!(
         conf.contains("http_port 3128") && conf.contains("max_filedescriptors"),
         "{conf}"
+    );
+    // Squid checks credentials against the passwd file of the Proxy's Secret.
+    assert!(
+        conf.contains("auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid-auth/passwd\n")
+            && conf.find("http_access deny !authenticated") < conf.find("http_access allow"),
+        "{conf}"
+    );
+    let spec = pod.spec.as_ref().unwrap();
+    let volume = &spec.volumes.as_ref().unwrap()[0];
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(
+        secret.secret_name.as_deref(),
+        Some(format!("{}-credentials", req.name).as_str())
+    );
+    assert_eq!(secret.items.as_ref().unwrap()[0].key, "htpasswd");
+    let mount = &container.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(
+        (mount.mount_path.as_str(), mount.read_only),
+        ("/etc/squid-auth", Some(true))
+    );
+    let whole_pod = serde_json::to_string(&pod).unwrap();
+    assert!(
+        !whole_pod.contains(&credentials.password),
+        "the pod carries no password"
     );
 
     let i = provider.get(&id).await.unwrap();

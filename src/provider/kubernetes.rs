@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::Path;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
@@ -13,9 +14,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::config::KubernetesConfig;
+use crate::provider::squid_auth::with_auth;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
+use crate::store::credentials_secret::{HTPASSWD_KEY, credentials_secret_name};
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";
@@ -44,6 +47,14 @@ pub fn squid_config(port: u16) -> String {
          shutdown_lifetime 1 seconds\npid_filename /tmp/squid.pid\ncoredump_dir /tmp\n\
          cache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n"
     )
+}
+
+/// Where a pod mounts its Proxy's credentials Secret (the `htpasswd` key as `passwd`).
+pub const AUTH_MOUNT: &str = "/etc/squid-auth";
+
+/// The squid.conf of a pod that demands its Proxy's credentials.
+pub fn authenticated_squid_config(port: u16) -> String {
+    with_auth(&squid_config(port), &Path::new(AUTH_MOUNT).join("passwd"))
 }
 
 /// `namespaces/<ns>/pods/<name>`.
@@ -214,6 +225,20 @@ impl KubernetesProvider {
             (UID_LABEL.to_owned(), req.uid.clone()),
             (INSTALLATION_LABEL.to_owned(), req.installation.to_string()),
         ]);
+        // The passwd file comes from the Proxy's credentials Secret, which the
+        // store keeps in the Proxy's (and so the pod's) namespace.
+        let (config, volumes, mounts) = match &req.credentials {
+            Some(_) => (
+                authenticated_squid_config(req.port),
+                json!([{"name": "auth", "secret": {
+                    "secretName": credentials_secret_name(&req.uid),
+                    "items": [{"key": HTPASSWD_KEY, "path": "passwd"}],
+                    "defaultMode": 0o444
+                }}]),
+                json!([{"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": true}]),
+            ),
+            None => (squid_config(req.port), json!([]), json!([])),
+        };
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": req.name.as_str(), "namespace": req.namespace, "labels": labels},
@@ -225,14 +250,16 @@ impl KubernetesProvider {
                     "name": "squid",
                     "image": self.config.image,
                     "command": ["/bin/sh", "-c", "printf '%s' \"$SQUID_CONFIG\" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf"],
-                    "env": [{"name": "SQUID_CONFIG", "value": squid_config(req.port)}],
+                    "env": [{"name": "SQUID_CONFIG", "value": config}],
+                    "volumeMounts": mounts,
                     "ports": [{"name": "proxy", "containerPort": req.port, "protocol": "TCP"}],
                     "readinessProbe": {"tcpSocket": {"port": req.port}, "periodSeconds": 2},
                     "resources": {
                         "requests": {"cpu": "50m", "memory": "64Mi"},
                         "limits": {"memory": "256Mi"}
                     }
-                }]
+                }],
+                "volumes": volumes
             }
         }))
         .expect("a static pod template deserializes")

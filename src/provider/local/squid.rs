@@ -20,14 +20,13 @@ use nix::unistd::User;
 use super::record::InstanceRecord;
 use crate::credentials::{ProxyCredentials, htpasswd_line};
 use crate::provider::reason::{clip, telling_lines};
+use crate::provider::squid_auth::auth_section;
 
 pub const CONFIG_FILE: &str = "squid.conf";
 pub const PID_FILE: &str = "squid.pid";
 pub const CACHE_LOG: &str = "cache.log";
 /// The passwd file (`user:<crypt hash>`) in the run directory.
 pub const PASSWD_FILE: &str = "passwd";
-/// Squid's Basic helper that checks a passwd file (Debian's squid package).
-pub const BASIC_NCSA_AUTH: &str = "/usr/lib/squid/basic_ncsa_auth";
 /// Where Squid keeps its shared memory segments.
 const SHM_DIR: &str = "/dev/shm";
 
@@ -74,7 +73,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 pub fn config(run_dir: &Path, record: &InstanceRecord, user: Option<&str>, authenticated: bool) -> String {
     let dir = run_dir.display();
     let auth = if authenticated {
-        auth_section(Path::new(BASIC_NCSA_AUTH), &run_dir.join(PASSWD_FILE))
+        auth_section(&run_dir.join(PASSWD_FILE))
     } else {
         String::new()
     };
@@ -104,21 +103,6 @@ pub fn config(run_dir: &Path, record: &InstanceRecord, user: Option<&str>, authe
          coredump_dir {dir}\n",
         name = record.name,
         port = record.port,
-    )
-}
-
-/// Squid's proxy authentication: Basic, checked by `helper` against the
-/// passwd file `passwd`; nothing is relayed without it. Goes before any
-/// `http_access allow`.
-pub fn auth_section(helper: &Path, passwd: &Path) -> String {
-    format!(
-        "auth_param basic program {helper} {passwd}\n\
-         auth_param basic children 5 startup=1 idle=1\n\
-         auth_param basic realm egress-proxies\n\
-         acl authenticated proxy_auth REQUIRED\n\
-         http_access deny !authenticated\n",
-        helper = helper.display(),
-        passwd = passwd.display(),
     )
 }
 
