@@ -71,6 +71,9 @@ impl ProxyStore for Counting {
     ) -> Result<egress_proxies::credentials::ProxyCredentials, StoreError> {
         self.inner.proxy_credentials(key, uid, generation).await
     }
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        self.inner.secret_key(namespace, name, key).await
+    }
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
         self.inner.cloud_init(namespace, secret).await
     }

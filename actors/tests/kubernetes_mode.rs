@@ -194,13 +194,28 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         "operator.log",
     );
 
-    // An External proxy: the built-in forward proxy of this test, probed through.
+    // An External proxy: the built-in forward proxy of this test, demanding
+    // the credentials of a Secret the Proxy names; probed through with them.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ext_port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener, None));
+    let vendor = egress_proxies::credentials::ProxyCredentials::new("vendor", "vendor-s3cret").unwrap();
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        Some(egress_proxies::credentials::BasicAuthorization::of(&vendor)),
+    ));
+    let vendor_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "vendor-proxy", "namespace": "crawl"},
+        "stringData": {"user": "vendor", "password": "vendor-s3cret"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(bed.client.clone(), "crawl")
+        .create(&PostParams::default(), &vendor_secret)
+        .await
+        .unwrap();
     bed.apply(
         "ext",
-        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port},
+        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port,
+            "credentialsSecretRef": {"name": "vendor-proxy", "usernameKey": "user"}},
         "healthCheck": {"url": bed.target, "interval": "200ms"}}),
         json!({}),
     )

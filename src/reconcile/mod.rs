@@ -23,8 +23,8 @@ use crate::provider::{
     Providers, instance_name, spec_hash,
 };
 use crate::resource::{
-    FINALIZER, Mode, Phase, Proxy, ROTATE_CREDENTIALS_ANNOTATION, SKIP_CLEANUP_ANNOTATION,
-    SPEC_HASH_ANNOTATION,
+    CredentialsSecretRef, FINALIZER, Mode, Phase, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
+    SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
 use crate::telemetry::events::{InstanceLost, InstanceReplaced};
@@ -140,6 +140,8 @@ pub enum ReconcileError {
     CloudInit(#[from] CloudInitError),
     #[error("proxy credentials: {0}")]
     Credentials(#[from] CredentialsError),
+    #[error("endpoint.credentialsSecretRef: {0}")]
+    ExternalCredentials(CloudInitError),
     #[error(
         "provider {0:?} is not configured; add it to the providers config, or set {SKIP_CLEANUP_ANNOTATION}: \"true\" to release the Proxy without cleanup"
     )]
@@ -185,6 +187,7 @@ impl ReconcileError {
             ReconcileError::Store(_) => "store",
             ReconcileError::CloudInit(_) => "cloud_init",
             ReconcileError::Credentials(_) => "credentials",
+            ReconcileError::ExternalCredentials(_) => "external_credentials",
             ReconcileError::ProviderMissingOnDelete(_) => "provider_missing",
             ReconcileError::InstanceConflict { .. } => "instance_conflict",
         }
@@ -646,8 +649,12 @@ impl Step<'_> {
         // Instances it once lost are no concern of an External proxy.
         self.draft.clear_replacement();
         if let Some(endpoint) = &proxy.spec.endpoint {
+            let credentials = match &endpoint.credentials_secret_ref {
+                Some(r) => Some(external_credentials(ctx, &key.namespace, r).await?),
+                None => None,
+            };
             self.draft.external(&endpoint.host, endpoint.port);
-            self.serve(None);
+            self.serve(credentials);
         }
         Ok(Next::Idle)
     }
@@ -727,6 +734,33 @@ fn availability(proxy: &Proxy, status: &crate::resource::ProxyStatus, memory: &M
             .map(std::time::Duration::from_millis),
         credentials: memory.serving.as_ref().and_then(|s| s.credentials.clone()),
     }
+}
+
+/// The credentials an External proxy declares by Secret reference.
+async fn external_credentials(
+    ctx: &Context,
+    namespace: &str,
+    r: &CredentialsSecretRef,
+) -> Result<ProxyCredentials, ReconcileError> {
+    let read = async |key: &str| -> Result<String, ReconcileError> {
+        let bytes = ctx
+            .store
+            .secret_key(namespace, &r.name, key)
+            .await
+            .map_err(ReconcileError::ExternalCredentials)?;
+        String::from_utf8(bytes).map_err(|_| {
+            ReconcileError::ExternalCredentials(CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: r.name.clone(),
+                reason: format!("key {key:?} is not UTF-8"),
+            })
+        })
+    };
+    let (username, password) = (read(&r.username_key).await?, read(&r.password_key).await?);
+    Ok(ProxyCredentials::new(
+        username.trim_end_matches('\n'),
+        password.trim_end_matches('\n'),
+    )?)
 }
 
 async fn resolve_cloud_init(proxy: &Proxy, ctx: &Context) -> Result<Option<CloudInitBytes>, ReconcileError> {

@@ -492,6 +492,37 @@ impl ProxyStore for KubeStore {
         Ok(fresh)
     }
 
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let found = api
+            .get_opt(name)
+            .instrument(api_span("get", "secrets", None))
+            .await
+            .map_err(|e| CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                reason: e.to_string(),
+            })?
+            .ok_or_else(|| CloudInitError::SecretNotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })?;
+        let from_data = found.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
+        from_data
+            .or_else(|| {
+                found
+                    .string_data
+                    .as_ref()?
+                    .get(key)
+                    .map(|v| v.as_bytes().to_vec())
+            })
+            .ok_or_else(|| CloudInitError::MissingKey {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                key: key.to_owned(),
+            })
+    }
+
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let found = api

@@ -43,7 +43,7 @@ pub enum StoreError {
     Backend(String),
 }
 
-/// Cloud-init could not be resolved from the referenced Secret.
+/// A referenced Secret (cloud-init, External credentials) could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CloudInitError {
     #[error("Secret {namespace}/{name} not found")]
@@ -101,6 +101,10 @@ pub trait ProxyStore: Send + Sync {
         uid: &str,
         generation: &str,
     ) -> Result<ProxyCredentials, StoreError>;
+
+    /// Reads one key of any Secret in `namespace` (an External proxy's
+    /// credentials). Secrets are read when the Proxy is reconciled.
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError>;
 
     /// Reads cloud-init from a labelled Secret in `namespace`.
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError>;

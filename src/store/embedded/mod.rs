@@ -354,6 +354,25 @@ impl ProxyStore for EmbeddedStore {
         Ok(fresh)
     }
 
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        let inner = self.lock();
+        let doc = inner
+            .secrets
+            .get(&ObjectKey::new(namespace, name))
+            .ok_or_else(|| CloudInitError::SecretNotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })?;
+        doc.data
+            .get(key)
+            .cloned()
+            .ok_or_else(|| CloudInitError::MissingKey {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                key: key.to_owned(),
+            })
+    }
+
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
         let inner = self.lock();
         let doc = inner
