@@ -32,6 +32,7 @@ struct Quickstart {
     /// The operator's own /healthz (the samples probe it through each proxy).
     own: String,
     api: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
     /// Who runs the operator; `None`: whoever runs the tests.
     user: Option<User>,
 }
@@ -48,6 +49,7 @@ impl Quickstart {
         // The same files on other ports (tests run side by side).
         let own = format!("127.0.0.1:{}", free_port());
         let api: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for file in ["proxies/local.yaml", "proxies/external.yaml"] {
             let path = dir.join(file);
             let text = std::fs::read_to_string(&path).unwrap();
@@ -61,7 +63,7 @@ impl Quickstart {
         let quickstart = quickstart
             .replace("127.0.0.1:8081", &own)
             .replace("127.0.0.1:8090", &api.to_string())
-            .replace("127.0.0.1:8082", "0");
+            .replace("127.0.0.1:8082", &metrics.to_string());
         let config = dir.join("quickstart.yaml");
         std::fs::write(&config, quickstart).unwrap();
         let log = dir.join("operator.log");
@@ -76,6 +78,7 @@ impl Quickstart {
             log,
             own,
             api,
+            metrics,
             user,
             _reaper: support::process::InstanceReaper(dir.join("state")),
             root,
@@ -269,8 +272,17 @@ async fn run_quickstart(qs: Quickstart) {
     );
     // The password is handed out by leases only.
     let (_, listing) = support::http::request(qs.api, "GET", "/v1/proxies", &[], None).await;
+    let (_, dashboard) = support::http::request(qs.api, "GET", "/v1/dashboard", &[], None).await;
+    assert!(
+        dashboard.contains("local-1"),
+        "the dashboard lists the leased proxy: {dashboard}"
+    );
+    let (status, metrics) = support::http::request(qs.metrics, "GET", "/metrics", &[], None).await;
+    assert_eq!(status, 200, "{metrics}");
     for (place, text) in [
         ("GET /v1/proxies", listing),
+        ("the dashboard", dashboard),
+        ("the metrics", metrics),
         ("the operator's log", qs.operator_log()),
         ("get proxies -o yaml", qs.get("yaml")),
         ("get proxies -o wide", qs.get("wide")),
