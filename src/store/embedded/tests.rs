@@ -314,3 +314,17 @@ async fn any_manifest_secret_key_can_be_read() {
         .to_string();
     assert_eq!(absent, "Secret ns/nope not found");
 }
+
+#[test]
+fn a_secret_document_never_prints_its_data() {
+    let doc = SecretDoc {
+        key: k("vendor"),
+        labels: Default::default(),
+        data: BTreeMap::from([("password".to_owned(), b"hunter2".to_vec())]),
+    };
+    let shown = format!("{doc:?}");
+    assert!(
+        shown.contains("password") && !shown.contains("hunter2"),
+        "{shown}"
+    );
+}
