@@ -2,8 +2,10 @@
 //! requests (`GET http://host/path`). The local provider runs it as a
 //! separate process when Squid is not installed. Like the Squid config the
 //! operator generates, it adds no `Via` or `X-Forwarded-For` header, so
-//! targets see a plain client. Every destination passes the provider's
-//! destination rules first (see `destinations`): refused ones get 403.
+//! targets see a plain client. Given credentials, it demands them in
+//! `Proxy-Authorization` (Basic) before relaying anything; then every
+//! destination passes the provider's destination rules (see
+//! `destinations`): refused ones get 403.
 
 use std::io;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::credentials::BasicAuthorization;
 use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
 
 /// Largest request head accepted.
@@ -27,20 +30,32 @@ const HOP_HEADERS: [&str; 5] = [
     "te",
 ];
 
-/// Serves until the listener fails.
-pub async fn serve(listener: TcpListener, destinations: Arc<DestinationPolicy>) -> io::Result<()> {
+/// The realm named in a 407's `Proxy-Authenticate`.
+const REALM: &str = "egress-proxies";
+
+/// Serves until the listener fails. With `auth`, every request must present it.
+pub async fn serve(
+    listener: TcpListener,
+    destinations: Arc<DestinationPolicy>,
+    auth: Option<BasicAuthorization>,
+) -> io::Result<()> {
+    let auth = auth.map(Arc::new);
     loop {
         let (client, peer) = listener.accept().await?;
-        let destinations = destinations.clone();
+        let (destinations, auth) = (destinations.clone(), auth.clone());
         tokio::spawn(async move {
-            if let Err(e) = handle(client, &destinations).await {
+            if let Err(e) = handle(client, &destinations, auth.as_deref()).await {
                 tracing::debug!(%peer, error = %e, "proxied connection ended with an error");
             }
         });
     }
 }
 
-async fn handle(mut client: TcpStream, destinations: &DestinationPolicy) -> io::Result<()> {
+async fn handle(
+    mut client: TcpStream,
+    destinations: &DestinationPolicy,
+    auth: Option<&BasicAuthorization>,
+) -> io::Result<()> {
     let (head, rest) = match tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client)).await {
         Ok(result) => result?,
         Err(_) => return reply(&mut client, 408, "Request Timeout").await,
@@ -49,6 +64,16 @@ async fn handle(mut client: TcpStream, destinations: &DestinationPolicy) -> io::
     let mut request = httparse::Request::new(&mut headers);
     if !matches!(request.parse(&head), Ok(httparse::Status::Complete(_))) {
         return reply(&mut client, 400, "Bad Request").await;
+    }
+    if let Some(auth) = auth {
+        let presented = request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+            .map(|h| h.value);
+        if !presented.is_some_and(|value| auth.admits(value)) {
+            return refuse_unauthenticated(&mut client).await;
+        }
     }
     let method = request.method.unwrap_or_default().to_owned();
     let target = request.path.unwrap_or_default().to_owned();
@@ -147,6 +172,14 @@ async fn refuse(client: &mut TcpStream, e: CheckedConnectError) -> io::Result<()
         CheckedConnectError::Refused { .. } => reply(client, 403, "Forbidden").await,
         _ => reply(client, 502, "Bad Gateway").await,
     }
+}
+
+async fn refuse_unauthenticated(client: &mut TcpStream) -> io::Result<()> {
+    let response = format!(
+        "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"{REALM}\"\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    client.write_all(response.as_bytes()).await
 }
 
 async fn reply(client: &mut TcpStream, code: u16, reason: &str) -> io::Result<()> {

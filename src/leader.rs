@@ -469,6 +469,27 @@ impl ProxyStore for FencedStore {
         self.inner.write_status(key, uid, status).await
     }
 
+    async fn proxy_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<crate::credentials::ProxyCredentials, StoreError> {
+        self.check()?;
+        self.inner.proxy_credentials(key, uid, generation).await
+    }
+
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        if !self.tenure.is_leading() {
+            return Err(CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                reason: "not the leader: its leadership lapsed".to_owned(),
+            });
+        }
+        self.inner.secret_key(namespace, name, key).await
+    }
+
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
         if !self.tenure.is_leading() {
             return Err(CloudInitError::Backend {
@@ -737,6 +758,17 @@ mod tests {
         }
         async fn write_status(&self, _: &ObjectKey, _: &str, _: &ProxyStatus) -> Result<(), StoreError> {
             Ok(())
+        }
+        async fn proxy_credentials(
+            &self,
+            _: &ObjectKey,
+            _: &str,
+            _: &str,
+        ) -> Result<crate::credentials::ProxyCredentials, StoreError> {
+            Err(StoreError::Backend("unreachable".into()))
+        }
+        async fn secret_key(&self, _: &str, _: &str, _: &str) -> Result<Vec<u8>, CloudInitError> {
+            Ok(Vec::new())
         }
         async fn cloud_init(&self, _: &str, _: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
             Ok(Vec::new())

@@ -22,6 +22,7 @@
 
 pub mod bind_address;
 pub mod config;
+pub mod credentials;
 pub mod destinations;
 pub mod forward_proxy;
 pub mod gc;

@@ -219,6 +219,7 @@ fn main() {
                         uid: format!("uid-{i}"),
                         endpoint: format!("127.0.0.1:{proxy_port}"),
                         check: check.clone(),
+                        credentials: None,
                     },
                     owner: sink.downgrade().recipient(),
                 });

@@ -75,6 +75,11 @@ pub enum Command {
         pid_file: Option<PathBuf>,
         #[command(flatten)]
         destinations: DestinationArgs,
+        /// A file (mode 0600) holding `username:password` that every request
+        /// must present (Basic `Proxy-Authorization`). A file, not a flag:
+        /// `ps` shows command lines to every user.
+        #[arg(long)]
+        credentials_file: Option<PathBuf>,
     },
 }
 

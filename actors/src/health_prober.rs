@@ -148,7 +148,7 @@ impl HealthProber {
             // A probe that panics is a failed probe, not a proxy never probed again.
             let probed = AssertUnwindSafe(
                 prober
-                    .probe(&target.endpoint, &target.check)
+                    .probe_as(&target.endpoint, target.credentials.as_ref(), &target.check)
                     .instrument(span.clone()),
             )
             .catch_unwind()

@@ -25,12 +25,14 @@ fn main() -> ExitCode {
             instance_dir,
             pid_file,
             destinations,
+            credentials_file,
         }) => forward_proxy(
             &cli.logging,
             listen,
             &instance_dir,
             pid_file.as_deref(),
             destinations.policy(),
+            credentials_file.as_deref(),
         ),
         Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
@@ -126,6 +128,7 @@ fn forward_proxy(
     instance_dir: &Path,
     pid_file: Option<&Path>,
     destinations: egress_proxies::destinations::DestinationPolicy,
+    credentials_file: Option<&Path>,
 ) -> ExitCode {
     // A helper process of the local provider: no traces of its own.
     let _telemetry = match logging(log, false) {
@@ -136,7 +139,12 @@ fn forward_proxy(
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
-    tracing::info!(%listen, instance = %instance_dir.display(), "built-in forward proxy starting");
+    let auth = match credentials_file.map(egress_proxies::credentials::read_credentials_file) {
+        Some(Ok(credentials)) => Some(egress_proxies::credentials::BasicAuthorization::of(&credentials)),
+        Some(Err(e)) => return fail(e),
+        None => None,
+    };
+    tracing::info!(%listen, instance = %instance_dir.display(), authenticated = auth.is_some(), "built-in forward proxy starting");
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         if let Some(file) = pid_file {
@@ -144,7 +152,7 @@ fn forward_proxy(
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            served = egress_proxies::forward_proxy::serve(listener, destinations.into()) => served,
+            served = egress_proxies::forward_proxy::serve(listener, destinations.into(), auth) => served,
             _ = term.recv() => Ok(()),
         }
     });

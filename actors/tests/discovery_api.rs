@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::credentials::ProxyCredentials;
 use egress_proxies::lease::{Availability, LeaseSettings};
 use egress_proxies::store::ObjectKey;
 use egress_proxies_operator::discovery;
@@ -32,7 +33,12 @@ fn availability(name: &str, ready: bool, geo: &str, latency_ms: u64) -> Availabi
         url: Some(format!("http://127.0.0.1:{}", 40000 + latency_ms)),
         attributes: BTreeMap::from([("geo".to_owned(), geo.to_owned())]),
         latency: Some(Duration::from_millis(latency_ms)),
+        credentials: Some(credentials(name)),
     }
+}
+
+fn credentials(name: &str) -> ProxyCredentials {
+    ProxyCredentials::new(&format!("user-{name}"), &format!("pw-{name}-s3cret")).unwrap()
 }
 
 async fn serve(capacity: u32, token: Option<&str>) -> (SocketAddr, Addr<LeaseStore>) {
@@ -71,6 +77,10 @@ async fn list_acquire_report_release_and_their_errors() {
     assert_eq!(list[0]["name"], "eu-1");
     assert_eq!(list[0]["namespace"], "crawl");
     assert_eq!(list[0]["activeLeases"], 0);
+    assert!(
+        !text.contains("s3cret") && !text.contains("user-"),
+        "the listing carries no credentials: {text}"
+    );
     let (_, text) = request(addr, "GET", "/v1/proxies?attr=geo%3Deu&healthy=true", &[], None).await;
     let names: Vec<Value> = body(&text)
         .as_array()
@@ -90,7 +100,17 @@ async fn list_acquire_report_release_and_their_errors() {
     assert_eq!(status, 201, "{text}");
     let lease = body(&text);
     assert_eq!(lease["proxy"]["name"], "eu-2", "lowest latency first");
-    assert_eq!(lease["proxy"]["url"], "http://127.0.0.1:40010");
+    assert_eq!(
+        lease["proxy"]["url"], "http://user-eu-2:pw-eu-2-s3cret@127.0.0.1:40010",
+        "the lease's URL carries the credentials as user-info"
+    );
+    assert_eq!(lease["proxy"]["username"], "user-eu-2");
+    assert_eq!(lease["proxy"]["password"], "pw-eu-2-s3cret");
+    let (_, listed) = request(addr, "GET", "/v1/proxies", &[], None).await;
+    assert!(
+        !listed.contains("s3cret"),
+        "leased or not, the listing carries no credentials: {listed}"
+    );
     assert_eq!(lease["target"], "shop.example");
     let expires = lease["expiresAt"]
         .as_str()

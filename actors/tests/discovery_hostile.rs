@@ -53,6 +53,7 @@ async fn serve(rate: RateLimits) -> (SocketAddr, Addr<LeaseStore>, Limiter) {
             url: Some(format!("http://127.0.0.1:{}", 42000 + i)),
             attributes: BTreeMap::new(),
             latency: Some(Duration::from_millis(i)),
+            credentials: None,
         }));
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -44,10 +44,13 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
         ),
     )
     .unwrap();
+    let discovery = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     std::fs::write(
         root.join("standalone.yaml"),
-        "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
-         healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"0\"\nmanifestPollInterval: 100ms\n",
+        format!(
+            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
+             healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"{discovery}\"\nmanifestPollInterval: 100ms\n"
+        ),
     )
     .unwrap();
     let log = std::fs::File::create(root.join("operator.log")).unwrap();
@@ -68,7 +71,7 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
         "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: gcp-1, namespace: crawl}}\n\
              spec:\n  mode: Managed\n  provider: gcp-test\n  port: {port}\n\
              \x20 placement: {{zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}}\n\
-             \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n\"}}\n\
+             \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n# {{{{ proxy_htpasswd }}}}\\n\"}}\n\
              \x20 healthCheck: {{url: \"{}\", interval: 200ms}}\n",
         health_target()
     );
@@ -109,12 +112,37 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
     let provider_id = ready.provider_id.unwrap();
     let name = provider_id.rsplit('/').next().unwrap().to_owned();
     assert_eq!(provider_id, format!("zones/europe-west1-b/instances/{name}"));
+    // The lease hands out the credentials the VM's cloud-init received as a hash.
+    let lease = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(support::http::request(
+            discovery,
+            "POST",
+            "/v1/leases",
+            &[],
+            Some(r#"{"target":"127.0.0.1"}"#),
+        ));
+    assert_eq!(lease.0, 201, "{}", lease.1);
+    let lease: serde_json::Value = serde_json::from_str(&lease.1).unwrap();
+    let (username, password) = (
+        lease["proxy"]["username"].as_str().unwrap(),
+        lease["proxy"]["password"].as_str().unwrap(),
+    );
     {
         let fake_state = fake.state();
         let inserted = &fake_state.inserted[0];
-        assert_eq!(
-            inserted["metadata"]["items"][0]["value"],
-            "#cloud-config\npackages: [squid]\n"
+        let user_data = inserted["metadata"]["items"][0]["value"].as_str().unwrap();
+        assert!(
+            user_data.starts_with(&format!(
+                "#cloud-config\npackages: [squid]\n# {username}:$6$rounds=5000$"
+            )),
+            "the placeholder became the passwd line: {user_data}"
+        );
+        assert!(
+            !user_data.contains(password),
+            "the user-data carries the hash, not the password"
         );
         assert_eq!(inserted["tags"]["items"][0], "egress-proxy");
         let labels = &inserted["labels"];
@@ -197,4 +225,5 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
     assert!(labels.get("egress-proxies-managed").is_none(), "{labels}");
     let log = log_tail();
     assert!(!log.contains("packages: [squid]"), "cloud-init never in the log");
+    assert!(!log.contains(password), "the password never in the log");
 }

@@ -63,6 +63,17 @@ impl ProxyStore for Counting {
             .push(status.phase);
         self.inner.write_status(key, uid, status).await
     }
+    async fn proxy_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<egress_proxies::credentials::ProxyCredentials, StoreError> {
+        self.inner.proxy_credentials(key, uid, generation).await
+    }
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        self.inner.secret_key(namespace, name, key).await
+    }
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
         self.inner.cloud_init(namespace, secret).await
     }

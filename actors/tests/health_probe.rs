@@ -37,6 +37,7 @@ async fn builtin_proxy() -> SocketAddr {
     tokio::spawn(egress_proxies::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
+        None,
     ));
     addr
 }
@@ -243,4 +244,68 @@ async fn an_extra_ca_file_is_trusted() {
     std::fs::write(&pem, "not a certificate").unwrap();
     let err = Prober::new(Some(&pem)).err().unwrap().to_string();
     assert!(err.starts_with("reading extra CA file"), "{err}");
+}
+
+/// A proxy that demands credentials: a probe without them is refused (407),
+/// with them it passes — over CONNECT and over an absolute-URI GET, through
+/// the built-in proxy and through Squid's `basic_ncsa_auth`.
+#[tokio::test]
+async fn probes_present_the_proxys_credentials() {
+    use egress_proxies::credentials::{BasicAuthorization, ProxyCredentials, htpasswd_line};
+    use std::os::unix::fs::PermissionsExt;
+
+    let credentials = ProxyCredentials::generate().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let builtin = listener.local_addr().unwrap();
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        support::open_to_loopback(),
+        Some(BasicAuthorization::of(&credentials)),
+    ));
+    let mut proxies = vec![("builtin", builtin)];
+    // Squid's helper runs as Squid's user: the passwd file must be readable to it.
+    let auth_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(auth_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let passwd = auth_dir.path().join("passwd");
+    std::fs::write(&passwd, format!("{}\n", htpasswd_line(&credentials).unwrap())).unwrap();
+    std::fs::set_permissions(&passwd, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let squid = Squid::start(&format!(
+        "auth_param basic program /usr/lib/squid/basic_ncsa_auth {}\n\
+         acl authenticated proxy_auth REQUIRED\nhttp_access deny !authenticated",
+        passwd.display()
+    ));
+    match &squid {
+        Some(s) => proxies.push(("squid", s.addr)),
+        None => assert!(std::env::var_os("CI").is_none(), "CI must have squid installed"),
+    }
+    let (tls, ca, _) = https_target_with(Behaviour::Status(204)).await;
+    let (plain, _) = http_target_with(Behaviour::Status(204)).await;
+    let prober = prober_trusting(&ca);
+    let wrong = ProxyCredentials::new(&credentials.username, "wrong").unwrap();
+    for (kind, proxy) in proxies {
+        let proxy = proxy.to_string();
+        let https = check(&format!("https://localhost:{}/", tls.port()), None, 5000);
+        let http = check(&format!("http://{plain}/"), None, 5000);
+        for bad in [None, Some(&wrong)] {
+            let result = prober.probe_as(&proxy, bad, &https).await;
+            assert_eq!(
+                result.outcome,
+                Err(ProbeFailure::ConnectRefused(407)),
+                "{kind} CONNECT"
+            );
+            let result = prober.probe_as(&proxy, bad, &http).await;
+            assert!(
+                matches!(
+                    result.outcome,
+                    Err(ProbeFailure::UnexpectedStatus { status: 407, .. })
+                ),
+                "{kind} GET: {:?}",
+                result.outcome
+            );
+        }
+        let result = prober.probe_as(&proxy, Some(&credentials), &https).await;
+        assert_eq!(result.outcome, Ok(204), "{kind} CONNECT with credentials");
+        let result = prober.probe_as(&proxy, Some(&credentials), &http).await;
+        assert_eq!(result.outcome, Ok(204), "{kind} GET with credentials");
+    }
 }

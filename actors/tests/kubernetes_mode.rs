@@ -6,6 +6,7 @@ mod support;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use egress_proxies::store::credentials_secret::credentials_secret_name;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -191,16 +192,29 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         "operator.log",
     );
 
-    // An External proxy: the built-in forward proxy of this test, probed through.
+    // An External proxy: the built-in forward proxy of this test, demanding
+    // the credentials of a Secret the Proxy names; probed through with them.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ext_port = listener.local_addr().unwrap().port();
+    let vendor = egress_proxies::credentials::ProxyCredentials::new("vendor", "vendor-s3cret").unwrap();
     tokio::spawn(egress_proxies::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
+        Some(egress_proxies::credentials::BasicAuthorization::of(&vendor)),
     ));
+    let vendor_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "vendor-proxy", "namespace": "crawl"},
+        "stringData": {"user": "vendor", "password": "vendor-s3cret"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(bed.client.clone(), "crawl")
+        .create(&PostParams::default(), &vendor_secret)
+        .await
+        .unwrap();
     bed.apply(
         "ext",
-        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port},
+        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port,
+            "credentialsSecretRef": {"name": "vendor-proxy", "usernameKey": "user"}},
         "healthCheck": {"url": bed.target, "interval": "200ms"}}),
         json!({}),
     )
@@ -238,6 +252,25 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         "Events on phase transitions: {reasons:?}"
     );
 
+    // Its credentials: a Secret owned by the Proxy, holding the passwd line.
+    let secrets: Api<Secret> = Api::namespaced(bed.client.clone(), "crawl");
+    let uid = m.metadata.uid.clone().unwrap();
+    let password_of = async |secrets: &Api<Secret>| {
+        let secret = secrets.get(&credentials_secret_name(&uid)).await.unwrap();
+        let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Proxy", uid.as_str()));
+        let data = secret.data.unwrap();
+        let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+        let htpasswd = text("htpasswd");
+        assert!(
+            htpasswd.starts_with(&format!("{}:$6$", text("username"))),
+            "{htpasswd}"
+        );
+        assert!(!htpasswd.contains(&text("password")));
+        text("password")
+    };
+    let first_password = password_of(&secrets).await;
+
     // A spec edit replaces the instance (same name, one at a time).
     bed.proxies()
         .patch(
@@ -256,6 +289,39 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         .await;
     assert_eq!(replaced.metadata.generation, Some(2));
     assert_eq!(bed.instances().len(), 1);
+    let second_password = password_of(&secrets).await;
+    assert_ne!(second_password, first_password, "a new instance, new credentials");
+
+    // The rotate annotation replaces the instance with new credentials.
+    let before_rotation = hash(&replaced);
+    bed.proxies()
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"crawl.example.com/rotate-credentials": "1"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    bed.until(
+        "the rotated instance Ready",
+        async |o| o.filter(|o| hash(o) != before_rotation && o.data["status"]["phase"] == "Ready"),
+        "m",
+    )
+    .await;
+    let rotated_password = password_of(&secrets).await;
+    assert_ne!(
+        rotated_password, second_password,
+        "rotation renews the credentials"
+    );
+    assert_eq!(bed.instances().len(), 1);
+    // Neither Events nor status show a password.
+    let notes = serde_json::to_string(&events.list(&ListParams::default()).await.unwrap().items).unwrap();
+    let status = serde_json::to_string(&bed.proxies().get("m").await.unwrap().data["status"]).unwrap();
+    for password in [&first_password, &second_password, &rotated_password] {
+        assert!(!notes.contains(password.as_str()) && !status.contains(password.as_str()));
+    }
 
     // Its process killed: a Warning Event says how, and a replacement serves.
     support::process::kill_local_instance(&bed.dir.path().join("state"));

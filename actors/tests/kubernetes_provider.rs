@@ -31,6 +31,7 @@ fn request(uid: &str, port: u16) -> CreateRequest {
         cloud_init: None,
         placement: Placement::default(),
         port,
+        credentials: None,
     }
 }
 
@@ -101,7 +102,11 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     let fake = FakeApiServer::start().unwrap();
     let c = client(&fake);
     let provider = KubernetesProvider::new("cluster", KubernetesConfig::default(), c.clone());
-    let req = request("uid-1", 3128);
+    let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
+    let req = CreateRequest {
+        credentials: Some(credentials.clone()),
+        ..request("uid-1", 3128)
+    };
     let id = provider.create(&req).await.unwrap();
     assert_eq!(id.as_str(), format!("namespaces/crawl/pods/{}", req.name));
     assert_eq!(provider.create(&req).await.unwrap(), id, "idempotent on the name");
@@ -119,6 +124,35 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     assert!(
         conf.contains("http_port 3128") && conf.contains("max_filedescriptors"),
         "{conf}"
+    );
+    // Squid checks credentials against the passwd file of the Proxy's Secret.
+    assert!(
+        conf.contains("auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid-auth/passwd\n")
+            && conf.find("http_access deny !authenticated") < conf.find("http_access allow"),
+        "{conf}"
+    );
+    let spec = pod.spec.as_ref().unwrap();
+    let volume = spec.volumes.iter().flatten().find(|v| v.name == "auth").unwrap();
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(
+        secret.secret_name.as_deref(),
+        Some(format!("{}-credentials", req.name).as_str())
+    );
+    assert_eq!(secret.items.as_ref().unwrap()[0].key, "htpasswd");
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "auth")
+        .unwrap();
+    assert_eq!(
+        (mount.mount_path.as_str(), mount.read_only),
+        ("/etc/squid-auth", Some(true))
+    );
+    let whole_pod = serde_json::to_string(&pod).unwrap();
+    assert!(
+        !whole_pod.contains(&credentials.password),
+        "the pod carries no password"
     );
 
     let i = provider.get(&id).await.unwrap();
@@ -207,6 +241,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     tokio::spawn(egress_proxies::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
+        None,
     ));
     let (target, _) =
         support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
@@ -275,18 +310,43 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
 }
 
 /// Runs the pod's container as a container runtime would under the pod's
-/// security settings — the root filesystem read-only, only its volume
-/// mounts writable (empty), as the pod's user, every capability dropped —
-/// with the host's Squid standing in for the image's.
-fn run_like_the_kubelet(pod: &Pod) -> support::process::Killed {
+/// security settings — the root filesystem read-only, its `emptyDir` mounts
+/// writable and empty, its Secret mounts read-only from `secrets` (volume
+/// name → a directory holding the Secret's items), as the pod's user, every
+/// capability dropped — with the host's Squid standing in for the image's.
+fn run_like_the_kubelet(pod: &Pod, secrets: &[(&str, &std::path::Path)]) -> support::process::Killed {
     let spec = pod.spec.as_ref().unwrap();
     let user = spec.security_context.as_ref().unwrap();
     let container = &spec.containers[0];
     let mut bwrap = Command::new("bwrap");
-    bwrap.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
+    // A read-only root assembled from the host's (bwrap cannot make a mount
+    // point inside a read-only bind): each top-level entry, and /etc entry by
+    // entry so the pod's mount points can be made there; then remounted
+    // read-only.
+    let mirror = |bwrap: &mut Command, dir: &str, skip: &[&str]| {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if skip.contains(&name.as_str()) {
+                continue;
+            }
+            let path = format!("{}/{name}", dir.trim_end_matches('/'));
+            match std::fs::read_link(&path) {
+                Ok(target) => bwrap.arg("--symlink").arg(target).arg(&path),
+                Err(_) => bwrap.args(["--ro-bind", &path, &path]),
+            };
+        }
+    };
+    mirror(&mut bwrap, "/", &["proc", "dev", "tmp", "etc", "sys", "run"]);
+    bwrap.args(["--dir", "/etc"]);
+    mirror(&mut bwrap, "/etc", &[]);
+    bwrap.args(["--dev", "/dev", "--proc", "/proc"]);
     for mount in container.volume_mounts.iter().flatten() {
-        bwrap.args(["--tmpfs", &mount.mount_path]);
+        match secrets.iter().find(|(name, _)| *name == mount.name) {
+            Some((_, dir)) => bwrap.arg("--ro-bind").arg(dir).arg(&mount.mount_path),
+            None => bwrap.args(["--tmpfs", &mount.mount_path]),
+        };
     }
+    bwrap.args(["--remount-ro", "/"]);
     bwrap
         .args([
             "--unshare-user",
@@ -314,9 +374,18 @@ fn run_like_the_kubelet(pod: &Pod) -> support::process::Killed {
 async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_root() {
     let fake = FakeApiServer::start().unwrap();
     let c = client(&fake);
-    let provider = KubernetesProvider::new("cluster", KubernetesConfig::default(), c.clone());
+    // Its fetches go to this machine's loopback: allowed for this test.
+    let config = KubernetesConfig {
+        destinations: support::loopback_rules(),
+        ..KubernetesConfig::default()
+    };
+    let provider = KubernetesProvider::new("cluster", config, c.clone());
     let port = support::process::free_port();
-    let req = request("uid-hardened", port);
+    let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
+    let req = CreateRequest {
+        credentials: Some(credentials.clone()),
+        ..request("uid-hardened", port)
+    };
     provider.create(&req).await.unwrap();
     // What the API server received.
     let pod = Api::<Pod>::namespaced(c, "crawl")
@@ -343,7 +412,14 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     }
     let (target, _) =
         support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
-    let _squid = run_like_the_kubelet(&pod);
+    // The credentials Secret's passwd line, where the kubelet would mount it.
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(
+        secret.path().join("passwd"),
+        egress_proxies::credentials::htpasswd_line(&credentials).unwrap() + "\n",
+    )
+    .unwrap();
+    let _squid = run_like_the_kubelet(&pod, &[("auth", secret.path())]);
     let proxy: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(proxy).await.is_err() {
@@ -353,6 +429,24 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let status = support::target_server::get_via_absolute_uri(proxy, target).await;
+    let fetch = async |authorization: Option<String>| {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        let auth = authorization
+            .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        s.write_all(
+            format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{auth}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out.lines().next().unwrap_or_default().to_owned()
+    };
+    let refused = fetch(None).await;
+    assert!(refused.starts_with("HTTP/1.1 407"), "{refused}");
+    let status = fetch(Some(credentials.basic_authorization())).await;
     assert!(status.starts_with("HTTP/1.1 204"), "{status}");
 }

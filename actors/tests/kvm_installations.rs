@@ -174,6 +174,7 @@ impl Installation {
                 region: None,
             },
             port: 3128,
+            credentials: None,
         }
     }
 

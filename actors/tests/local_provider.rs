@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use egress_proxies::config::{LocalConfig, LocalImplementation};
+use egress_proxies::credentials::ProxyCredentials;
 use egress_proxies::provider::{
     BuildContext, CreateRequest, InstanceState, LocalProvider, Provider, instance_name,
 };
@@ -46,6 +47,7 @@ fn request(uid: &str) -> CreateRequest {
         cloud_init: None,
         placement: Placement::default(),
         port: 3128,
+        credentials: None,
     }
 }
 
@@ -54,7 +56,11 @@ async fn lifecycle(implementation: LocalImplementation) {
     let _reaper = support::process::InstanceReaper(state.path().to_owned());
     let p = provider(state.path(), implementation);
     let uid = "0b7d3c1e-1111-4222-8333-444455556666";
-    let req = request(uid);
+    let credentials = ProxyCredentials::generate().unwrap();
+    let req = CreateRequest {
+        credentials: Some(credentials.clone()),
+        ..request(uid)
+    };
 
     let id = p.create(&req).await.unwrap();
     assert_eq!(p.create(&req).await.unwrap(), id, "create is keyed on the name");
@@ -78,17 +84,49 @@ async fn lifecycle(implementation: LocalImplementation) {
     let pid = support::process::instance_pid(&dir).expect("the recorded process runs");
 
     let (tls, ca) = target_server::https_target().await;
-    let answer = target_server::get_via_connect(proxy, tls.port(), &ca).await;
+    let plain = target_server::http_target().await;
+    let right = credentials.basic_authorization();
+    let wrong = ProxyCredentials::new(&credentials.username, "not-the-password")
+        .unwrap()
+        .basic_authorization();
+    for (who, authorization) in [
+        ("no credentials", None),
+        ("a wrong password", Some(wrong.as_str())),
+    ] {
+        let answer = target_server::get_via_connect_as(proxy, authorization, tls.port(), &ca).await;
+        assert!(
+            answer.starts_with("CONNECT refused: HTTP/1.1 407"),
+            "CONNECT with {who}: {answer}"
+        );
+        let answer = target_server::get_via_absolute_uri_as(proxy, authorization, plain).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 407"),
+            "absolute-URI GET with {who}: {answer}"
+        );
+    }
+    let answer = target_server::get_via_connect_as(proxy, Some(&right), tls.port(), &ca).await;
     assert_eq!(
         answer, "HTTP/1.1 204 No Content",
         "CONNECT + TLS through the proxy"
     );
-    let plain = target_server::http_target().await;
-    let answer = target_server::get_via_absolute_uri(proxy, plain).await;
+    let answer = target_server::get_via_absolute_uri_as(proxy, Some(&right), plain).await;
     assert!(
         answer.starts_with("HTTP/1.1 204"),
         "absolute-URI GET through the proxy: {answer}"
     );
+    // The password is on no command line and in no file but the built-in
+    // proxy's own (mode 0600); Squid's passwd file holds a hash.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains(&credentials.password));
+    for file in walk(state.path()) {
+        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap_or_default()).into_owned();
+        if text.contains(&credentials.password) {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(file.file_name().unwrap(), "credentials", "{}", file.display());
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", file.display());
+        }
+    }
 
     let listed = p.list_by_tag().await.unwrap();
     assert_eq!(listed.len(), 1);
@@ -122,6 +160,20 @@ async fn squid_lifecycle_forwards_connect_and_absolute_uri() {
         egress_proxies::provider::local::Launcher::Squid(_)
     ));
     lifecycle(LocalImplementation::Squid).await;
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }
 
 fn which_squid() -> Option<std::path::PathBuf> {

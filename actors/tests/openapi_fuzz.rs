@@ -62,6 +62,7 @@ async fn schemathesis_finds_nothing() {
             url: Some(format!("http://127.0.0.1:{}", 41000 + i)),
             attributes: BTreeMap::from([("geo".to_owned(), ["eu", "us"][i % 2].to_owned())]),
             latency: Some(Duration::from_millis(5 + i as u64)),
+            credentials: None,
         }));
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

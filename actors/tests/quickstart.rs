@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use egress_proxies::credentials::ProxyCredentials;
 use egress_proxies::resource::{Phase, Proxy};
 use egress_proxies::store::embedded::read_snapshot;
 use nix::unistd::User;
@@ -31,6 +32,7 @@ struct Quickstart {
     /// The operator's own /healthz (the samples probe it through each proxy).
     own: String,
     api: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
     /// Who runs the operator; `None`: whoever runs the tests.
     user: Option<User>,
 }
@@ -47,6 +49,7 @@ impl Quickstart {
         // The same files on other ports (tests run side by side).
         let own = format!("127.0.0.1:{}", free_port());
         let api: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for file in ["proxies/local.yaml", "proxies/external.yaml"] {
             let path = dir.join(file);
             let text = std::fs::read_to_string(&path).unwrap();
@@ -60,7 +63,7 @@ impl Quickstart {
         let quickstart = quickstart
             .replace("127.0.0.1:8081", &own)
             .replace("127.0.0.1:8090", &api.to_string())
-            .replace("127.0.0.1:8082", "0");
+            .replace("127.0.0.1:8082", &metrics.to_string());
         let config = dir.join("quickstart.yaml");
         std::fs::write(&config, quickstart).unwrap();
         let log = dir.join("operator.log");
@@ -75,6 +78,7 @@ impl Quickstart {
             log,
             own,
             api,
+            metrics,
             user,
             _reaper: support::process::InstanceReaper(dir.join("state")),
             root,
@@ -145,12 +149,16 @@ impl Quickstart {
     }
 }
 
-/// An absolute-URI GET through `proxy`; the response head and body.
-async fn get_through(proxy: std::net::SocketAddr, url: &str) -> String {
+/// An absolute-URI GET through `proxy`, presenting `authorization` (a
+/// `Proxy-Authorization` value) when given; the response head and body.
+async fn get_through(proxy: std::net::SocketAddr, url: &str, authorization: Option<&str>) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
     let host = url.trim_start_matches("http://").split('/').next().unwrap();
-    let request = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let auth = authorization
+        .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let request = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
     s.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).await.unwrap();
@@ -239,18 +247,48 @@ async fn run_quickstart(qs: Quickstart) {
     let (status, text) = support::http::request(qs.api, "POST", "/v1/leases", &[], Some(ask)).await;
     assert_eq!(status, 201, "{text}");
     let lease: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let proxy: std::net::SocketAddr = lease["proxy"]["url"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let leased = url::Url::parse(lease["proxy"]["url"].as_str().unwrap()).unwrap();
+    let (username, password) = (
+        lease["proxy"]["username"].as_str().unwrap(),
+        lease["proxy"]["password"].as_str().unwrap(),
+    );
+    assert_eq!((leased.username(), leased.password()), (username, Some(password)));
+    let proxy = std::net::SocketAddr::new(
+        leased.host_str().unwrap().parse().unwrap(),
+        leased.port().unwrap(),
+    );
     let own: std::net::SocketAddr = qs.own.parse().unwrap();
-    let answer = get_through(proxy, &format!("http://{own}/healthz")).await;
+    let healthz = format!("http://{own}/healthz");
+    let answer = get_through(proxy, &healthz, None).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 407") && answer.contains("Proxy-Authenticate: Basic realm="),
+        "without credentials: {answer}"
+    );
+    let credentials = ProxyCredentials::new(username, password).unwrap();
+    let answer = get_through(proxy, &healthz, Some(&credentials.basic_authorization())).await;
     assert!(
         answer.starts_with("HTTP/1.1 200"),
         "through the leased proxy: {answer}"
     );
+    // The password is handed out by leases only.
+    let (_, listing) = support::http::request(qs.api, "GET", "/v1/proxies", &[], None).await;
+    let (_, dashboard) = support::http::request(qs.api, "GET", "/v1/dashboard", &[], None).await;
+    assert!(
+        dashboard.contains("local-1"),
+        "the dashboard lists the leased proxy: {dashboard}"
+    );
+    let (status, metrics) = support::http::request(qs.metrics, "GET", "/metrics", &[], None).await;
+    assert_eq!(status, 200, "{metrics}");
+    for (place, text) in [
+        ("GET /v1/proxies", listing),
+        ("the dashboard", dashboard),
+        ("the metrics", metrics),
+        ("the operator's log", qs.operator_log()),
+        ("get proxies -o yaml", qs.get("yaml")),
+        ("get proxies -o wide", qs.get("wide")),
+    ] {
+        assert!(!text.contains(password), "the password shows in {place}:\n{text}");
+    }
     let id = lease["id"].as_str().unwrap();
     let (status, _) = support::http::request(qs.api, "DELETE", &format!("/v1/leases/{id}"), &[], None).await;
     assert_eq!(status, 204);

@@ -131,6 +131,7 @@ mod tests {
                 region: None,
             },
             port: 3128,
+            credentials: None,
         }
     }
 

@@ -75,4 +75,6 @@ pub struct ProbeTarget {
     /// `host:port` of the proxy.
     pub endpoint: String,
     pub check: CheckSpec,
+    /// What the proxy demands in `Proxy-Authorization`, if anything.
+    pub credentials: Option<crate::credentials::ProxyCredentials>,
 }

@@ -2,8 +2,10 @@
 //! TCP to the proxy, `CONNECT host:port`, TLS to the target inside the
 //! tunnel, `GET`; for http targets: an absolute-URI `GET` to the proxy. A
 //! proxy that accepts TCP but cannot egress fails. Only `Host`, `Accept` and
-//! `Connection` headers are sent: nothing that identifies the operator or
-//! carries trace context travels through a proxy toward a target.
+//! `Connection` headers are sent (and `Proxy-Authorization` to a proxy that
+//! demands credentials, which the proxy consumes): nothing that identifies
+//! the operator or carries trace context travels through a proxy toward a
+//! target.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsConnector;
 
 use super::CheckSpec;
+use crate::credentials::ProxyCredentials;
 
 /// Largest response head read.
 const MAX_HEAD: usize = 16 * 1024;
@@ -122,16 +125,37 @@ impl Prober {
 
     /// Fetches `check.url` through the proxy at `proxy` (`host:port`).
     pub async fn probe(&self, proxy: &str, check: &CheckSpec) -> ProbeResult {
+        self.probe_as(proxy, None, check).await
+    }
+
+    /// Fetches `check.url` through the proxy at `proxy`, presenting
+    /// `credentials` to it (Basic `Proxy-Authorization`).
+    pub async fn probe_as(
+        &self,
+        proxy: &str,
+        credentials: Option<&ProxyCredentials>,
+        check: &CheckSpec,
+    ) -> ProbeResult {
         let start = Instant::now();
         let deadline = start + check.timeout;
-        let outcome = self.run(proxy, check, deadline).await;
+        let authorization = credentials
+            .map(|c| format!("Proxy-Authorization: {}\r\n", c.basic_authorization()))
+            .unwrap_or_default();
+        let outcome = self.run(proxy, &authorization, check, deadline).await;
         ProbeResult {
             outcome,
             latency: start.elapsed(),
         }
     }
 
-    async fn run(&self, proxy: &str, check: &CheckSpec, deadline: Instant) -> Result<u16, ProbeFailure> {
+    /// `authorization` is empty or a whole `Proxy-Authorization` header line.
+    async fn run(
+        &self,
+        proxy: &str,
+        authorization: &str,
+        check: &CheckSpec,
+        deadline: Instant,
+    ) -> Result<u16, ProbeFailure> {
         let timeout = |stage: &'static str| ProbeFailure::Timeout {
             after: check.timeout,
             stage,
@@ -156,7 +180,7 @@ impl Prober {
 
         let status = if url.scheme() == "https" {
             let connect = format!(
-                "CONNECT {h}:{port} HTTP/1.1\r\nHost: {h}:{port}\r\n\r\n",
+                "CONNECT {h}:{port} HTTP/1.1\r\nHost: {h}:{port}\r\n{authorization}\r\n",
                 h = bracketed(host)
             );
             timeout_at(deadline, stream.write_all(connect.as_bytes()))
@@ -175,11 +199,20 @@ impl Prober {
                 .await
                 .map_err(|_| timeout("in the TLS handshake with the target"))?
                 .map_err(|e| ProbeFailure::Tls(e.to_string()))?;
-            request(&mut tls, path, &authority, deadline, check.timeout).await?
+            // Inside the tunnel the target answers: it gets no credentials.
+            request(&mut tls, path, &authority, "", deadline, check.timeout).await?
         } else {
             // Absolute URI: the proxy itself fetches the target.
             let target = &url[..url::Position::AfterQuery];
-            request(&mut stream, target, &authority, deadline, check.timeout).await?
+            request(
+                &mut stream,
+                target,
+                &authority,
+                authorization,
+                deadline,
+                check.timeout,
+            )
+            .await?
         };
         if check.accepts(status) {
             Ok(status)
@@ -204,11 +237,13 @@ async fn request<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     target: &str,
     authority: &str,
+    authorization: &str,
     deadline: Instant,
     after: Duration,
 ) -> Result<u16, ProbeFailure> {
-    let req =
-        format!("GET {target} HTTP/1.1\r\nHost: {authority}\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: {authority}\r\n{authorization}Accept: */*\r\nConnection: close\r\n\r\n"
+    );
     timeout_at(deadline, stream.write_all(req.as_bytes()))
         .await
         .map_err(|_| ProbeFailure::Timeout {

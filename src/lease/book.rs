@@ -351,6 +351,7 @@ impl LeaseBook {
             attributes: entry.availability.attributes.clone(),
             target: req.target.clone(),
             ttl,
+            credentials: entry.availability.credentials.clone(),
         };
         self.reindex(id, now);
         self.note(LeaseChange::Granted(LeaseRecord {
@@ -793,7 +794,7 @@ impl LeaseBook {
             .iter()
             .filter(|(id, _)| !self.placeholders.contains(id))
             .map(|(_, e)| ProxyView {
-                availability: e.availability.clone(),
+                availability: e.availability.listed(),
                 active_leases: e.active,
             })
             .collect();

@@ -13,6 +13,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::credentials::ProxyCredentials;
 use crate::store::ObjectKey;
 
 pub use book::LeaseBook;
@@ -67,6 +68,18 @@ pub struct Availability {
     pub url: Option<String>,
     pub attributes: BTreeMap<String, String>,
     pub latency: Option<Duration>,
+    /// What the proxy demands, handed out with a lease only: never listed.
+    pub credentials: Option<ProxyCredentials>,
+}
+
+impl Availability {
+    /// The same, without the credentials (for listings).
+    pub fn listed(&self) -> Availability {
+        Availability {
+            credentials: None,
+            ..self.clone()
+        }
+    }
 }
 
 /// A request for a lease.
@@ -90,6 +103,8 @@ pub struct Grant {
     pub attributes: BTreeMap<String, String>,
     pub target: String,
     pub ttl: Duration,
+    /// What the proxy demands (Basic proxy authentication), if anything.
+    pub credentials: Option<ProxyCredentials>,
 }
 
 /// How the use of a lease went.

@@ -32,6 +32,7 @@ fn proxy(name: &str, ready: bool, latency_ms: u64, attrs: &[(&str, &str)]) -> Av
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         latency: Some(Duration::from_millis(latency_ms)),
+        credentials: None,
     }
 }
 

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use jiff::Timestamp;
 
+use crate::credentials::ProxyCredentials;
 use crate::installation::InstallationId;
 use crate::resource::Placement;
 
@@ -134,6 +135,9 @@ pub struct CreateRequest {
     pub placement: Placement,
     /// Port the proxy listens on.
     pub port: u16,
+    /// What clients must present (Basic proxy authentication); providers
+    /// configure the proxy to demand it.
+    pub credentials: Option<ProxyCredentials>,
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::Path;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
@@ -14,9 +15,11 @@ use serde_json::json;
 
 use crate::config::KubernetesConfig;
 use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
+use crate::provider::squid_auth::with_auth;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
+use crate::store::credentials_secret::{HTPASSWD_KEY, credentials_secret_name};
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";
@@ -61,6 +64,18 @@ pub fn squid_config(port: u16, destinations: &DestinationPolicy) -> String {
          shutdown_lifetime 1 seconds\npid_filename /tmp/squid.pid\ncoredump_dir /tmp\n\
          netdb_filename none\ncache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n",
         rules = squid_rules(destinations),
+    )
+}
+
+/// Where a pod mounts its Proxy's credentials Secret (the `htpasswd` key as `passwd`).
+pub const AUTH_MOUNT: &str = "/etc/squid-auth";
+
+/// The squid.conf of a pod that demands its Proxy's credentials (checked
+/// before the destination rules: a stranger learns nothing of them).
+pub fn authenticated_squid_config(port: u16, destinations: &DestinationPolicy) -> String {
+    with_auth(
+        &squid_config(port, destinations),
+        &Path::new(AUTH_MOUNT).join("passwd"),
     )
 }
 
@@ -239,6 +254,26 @@ impl KubernetesProvider {
             (UID_LABEL.to_owned(), req.uid.clone()),
             (INSTALLATION_LABEL.to_owned(), req.installation.to_string()),
         ]);
+        // The passwd file comes from the Proxy's credentials Secret, which the
+        // store keeps in the Proxy's (and so the pod's) namespace.
+        // `/tmp` is the only writable place (config, pid file, core dumps;
+        // logs go to stdout/stderr). The passwd file comes from the Proxy's
+        // credentials Secret, which the store keeps in the Proxy's (and so
+        // the pod's) namespace.
+        let mut volumes = vec![json!({"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}})];
+        let mut mounts = vec![json!({"name": "tmp", "mountPath": "/tmp"})];
+        let config = match &req.credentials {
+            Some(_) => {
+                volumes.push(json!({"name": "auth", "secret": {
+                    "secretName": credentials_secret_name(&req.uid),
+                    "items": [{"key": HTPASSWD_KEY, "path": "passwd"}],
+                    "defaultMode": 0o444
+                }}));
+                mounts.push(json!({"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": true}));
+                authenticated_squid_config(req.port, &self.destinations)
+            }
+            None => squid_config(req.port, &self.destinations),
+        };
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": req.name.as_str(), "namespace": req.namespace, "labels": labels},
@@ -259,7 +294,7 @@ impl KubernetesProvider {
                     "name": "squid",
                     "image": self.config.image,
                     "command": SQUID_COMMAND,
-                    "env": [{"name": "SQUID_CONFIG", "value": squid_config(req.port, &self.destinations)}],
+                    "env": [{"name": "SQUID_CONFIG", "value": config}],
                     "ports": [{"name": "proxy", "containerPort": req.port, "protocol": "TCP"}],
                     "readinessProbe": {"tcpSocket": {"port": req.port}, "periodSeconds": 2},
                     "resources": {
@@ -271,10 +306,9 @@ impl KubernetesProvider {
                         "readOnlyRootFilesystem": true,
                         "capabilities": {"drop": ["ALL"]}
                     },
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]
+                    "volumeMounts": mounts
                 }],
-                // Config, pid file and core dumps; logs go to stdout/stderr.
-                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+                "volumes": volumes
             }
         }))
         .expect("a static pod template deserializes")

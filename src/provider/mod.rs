@@ -16,6 +16,7 @@ mod naming;
 pub mod reason;
 mod registry;
 mod spec_hash;
+pub mod squid_auth;
 mod traced;
 
 use async_trait::async_trait;

@@ -19,6 +19,20 @@ impl SpecHash {
         &self.0
     }
 
+    /// The hash with a credentials rotation mixed in: each new value of the
+    /// rotate annotation is a new spec (a new instance with new
+    /// credentials); no annotation leaves the hash as it was.
+    pub fn rotated(self, rotation: Option<&str>) -> SpecHash {
+        let Some(rotation) = rotation else {
+            return self;
+        };
+        let mut hasher = Sha256::new();
+        hasher.update(b"spec-hash/rotation/v1");
+        field(&mut hasher, Some(self.0.as_bytes()));
+        field(&mut hasher, Some(rotation.as_bytes()));
+        SpecHash(hex::encode(hasher.finalize()))
+    }
+
     /// Wraps a value read back from an annotation.
     pub fn from_annotation(value: &str) -> Self {
         SpecHash(value.to_owned())
@@ -67,6 +81,16 @@ fn field(hasher: &mut Sha256, value: Option<&[u8]>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_rotation_value_is_a_new_hash_and_none_keeps_it() {
+        let base = spec_hash("p", &Placement::default(), 3128, None);
+        assert_eq!(base.clone().rotated(None), base);
+        let one = base.clone().rotated(Some("1"));
+        assert_ne!(one, base);
+        assert_ne!(one, base.clone().rotated(Some("2")));
+        assert_eq!(one, base.rotated(Some("1")));
+    }
     use proptest::prelude::*;
 
     fn placement(zone: Option<&str>, image: Option<&str>) -> Placement {

@@ -14,6 +14,7 @@ use jiff::Timestamp;
 
 use tracing::Instrument;
 
+use crate::credentials::{CredentialsError, ProxyCredentials, substitute_htpasswd};
 use crate::health::{CheckSpec, ProbeTarget, Verdict};
 use crate::installation::InstallationId;
 use crate::lease::Availability;
@@ -21,7 +22,10 @@ use crate::provider::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, ProviderId,
     Providers, instance_name, spec_hash,
 };
-use crate::resource::{FINALIZER, Mode, Phase, Proxy, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION};
+use crate::resource::{
+    CredentialsSecretRef, FINALIZER, Mode, Phase, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
+    SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
+};
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
 use crate::telemetry::events::{InstanceLost, InstanceReplaced};
 
@@ -57,6 +61,9 @@ pub struct Memory {
     /// Deletes refused for good in a row (a Permanent error): how long the
     /// next attempt waits.
     delete_refusals: u32,
+    /// The proxy's credentials and the spec generation they belong to
+    /// (saves a store read per reconcile).
+    credentials: Option<(String, ProxyCredentials)>,
 }
 
 /// A delete still unfinished after this long is requested again.
@@ -131,6 +138,10 @@ pub enum ReconcileError {
     Store(#[from] StoreError),
     #[error("cloud-init: {0}")]
     CloudInit(#[from] CloudInitError),
+    #[error("proxy credentials: {0}")]
+    Credentials(#[from] CredentialsError),
+    #[error("endpoint.credentialsSecretRef: {0}")]
+    ExternalCredentials(CloudInitError),
     #[error(
         "provider {0:?} is not configured; add it to the providers config, or set {SKIP_CLEANUP_ANNOTATION}: \"true\" to release the Proxy without cleanup"
     )]
@@ -175,6 +186,8 @@ impl ReconcileError {
             ReconcileError::Provider(_) => "provider",
             ReconcileError::Store(_) => "store",
             ReconcileError::CloudInit(_) => "cloud_init",
+            ReconcileError::Credentials(_) => "credentials",
+            ReconcileError::ExternalCredentials(_) => "external_credentials",
             ReconcileError::ProviderMissingOnDelete(_) => "provider_missing",
             ReconcileError::InstanceConflict { .. } => "instance_conflict",
         }
@@ -312,8 +325,10 @@ impl Step<'_> {
         let cloud_init = resolve_cloud_init(proxy, ctx).await?;
         let placement = proxy.spec.placement.clone().unwrap_or_default();
         let cloud_init_bytes = cloud_init.as_ref().map(|c| c.0.as_slice());
-        let hash = spec_hash(&provider_name, &placement, proxy.spec.port, cloud_init_bytes);
+        let hash = spec_hash(&provider_name, &placement, proxy.spec.port, cloud_init_bytes)
+            .rotated(annotation(proxy, ROTATE_CREDENTIALS_ANNOTATION));
         let recorded = annotation(proxy, SPEC_HASH_ANNOTATION);
+        let credentials = self.credentials(hash.as_str()).await?;
 
         if let Some(id) = self.draft.provider_id() {
             let result = provider.get(&id).await;
@@ -355,7 +370,7 @@ impl Step<'_> {
                         self.memory.delete(provider.as_ref(), &id).await?;
                         return Ok(Next::Poll);
                     }
-                    Ok(instance) => return self.observe(provider.as_ref(), &instance).await,
+                    Ok(instance) => return self.observe(provider.as_ref(), &instance, &credentials).await,
                     Err(e) if e.is_not_found() => {
                         if deleting_lost {
                             self.draft.lost_instance_deleted();
@@ -384,6 +399,11 @@ impl Step<'_> {
                 return Ok(Next::After(wait.unsigned_abs()));
             }
         }
+        // The VM's cloud-init gets the passwd line in place of its placeholder.
+        let cloud_init = match cloud_init {
+            Some(c) => Some(CloudInitBytes(substitute_htpasswd(&c.0, &credentials)?)),
+            None => None,
+        };
         let request = CreateRequest {
             name: instance_name(self.uid()),
             uid: self.uid().to_owned(),
@@ -392,11 +412,28 @@ impl Step<'_> {
             cloud_init,
             placement,
             port: proxy.spec.port,
+            credentials: Some(credentials),
         };
         let id = provider.create(&request).await?;
         tracing::info!(proxy = %key, providerID = %id, provider = %provider_name, "instance created");
         self.draft.created(&id);
         Ok(Next::Poll)
+    }
+
+    /// The credentials of spec generation `generation`, from memory or the store.
+    async fn credentials(&mut self, generation: &str) -> Result<ProxyCredentials, ReconcileError> {
+        if let Some((kept_for, kept)) = &self.memory.credentials
+            && kept_for == generation
+        {
+            return Ok(kept.clone());
+        }
+        let credentials = self
+            .ctx
+            .store
+            .proxy_credentials(&self.key(), self.uid(), generation)
+            .await?;
+        self.memory.credentials = Some((generation.to_owned(), credentials.clone()));
+        Ok(credentials)
     }
 
     fn forget_instance(&mut self) {
@@ -453,6 +490,7 @@ impl Step<'_> {
         &mut self,
         provider: &dyn Provider,
         instance: &Instance,
+        credentials: &ProxyCredentials,
     ) -> Result<Next, ReconcileError> {
         match (instance.state, instance.ip) {
             (InstanceState::Running, Some(ip)) => {
@@ -464,7 +502,7 @@ impl Step<'_> {
                     }
                 }
                 self.draft.running(&ip.to_string(), port);
-                self.serve();
+                self.serve(Some(credentials.clone()));
                 Ok(Next::Resync)
             }
             (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
@@ -611,20 +649,24 @@ impl Step<'_> {
         // Instances it once lost are no concern of an External proxy.
         self.draft.clear_replacement();
         if let Some(endpoint) = &proxy.spec.endpoint {
+            let credentials = match &endpoint.credentials_secret_ref {
+                Some(r) => Some(external_credentials(ctx, &key.namespace, r).await?),
+                None => None,
+            };
             self.draft.external(&endpoint.host, endpoint.port);
-            self.serve();
+            self.serve(credentials);
         }
         Ok(Next::Idle)
     }
 
     /// The proxy serves at the endpoint just recorded: tell the health
     /// engine what to probe and fold in the verdict known so far.
-    fn serve(&mut self) {
-        serve(self.proxy, self.draft, self.memory);
+    fn serve(&mut self, credentials: Option<ProxyCredentials>) {
+        serve(self.proxy, self.draft, self.memory, credentials);
     }
 }
 
-fn serve(proxy: &Proxy, draft: &mut StatusDraft, memory: &mut Memory) {
+fn serve(proxy: &Proxy, draft: &mut StatusDraft, memory: &mut Memory, credentials: Option<ProxyCredentials>) {
     let Some(endpoint) = draft.status().endpoint.clone() else {
         return;
     };
@@ -634,6 +676,7 @@ fn serve(proxy: &Proxy, draft: &mut StatusDraft, memory: &mut Memory) {
                 uid: uid(proxy).to_owned(),
                 endpoint,
                 check,
+                credentials,
             });
             if let Some(verdict) = memory.health.as_ref().filter(|v| v.uid == uid(proxy)) {
                 draft.health(verdict);
@@ -689,7 +732,35 @@ fn availability(proxy: &Proxy, status: &crate::resource::ProxyStatus, memory: &M
         latency: health
             .and_then(|h| h.latency_ms)
             .map(std::time::Duration::from_millis),
+        credentials: memory.serving.as_ref().and_then(|s| s.credentials.clone()),
     }
+}
+
+/// The credentials an External proxy declares by Secret reference.
+async fn external_credentials(
+    ctx: &Context,
+    namespace: &str,
+    r: &CredentialsSecretRef,
+) -> Result<ProxyCredentials, ReconcileError> {
+    let read = async |key: &str| -> Result<String, ReconcileError> {
+        let bytes = ctx
+            .store
+            .secret_key(namespace, &r.name, key)
+            .await
+            .map_err(ReconcileError::ExternalCredentials)?;
+        String::from_utf8(bytes).map_err(|_| {
+            ReconcileError::ExternalCredentials(CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: r.name.clone(),
+                reason: format!("key {key:?} is not UTF-8"),
+            })
+        })
+    };
+    let (username, password) = (read(&r.username_key).await?, read(&r.password_key).await?);
+    Ok(ProxyCredentials::new(
+        username.trim_end_matches('\n'),
+        password.trim_end_matches('\n'),
+    )?)
 }
 
 async fn resolve_cloud_init(proxy: &Proxy, ctx: &Context) -> Result<Option<CloudInitBytes>, ReconcileError> {

@@ -30,3 +30,7 @@ pub mod condition {
     /// The provider reports the instance running with an address.
     pub const INSTANCE_READY: &str = "InstanceReady";
 }
+
+/// Set to any new value to rotate a Managed proxy's credentials: the
+/// instance is replaced by one with new credentials.
+pub const ROTATE_CREDENTIALS_ANNOTATION: &str = "crawl.example.com/rotate-credentials";

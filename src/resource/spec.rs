@@ -176,6 +176,34 @@ pub struct Endpoint {
     /// How clients talk to the proxy itself (default `http`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheme: Option<ProxyScheme>,
+    /// The credentials the proxy demands (Basic proxy authentication), from a
+    /// Secret in the Proxy's namespace; handed out with leases and presented
+    /// by health probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<CredentialsSecretRef>,
+}
+
+/// Username and password keys of a Secret in the Proxy's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsSecretRef {
+    /// Secret name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key holding the username.
+    #[serde(default = "default_username_key")]
+    pub username_key: String,
+    /// Key holding the password.
+    #[serde(default = "default_password_key")]
+    pub password_key: String,
+}
+
+fn default_username_key() -> String {
+    "username".to_owned()
+}
+
+fn default_password_key() -> String {
+    "password".to_owned()
 }
 
 /// Protocol spoken to the proxy itself.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 
 use tracing::Instrument;
 
+use crate::credentials::ProxyCredentials;
 use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SecretKeyRef};
-use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
+use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent, credentials_secret};
 
 /// Attempts of a resourceVersion-guarded write before giving up (Transient).
 const CONFLICT_RETRIES: usize = 5;
@@ -449,6 +450,77 @@ impl ProxyStore for KubeStore {
             true,
         )
         .await
+    }
+
+    async fn proxy_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<ProxyCredentials, StoreError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &key.namespace);
+        let name = credentials_secret::credentials_secret_name(uid);
+        let found = api
+            .get_opt(&name)
+            .instrument(api_span("get", "secrets", Some(key)))
+            .await
+            .map_err(backend)?;
+        if let Some(kept) = found
+            .as_ref()
+            .and_then(|s| credentials_secret::kept(s, uid, generation))
+        {
+            return Ok(kept);
+        }
+        let unusable = |e: crate::credentials::CredentialsError| StoreError::Backend(e.to_string());
+        let fresh = ProxyCredentials::generate().map_err(unusable)?;
+        let mut secret = credentials_secret::build(key, uid, generation, &fresh).map_err(unusable)?;
+        // A racing writer makes this fail (conflict or exists); the retry reads theirs.
+        match found {
+            Some(old) => {
+                secret.metadata.resource_version = old.metadata.resource_version;
+                api.replace(&name, &PostParams::default(), &secret)
+                    .instrument(api_span("replace", "secrets", Some(key)))
+                    .await
+            }
+            None => {
+                api.create(&PostParams::default(), &secret)
+                    .instrument(api_span("create", "secrets", Some(key)))
+                    .await
+            }
+        }
+        .map_err(backend)?;
+        Ok(fresh)
+    }
+
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let found = api
+            .get_opt(name)
+            .instrument(api_span("get", "secrets", None))
+            .await
+            .map_err(|e| CloudInitError::Backend {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                reason: e.to_string(),
+            })?
+            .ok_or_else(|| CloudInitError::SecretNotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })?;
+        let from_data = found.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone());
+        from_data
+            .or_else(|| {
+                found
+                    .string_data
+                    .as_ref()?
+                    .get(key)
+                    .map(|v| v.as_bytes().to_vec())
+            })
+            .ok_or_else(|| CloudInitError::MissingKey {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                key: key.to_owned(),
+            })
     }
 
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {

@@ -8,6 +8,7 @@
 //! it, and writes name the UID they expect so a write meant for an old
 //! incarnation never lands on a new one.
 
+pub mod credentials_secret;
 pub mod embedded;
 pub mod installation;
 mod key;
@@ -18,6 +19,7 @@ use std::collections::HashSet;
 
 use async_trait::async_trait;
 
+use crate::credentials::ProxyCredentials;
 use crate::resource::{Proxy, ProxyStatus, SecretKeyRef};
 
 pub use key::ObjectKey;
@@ -41,7 +43,7 @@ pub enum StoreError {
     Backend(String),
 }
 
-/// Cloud-init could not be resolved from the referenced Secret.
+/// A referenced Secret (cloud-init, External credentials) could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CloudInitError {
     #[error("Secret {namespace}/{name} not found")]
@@ -88,6 +90,21 @@ pub trait ProxyStore: Send + Sync {
 
     /// Replaces the status (callers only write when it changed).
     async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError>;
+
+    /// The credentials of the Proxy's instances for spec generation
+    /// `generation` (its spec hash): the ones kept for it, else new random
+    /// ones, kept before they are returned. A new generation (a changed
+    /// spec, a rotation) gets new credentials; they go with the Proxy.
+    async fn proxy_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<ProxyCredentials, StoreError>;
+
+    /// Reads one key of any Secret in `namespace` (an External proxy's
+    /// credentials). Secrets are read when the Proxy is reconciled.
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError>;
 
     /// Reads cloud-init from a labelled Secret in `namespace`.
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError>;

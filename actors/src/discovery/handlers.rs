@@ -145,13 +145,20 @@ pub async fn acquire(
             other => ApiError::Invalid(other.to_string()),
         })?;
     let expires_at = expires_at(grant.ttl);
+    let url = match &grant.credentials {
+        Some(c) => c.url_with_userinfo(&grant.url).unwrap_or(grant.url),
+        None => grant.url,
+    };
+    let (username, password) = grant.credentials.map(|c| (c.username, c.password)).unzip();
     Ok(HttpResponse::Created().json(Lease {
         id: grant.id,
         proxy: LeasedProxy {
             name: grant.proxy.name,
             namespace: grant.proxy.namespace,
-            url: grant.url,
+            url,
             attributes: grant.attributes,
+            username,
+            password,
         },
         target: grant.target,
         expires_at,

@@ -54,14 +54,35 @@ pub struct LeaseRequest {
     pub client: Option<String>,
 }
 
-/// The proxy of a lease.
-#[derive(Serialize, Deserialize, ToSchema, Debug, Clone, PartialEq)]
+/// The proxy of a lease, with what it demands: a lease is the only place
+/// a proxy's credentials are handed out.
+#[derive(Serialize, Deserialize, ToSchema, Clone, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LeasedProxy {
     pub name: String,
     pub namespace: String,
+    /// `http://user:password@host:port` to configure as the client's proxy
+    /// (user-info only when the proxy demands credentials).
     pub url: String,
     pub attributes: BTreeMap<String, String>,
+    /// Username for Basic proxy authentication (`Proxy-Authorization`), when the proxy demands it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Password for Basic proxy authentication, when the proxy demands it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+// The URL and password are secrets: never printed.
+impl std::fmt::Debug for LeasedProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedProxy")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("attributes", &self.attributes)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A granted lease.

@@ -81,5 +81,6 @@ pub fn request(uid: &str) -> CreateRequest {
             region: None,
         },
         port: 3128,
+        credentials: None,
     }
 }

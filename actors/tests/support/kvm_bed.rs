@@ -185,6 +185,7 @@ pub fn create_request(uid: &str, zone: &str) -> CreateRequest {
             region: None,
         },
         port: 3128,
+        credentials: None,
     }
 }
 

@@ -121,9 +121,20 @@ async fn status_line<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
 
 /// `CONNECT localhost:<port>` through `proxy`, TLS to the target, `GET /`; the final status line.
 pub async fn get_via_connect(proxy: SocketAddr, target_port: u16, ca: &CertificateDer<'static>) -> String {
+    get_via_connect_as(proxy, None, target_port, ca).await
+}
+
+/// [`get_via_connect`], presenting `authorization` (a `Proxy-Authorization` value) on CONNECT.
+pub async fn get_via_connect_as(
+    proxy: SocketAddr,
+    authorization: Option<&str>,
+    target_port: u16,
+    ca: &CertificateDer<'static>,
+) -> String {
     let mut s = TcpStream::connect(proxy).await.unwrap();
+    let auth = proxy_authorization(authorization);
     let connect =
-        format!("CONNECT localhost:{target_port} HTTP/1.1\r\nHost: localhost:{target_port}\r\n\r\n");
+        format!("CONNECT localhost:{target_port} HTTP/1.1\r\nHost: localhost:{target_port}\r\n{auth}\r\n");
     s.write_all(connect.as_bytes()).await.unwrap();
     let answer = status_line(&mut s).await;
     if !answer.contains(" 200") {
@@ -149,9 +160,25 @@ pub async fn get_via_connect(proxy: SocketAddr, target_port: u16, ca: &Certifica
 
 /// Absolute-URI `GET http://<target>/` through `proxy`; the status line.
 pub async fn get_via_absolute_uri(proxy: SocketAddr, target: SocketAddr) -> String {
+    get_via_absolute_uri_as(proxy, None, target).await
+}
+
+/// [`get_via_absolute_uri`], presenting `authorization` (a `Proxy-Authorization` value).
+pub async fn get_via_absolute_uri_as(
+    proxy: SocketAddr,
+    authorization: Option<&str>,
+    target: SocketAddr,
+) -> String {
     let mut s = TcpStream::connect(proxy).await.unwrap();
-    s.write_all(format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+    let auth = proxy_authorization(authorization);
+    s.write_all(format!("GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n").as_bytes())
         .await
         .unwrap();
     status_line(&mut s).await
+}
+
+fn proxy_authorization(value: Option<&str>) -> String {
+    value
+        .map(|v| format!("Proxy-Authorization: {v}\r\n"))
+        .unwrap_or_default()
 }

@@ -171,6 +171,7 @@ impl LeaseBook {
                     url: None,
                     attributes: Default::default(),
                     latency: None,
+                    credentials: None,
                 },
                 active: 0,
                 global_cooldown: None,

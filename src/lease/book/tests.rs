@@ -25,6 +25,7 @@ fn availability(i: usize, ready: bool, latency_ms: u64) -> Availability {
         url: Some(format!("http://p{i}:3128")),
         attributes: BTreeMap::from([("geo".to_owned(), ["eu", "us"][i % 2].to_owned())]),
         latency: Some(Duration::from_millis(latency_ms)),
+        credentials: None,
     }
 }
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
+use crate::credentials::{ProxyCredentials, write_credentials_file};
 use crate::provider::{
     BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError,
     ProviderId,
@@ -41,6 +42,8 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 const PROCESS_LOG: &str = "process.log";
 /// The built-in proxy's pid file, in the instance directory.
 const BUILTIN_PID_FILE: &str = "proxy.pid";
+/// The built-in proxy's credentials (mode 0600), in the instance directory.
+const BUILTIN_CREDENTIALS_FILE: &str = "credentials";
 /// Log lines quoted when an instance stops.
 const TAIL_LINES: usize = 3;
 
@@ -208,8 +211,15 @@ impl LocalProvider {
         }
     }
 
-    /// Lays out and starts the proxy of a new instance.
-    async fn start(&self, id: &ProviderId, dir: &Path, name: &str) -> Result<(), ProviderError> {
+    /// Lays out and starts the proxy of a new instance; with `credentials`
+    /// it demands them.
+    async fn start(
+        &self,
+        id: &ProviderId,
+        dir: &Path,
+        name: &str,
+        credentials: Option<&ProxyCredentials>,
+    ) -> Result<(), ProviderError> {
         let io = |e: std::io::Error| self.error(ErrorClass::Transient, Op::Create, Some(id.as_str()), e);
         let record = record::read(dir).map_err(io)?.ok_or_else(|| {
             self.error(
@@ -224,7 +234,7 @@ impl LocalProvider {
                 let run_dir = squid.run_dir(dir, name);
                 let service = squid::service_name(name);
                 squid
-                    .prepare(&run_dir, &record, &self.destinations.policy)
+                    .prepare(&run_dir, &record, credentials, &self.destinations.policy)
                     .map_err(io)?;
                 // No Squid of this instance runs (it is being created): leftovers of a killed one go.
                 squid::remove_segments(&service).map_err(io)?;
@@ -253,6 +263,11 @@ impl LocalProvider {
                     .arg("--pid-file")
                     .arg(dir.join(BUILTIN_PID_FILE))
                     .args(&self.destinations.builtin_args);
+                if let Some(credentials) = credentials {
+                    let file = dir.join(BUILTIN_CREDENTIALS_FILE);
+                    write_credentials_file(&file, credentials).map_err(io)?;
+                    cmd.arg("--credentials-file").arg(file);
+                }
                 cmd
             }
         };
@@ -387,7 +402,8 @@ impl Provider for LocalProvider {
         };
         let record = InstanceRecord::new(req, port, self.listen, &self.launcher, run_dir, pid_file);
         record::materialize(&self.instances_dir, &dir, &record).map_err(io)?;
-        self.start(&id, &dir, req.name.as_str()).await?;
+        self.start(&id, &dir, req.name.as_str(), req.credentials.as_ref())
+            .await?;
         Ok(id)
     }
 

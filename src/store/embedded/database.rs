@@ -6,6 +6,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, params};
 
+use crate::credentials::ProxyCredentials;
 use crate::installation::InstallationId;
 use crate::resource::Proxy;
 use crate::store::ObjectKey;
@@ -40,6 +41,15 @@ CREATE TABLE IF NOT EXISTS proxies (
     namespace TEXT NOT NULL,
     name      TEXT NOT NULL,
     object    TEXT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+CREATE TABLE IF NOT EXISTS credentials (
+    namespace  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    uid        TEXT NOT NULL,
+    generation TEXT NOT NULL,
+    username   TEXT NOT NULL,
+    password   TEXT NOT NULL,
     PRIMARY KEY (namespace, name)
 );
 CREATE TABLE IF NOT EXISTS settings (
@@ -175,12 +185,72 @@ impl Database {
         })
     }
 
-    /// Forgets one object.
+    /// Forgets one object, and its proxy credentials.
     pub fn delete(&self, key: &ObjectKey) -> Result<(), DatabaseError> {
+        for table in ["proxies", "credentials"] {
+            self.conn
+                .execute(
+                    &format!("DELETE FROM {table} WHERE namespace = ?1 AND name = ?2"),
+                    params![key.namespace, key.name],
+                )
+                .map_err(|e| self.wrap(e))?;
+        }
+        Ok(())
+    }
+
+    /// The proxy credentials kept for incarnation `uid` of `key` and spec
+    /// generation `generation`, if those are the ones kept.
+    pub fn credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<Option<ProxyCredentials>, DatabaseError> {
+        let found = self
+            .conn
+            .query_row(
+                "SELECT username, password FROM credentials
+                 WHERE namespace = ?1 AND name = ?2 AND uid = ?3 AND generation = ?4",
+                params![key.namespace, key.name, uid, generation],
+                |r| {
+                    Ok(ProxyCredentials {
+                        username: r.get(0)?,
+                        password: r.get(1)?,
+                    })
+                },
+            )
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                other => Err(other),
+            })
+            .map_err(|e| self.wrap(e))?;
+        Ok(found)
+    }
+
+    /// Keeps `credentials` for `uid` and `generation`, replacing earlier ones.
+    pub fn put_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+        credentials: &ProxyCredentials,
+    ) -> Result<(), DatabaseError> {
         self.conn
             .execute(
-                "DELETE FROM proxies WHERE namespace = ?1 AND name = ?2",
-                params![key.namespace, key.name],
+                "INSERT INTO credentials (namespace, name, uid, generation, username, password)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (namespace, name) DO UPDATE SET uid = excluded.uid,
+                   generation = excluded.generation, username = excluded.username,
+                   password = excluded.password",
+                params![
+                    key.namespace,
+                    key.name,
+                    uid,
+                    generation,
+                    credentials.username,
+                    credentials.password
+                ],
             )
             .map_err(|e| self.wrap(e))?;
         Ok(())

@@ -16,12 +16,23 @@ use crate::store::ObjectKey;
 /// API version of Proxy documents.
 const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
 
-/// A Secret document (cloud-init source).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A Secret document (cloud-init, External proxy credentials).
+#[derive(Clone, PartialEq, Eq)]
 pub struct SecretDoc {
     pub key: ObjectKey,
     pub labels: BTreeMap<String, String>,
     pub data: BTreeMap<String, Vec<u8>>,
+}
+
+// Secret data is never printed: only which keys it has.
+impl std::fmt::Debug for SecretDoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretDoc")
+            .field("key", &self.key)
+            .field("labels", &self.labels)
+            .field("data_keys", &self.data.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// One document of a manifest file.

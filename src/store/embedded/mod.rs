@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::mpsc;
 
+use crate::credentials::ProxyCredentials;
 use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SPEC_HASH_ANNOTATION, SecretKeyRef};
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
 
@@ -337,6 +338,49 @@ impl ProxyStore for EmbeddedStore {
 
     async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
         self.mutate(key, uid, |p| p.status = Some(status.clone()))
+    }
+
+    async fn proxy_credentials(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        generation: &str,
+    ) -> Result<ProxyCredentials, StoreError> {
+        let inner = self.lock();
+        if inner.objects.get(key).and_then(|p| p.metadata.uid.as_deref()) != Some(uid) {
+            return Err(StoreError::Gone {
+                key: key.clone(),
+                uid: uid.to_owned(),
+            });
+        }
+        if let Some(kept) = inner.db.credentials(key, uid, generation).map_err(backend)? {
+            return Ok(kept);
+        }
+        let fresh = ProxyCredentials::generate().map_err(|e| StoreError::Backend(e.to_string()))?;
+        inner
+            .db
+            .put_credentials(key, uid, generation, &fresh)
+            .map_err(backend)?;
+        Ok(fresh)
+    }
+
+    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
+        let inner = self.lock();
+        let doc = inner
+            .secrets
+            .get(&ObjectKey::new(namespace, name))
+            .ok_or_else(|| CloudInitError::SecretNotFound {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })?;
+        doc.data
+            .get(key)
+            .cloned()
+            .ok_or_else(|| CloudInitError::MissingKey {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                key: key.to_owned(),
+            })
     }
 
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {

@@ -287,3 +287,78 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[tokio::test]
+async fn proxy_credentials_are_kept_per_generation_across_restarts_and_go_with_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    let uid = store.get(&k("a")).await.unwrap().unwrap().metadata.uid.unwrap();
+    let first = store.proxy_credentials(&k("a"), &uid, "h1").await.unwrap();
+    assert_eq!(store.proxy_credentials(&k("a"), &uid, "h1").await.unwrap(), first);
+    let second = store.proxy_credentials(&k("a"), &uid, "h2").await.unwrap();
+    assert_ne!(second, first, "a new generation gets new credentials");
+    assert!(matches!(
+        store.proxy_credentials(&k("a"), "another-uid", "h2").await,
+        Err(StoreError::Gone { .. })
+    ));
+    drop(store);
+
+    let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store.proxy_credentials(&k("a"), &uid, "h2").await.unwrap(),
+        second,
+        "kept across restarts"
+    );
+    // No finalizer: removing the manifest removes the Proxy, and its credentials with it.
+    store.apply(&set(&[])).unwrap();
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    let new_uid = store.get(&k("a")).await.unwrap().unwrap().metadata.uid.unwrap();
+    assert_ne!(
+        store.proxy_credentials(&k("a"), &new_uid, "h2").await.unwrap(),
+        second
+    );
+}
+
+#[tokio::test]
+async fn any_manifest_secret_key_can_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    let mut manifests = set(&[]);
+    manifests.secrets.insert(
+        k("vendor"),
+        SecretDoc {
+            key: k("vendor"),
+            labels: Default::default(),
+            data: BTreeMap::from([("username".to_owned(), b"v".to_vec())]),
+        },
+    );
+    store.apply(&manifests).unwrap();
+    assert_eq!(store.secret_key("ns", "vendor", "username").await.unwrap(), b"v");
+    let missing = store
+        .secret_key("ns", "vendor", "password")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(missing, "Secret ns/vendor has no key \"password\"");
+    let absent = store
+        .secret_key("ns", "nope", "username")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(absent, "Secret ns/nope not found");
+}
+
+#[test]
+fn a_secret_document_never_prints_its_data() {
+    let doc = SecretDoc {
+        key: k("vendor"),
+        labels: Default::default(),
+        data: BTreeMap::from([("password".to_owned(), b"hunter2".to_vec())]),
+    };
+    let shown = format!("{doc:?}");
+    assert!(
+        shown.contains("password") && !shown.contains("hunter2"),
+        "{shown}"
+    );
+}
