@@ -131,6 +131,17 @@ impl KubeStore {
         Api::namespaced(self.client.clone(), namespace)
     }
 
+    /// Every Proxy in scope, read from the API server (not a watch cache).
+    async fn list_proxies(&self) -> Result<Vec<Proxy>, StoreError> {
+        let list = self
+            .all_proxies()
+            .list(&ListParams::default())
+            .instrument(api_span("list", "proxies", None))
+            .await
+            .map_err(backend)?;
+        Ok(list.items)
+    }
+
     fn all_proxies(&self) -> Api<Proxy> {
         match &self.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
@@ -566,24 +577,14 @@ impl ProxyStore for KubeStore {
     }
 
     async fn live_uids(&self) -> Result<HashSet<String>, StoreError> {
-        let list = self
-            .all_proxies()
-            .list(&ListParams::default())
-            .instrument(api_span("list", "proxies", None))
-            .await
-            .map_err(backend)?;
-        Ok(list.items.into_iter().filter_map(|p| p.metadata.uid).collect())
+        let proxies = self.list_proxies().await?;
+        Ok(proxies.into_iter().filter_map(|p| p.metadata.uid).collect())
     }
 
     async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
-        let list = self
-            .all_proxies()
-            .list(&ListParams::default())
-            .instrument(api_span("list", "proxies", None))
-            .await
-            .map_err(backend)?;
-        Ok(list
-            .items
+        Ok(self
+            .list_proxies()
+            .await?
             .into_iter()
             .filter_map(|p| Some(ObjectKey::new(p.metadata.namespace?, p.metadata.name?)))
             .collect())
