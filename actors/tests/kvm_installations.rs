@@ -12,12 +12,12 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+use egress_proxies::config::{ImageFormat, KvmConfig};
 use egress_proxies::gc;
 use egress_proxies::installation::InstallationId;
 use egress_proxies::kvm::metadata::{self, METADATA_URI};
@@ -61,43 +61,18 @@ async fn image_server() -> (String, String) {
     (format!("http://{addr}/tiny.qcow2"), digest)
 }
 
-/// One installation's provider config: the bed's host "a", the test image.
+/// One installation's provider config: the bed's host "a", the test image
+/// pinned to its digest, a 96 MiB machine type.
 fn config(bed: &HashMap<String, String>, url: &str, digest: &str) -> KvmConfig {
-    KvmConfig {
-        ssh_key_file: bed["EPO_KVM_SSH_KEY"].clone().into(),
-        known_hosts_file: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-        insecure_ignore_host_key: false,
-        disk_size_gb: 1,
-        vendor_data: None,
-        install_guest_agent: true,
-        images: BTreeMap::from([(
-            "tiny".to_owned(),
-            KvmImage {
-                url: url.into(),
-                sha256: Some(digest.to_owned()),
-                format: ImageFormat::Qcow2,
-                firmware: Firmware::Bios,
-            },
-        )]),
-        allow_image_urls: false,
-        max_image_size_gb: egress_proxies::config::DEFAULT_MAX_IMAGE_SIZE_GB,
-        machine_types: BTreeMap::from([(
-            "small".to_owned(),
-            MachineType {
-                vcpus: 1,
-                memory_mib: 96,
-            },
-        )]),
-        hosts: vec![KvmHost {
-            name: "a".into(),
-            address: bed["EPO_KVM_HOST_A"].clone(),
-            user: bed["EPO_KVM_USER"].clone(),
-            bridge: bed["EPO_KVM_BRIDGE"].clone(),
-            socket: "/var/run/libvirt/libvirt-sock".into(),
-            pool: "default".into(),
-            domain_type: DomainType::Qemu,
-        }],
+    let mut config = support::kvm_bed::provider_config(bed, url);
+    config.hosts.retain(|h| h.name == "a");
+    if let Some(tiny) = config.images.get_mut("tiny") {
+        tiny.sha256 = Some(digest.to_owned());
     }
+    if let Some(small) = config.machine_types.get_mut("small") {
+        small.memory_mib = 96;
+    }
+    config
 }
 
 fn proxy(name: &str) -> Proxy {
