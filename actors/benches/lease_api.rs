@@ -232,11 +232,7 @@ fn main() {
             .spawn()
             .unwrap(),
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::load_generator_runtime();
     runtime.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(api).await.is_err() || TcpStream::connect(bare).await.is_err() {

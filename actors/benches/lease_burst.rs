@@ -188,11 +188,7 @@ fn main() {
             .spawn()
             .unwrap(),
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::load_generator_runtime();
     runtime.block_on(async {
         let target = target().await;
         write_manifests(&manifests, "seed", seed, proxy, target);

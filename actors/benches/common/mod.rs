@@ -97,6 +97,16 @@ impl Drop for Kill {
     }
 }
 
+/// The load generator's runtime: one worker thread, leaving the other core
+/// to the server under test.
+pub fn load_generator_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// The value after `--name` on the command line.
 pub fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
