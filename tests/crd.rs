@@ -149,7 +149,7 @@ fn durations_are_checked_with_a_clear_message() {
     hc.interval = "often".into();
     let err = hc.interval().unwrap_err().to_string();
     assert!(
-        err.starts_with("healthCheck.interval \"often\" is not a duration"),
+        err.starts_with("healthCheck.interval must be whole numbers with h, m, s or ms"),
         "{err}"
     );
     hc.timeout = "0s".into();
@@ -157,8 +157,79 @@ fn durations_are_checked_with_a_clear_message() {
         hc.timeout()
             .unwrap_err()
             .to_string()
-            .contains("must be greater than zero")
+            .starts_with("healthCheck.timeout must be between 1ms and 30s")
     );
+}
+
+/// The API server (CRD pattern and CEL rules) and the operator's own check
+/// (the embedded store, objects stored before the rules) draw the same
+/// lines: each value is accepted or refused by both, with the same words.
+#[test]
+fn health_check_bounds_agree_between_the_crd_and_the_runtime_check() {
+    let cases = [
+        ("interval", "1s", None),
+        ("interval", "24h", None),
+        ("interval", "1m30s", None),
+        (
+            "interval",
+            "999ms",
+            Some("healthCheck.interval must be between 1s and 24h"),
+        ),
+        (
+            "interval",
+            "1ms",
+            Some("healthCheck.interval must be between 1s and 24h"),
+        ),
+        (
+            "interval",
+            "24h1s",
+            Some("healthCheck.interval must be between 1s and 24h"),
+        ),
+        ("interval", "1.5s", Some("must match")),
+        ("interval", "1 s", Some("must match")),
+        ("timeout", "30s", None),
+        ("timeout", "1ms", None),
+        (
+            "timeout",
+            "31s",
+            Some("healthCheck.timeout must be between 1ms and 30s"),
+        ),
+        (
+            "timeout",
+            "0s",
+            Some("healthCheck.timeout must be between 1ms and 30s"),
+        ),
+        ("timeout", "5d", Some("must match")),
+    ];
+    for (field, value, refusal) in cases {
+        let spec = json!({"mode": "Managed", "provider": "p", "healthCheck": {field: value}});
+        let by_the_api_server = rejections(&object(spec.clone()));
+        let proxy: Proxy = serde_json::from_value(object(spec)).unwrap();
+        let by_the_operator = proxy.spec.validate().err().unwrap_or_default();
+        match refusal {
+            None => {
+                assert_eq!(by_the_api_server, Vec::<String>::new(), "{field}: {value}");
+                assert_eq!(by_the_operator, Vec::<String>::new(), "{field}: {value}");
+            }
+            Some(words) => {
+                assert!(
+                    by_the_api_server
+                        .iter()
+                        .any(|m| m.contains(words) || m.contains("does not match")),
+                    "{field}: {value}: the CRD lets it through: {by_the_api_server:?}"
+                );
+                let expected = if words == "must match" {
+                    format!("healthCheck.{field} must be whole numbers")
+                } else {
+                    words.to_owned()
+                };
+                assert!(
+                    by_the_operator.iter().any(|m| m.starts_with(&expected)),
+                    "{field}: {value}: the operator says {by_the_operator:?}, not {expected:?}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -268,6 +268,19 @@ pub struct RunArgs {
     )]
     pub cluster_networks: Vec<IpNet>,
 
+    /// Networks External Proxies may point at although they are loopback or
+    /// link-local (comma-separated CIDRs). Without it such endpoints are
+    /// refused: a Proxy's author could otherwise probe the operator's own
+    /// pod or the cloud metadata server through it.
+    #[arg(
+        long,
+        env = "ALLOW_EXTERNAL_ENDPOINT_NETWORKS",
+        value_delimiter = ',',
+        value_parser = parse_cidr,
+        value_name = "CIDR,..."
+    )]
+    pub allow_external_endpoint_networks: Vec<IpNet>,
+
     /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
     #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]
     pub gcp_wire_log_full_payloads: bool,

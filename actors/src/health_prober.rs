@@ -146,13 +146,9 @@ impl HealthProber {
             };
             egress_proxies::telemetry::otel::record_ids(&span);
             // A probe that panics is a failed probe, not a proxy never probed again.
-            let probed = AssertUnwindSafe(
-                prober
-                    .probe_as(&target.endpoint, target.credentials.as_ref(), &target.check)
-                    .instrument(span.clone()),
-            )
-            .catch_unwind()
-            .await;
+            let probed = AssertUnwindSafe(prober.probe_target(&target).instrument(span.clone()))
+                .catch_unwind()
+                .await;
             let result = probed.unwrap_or_else(|panic| ProbeResult {
                 outcome: Err(ProbeFailure::Panicked(crate::supervision::panic_message(
                     panic.as_ref(),

@@ -213,6 +213,11 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             lease_journal: None,
             tenure: None,
             proxy_namespace: args.proxy_namespace.clone(),
+            external_endpoints: Some(std::sync::Arc::new(
+                egress_proxies::destinations::DestinationPolicy::external_endpoints(
+                    &args.allow_external_endpoint_networks,
+                ),
+            )),
         },
         installation_id: args.installation_id.clone(),
     };

@@ -89,6 +89,8 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         )),
         tenure: None,
         proxy_namespace: None,
+        // The manifests are the operator's own: any endpoint they name stands.
+        external_endpoints: None,
     };
     let system = System::new();
     system.block_on(async move {

@@ -42,6 +42,9 @@ pub struct Settings {
     pub tenure: Option<Tenure>,
     /// `--proxy-namespace`: GC reaps only instances of Proxies in it.
     pub proxy_namespace: Option<String>,
+    /// Where External endpoints may not point (Kubernetes mode, see
+    /// `--allow-external-endpoint-networks`); `None` in standalone mode.
+    pub external_endpoints: Option<Arc<egress_proxies::destinations::DestinationPolicy>>,
 }
 
 /// Addresses of the started actors.
@@ -74,6 +77,7 @@ pub fn start(
         now: jiff::Timestamp::now,
         replacement: Default::default(),
         installation: installation.clone(),
+        external_endpoints: settings.external_endpoints.clone(),
     };
     let scope = Scope {
         installation,

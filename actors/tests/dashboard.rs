@@ -140,7 +140,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     // Someone else's proxy (External): the operator's own forward proxy as a process of this test.
     let external_port = free_port();
     let external = forward_proxy(BIN, external_port, root);
-    let check = format!("healthCheck: {{url: \"{target}\", interval: 300ms, unhealthyThreshold: 2}}");
+    let check = format!("healthCheck: {{url: \"{target}\", interval: 1s, unhealthyThreshold: 2}}");
     std::fs::write(
         root.join("proxies/eu-1.yaml"),
         format!(

@@ -72,7 +72,7 @@ fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
              spec:\n  mode: Managed\n  provider: gcp-test\n  port: {port}\n\
              \x20 placement: {{zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}}\n\
              \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n# {{{{ proxy_htpasswd }}}}\\n\"}}\n\
-             \x20 healthCheck: {{url: \"{}\", interval: 200ms}}\n",
+             \x20 healthCheck: {{url: \"{}\", interval: 1s}}\n",
         health_target()
     );
     std::fs::write(&manifest, &manifest_text).unwrap();

@@ -309,3 +309,56 @@ async fn probes_present_the_proxys_credentials() {
         assert_eq!(result.outcome, Ok(204), "{kind} GET with credentials");
     }
 }
+
+/// An External endpoint in Kubernetes mode: probes connect only to the
+/// addresses the endpoint policy admits, whatever the name resolves to when
+/// the probe runs (a name that later points at loopback is not followed).
+#[tokio::test]
+async fn a_guarded_probe_never_connects_to_a_refused_address() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use egress_proxies::destinations::DestinationPolicy;
+    use egress_proxies::health::ProbeTarget;
+
+    // A listener counting connections: only the guard stands before it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let (target, _) = http_target_with(Behaviour::Status(204)).await;
+    let prober = Prober::new(None).unwrap();
+    let probe = |endpoint: String, policy: DestinationPolicy| ProbeTarget {
+        uid: "u".into(),
+        endpoint,
+        check: check(&format!("http://{target}/"), None, 2000),
+        credentials: None,
+        endpoint_policy: Some(Arc::new(policy)),
+    };
+    for endpoint in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let result = prober
+            .probe_target(&probe(
+                endpoint.clone(),
+                DestinationPolicy::external_endpoints(&[]),
+            ))
+            .await;
+        let failure = result.outcome.unwrap_err();
+        assert_eq!(failure.reason(), "endpoint_refused", "{endpoint}: {failure}");
+        assert!(
+            failure.to_string().contains("--allow-external-endpoint-networks"),
+            "{failure}"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection was made");
+
+    // Allowed: the probe goes through a real proxy as usual.
+    let proxy = builtin_proxy().await;
+    let allowed = DestinationPolicy::external_endpoints(&["127.0.0.0/8".parse().unwrap()]);
+    let result = prober.probe_target(&probe(proxy.to_string(), allowed)).await;
+    assert_eq!(result.outcome, Ok(204));
+}

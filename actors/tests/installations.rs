@@ -247,7 +247,7 @@ fn standalone_bed(dir: &Path, health: &str) {
         dir.join("proxies/p.yaml"),
         format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p, namespace: crawl}}\n\
-             spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health}\", interval: 200ms}}}}\n"
+             spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health}\", interval: 1s}}}}\n"
         ),
     )
     .unwrap();

@@ -170,7 +170,7 @@ impl Bed {
 }
 
 fn managed(target: &str) -> Value {
-    json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "200ms"}})
+    json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}})
 }
 
 fn hash(o: &DynamicObject) -> String {
@@ -188,7 +188,15 @@ const LOCAL: &str = "providers:\n  - {name: local, type: local, local: {implemen
 async fn the_operator_runs_every_path_against_the_api_server() {
     let bed = Bed::new(LOCAL).await;
     let _op = bed.start(
-        &["--gc-interval", "1s", "--gc-grace-period", "30s"],
+        &[
+            "--gc-interval",
+            "1s",
+            "--gc-grace-period",
+            "30s",
+            // The External proxy below is this test's own, on IPv4 loopback.
+            "--allow-external-endpoint-networks",
+            "127.0.0.0/8",
+        ],
         "operator.log",
     );
 
@@ -215,13 +223,61 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         "ext",
         json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port,
             "credentialsSecretRef": {"name": "vendor-proxy", "usernameKey": "user"}},
-        "healthCheck": {"url": bed.target, "interval": "200ms"}}),
+        "healthCheck": {"url": bed.target, "interval": "1s"}}),
         json!({}),
     )
     .await;
     let ext = bed.phase("ext", "Ready").await;
     assert_eq!(ext.data["status"]["endpoint"], format!("127.0.0.1:{ext_port}"));
     assert!(ext.metadata.finalizers.is_none());
+
+    // Loopback outside the allowed networks (the same proxy over IPv6) and
+    // the metadata server are refused before any probe, saying why.
+    for (name, host) in [("ext-v6", "::1"), ("metadata", "169.254.169.254")] {
+        bed.apply(
+            name,
+            json!({"mode": "External", "endpoint": {"host": host, "port": ext_port},
+                "healthCheck": {"url": bed.target}}),
+            json!({}),
+        )
+        .await;
+        let refused = bed.phase(name, "Failed").await;
+        let message = refused.data["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("External endpoints on loopback or link-local addresses are refused")
+                && message.contains("--allow-external-endpoint-networks"),
+            "{name}: {message}"
+        );
+        assert!(refused.data["status"]["endpoint"].is_null(), "{name}: not served");
+    }
+
+    // A health check the CRD's rules would refuse (this API server does not
+    // run them, as one whose CRD predates the rules would not): the
+    // operator's own check keeps it from probing every 100 ms.
+    bed.apply(
+        "eager",
+        json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": ext_port},
+            "healthCheck": {"url": bed.target, "interval": "100ms"}}),
+        json!({}),
+    )
+    .await;
+    let eager = bed
+        .until(
+            "the health check refused",
+            async |o| {
+                o.filter(|o| {
+                    o.data["status"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("not probed"))
+                })
+            },
+            "eager",
+        )
+        .await;
+    assert_eq!(
+        eager.data["status"]["message"],
+        "not probed: healthCheck.interval must be between 1s and 24h (got \"100ms\")"
+    );
 
     // A Managed proxy: finalizer, hash, Ready, Events.
     bed.apply("m", managed(&bed.target), json!({})).await;

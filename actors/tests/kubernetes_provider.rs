@@ -274,7 +274,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
         "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
         "metadata": {"name": "pod-proxy", "namespace": "crawl"},
         "spec": {"mode": "Managed", "provider": "cluster", "port": port,
-                 "healthCheck": {"url": format!("http://{target}/"), "interval": "200ms"}}
+                 "healthCheck": {"url": format!("http://{target}/"), "interval": "1s"}}
     }))
     .unwrap();
     proxies.create(&PostParams::default(), &p).await.unwrap();

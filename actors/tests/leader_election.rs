@@ -131,7 +131,7 @@ impl Bed {
             "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
             "metadata": {"name": name, "namespace": "crawl"},
             "spec": {"mode": "Managed", "provider": "local",
-                     "healthCheck": {"url": self.target, "interval": "200ms"}}
+                     "healthCheck": {"url": self.target, "interval": "1s"}}
         }))
         .unwrap();
         proxies.create(&PostParams::default(), &obj).await.unwrap();

@@ -75,7 +75,7 @@ async fn leases_and_rests_survive_a_sigkill() {
             dir.join("proxies").join(format!("{name}.yaml")),
             format!(
                 "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}, namespace: crawl}}\n\
-                 spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health}\", interval: 200ms}}}}\n"
+                 spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health}\", interval: 1s}}}}\n"
             ),
         )
         .unwrap();

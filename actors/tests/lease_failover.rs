@@ -143,7 +143,7 @@ async fn leases_and_rests_survive_a_leader_change() {
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
             "metadata": {"name": name, "namespace": "crawl"},
-            "spec": {"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "200ms"}}
+            "spec": {"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}}
         }))
         .unwrap();
         proxies.create(&PostParams::default(), &obj).await.unwrap();

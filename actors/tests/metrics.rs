@@ -75,7 +75,7 @@ fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
             format!(
                 "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p{i}, namespace: crawl}}\n\
                  spec: {{mode: Managed, provider: local, port: {port}, \
-                 healthCheck: {{url: \"{target}\", interval: 200ms, unhealthyThreshold: 2}}}}\n"
+                 healthCheck: {{url: \"{target}\", interval: 1s, unhealthyThreshold: 2}}}}\n"
             ),
         )
         .unwrap();

@@ -85,6 +85,7 @@ impl Bed {
             now: jiff::Timestamp::now,
             replacement: fast_replacement(),
             installation: support::installation(),
+            external_endpoints: None,
         };
         let registry = ProxyRegistry::new(ctx, fast(), None).run(events);
         Self {
@@ -544,6 +545,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
         now: jiff::Timestamp::now,
         replacement: Default::default(),
         installation: support::installation(),
+        external_endpoints: None,
     };
     let _registry = ProxyRegistry::new(ctx, fast(), None).run(events);
     let message = eventually("the not-configured message", WAIT, async || {
@@ -633,6 +635,7 @@ impl Direct {
             now: jiff::Timestamp::now,
             replacement: fast_replacement(),
             installation: support::installation(),
+            external_endpoints: None,
         };
         Self {
             store,

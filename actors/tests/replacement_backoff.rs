@@ -73,7 +73,7 @@ fn write_manifest(dir: &Path, port: u16, health: &str) {
         dir.join("proxies/crashing.yaml"),
         format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: crashing, namespace: crawl}}\n\
-             spec: {{mode: Managed, provider: local, port: {port}, healthCheck: {{url: \"{health}\", interval: 200ms}}}}\n"
+             spec: {{mode: Managed, provider: local, port: {port}, healthCheck: {{url: \"{health}\", interval: 1s}}}}\n"
         ),
     )
     .unwrap();

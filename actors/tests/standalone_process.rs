@@ -66,7 +66,7 @@ impl Bed {
         let doc = format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}, namespace: crawl}}\n\
              spec: {{mode: Managed, provider: local, port: {port}, \
-             healthCheck: {{url: \"{url}\", interval: 200ms}}}}\n",
+             healthCheck: {{url: \"{url}\", interval: 1s}}}}\n",
             url = self.health_url
         );
         std::fs::write(self.root.path().join("proxies").join(format!("{name}.yaml")), doc).unwrap();

@@ -40,7 +40,7 @@ fn external(name: &str, port: u16, target: SocketAddr) -> Proxy {
         "spec": {
             "mode": "External",
             "endpoint": {"host": "127.0.0.1", "port": port},
-            "healthCheck": {"url": format!("http://{target}/"), "interval": "100ms", "timeout": "1s"}
+            "healthCheck": {"url": format!("http://{target}/"), "interval": "1s", "timeout": "1s"}
         }
     }))
     .unwrap()
@@ -79,6 +79,7 @@ impl Bed {
             lease_journal: None,
             tenure: None,
             proxy_namespace: None,
+            external_endpoints: None,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let api = listener.local_addr().unwrap();

@@ -134,7 +134,7 @@ impl Scenario {
             format!(
                 "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p, namespace: crawl}}\n\
                  spec: {{mode: Managed, provider: local, port: {}, \
-                 healthCheck: {{url: \"{}\", interval: 200ms, unhealthyThreshold: 2}}}}\n",
+                 healthCheck: {{url: \"{}\", interval: 1s, unhealthyThreshold: 2}}}}\n",
                 free_port(),
                 health_target()
             ),

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use checked_connect::{CheckedConnectError, connect_checked};
 pub use entry::{DestinationEntry, DestinationEntryError, parse_cidr};
 pub use ipnet::IpNet;
-pub use policy::{DEFAULT_DENIED, DestinationPolicy, Refusal, TLS_PORT};
+pub use policy::{DEFAULT_DENIED, DestinationPolicy, EXTERNAL_ENDPOINT_DENIED, Refusal, TLS_PORT};
 pub use squid::squid_rules;
 
 /// A provider's `destinations: {allow: [...], deny: [...]}` as configured.

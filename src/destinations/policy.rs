@@ -45,6 +45,20 @@ pub const DEFAULT_DENIED: [&str; 11] = [
 // disguise: checks unmap them first, and Squid keeps every IPv4 address in
 // that form already, so `::ffff:0:0/96` must not be listed (it would match all).
 
+/// Where an External Proxy may not point in Kubernetes mode, unless the
+/// operator's configuration allows it: the operator's own pod (loopback,
+/// "this host") and the node's link-local services, the cloud metadata
+/// server among them. Anyone who may create a Proxy would otherwise probe
+/// them through the operator and read the answers in the Proxy's status.
+pub const EXTERNAL_ENDPOINT_DENIED: [&str; 6] = [
+    "0.0.0.0/8",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "::/128",
+    "::1/128",
+    "fe80::/10",
+];
+
 /// The compiled rules of one provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DestinationPolicy {
@@ -103,6 +117,21 @@ impl DestinationPolicy {
             allowed_networks,
             tunnel_ports,
             default_denied,
+        }
+    }
+
+    /// The rules for External Proxies' endpoints in Kubernetes mode:
+    /// [`EXTERNAL_ENDPOINT_DENIED`] refused unless in `allowed`.
+    pub fn external_endpoints(allowed: &[IpNet]) -> Self {
+        Self {
+            denied_networks: Vec::new(),
+            denied_ports: Vec::new(),
+            allowed_networks: allowed.to_vec(),
+            tunnel_ports: Vec::new(),
+            default_denied: EXTERNAL_ENDPOINT_DENIED
+                .iter()
+                .filter_map(|net| net.parse().ok())
+                .collect(),
         }
     }
 
@@ -187,6 +216,31 @@ mod tests {
             DestinationPolicy::default().default_denied().len(),
             DEFAULT_DENIED.len()
         );
+        assert_eq!(
+            DestinationPolicy::external_endpoints(&[]).default_denied().len(),
+            EXTERNAL_ENDPOINT_DENIED.len()
+        );
+    }
+
+    #[test]
+    fn external_endpoints_may_be_private_but_not_loopback_or_link_local() {
+        let policy = DestinationPolicy::external_endpoints(&[]);
+        for refused in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "169.254.169.254",
+            "::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(policy.check(ip(refused), 3128, false).is_err(), "{refused}");
+        }
+        for passes in ["10.1.2.3", "192.168.1.1", "203.0.113.7", "fd00::1"] {
+            assert_eq!(policy.check(ip(passes), 3128, false), Ok(()), "{passes}");
+        }
+        let policy = DestinationPolicy::external_endpoints(&["127.0.0.0/8".parse().unwrap()]);
+        assert_eq!(policy.check(ip("127.0.0.1"), 3128, false), Ok(()));
+        assert!(policy.check(ip("169.254.169.254"), 80, false).is_err());
     }
 
     #[test]

@@ -77,4 +77,7 @@ pub struct ProbeTarget {
     pub check: CheckSpec,
     /// What the proxy demands in `Proxy-Authorization`, if anything.
     pub credentials: Option<crate::credentials::ProxyCredentials>,
+    /// Where probes may connect, when the endpoint is the Proxy author's
+    /// word (External, Kubernetes mode); `None` connects anywhere.
+    pub endpoint_policy: Option<std::sync::Arc<crate::destinations::DestinationPolicy>>,
 }

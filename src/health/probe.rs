@@ -19,8 +19,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsConnector;
 
-use super::CheckSpec;
+use super::{CheckSpec, ProbeTarget};
 use crate::credentials::ProxyCredentials;
+use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
 
 /// Largest response head read.
 const MAX_HEAD: usize = 16 * 1024;
@@ -32,6 +33,10 @@ pub enum ProbeFailure {
     ProxyRefused,
     #[error("proxy unreachable: {0}")]
     ProxyUnreachable(String),
+    /// The endpoint resolves to an address the operator does not connect
+    /// to (an External Proxy on loopback or link-local, Kubernetes mode).
+    #[error("{0}")]
+    EndpointRefused(String),
     #[error("proxy refused CONNECT with status {0}")]
     ConnectRefused(u16),
     #[error("TLS to the target failed: {0}")]
@@ -54,6 +59,7 @@ impl ProbeFailure {
         match self {
             ProbeFailure::ProxyRefused => "proxy_refused",
             ProbeFailure::ProxyUnreachable(_) => "proxy_unreachable",
+            ProbeFailure::EndpointRefused(_) => "endpoint_refused",
             ProbeFailure::ConnectRefused(_) => "connect_refused",
             ProbeFailure::Tls(_) => "tls",
             ProbeFailure::UnexpectedStatus { .. } => "unexpected_status",
@@ -136,12 +142,35 @@ impl Prober {
         credentials: Option<&ProxyCredentials>,
         check: &CheckSpec,
     ) -> ProbeResult {
+        self.timed(proxy, None, credentials, check).await
+    }
+
+    /// Probes `target` as the health engine does: with its credentials, and
+    /// connecting only to addresses its endpoint policy allows.
+    pub async fn probe_target(&self, target: &ProbeTarget) -> ProbeResult {
+        let policy = target.endpoint_policy.as_deref();
+        self.timed(
+            &target.endpoint,
+            policy,
+            target.credentials.as_ref(),
+            &target.check,
+        )
+        .await
+    }
+
+    async fn timed(
+        &self,
+        proxy: &str,
+        policy: Option<&DestinationPolicy>,
+        credentials: Option<&ProxyCredentials>,
+        check: &CheckSpec,
+    ) -> ProbeResult {
         let start = Instant::now();
         let deadline = start + check.timeout;
         let authorization = credentials
             .map(|c| format!("Proxy-Authorization: {}\r\n", c.basic_authorization()))
             .unwrap_or_default();
-        let outcome = self.run(proxy, &authorization, check, deadline).await;
+        let outcome = self.run(proxy, policy, &authorization, check, deadline).await;
         ProbeResult {
             outcome,
             latency: start.elapsed(),
@@ -152,6 +181,7 @@ impl Prober {
     async fn run(
         &self,
         proxy: &str,
+        policy: Option<&DestinationPolicy>,
         authorization: &str,
         check: &CheckSpec,
         deadline: Instant,
@@ -160,13 +190,32 @@ impl Prober {
             after: check.timeout,
             stage,
         };
-        let mut stream = timeout_at(deadline, TcpStream::connect(proxy))
-            .await
-            .map_err(|_| timeout("connecting to the proxy"))?
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::ConnectionRefused => ProbeFailure::ProxyRefused,
-                _ => ProbeFailure::ProxyUnreachable(e.to_string()),
-            })?;
+        let unreachable = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => ProbeFailure::ProxyRefused,
+            _ => ProbeFailure::ProxyUnreachable(e.to_string()),
+        };
+        let mut stream = match policy {
+            None => timeout_at(deadline, TcpStream::connect(proxy))
+                .await
+                .map_err(|_| timeout("connecting to the proxy"))?
+                .map_err(unreachable)?,
+            Some(policy) => {
+                let (host, port) = split_endpoint(proxy)
+                    .ok_or_else(|| ProbeFailure::ProxyUnreachable(format!("{proxy:?} is not host:port")))?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                connect_checked(policy, host, port, false, left)
+                    .await
+                    .map_err(|e| match e {
+                        CheckedConnectError::Refused { .. } => ProbeFailure::EndpointRefused(format!(
+                            "endpoint {e}; External endpoints there are refused in Kubernetes mode \
+                             unless --allow-external-endpoint-networks lists them"
+                        )),
+                        CheckedConnectError::Connect { source, .. } => unreachable(source),
+                        CheckedConnectError::TimedOut { .. } => timeout("connecting to the proxy"),
+                        other => ProbeFailure::ProxyUnreachable(other.to_string()),
+                    })?
+            }
+        };
         // Probes are small request/response exchanges: do not wait for Nagle.
         let _ = stream.set_nodelay(true);
         let url = &check.url;
@@ -301,6 +350,12 @@ async fn read_status<S: AsyncRead + Unpin>(stream: &mut S) -> Result<u16, ProbeF
 
 /// The answer to CONNECT. Nothing may follow it: the target speaks only
 /// after our TLS hello, so extra bytes mean a confused proxy.
+/// `host:port` (the host an IPv6 address in brackets or not) split in two.
+fn split_endpoint(endpoint: &str) -> Option<(&str, u16)> {
+    let (host, port) = endpoint.rsplit_once(':')?;
+    Some((host, port.parse().ok()?))
+}
+
 async fn read_connect_answer<S: AsyncRead + Unpin>(stream: &mut S) -> Result<u16, ProbeFailure> {
     match read_head(stream).await? {
         (status, 0) => Ok(status),

@@ -4,6 +4,7 @@
 //! says when to look again. The caller (the ProxyActor) serialises calls per
 //! object and owns the timers.
 
+mod endpoint_admission;
 mod replacement;
 mod status;
 
@@ -15,6 +16,7 @@ use jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::credentials::{CredentialsError, ProxyCredentials, substitute_htpasswd};
+use crate::destinations::DestinationPolicy;
 use crate::health::{CheckSpec, ProbeTarget, Verdict};
 use crate::installation::InstallationId;
 use crate::lease::Availability;
@@ -44,6 +46,9 @@ pub struct Context {
     /// This installation: written on every instance, checked before one is
     /// used, deleted or released.
     pub installation: InstallationId,
+    /// Where External endpoints may not point (Kubernetes mode); `None`
+    /// admits every endpoint (standalone: the manifests are the operator's own).
+    pub external_endpoints: Option<Arc<DestinationPolicy>>,
 }
 
 /// What a ProxyActor remembers between reconciles of its object. Lost on a
@@ -653,6 +658,13 @@ impl Step<'_> {
                 Some(r) => Some(external_credentials(ctx, &key.namespace, r).await?),
                 None => None,
             };
+            if let Some(policy) = &ctx.external_endpoints
+                && let Err(refused) = endpoint_admission::admit(policy, &endpoint.host, endpoint.port).await
+            {
+                self.draft.forget_instance();
+                self.draft.fail(&refused.to_string());
+                return Ok(Next::Idle);
+            }
             self.draft.external(&endpoint.host, endpoint.port);
             self.serve(credentials);
         }
@@ -662,11 +674,21 @@ impl Step<'_> {
     /// The proxy serves at the endpoint just recorded: tell the health
     /// engine what to probe and fold in the verdict known so far.
     fn serve(&mut self, credentials: Option<ProxyCredentials>) {
-        serve(self.proxy, self.draft, self.memory, credentials);
+        // Probes keep to the admitted addresses, whatever the name resolves to later.
+        let policy = (self.proxy.spec.mode == Mode::External)
+            .then(|| self.ctx.external_endpoints.clone())
+            .flatten();
+        serve(self.proxy, self.draft, self.memory, credentials, policy);
     }
 }
 
-fn serve(proxy: &Proxy, draft: &mut StatusDraft, memory: &mut Memory, credentials: Option<ProxyCredentials>) {
+fn serve(
+    proxy: &Proxy,
+    draft: &mut StatusDraft,
+    memory: &mut Memory,
+    credentials: Option<ProxyCredentials>,
+    endpoint_policy: Option<Arc<DestinationPolicy>>,
+) {
     let Some(endpoint) = draft.status().endpoint.clone() else {
         return;
     };
@@ -677,6 +699,7 @@ fn serve(proxy: &Proxy, draft: &mut StatusDraft, memory: &mut Memory, credential
                 endpoint,
                 check,
                 credentials,
+                endpoint_policy,
             });
             if let Some(verdict) = memory.health.as_ref().filter(|v| v.uid == uid(proxy)) {
                 draft.health(verdict);

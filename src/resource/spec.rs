@@ -6,6 +6,7 @@ use std::time::Duration;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use super::probe_duration::{self, DurationError, Field};
 use super::status::ProxyStatus;
 
 /// Default port of a Managed proxy.
@@ -216,17 +217,33 @@ pub enum ProxyScheme {
 }
 
 /// Health-check settings; every field has a default.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+///
+/// The bounds below are also checked at runtime, with the same messages
+/// (`probe_duration`); a test keeps the two in step.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(
+    validation = Rule::new(
+        "!has(self.interval) || (duration(self.interval) >= duration('1s') && duration(self.interval) <= duration('24h'))"
+    )
+    .message("healthCheck.interval must be between 1s and 24h"),
+    validation = Rule::new(
+        "!has(self.timeout) || (duration(self.timeout) >= duration('1ms') && duration(self.timeout) <= duration('30s'))"
+    )
+    .message("healthCheck.timeout must be between 1ms and 30s")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthCheck {
     /// URL fetched through the proxy (https: CONNECT + TLS; http: absolute-URI GET).
     #[serde(default = "default_health_url")]
     pub url: String,
-    /// Time between probes, e.g. `1s`, `500ms`, `1m30s`.
+    /// Time between probes, 1s to 24h: whole numbers with h, m, s or ms
+    /// (`1s`, `1m30s`). A probe outlasting the interval delays the next one.
     #[serde(default = "default_health_interval")]
+    #[schemars(regex(pattern = r"^([0-9]+(h|m|s|ms))+$"), length(max = 32))]
     pub interval: String,
-    /// Time one probe may take in total.
+    /// Time one probe may take in total, 1ms to 30s.
     #[serde(default = "default_health_timeout")]
+    #[schemars(regex(pattern = r"^([0-9]+(h|m|s|ms))+$"), length(max = 32))]
     pub timeout: String,
     /// Expected HTTP status; any 2xx when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,38 +288,16 @@ fn default_unhealthy_threshold() -> u32 {
     DEFAULT_UNHEALTHY_THRESHOLD
 }
 
-/// A health-check duration field that does not parse.
-#[derive(Debug, thiserror::Error)]
-#[error("healthCheck.{field} {value:?} is not a duration (examples: 500ms, 1s, 1m30s): {reason}")]
-pub struct DurationError {
-    pub field: &'static str,
-    pub value: String,
-    pub reason: String,
-}
-
 impl HealthCheck {
     /// The probe interval.
     pub fn interval(&self) -> Result<Duration, DurationError> {
-        parse_duration("interval", &self.interval)
+        probe_duration::parse(Field::Interval, &self.interval)
     }
 
     /// The per-probe timeout.
     pub fn timeout(&self) -> Result<Duration, DurationError> {
-        parse_duration("timeout", &self.timeout)
+        probe_duration::parse(Field::Timeout, &self.timeout)
     }
-}
-
-fn parse_duration(field: &'static str, value: &str) -> Result<Duration, DurationError> {
-    let error = |reason: String| DurationError {
-        field,
-        value: value.to_owned(),
-        reason,
-    };
-    let parsed = humantime::parse_duration(value).map_err(|e| error(e.to_string()))?;
-    if parsed.is_zero() {
-        return Err(error("must be greater than zero".into()));
-    }
-    Ok(parsed)
 }
 
 impl ProxySpec {

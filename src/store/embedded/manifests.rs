@@ -360,6 +360,12 @@ data: {other: aGVsbG8=}
                 "document 1: endpoint is required when mode is External",
             ),
             (
+                "kind: Proxy\napiVersion: crawl.example.com/v1alpha1\nmetadata: {name: a}\n\
+                 spec: {mode: Managed, provider: p, healthCheck: {interval: 1ms, timeout: 1m}}",
+                "document 1: healthCheck.interval must be between 1s and 24h (got \"1ms\"); \
+                 healthCheck.timeout must be between 1ms and 30s (got \"1m\")",
+            ),
+            (
                 "kind: Proxy\napiVersion: crawl.example.com/v1alpha1\nmetadata: {name: A_1}\nspec: {mode: External}",
                 "document 1: Proxy metadata.name \"A_1\" must be a DNS subdomain",
             ),
