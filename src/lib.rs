@@ -19,6 +19,9 @@
 //! ```
 //!
 //! Every module is usable and testable on its own.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+// Dependencies the library does not use (dev-dependencies only count for tests).
+#![cfg_attr(not(test), warn(unused_crate_dependencies))]
 
 pub mod bind_address;
 pub mod config;

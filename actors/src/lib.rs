@@ -11,6 +11,7 @@
 //! `src/` of the root crate decides *what* to do; the actors here decide
 //! *when*: they serialise work per object, own the timers and backoff, and
 //! restart what fails without disturbing the rest.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod discovery;
 pub mod gc_sweeper;

@@ -1,4 +1,5 @@
 //! `egress-proxies-operator`: the binary.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli;
 

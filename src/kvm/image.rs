@@ -455,7 +455,10 @@ async fn fetch_into(
     fetch_with(client, image, session, digest, format, room, started, progress).await
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the steps of one download, passed through as they are"
+)]
 async fn fetch_with(
     client: &Downloader,
     image: &ImageSpec,
@@ -518,7 +521,10 @@ async fn blocking<T: Send + 'static>(
 
 /// Streams the image into `base`, checks digest, format and qcow2 header
 /// (a refused image's volume is deleted), writes the marker last.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the steps of one download, passed through as they are"
+)]
 async fn upload(
     client: &Downloader,
     image: &ImageSpec,

@@ -212,25 +212,17 @@ impl LeaseBook {
 
     /// Adds or updates a proxy.
     pub fn upsert(&mut self, availability: Availability, now: Instant) {
-        let id = match self.ids.get(&availability.key) {
-            Some(id) => *id,
-            None => {
-                let id = self.next_id;
-                self.next_id += 1;
-                self.ids.insert(availability.key.clone(), id);
-                self.proxies.insert(
-                    id,
-                    Entry {
-                        availability: availability.clone(),
-                        active: 0,
-                        global_cooldown: None,
-                        indexed: None,
-                    },
-                );
-                id
-            }
-        };
-        let entry = self.proxies.get_mut(&id).expect("inserted above");
+        let next_id = &mut self.next_id;
+        let id = *self.ids.entry(availability.key.clone()).or_insert_with(|| {
+            *next_id += 1;
+            *next_id - 1
+        });
+        let entry = self.proxies.entry(id).or_insert_with(|| Entry {
+            availability: availability.clone(),
+            active: 0,
+            global_cooldown: None,
+            indexed: None,
+        });
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
                 set.remove(&id);
@@ -342,6 +334,7 @@ impl LeaseBook {
         let target = self.targets.entry(req.target.clone()).or_default();
         target.leased(id, now);
         target.refs += 1;
+        #[expect(clippy::expect_used, reason = "select() only returns ids of known proxies")]
         let entry = self.proxies.get_mut(&id).expect("selected from the index");
         entry.active += 1;
         let grant = Grant {

@@ -243,6 +243,10 @@ impl KubernetesProvider {
     }
 
     /// The pod for a create request.
+    #[expect(
+        clippy::expect_used,
+        reason = "a fixed template; the unit tests build pods from it"
+    )]
     pub fn pod(&self, req: &CreateRequest) -> Pod {
         let labels = BTreeMap::from([
             ("app.kubernetes.io/name".to_owned(), "egress-proxy".to_owned()),

@@ -214,16 +214,10 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         memory,
     };
     let result = if proxy.metadata.deletion_timestamp.is_some() {
-        step.delete()
-            .instrument(tracing::info_span!("reconcile.delete"))
-            .await
+        step.delete().await
     } else {
         match proxy.spec.mode {
-            Mode::Managed => {
-                step.managed()
-                    .instrument(tracing::info_span!("reconcile.managed"))
-                    .await
-            }
+            Mode::Managed => step.managed().await,
             Mode::External => step.external().await,
         }
     };
@@ -268,11 +262,7 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         _ => Some(availability(&proxy, draft.status(), memory)),
     };
     if !matches!(result, Ok(Next::Gone)) {
-        match draft
-            .write(ctx.store.as_ref(), key)
-            .instrument(tracing::info_span!("status.patch"))
-            .await
-        {
+        match draft.write(ctx.store.as_ref(), key).await {
             Ok(()) | Err(StoreError::Gone { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -313,6 +303,7 @@ impl Step<'_> {
         uid(self.proxy)
     }
 
+    #[tracing::instrument(name = "reconcile.managed", skip_all)]
     async fn managed(&mut self) -> Result<Next, ReconcileError> {
         let (proxy, ctx, key) = (self.proxy, self.ctx, self.key());
         if !has_finalizer(proxy) {
@@ -533,6 +524,7 @@ impl Step<'_> {
         }
     }
 
+    #[tracing::instrument(name = "reconcile.delete", skip_all)]
     async fn delete(&mut self) -> Result<Next, ReconcileError> {
         let (proxy, ctx, key) = (self.proxy, self.ctx, self.key());
         if !has_finalizer(proxy) {

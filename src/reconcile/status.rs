@@ -246,6 +246,7 @@ impl StatusDraft {
     }
 
     /// Writes the status if it changed.
+    #[tracing::instrument(name = "status.patch", skip_all)]
     pub async fn write(mut self, store: &dyn ProxyStore, key: &ObjectKey) -> Result<(), StoreError> {
         self.status.observed_generation = self.generation;
         if self.status == self.original {

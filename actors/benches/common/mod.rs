@@ -1,6 +1,9 @@
 //! What the benchmarks share: a keep-alive HTTP/1.1 client connection,
 //! percentiles, and a child process killed on drop.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses its own part of the shared support"
+)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::Child;

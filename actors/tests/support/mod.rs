@@ -1,5 +1,8 @@
 //! Shared test support: a scripted provider, target servers, waiting helpers.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses its own part of the shared support"
+)]
 
 pub mod address_bed;
 pub mod gcp;
