@@ -36,6 +36,7 @@ pub mod kvm;
 pub mod leader;
 pub mod lease;
 pub mod metrics_access;
+pub mod pool;
 pub mod private_files;
 pub mod provider;
 pub mod rate_limit;

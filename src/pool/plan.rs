@@ -1,0 +1,375 @@
+//! One step of a pool's control loop, as a pure function: from the pool's
+//! settings and its members as they are, which members to create, which to
+//! retire (no new leases, drained) and which to delete.
+//!
+//! The order of a rotation keeps crawlers whole: a replacement is made
+//! first (within `maxSurge`), an old proxy is retired only while enough
+//! Ready members remain (`replicas - maxUnavailable`), and a retired proxy
+//! is deleted only when its last lease ended or the drain timeout passed.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+/// Why a member leaves the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RetireReason {
+    /// Targets reported it blocked (`rotation.afterBlockedTargets`).
+    Blocked,
+    /// Leases reported errors on it (`rotation.afterErrors`).
+    Errors,
+    /// Made from an older template.
+    Template,
+    /// Older than `rotation.maxAge`.
+    Age,
+    /// The pool shrank.
+    ScaleDown,
+}
+
+impl RetireReason {
+    /// The spelling in annotations, metrics and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetireReason::Blocked => "blocked",
+            RetireReason::Errors => "errors",
+            RetireReason::Template => "template",
+            RetireReason::Age => "age",
+            RetireReason::ScaleDown => "scale-down",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Blocked,
+            Self::Errors,
+            Self::Template,
+            Self::Age,
+            Self::ScaleDown,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// A member that is being retired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retiring {
+    pub since: Timestamp,
+    pub reason: RetireReason,
+}
+
+/// One Proxy of the pool as the planner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub created: Timestamp,
+    /// The hash of the template it was made from.
+    pub template_hash: String,
+    /// Phase `Ready`: serving and healthy.
+    pub ready: bool,
+    pub retiring: Option<Retiring>,
+    /// Active leases on it.
+    pub leases: u32,
+    /// Distinct targets that reported it blocked.
+    pub blocked_targets: u32,
+    /// `error` reports on its leases.
+    pub errors: u32,
+}
+
+/// The pool's settings, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub replicas: u32,
+    pub max_surge: u32,
+    pub max_unavailable: u32,
+    pub drain_timeout: Duration,
+    pub max_age: Option<Duration>,
+    pub after_blocked_targets: Option<u32>,
+    pub after_errors: Option<u32>,
+    /// The current template's hash.
+    pub template_hash: String,
+}
+
+/// What to do now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// New members to make.
+    pub create: u32,
+    /// Members to stop leasing and drain.
+    pub retire: Vec<(String, RetireReason)>,
+    /// Members to delete (drained, or out of time).
+    pub delete: Vec<String>,
+    /// Members being replaced: retiring, or due and waiting for a successor.
+    pub rotating: u32,
+}
+
+impl Settings {
+    /// Why `member` should be replaced, if it should.
+    pub fn due(&self, member: &Member, now: Timestamp) -> Option<RetireReason> {
+        if self
+            .after_blocked_targets
+            .is_some_and(|n| member.blocked_targets >= n)
+        {
+            return Some(RetireReason::Blocked);
+        }
+        if self.after_errors.is_some_and(|n| member.errors >= n) {
+            return Some(RetireReason::Errors);
+        }
+        if member.template_hash != self.template_hash {
+            return Some(RetireReason::Template);
+        }
+        let age = now.duration_since(member.created).unsigned_abs();
+        if self.max_age.is_some_and(|max| age >= max) {
+            return Some(RetireReason::Age);
+        }
+        None
+    }
+}
+
+/// Plans one step for `members` under `settings` at `now`.
+pub fn plan(settings: &Settings, members: &[Member], now: Timestamp) -> Plan {
+    let mut plan = Plan::default();
+    let (retiring, mut active): (Vec<&Member>, Vec<&Member>) =
+        members.iter().partition(|m| m.retiring.is_some());
+
+    // Drained or out of time: gone.
+    for m in &retiring {
+        let since = m.retiring.map_or(now, |r| r.since);
+        let draining_for = now.duration_since(since).unsigned_abs();
+        if m.leases == 0 || draining_for >= settings.drain_timeout {
+            plan.delete.push(m.name.clone());
+        }
+    }
+
+    // Most urgent first: the order of `RetireReason`, then the oldest.
+    let mut due: Vec<(&Member, RetireReason)> = active
+        .iter()
+        .filter_map(|m| settings.due(m, now).map(|r| (*m, r)))
+        .collect();
+    due.sort_by_key(|(m, r)| (*r, m.created, m.name.clone()));
+
+    let desired = settings.replicas as usize;
+    let mut ready = active.iter().filter(|m| m.ready).count();
+    let mut retire = |m: &Member, reason: RetireReason, active: &mut Vec<&Member>, ready: &mut usize| {
+        active.retain(|a| a.name != m.name);
+        if m.ready {
+            *ready -= 1;
+        }
+        plan.retire.push((m.name.clone(), reason));
+    };
+
+    // Shrinking: members beyond `replicas` that are not due go, those not
+    // Ready first, then the oldest (due ones are handled below).
+    let mut keeping: Vec<&Member> = active
+        .iter()
+        .filter(|m| !due.iter().any(|(d, _)| d.name == m.name))
+        .copied()
+        .collect();
+    if keeping.len() > desired {
+        keeping.sort_by_key(|m| (m.ready, m.created, m.name.clone()));
+        let excess = keeping.len() - desired;
+        for m in keeping.into_iter().take(excess) {
+            retire(m, RetireReason::ScaleDown, &mut active, &mut ready);
+        }
+    }
+
+    // Replacing: a due member that is not Ready serves nobody and goes at
+    // once; a Ready one only while enough Ready members stay.
+    let floor = desired.saturating_sub(settings.max_unavailable as usize);
+    let mut waiting = 0;
+    for (m, reason) in due {
+        if !m.ready || ready > floor {
+            retire(m, reason, &mut active, &mut ready);
+        } else {
+            waiting += 1;
+        }
+    }
+
+    // Successors and growth, within the surge.
+    let keeping = active.len() - waiting;
+    let needed = desired.saturating_sub(keeping);
+    let room = (desired + settings.max_surge as usize).saturating_sub(active.len());
+    plan.create = needed.min(room) as u32;
+    plan.rotating = (retiring.len()
+        + plan
+            .retire
+            .iter()
+            .filter(|(_, r)| *r != RetireReason::ScaleDown)
+            .count()
+        + waiting) as u32;
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "t1";
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn member(name: &str, created: i64, ready: bool) -> Member {
+        Member {
+            name: name.into(),
+            created: at(created),
+            template_hash: HASH.into(),
+            ready,
+            retiring: None,
+            leases: 0,
+            blocked_targets: 0,
+            errors: 0,
+        }
+    }
+
+    fn settings(replicas: u32) -> Settings {
+        Settings {
+            replicas,
+            max_surge: 1,
+            max_unavailable: 0,
+            drain_timeout: Duration::from_secs(600),
+            max_age: None,
+            after_blocked_targets: Some(5),
+            after_errors: None,
+            template_hash: HASH.into(),
+        }
+    }
+
+    fn names(retire: &[(String, RetireReason)]) -> Vec<&str> {
+        retire.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn an_empty_pool_is_filled_and_a_full_one_left_alone() {
+        let p = plan(&settings(3), &[], at(0));
+        assert_eq!((p.create, p.retire.len(), p.delete.len()), (3, 0, 0));
+        let full: Vec<Member> = ["a", "b", "c"].iter().map(|n| member(n, 0, true)).collect();
+        assert_eq!(plan(&settings(3), &full, at(10)), Plan::default());
+    }
+
+    #[test]
+    fn scaling_down_retires_members_not_ready_first_then_the_oldest() {
+        let members = vec![
+            member("old", 0, true),
+            member("sick", 5, false),
+            member("new", 9, true),
+        ];
+        let p = plan(&settings(1), &members, at(10));
+        assert_eq!(names(&p.retire), ["sick", "old"]);
+        assert!(p.retire.iter().all(|(_, r)| *r == RetireReason::ScaleDown));
+        assert_eq!((p.create, p.rotating), (0, 0));
+    }
+
+    #[test]
+    fn a_blocked_member_is_retired_only_after_its_successor_is_ready() {
+        let mut members = vec![member("a", 0, true), member("b", 0, true)];
+        members[0].blocked_targets = 5;
+        // Step 1: a successor, nobody retired (maxUnavailable 0).
+        let p = plan(&settings(2), &members, at(10));
+        assert_eq!((p.create, p.retire.len(), p.rotating), (1, 0, 1));
+        // Step 2: the successor exists but is not Ready yet: wait.
+        members.push(member("c", 10, false));
+        let p = plan(&settings(2), &members, at(11));
+        assert_eq!((p.create, p.retire.len()), (0, 0));
+        // Step 3: Ready: now the blocked one retires.
+        members[2].ready = true;
+        let p = plan(&settings(2), &members, at(12));
+        assert_eq!(p.retire, vec![("a".to_owned(), RetireReason::Blocked)]);
+        assert_eq!(p.create, 0);
+    }
+
+    #[test]
+    fn a_retiring_member_is_deleted_when_drained_or_out_of_time() {
+        let mut members = vec![member("a", 0, true), member("b", 0, true), member("c", 0, true)];
+        members[0].retiring = Some(Retiring {
+            since: at(100),
+            reason: RetireReason::Age,
+        });
+        members[0].leases = 2;
+        members[1].retiring = members[0].retiring;
+        let s = settings(1);
+        let p = plan(&s, &members, at(200));
+        assert_eq!(p.delete, vec!["b".to_owned()], "drained: b; a still has leases");
+        let p = plan(&s, &members, at(100 + 600));
+        assert_eq!(
+            p.delete,
+            vec!["a".to_owned(), "b".to_owned()],
+            "the drain timeout passed"
+        );
+        assert_eq!(p.rotating, 2);
+    }
+
+    #[test]
+    fn a_template_change_rolls_one_at_a_time_with_surge_one() {
+        let mut s = settings(3);
+        s.template_hash = "t2".into();
+        let mut members: Vec<Member> = ["a", "b", "c"].iter().map(|n| member(n, 0, true)).collect();
+        let mut now = 10;
+        let mut made = 0;
+        // Each step: the planner's actions are applied, new members turn Ready.
+        for _ in 0..20 {
+            let p = plan(&s, &members, at(now));
+            let active = members.iter().filter(|m| m.retiring.is_none()).count();
+            assert!(active <= 3 + 1, "surge respected: {active} active");
+            let ready = members.iter().filter(|m| m.retiring.is_none() && m.ready).count();
+            assert!(ready >= 3, "maxUnavailable 0: {ready} ready");
+            members.retain(|m| !p.delete.contains(&m.name));
+            for (name, reason) in &p.retire {
+                assert_eq!(*reason, RetireReason::Template);
+                let m = members.iter_mut().find(|m| &m.name == name).unwrap();
+                m.retiring = Some(Retiring {
+                    since: at(now),
+                    reason: *reason,
+                });
+            }
+            for m in members.iter_mut() {
+                m.ready = true;
+            }
+            for _ in 0..p.create {
+                made += 1;
+                let mut m = member(&format!("n{made}"), now, false);
+                m.template_hash = "t2".into();
+                members.push(m);
+            }
+            now += 1;
+        }
+        assert!(members.iter().all(|m| m.template_hash == "t2"), "{members:?}");
+        assert_eq!(members.len(), 3);
+        assert_eq!(made, 3);
+    }
+
+    #[test]
+    fn max_unavailable_lets_rotation_proceed_without_surge() {
+        let mut s = settings(2);
+        s.max_surge = 0;
+        s.max_unavailable = 1;
+        s.max_age = Some(Duration::from_secs(60));
+        let members = vec![member("a", 0, true), member("b", 0, true)];
+        let p = plan(&s, &members, at(61));
+        assert_eq!(names(&p.retire), ["a"], "one may be missing");
+        assert_eq!(p.create, 1, "and its successor is made at once");
+    }
+
+    #[test]
+    fn a_due_member_that_is_not_ready_goes_at_once() {
+        let mut members = vec![member("a", 0, false), member("b", 0, true)];
+        members[0].blocked_targets = 9;
+        let p = plan(&settings(2), &members, at(10));
+        assert_eq!(names(&p.retire), ["a"]);
+        assert_eq!(p.create, 1);
+    }
+
+    #[test]
+    fn reasons_round_trip() {
+        for r in [
+            RetireReason::Blocked,
+            RetireReason::Errors,
+            RetireReason::Template,
+            RetireReason::Age,
+            RetireReason::ScaleDown,
+        ] {
+            assert_eq!(RetireReason::parse(r.as_str()), Some(r));
+        }
+    }
+}

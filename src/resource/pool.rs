@@ -1,0 +1,165 @@
+//! `ProxyPool`: a fleet of Proxies from one template, scaled by hand (the
+//! scale subresource) or by lease demand, and rotated on age, on blocks
+//! and on errors without failing a crawler's request.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::spec::ProxySpec;
+
+/// Label on every Proxy a pool owns: the pool's name.
+pub const POOL_LABEL: &str = "crawl.example.com/pool";
+/// Annotation on a pool's Proxy: the hash of the template it was made from
+/// (a template change replaces Proxies with another hash).
+pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "crawl.example.com/pool-template-hash";
+/// Annotation on a pool's Proxy being retired: when retiring began and why,
+/// as `<RFC 3339 time> <reason>`. A retiring proxy takes no new leases and
+/// its leases are not renewed; it is deleted once its last lease ends or
+/// the pool's drain timeout passes.
+pub const RETIRING_ANNOTATION: &str = "crawl.example.com/retiring";
+
+/// Default time a retiring proxy's leases get to end.
+pub const DEFAULT_DRAIN_TIMEOUT: &str = "10m";
+
+/// A pool of proxies made from one template.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "crawl.example.com",
+    version = "v1alpha1",
+    kind = "ProxyPool",
+    namespaced,
+    shortname = "pp",
+    status = "ProxyPoolStatus",
+    derive = "PartialEq",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Leased","type":"integer","jsonPath":".status.leased"}"#,
+    printcolumn = r#"{"name":"Rotating","type":"integer","jsonPath":".status.rotating"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(
+    validation = Rule::new("!has(self.autoscaling) || self.autoscaling.minReplicas <= self.autoscaling.maxReplicas")
+        .message("autoscaling.minReplicas must not exceed autoscaling.maxReplicas"),
+    validation = Rule::new("self.maxSurge > 0 || self.maxUnavailable > 0")
+        .message("maxSurge and maxUnavailable cannot both be 0: nothing could ever be replaced")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyPoolSpec {
+    /// How many proxies the pool keeps; set by the autoscaler when
+    /// `autoscaling` is given (`kubectl scale pp/<name> --replicas=N` otherwise).
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
+    /// What each proxy of the pool is.
+    pub template: ProxyTemplate,
+    /// Size the pool by lease demand, between the bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+    /// When a proxy is replaced by a fresh one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<Rotation>,
+    /// Proxies made above `replicas` while others are replaced.
+    #[serde(default = "default_max_surge")]
+    pub max_surge: u32,
+    /// Ready proxies that may be missing below `replicas` while others are replaced.
+    #[serde(default)]
+    pub max_unavailable: u32,
+    /// How long a retiring proxy's leases get to end before it is deleted anyway.
+    #[serde(default = "default_drain_timeout")]
+    #[schemars(regex(pattern = r"^([0-9]+(h|m|s|ms))+$"), length(max = 32))]
+    pub drain_timeout: String,
+}
+
+fn default_replicas() -> u32 {
+    1
+}
+
+fn default_max_surge() -> u32 {
+    1
+}
+
+fn default_drain_timeout() -> String {
+    DEFAULT_DRAIN_TIMEOUT.to_owned()
+}
+
+/// The Proxy each member is made from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyTemplate {
+    /// Labels of every member (besides the pool's own label).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The members' spec.
+    pub spec: ProxySpec,
+}
+
+/// Demand-driven size.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Autoscaling {
+    #[schemars(range(min = 0))]
+    pub min_replicas: u32,
+    #[schemars(range(min = 1))]
+    pub max_replicas: u32,
+    /// Share of the pool's lease capacity in use the autoscaler aims for, in percent.
+    #[serde(default = "default_target_utilization")]
+    #[schemars(range(min = 1, max = 100))]
+    pub target_utilization: u32,
+}
+
+fn default_target_utilization() -> u32 {
+    70
+}
+
+/// Reasons to replace a proxy; each is optional.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rotation {
+    /// Replace proxies older than this (e.g. `24h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(h|m|s|ms))+$"), length(max = 32))]
+    pub max_age: Option<String>,
+    /// Replace a proxy once this many distinct targets reported it `blocked`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub after_blocked_targets: Option<u32>,
+    /// Replace a proxy once leases reported this many `error`s on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub after_errors: Option<u32>,
+}
+
+/// What the pool observed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyPoolStatus {
+    /// Members, retiring ones included.
+    #[serde(default)]
+    pub replicas: u32,
+    /// Members that are Ready and not retiring.
+    #[serde(default)]
+    pub ready: u32,
+    /// Active leases on the pool's members.
+    #[serde(default)]
+    pub leased: u32,
+    /// Members being replaced (retiring, or waiting for their successor).
+    #[serde(default)]
+    pub rotating: u32,
+    /// Label selector of the members, for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the autoscaler last changed `spec.replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// `Ready` (all desired members Ready), `Progressing` (rotations or
+    /// scaling under way).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
