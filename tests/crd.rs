@@ -3,20 +3,27 @@
 //! (OpenAPI structure via a JSON-schema validator, `x-kubernetes-validations`
 //! via a CEL evaluator).
 
-use egress_proxies::resource::{Proxy, crd_yaml};
+use egress_proxies::resource::{CrdKind, Proxy, ProxyPool, crd_yaml, crd_yaml_of};
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
 const COMMITTED: &str = include_str!("../deploy/crd/proxies.yaml");
+const COMMITTED_POOLS: &str = include_str!("../deploy/crd/proxypools.yaml");
 
 #[test]
-fn committed_crd_matches_the_types() {
-    let generated = crd_yaml().unwrap();
-    assert!(
-        generated == COMMITTED,
-        "deploy/crd/proxies.yaml is stale: regenerate it with\n  \
-         cargo run -q -- crd > deploy/crd/proxies.yaml"
-    );
+fn committed_crds_match_the_types() {
+    for (kind, committed) in [
+        (CrdKind::Proxies, COMMITTED),
+        (CrdKind::ProxyPools, COMMITTED_POOLS),
+    ] {
+        let plural = kind.plural();
+        assert!(
+            crd_yaml_of(kind).unwrap() == committed,
+            "deploy/crd/{plural}.yaml is stale: regenerate it with\n  \
+             cargo run -q -- crd {plural} > deploy/crd/{plural}.yaml"
+        );
+    }
+    assert_eq!(crd_yaml().unwrap(), COMMITTED);
 }
 
 fn schema() -> Value {
@@ -35,15 +42,18 @@ fn object(spec: Value) -> Value {
 
 /// Messages the API server would answer with: schema violations and failed CEL rules.
 fn rejections(obj: &Value) -> Vec<String> {
-    let schema = schema();
+    rejections_by(&schema(), obj)
+}
+
+fn rejections_by(schema: &Value, obj: &Value) -> Vec<String> {
     let validator = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft4)
-        .build(&schema)
+        .build(schema)
         .unwrap();
     let mut out: Vec<String> = validator.iter_errors(obj).map(|e| e.to_string()).collect();
     out.extend(
         kube_cel::Validator::new()
-            .validate(&schema, obj, None)
+            .validate(schema, obj, None)
             .into_iter()
             .map(|e| e.to_string()),
     );
@@ -265,4 +275,100 @@ fn cloud_init_content_never_shows_in_debug_output() {
     let debug = format!("{proxy:?}");
     assert!(!debug.contains("hunter2"), "{debug}");
     assert!(debug.contains("<17 bytes>"), "{debug}");
+}
+
+fn pool(spec: Value) -> Value {
+    json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "ProxyPool",
+        "metadata": {"name": "eu", "namespace": "crawlers"},
+        "spec": spec,
+    })
+}
+
+fn pool_rejections(obj: &Value) -> Vec<String> {
+    let crd = serde_json::to_value(ProxyPool::crd()).unwrap();
+    rejections_by(&crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], obj)
+}
+
+#[test]
+fn proxy_pools_are_checked_like_their_proxies() {
+    let template = json!({"labels": {"team": "shop"}, "spec": {"mode": "Managed", "provider": "gcp-eu",
+        "attributes": {"geo": "eu"}}});
+    for spec in [
+        json!({"replicas": 20, "template": template}),
+        json!({"replicas": 5, "template": template, "maxSurge": 0, "maxUnavailable": 1,
+               "autoscaling": {"minReplicas": 5, "maxReplicas": 50, "targetUtilization": 70},
+               "rotation": {"maxAge": "24h", "afterBlockedTargets": 5, "afterErrors": 20},
+               "drainTimeout": "5m"}),
+    ] {
+        let obj = pool(spec.clone());
+        assert_eq!(pool_rejections(&obj), Vec::<String>::new(), "{spec}");
+        let parsed: ProxyPool = serde_json::from_value(obj).unwrap();
+        assert_eq!(parsed.spec.template.spec.attributes["geo"], "eu");
+    }
+    let defaults: ProxyPool = serde_json::from_value(pool(json!({"template": template}))).unwrap();
+    assert_eq!(
+        (
+            defaults.spec.replicas,
+            defaults.spec.max_surge,
+            defaults.spec.max_unavailable
+        ),
+        (1, 1, 0)
+    );
+    assert_eq!(defaults.spec.drain_timeout, "10m");
+
+    let cases = [
+        (
+            json!({"template": template, "autoscaling": {"minReplicas": 9, "maxReplicas": 3}}),
+            "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+        ),
+        (
+            json!({"template": template, "maxSurge": 0}),
+            "maxSurge and maxUnavailable cannot both be 0",
+        ),
+        (
+            json!({"template": {"spec": {"mode": "External"}}}),
+            "endpoint is required when mode is External",
+        ),
+        (
+            json!({"template": {"spec": {"mode": "Managed", "provider": "p",
+                   "healthCheck": {"interval": "10ms"}}}}),
+            "healthCheck.interval must be between 1s and 24h",
+        ),
+        (
+            json!({"template": template, "rotation": {"maxAge": "1 day"}}),
+            "does not match",
+        ),
+        (json!({"replicas": 3}), "\"template\" is a required property"),
+    ];
+    for (spec, expected) in cases {
+        let got = pool_rejections(&pool(spec.clone()));
+        assert!(
+            got.iter().any(|m| m.contains(expected)),
+            "{spec}: expected a rejection containing {expected:?}, got {got:?}"
+        );
+    }
+}
+
+#[test]
+fn proxy_pools_scale_through_the_scale_subresource() {
+    let crd = serde_json::to_value(ProxyPool::crd()).unwrap();
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(
+        version["subresources"]["scale"],
+        json!({"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+               "labelSelectorPath": ".status.selector"})
+    );
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["pp"]));
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Desired", "Replicas", "Ready", "Leased", "Rotating", "Age"]
+    );
 }

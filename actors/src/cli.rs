@@ -55,8 +55,12 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Print the Proxy CustomResourceDefinition as YAML.
-    Crd,
+    /// Print a CustomResourceDefinition as YAML.
+    Crd {
+        /// Which one.
+        #[arg(value_enum, default_value = "proxies")]
+        kind: CrdArg,
+    },
     /// Check a providers configuration file and print every problem.
     ValidateConfig {
         /// The providers configuration (YAML).
@@ -284,6 +288,22 @@ pub struct RunArgs {
     /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
     #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]
     pub gcp_wire_log_full_payloads: bool,
+}
+
+/// The `crd` command's argument.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum CrdArg {
+    Proxies,
+    Proxypools,
+}
+
+impl From<CrdArg> for egress_proxies::resource::CrdKind {
+    fn from(arg: CrdArg) -> Self {
+        match arg {
+            CrdArg::Proxies => Self::Proxies,
+            CrdArg::Proxypools => Self::ProxyPools,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use egress_proxies::config::ProvidersConfig;
-use egress_proxies::resource::{ListFormat, crd_yaml, proxy_list, proxy_table};
+use egress_proxies::resource::{ListFormat, crd_yaml_of, proxy_list, proxy_table};
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
 use egress_proxies_operator::{operator, standalone, system};
 
@@ -17,7 +17,7 @@ use cli::{Cli, Command, LoggingArgs, RunArgs};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Crd) => print_crd(),
+        Some(Command::Crd { kind }) => print_crd(kind.into()),
         Some(Command::ValidateConfig { file }) => validate_config(&file),
         Some(Command::Get { config, output, .. }) => get_proxies(&config, output),
         Some(Command::Standalone { config }) => run_standalone(&cli.logging, &config),
@@ -50,8 +50,8 @@ fn logging(args: &LoggingArgs, traces: bool) -> Result<TelemetryGuard, ExitCode>
     init_logging(args.log_level.as_deref(), args.log_format.into(), traces).map_err(fail)
 }
 
-fn print_crd() -> ExitCode {
-    match crd_yaml() {
+fn print_crd(kind: egress_proxies::resource::CrdKind) -> ExitCode {
+    match crd_yaml_of(kind) {
         Ok(yaml) => {
             print!("{yaml}");
             ExitCode::SUCCESS

@@ -2,6 +2,8 @@
 //! running system (one PoolActor per pool) feeds them with the pool's
 //! members and lease demand and carries out what they decide.
 
+mod autoscale;
 mod plan;
 
+pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, desired_replicas};
 pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};

@@ -14,7 +14,7 @@ mod status;
 mod table;
 
 pub use conditions::set_condition;
-pub use crd::{CrdError, crd_yaml};
+pub use crd::{CrdError, CrdKind, crd_yaml, crd_yaml_of};
 pub use listing::{ListFormat, ListingError, proxy_list};
 pub use metadata::*;
 pub use pool::*;

@@ -45,7 +45,9 @@ pub const DEFAULT_DRAIN_TIMEOUT: &str = "10m";
 #[x_kube(
     validation = Rule::new("!has(self.autoscaling) || self.autoscaling.minReplicas <= self.autoscaling.maxReplicas")
         .message("autoscaling.minReplicas must not exceed autoscaling.maxReplicas"),
-    validation = Rule::new("self.maxSurge > 0 || self.maxUnavailable > 0")
+    validation = Rule::new(
+        "(has(self.maxSurge) ? self.maxSurge : 1) + (has(self.maxUnavailable) ? self.maxUnavailable : 0) > 0"
+    )
         .message("maxSurge and maxUnavailable cannot both be 0: nothing could ever be replaced")
 )]
 #[serde(rename_all = "camelCase")]
