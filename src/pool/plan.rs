@@ -305,10 +305,9 @@ mod tests {
         let mut s = settings(3);
         s.template_hash = "t2".into();
         let mut members: Vec<Member> = ["a", "b", "c"].iter().map(|n| member(n, 0, true)).collect();
-        let mut now = 10;
         let mut made = 0;
         // Each step: the planner's actions are applied, new members turn Ready.
-        for _ in 0..20 {
+        for now in 10..30 {
             let p = plan(&s, &members, at(now));
             let active = members.iter().filter(|m| m.retiring.is_none()).count();
             assert!(active <= 3 + 1, "surge respected: {active} active");
@@ -332,7 +331,6 @@ mod tests {
                 m.template_hash = "t2".into();
                 members.push(m);
             }
-            now += 1;
         }
         assert!(members.iter().all(|m| m.template_hash == "t2"), "{members:?}");
         assert_eq!(members.len(), 3);
