@@ -85,6 +85,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
                 attributes: BTreeMap::from([("geo".to_owned(), geos[i % geos.len()].to_owned())]),
                 latency: Some(Duration::from_millis((i % 200) as u64)),
                 credentials: None,
+                retiring: false,
             }));
         }
         let _ = store.send(GetLeaseStats).await;

@@ -63,6 +63,7 @@ async fn schemathesis_finds_nothing() {
             attributes: BTreeMap::from([("geo".to_owned(), ["eu", "us"][i % 2].to_owned())]),
             latency: Some(Duration::from_millis(5 + i as u64)),
             credentials: None,
+            retiring: false,
         }));
     }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

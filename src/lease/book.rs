@@ -19,8 +19,8 @@ use self::target::TargetState;
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
 use super::{
-    AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings, Outcome,
-    ProxyView, RecentReport, RenewError, ReportCounts, TableFull, UnknownLease,
+    AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings,
+    MAX_BLOCKED_TARGETS, Outcome, ProxyView, RecentReport, RenewError, ReportCounts, TableFull, UnknownLease,
 };
 use crate::store::ObjectKey;
 
@@ -55,6 +55,10 @@ struct Entry {
     global_cooldown: Option<Instant>,
     /// (active, latency) of its key in `available`, if it is there.
     indexed: Option<(u32, u64)>,
+    /// Distinct targets that reported it blocked (bounded), and error reports:
+    /// what a pool rotates it on.
+    blocked_targets: BTreeSet<String>,
+    errors: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -189,7 +193,7 @@ impl LeaseBook {
         }
         let cooling = entry.global_cooldown.is_some_and(|until| until > now);
         let full = self.settings.capacity != 0 && entry.active >= self.settings.capacity;
-        if entry.availability.ready && !cooling && !full {
+        if entry.availability.ready && !entry.availability.retiring && !cooling && !full {
             let key = (entry.active, latency_key(entry.availability.latency), id);
             self.available.insert(key);
             entry.indexed = Some((key.0, key.1));
@@ -222,6 +226,8 @@ impl LeaseBook {
             active: 0,
             global_cooldown: None,
             indexed: None,
+            blocked_targets: BTreeSet::new(),
+            errors: 0,
         });
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
@@ -575,6 +581,16 @@ impl LeaseBook {
             outcome,
             detail,
         });
+        if let Some(entry) = self.proxies.get_mut(&proxy) {
+            match outcome {
+                Outcome::Ok => {}
+                Outcome::Blocked if entry.blocked_targets.len() < MAX_BLOCKED_TARGETS => {
+                    entry.blocked_targets.insert(target.clone());
+                }
+                Outcome::Blocked => {}
+                Outcome::Error => entry.errors = entry.errors.saturating_add(1),
+            }
+        }
         match outcome {
             Outcome::Ok => {}
             Outcome::Blocked => {
@@ -678,6 +694,11 @@ impl LeaseBook {
         // Past its expiry but not yet swept: over all the same.
         if lease.expires <= now {
             return Err(UnknownLease(id.to_owned()).into());
+        }
+        if let Some(entry) = self.proxies.get(&lease.proxy)
+            && entry.availability.retiring
+        {
+            return Err(RenewError::Retiring(entry.availability.key.clone()));
         }
         let ttl = ttl.unwrap_or(lease.ttl).min(self.settings.max_ttl);
         let expires = now + ttl;
@@ -789,6 +810,8 @@ impl LeaseBook {
             .map(|(_, e)| ProxyView {
                 availability: e.availability.listed(),
                 active_leases: e.active,
+                blocked_targets: e.blocked_targets.len() as u32,
+                errors: e.errors,
             })
             .collect();
         out.sort_by(|a, b| a.availability.key.cmp(&b.availability.key));

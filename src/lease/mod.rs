@@ -70,6 +70,9 @@ pub struct Availability {
     pub latency: Option<Duration>,
     /// What the proxy demands, handed out with a lease only: never listed.
     pub credentials: Option<ProxyCredentials>,
+    /// Being retired by its pool: never leased, its leases not renewed, so
+    /// it drains before it is deleted.
+    pub retiring: bool,
 }
 
 impl Availability {
@@ -160,6 +163,9 @@ pub enum RenewError {
     Unavailable(String),
     #[error("this replica is not the leader")]
     NotLeader,
+    /// The proxy is being retired by its pool: the client moves to another.
+    #[error("proxy {0} is being retired by its pool: release this lease and acquire another")]
+    Retiring(ObjectKey),
 }
 
 /// A report named a lease the store does not know (never, or ended too long ago).
@@ -172,4 +178,12 @@ pub struct UnknownLease(pub String);
 pub struct ProxyView {
     pub availability: Availability,
     pub active_leases: u32,
+    /// Distinct targets that reported it `blocked` (at most [`MAX_BLOCKED_TARGETS`] counted).
+    pub blocked_targets: u32,
+    /// `error` reports on its leases.
+    pub errors: u32,
 }
+
+/// Distinct blocking targets counted per proxy: enough for any rotation
+/// threshold, bounded so a crawler reporting endless targets costs nothing more.
+pub const MAX_BLOCKED_TARGETS: usize = 256;

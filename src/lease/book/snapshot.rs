@@ -172,10 +172,13 @@ impl LeaseBook {
                     attributes: Default::default(),
                     latency: None,
                     credentials: None,
+                    retiring: false,
                 },
                 active: 0,
                 global_cooldown: None,
                 indexed: None,
+                blocked_targets: Default::default(),
+                errors: 0,
             },
         );
         self.placeholders.insert(id);
