@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use egress_proxies::config::KvmHost;
-use egress_proxies::kvm::host_calls::LookupBase;
-use egress_proxies::kvm::host_runner::RunError;
-use egress_proxies::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
 use egress_proxies::provider::ErrorClass;
+use egress_proxies::provider::kvm::host_calls::LookupBase;
+use egress_proxies::provider::kvm::host_runner::RunError;
+use egress_proxies::provider::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};
