@@ -18,7 +18,6 @@ pub mod health_prober;
 pub mod health_server;
 pub mod kvm;
 pub mod lease_store;
-pub mod messages;
 pub mod metrics_server;
 pub mod operator;
 pub mod proxy_actor;
