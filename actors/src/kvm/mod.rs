@@ -23,20 +23,7 @@
 //! Each request is a [`HostCall`](egress_proxies::provider::kvm::host_calls::HostCall)
 //! answered with its own type: no caller picks its answer out of a sum.
 
-use actix::MailboxError;
-use egress_proxies::provider::ErrorClass;
-use egress_proxies::provider::kvm::host_runner::RunError;
-
 pub mod host_actor;
 pub mod image_cache;
 pub mod libvirt_thread;
 pub mod router;
-
-/// An actor stopped while a request waited on it (a host link was torn
-/// down, or the actor restarted): worth a retry.
-fn unavailable(e: MailboxError) -> RunError {
-    RunError {
-        class: ErrorClass::Transient,
-        message: format!("actor unavailable: {e}"),
-    }
-}
