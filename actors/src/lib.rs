@@ -10,7 +10,8 @@
 //!
 //! `src/` of the root crate decides *what* to do; the actors here decide
 //! *when*: they serialise work per object, own the timers and backoff, and
-//! restart what fails without disturbing the rest.
+//! restart what fails without disturbing the rest. Each actor's messages are
+//! defined in its own file (docs/architecture.md#messages).
 
 pub mod discovery;
 pub mod gc_sweeper;

@@ -1,6 +1,6 @@
 //! The actor system driven through the embedded store's events against a
-//! scripted provider: every path of SPEC §3, supervision, and "never two
-//! instances for one Proxy".
+//! scripted provider: every path of docs/reconcile.md, supervision, and
+//! "never two instances for one Proxy".
 
 mod support;
 

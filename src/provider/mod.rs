@@ -1,4 +1,5 @@
-//! The provider contract: four idempotent operations over instances.
+//! The provider contract (docs/providers.md): idempotent operations over
+//! instances, and the providers that keep it.
 //!
 //! A provider creates the machine a Managed proxy runs on. None of the
 //! operations blocks until a VM is up: `create` submits and returns, and the

@@ -42,8 +42,9 @@ pub enum GcpError {
 }
 
 impl GcpError {
-    /// The provider error class (SPEC: 404 NotFound, quota and rate-limit
-    /// reasons QuotaExceeded, 429/5xx/transport Transient, other 4xx Permanent).
+    /// The provider error class (docs/providers.md#errors: 404 NotFound,
+    /// quota and rate-limit reasons QuotaExceeded, 429/5xx/transport
+    /// Transient, other 4xx Permanent).
     pub fn class(&self) -> ErrorClass {
         match self {
             GcpError::Api { status: 404, .. } => ErrorClass::NotFound,

@@ -1,9 +1,9 @@
-//! The kvm provider's building blocks (contract: KVM.md): domain and volume
-//! XML, the operator's metadata element, the NoCloud seed ISO, providerIDs
-//! and libvirt error classification. Pure functions; the SSH link and the
-//! libvirt calls live beside them, as do the requests a host's libvirt
-//! session serves ([`host_calls`], each with its own answer type) and the
-//! [`host_runner::HostRunner`] through which the provider sends them (the
+//! The kvm provider's building blocks (contract: docs/kvm-provider.md):
+//! domain and volume XML, the operator's metadata element, the NoCloud seed
+//! ISO, providerIDs and libvirt error classification. Pure functions; the SSH
+//! link and the libvirt calls live beside them, as do the requests a host's
+//! libvirt session serves ([`host_calls`], each with its own answer type) and
+//! the [`host_runner::HostRunner`] through which the provider sends them (the
 //! host actors implement it; nothing here imports actix).
 
 pub mod base_image;

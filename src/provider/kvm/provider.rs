@@ -1,7 +1,8 @@
-//! The kvm provider: VMs on libvirt hosts reached over SSH (KVM.md). It
-//! resolves placement, builds the seed and the plan, and hands the libvirt
-//! work to a [`HostRunner`] — in the running system, one supervised actor per
-//! host that owns the SSH link and runs the blocking calls on its own thread.
+//! The kvm provider: VMs on libvirt hosts reached over SSH
+//! (docs/kvm-provider.md). It resolves placement, builds the seed and the
+//! plan, and hands the libvirt work to a [`HostRunner`] — in the running
+//! system, one supervised actor per host that owns the SSH link and runs the
+//! blocking calls on its own thread.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
