@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::credentials::ProxyCredentials;
-use egress_proxies::provider::{
-    BuildContext, CreateRequest, InstanceState, LocalProvider, Provider, instance_name,
-};
+use egress_proxies::provider::{CreateRequest, InstanceState, LocalProvider, Provider, instance_name};
 use egress_proxies::resource::Placement;
 use support::{eventually, target_server};
 
@@ -27,15 +25,14 @@ fn provider(state: &std::path::Path, implementation: LocalImplementation) -> Loc
 }
 
 fn provider_with(state: &std::path::Path, config: LocalConfig) -> LocalProvider {
-    let ctx = BuildContext {
-        state_dir: state.to_owned(),
-        operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
-        kube_client: None,
-        kvm_runner: None,
-        gcp: Default::default(),
-        cluster_networks: Vec::new(),
-    };
-    LocalProvider::new("local", config, &ctx).unwrap()
+    LocalProvider::new(
+        "local",
+        config,
+        state,
+        env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
+        &[],
+    )
+    .unwrap()
 }
 
 fn request(uid: &str) -> CreateRequest {

@@ -24,9 +24,9 @@ use async_trait::async_trait;
 
 use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
 use crate::credentials::{ProxyCredentials, write_credentials_file};
+use crate::destinations::IpNet;
 use crate::provider::{
-    BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError,
-    ProviderId,
+    CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 
 use destinations::Destinations;
@@ -80,12 +80,21 @@ pub struct LocalProvider {
 }
 
 impl LocalProvider {
-    pub fn new(name: &str, config: LocalConfig, ctx: &BuildContext) -> Result<Self, LocalError> {
+    /// Keeps its instances under `state_dir`; the built-in proxy is
+    /// `operator_exe` run as a helper; `cluster_networks` are denied like
+    /// the other internal ranges.
+    pub fn new(
+        name: &str,
+        config: LocalConfig,
+        state_dir: &Path,
+        operator_exe: PathBuf,
+        cluster_networks: &[IpNet],
+    ) -> Result<Self, LocalError> {
         let squid = match &config.squid_binary {
             Some(path) => which::which(path).map_err(|e| format!("{}: {e}", path.display())),
             None => which::which("squid").map_err(|e| format!("squid on PATH: {e}")),
         };
-        let instances_dir = ctx.state_dir.join("local").join(name).join("instances");
+        let instances_dir = state_dir.join("local").join(name).join("instances");
         let state_error = |source| LocalError::StateDir {
             path: instances_dir.display().to_string(),
             source,
@@ -94,7 +103,7 @@ impl LocalProvider {
         let instances_dir = instances_dir.canonicalize().map_err(state_error)?;
         let launcher = match (config.implementation, squid) {
             (LocalImplementation::Builtin, _) | (LocalImplementation::Auto, Err(_)) => {
-                Launcher::Builtin(ctx.operator_exe.clone())
+                Launcher::Builtin(operator_exe)
             }
             (_, Ok(binary)) => Launcher::Squid(squid_runtime(name, &config, binary, &instances_dir)?),
             (LocalImplementation::Squid, Err(why)) => return Err(LocalError::NoSquid(why)),
@@ -105,7 +114,7 @@ impl LocalProvider {
             instances_dir,
             launcher,
             exits: Exits::default(),
-            destinations: Destinations::new(&config.destinations, &ctx.cluster_networks),
+            destinations: Destinations::new(&config.destinations, cluster_networks),
         })
     }
 
