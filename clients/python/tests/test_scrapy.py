@@ -137,3 +137,12 @@ def test_a_proxy_scrapy_cannot_reach_is_reported_error(operator: Operator) -> No
 
     assert asyncio.run(scenario()) == ["no capacity elsewhere"]
     assert operator.active_leases()["spare-2"] == 0
+
+
+def test_without_the_asyncio_reactor_the_crawl_does_not_start(
+    operator: Operator, make_site: Callable[..., Site], tmp_path: Path
+) -> None:
+    site = make_site()
+    done = run_spider(site, operator, tmp_path, "-s", "TWISTED_REACTOR=twisted.internet.epollreactor.EPollReactor")
+    assert "needs the asyncio reactor" in done.stderr, done.stderr[-4000:]
+    assert not site.hits, "nothing was fetched without a proxy"

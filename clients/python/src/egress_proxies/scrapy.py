@@ -99,7 +99,8 @@ class LeaseMiddleware:
         if not crawler.settings.getbool("EGRESS_PROXIES_ENABLED", True):
             raise NotConfigured("EGRESS_PROXIES_ENABLED is off")
         if not is_asyncio_reactor_installed():
-            raise NotConfigured(
+            # Not NotConfigured: the crawl would then go out without proxies.
+            raise RuntimeError(
                 "egress_proxies.scrapy.LeaseMiddleware needs the asyncio reactor: set "
                 "TWISTED_REACTOR = 'twisted.internet.asyncioreactor.AsyncioSelectorReactor'"
             )
