@@ -5,9 +5,11 @@
 //! targets see a plain client. Given credentials, it demands them in
 //! `Proxy-Authorization` (Basic) before relaying anything; then every
 //! destination passes the provider's destination rules (see
-//! `destinations`): refused ones get 403.
+//! `destinations`): refused ones get 403. Given an outgoing address, it
+//! connects to destinations from that address.
 
 use std::io;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::credentials::BasicAuthorization;
-use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
+use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked_from};
 
 /// Largest request head accepted.
 const MAX_HEAD: usize = 16 * 1024;
@@ -39,12 +41,23 @@ pub async fn serve(
     destinations: Arc<DestinationPolicy>,
     auth: Option<BasicAuthorization>,
 ) -> io::Result<()> {
+    serve_from(listener, destinations, auth, None).await
+}
+
+/// [`serve`], connecting to destinations from `outgoing` (those of its IP
+/// family; see [`connect_checked_from`]).
+pub async fn serve_from(
+    listener: TcpListener,
+    destinations: Arc<DestinationPolicy>,
+    auth: Option<BasicAuthorization>,
+    outgoing: Option<IpAddr>,
+) -> io::Result<()> {
     let auth = auth.map(Arc::new);
     loop {
         let (client, peer) = listener.accept().await?;
         let (destinations, auth) = (destinations.clone(), auth.clone());
         tokio::spawn(async move {
-            if let Err(e) = handle(client, &destinations, auth.as_deref()).await {
+            if let Err(e) = handle(client, &destinations, auth.as_deref(), outgoing).await {
                 tracing::debug!(%peer, error = %e, "proxied connection ended with an error");
             }
         });
@@ -55,6 +68,7 @@ async fn handle(
     mut client: TcpStream,
     destinations: &DestinationPolicy,
     auth: Option<&BasicAuthorization>,
+    outgoing: Option<IpAddr>,
 ) -> io::Result<()> {
     let (head, rest) = match tokio::time::timeout(STEP_TIMEOUT, read_head(&mut client)).await {
         Ok(result) => result?,
@@ -85,10 +99,11 @@ async fn handle(
         let Ok(port) = port.parse::<u16>() else {
             return reply(&mut client, 400, "Bad Request").await;
         };
-        let mut upstream = match connect_checked(destinations, host, port, true, STEP_TIMEOUT).await {
-            Ok(upstream) => upstream,
-            Err(e) => return refuse(&mut client, e).await,
-        };
+        let mut upstream =
+            match connect_checked_from(destinations, host, port, true, STEP_TIMEOUT, outgoing).await {
+                Ok(upstream) => upstream,
+                Err(e) => return refuse(&mut client, e).await,
+            };
         client
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await?;
@@ -110,10 +125,11 @@ async fn handle(
         Some(p) => format!("{host}:{p}"),
         None => host.to_owned(),
     };
-    let mut upstream = match connect_checked(destinations, host, port, false, STEP_TIMEOUT).await {
-        Ok(upstream) => upstream,
-        Err(e) => return refuse(&mut client, e).await,
-    };
+    let mut upstream =
+        match connect_checked_from(destinations, host, port, false, STEP_TIMEOUT, outgoing).await {
+            Ok(upstream) => upstream,
+            Err(e) => return refuse(&mut client, e).await,
+        };
     let path = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let mut out = format!("{method} {path} HTTP/1.1\r\n");
     let mut has_host = false;

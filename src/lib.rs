@@ -2,10 +2,12 @@
 //!
 //! This crate holds everything the operator is made of, as plain Rust: the
 //! `Proxy` resource, the providers configuration, the provider contract with
-//! its error taxonomy, and (as the system grows) the providers, the health
-//! probe, lease bookkeeping and the object-store adapters. The running system
-//! — supervised actix actors, HTTP servers and the binary — lives in the
-//! `actors/` workspace member and is the only place that imports actix.
+//! its error taxonomy and every provider (under [`provider`]), the reconcile
+//! decisions, the health probe, lease bookkeeping, orphan GC, leader election
+//! and the object-store adapters. The running system — supervised actix
+//! actors, HTTP servers and the binary — lives in the `actors/` workspace
+//! member and is the only place that imports actix. docs/architecture.md maps
+//! each behaviour to its file.
 //!
 //! ```text
 //!   Proxy manifests / API server          providers.yaml
@@ -29,10 +31,8 @@ pub mod credentials;
 pub mod destinations;
 pub mod forward_proxy;
 pub mod gc;
-pub mod gcp;
 pub mod health;
 pub mod installation;
-pub mod kvm;
 pub mod leader;
 pub mod lease;
 pub mod metrics_access;

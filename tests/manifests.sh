@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Offline checks of deploy/: every kustomize overlay renders, built-in kinds
-# pass strict schema validation, and every sample Proxy validates against the
-# CRD's openAPIV3Schema generated from the Rust types.
+# pass strict schema validation, every sample Proxy validates against the
+# CRD's openAPIV3Schema generated from the Rust types and names a provider
+# the shipped configurations define.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,4 +44,25 @@ for i, proxy in enumerate(json.load(open(f"{sys.argv[2]}/samples-proxies.json"))
     json.dump(proxy, open(f"{sys.argv[2]}/proxy-{i}.json", "w"))
 PY
 check-jsonschema --schemafile "$out/proxy-schema.json" "$out"/proxy-[0-9]*.json
+
+# The shipped providers configurations name the kubernetes provider instance
+# `kubernetes` (manifests written with `provider: kubernetes` apply unchanged),
+# and every sample Managed Proxy names a provider the full sample configures;
+# the kubernetes one is also in the deployed default.
+python3 - config/providers.yaml deploy/manager/providers.yaml "$out/samples-proxies.json" <<'PY'
+import json, sys, yaml
+def providers(path):
+    return {p["name"]: p["type"] for p in yaml.safe_load(open(path))["providers"]}
+full, deployed = providers(sys.argv[1]), providers(sys.argv[2])
+for name, config in [(sys.argv[1], full), (sys.argv[2], deployed)]:
+    kubernetes = [n for n, t in config.items() if t == "kubernetes"]
+    assert kubernetes == ["kubernetes"], f"{name}: the kubernetes provider instance is named {kubernetes}, not [kubernetes]"
+for proxy in json.load(open(sys.argv[3])):
+    spec = proxy["spec"]
+    if spec["mode"] != "Managed":
+        continue
+    assert spec["provider"] in full, f"sample {proxy['metadata']['name']}: provider {spec['provider']} is not in {sys.argv[1]}"
+    if full[spec["provider"]] == "kubernetes":
+        assert spec["provider"] in deployed, f"sample {proxy['metadata']['name']}: provider {spec['provider']} is not in {sys.argv[2]}"
+PY
 echo "manifests ok"

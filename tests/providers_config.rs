@@ -319,6 +319,28 @@ fn instance_level_rules() {
             ],
         ),
         (
+            "providers:\n  - {name: l, type: local, local: {outgoingAddresses: [127.0.1.1/29]}}\n",
+            vec![
+                "providers[0] (l): local.outgoingAddresses[0] \"127.0.1.1/29\" has host bits set: did you mean 127.0.1.0/29?",
+            ],
+        ),
+        (
+            "providers:\n  - {name: l, type: local, local: {outgoingAddresses: [eth1]}}\n",
+            vec![
+                "providers[0] (l): local.outgoingAddresses[0] \"eth1\" is not an outgoing address: expected an IP \
+                 address (127.0.0.2) or a CIDR (127.0.1.0/29)",
+            ],
+        ),
+        (
+            "providers:\n  - {name: l, type: local, local: {outgoingAddresses: [127.0.1.0/29, 0.0.0.0, 127.0.1.6]}}\n",
+            vec![
+                "providers[0] (l): local.outgoingAddresses[1] 0.0.0.0 cannot be a source address (unspecified, \
+                 multicast or broadcast): give addresses of this machine",
+                "providers[0] (l): local.outgoingAddresses[2] 127.0.1.6 overlaps outgoingAddresses[0] (127.0.1.0/29): \
+                 each address may be given once",
+            ],
+        ),
+        (
             "providers:\n  - {name: v, type: kvm, kvm: {destinations: {allow: [8443]}}}\n",
             vec![
                 "providers[0] (v): kvm.destinations is not applied by type kvm: its VMs' Squid is configured by the \

@@ -9,6 +9,7 @@ bash tests/unused-dependencies.sh
 # The OpenAPI fuzzer of actors/tests/openapi_fuzz.rs (a virtual environment, reused).
 EPO_SCHEMATHESIS=$(bash tests/openapi-fuzz-setup.sh)
 export EPO_SCHEMATHESIS
+export EPO_CLIENTS_PYTHON; EPO_CLIENTS_PYTHON=$(bash tests/python-clients-setup.sh)  # actors/tests/python_clients.rs
 if [ "$(id -u)" -eq 0 ]; then
   bash tests/kvm-testbed.sh up >/dev/null
   trap 'bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true' EXIT

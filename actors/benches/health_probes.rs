@@ -18,7 +18,7 @@ use actix::prelude::*;
 use egress_proxies::health::{CheckSpec, ProbeTarget, Prober, Thresholds};
 use egress_proxies::store::ObjectKey;
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, Watch};
-use egress_proxies_operator::messages::HealthVerdict;
+use egress_proxies_operator::proxy_actor::HealthVerdict;
 
 const TARGET_ROLE: &str = "EPO_BENCH_TARGET";
 

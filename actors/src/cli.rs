@@ -84,6 +84,9 @@ pub enum Command {
         /// `ps` shows command lines to every user.
         #[arg(long)]
         credentials_file: Option<PathBuf>,
+        /// The source address of connections to destinations (of its IP family).
+        #[arg(long)]
+        outgoing_address: Option<std::net::IpAddr>,
     },
 }
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use actix::WeakRecipient;
 use actix::prelude::*;
-use egress_proxies::health::{HealthState, LatencyRule, ProbeFailure, ProbeResult, Prober, Sample};
+use egress_proxies::health::{
+    HealthState, LatencyRule, ProbeFailure, ProbeResult, ProbeTarget, Prober, Sample,
+};
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use futures::FutureExt;
@@ -20,7 +22,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::messages::{HealthVerdict, ProbeTarget};
+use crate::proxy_actor::HealthVerdict;
 
 /// Start watching a proxy (or update what is watched).
 #[derive(Message, Debug, Clone)]

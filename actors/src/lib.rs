@@ -10,7 +10,8 @@
 //!
 //! `src/` of the root crate decides *what* to do; the actors here decide
 //! *when*: they serialise work per object, own the timers and backoff, and
-//! restart what fails without disturbing the rest.
+//! restart what fails without disturbing the rest. Each actor's messages are
+//! defined in its own file (docs/architecture.md#messages).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod discovery;
@@ -19,7 +20,6 @@ pub mod health_prober;
 pub mod health_server;
 pub mod kvm;
 pub mod lease_store;
-pub mod messages;
 pub mod metrics_server;
 pub mod operator;
 pub mod proxy_actor;

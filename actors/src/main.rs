@@ -27,6 +27,7 @@ fn main() -> ExitCode {
             pid_file,
             destinations,
             credentials_file,
+            outgoing_address,
         }) => forward_proxy(
             &cli.logging,
             listen,
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
             pid_file.as_deref(),
             destinations.policy(),
             credentials_file.as_deref(),
+            outgoing_address,
         ),
         Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
@@ -130,6 +132,7 @@ fn forward_proxy(
     pid_file: Option<&Path>,
     destinations: egress_proxies::destinations::DestinationPolicy,
     credentials_file: Option<&Path>,
+    outgoing_address: Option<std::net::IpAddr>,
 ) -> ExitCode {
     // A helper process of the local provider: no traces of its own.
     let _telemetry = match logging(log, false) {
@@ -145,7 +148,10 @@ fn forward_proxy(
         Some(Err(e)) => return fail(e),
         None => None,
     };
-    tracing::info!(%listen, instance = %instance_dir.display(), authenticated = auth.is_some(), "built-in forward proxy starting");
+    tracing::info!(
+        %listen, instance = %instance_dir.display(), authenticated = auth.is_some(),
+        outgoing_address = outgoing_address.map(tracing::field::display), "built-in forward proxy starting"
+    );
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         if let Some(file) = pid_file {
@@ -153,7 +159,7 @@ fn forward_proxy(
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            served = egress_proxies::forward_proxy::serve(listener, destinations.into(), auth) => served,
+            served = egress_proxies::forward_proxy::serve_from(listener, destinations.into(), auth, outgoing_address) => served,
             _ = term.recv() => Ok(()),
         }
     });
@@ -196,7 +202,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         lease_duration: args.lease_duration,
         proxy_namespace: args.proxy_namespace.clone(),
         health_ca_file: args.health_ca_file,
-        gcp: egress_proxies::gcp::GcpOptions {
+        gcp: egress_proxies::provider::gcp::GcpOptions {
             wire_log_full_payloads: args.gcp_wire_log_full_payloads,
         },
         cluster_networks: args.cluster_networks,

@@ -43,7 +43,7 @@ pub struct Options {
     pub lease_duration: Duration,
     pub proxy_namespace: Option<String>,
     pub health_ca_file: Option<PathBuf>,
-    pub gcp: egress_proxies::gcp::GcpOptions,
+    pub gcp: egress_proxies::provider::gcp::GcpOptions,
     /// `--cluster-networks`: pod and service ranges every proxy denies by default.
     pub cluster_networks: Vec<egress_proxies::destinations::IpNet>,
     pub settings: system::Settings,

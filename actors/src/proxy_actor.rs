@@ -24,7 +24,26 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::health_prober::{HealthProber, Unwatch, Watch};
 use crate::lease_store::{LeaseStore, RemoveProxy, UpdateAvailability};
-use crate::messages::{HealthVerdict, Reconcile, Shutdown};
+
+/// Look at the proxy again now (its object changed, or a caller asks).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct Reconcile;
+
+/// The object is gone: stop for good.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+/// A health verdict for this actor's proxy (from the HealthProber).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct HealthVerdict(
+    pub egress_proxies::health::Verdict,
+    /// The `health.probe` span behind it (when probes are traced): the
+    /// reconcile a flip triggers links to it.
+    pub Option<opentelemetry::trace::SpanContext>,
+);
 
 /// How often a ProxyActor looks again.
 #[derive(Clone, Copy, Debug)]

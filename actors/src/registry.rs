@@ -16,8 +16,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::health_prober::HealthProber;
 use crate::lease_store::LeaseStore;
-use crate::messages::{GetRegistryStats, Reconcile, RegistryStats, Shutdown};
-use crate::proxy_actor::{ProxyActor, Timing};
+use crate::proxy_actor::{ProxyActor, Reconcile, Shutdown, Timing};
 use crate::supervision::{self, Node};
 
 /// How long a restarted registry waits before asking the store again when
@@ -44,6 +43,17 @@ pub struct StoreChanged(pub StoreEvent);
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Listed(Vec<ObjectKey>);
+
+/// How many ProxyActors run, and how often they were restarted.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "RegistryStats")]
+pub struct GetRegistryStats;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    pub actors: usize,
+    pub restarts: u64,
+}
 
 impl ProxyRegistry {
     /// Without a prober, proxies stop at Running (tests of the reconcile alone).

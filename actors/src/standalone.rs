@@ -54,7 +54,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
         kube_client: None,
         kvm_runner: Some(crate::kvm::router::runner_factory()),
-        gcp: egress_proxies::gcp::GcpOptions {
+        gcp: egress_proxies::provider::gcp::GcpOptions {
             wire_log_full_payloads: config.gcp_wire_log_full_payloads,
         },
         cluster_networks: Vec::new(),

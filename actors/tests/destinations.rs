@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::destinations::DestinationRules;
-use egress_proxies::provider::{
-    BuildContext, CreateRequest, InstanceState, LocalProvider, Provider, instance_name,
-};
+use egress_proxies::provider::{CreateRequest, InstanceState, LocalProvider, Provider, instance_name};
 use egress_proxies::resource::Placement;
 use support::address_bed::AddressBed;
 use support::eventually;
@@ -127,14 +125,6 @@ async fn refuses_and_passes_by_class(implementation: LocalImplementation, tag: u
 
     let state = tempfile::tempdir().unwrap();
     let _reaper = support::process::InstanceReaper(state.path().to_owned());
-    let ctx = BuildContext {
-        state_dir: state.path().to_owned(),
-        operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
-        kube_client: None,
-        kvm_runner: None,
-        gcp: Default::default(),
-        cluster_networks: Vec::new(),
-    };
     let config = LocalConfig {
         implementation,
         destinations: rules(&format!(
@@ -145,7 +135,14 @@ async fn refuses_and_passes_by_class(implementation: LocalImplementation, tag: u
         )),
         ..LocalConfig::default()
     };
-    let p = LocalProvider::new("local", config, &ctx).unwrap();
+    let p = LocalProvider::new(
+        "local",
+        config,
+        state.path(),
+        env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
+        &[],
+    )
+    .unwrap();
     let uid = format!("dest-{tag}");
     let req = CreateRequest {
         name: instance_name(&uid),

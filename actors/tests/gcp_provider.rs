@@ -364,7 +364,7 @@ async fn release_sends_set_labels_with_the_fingerprint_and_retries_a_stale_one()
 struct Installation {
     scope: gc::Scope,
     providers: Providers,
-    gcp: Arc<egress_proxies::gcp::GcpProvider>,
+    gcp: Arc<egress_proxies::provider::gcp::GcpProvider>,
     store: EmbeddedStore,
     live_uid: String,
     _dir: tempfile::TempDir,

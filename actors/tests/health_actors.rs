@@ -13,7 +13,7 @@ use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::health::Prober;
-use egress_proxies::provider::{BuildContext, LocalProvider, Provider, Providers};
+use egress_proxies::provider::{LocalProvider, Provider, Providers};
 use egress_proxies::reconcile;
 use egress_proxies::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
@@ -244,20 +244,15 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
     let (target, _) = http_target_with(Behaviour::Status(204)).await;
     let exe = env!("CARGO_BIN_EXE_egress-proxies-operator");
     let mut bed = Bed::start(|state| {
-        let ctx = BuildContext {
-            state_dir: state.to_owned(),
-            operator_exe: exe.into(),
-            kube_client: None,
-            kvm_runner: None,
-            gcp: Default::default(),
-            cluster_networks: Vec::new(),
-        };
         let config = LocalConfig {
             implementation: LocalImplementation::Builtin,
             destinations: support::loopback_rules(),
             ..LocalConfig::default()
         };
-        vec![Arc::new(LocalProvider::new("local", config, &ctx).unwrap()) as Arc<dyn Provider>]
+        vec![
+            Arc::new(LocalProvider::new("local", config, state, exe.into(), &[]).unwrap())
+                as Arc<dyn Provider>,
+        ]
     });
     bed.declare(proxy(
         "m",

@@ -106,7 +106,7 @@ async fn operators_scoped_to_different_namespaces_never_reap_each_others_pods() 
     std::fs::write(dir.join("kubeconfig"), fake.kubeconfig("operators")).unwrap();
     std::fs::write(
         dir.join("providers.yaml"),
-        "providers:\n  - {name: cluster, type: kubernetes}\n",
+        "providers:\n  - {name: kubernetes, type: kubernetes}\n",
     )
     .unwrap();
     let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
@@ -121,7 +121,7 @@ async fn operators_scoped_to_different_namespaces_never_reap_each_others_pods() 
         let proxy: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
             "metadata": {"name": "crawler", "namespace": namespace},
-            "spec": {"mode": "Managed", "provider": "cluster"}
+            "spec": {"mode": "Managed", "provider": "kubernetes"}
         }))
         .unwrap();
         Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &ar)

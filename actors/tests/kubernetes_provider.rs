@@ -52,7 +52,7 @@ async fn mark(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
 async fn the_pods_squid_config_carries_the_destination_rules() {
     let fake = FakeApiServer::start().unwrap();
     let config = egress_proxies::config::ProvidersConfig::parse(
-        "providers:\n  - {name: cluster, type: kubernetes, kubernetes: {destinations: {allow: [10.1.0.0/16, 8443], deny: [10.1.2.0/24]}}}\n",
+        "providers:\n  - {name: kubernetes, type: kubernetes, kubernetes: {destinations: {allow: [10.1.0.0/16, 8443], deny: [10.1.2.0/24]}}}\n",
         "test",
     )
     .unwrap();
@@ -67,7 +67,7 @@ async fn the_pods_squid_config_carries_the_destination_rules() {
     };
     let providers = egress_proxies::provider::Providers::build(&config, &ctx).unwrap();
     let req = request("uid-rules", 3128);
-    providers.get("cluster").unwrap().create(&req).await.unwrap();
+    providers.get("kubernetes").unwrap().create(&req).await.unwrap();
     let pod = Api::<Pod>::namespaced(client(&fake), "crawl")
         .get(req.name.as_str())
         .await
@@ -101,7 +101,7 @@ async fn the_pods_squid_config_carries_the_destination_rules() {
 async fn pods_are_created_mapped_listed_and_deleted() {
     let fake = FakeApiServer::start().unwrap();
     let c = client(&fake);
-    let provider = KubernetesProvider::new("cluster", KubernetesConfig::default(), c.clone());
+    let provider = KubernetesProvider::new("kubernetes", KubernetesConfig::default(), c.clone());
     let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
     let req = CreateRequest {
         credentials: Some(credentials.clone()),
@@ -232,7 +232,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     std::fs::write(dir.path().join("kubeconfig"), fake.kubeconfig("crawl")).unwrap();
     std::fs::write(
         dir.path().join("providers.yaml"),
-        "providers:\n  - {name: cluster, type: kubernetes}\n",
+        "providers:\n  - {name: kubernetes, type: kubernetes}\n",
     )
     .unwrap();
     // The "pod" serves on loopback: a built-in forward proxy run by the test.
@@ -273,7 +273,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     let p: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
         "metadata": {"name": "pod-proxy", "namespace": "crawl"},
-        "spec": {"mode": "Managed", "provider": "cluster", "port": port,
+        "spec": {"mode": "Managed", "provider": "kubernetes", "port": port,
                  "healthCheck": {"url": format!("http://{target}/"), "interval": "1s"}}
     }))
     .unwrap();
@@ -379,7 +379,7 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
         destinations: support::loopback_rules(),
         ..KubernetesConfig::default()
     };
-    let provider = KubernetesProvider::new("cluster", config, c.clone());
+    let provider = KubernetesProvider::new("kubernetes", config, c.clone());
     let port = support::process::free_port();
     let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
     let req = CreateRequest {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use egress_proxies::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::provider::kvm::base_image::{base_volume, marker_name};
 use egress_proxies::resource::Phase;
 use egress_proxies::store::embedded::read_snapshot;
 use sha2::Digest;

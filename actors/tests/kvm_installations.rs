@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use egress_proxies::config::{ImageFormat, KvmConfig};
 use egress_proxies::gc;
 use egress_proxies::installation::InstallationId;
-use egress_proxies::kvm::metadata::{self, METADATA_URI};
-use egress_proxies::kvm::ops::{overlay_name, seed_name};
-use egress_proxies::kvm::provider::KvmProvider;
+use egress_proxies::provider::kvm::metadata::{self, METADATA_URI};
+use egress_proxies::provider::kvm::ops::{overlay_name, seed_name};
+use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, Provider, ProviderError, ProviderId, Providers,
     instance_name,
@@ -276,7 +276,7 @@ async fn two_installations_on_one_host_never_reap_each_other() {
     let bed = bed_or_skip!();
     let (url, digest) = image_server().await;
     let cfg = config(&bed, &url, &digest);
-    let base = egress_proxies::kvm::base_image::base_volume(&digest, ImageFormat::Qcow2);
+    let base = egress_proxies::provider::kvm::base_image::base_volume(&digest, ImageFormat::Qcow2);
     let a = Installation::new("epo-test-a", &cfg);
     let b = Installation::new("epo-test-b", &cfg);
 

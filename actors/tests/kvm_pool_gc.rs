@@ -13,10 +13,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::kvm::base_image::{base_volume, marker_name};
-use egress_proxies::kvm::provider::KvmProvider;
-use egress_proxies::kvm::session::HostSession;
-use egress_proxies::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::provider::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::provider::kvm::provider::KvmProvider;
+use egress_proxies::provider::kvm::session::HostSession;
+use egress_proxies::provider::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use egress_proxies::provider::{Provider, instance_name};
 use egress_proxies_operator::kvm::router::runner_factory;
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use egress_proxies::kvm::provider::KvmProvider;
+use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
 use egress_proxies_operator::kvm::router::runner_factory;
 use support::kvm_bed::{
@@ -41,7 +41,7 @@ async fn create_get_list_delete_through_the_host_actors() {
         .trim_end_matches(".qcow2")
         .to_owned();
     cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
-    let marker = egress_proxies::kvm::base_image::marker_name(&base);
+    let marker = egress_proxies::provider::kvm::base_image::marker_name(&base);
     for v in [&marker, &base] {
         let _ = std::process::Command::new("virsh")
             .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])

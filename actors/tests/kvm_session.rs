@@ -5,11 +5,11 @@
 mod support;
 
 use egress_proxies::config::{DomainType, Firmware};
-use egress_proxies::kvm::domain_xml::{DomainSpec, domain_xml};
-use egress_proxies::kvm::metadata::InstanceMetadata;
-use egress_proxies::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
-use egress_proxies::kvm::session::{DomainRunState, HostSession};
-use egress_proxies::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::provider::kvm::domain_xml::{DomainSpec, domain_xml};
+use egress_proxies::provider::kvm::metadata::InstanceMetadata;
+use egress_proxies::provider::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
+use egress_proxies::provider::kvm::session::{DomainRunState, HostSession};
+use egress_proxies::provider::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 
 #[tokio::test]
 async fn volumes_seed_and_a_domain_through_the_link() {
@@ -114,7 +114,7 @@ async fn volumes_seed_and_a_domain_through_the_link() {
 
 #[tokio::test]
 async fn create_get_delete_resume_from_every_partial_state() {
-    use egress_proxies::kvm::ops::{self, CreatePlan, OpError};
+    use egress_proxies::provider::kvm::ops::{self, CreatePlan, OpError};
     use egress_proxies::provider::{ErrorClass, InstanceState};
     let bed = bed_or_skip!();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_B").await;

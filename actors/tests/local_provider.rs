@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::credentials::ProxyCredentials;
-use egress_proxies::provider::{
-    BuildContext, CreateRequest, InstanceState, LocalProvider, Provider, instance_name,
-};
+use egress_proxies::provider::{CreateRequest, InstanceState, LocalProvider, Provider, instance_name};
 use egress_proxies::resource::Placement;
 use support::{eventually, target_server};
 
@@ -27,15 +25,14 @@ fn provider(state: &std::path::Path, implementation: LocalImplementation) -> Loc
 }
 
 fn provider_with(state: &std::path::Path, config: LocalConfig) -> LocalProvider {
-    let ctx = BuildContext {
-        state_dir: state.to_owned(),
-        operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
-        kube_client: None,
-        kvm_runner: None,
-        gcp: Default::default(),
-        cluster_networks: Vec::new(),
-    };
-    LocalProvider::new("local", config, &ctx).unwrap()
+    LocalProvider::new(
+        "local",
+        config,
+        state,
+        env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
+        &[],
+    )
+    .unwrap()
 }
 
 fn request(uid: &str) -> CreateRequest {
@@ -399,4 +396,179 @@ async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
         (None, None, false)
     );
     p.delete(&id).await.unwrap();
+}
+
+/// A loopback HTTP listener answering 204 that records the peer address of
+/// every connection it accepts.
+async fn peer_recorder() -> (
+    SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<std::net::IpAddr>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = peers.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, peer)) = listener.accept().await {
+            seen.lock().unwrap().push(peer.ip());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    (addr, peers)
+}
+
+/// The outgoing address an instance's record names.
+fn recorded_outgoing(state: &std::path::Path, name: &str) -> Option<std::net::IpAddr> {
+    let dir = state.join("local/local/instances").join(name);
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("instance.json")).unwrap()).unwrap();
+    record["outgoingAddress"].as_str().map(|a| a.parse().unwrap())
+}
+
+/// Two instances of a provider with `outgoingAddresses: [<network>/30]`
+/// (two addresses): each fetch through a proxy arrives at the target from
+/// that proxy's own address; a third instance finds none left until one
+/// is deleted.
+async fn outgoing_addresses(implementation: LocalImplementation, network: &str) {
+    let state = tempfile::tempdir().unwrap();
+    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let p = provider_with(
+        state.path(),
+        LocalConfig {
+            implementation,
+            destinations: support::loopback_rules(),
+            outgoing_addresses: vec![network.parse().unwrap()],
+            ..LocalConfig::default()
+        },
+    );
+    let expected: Vec<std::net::IpAddr> = network
+        .parse::<egress_proxies::config::OutgoingNetwork>()
+        .unwrap()
+        .addresses()
+        .collect();
+    let (target, peers) = peer_recorder().await;
+    let credentials = ProxyCredentials::generate().unwrap();
+    let authorization = credentials.basic_authorization();
+    let mut ids = Vec::new();
+    for (i, uid) in [
+        "0b7d3c1e-aaaa-4222-8333-444455556666",
+        "0b7d3c1e-bbbb-4222-8333-444455556666",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let req = CreateRequest {
+            credentials: Some(credentials.clone()),
+            ..request(uid)
+        };
+        let id = p.create(&req).await.unwrap();
+        let instance = eventually(
+            "the proxy to accept connections",
+            Duration::from_secs(20),
+            async || {
+                let i = p.get(&id).await.unwrap();
+                (i.state == InstanceState::Running).then_some(i)
+            },
+        )
+        .await;
+        let from = recorded_outgoing(state.path(), req.name.as_str());
+        assert_eq!(
+            from,
+            Some(expected[i]),
+            "instance {i} holds the next free address"
+        );
+        let proxy = SocketAddr::new(instance.ip.unwrap(), instance.port.unwrap());
+        let answer = target_server::get_via_absolute_uri_as(proxy, Some(&authorization), target).await;
+        assert!(answer.starts_with("HTTP/1.1 204"), "through {proxy}: {answer}");
+        assert_eq!(
+            peers.lock().unwrap().last().copied(),
+            Some(expected[i]),
+            "the target sees the proxy's outgoing address"
+        );
+        ids.push(id);
+    }
+    let third = request("0b7d3c1e-cccc-4222-8333-444455556666");
+    let err = p.create(&third).await.unwrap_err();
+    assert_eq!(
+        err.class,
+        egress_proxies::provider::ErrorClass::QuotaExceeded,
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("every address of outgoingAddresses is held"),
+        "{err}"
+    );
+    assert!(
+        !state
+            .path()
+            .join("local/local/instances")
+            .join(third.name.as_str())
+            .exists(),
+        "a refused create leaves nothing behind"
+    );
+    p.delete(&ids[0]).await.unwrap();
+    let id = p.create(&third).await.unwrap();
+    assert_eq!(
+        recorded_outgoing(state.path(), third.name.as_str()),
+        Some(expected[0]),
+        "a deleted instance's address is free again"
+    );
+    for id in [id, ids[1].clone()] {
+        p.delete(&id).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn builtin_proxies_connect_from_their_own_outgoing_address() {
+    outgoing_addresses(LocalImplementation::Builtin, "127.0.3.0/30").await;
+}
+
+#[tokio::test]
+async fn squid_proxies_connect_from_their_own_outgoing_address() {
+    if which_squid().is_none() {
+        eprintln!("squid is not installed; skipping (CI runs it)");
+        assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
+        return;
+    }
+    outgoing_addresses(LocalImplementation::Squid, "127.0.4.0/30").await;
+}
+
+#[tokio::test]
+async fn an_outgoing_address_this_machine_lacks_fails_the_create_in_words() {
+    let state = tempfile::tempdir().unwrap();
+    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let p = provider_with(
+        state.path(),
+        LocalConfig {
+            implementation: LocalImplementation::Builtin,
+            // TEST-NET-3: assigned to no machine.
+            outgoing_addresses: vec!["203.0.113.9".parse().unwrap()],
+            ..LocalConfig::default()
+        },
+    );
+    let err = p.create(&request("no-such-address")).await.unwrap_err();
+    assert_eq!(
+        err.class,
+        egress_proxies::provider::ErrorClass::Permanent,
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("outgoing address 203.0.113.9 cannot be bound"),
+        "{err}"
+    );
 }

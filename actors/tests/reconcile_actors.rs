@@ -1,6 +1,6 @@
 //! The actor system driven through the embedded store's events against a
-//! scripted provider: every path of SPEC §3, supervision, and "never two
-//! instances for one Proxy".
+//! scripted provider: every path of docs/reconcile.md, supervision, and
+//! "never two instances for one Proxy".
 
 mod support;
 
@@ -15,8 +15,8 @@ use egress_proxies::resource::{
 };
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::store::{ObjectKey, ProxyStore};
-use egress_proxies_operator::messages::GetRegistryStats;
 use egress_proxies_operator::proxy_actor::Timing;
+use egress_proxies_operator::registry::GetRegistryStats;
 use egress_proxies_operator::registry::ProxyRegistry;
 use serde_json::json;
 use support::eventually;

@@ -20,7 +20,7 @@ use egress_proxies::store::{ObjectKey, ProxyStore};
 use egress_proxies_operator::gc_sweeper::SweepNow;
 use egress_proxies_operator::health_prober::GetProberStats;
 use egress_proxies_operator::lease_store::GetLeaseStats;
-use egress_proxies_operator::messages::GetRegistryStats;
+use egress_proxies_operator::registry::GetRegistryStats;
 use egress_proxies_operator::supervision::{self, fault::Crash};
 use egress_proxies_operator::system::{self, Running, Settings};
 use serde_json::{Value, json};

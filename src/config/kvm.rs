@@ -1,4 +1,5 @@
-//! `type: kvm` — VMs on libvirt hosts reached over SSH (contract: KVM.md).
+//! `type: kvm` — VMs on libvirt hosts reached over SSH
+//! (docs/kvm-provider.md).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::outgoing_addresses::{self, OutgoingNetwork};
 use super::problems::Problems;
 use crate::destinations::DestinationRules;
 
@@ -31,6 +32,10 @@ pub struct LocalConfig {
     /// Which destinations the proxies may reach (docs/security.md).
     #[serde(default, skip_serializing_if = "DestinationRules::is_empty")]
     pub destinations: DestinationRules,
+    /// Source addresses the proxies connect from, one per instance (none:
+    /// the kernel chooses, the same for all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outgoing_addresses: Vec<OutgoingNetwork>,
 }
 
 impl Default for LocalConfig {
@@ -42,6 +47,7 @@ impl Default for LocalConfig {
             squid_user: None,
             run_directory: None,
             destinations: DestinationRules::default(),
+            outgoing_addresses: Vec::new(),
         }
     }
 }
@@ -86,6 +92,7 @@ impl LocalConfig {
         {
             p.report("local.runDirectory", "must be an absolute path");
         }
+        outgoing_addresses::validate(&self.outgoing_addresses, p);
         if self.squid_binary.is_some() && self.implementation == LocalImplementation::Builtin {
             p.report(
                 "local.squidBinary",

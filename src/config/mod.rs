@@ -13,6 +13,7 @@ mod gcp;
 mod kubernetes;
 mod kvm;
 mod local;
+mod outgoing_addresses;
 mod problems;
 mod standalone;
 
@@ -29,6 +30,7 @@ pub use kvm::{
     KvmImage, MachineType, is_sha256_hex,
 };
 pub use local::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
+pub use outgoing_addresses::{OutgoingAddressError, OutgoingNetwork};
 pub use problems::{IDENTIFIER_RULE, Problem, is_identifier};
 pub use standalone::{StandaloneConfig, StandaloneConfigError};
 

@@ -3,10 +3,10 @@
 //! address, so a DNS answer cannot change between the check and the connect.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use super::{DestinationPolicy, Refusal};
 
@@ -47,6 +47,21 @@ pub async fn connect_checked(
     tunnel: bool,
     timeout: Duration,
 ) -> Result<TcpStream, CheckedConnectError> {
+    connect_checked_from(policy, host, port, tunnel, timeout, None).await
+}
+
+/// [`connect_checked`] from the source address `from` (a local proxy's
+/// outgoing address) for destinations of its IP family; destinations of
+/// the other family are reached from the address the kernel picks, as
+/// Squid's `tcp_outgoing_address` does.
+pub async fn connect_checked_from(
+    policy: &DestinationPolicy,
+    host: &str,
+    port: u16,
+    tunnel: bool,
+    timeout: Duration,
+    from: Option<IpAddr>,
+) -> Result<TcpStream, CheckedConnectError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let attempt = async {
         let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
@@ -63,7 +78,7 @@ pub async fn connect_checked(
                 refused.get_or_insert(refusal);
                 continue;
             }
-            match TcpStream::connect(address).await {
+            match connect(address, from).await {
                 Ok(stream) => return Ok(stream),
                 Err(source) => last_error = Some(CheckedConnectError::Connect { address, source }),
             }
@@ -84,6 +99,19 @@ pub async fn connect_checked(
             host: host.to_owned(),
             port,
         })?
+}
+
+/// Connects to `address`, bound first to `from` when it is of the same family.
+async fn connect(address: SocketAddr, from: Option<IpAddr>) -> io::Result<TcpStream> {
+    let Some(source) = from.filter(|f| f.is_ipv4() == address.is_ipv4()) else {
+        return TcpStream::connect(address).await;
+    };
+    let socket = match source {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(source, 0))?;
+    socket.connect(address).await
 }
 
 #[cfg(test)]
@@ -117,5 +145,42 @@ mod tests {
         connect_checked(&policy, "127.0.0.1", port, false, Duration::from_secs(5))
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_from_an_outgoing_address_arrives_from_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let allowed: super::super::DestinationRules =
+            serde_json::from_str(r#"{"allow": ["127.0.0.0/8"]}"#).unwrap();
+        let policy = DestinationPolicy::new(&allowed, &[]);
+        for from in ["127.0.3.7", "127.0.3.8"] {
+            let from: IpAddr = from.parse().unwrap();
+            let _stream = connect_checked_from(
+                &policy,
+                "127.0.0.1",
+                port,
+                false,
+                Duration::from_secs(5),
+                Some(from),
+            )
+            .await
+            .unwrap();
+            let (_, peer) = listener.accept().await.unwrap();
+            assert_eq!(peer.ip(), from);
+        }
+        // An IPv6 source does not apply to an IPv4 destination.
+        let _stream = connect_checked_from(
+            &policy,
+            "127.0.0.1",
+            port,
+            false,
+            Duration::from_secs(5),
+            Some("::1".parse().unwrap()),
+        )
+        .await
+        .unwrap();
+        let (_, peer) = listener.accept().await.unwrap();
+        assert_eq!(peer.ip().to_string(), "127.0.0.1");
     }
 }

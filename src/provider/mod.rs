@@ -1,4 +1,5 @@
-//! The provider contract: four idempotent operations over instances.
+//! The provider contract (docs/providers.md): idempotent operations over
+//! instances, and the providers that keep it.
 //!
 //! A provider creates the machine a Managed proxy runs on. None of the
 //! operations blocks until a VM is up: `create` submits and returns, and the
@@ -7,16 +8,25 @@
 //! reports its creation time, so orphan GC can find it through
 //! `list_by_tag` and tell its own instances from another installation's.
 
+// Shared by every provider: what a provider is given, reports and fails with.
 mod error;
 mod instance;
-mod instrumented;
-pub mod kubernetes;
-pub mod local;
 mod naming;
 pub mod reason;
-mod registry;
 mod spec_hash;
 pub mod squid_auth;
+
+// The providers. Each depends on the shared types above, never on the
+// registry or on another provider.
+pub mod gcp;
+pub mod kubernetes;
+pub mod kvm;
+pub mod local;
+
+// Built over the providers: the decorators every provider is wrapped in, and
+// the registry that builds the configured ones.
+mod instrumented;
+mod registry;
 mod traced;
 
 use async_trait::async_trait;

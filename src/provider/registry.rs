@@ -7,9 +7,11 @@ use std::sync::Arc;
 use crate::config::{ProviderSettings, ProvidersConfig};
 
 use super::Provider;
+use super::gcp::{GcpOptions, GcpProvider, api::AdcTokens};
+use super::kubernetes::KubernetesProvider;
+use super::kvm::host_runner::HostRunner;
+use super::kvm::provider::KvmProvider;
 use super::local::LocalProvider;
-use crate::kvm::host_runner::HostRunner;
-use crate::kvm::provider::KvmProvider;
 
 /// What building providers needs besides their configuration.
 #[derive(Clone)]
@@ -23,7 +25,7 @@ pub struct BuildContext {
     /// Starts the host links of a kvm provider instance (the running system's host actors).
     pub kvm_runner: Option<KvmRunnerFactory>,
     /// Command-line settings of gcp providers.
-    pub gcp: crate::gcp::GcpOptions,
+    pub gcp: GcpOptions,
     /// The cluster's pod and service ranges (Kubernetes mode): proxies deny
     /// them like the other internal networks.
     pub cluster_networks: Vec<crate::destinations::IpNet>,
@@ -59,21 +61,22 @@ impl Providers {
         for instance in &config.providers {
             let provider: Arc<dyn Provider> = match &instance.settings {
                 ProviderSettings::Local(local) => Arc::new(
-                    LocalProvider::new(&instance.name, local.clone(), ctx).map_err(|e| {
-                        BuildError::Invalid {
-                            name: instance.name.clone(),
-                            reason: e.to_string(),
-                        }
+                    LocalProvider::new(
+                        &instance.name,
+                        local.clone(),
+                        &ctx.state_dir,
+                        ctx.operator_exe.clone(),
+                        &ctx.cluster_networks,
+                    )
+                    .map_err(|e| BuildError::Invalid {
+                        name: instance.name.clone(),
+                        reason: e.to_string(),
                     })?,
                 ),
                 ProviderSettings::Kubernetes(k8s) => match &ctx.kube_client {
                     Some(client) => Arc::new(
-                        super::kubernetes::KubernetesProvider::new(
-                            &instance.name,
-                            k8s.clone(),
-                            client.clone(),
-                        )
-                        .with_cluster_networks(&ctx.cluster_networks),
+                        KubernetesProvider::new(&instance.name, k8s.clone(), client.clone())
+                            .with_cluster_networks(&ctx.cluster_networks),
                     ),
                     None => {
                         return Err(BuildError::Invalid {
@@ -95,9 +98,9 @@ impl Providers {
                     Arc::new(KvmProvider::new(&instance.name, kvm.clone(), runner))
                 }
                 ProviderSettings::Gcp(gcp) => {
-                    let tokens = Arc::new(crate::gcp::api::AdcTokens::discover());
+                    let tokens = Arc::new(AdcTokens::discover());
                     Arc::new(
-                        crate::gcp::GcpProvider::new(&instance.name, gcp.clone(), tokens, &ctx.gcp).map_err(
+                        GcpProvider::new(&instance.name, gcp.clone(), tokens, &ctx.gcp).map_err(
                             |reason| BuildError::Invalid {
                                 name: instance.name.clone(),
                                 reason,

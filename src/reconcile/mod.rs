@@ -1,8 +1,8 @@
-//! Reconciling one Proxy: the decisions of SPEC §3, over the object-store
-//! and provider ports. One call looks at the object once, does at most one
-//! step of provider I/O that changes something, records what it learnt, and
-//! says when to look again. The caller (the ProxyActor) serialises calls per
-//! object and owns the timers.
+//! Reconciling one Proxy: the decisions docs/reconcile.md describes, over the
+//! object-store and provider ports. One call looks at the object once, does
+//! at most one step of provider I/O that changes something, records what it
+//! learnt, and says when to look again. The caller (the ProxyActor)
+//! serialises calls per object and owns the timers.
 
 mod endpoint_admission;
 mod replacement;

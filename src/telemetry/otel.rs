@@ -1,13 +1,14 @@
 //! OpenTelemetry tracing, gated by the standard environment variables
-//! (SPEC §9): off unless `OTEL_EXPORTER_OTLP_ENDPOINT`,
-//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_TRACES_EXPORTER` is set;
-//! `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` force it off;
-//! `OTEL_TRACES_EXPORTER=console` prints spans to stdout; OTLP speaks
-//! http/protobuf unless `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` /
-//! `OTEL_EXPORTER_OTLP_PROTOCOL` asks for `grpc`. The SDK and the exporter
-//! read the sampler (`OTEL_TRACES_SAMPLER[_ARG]`), endpoint, headers and
-//! timeout variables themselves; `OTEL_SERVICE_NAME` and
-//! `OTEL_RESOURCE_ATTRIBUTES` win over the built-in resource values.
+//! (docs/observability.md#traces-opentelemetry): off unless
+//! `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+//! `OTEL_TRACES_EXPORTER` is set; `OTEL_SDK_DISABLED=true` or
+//! `OTEL_TRACES_EXPORTER=none` force it off; `OTEL_TRACES_EXPORTER=console`
+//! prints spans to stdout; OTLP speaks http/protobuf unless
+//! `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL` asks
+//! for `grpc`. The SDK and the exporter read the sampler
+//! (`OTEL_TRACES_SAMPLER[_ARG]`), endpoint, headers and timeout variables
+//! themselves; `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` win over
+//! the built-in resource values.
 
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{KeyValue, global};

@@ -39,17 +39,22 @@ pub enum ApiError {
     Internal(String),
 }
 
-/// Every `error` code, for the OpenAPI document.
-pub const CODES: [&str; 10] = [
+/// Every `error` code, for the OpenAPI document (a test checks each
+/// variant's code is here: a client validating answers against the
+/// document must accept every one the server sends).
+pub const CODES: [&str; 13] = [
     "no_capacity",
     "unknown_lease",
     "invalid_request",
     "unauthorized",
+    "forbidden",
     "payload_too_large",
     "not_found",
     "method_not_allowed",
     "rate_limited",
     "lease_store_full",
+    "unavailable",
+    "not_leader",
     "internal",
 ];
 
@@ -115,5 +120,37 @@ impl ResponseError for ApiError {
             error: self.code().to_owned(),
             message: self.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_the_server_sends_is_documented() {
+        let every = [
+            ApiError::NoCapacity(String::new()),
+            ApiError::UnknownLease(String::new()),
+            ApiError::Invalid(String::new()),
+            ApiError::Unauthorized,
+            ApiError::ReadOnlyToken,
+            ApiError::TooLarge(0),
+            ApiError::NotFound,
+            ApiError::Unavailable(String::new()),
+            ApiError::NotLeader,
+            ApiError::MethodNotAllowed("GET"),
+            ApiError::Internal(String::new()),
+        ];
+        for error in &every {
+            assert!(
+                CODES.contains(&error.code()),
+                "{} is missing from CODES",
+                error.code()
+            );
+        }
+        for code in ["rate_limited", "lease_store_full"] {
+            assert!(CODES.contains(&code));
+        }
     }
 }

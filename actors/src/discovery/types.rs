@@ -138,8 +138,9 @@ pub struct Renewal {
 /// Every error: a stable code and a human message.
 #[derive(Serialize, Deserialize, ToSchema, Debug, Clone, PartialEq)]
 pub struct ErrorBody {
-    /// `no_capacity`, `lease_store_full`, `unknown_lease`, `invalid_request`, `unauthorized`,
-    /// `payload_too_large`, `not_found`, `method_not_allowed`, `rate_limited`, `internal`.
+    /// `no_capacity`, `lease_store_full`, `unavailable`, `not_leader`, `unknown_lease`,
+    /// `invalid_request`, `unauthorized`, `forbidden`, `payload_too_large`, `not_found`,
+    /// `method_not_allowed`, `rate_limited`, `internal`.
     pub error: String,
     pub message: String,
 }

@@ -14,12 +14,11 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::kvm::host_calls::HostCall;
-use egress_proxies::kvm::host_runner::RunError;
-use egress_proxies::kvm::redial::Redial;
-use egress_proxies::kvm::ssh_key::load_private_key;
-use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
-use egress_proxies::provider::ErrorClass;
+use egress_proxies::provider::kvm::host_calls::HostCall;
+use egress_proxies::provider::kvm::host_runner::RunError;
+use egress_proxies::provider::kvm::redial::Redial;
+use egress_proxies::provider::kvm::ssh_key::load_private_key;
+use egress_proxies::provider::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
 
@@ -88,14 +87,7 @@ impl KvmHostActor {
         }
         let key = load_private_key(&self.config.ssh_key_file)
             .map(Arc::new)
-            .map_err(|e| RunError {
-                class: if e.is_transient() {
-                    ErrorClass::Transient
-                } else {
-                    ErrorClass::Permanent
-                },
-                message: e.to_string(),
-            })?;
+            .map_err(RunError::from)?;
         *cached = Some(key.clone());
         Ok(key)
     }
@@ -112,9 +104,9 @@ impl KvmHostActor {
     /// What callers hear while the link is down.
     fn link_down(&self) -> RunError {
         let why = self.last_error().unwrap_or_else(|| "connecting".into());
-        RunError {
-            class: ErrorClass::Transient,
-            message: format!("link to host {} is down ({why})", self.host.name),
+        RunError::LinkDown {
+            host: self.host.name.clone(),
+            why,
         }
     }
 
@@ -139,9 +131,8 @@ impl KvmHostActor {
     /// Hands a job to the libvirt thread, or keeps it while the first dial runs.
     fn submit(&mut self, job: Job) -> Result<(), RunError> {
         if let Some(worker) = &self.worker {
-            return worker.submit(job).map_err(|_| RunError {
-                class: ErrorClass::Transient,
-                message: "libvirt worker ended".into(),
+            return worker.submit(job).map_err(|_| RunError::WorkerEnded {
+                host: self.host.name.clone(),
             });
         }
         if self.last_error().is_none() {
@@ -162,10 +153,7 @@ impl KvmHostActor {
                 if e.is_transport() {
                     self.fail(format!("transport error: {e}"), ctx);
                 }
-                Err(RunError {
-                    class: e.class(),
-                    message: e.to_string(),
-                })
+                Err(RunError::Call(e))
             }
             Waited::NotRun | Waited::Vanished => {
                 if self.worker.is_some() {
@@ -180,12 +168,10 @@ impl KvmHostActor {
                     format!("a libvirt call ({call}) ran past its {deadline:?} deadline"),
                     ctx,
                 );
-                Err(RunError {
-                    class: ErrorClass::Transient,
-                    message: format!(
-                        "libvirt call ({call}) on host {} ran past its {deadline:?} deadline; the link is redialed",
-                        self.host.name
-                    ),
+                Err(RunError::Overran {
+                    host: self.host.name.clone(),
+                    call: call.to_owned(),
+                    deadline,
                 })
             }
         }
@@ -209,7 +195,7 @@ impl Actor for KvmHostActor {
         let key = self.key();
         let dial = async move {
             tokio::time::sleep(delay).await;
-            let key = key.map_err(|e| e.message)?;
+            let key = key.map_err(|e| e.to_string())?;
             SshLink::dial(&target, key, DIAL_TIMEOUT)
                 .await
                 .map_err(|e| e.to_string())

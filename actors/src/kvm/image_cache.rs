@@ -9,14 +9,12 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use egress_proxies::config::KvmHost;
-use egress_proxies::kvm::host_calls::LookupBase;
-use egress_proxies::kvm::host_runner::RunError;
-use egress_proxies::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
-use egress_proxies::provider::ErrorClass;
+use egress_proxies::provider::kvm::host_calls::LookupBase;
+use egress_proxies::provider::kvm::host_runner::RunError;
+use egress_proxies::provider::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};
-use super::unavailable;
 
 /// Have an image in a host's pool.
 #[derive(Message)]
@@ -99,23 +97,13 @@ impl Handler<Ensure> for ImageCacheActor {
                     Err(panic) => {
                         let what = crate::supervision::panic_message(panic.as_ref());
                         tracing::error!(host = %key.0, url = %key.1.url, panic = %what, "image fetch panicked");
-                        Err(RunError {
-                            class: ErrorClass::Transient,
-                            message: format!("the image fetch failed unexpectedly ({what}); it is retried"),
-                        })
+                        Err(RunError::FetchPanicked(what))
                     }
                 };
                 me.do_send(Finished { key, result });
             });
         }
-        Box::pin(async move {
-            rx.await.unwrap_or_else(|_| {
-                Err(RunError {
-                    class: ErrorClass::Transient,
-                    message: "image cache restarted".into(),
-                })
-            })
-        })
+        Box::pin(async move { rx.await.unwrap_or(Err(RunError::ImageCacheRestarted)) })
     }
 }
 
@@ -123,11 +111,7 @@ impl Handler<Finished> for ImageCacheActor {
     type Result = ();
 
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
-        crate::supervision::report_fetched(
-            &msg.key.0,
-            &msg.key.1.url,
-            msg.result.as_ref().map_err(|e| e.message.as_str()),
-        );
+        crate::supervision::report_fetched(&msg.key.0, &msg.key.1.url, msg.result.as_ref());
         for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
             let _ = waiter.send(msg.result.clone());
         }
@@ -154,26 +138,26 @@ async fn ensure(
     addr: &Addr<KvmHostActor>,
     progress: &Progress,
 ) -> Result<CachedBase, RunError> {
+    let reset = |_| RunError::LinkReset {
+        host: host.name.clone(),
+    };
     if let Some(base) = addr
         .send(Call(LookupBase(image.clone())))
         .await
-        .map_err(unavailable)??
+        .map_err(reset)??
     {
         return Ok(base);
     }
     let uri = addr
         .send(LinkUri)
         .await
-        .map_err(unavailable)?
-        .ok_or_else(|| RunError {
-            class: ErrorClass::Transient,
-            message: format!("link to host {} is down", host.name),
+        .map_err(reset)?
+        .ok_or_else(|| RunError::LinkDown {
+            host: host.name.clone(),
+            why: "no link to stream the image over".into(),
         })?;
     fetch_to_pool(http, image, &uri, &host.name, &host.pool, progress)
         .await
         .map(|fetched| fetched.base)
-        .map_err(|e| RunError {
-            class: e.class(),
-            message: e.to_string(),
-        })
+        .map_err(RunError::from)
 }

@@ -9,18 +9,17 @@ use std::time::Duration;
 use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::kvm::host_calls::{
+use egress_proxies::provider::KvmRunnerFactory;
+use egress_proxies::provider::kvm::host_calls::{
     CreateDomain, DeleteDomain, GetDomain, HostCall, ListManaged, ManagedDomain, ReleaseDomain, SweepPool,
 };
-use egress_proxies::kvm::host_runner::{HostRunner, RunError};
-use egress_proxies::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
-use egress_proxies::kvm::ops::{CreatePlan, Observed, Released};
-use egress_proxies::kvm::pool_gc::{PoolSweep, SweepPlan};
-use egress_proxies::provider::{ErrorClass, KvmRunnerFactory};
+use egress_proxies::provider::kvm::host_runner::{HostRunner, RunError};
+use egress_proxies::provider::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
+use egress_proxies::provider::kvm::ops::{CreatePlan, Observed, Released};
+use egress_proxies::provider::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
 use super::image_cache::{Ensure, FetchingVolumes, ImageCacheActor};
-use super::unavailable;
 use crate::supervision::{self, Node};
 
 /// One supervised actor per host, and the image cache.
@@ -33,7 +32,7 @@ impl KvmHosts {
     /// Starts one supervised actor per configured host (call inside the actix
     /// system); each lets a call run `job_deadline` once started.
     pub fn start(config: &KvmConfig, job_deadline: Duration) -> Result<Self, reqwest::Error> {
-        egress_proxies::kvm::libvirt::ensure_client_setup();
+        egress_proxies::provider::kvm::libvirt::ensure_client_setup();
         egress_proxies::tls::ensure_crypto_provider();
         let shared = Arc::new(config.clone());
         let keys = Arc::new(KeyCache::default());
@@ -56,18 +55,19 @@ impl KvmHosts {
     }
 
     fn addr(&self, host: &KvmHost) -> Result<&Addr<KvmHostActor>, RunError> {
-        self.hosts.get(&host.name).ok_or_else(|| RunError {
-            class: ErrorClass::Permanent,
-            message: format!("host {} is not configured", host.name),
-        })
+        self.hosts
+            .get(&host.name)
+            .ok_or_else(|| RunError::UnknownHost(host.name.clone()))
     }
 
     /// Runs one call on `host`'s libvirt thread.
     pub async fn call<C: HostCall>(&self, host: &KvmHost, call: C) -> Result<C::Output, RunError> {
-        self.addr(host)?.send(Call(call)).await.map_err(|e| RunError {
-            class: ErrorClass::Transient,
-            message: format!("the link to host {} was reset during the call ({e})", host.name),
-        })?
+        self.addr(host)?
+            .send(Call(call))
+            .await
+            .map_err(|_| RunError::LinkReset {
+                host: host.name.clone(),
+            })?
     }
 
     /// Makes sure `image` is in the host's pool (one download per host and image).
@@ -80,7 +80,7 @@ impl KvmHosts {
                 host_actor,
             })
             .await
-            .map_err(unavailable)?
+            .map_err(|_| RunError::ImageCacheRestarted)?
     }
 
     /// One pool sweep, sparing what downloads are writing right now.
@@ -93,7 +93,7 @@ impl KvmHosts {
             .images
             .send(FetchingVolumes(host.name.clone()))
             .await
-            .map_err(unavailable)?;
+            .map_err(|_| RunError::ImageCacheRestarted)?;
         plan.protect.extend(fetching);
         self.call(host, SweepPool(plan)).await
     }
@@ -104,18 +104,15 @@ impl KvmHosts {
 pub struct LazyKvmHosts {
     config: KvmConfig,
     job_deadline: Duration,
-    hosts: OnceLock<Result<KvmHosts, String>>,
+    hosts: OnceLock<Result<KvmHosts, Arc<reqwest::Error>>>,
 }
 
 impl LazyKvmHosts {
     fn started(&self) -> Result<&KvmHosts, RunError> {
         self.hosts
-            .get_or_init(|| KvmHosts::start(&self.config, self.job_deadline).map_err(|e| e.to_string()))
+            .get_or_init(|| KvmHosts::start(&self.config, self.job_deadline).map_err(Arc::new))
             .as_ref()
-            .map_err(|e| RunError {
-                class: ErrorClass::Transient,
-                message: format!("starting KVM host links: {e}"),
-            })
+            .map_err(|e| RunError::NotStarted(e.clone()))
     }
 }
 

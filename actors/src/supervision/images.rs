@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use egress_proxies::kvm::image::{CachedBase, ImageSpec, Progress};
+use egress_proxies::provider::kvm::host_runner::RunError;
+use egress_proxies::provider::kvm::image::{CachedBase, ImageSpec, Progress};
 use serde::Serialize;
 
 /// The image cache as the dashboard shows it.
@@ -55,14 +56,14 @@ pub fn report_fetching(host: &str, image: &ImageSpec, progress: Arc<Progress>) {
 }
 
 /// A fetch ended: the base it produced, or why it failed.
-pub fn report_fetched(host: &str, url: &str, result: Result<&CachedBase, &str>) {
+pub fn report_fetched(host: &str, url: &str, result: Result<&CachedBase, &RunError>) {
     let info = ImageInfo {
         host: host.to_owned(),
         url: url.to_owned(),
         state: if result.is_ok() { "cached" } else { "failed" }.into(),
         volume: result.ok().map(|b| b.volume.clone()),
         digest: result.ok().map(|b| b.digest.clone()),
-        error: result.err().map(str::to_owned),
+        error: result.err().map(ToString::to_string),
         fetching_for_secs: None,
         bytes_done: None,
         bytes_total: None,

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::kvm::libvirt::ensure_client_setup;
-use egress_proxies::kvm::ssh_key::load_private_key;
-use egress_proxies::kvm::ssh_link::{LinkTarget, SshLink};
+use egress_proxies::provider::kvm::libvirt::ensure_client_setup;
+use egress_proxies::provider::kvm::ssh_key::load_private_key;
+use egress_proxies::provider::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::provider::{CreateRequest, instance_name};
 use egress_proxies::resource::Placement;
 use sha2::Digest;
@@ -93,7 +93,7 @@ pub async fn image_server() -> (String, Arc<AtomicUsize>, String) {
             .success()
     );
     let body = Arc::new(std::fs::read(&path).unwrap());
-    let base = egress_proxies::kvm::base_image::base_volume(
+    let base = egress_proxies::provider::kvm::base_image::base_volume(
         &hex::encode(sha2::Sha256::digest(body.as_slice())),
         ImageFormat::Qcow2,
     );
@@ -248,8 +248,8 @@ impl Drop for RemoveOnDrop {
                 "--checkpoints-metadata",
             ]);
             for volume in [
-                egress_proxies::kvm::ops::overlay_name(name),
-                egress_proxies::kvm::ops::seed_name(name),
+                egress_proxies::provider::kvm::ops::overlay_name(name),
+                egress_proxies::provider::kvm::ops::seed_name(name),
             ] {
                 let _ = virsh(&["vol-delete", "--pool", "default", &volume]);
             }

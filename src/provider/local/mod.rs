@@ -3,7 +3,7 @@
 //! otherwise.
 //!
 //! Instances live in `<state>/local/<provider>/instances/<name>/`: a record
-//! (the tags: managed, owning UID, creation time, port), the identity of the
+//! (the tags: managed, owning UID, creation time, port, outgoing address), the identity of the
 //! process (pid, start time, boot) recorded when it was spawned, and its
 //! output. Squid's own files (config, logs, pid file) live there too, or —
 //! when the operator runs as root — in a run directory Squid's unprivileged
@@ -12,6 +12,7 @@
 //! restarted operator finds them again by their recorded identity.
 
 mod destinations;
+mod outgoing;
 mod process;
 mod record;
 mod squid;
@@ -22,11 +23,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation};
+use crate::config::{
+    DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation, OutgoingNetwork,
+};
 use crate::credentials::{ProxyCredentials, write_credentials_file};
+use crate::destinations::IpNet;
 use crate::provider::{
-    BuildContext, CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError,
-    ProviderId,
+    CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 
 use destinations::Destinations;
@@ -77,15 +80,29 @@ pub struct LocalProvider {
     launcher: Launcher,
     exits: Exits,
     destinations: Destinations,
+    /// `outgoingAddresses`: each instance connects from one of its own.
+    outgoing: Vec<OutgoingNetwork>,
+    /// Held while a create picks an outgoing address and records it, so
+    /// two creates never pick the same one.
+    picking: std::sync::Mutex<()>,
 }
 
 impl LocalProvider {
-    pub fn new(name: &str, config: LocalConfig, ctx: &BuildContext) -> Result<Self, LocalError> {
+    /// Keeps its instances under `state_dir`; the built-in proxy is
+    /// `operator_exe` run as a helper; `cluster_networks` are denied like
+    /// the other internal ranges.
+    pub fn new(
+        name: &str,
+        config: LocalConfig,
+        state_dir: &Path,
+        operator_exe: PathBuf,
+        cluster_networks: &[IpNet],
+    ) -> Result<Self, LocalError> {
         let squid = match &config.squid_binary {
             Some(path) => which::which(path).map_err(|e| format!("{}: {e}", path.display())),
             None => which::which("squid").map_err(|e| format!("squid on PATH: {e}")),
         };
-        let instances_dir = ctx.state_dir.join("local").join(name).join("instances");
+        let instances_dir = state_dir.join("local").join(name).join("instances");
         let state_error = |source| LocalError::StateDir {
             path: instances_dir.display().to_string(),
             source,
@@ -94,7 +111,7 @@ impl LocalProvider {
         let instances_dir = instances_dir.canonicalize().map_err(state_error)?;
         let launcher = match (config.implementation, squid) {
             (LocalImplementation::Builtin, _) | (LocalImplementation::Auto, Err(_)) => {
-                Launcher::Builtin(ctx.operator_exe.clone())
+                Launcher::Builtin(operator_exe)
             }
             (_, Ok(binary)) => Launcher::Squid(squid_runtime(name, &config, binary, &instances_dir)?),
             (LocalImplementation::Squid, Err(why)) => return Err(LocalError::NoSquid(why)),
@@ -105,7 +122,9 @@ impl LocalProvider {
             instances_dir,
             launcher,
             exits: Exits::default(),
-            destinations: Destinations::new(&config.destinations, &ctx.cluster_networks),
+            destinations: Destinations::new(&config.destinations, cluster_networks),
+            outgoing: config.outgoing_addresses,
+            picking: std::sync::Mutex::default(),
         })
     }
 
@@ -263,6 +282,9 @@ impl LocalProvider {
                     .arg("--pid-file")
                     .arg(dir.join(BUILTIN_PID_FILE))
                     .args(&self.destinations.builtin_args);
+                if let Some(address) = record.outgoing_address {
+                    cmd.arg("--outgoing-address").arg(address.to_string());
+                }
                 if let Some(credentials) = credentials {
                     let file = dir.join(BUILTIN_CREDENTIALS_FILE);
                     write_credentials_file(&file, credentials).map_err(io)?;
@@ -274,7 +296,8 @@ impl LocalProvider {
         let identity = process::spawn(cmd, dir, &dir.join(PROCESS_LOG), &self.exits).map_err(io)?;
         tracing::info!(
             provider = %self.name, providerID = %id, port = record.port, pid = identity.pid,
-            implementation = record.implementation.as_str(), "local proxy process started"
+            implementation = record.implementation.as_str(),
+            outgoing_address = record.outgoing_address.map(tracing::field::display), "local proxy process started"
         );
         Ok(())
     }
@@ -400,8 +423,27 @@ impl Provider for LocalProvider {
             }
             Launcher::Builtin(_) => (None, dir.join(BUILTIN_PID_FILE)),
         };
-        let record = InstanceRecord::new(req, port, self.listen, &self.launcher, run_dir, pid_file);
-        record::materialize(&self.instances_dir, &dir, &record).map_err(io)?;
+        {
+            let _picking = self.picking.lock().unwrap_or_else(|p| p.into_inner());
+            let outgoing = outgoing::pick(&self.outgoing, &self.instances_dir).map_err(|e| {
+                let class = match e {
+                    outgoing::OutgoingError::Exhausted { .. } => ErrorClass::QuotaExceeded,
+                    outgoing::OutgoingError::NotLocal { .. } => ErrorClass::Permanent,
+                    outgoing::OutgoingError::Read { .. } => ErrorClass::Transient,
+                };
+                self.error(class, Op::Create, Some(id.as_str()), e)
+            })?;
+            let record = InstanceRecord::new(
+                req,
+                port,
+                self.listen,
+                &self.launcher,
+                run_dir,
+                pid_file,
+                outgoing,
+            );
+            record::materialize(&self.instances_dir, &dir, &record).map_err(io)?;
+        }
         self.start(&id, &dir, req.name.as_str(), req.credentials.as_ref())
             .await?;
         Ok(id)

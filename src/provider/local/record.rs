@@ -57,6 +57,10 @@ pub struct InstanceRecord {
     /// processes were tracked by pid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_file: Option<PathBuf>,
+    /// The source address the proxy connects to destinations from (one of
+    /// `outgoingAddresses`, taken by no other instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outgoing_address: Option<IpAddr>,
 }
 
 impl InstanceRecord {
@@ -67,6 +71,7 @@ impl InstanceRecord {
         launcher: &Launcher,
         run_dir: Option<PathBuf>,
         pid_file: PathBuf,
+        outgoing_address: Option<IpAddr>,
     ) -> Self {
         Self {
             name: req.name.to_string(),
@@ -84,6 +89,7 @@ impl InstanceRecord {
             },
             run_dir,
             pid_file: Some(pid_file),
+            outgoing_address,
         }
     }
 }

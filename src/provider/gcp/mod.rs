@@ -1,4 +1,4 @@
-//! The gcp provider (SPEC §4 "gcp provider"): Compute Engine VMs over five
+//! The gcp provider (docs/gcp-provider.md): Compute Engine VMs over five
 //! REST calls, authenticated with Application Default Credentials.
 //!
 //! ```text

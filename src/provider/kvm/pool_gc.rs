@@ -145,8 +145,8 @@ pub fn sweep(s: &HostSession, plan: &SweepPlan) -> Result<PoolSweep, KvmError> {
 mod tests {
     use super::*;
     use crate::config::ImageFormat;
-    use crate::kvm::base_image::{marker_name, pin_name};
     use crate::provider::instance_name;
+    use crate::provider::kvm::base_image::{marker_name, pin_name};
 
     fn vol(name: &str, backing: Option<&str>) -> VolumeInfo {
         VolumeInfo {

@@ -1,7 +1,8 @@
-//! The kvm provider: VMs on libvirt hosts reached over SSH (KVM.md). It
-//! resolves placement, builds the seed and the plan, and hands the libvirt
-//! work to a [`HostRunner`] — in the running system, one supervised actor per
-//! host that owns the SSH link and runs the blocking calls on its own thread.
+//! The kvm provider: VMs on libvirt hosts reached over SSH
+//! (docs/kvm-provider.md). It resolves placement, builds the seed and the
+//! plan, and hands the libvirt work to a [`HostRunner`] — in the running
+//! system, one supervised actor per host that owns the SSH link and runs the
+//! blocking calls on its own thread.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -58,6 +59,11 @@ impl KvmProvider {
         cause: impl std::fmt::Display,
     ) -> ProviderError {
         ProviderError::new(class, op, &self.name, id, cause.to_string())
+    }
+
+    /// A host request failed: classed by its cause, which stays the error's source.
+    fn run_failed(&self, op: Op, id: Option<&str>, e: RunError) -> ProviderError {
+        ProviderError::new(e.class(), op, &self.name, id, e)
     }
 
     fn host_named(&self, name: &str) -> Option<&KvmHost> {
@@ -218,7 +224,7 @@ impl Provider for KvmProvider {
         // while, then lets the Proxy's actor go (deletions stay responsive)
         // and comes back to join the same download.
         let base = match tokio::time::timeout(IMAGE_WAIT, self.runner.ensure_image(host, &image)).await {
-            Ok(ensured) => ensured.map_err(|e| self.err(e.class, Op::Create, id_name, e))?,
+            Ok(ensured) => ensured.map_err(|e| self.run_failed(Op::Create, id_name, e))?,
             Err(_) => {
                 let why = format!(
                     "image {} is still being fetched onto host {}",
@@ -233,7 +239,7 @@ impl Provider for KvmProvider {
         self.runner
             .create(host, plan)
             .await
-            .map_err(|e| self.err(e.class, Op::Create, id_name, e))?;
+            .map_err(|e| self.run_failed(Op::Create, id_name, e))?;
         Ok(provider_id(&host.name, req.name.as_str()))
     }
 
@@ -258,7 +264,7 @@ impl Provider for KvmProvider {
         match self.runner.get(host, domain).await {
             Ok(Some(observed)) => Ok(self.instance(id, observed)),
             Ok(None) => Err(self.err(ErrorClass::NotFound, Op::Get, Some(id.as_str()), "no such domain")),
-            Err(e) => Err(self.err(e.class, Op::Get, Some(id.as_str()), e)),
+            Err(e) => Err(self.run_failed(Op::Get, Some(id.as_str()), e)),
         }
     }
 
@@ -279,7 +285,7 @@ impl Provider for KvmProvider {
         self.runner
             .delete(host, domain)
             .await
-            .map_err(|e| self.err(e.class, Op::Delete, Some(id.as_str()), e))
+            .map_err(|e| self.run_failed(Op::Delete, Some(id.as_str()), e))
     }
 
     async fn sweep_leftovers(&self, grace: Duration) -> Result<LeftoverSweep, ProviderError> {
@@ -322,7 +328,7 @@ impl Provider for KvmProvider {
             .runner
             .release(host, domain)
             .await
-            .map_err(|e| failed(e.class, e.to_string()))?;
+            .map_err(|e| self.run_failed(Op::Release, Some(id.as_str()), e))?;
         match how {
             Released::Marked => {
                 tracing::info!(provider = %self.name, providerID = %id, "domain released: left running, no longer managed")
@@ -345,7 +351,7 @@ impl Provider for KvmProvider {
                 .runner
                 .list_managed(host)
                 .await
-                .map_err(|e| self.err(e.class, Op::List, None, format!("host {}: {e}", host.name)))?;
+                .map_err(|e| self.err(e.class(), Op::List, None, format!("host {}: {e}", host.name)))?;
             for (name, state, meta) in listed {
                 let (state, reason) = match state {
                     DomainRunState::Running | DomainRunState::Transitional => {

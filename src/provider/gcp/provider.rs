@@ -133,7 +133,8 @@ pub fn provider_id(zone: &str, name: &str) -> ProviderId {
     ProviderId(format!("zones/{zone}/instances/{name}"))
 }
 
-/// Compute Engine status → instance state (SPEC: unknown counts as Stopped).
+/// Compute Engine status → instance state; an unknown status counts as
+/// Stopped (docs/providers.md#instance-states).
 pub fn state_of(status: &str) -> InstanceState {
     match status {
         "PROVISIONING" | "STAGING" | "REPAIRING" => InstanceState::Provisioning,

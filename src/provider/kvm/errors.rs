@@ -1,5 +1,5 @@
-//! libvirt errors onto the provider taxonomy (KVM.md "Errors"): "no such
-//! domain / volume / pool" is NotFound where something is looked up;
+//! libvirt errors onto the provider taxonomy (docs/kvm-provider.md#errors):
+//! "no such domain / volume / pool" is NotFound where something is looked up;
 //! invalid XML or arguments and unsupported configurations are Permanent;
 //! everything else the daemon reports (busy, internal, operation failed) and
 //! every transport failure is Transient.

@@ -1,6 +1,7 @@
-//! The kvm provider's operations on one host's libvirt session (KVM.md
-//! "Operations"). Every step tolerates an earlier attempt having got that
-//! far, so a create interrupted anywhere is finished by the next one.
+//! The kvm provider's operations on one host's libvirt session
+//! (docs/kvm-provider.md#operations). Every step tolerates an earlier attempt
+//! having got that far, so a create interrupted anywhere is finished by the
+//! next one.
 
 use std::net::IpAddr;
 

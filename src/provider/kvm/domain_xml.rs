@@ -1,4 +1,5 @@
-//! The libvirt domain of one proxy VM, as XML (KVM.md "The domain").
+//! The libvirt domain of one proxy VM, as XML
+//! (docs/kvm-provider.md#the-domain).
 //!
 //! q35; the overlay on virtio (`vda`) and the seed as a read-only SATA cdrom,
 //! both `type="file"` with the paths libvirt reports — AppArmor's helper

@@ -1,5 +1,6 @@
-//! The NoCloud seed ISO (KVM.md, "Seed ISO"): the small disk cloud-init reads
-//! `user-data`, `meta-data` and `vendor-data` from on an instance's first boot.
+//! The NoCloud seed ISO (docs/kvm-provider.md#the-seed-iso): the small disk
+//! cloud-init reads `user-data`, `meta-data` and `vendor-data` from on an
+//! instance's first boot.
 //!
 //! The user's cloud-init travels byte for byte: whatever its format, it is
 //! never parsed or rewritten (re-rendered YAML loses comments and turns
