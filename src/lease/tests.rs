@@ -667,3 +667,65 @@ fn ended_leases_are_bounded_oldest_forgotten_first() {
     assert!(book.report(&ids[0], Outcome::Ok, None, t0).is_err(), "forgotten");
     assert!(book.report(&ids[4], Outcome::Ok, None, t0).is_ok());
 }
+
+#[test]
+fn a_retiring_proxy_takes_no_leases_and_its_leases_are_not_renewed() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.upsert(proxy("old", true, 10, &[]), t0);
+    let held = book.acquire(&req("t"), t0).unwrap();
+    book.renew(&held.id, None, t0).unwrap();
+
+    let mut retiring = proxy("old", true, 10, &[]);
+    retiring.retiring = true;
+    book.upsert(retiring, t0);
+    assert!(matches!(
+        book.acquire(&req("t"), t0),
+        Err(AcquireError::NoCapacity { .. })
+    ));
+    assert_eq!(
+        book.renew(&held.id, None, t0),
+        Err(RenewError::Retiring(ObjectKey::new("ns", "old")))
+    );
+    // Still held until released or expired: the crawler finishes and moves on.
+    assert_eq!(book.leases_on(&ObjectKey::new("ns", "old")), 1);
+    assert!(book.release(&held.id, t0));
+    assert_eq!(book.leases_on(&ObjectKey::new("ns", "old")), 0);
+
+    // Its successor takes the leases.
+    book.upsert(proxy("new", true, 10, &[]), t0);
+    assert_eq!(name(&book.acquire(&req("t"), t0).unwrap()), "new");
+}
+
+#[test]
+fn blocking_targets_are_counted_once_each_and_errors_every_time() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    for target in ["a.example", "b.example"] {
+        let grant = book.acquire(&req(target), t0).unwrap();
+        // Reported twice for one target: counted once.
+        book.report(&grant.id, Outcome::Blocked, None, t0).unwrap();
+        book.report(&grant.id, Outcome::Blocked, None, t0).unwrap();
+        book.release(&grant.id, t0);
+    }
+    let grant = book.acquire(&req("c.example"), t0).unwrap();
+    book.report(&grant.id, Outcome::Error, None, t0).unwrap();
+    book.report(&grant.id, Outcome::Error, None, t0).unwrap();
+    let view = &book.proxies()[0];
+    assert_eq!((view.blocked_targets, view.errors), (2, 2));
+}
+
+#[test]
+fn blocking_targets_counted_per_proxy_are_bounded() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.upsert(proxy("p", true, 10, &[]), t0);
+    for i in 0..MAX_BLOCKED_TARGETS + 50 {
+        let target = format!("t{i}.example");
+        let grant = book.acquire(&req(&target), t0).unwrap();
+        book.report(&grant.id, Outcome::Blocked, None, t0).unwrap();
+        book.release(&grant.id, t0);
+    }
+    assert_eq!(book.proxies()[0].blocked_targets as usize, MAX_BLOCKED_TARGETS);
+}

@@ -37,12 +37,15 @@ pub enum ApiError {
     StoreFull(TableFull),
     #[error("{0}")]
     Internal(String),
+    /// The lease's proxy is being retired by its pool: not renewed (409).
+    #[error("{0}")]
+    ProxyRetiring(String),
 }
 
 /// Every `error` code, for the OpenAPI document (a test checks each
 /// variant's code is here: a client validating answers against the
 /// document must accept every one the server sends).
-pub const CODES: [&str; 13] = [
+pub const CODES: [&str; 14] = [
     "no_capacity",
     "unknown_lease",
     "invalid_request",
@@ -56,6 +59,7 @@ pub const CODES: [&str; 13] = [
     "unavailable",
     "not_leader",
     "internal",
+    "proxy_retiring",
 ];
 
 impl ApiError {
@@ -74,6 +78,7 @@ impl ApiError {
             ApiError::RateLimited(_) => "rate_limited",
             ApiError::StoreFull(_) => "lease_store_full",
             ApiError::Internal(_) => "internal",
+            ApiError::ProxyRetiring(_) => "proxy_retiring",
         }
     }
 }
@@ -93,6 +98,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::ProxyRetiring(_) => StatusCode::CONFLICT,
         }
     }
 
@@ -141,6 +147,7 @@ mod tests {
             ApiError::NotLeader,
             ApiError::MethodNotAllowed("GET"),
             ApiError::Internal(String::new()),
+            ApiError::ProxyRetiring(String::new()),
         ];
         for error in &every {
             assert!(

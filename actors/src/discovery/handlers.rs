@@ -230,6 +230,7 @@ pub async fn report(
         (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "Unknown or ended lease (`unknown_lease`)", body = ErrorBody),
+        (status = 409, description = "The lease's proxy is being retired by its pool (`proxy_retiring`): release the lease and acquire another", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -254,6 +255,7 @@ pub async fn renew(
             RenewError::Unknown(u) => ApiError::UnknownLease(u.to_string()),
             RenewError::Unavailable(why) => ApiError::Unavailable(why),
             RenewError::NotLeader => ApiError::NotLeader,
+            retiring @ RenewError::Retiring(_) => ApiError::ProxyRetiring(retiring.to_string()),
             other => ApiError::Invalid(other.to_string()),
         })?;
     Ok(HttpResponse::Ok().json(Renewal {

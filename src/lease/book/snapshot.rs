@@ -129,7 +129,8 @@ impl LeaseBook {
     }
 
     /// A new book holding what this one holds — leases, ended leases, rests,
-    /// proxies with their availability, report counts — with every index
+    /// proxies with their availability and blocked/error counts, report
+    /// counts — with every index
     /// built afresh from those records, as a restore does. A lease store
     /// restarted after a panic continues with it: the panic may have left
     /// this book's indexes half-updated, its records are what count.
@@ -141,6 +142,14 @@ impl LeaseBook {
         for (id, entry) in &self.proxies {
             if !self.placeholders.contains(id) {
                 book.upsert(entry.availability.clone(), now);
+                if let Some(copy) = book
+                    .ids
+                    .get(&entry.availability.key)
+                    .and_then(|i| book.proxies.get_mut(i))
+                {
+                    copy.blocked_targets = entry.blocked_targets.clone();
+                    copy.errors = entry.errors;
+                }
             }
         }
         for (id, lease) in &self.leases {
