@@ -3,7 +3,12 @@
 //! members and lease demand and carries out what they decide.
 
 mod autoscale;
+mod members;
 mod plan;
 
 pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, desired_replicas};
+pub use members::{
+    LeaseFigures, SUFFIX_LEN, is_member, new_member, parse_retiring, planned, random_suffix, retiring_value,
+    template_hash,
+};
 pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};
