@@ -29,6 +29,9 @@ type ProxyId = u32;
 /// A proxy's place in the availability index: (active leases, latency, id).
 type IndexKey = (u32, u64, ProxyId);
 
+/// Pools whose refused acquires are counted at once.
+const MAX_POOLS_COUNTED: usize = 4096;
+
 /// Past the end of the index.
 const INDEX_END: IndexKey = (u32::MAX, u64::MAX, ProxyId::MAX);
 
@@ -105,6 +108,9 @@ pub struct LeaseBook {
     /// also in the order they stop taking reports).
     ended_order: VecDeque<(Instant, String)>,
     recent_reports: RecentReports,
+    /// Acquires refused for lack of capacity, per pool named in the
+    /// selector, since the pool last asked (its autoscaler's demand signal).
+    pool_denials: HashMap<String, u32>,
 }
 
 impl LeaseBook {
@@ -133,6 +139,7 @@ impl LeaseBook {
             placeholders: HashSet::new(),
             changes: None,
             epoch: (Instant::now(), Timestamp::now()),
+            pool_denials: HashMap::new(),
         }
     }
 
@@ -313,9 +320,12 @@ impl LeaseBook {
             }
             .into());
         }
-        let id = self.select(req, now).ok_or_else(|| AcquireError::NoCapacity {
-            target: req.target.clone(),
-        })?;
+        let Some(id) = self.select(req, now) else {
+            self.count_pool_denial(req);
+            return Err(AcquireError::NoCapacity {
+                target: req.target.clone(),
+            });
+        };
         if !self.targets.contains_key(&req.target) {
             self.make_room_for_target(now)?;
         }
@@ -555,6 +565,22 @@ impl LeaseBook {
             self.reindex(lease.proxy, now);
         }
         true
+    }
+
+    /// Notes a refused acquire against the pool it named, if any.
+    fn count_pool_denial(&mut self, req: &AcquireRequest) {
+        let Some(pool) = req.selector.get(crate::resource::POOL_LABEL) else {
+            return;
+        };
+        // Pools that never ask are not remembered without bound.
+        if self.pool_denials.len() < MAX_POOLS_COUNTED || self.pool_denials.contains_key(pool) {
+            *self.pool_denials.entry(pool.clone()).or_default() += 1;
+        }
+    }
+
+    /// Acquires naming `pool` refused for lack of capacity since the last call.
+    pub fn take_pool_denials(&mut self, pool: &str) -> u32 {
+        self.pool_denials.remove(pool).unwrap_or(0)
     }
 
     /// Feedback on a lease, held or recently ended.

@@ -82,6 +82,53 @@ pub enum InputError {
     LongClient(usize),
     #[error("ttlSeconds must be between 1 and {MAX_TTL_SECONDS} (got {0})")]
     BadTtl(u64),
+    #[error(
+        "pool {0:?} is not a ProxyPool name (lower-case letters, digits, '-' and '.', \
+         starting and ending with a letter or digit, at most 253 characters)"
+    )]
+    BadPool(String),
+    #[error("selector's {key} is {selected:?}, but pool is {pool:?}")]
+    PoolConflict {
+        key: &'static str,
+        selected: String,
+        pool: String,
+    },
+}
+
+/// Longest ProxyPool name (a DNS subdomain).
+pub const MAX_POOL_LEN: usize = 253;
+
+/// The pattern the OpenAPI document states for `pool`.
+pub const POOL_PATTERN: &str = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$";
+
+/// Adds `pool` to the selector as the attribute every member of the pool
+/// carries; a selector naming another pool contradicts it.
+pub fn select_pool(selector: &mut BTreeMap<String, String>, pool: Option<&str>) -> Result<(), InputError> {
+    let Some(pool) = pool else {
+        return Ok(());
+    };
+    let b = pool.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let valid = !b.is_empty()
+        && b.len() <= MAX_POOL_LEN
+        && b.iter().all(|c| inner(c) || *c == b'-' || *c == b'.')
+        && b.first().is_some_and(inner)
+        && b.last().is_some_and(inner);
+    if !valid {
+        return Err(InputError::BadPool(preview(pool)));
+    }
+    let key = crate::resource::POOL_LABEL;
+    match selector.get(key) {
+        Some(selected) if selected != pool => Err(InputError::PoolConflict {
+            key,
+            selected: preview(selected),
+            pool: pool.to_owned(),
+        }),
+        _ => {
+            selector.insert(key.to_owned(), pool.to_owned());
+            Ok(())
+        }
+    }
 }
 
 fn is_label(label: &str) -> bool {
@@ -294,5 +341,31 @@ mod tests {
             let v = target_validator();
             prop_assert_eq!(normalize_target(&s).is_ok(), schema_accepts(v, &s), "{:?}", s);
         }
+    }
+
+    #[test]
+    fn a_pool_selects_its_members_and_a_contradicting_selector_is_named() {
+        let key = crate::resource::POOL_LABEL;
+        let mut selector = BTreeMap::from([("geo".to_owned(), "eu".to_owned())]);
+        select_pool(&mut selector, Some("eu-west.1")).unwrap();
+        assert_eq!(selector[key], "eu-west.1");
+        select_pool(&mut selector, None).unwrap();
+        let err = select_pool(&mut selector, Some("us")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("selector's {key} is \"eu-west.1\", but pool is \"us\"")
+        );
+        let pattern = jsonschema::validator_for(&json!({"type": "string", "pattern": POOL_PATTERN})).unwrap();
+        for bad in ["", "EU", "-eu", "eu-", "e_u", "e u", &"a".repeat(254)] {
+            assert!(matches!(
+                select_pool(&mut BTreeMap::new(), Some(bad)),
+                Err(InputError::BadPool(_))
+            ));
+            assert!(
+                !schema_accepts(&pattern, bad) || bad.len() > MAX_POOL_LEN,
+                "{bad:?}"
+            );
+        }
+        assert!(schema_accepts(&pattern, "eu-west.1"));
     }
 }

@@ -729,3 +729,25 @@ fn blocking_targets_counted_per_proxy_are_bounded() {
     }
     assert_eq!(book.proxies()[0].blocked_targets as usize, MAX_BLOCKED_TARGETS);
 }
+
+#[test]
+fn acquires_refused_for_a_pool_are_counted_for_its_autoscaler() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    let pool = crate::resource::POOL_LABEL;
+    book.upsert(proxy("eu-abcde", true, 10, &[(pool, "eu")]), t0);
+    let for_pool = |target: &str| AcquireRequest {
+        target: target.into(),
+        selector: BTreeMap::from([(pool.to_owned(), "eu".to_owned())]),
+        ..Default::default()
+    };
+    book.acquire(&for_pool("a"), t0).unwrap();
+    for target in ["b", "c"] {
+        assert!(book.acquire(&for_pool(target), t0).is_err());
+    }
+    // Refusals without a pool count for none.
+    assert!(book.acquire(&req("d"), t0).is_err());
+    assert_eq!(book.take_pool_denials("eu"), 2);
+    assert_eq!(book.take_pool_denials("eu"), 0, "taken");
+    assert_eq!(book.take_pool_denials("us"), 0);
+}

@@ -123,10 +123,11 @@ pub async fn acquire(
     body: web::Json<Object<LeaseRequest>>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = body.into_inner().0;
+    let mut body = body.into_inner().0;
     input::check_attributes("selector", &body.selector)?;
     input::check_client(body.client.as_deref())?;
     input::check_ttl(body.ttl_seconds)?;
+    input::select_pool(&mut body.selector, body.pool.as_deref())?;
     let request = AcquireRequest {
         target: input::normalize_target(&body.target)?,
         selector: body.selector,

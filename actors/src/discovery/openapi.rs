@@ -93,6 +93,11 @@ pub fn document() -> Value {
     );
     merge(
         &mut doc,
+        &format!("{schemas}/LeaseRequest/properties/pool"),
+        json!({"minLength": 1, "maxLength": input::MAX_POOL_LEN, "pattern": input::POOL_PATTERN}),
+    );
+    merge(
+        &mut doc,
         &format!("{schemas}/LeaseRequest/properties/client"),
         json!({"maxLength": MAX_CLIENT_CHARS}),
     );

@@ -47,6 +47,9 @@ pub struct LeaseRequest {
     /// Attributes the proxy must carry, all of them.
     #[serde(default)]
     pub selector: BTreeMap<String, String>,
+    /// Lease only a member of this ProxyPool (its name).
+    #[serde(default)]
+    pub pool: Option<String>,
     /// Requested lifetime; capped by the server's maximum.
     #[serde(default, deserialize_with = "whole_number")]
     pub ttl_seconds: Option<u64>,

@@ -80,12 +80,11 @@ def acquire(
     client: Optional[str],
 ) -> Call[Lease]:
     wanted = dict(selector or {})
-    if pool is not None:
-        # A pool is the proxies whose `pool` attribute names it.
-        wanted["pool"] = pool
     body: Dict[str, Any] = {"target": target}
     if wanted:
         body["selector"] = wanted
+    if pool is not None:
+        body["pool"] = pool
     if ttl is not None:
         body["ttlSeconds"] = int(ttl)
     if client:

@@ -73,7 +73,7 @@ class LeaseClient:
         client: Optional[str] = None,
     ) -> Lease:
         """A lease on a proxy for ``target`` (a host name, no port): one
-        whose attributes contain ``selector`` (and ``pool=<pool>``), for
+        whose attributes contain ``selector`` (and members of ProxyPool ``pool``), for
         ``ttl`` seconds (the server caps it). Waits per the retry policy
         while no proxy is eligible; then raises :class:`NoCapacity`."""
         return self._send(_calls.acquire(target, selector, pool, ttl, client or self.client_name))
