@@ -3,6 +3,7 @@
 //! and on errors without failing a crawler's request.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -35,7 +36,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: &str = "10m";
     status = "ProxyPoolStatus",
     derive = "PartialEq",
     scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
-    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.ready"}"#,
     printcolumn = r#"{"name":"Leased","type":"integer","jsonPath":".status.leased"}"#,
@@ -52,8 +53,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: &str = "10m";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyPoolSpec {
-    /// How many proxies the pool keeps; set by the autoscaler when
-    /// `autoscaling` is given (`kubectl scale pp/<name> --replicas=N` otherwise).
+    /// How many proxies the pool keeps (`kubectl scale pp/<name>
+    /// --replicas=N`); with `autoscaling`, only the size it starts from.
     #[serde(default = "default_replicas")]
     pub replicas: u32,
     /// What each proxy of the pool is.
@@ -74,6 +75,74 @@ pub struct ProxyPoolSpec {
     #[serde(default = "default_drain_timeout")]
     #[schemars(regex(pattern = r"^([0-9]+(h|m|s|ms))+$"), length(max = 32))]
     pub drain_timeout: String,
+}
+
+/// Longest pool name: a member's name `<pool>-<suffix>` must stay a
+/// Kubernetes object name (63 characters, so it can be a label value too).
+pub const MAX_POOL_NAME_LEN: usize = 63 - 1 - crate::pool::SUFFIX_LEN;
+
+impl ProxyPoolSpec {
+    /// How long a retiring member's leases get to end.
+    pub fn drain_timeout(&self) -> Result<Duration, String> {
+        super::probe_duration::spelled(&self.drain_timeout).ok_or_else(|| {
+            format!(
+                "drainTimeout must be whole numbers with h, m, s or ms, like 10m (got {:?})",
+                self.drain_timeout
+            )
+        })
+    }
+
+    /// Members older than this are replaced.
+    pub fn max_age(&self) -> Result<Option<Duration>, String> {
+        let Some(age) = self.rotation.as_ref().and_then(|r| r.max_age.as_deref()) else {
+            return Ok(None);
+        };
+        match super::probe_duration::spelled(age) {
+            Some(d) if !d.is_zero() => Ok(Some(d)),
+            _ => Err(format!(
+                "rotation.maxAge must be a positive duration of whole numbers with h, m, s or ms, like 24h (got {age:?})"
+            )),
+        }
+    }
+
+    /// Every rule the CRD states, checked again at runtime (the embedded
+    /// store has no API server): each problem names its field.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        if let Err(template) = self.template.spec.validate() {
+            problems.extend(template.into_iter().map(|p| format!("template.spec: {p}")));
+        }
+        if let Some(a) = &self.autoscaling {
+            if a.min_replicas > a.max_replicas {
+                problems.push("autoscaling.minReplicas must not exceed autoscaling.maxReplicas".into());
+            }
+            if a.max_replicas == 0 {
+                problems.push("autoscaling.maxReplicas must be at least 1".into());
+            }
+            if !(1..=100).contains(&a.target_utilization) {
+                problems.push("autoscaling.targetUtilization must be between 1 and 100".into());
+            }
+        }
+        if self.max_surge == 0 && self.max_unavailable == 0 {
+            problems
+                .push("maxSurge and maxUnavailable cannot both be 0: nothing could ever be replaced".into());
+        }
+        if let Some(r) = &self.rotation {
+            if r.after_blocked_targets == Some(0) {
+                problems.push("rotation.afterBlockedTargets must be at least 1".into());
+            }
+            if r.after_errors == Some(0) {
+                problems.push("rotation.afterErrors must be at least 1".into());
+            }
+        }
+        problems.extend(self.drain_timeout().err());
+        problems.extend(self.max_age().err());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
 }
 
 fn default_replicas() -> u32 {
@@ -157,7 +226,11 @@ pub struct ProxyPoolStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// When the autoscaler last changed `spec.replicas`.
+    /// The size the pool aims for: `spec.replicas`, or with `autoscaling`
+    /// the size the autoscaler chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<u32>,
+    /// When the autoscaler last changed `desiredReplicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_time: Option<Time>,
     /// `Ready` (all desired members Ready), `Progressing` (rotations or

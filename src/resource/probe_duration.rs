@@ -70,8 +70,8 @@ pub fn parse(field: Field, value: &str) -> Result<Duration, DurationError> {
 }
 
 /// `value` read per the fields' schema pattern `^([0-9]+(h|m|s|ms))+$`;
-/// `None` when it does not match.
-fn spelled(value: &str) -> Option<Duration> {
+/// `None` when it does not match. ProxyPool durations share the spelling.
+pub(crate) fn spelled(value: &str) -> Option<Duration> {
     let mut total = Duration::ZERO;
     let mut rest = value;
     if rest.is_empty() {

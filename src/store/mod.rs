@@ -14,6 +14,7 @@ pub mod installation;
 mod key;
 pub mod kubernetes;
 pub mod lease_checkpoint;
+mod pools;
 
 use std::collections::HashSet;
 
@@ -23,6 +24,7 @@ use crate::credentials::ProxyCredentials;
 use crate::resource::{Proxy, ProxyStatus, SecretKeyRef};
 
 pub use key::ObjectKey;
+pub use pools::{PoolStore, pool_key};
 
 /// Something happened to an object; the receiver re-reads it (level-triggered).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +41,9 @@ pub enum StoreError {
     /// The object is gone, or is another incarnation than the caller meant.
     #[error("{key} (uid {uid}) no longer exists")]
     Gone { key: ObjectKey, uid: String },
+    /// An object of that name exists already (creating a pool member).
+    #[error("{0} already exists")]
+    AlreadyExists(ObjectKey),
     #[error("store backend: {0}")]
     Backend(String),
 }

@@ -1,4 +1,4 @@
-//! The state file: every Proxy object (metadata the store owns, spec, status)
+//! The state file: every Proxy and ProxyPool object (metadata the store owns, spec, status)
 //! in SQLite, so a restart resumes exactly where the operator stopped. WAL
 //! mode lets `get proxies` read while the operator writes.
 
@@ -8,7 +8,10 @@ use rusqlite::{Connection, OpenFlags, params};
 
 use crate::credentials::ProxyCredentials;
 use crate::installation::InstallationId;
-use crate::resource::Proxy;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::resource::{Proxy, ProxyPool};
 use crate::store::ObjectKey;
 
 /// Persistence failed.
@@ -38,6 +41,12 @@ pub struct Database {
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS proxies (
+    namespace TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    object    TEXT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+CREATE TABLE IF NOT EXISTS pools (
     namespace TEXT NOT NULL,
     name      TEXT NOT NULL,
     object    TEXT NOT NULL,
@@ -93,13 +102,22 @@ impl Database {
         }
     }
 
-    /// Every stored object (none while a new state file is still being set up).
+    /// Every stored Proxy (none while a new state file is still being set up).
     pub fn load_all(&self) -> Result<Vec<Proxy>, DatabaseError> {
+        self.load_table("proxies")
+    }
+
+    /// Every stored ProxyPool.
+    pub fn load_pools(&self) -> Result<Vec<ProxyPool>, DatabaseError> {
+        self.load_table("pools")
+    }
+
+    fn load_table<T: DeserializeOwned>(&self, table: &'static str) -> Result<Vec<T>, DatabaseError> {
         let tables: i64 = self
             .conn
             .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'proxies'",
-                [],
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                params![table],
                 |r| r.get(0),
             )
             .map_err(|e| self.wrap(e))?;
@@ -108,7 +126,9 @@ impl Database {
         }
         let mut stmt = self
             .conn
-            .prepare("SELECT namespace, name, object FROM proxies ORDER BY namespace, name")
+            .prepare(&format!(
+                "SELECT namespace, name, object FROM {table} ORDER BY namespace, name"
+            ))
             .map_err(|e| self.wrap(e))?;
         let rows = stmt
             .query_map([], |row| {
@@ -122,26 +142,52 @@ impl Database {
         let mut out = Vec::new();
         for row in rows {
             let (namespace, name, object) = row.map_err(|e| self.wrap(e))?;
-            let proxy = serde_json::from_str(&object).map_err(|source| DatabaseError::Corrupt {
+            let parsed = serde_json::from_str(&object).map_err(|source| DatabaseError::Corrupt {
                 key: format!("{namespace}/{name}"),
                 source,
             })?;
-            out.push(proxy);
+            out.push(parsed);
         }
         Ok(out)
     }
 
-    /// Inserts or replaces one object (durable when this returns).
+    /// Inserts or replaces one Proxy (durable when this returns).
     pub fn put(&self, proxy: &Proxy) -> Result<(), DatabaseError> {
-        let key = ObjectKey::of(proxy);
-        let object = serde_json::to_string(proxy).map_err(|source| DatabaseError::Corrupt {
+        self.put_row("proxies", &ObjectKey::of(proxy), proxy)
+    }
+
+    /// Inserts or replaces one ProxyPool (durable when this returns).
+    pub fn put_pool(&self, pool: &ProxyPool) -> Result<(), DatabaseError> {
+        self.put_row("pools", &crate::store::pool_key(pool), pool)
+    }
+
+    /// Forgets one ProxyPool.
+    pub fn delete_pool(&self, key: &ObjectKey) -> Result<(), DatabaseError> {
+        self.conn
+            .execute(
+                "DELETE FROM pools WHERE namespace = ?1 AND name = ?2",
+                params![key.namespace, key.name],
+            )
+            .map_err(|e| self.wrap(e))?;
+        Ok(())
+    }
+
+    fn put_row<T: Serialize>(
+        &self,
+        table: &'static str,
+        key: &ObjectKey,
+        object: &T,
+    ) -> Result<(), DatabaseError> {
+        let object = serde_json::to_string(object).map_err(|source| DatabaseError::Corrupt {
             key: key.to_string(),
             source,
         })?;
         self.conn
             .execute(
-                "INSERT INTO proxies (namespace, name, object) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (namespace, name) DO UPDATE SET object = excluded.object",
+                &format!(
+                    "INSERT INTO {table} (namespace, name, object) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (namespace, name) DO UPDATE SET object = excluded.object"
+                ),
                 params![key.namespace, key.name, object],
             )
             .map_err(|e| self.wrap(e))?;

@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 use data_encoding::BASE64;
 use serde_json::Value;
 
-use crate::resource::{API_GROUP, Proxy};
-use crate::store::ObjectKey;
+use serde::de::DeserializeOwned;
+
+use crate::resource::{API_GROUP, MAX_POOL_NAME_LEN, Proxy, ProxyPool};
+use crate::store::{ObjectKey, pool_key};
 
 /// API version of Proxy documents.
 const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
@@ -39,13 +41,26 @@ impl std::fmt::Debug for SecretDoc {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Document {
     Proxy(Box<Proxy>),
+    Pool(Box<ProxyPool>),
     Secret(SecretDoc),
+}
+
+impl Document {
+    /// Its kind and key: two documents of one kind and key are one object.
+    fn identity(&self) -> (&'static str, ObjectKey) {
+        match self {
+            Document::Proxy(p) => ("Proxy", ObjectKey::of(p)),
+            Document::Pool(p) => ("ProxyPool", pool_key(p)),
+            Document::Secret(s) => ("Secret", s.key.clone()),
+        }
+    }
 }
 
 /// Everything the directory currently declares.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ManifestSet {
     pub proxies: BTreeMap<ObjectKey, Proxy>,
+    pub pools: BTreeMap<ObjectKey, ProxyPool>,
     pub secrets: BTreeMap<ObjectKey, SecretDoc>,
     /// Problems found, each naming its file.
     pub problems: Vec<String>,
@@ -120,7 +135,7 @@ impl ManifestDir {
     /// The merged declaration; later duplicates of a namespace/name are reported and ignored.
     pub fn current(&self) -> ManifestSet {
         let mut set = ManifestSet::default();
-        let mut origin: BTreeMap<(bool, ObjectKey), &Path> = BTreeMap::new();
+        let mut origin: BTreeMap<(&'static str, ObjectKey), &Path> = BTreeMap::new();
         for (path, file) in &self.files {
             if let Some(error) = &file.error {
                 let kept = if file.docs.is_empty() {
@@ -131,23 +146,22 @@ impl ManifestDir {
                 set.problems.push(format!("{}: {error} ({kept})", path.display()));
             }
             for doc in &file.docs {
-                let (is_secret, key) = match doc {
-                    Document::Proxy(p) => (false, ObjectKey::of(p)),
-                    Document::Secret(s) => (true, s.key.clone()),
-                };
-                if let Some(first) = origin.get(&(is_secret, key.clone())) {
+                let (kind, key) = doc.identity();
+                if let Some(first) = origin.get(&(kind, key.clone())) {
                     set.problems.push(format!(
-                        "{}: {} {key} is already defined in {}; this copy is ignored",
+                        "{}: {kind} {key} is already defined in {}; this copy is ignored",
                         path.display(),
-                        if is_secret { "Secret" } else { "Proxy" },
                         first.display()
                     ));
                     continue;
                 }
-                origin.insert((is_secret, key.clone()), path);
+                origin.insert((kind, key.clone()), path);
                 match doc {
                     Document::Proxy(p) => {
                         set.proxies.insert(key, (**p).clone());
+                    }
+                    Document::Pool(p) => {
+                        set.pools.insert(key, (**p).clone());
                     }
                     Document::Secret(s) => {
                         set.secrets.insert(key, s.clone());
@@ -173,16 +187,11 @@ pub fn parse_file(content: &str) -> Result<Vec<Document>, String> {
             continue;
         }
         let doc = parse_document(value).map_err(|e| format!("document {}: {e}", i + 1))?;
-        let key = match &doc {
-            Document::Proxy(p) => (false, ObjectKey::of(p)),
-            Document::Secret(s) => (true, s.key.clone()),
-        };
-        if !keys.insert(key.clone()) {
+        let (kind, key) = doc.identity();
+        if !keys.insert((kind, key.clone())) {
             return Err(format!(
-                "document {}: {} {} appears twice in this file",
-                i + 1,
-                if key.0 { "Secret" } else { "Proxy" },
-                key.1
+                "document {}: {kind} {key} appears twice in this file",
+                i + 1
             ));
         }
         docs.push(doc);
@@ -204,25 +213,52 @@ fn parse_document(value: Value) -> Result<Document, String> {
     match (kind.as_str(), api_version.as_str()) {
         ("Proxy", PROXY_API_VERSION) => parse_proxy(value).map(|p| Document::Proxy(Box::new(p))),
         ("Proxy", other) => Err(format!("Proxy apiVersion {other:?} is not {PROXY_API_VERSION:?}")),
+        ("ProxyPool", PROXY_API_VERSION) => parse_pool(value).map(|p| Document::Pool(Box::new(p))),
+        ("ProxyPool", other) => Err(format!(
+            "ProxyPool apiVersion {other:?} is not {PROXY_API_VERSION:?}"
+        )),
         ("Secret", "v1") => parse_secret(value).map(Document::Secret),
-        ("", _) => Err("missing kind (expected Proxy or Secret)".into()),
+        ("", _) => Err("missing kind (expected Proxy, ProxyPool or Secret)".into()),
         (other, _) => Err(format!(
-            "kind {other:?} is not supported here (Proxy of {API_GROUP}, or a v1 Secret for cloud-init)"
+            "kind {other:?} is not supported here (Proxy or ProxyPool of {API_GROUP}, or a v1 Secret)"
         )),
     }
 }
 
-fn parse_proxy(mut value: Value) -> Result<Proxy, String> {
+fn parse_proxy(value: Value) -> Result<Proxy, String> {
+    let (mut proxy, namespace): (Proxy, String) = parse_object("Proxy", value)?;
+    proxy.metadata.namespace = Some(namespace);
+    proxy.spec.validate().map_err(|problems| problems.join("; "))?;
+    Ok(proxy)
+}
+
+fn parse_pool(value: Value) -> Result<ProxyPool, String> {
+    let (mut pool, namespace): (ProxyPool, String) = parse_object("ProxyPool", value)?;
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    if name.len() > MAX_POOL_NAME_LEN || name.contains('.') {
+        return Err(format!(
+            "ProxyPool metadata.name {name:?} must be a DNS label of at most {MAX_POOL_NAME_LEN} characters \
+             (its proxies are named <pool>-<5 characters>)"
+        ));
+    }
+    pool.metadata.namespace = Some(namespace);
+    pool.spec.validate().map_err(|problems| problems.join("; "))?;
+    Ok(pool)
+}
+
+/// A namespaced object of `kind` with only the metadata a user owns (the
+/// store owns the rest), and its namespace (`default` when unset).
+fn parse_object<T: DeserializeOwned>(kind: &str, mut value: Value) -> Result<(T, String), String> {
     let name = value
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
     if name.is_empty() {
-        return Err("Proxy metadata.name is required".into());
+        return Err(format!("{kind} metadata.name is required"));
     }
     if !is_dns_subdomain(name) {
         return Err(format!(
-            "Proxy metadata.name {name:?} must be a DNS subdomain (lowercase a-z, 0-9, '-', '.')"
+            "{kind} metadata.name {name:?} must be a DNS subdomain (lowercase a-z, 0-9, '-', '.')"
         ));
     }
     let namespace = value
@@ -232,24 +268,20 @@ fn parse_proxy(mut value: Value) -> Result<Proxy, String> {
         .to_owned();
     if !is_dns_subdomain(&namespace) {
         return Err(format!(
-            "Proxy metadata.namespace {namespace:?} must be a DNS label"
+            "{kind} metadata.namespace {namespace:?} must be a DNS label"
         ));
     }
-    // Only user-owned metadata comes from a manifest; the store owns the rest.
     if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.retain(|k, _| matches!(k.as_str(), "name" | "namespace" | "labels" | "annotations"));
     }
     if let Some(obj) = value.as_object_mut() {
         obj.remove("status");
     }
-    let mut proxy: Proxy =
-        serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
-            p if p == "." => e.into_inner().to_string(),
-            p => format!("{p}: {}", e.into_inner()),
-        })?;
-    proxy.metadata.namespace = Some(namespace);
-    proxy.spec.validate().map_err(|problems| problems.join("; "))?;
-    Ok(proxy)
+    let object = serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
+        p if p == "." => e.into_inner().to_string(),
+        p => format!("{p}: {}", e.into_inner()),
+    })?;
+    Ok((object, namespace))
 }
 
 fn parse_secret(value: Value) -> Result<SecretDoc, String> {

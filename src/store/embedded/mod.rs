@@ -21,8 +21,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::mpsc;
 
 use crate::credentials::ProxyCredentials;
-use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SPEC_HASH_ANNOTATION, SecretKeyRef};
-use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent};
+use crate::resource::{
+    CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SPEC_HASH_ANNOTATION,
+    SecretKeyRef,
+};
+use crate::store::{CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 pub use database::{Database, DatabaseError};
 pub use lease_log::{LEASES_DIR, LeaseLog};
@@ -53,13 +56,39 @@ pub enum EmbeddedStoreError {
 struct Inner {
     db: Database,
     objects: BTreeMap<ObjectKey, Proxy>,
+    pools: BTreeMap<ObjectKey, ProxyPool>,
     secrets: BTreeMap<ObjectKey, SecretDoc>,
 }
 
-/// Proxies from manifests, state in SQLite.
+impl Inner {
+    /// Whether `proxy` is a member of a pool that exists (that incarnation).
+    fn owned_by_live_pool(&self, proxy: &Proxy) -> bool {
+        controller_pool_uid(proxy).is_some_and(|uid| {
+            self.pools
+                .values()
+                .any(|pool| pool.metadata.uid.as_deref() == Some(uid))
+        })
+    }
+}
+
+/// The pool incarnation a Proxy names as its controller, if any.
+fn controller_pool_uid(proxy: &Proxy) -> Option<&str> {
+    proxy
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "ProxyPool")
+        .map(|o| o.uid.as_str())
+}
+
+/// Proxies and ProxyPools from manifests (pool members made by the
+/// operator), state in SQLite.
 pub struct EmbeddedStore {
     inner: Mutex<Inner>,
     events: mpsc::UnboundedSender<StoreEvent>,
+    pool_events: mpsc::UnboundedSender<StoreEvent>,
+    pool_receiver: Mutex<Option<mpsc::UnboundedReceiver<StoreEvent>>>,
     _lock: File,
 }
 
@@ -94,14 +123,23 @@ impl EmbeddedStore {
             .into_iter()
             .map(|p| (ObjectKey::of(&p), p))
             .collect();
+        let pools = db
+            .load_pools()?
+            .into_iter()
+            .map(|p| (crate::store::pool_key(&p), p))
+            .collect();
         let (events, rx) = mpsc::unbounded_channel();
+        let (pool_events, pool_rx) = mpsc::unbounded_channel();
         let store = Self {
             inner: Mutex::new(Inner {
                 db,
                 objects,
+                pools,
                 secrets: BTreeMap::new(),
             }),
             events,
+            pool_events,
+            pool_receiver: Mutex::new(Some(pool_rx)),
             _lock: lock,
         };
         Ok((store, rx))
@@ -117,6 +155,18 @@ impl EmbeddedStore {
         let _ = self.events.send(event);
     }
 
+    fn emit_pool(&self, event: StoreEvent) {
+        let _ = self.pool_events.send(event);
+    }
+
+    /// Events about ProxyPools (the first caller gets them; `None` after).
+    pub fn pool_events(&self) -> Option<mpsc::UnboundedReceiver<StoreEvent>> {
+        self.pool_receiver
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+
     /// This installation's id, kept in the state database (see
     /// [`Database::installation_id`]).
     pub fn installation_id(
@@ -128,9 +178,18 @@ impl EmbeddedStore {
 
     /// Announces every stored object (at start, so each gets reconciled).
     pub fn resync(&self) {
-        let keys: Vec<ObjectKey> = self.lock().objects.keys().cloned().collect();
+        let (keys, pools): (Vec<ObjectKey>, Vec<ObjectKey>) = {
+            let inner = self.lock();
+            (
+                inner.objects.keys().cloned().collect(),
+                inner.pools.keys().cloned().collect(),
+            )
+        };
         for key in keys {
             self.emit(StoreEvent::Changed(key));
+        }
+        for key in pools {
+            self.emit_pool(StoreEvent::Changed(key));
         }
     }
 
@@ -139,14 +198,44 @@ impl EmbeddedStore {
         self.lock().objects.values().cloned().collect()
     }
 
+    /// Every stored pool.
+    pub fn list_pools(&self) -> Vec<ProxyPool> {
+        self.lock().pools.values().cloned().collect()
+    }
+
     /// Makes the stored objects match the manifests: new ones are created,
     /// changed specs bump `generation`, missing ones are deleted (held by
-    /// their finalizers until released).
+    /// their finalizers until released). Pool members are the operator's,
+    /// not the manifests': they go when their pool goes.
     pub fn apply(&self, set: &ManifestSet) -> Result<(), StoreError> {
         let mut changed = Vec::new();
         let mut removed = Vec::new();
+        let mut pools_changed = Vec::new();
+        let mut pools_removed = Vec::new();
         {
             let mut inner = self.lock();
+            for (key, declared) in &set.pools {
+                let next = match inner.pools.get(key) {
+                    Some(existing) => merge_pool(existing, declared),
+                    None => Some(create_pool(declared)),
+                };
+                if let Some(next) = next {
+                    inner.db.put_pool(&next).map_err(backend)?;
+                    inner.pools.insert(key.clone(), next);
+                    pools_changed.push(key.clone());
+                }
+            }
+            let pools_gone: Vec<ObjectKey> = inner
+                .pools
+                .keys()
+                .filter(|k| !set.pools.contains_key(*k))
+                .cloned()
+                .collect();
+            for key in pools_gone {
+                inner.db.delete_pool(&key).map_err(backend)?;
+                inner.pools.remove(&key);
+                pools_removed.push(key);
+            }
             // Proxies whose cloud-init Secret changed must be looked at again.
             let changed_secrets: HashSet<ObjectKey> = set
                 .secrets
@@ -169,6 +258,11 @@ impl EmbeddedStore {
             inner.secrets = set.secrets.clone();
             for (key, declared) in &set.proxies {
                 let next = match inner.objects.get(key) {
+                    // A pool's member keeps its name until it is gone.
+                    Some(existing) if controller_pool_uid(existing).is_some() => {
+                        tracing::warn!(proxy = %key, "a manifest declares a Proxy that is a pool's member; ignored");
+                        continue;
+                    }
                     // A deleting object finishes first; a re-added manifest
                     // becomes a new incarnation once it is gone.
                     Some(existing) if existing.metadata.deletion_timestamp.is_some() => continue,
@@ -184,7 +278,11 @@ impl EmbeddedStore {
             let gone: Vec<ObjectKey> = inner
                 .objects
                 .iter()
-                .filter(|(k, p)| !set.proxies.contains_key(*k) && p.metadata.deletion_timestamp.is_none())
+                .filter(|(k, p)| {
+                    !set.proxies.contains_key(*k)
+                        && p.metadata.deletion_timestamp.is_none()
+                        && !inner.owned_by_live_pool(p)
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in gone {
@@ -209,12 +307,19 @@ impl EmbeddedStore {
         removed
             .into_iter()
             .for_each(|k| self.emit(StoreEvent::Removed(k)));
+        pools_changed
+            .into_iter()
+            .for_each(|k| self.emit_pool(StoreEvent::Changed(k)));
+        pools_removed
+            .into_iter()
+            .for_each(|k| self.emit_pool(StoreEvent::Removed(k)));
         Ok(())
     }
 
     /// Applies `change` to the object if it is still incarnation `uid`, and persists it.
     fn mutate(&self, key: &ObjectKey, uid: &str, change: impl FnOnce(&mut Proxy)) -> Result<(), StoreError> {
         let mut removed = false;
+        let mut relabelled = false;
         {
             let mut inner = self.lock();
             let gone = || StoreError::Gone {
@@ -237,12 +342,18 @@ impl EmbeddedStore {
                 inner.objects.remove(key);
                 removed = true;
             } else {
+                // As on the API server, a metadata change is an event (a pool
+                // retiring its member must reach the member's actor).
+                relabelled = next.metadata.annotations != current.metadata.annotations
+                    || next.metadata.deletion_timestamp != current.metadata.deletion_timestamp;
                 inner.db.put(&next).map_err(backend)?;
                 inner.objects.insert(key.clone(), next);
             }
         }
         if removed {
             self.emit(StoreEvent::Removed(key.clone()));
+        } else if relabelled {
+            self.emit(StoreEvent::Changed(key.clone()));
         }
         Ok(())
     }
@@ -266,6 +377,27 @@ fn create(declared: &Proxy) -> Proxy {
         annotations.retain(|k, _| !OPERATOR_ANNOTATIONS.contains(&k.as_str()));
     }
     proxy
+}
+
+/// A new incarnation of a declared pool.
+fn create_pool(declared: &ProxyPool) -> ProxyPool {
+    let mut pool = declared.clone();
+    pool.metadata.uid = Some(uuid::Uuid::new_v4().to_string());
+    pool.metadata.generation = Some(1);
+    pool.metadata.creation_timestamp = Some(now());
+    pool
+}
+
+/// The stored pool updated with a manifest's user-owned fields, or `None` when nothing changed.
+fn merge_pool(existing: &ProxyPool, declared: &ProxyPool) -> Option<ProxyPool> {
+    let mut next = existing.clone();
+    if next.spec != declared.spec {
+        next.spec = declared.spec.clone();
+        next.metadata.generation = Some(existing.metadata.generation.unwrap_or(0) + 1);
+    }
+    next.metadata.labels = declared.metadata.labels.clone();
+    next.metadata.annotations = declared.metadata.annotations.clone();
+    (&next != existing).then_some(next)
 }
 
 /// The stored object updated with a manifest's user-owned fields, or `None` when nothing changed.
@@ -422,6 +554,83 @@ impl ProxyStore for EmbeddedStore {
     }
 }
 
+#[async_trait]
+impl PoolStore for EmbeddedStore {
+    async fn get_pool(&self, key: &ObjectKey) -> Result<Option<ProxyPool>, StoreError> {
+        Ok(self.lock().pools.get(key).cloned())
+    }
+
+    async fn pool_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        Ok(self.lock().pools.keys().cloned().collect())
+    }
+
+    async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
+        let Some(uid) = pool.metadata.uid.as_deref() else {
+            return Ok(Vec::new());
+        };
+        Ok(self
+            .lock()
+            .objects
+            .values()
+            .filter(|p| controller_pool_uid(p) == Some(uid))
+            .cloned()
+            .collect())
+    }
+
+    async fn create_member(&self, member: &Proxy) -> Result<(), StoreError> {
+        let key = ObjectKey::of(member);
+        {
+            let mut inner = self.lock();
+            if inner.objects.contains_key(&key) {
+                return Err(StoreError::AlreadyExists(key));
+            }
+            // Like the API server, refuse a member whose owner is already gone.
+            if !inner.owned_by_live_pool(member) {
+                return Err(StoreError::Backend(format!(
+                    "{key}: its owning ProxyPool no longer exists"
+                )));
+            }
+            let created = create(member);
+            inner.db.put(&created).map_err(backend)?;
+            inner.objects.insert(key.clone(), created);
+        }
+        self.emit(StoreEvent::Changed(key));
+        Ok(())
+    }
+
+    async fn delete_member(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.mutate(key, uid, |p| {
+            if p.metadata.deletion_timestamp.is_none() {
+                p.metadata.deletion_timestamp = Some(now());
+            }
+        })
+    }
+
+    async fn write_pool_status(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        status: &ProxyPoolStatus,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let gone = || StoreError::Gone {
+            key: key.clone(),
+            uid: uid.to_owned(),
+        };
+        let current = inner.pools.get(key).ok_or_else(gone)?;
+        if current.metadata.uid.as_deref() != Some(uid) {
+            return Err(gone());
+        }
+        let mut next = current.clone();
+        next.status = Some(status.clone());
+        if &next != current {
+            inner.db.put_pool(&next).map_err(backend)?;
+            inner.pools.insert(key.clone(), next);
+        }
+        Ok(())
+    }
+}
+
 /// Keeps the store in step with the manifest directory: rescans every
 /// `interval`, applies changes, and logs problems when they change.
 pub async fn watch_manifests(store: Arc<EmbeddedStore>, mut dir: ManifestDir, interval: Duration) {
@@ -459,5 +668,13 @@ pub fn read_snapshot(state_dir: &Path) -> Result<Vec<Proxy>, DatabaseError> {
     Database::open_read_only(&path)?.load_all()
 }
 
+/// Reads the stored pools without taking the operator's lock (for `get pools`).
+pub fn read_pools_snapshot(state_dir: &Path) -> Result<Vec<ProxyPool>, DatabaseError> {
+    let path: PathBuf = state_dir.join(DATABASE_FILE);
+    Database::open_read_only(&path)?.load_pools()
+}
+
+#[cfg(test)]
+mod pool_tests;
 #[cfg(test)]
 mod tests;
