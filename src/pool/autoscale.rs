@@ -18,6 +18,9 @@ pub struct Bounds {
     pub max: u32,
     /// Percent of capacity in use aimed for, 1–100.
     pub target_utilization: u32,
+    /// How long after its last change the autoscaler may shrink the pool
+    /// ([`SCALE_DOWN_DELAY`] unless the operator is told otherwise).
+    pub scale_down_delay: Duration,
 }
 
 /// The pool's demand since the last decision.
@@ -54,7 +57,7 @@ pub fn desired_replicas(
     }
     let wanted = wanted.clamp(bounds.min, bounds.max.max(bounds.min));
     let recently_changed =
-        last_change.is_some_and(|at| now.duration_since(at).unsigned_abs() < SCALE_DOWN_DELAY);
+        last_change.is_some_and(|at| now.duration_since(at).unsigned_abs() < bounds.scale_down_delay);
     match wanted {
         w if w == current => None,
         w if w < current && recently_changed => None,
@@ -70,6 +73,7 @@ mod tests {
         min: 2,
         max: 10,
         target_utilization: 50,
+        scale_down_delay: SCALE_DOWN_DELAY,
     };
 
     fn at(secs: i64) -> Timestamp {

@@ -5,6 +5,7 @@
 mod autoscale;
 mod members;
 mod plan;
+mod step;
 
 pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, desired_replicas};
 pub use members::{
@@ -12,3 +13,4 @@ pub use members::{
     template_hash,
 };
 pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};
+pub use step::{Inputs, Step, is_retiring, step};

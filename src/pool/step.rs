@@ -1,0 +1,315 @@
+//! One turn of a pool's control loop, free of I/O: from the pool, its
+//! members as stored and the lease store's figures, what to write — the
+//! members to make, the annotations that retire members, the members to
+//! delete, and the pool's status. The PoolActor reads, calls this, writes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::autoscale::{Bounds, Demand, desired_replicas};
+use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
+use super::plan::{Plan, RetireReason, Settings, plan};
+use crate::resource::{POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, RETIRING_ANNOTATION, set_condition};
+use crate::store::ObjectKey;
+
+/// What the operator knows besides the pool and its members.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs {
+    /// Leases one proxy may hold (`--max-leases-per-proxy`; 0: unlimited).
+    pub leases_per_proxy: u32,
+    /// Acquires for the pool refused for lack of capacity since the last turn.
+    pub denied: u32,
+    pub scale_down_delay: Duration,
+    pub now: Timestamp,
+}
+
+/// What one turn decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Step {
+    /// New members (names drawn at random; a taken name is drawn again next turn).
+    pub create: Vec<Proxy>,
+    /// Members to retire: key, incarnation, the retiring annotation's value, why.
+    pub retire: Vec<(ObjectKey, String, String, RetireReason)>,
+    /// Members to delete: key and incarnation.
+    pub delete: Vec<(ObjectKey, String)>,
+    pub status: ProxyPoolStatus,
+}
+
+/// The turn for `pool` with `members` (as stored) and their lease `figures`.
+pub fn step(
+    pool: &ProxyPool,
+    members: &[Proxy],
+    figures: &HashMap<ObjectKey, LeaseFigures>,
+    inputs: Inputs,
+) -> Result<Step, Vec<String>> {
+    pool.spec.validate()?;
+    let spec = &pool.spec;
+    let now = inputs.now;
+    let hash = template_hash(&spec.template);
+    let previous = pool.status.clone().unwrap_or_default();
+    // Members already being deleted count for nothing but the status.
+    let live: Vec<&Proxy> = members
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .collect();
+    let figures_of = |m: &Proxy| figures.get(&ObjectKey::of(m)).copied().unwrap_or_default();
+    let leased: u32 = live.iter().map(|m| figures_of(m).leases).sum();
+
+    let mut status = ProxyPoolStatus {
+        last_scale_time: previous.last_scale_time.clone(),
+        conditions: previous.conditions.clone(),
+        ..Default::default()
+    };
+    let replicas = match &spec.autoscaling {
+        None => spec.replicas,
+        Some(a) => {
+            let current = previous.desired_replicas.unwrap_or(spec.replicas);
+            let bounds = Bounds {
+                min: a.min_replicas,
+                max: a.max_replicas,
+                target_utilization: a.target_utilization,
+                scale_down_delay: inputs.scale_down_delay,
+            };
+            let demand = Demand {
+                leases: leased,
+                denied: inputs.denied,
+                per_proxy: inputs.leases_per_proxy,
+            };
+            let last = previous.last_scale_time.as_ref().map(|t| t.0);
+            match desired_replicas(bounds, current, demand, last, now) {
+                Some(next) => {
+                    status.last_scale_time = Some(Time(now));
+                    next
+                }
+                None => current.clamp(a.min_replicas, a.max_replicas.max(a.min_replicas)),
+            }
+        }
+    };
+    let settings = Settings {
+        replicas,
+        max_surge: spec.max_surge,
+        max_unavailable: spec.max_unavailable,
+        drain_timeout: spec.drain_timeout().map_err(|e| vec![e])?,
+        max_age: spec.max_age().map_err(|e| vec![e])?,
+        after_blocked_targets: spec.rotation.as_ref().and_then(|r| r.after_blocked_targets),
+        after_errors: spec.rotation.as_ref().and_then(|r| r.after_errors),
+        template_hash: hash.clone(),
+    };
+    let planned_members: Vec<_> = live.iter().map(|m| planned(m, figures_of(m), now)).collect();
+    let Plan {
+        create,
+        retire,
+        delete,
+        rotating,
+    } = plan(&settings, &planned_members, now);
+
+    let by_name = |name: &str| live.iter().find(|m| m.metadata.name.as_deref() == Some(name));
+    let incarnation = |m: &Proxy| m.metadata.uid.clone().unwrap_or_default();
+    let mut out = Step {
+        create: (0..create)
+            .map(|_| new_member(pool, &random_suffix(), &hash))
+            .collect(),
+        ..Default::default()
+    };
+    for (name, reason) in retire {
+        if let Some(m) = by_name(&name) {
+            out.retire.push((
+                ObjectKey::of(m),
+                incarnation(m),
+                retiring_value(now, reason),
+                reason,
+            ));
+        }
+    }
+    for name in delete {
+        if let Some(m) = by_name(&name) {
+            out.delete.push((ObjectKey::of(m), incarnation(m)));
+        }
+    }
+
+    let ready = planned_members
+        .iter()
+        .filter(|m| m.ready && m.retiring.is_none())
+        .count() as u32;
+    status.replicas = members.len() as u32;
+    status.ready = ready;
+    status.leased = leased;
+    status.rotating = rotating;
+    status.desired_replicas = Some(replicas);
+    status.selector = Some(format!(
+        "{POOL_LABEL}={}",
+        pool.metadata.name.as_deref().unwrap_or_default()
+    ));
+    status.observed_generation = pool.metadata.generation;
+    let generation = pool.metadata.generation;
+    let time = Time(now);
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        ready >= replicas,
+        if ready >= replicas {
+            "AllReady"
+        } else {
+            "MembersNotReady"
+        },
+        &format!("{ready} of {replicas} members Ready"),
+        generation,
+        time.clone(),
+    );
+    let progressing = rotating > 0 || status.replicas != replicas || create > 0;
+    set_condition(
+        &mut status.conditions,
+        "Progressing",
+        progressing,
+        if rotating > 0 {
+            "Rotating"
+        } else if progressing {
+            "Scaling"
+        } else {
+            "Steady"
+        },
+        &format!(
+            "{rotating} rotating, {} members for {replicas} wanted",
+            status.replicas
+        ),
+        generation,
+        time,
+    );
+    out.status = status;
+    Ok(out)
+}
+
+/// Whether `proxy` is retiring (carries the annotation).
+pub fn is_retiring(proxy: &Proxy) -> bool {
+    proxy
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(RETIRING_ANNOTATION))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::resource::{Phase, ProxyStatus};
+
+    fn pool(replicas: u32, extra: serde_json::Value) -> ProxyPool {
+        let mut spec = json!({"replicas": replicas,
+            "template": {"spec": {"mode": "Managed", "provider": "local"}}});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": "eu", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": spec
+        }))
+        .unwrap()
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn inputs(now: Timestamp) -> Inputs {
+        Inputs {
+            leases_per_proxy: 4,
+            denied: 0,
+            scale_down_delay: Duration::from_secs(60),
+            now,
+        }
+    }
+
+    /// A stored member: created at `created`, Ready or not.
+    fn stored(pool: &ProxyPool, suffix: &str, created: i64, ready: bool) -> Proxy {
+        let mut m = new_member(pool, suffix, &template_hash(&pool.spec.template));
+        m.metadata.uid = Some(format!("uid-{suffix}"));
+        m.metadata.creation_timestamp = Some(Time(at(created)));
+        m.status = Some(ProxyStatus {
+            phase: Some(if ready { Phase::Ready } else { Phase::Provisioning }),
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn an_empty_pool_gets_its_members_and_a_status_saying_so() {
+        let p = pool(3, json!({}));
+        let s = step(&p, &[], &HashMap::new(), inputs(at(0))).unwrap();
+        assert_eq!(s.create.len(), 3);
+        assert!(s.create.iter().all(|m| crate::pool::is_member(m, &p)));
+        assert_eq!(s.status.desired_replicas, Some(3));
+        assert_eq!(s.status.selector.as_deref(), Some("crawl.example.com/pool=eu"));
+        let ready = s.status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.message.as_str()),
+            ("False", "0 of 3 members Ready")
+        );
+    }
+
+    #[test]
+    fn a_blocked_member_is_replaced_first_and_retired_once_its_successor_is_ready() {
+        let p = pool(2, json!({"rotation": {"afterBlockedTargets": 2}}));
+        let members = vec![stored(&p, "aaaaa", 0, true), stored(&p, "bbbbb", 0, true)];
+        let blocked: HashMap<ObjectKey, LeaseFigures> = [(
+            ObjectKey::new("ns", "eu-aaaaa"),
+            LeaseFigures {
+                leases: 1,
+                blocked_targets: 2,
+                errors: 0,
+            },
+        )]
+        .into();
+        let s = step(&p, &members, &blocked, inputs(at(10))).unwrap();
+        assert_eq!((s.create.len(), s.retire.len()), (1, 0), "successor first");
+        assert_eq!(s.status.rotating, 1);
+
+        let mut with_successor = members.clone();
+        with_successor.push(stored(&p, "ccccc", 10, true));
+        let s = step(&p, &with_successor, &blocked, inputs(at(20))).unwrap();
+        assert_eq!(s.create.len(), 0);
+        assert_eq!(s.retire.len(), 1);
+        let (key, uid, value, reason) = &s.retire[0];
+        assert_eq!(
+            (key.name.as_str(), uid.as_str(), *reason),
+            ("eu-aaaaa", "uid-aaaaa", RetireReason::Blocked)
+        );
+        assert!(value.ends_with(" blocked"), "{value}");
+    }
+
+    #[test]
+    fn autoscaling_follows_demand_and_records_when_it_changed() {
+        let p = pool(
+            2,
+            json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 5, "targetUtilization": 50}}),
+        );
+        let members = vec![stored(&p, "aaaaa", 0, true), stored(&p, "bbbbb", 0, true)];
+        let busy: HashMap<ObjectKey, LeaseFigures> = members
+            .iter()
+            .map(|m| {
+                let figures = LeaseFigures {
+                    leases: 4,
+                    ..Default::default()
+                };
+                (ObjectKey::of(m), figures)
+            })
+            .collect();
+        // 8 leases, 2 per proxy at 50 % of 4: 4 members.
+        let s = step(&p, &members, &busy, inputs(at(0))).unwrap();
+        assert_eq!(s.status.desired_replicas, Some(4));
+        assert_eq!(s.status.last_scale_time, Some(Time(at(0))));
+        assert_eq!(s.create.len(), 2, "grows to the new size at once");
+    }
+
+    #[test]
+    fn an_invalid_pool_plans_nothing_and_says_why() {
+        let p = pool(2, json!({"maxSurge": 0, "maxUnavailable": 0}));
+        let problems = step(&p, &[], &HashMap::new(), inputs(at(0))).unwrap_err();
+        assert!(problems[0].contains("cannot both be 0"), "{problems:?}");
+    }
+}
