@@ -10,7 +10,8 @@ use actix::prelude::*;
 use egress_proxies::leader::Tenure;
 use egress_proxies::lease::{
     AcquireError, AcquireRequest, Availability, Durable, Footprint, Grant, JournalError, LeaseBook,
-    LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, ProxyView, RenewError, UnknownLease,
+    LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView, RenewError,
+    UnknownLease,
 };
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
@@ -55,6 +56,12 @@ pub struct Renew {
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Vec<ProxyView>")]
 pub struct ListProxies;
+
+/// A pool's members' lease figures and its refused acquires (taken: the
+/// next ask counts from here).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "PoolFigures")]
+pub struct GetPoolFigures(pub String);
 
 /// Sizes of the lease book's tables (tests show they stay bounded).
 #[derive(Message, Debug, Clone, Copy)]
@@ -408,6 +415,13 @@ impl Handler<GetLeaseFootprint> for LeaseStore {
     type Result = MessageResult<GetLeaseFootprint>;
     fn handle(&mut self, _: GetLeaseFootprint, _: &mut Self::Context) -> Self::Result {
         MessageResult(self.book.footprint())
+    }
+}
+
+impl Handler<GetPoolFigures> for LeaseStore {
+    type Result = MessageResult<GetPoolFigures>;
+    fn handle(&mut self, GetPoolFigures(pool): GetPoolFigures, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.pool_figures(&pool))
     }
 }
 

@@ -22,6 +22,7 @@ pub mod kvm;
 pub mod lease_store;
 pub mod metrics_server;
 pub mod operator;
+pub mod pool_actor;
 pub mod proxy_actor;
 pub mod registry;
 pub mod standalone;

@@ -20,8 +20,10 @@ use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
 use super::{
     AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings,
-    MAX_BLOCKED_TARGETS, Outcome, ProxyView, RecentReport, RenewError, ReportCounts, TableFull, UnknownLease,
+    MAX_BLOCKED_TARGETS, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts, TableFull,
+    UnknownLease,
 };
+use crate::pool::LeaseFigures;
 use crate::store::ObjectKey;
 
 type ProxyId = u32;
@@ -825,6 +827,35 @@ impl LeaseBook {
             .flatten()
             .min()
             .unwrap_or(Duration::from_secs(1))
+    }
+
+    /// The lease figures of `pool`'s members (proxies whose pool attribute
+    /// names it), and the acquires for it refused since the last call.
+    pub fn pool_figures(&mut self, pool: &str) -> PoolFigures {
+        let members = self
+            .proxies
+            .iter()
+            .filter(|(id, _)| !self.placeholders.contains(id))
+            .filter(|(_, e)| {
+                e.availability
+                    .attributes
+                    .get(crate::resource::POOL_LABEL)
+                    .map(String::as_str)
+                    == Some(pool)
+            })
+            .map(|(_, e)| {
+                let figures = LeaseFigures {
+                    leases: e.active,
+                    blocked_targets: e.blocked_targets.len() as u32,
+                    errors: e.errors,
+                };
+                (e.availability.key.clone(), figures)
+            })
+            .collect();
+        PoolFigures {
+            members,
+            denied: self.take_pool_denials(pool),
+        }
     }
 
     /// Every known proxy, with its active leases.

@@ -184,6 +184,15 @@ pub struct ProxyView {
     pub errors: u32,
 }
 
+/// What a pool's control loop learns from the lease store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolFigures {
+    /// Per member: active leases, distinct blocking targets, error reports.
+    pub members: std::collections::HashMap<ObjectKey, crate::pool::LeaseFigures>,
+    /// Acquires for the pool refused for lack of capacity since the last ask.
+    pub denied: u32,
+}
+
 /// Distinct blocking targets counted per proxy: enough for any rotation
 /// threshold, bounded so a crawler reporting endless targets costs nothing more.
 pub const MAX_BLOCKED_TARGETS: usize = 256;

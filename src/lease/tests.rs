@@ -751,3 +751,33 @@ fn acquires_refused_for_a_pool_are_counted_for_its_autoscaler() {
     assert_eq!(book.take_pool_denials("eu"), 0, "taken");
     assert_eq!(book.take_pool_denials("us"), 0);
 }
+
+#[test]
+fn a_pool_learns_its_members_figures_and_its_refused_acquires() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    let pool = crate::resource::POOL_LABEL;
+    book.upsert(proxy("eu-aaaaa", true, 10, &[(pool, "eu")]), t0);
+    book.upsert(proxy("us-bbbbb", true, 10, &[(pool, "us")]), t0);
+    let for_eu = |target: &str| AcquireRequest {
+        target: target.into(),
+        selector: BTreeMap::from([(pool.to_owned(), "eu".to_owned())]),
+        ..Default::default()
+    };
+    let held = book.acquire(&for_eu("a.example"), t0).unwrap();
+    book.report(&held.id, Outcome::Blocked, None, t0).unwrap();
+    assert!(book.acquire(&for_eu("b.example"), t0).is_err(), "full");
+
+    let figures = book.pool_figures("eu");
+    assert_eq!(figures.denied, 1);
+    assert_eq!(figures.members.len(), 1, "only the pool's own members");
+    assert_eq!(
+        figures.members[&ObjectKey::new("ns", "eu-aaaaa")],
+        crate::pool::LeaseFigures {
+            leases: 1,
+            blocked_targets: 1,
+            errors: 0
+        }
+    );
+    assert_eq!(book.pool_figures("eu").denied, 0, "denials are taken");
+}
