@@ -23,6 +23,7 @@ pub mod lease_store;
 pub mod metrics_server;
 pub mod operator;
 pub mod pool_actor;
+pub mod pool_registry;
 pub mod proxy_actor;
 pub mod registry;
 pub mod standalone;

@@ -96,8 +96,8 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     system.block_on(async move {
         let providers = Arc::new(providers);
         let port: Arc<dyn egress_proxies::store::ProxyStore> = store.clone();
-        crate::system::start(
-            port,
+        let running = crate::system::start(
+            port.clone(),
             events,
             providers,
             prober,
@@ -106,6 +106,19 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             discovery_listener,
         )
         .map_err(StandaloneError::System)?;
+        if let Some(pool_events) = store.pool_events() {
+            let pools = crate::pool_actor::PoolContext {
+                pools: store.clone(),
+                proxies: port,
+                leases: Some(running.leases.clone()),
+                timing: crate::pool_actor::PoolTiming {
+                    interval: POOL_TURN_INTERVAL,
+                    scale_down_delay: egress_proxies::pool::SCALE_DOWN_DELAY,
+                    leases_per_proxy: config.max_leases_per_proxy,
+                },
+            };
+            crate::pool_registry::PoolRegistry::new(pools).run(pool_events);
+        }
         store.resync();
         actix::spawn(embedded::watch_manifests(
             store.clone(),
@@ -137,6 +150,9 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     })?;
     Ok(())
 }
+
+/// How often each pool looks at its members.
+const POOL_TURN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Lease settings from the standalone configuration.
 pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::lease::LeaseSettings {
