@@ -23,6 +23,7 @@ use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::registry::ProxyRegistry;
 use serde_json::json;
 use support::eventually;
+use support::process::Reaper;
 use support::squid::Squid;
 use support::target_server::{Behaviour, http_target_with};
 
@@ -92,6 +93,8 @@ struct Bed {
     prober: Addr<HealthProber>,
     declared: ManifestSet,
     _registry: Addr<ProxyRegistry>,
+    /// Whatever happens, no local proxy outlives the test (dropped before `_state`).
+    _reaper: Reaper,
     _state: tempfile::TempDir,
 }
 
@@ -128,6 +131,7 @@ impl Bed {
             prober,
             declared: ManifestSet::default(),
             _registry: registry,
+            _reaper: Reaper(state.path().to_owned()),
             _state: state,
         }
     }

@@ -53,7 +53,7 @@ fn request(uid: &str) -> CreateRequest {
 
 async fn lifecycle(implementation: LocalImplementation) {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), implementation);
     let uid = "0b7d3c1e-1111-4222-8333-444455556666";
     let credentials = ProxyCredentials::generate().unwrap();
@@ -186,7 +186,7 @@ fn which_squid() -> Option<std::path::PathBuf> {
 #[tokio::test]
 async fn a_dead_process_reads_as_stopped_and_delete_cleans_up() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("dead-process");
     let id = p.create(&req).await.unwrap();
@@ -241,7 +241,7 @@ async fn foreign_provider_ids_are_permanent_errors() {
 #[tokio::test]
 async fn a_process_never_recorded_is_found_by_its_pid_file() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("unrecorded-process");
     let id = p.create(&req).await.unwrap();
@@ -350,7 +350,7 @@ async fn a_run_directory_squids_user_cannot_reach_is_refused() {
 #[tokio::test]
 async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("5e7d3c1e-2222-4222-8333-444455556666");
     let id = p.create(&req).await.unwrap();
