@@ -175,7 +175,7 @@ fn proxy(name: &str, spec: serde_json::Value) -> Proxy {
 
 #[actix_rt::test]
 async fn an_external_squid_goes_ready_unhealthy_and_ready_with_one_write_per_transition() {
-    let Some(mut squid) = Squid::start("") else {
+    let Some(mut squid) = Squid::start("").await else {
         assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
         return;
     };
@@ -217,8 +217,9 @@ async fn an_external_squid_goes_ready_unhealthy_and_ready_with_one_write_per_tra
         Some((false, 3))
     );
 
-    squid.restart();
+    squid.restart().await;
     bed.wait_phase("ext", Phase::Ready, Duration::from_secs(10)).await;
+    // A window in which no write may happen: probes go on (every second), unchanged.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         bed.writes("ext"),
