@@ -274,12 +274,7 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
     let ready = bed.wait_phase("m", Phase::Ready, Duration::from_secs(15)).await;
     let first_endpoint = ready.status.unwrap().endpoint.unwrap();
 
-    let port = first_endpoint.rsplit_once(':').unwrap().1;
-    let killed = std::process::Command::new("pkill")
-        .args(["-KILL", "-f", &format!("listen 127.0.0.1:{port}")])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    support::process::kill_local_instance(bed._state.path());
     let replaced = eventually("a replacement to be Ready", Duration::from_secs(15), async || {
         let p = bed.store.get(&ObjectKey::new("crawl", "m")).await.unwrap()?;
         let s = p.status?;
