@@ -122,16 +122,12 @@ async fn schemathesis_finds_nothing() {
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "Schemathesis still running after {DEADLINE:?}; killed"
-        );
-        actix_rt::time::sleep(Duration::from_millis(200)).await;
-    };
+    let status = support::eventually(
+        "Schemathesis to finish (killed if it does not)",
+        DEADLINE,
+        async || child.0.try_wait().unwrap(),
+    )
+    .await;
     let (stdout, stderr) = (out_thread.join().unwrap(), err_thread.join().unwrap());
     println!("{stdout}\n{stderr}");
     assert!(

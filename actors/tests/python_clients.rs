@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::process::{InstanceReaper, Killed};
+use support::process::{Killed, Reaper};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 /// The whole suite stops (and fails) after this.
@@ -73,7 +73,7 @@ fn the_python_client_suite_passes_against_the_real_operator() {
     let root_path = root.path().canonicalize().unwrap();
     let operator_root = root_path.join("operator");
     // Should the suite die before its own clean-up, the local proxies still go.
-    let _reaper = InstanceReaper(operator_root.join("state"));
+    let _reaper = Reaper(operator_root.join("state"));
     let child = Command::new(&python)
         .current_dir(package())
         .args(["-m", "pytest", "-v", "-p", "no:cacheprovider"])
