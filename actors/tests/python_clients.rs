@@ -33,32 +33,6 @@ fn package() -> PathBuf {
         .unwrap()
 }
 
-/// Live processes whose command line names something under `dir`.
-fn processes_under(dir: &Path) -> Vec<String> {
-    let needle = dir.as_os_str().as_encoded_bytes();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if entry
-            .file_name()
-            .to_str()
-            .is_none_or(|n| n.parse::<u32>().is_err())
-        {
-            continue;
-        }
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        if stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')) {
-            continue;
-        }
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if cmdline.windows(needle.len()).any(|w| w == needle) {
-            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
-        }
-    }
-    found
-}
-
 #[test]
 fn the_python_client_suite_passes_against_the_real_operator() {
     let Some(python) = python() else {
@@ -122,7 +96,7 @@ fn the_python_client_suite_passes_against_the_real_operator() {
         stdout.contains(" passed") && !stdout.contains(" skipped"),
         "every test ran:\n{stdout}"
     );
-    let left = processes_under(&root_path);
+    let left = support::process::processes_under(&root_path);
     assert!(
         left.is_empty(),
         "processes the suite started are still running: {left:#?}"
