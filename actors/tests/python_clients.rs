@@ -8,10 +8,9 @@
 
 mod support;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::process::{Killed, Reaper};
 
@@ -33,8 +32,8 @@ fn package() -> PathBuf {
         .unwrap()
 }
 
-#[test]
-fn the_python_client_suite_passes_against_the_real_operator() {
+#[tokio::test]
+async fn the_python_client_suite_passes_against_the_real_operator() {
     let Some(python) = python() else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -60,37 +59,13 @@ fn the_python_client_suite_passes_against_the_real_operator() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut child = Killed(child);
-    let started = Instant::now();
-    // Read output on threads so a full pipe cannot stall the suite.
-    let mut stdout = child.0.stdout.take().unwrap();
-    let mut stderr = child.0.stderr.take().unwrap();
-    let out_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the Python client suite still running after {DEADLINE:?}; killed"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let (stdout, stderr) = (out_thread.join().unwrap(), err_thread.join().unwrap());
+    let done = support::process::finish_within(Killed(child), "the Python client suite", DEADLINE).await;
+    let (status, stdout, stderr) = (done.status, done.stdout, done.stderr);
     println!("{stdout}\n{stderr}");
     assert!(
         status.success(),
         "the Python client suite failed ({status}) after {:?}:\n{stdout}\n{stderr}",
-        started.elapsed()
+        done.took
     );
     assert!(
         stdout.contains(" passed") && !stdout.contains(" skipped"),

@@ -16,6 +16,45 @@ impl Drop for Killed {
     }
 }
 
+/// What a finished child printed, and how long it ran.
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub took: std::time::Duration,
+}
+
+/// Waits for `child` (spawned with piped stdout and stderr) to exit within
+/// `deadline`, reading its output on threads so a full pipe cannot stall
+/// it; polls, so the caller's runtime keeps serving meanwhile. A child
+/// still running at the deadline fails the test and is killed.
+pub async fn finish_within(mut child: Killed, what: &str, deadline: std::time::Duration) -> Finished {
+    let started = std::time::Instant::now();
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(child.0.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.0.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let status = super::eventually(
+        &format!("{what} to finish (killed if it does not)"),
+        deadline,
+        async || child.0.try_wait().unwrap(),
+    )
+    .await;
+    Finished {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+        took: started.elapsed(),
+    }
+}
+
 /// A loopback port nothing listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
