@@ -27,6 +27,11 @@ install_packages() {
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
+  # qemu-utils goes in the same transaction even when present: a newer
+  # qemu-utils (a backport) conflicts with Debian's qemu-system-x86, and apt
+  # would remove it, leaving libvirtd without qemu-img (it looks for it once,
+  # at start, and then fails every snapshot with "unable to find qemu-img").
+  [[ " ${missing[*]} " == *" qemu-utils "* ]] || missing+=(qemu-utils)
   log "installing ${missing[*]}"
   # Keep package scripts from starting sshd on :22 and libvirtd themselves.
   local created=0
@@ -34,6 +39,7 @@ install_packages() {
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   [ "$created" = 1 ] && rm -f /usr/sbin/policy-rc.d
+  command -v qemu-img >/dev/null || { log "qemu-img is missing after the install"; return 1; }
   return 0
 }
 

@@ -10,17 +10,32 @@ bash tests/unused-dependencies.sh
 EPO_SCHEMATHESIS=$(bash tests/openapi-fuzz-setup.sh)
 export EPO_SCHEMATHESIS
 export EPO_CLIENTS_PYTHON; EPO_CLIENTS_PYTHON=$(bash tests/python-clients-setup.sh)  # actors/tests/python_clients.rs
+# The tests' temporary files go to a directory of this run's own (shared by
+# every user the tests run as, like /tmp): whatever runs there once the
+# tests are done was left behind by them.
+tests_tmp=$(mktemp -d "${TMPDIR:-/tmp}/epo-tests.XXXXXX")
+chmod 1777 "$tests_tmp"
+log=$(mktemp)
+bed=
+cleanup() {
+  # Also when interrupted: the proxies the tests' operators started run in
+  # process groups of their own, which a Ctrl-C does not reach.
+  bash tests/leftover-processes.sh "$tests_tmp" >/dev/null 2>&1 || true
+  rm -rf "$log" "$tests_tmp"
+  if [ -n "$bed" ]; then bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
 if [ "$(id -u)" -eq 0 ]; then
+  bed=up
   bash tests/kvm-testbed.sh up >/dev/null
-  trap 'bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true' EXIT
 else
   echo "not root: the kvm test bed (libvirtd, sshd, bridge) is not set up; its tests will say they skip" >&2
 fi
-log=$(mktemp)
-trap 'rm -f "$log"; [ "$(id -u)" -eq 0 ] && bash tests/kvm-testbed.sh down >/dev/null 2>&1 || true' EXIT
 status=0
-cargo test --workspace --locked "$@" 2>&1 | tee "$log" || status=$?
+TMPDIR=$tests_tmp cargo test --workspace --locked "$@" 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
+# A run that leaves a process behind fails.
+bash tests/leftover-processes.sh "$tests_tmp" || status=1
 exit "$status"

@@ -13,18 +13,17 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use egress_proxies::resource::Phase;
-use egress_proxies::store::embedded::read_snapshot;
 use serde_json::{Value, json};
 
 mod support;
 
-use support::process::{Killed, forward_proxy, free_port, health_target};
-
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+use support::eventually;
+use support::operator::{BIN, LOCAL_PROVIDER, OperatorDir};
+use support::process::{Killed, Reaper, forward_proxy, free_port, health_target};
 const TOKEN: &str = "dashboard-test-token";
 /// The read-only token: enough for the dashboard.
 const READ_TOKEN: &str = "dashboard-read-token";
@@ -96,15 +95,11 @@ impl Driver {
 }
 
 async fn wait_js(driver: &Driver, what: &str, js: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let started = Instant::now();
-    loop {
+    eventually(what, Duration::from_secs(30), async || {
         let v = driver.script(js).await;
-        if ok(&v) {
-            return v;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "{what}: last {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if ok(&v) { Ok(v) } else { Err(v) }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -118,72 +113,49 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         return;
     }
     egress_proxies::tls::ensure_crypto_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let _reaper = support::process::InstanceReaper(root.join("state"));
-    std::fs::create_dir(root.join("proxies")).unwrap();
-    std::fs::write(
-        root.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
-    )
-    .unwrap();
-    let api = format!("127.0.0.1:{}", free_port());
-    std::fs::write(
-        root.join("standalone.yaml"),
-        format!(
-            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\nhealthProbeBindAddress: \"0\"\n\
-             discoveryBindAddress: \"{api}\"\nmanifestPollInterval: 100ms\n"
-        ),
-    )
-    .unwrap();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
     let target = health_target();
     // Someone else's proxy (External): the operator's own forward proxy as a process of this test.
     let external_port = free_port();
-    let external = forward_proxy(BIN, external_port, root);
+    let external = forward_proxy(BIN, external_port, dir.path());
     let check = format!("healthCheck: {{url: \"{target}\", interval: 1s, unhealthyThreshold: 2}}");
-    std::fs::write(
-        root.join("proxies/eu-1.yaml"),
-        format!(
+    dir.write_manifest(
+        "eu-1",
+        &format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: eu-1, namespace: crawlers}}\n\
              spec: {{mode: Managed, provider: local, port: {}, attributes: {{site: eu}}, {check}}}\n",
             free_port()
         ),
-    )
-    .unwrap();
-    std::fs::write(
-        root.join("proxies/us-1.yaml"),
-        format!(
+    );
+    dir.write_manifest(
+        "us-1",
+        &format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: us-1, namespace: crawlers}}\n\
              spec: {{mode: External, endpoint: {{host: 127.0.0.1, port: {external_port}}}, attributes: {{site: us}}, {check}}}\n"
         ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(root.join("operator.log")).unwrap();
-    let _operator = Killed(
-        Command::new(BIN)
-            .args(["standalone", "--config"])
-            .arg(root.join("standalone.yaml"))
-            .args(["--log-format", "text"])
-            .env("DISCOVERY_TOKEN", TOKEN)
-            .env("DISCOVERY_READ_TOKEN", READ_TOKEN)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap(),
     );
-    let state = root.join("state");
-    let started = Instant::now();
-    loop {
-        let phases: Vec<_> = read_snapshot(&state)
-            .map(|ps| ps.into_iter().map(|p| p.status.and_then(|s| s.phase)).collect())
-            .unwrap_or_default();
-        if phases == [Some(Phase::Ready), Some(Phase::Ready)] {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "{phases:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let operator = dir
+        .standalone()
+        .discovery()
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("DISCOVERY_READ_TOKEN", READ_TOKEN)
+        .start()
+        .await;
+    let api = operator.discovery().to_string();
+    operator
+        .eventually("both proxies Ready", Duration::from_secs(30), async || {
+            let phases: Vec<_> = dir
+                .proxies()
+                .into_iter()
+                .map(|p| p.status.and_then(|s| s.phase))
+                .collect();
+            if phases == [Some(Phase::Ready), Some(Phase::Ready)] {
+                Ok(())
+            } else {
+                Err(format!("{phases:?}"))
+            }
+        })
+        .await;
 
     // The JSON endpoint: behind the token, with the fleet and the actor tree.
     assert_eq!(get(&api, "/v1/dashboard", None).0, 401);
@@ -252,11 +224,15 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         "self-contained"
     );
 
-    // The page in headless Chromium.
+    // The page in headless Chromium, every process of it reaped by its
+    // profile directory (chromedriver runs in it, the browser names it).
+    let profile = tempfile::tempdir().unwrap();
+    let _browser = Reaper(profile.path().to_owned());
     let port = free_port();
     let _driver = Killed(
         Command::new("/usr/bin/chromedriver")
             .arg(format!("--port={port}"))
+            .current_dir(profile.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -264,15 +240,10 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     );
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    while http.get(format!("{base}/status")).send().await.is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "chromedriver did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let profile = tempfile::tempdir().unwrap();
+    eventually("chromedriver to start", Duration::from_secs(20), async || {
+        http.get(format!("{base}/status")).send().await
+    })
+    .await;
     let created: Value = http
         .post(format!("{base}/session"))
         .json(

@@ -124,7 +124,7 @@ async fn refuses_and_passes_by_class(implementation: LocalImplementation, tag: u
     let loopback = server(IpAddr::from([127, 0, 0, 1])).await;
 
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let config = LocalConfig {
         implementation,
         destinations: rules(&format!(

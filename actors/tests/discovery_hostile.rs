@@ -335,7 +335,7 @@ async fn rate_limits_answer_429_with_retry_after() {
             .status,
         200
     );
-    // Refilled after a second.
+    // Refilled after a second (the time a refill takes, not a wait for state).
     actix_rt::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(
         request_from(ip("127.0.0.1"), addr, "GET", "/v1/proxies", None)

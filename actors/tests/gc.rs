@@ -173,11 +173,12 @@ async fn the_sweeper_actor_sweeps_on_demand_and_on_its_interval() {
     let report = sweeper.send(SweepNow).await.unwrap().expect("a sweep ran");
     assert_eq!(report.deleted, 1);
     sim.plant("proxy-b", "dead-too", HOUR);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(
-        sim.instances().is_empty(),
-        "the interval sweep reaped the second orphan"
-    );
+    support::eventually(
+        "the interval sweep (every 200 ms) to reap the second orphan",
+        Duration::from_secs(5),
+        async || sim.instances().is_empty().then_some(()),
+    )
+    .await;
 }
 
 #[tokio::test]

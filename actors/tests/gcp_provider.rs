@@ -218,10 +218,18 @@ async fn tokens_are_cached_and_refreshed_and_missing_credentials_heal() {
     let id = gcp.create(&req).await.unwrap();
     gcp.get(&id).await.unwrap();
     assert_eq!(fake.state().issued.len(), 1, "one token for both calls");
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    gcp.get(&id).await.unwrap();
+    // Calls go on succeeding while the token nears its expiry: one of them
+    // refreshes it first.
+    support::eventually(
+        "the token refreshed before expiry",
+        Duration::from_secs(10),
+        async || {
+            gcp.get(&id).await.unwrap();
+            (fake.state().issued.len() == 2).then_some(())
+        },
+    )
+    .await;
     let state = fake.state();
-    assert_eq!(state.issued.len(), 2, "refreshed before expiry");
     let used: Vec<&str> = state.seen.iter().filter_map(|s| s.token.as_deref()).collect();
     assert_eq!(used.last(), Some(&state.issued[1].as_str()));
 }
@@ -458,6 +466,7 @@ async fn two_installations_in_one_project_reap_only_their_own_orphans() {
     }
 
     let grace = Duration::from_millis(50);
+    // Time passes (not a wait for anything): every VM is now older than the grace period.
     tokio::time::sleep(Duration::from_millis(120)).await;
     let mut deleted_by: [BTreeSet<String>; 2] = Default::default();
     for round in 0..10 {
@@ -493,6 +502,7 @@ async fn two_installations_in_one_project_reap_only_their_own_orphans() {
                 "a released VM is not even listed"
             );
         }
+        // Rounds apart, as sweeps are.
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
     assert_eq!(

@@ -23,6 +23,7 @@ use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::registry::ProxyRegistry;
 use serde_json::json;
 use support::eventually;
+use support::process::Reaper;
 use support::squid::Squid;
 use support::target_server::{Behaviour, http_target_with};
 
@@ -92,6 +93,8 @@ struct Bed {
     prober: Addr<HealthProber>,
     declared: ManifestSet,
     _registry: Addr<ProxyRegistry>,
+    /// Whatever happens, no local proxy outlives the test (dropped before `_state`).
+    _reaper: Reaper,
     _state: tempfile::TempDir,
 }
 
@@ -128,6 +131,7 @@ impl Bed {
             prober,
             declared: ManifestSet::default(),
             _registry: registry,
+            _reaper: Reaper(state.path().to_owned()),
             _state: state,
         }
     }
@@ -171,7 +175,7 @@ fn proxy(name: &str, spec: serde_json::Value) -> Proxy {
 
 #[actix_rt::test]
 async fn an_external_squid_goes_ready_unhealthy_and_ready_with_one_write_per_transition() {
-    let Some(mut squid) = Squid::start("") else {
+    let Some(mut squid) = Squid::start("").await else {
         assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
         return;
     };
@@ -213,8 +217,9 @@ async fn an_external_squid_goes_ready_unhealthy_and_ready_with_one_write_per_tra
         Some((false, 3))
     );
 
-    squid.restart();
+    squid.restart().await;
     bed.wait_phase("ext", Phase::Ready, Duration::from_secs(10)).await;
+    // A window in which no write may happen: probes go on (every second), unchanged.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         bed.writes("ext"),
@@ -264,12 +269,7 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
     let ready = bed.wait_phase("m", Phase::Ready, Duration::from_secs(15)).await;
     let first_endpoint = ready.status.unwrap().endpoint.unwrap();
 
-    let port = first_endpoint.rsplit_once(':').unwrap().1;
-    let killed = std::process::Command::new("pkill")
-        .args(["-KILL", "-f", &format!("listen 127.0.0.1:{port}")])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    support::process::kill_local_instance(bed._state.path());
     let replaced = eventually("a replacement to be Ready", Duration::from_secs(15), async || {
         let p = bed.store.get(&ObjectKey::new("crawl", "m")).await.unwrap()?;
         let s = p.status?;

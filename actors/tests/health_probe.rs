@@ -45,7 +45,7 @@ async fn builtin_proxy() -> SocketAddr {
 /// Every proxy kind the tests run against: the built-in one always, Squid when installed.
 async fn proxies() -> (Vec<(&'static str, SocketAddr)>, Option<Squid>) {
     let mut out = vec![("builtin", builtin_proxy().await)];
-    let squid = Squid::start("");
+    let squid = Squid::start("").await;
     match &squid {
         Some(s) => out.push(("squid", s.addr)),
         None => assert!(std::env::var_os("CI").is_none(), "CI must have squid installed"),
@@ -148,7 +148,8 @@ async fn wrong_status_is_reported_with_what_was_expected() {
 
 #[tokio::test]
 async fn connect_refused_by_an_acl_carries_the_proxys_status() {
-    let Some(squid) = Squid::start("acl SSL_ports port 443\nhttp_access deny CONNECT !SSL_ports") else {
+    let Some(squid) = Squid::start("acl SSL_ports port 443\nhttp_access deny CONNECT !SSL_ports").await
+    else {
         assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
         return;
     };
@@ -273,7 +274,8 @@ async fn probes_present_the_proxys_credentials() {
         "auth_param basic program /usr/lib/squid/basic_ncsa_auth {}\n\
          acl authenticated proxy_auth REQUIRED\nhttp_access deny !authenticated",
         passwd.display()
-    ));
+    ))
+    .await;
     match &squid {
         Some(s) => proxies.push(("squid", s.addr)),
         None => assert!(std::env::var_os("CI").is_none(), "CI must have squid installed"),

@@ -3,8 +3,7 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egress_proxies::store::credentials_secret::credentials_secret_name;
 use fake_apiserver::FakeApiServer;
@@ -13,90 +12,40 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use support::operator::{LOCAL_PROVIDER, OperatorBuilder, OperatorDir, OperatorProcess};
+use support::{eventually, eventually_explained};
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Operator {
-    child: Child,
-    health: std::net::SocketAddr,
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct Bed {
-    _fake: FakeApiServer,
-    dir: tempfile::TempDir,
+    fake: FakeApiServer,
+    dir: OperatorDir,
     client: kube::Client,
     target: String,
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        let _ = Command::new("pkill")
-            .arg("-KILL")
-            .arg("-f")
-            .arg(self.dir.path())
-            .status();
-        drop(support::process::InstanceReaper(self.dir.path().join("state")));
-    }
-}
-
-fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 impl Bed {
     async fn new(providers: &str) -> Self {
         let fake = FakeApiServer::start().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("kubeconfig"), fake.kubeconfig("crawl")).unwrap();
-        std::fs::write(dir.path().join("providers.yaml"), providers).unwrap();
+        let dir = OperatorDir::new(providers);
         let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
         let (target, _) =
             support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
         Self {
-            _fake: fake,
+            fake,
             dir,
             client,
             target: format!("http://{target}/generate_204"),
         }
     }
 
-    fn start(&self, extra: &[&str], log: &str) -> Operator {
-        let health = free_addr();
-        let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
-        let child = Command::new(BIN)
-            .arg("run")
-            .arg("--providers-config")
-            .arg(self.dir.path().join("providers.yaml"))
-            .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
-            .args(
-                ["--metrics-bind-address", "0"]
-                    .into_iter()
-                    .filter(|_| !extra.contains(&"--metrics-bind-address")),
-            )
-            .args(["--discovery-bind-address", "0", "--log-format", "text"])
-            .args(["--health-probe-bind-address", &health.to_string()])
-            .args(extra)
-            .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
-            .env_remove("POD_NAME")
-            .env_remove("POD_NAMESPACE")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Operator { child, health }
+    /// An operator against the fake, its log in `<name>.log`.
+    fn operator(&self, name: &str) -> OperatorBuilder {
+        self.dir.kubernetes(&self.fake.kubeconfig("crawl")).name(name)
+    }
+
+    async fn start(&self, extra: &[&str], name: &str) -> OperatorProcess {
+        self.operator(name).args(extra).start().await
     }
 
     fn proxies(&self) -> Api<DynamicObject> {
@@ -122,27 +71,19 @@ impl Bed {
         mut check: impl AsyncFnMut(Option<DynamicObject>) -> Option<T>,
         name: &str,
     ) -> T {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let obj = self.proxies().get_opt(name).await.unwrap();
-            if let Some(v) = check(obj).await {
-                return v;
-            }
-            if Instant::now() > deadline {
-                let logs: Vec<String> = std::fs::read_dir(self.dir.path())
-                    .unwrap()
-                    .flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-                    .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
-                    .collect();
-                panic!(
-                    "timed out waiting for {what} of {name}: {:?}\n{}",
-                    self.proxies().get_opt(name).await.unwrap().map(|o| o.data),
-                    logs.join("\n---\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually_explained(
+            &format!("{what} of {name}"),
+            WAIT,
+            || self.dir.logs(),
+            async || {
+                let obj = self.proxies().get_opt(name).await.unwrap();
+                let data = obj.as_ref().map(|o| o.data.to_string());
+                check(obj)
+                    .await
+                    .ok_or_else(|| data.unwrap_or_else(|| "no such Proxy".into()))
+            },
+        )
+        .await
     }
 
     async fn phase(&self, name: &str, phase: &str) -> DynamicObject {
@@ -155,17 +96,7 @@ impl Bed {
     }
 
     fn instances(&self) -> Vec<String> {
-        let dir = self.dir.path().join("state/local/local/instances");
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| !n.starts_with('.'))
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
+        self.dir.local_instances()
     }
 }
 
@@ -182,23 +113,23 @@ fn hash(o: &DynamicObject) -> String {
         .unwrap_or_default()
 }
 
-const LOCAL: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n";
-
 #[actix_rt::test]
 async fn the_operator_runs_every_path_against_the_api_server() {
-    let bed = Bed::new(LOCAL).await;
-    let _op = bed.start(
-        &[
-            "--gc-interval",
-            "1s",
-            "--gc-grace-period",
-            "30s",
-            // The External proxy below is this test's own, on IPv4 loopback.
-            "--allow-external-endpoint-networks",
-            "127.0.0.0/8",
-        ],
-        "operator.log",
-    );
+    let bed = Bed::new(LOCAL_PROVIDER).await;
+    let _op = bed
+        .start(
+            &[
+                "--gc-interval",
+                "1s",
+                "--gc-grace-period",
+                "30s",
+                // The External proxy below is this test's own, on IPv4 loopback.
+                "--allow-external-endpoint-networks",
+                "127.0.0.0/8",
+            ],
+            "operator",
+        )
+        .await;
 
     // An External proxy: the built-in forward proxy of this test, demanding
     // the credentials of a Secret the Proxy names; probed through with them.
@@ -380,7 +311,7 @@ async fn the_operator_runs_every_path_against_the_api_server() {
     }
 
     // Its process killed: a Warning Event says how, and a replacement serves.
-    support::process::kill_local_instance(&bed.dir.path().join("state"));
+    support::process::kill_local_instance(&bed.dir.state());
     let stopped = bed
         .until(
             "an InstanceStopped Event",
@@ -511,7 +442,7 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         .data
         .unwrap()["id"]
         .clone();
-    let instances_dir = bed.dir.path().join("state/local/local/instances");
+    let instances_dir = bed.dir.state().join("local/local/instances");
     let planted = instances_dir.join("proxy-plantedorphan00");
     std::fs::create_dir_all(&planted).unwrap();
     std::fs::write(
@@ -524,50 +455,70 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         .unwrap(),
     )
     .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while planted.exists() {
-        assert!(Instant::now() < deadline, "GC did not reap the planted orphan");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_explained(
+        "GC to reap the planted orphan",
+        WAIT,
+        || bed.dir.logs(),
+        async || (!planted.exists()).then_some(()),
+    )
+    .await;
     assert_eq!(
         bed.instances().len(),
         with_kept,
         "the released instance (skip-cleanup's) is spared"
     );
-    support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
+    support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
 }
 
 #[actix_rt::test]
 async fn an_operator_limited_to_one_namespace_needs_only_the_namespaced_rbac() {
-    let bed = Bed::new(LOCAL).await;
-    let _op = bed.start(
-        &[
-            "--proxy-namespace",
-            "crawl",
-            "--gc-interval",
-            "1s",
-            "--gc-grace-period",
-            "30s",
-        ],
-        "operator.log",
-    );
+    let bed = Bed::new(LOCAL_PROVIDER).await;
+    let _op = bed
+        .start(
+            &[
+                "--proxy-namespace",
+                "crawl",
+                "--gc-interval",
+                "1s",
+                "--gc-grace-period",
+                "30s",
+            ],
+            "operator",
+        )
+        .await;
     bed.apply("m", managed(&bed.target), json!({})).await;
     bed.phase("m", "Ready").await;
     bed.proxies().delete("m", &DeleteParams::default()).await.unwrap();
     bed.until("deletion", async |o| o.is_none().then_some(()), "m")
         .await;
-    // A GC sweep or two ran meanwhile (they list Proxies too). Without
-    // --proxy-namespace this fails: Proxies and Secrets are watched
+    // Two more GC sweeps (each lists Proxies, as the watch did once).
+    // Without --proxy-namespace this fails: Proxies and Secrets are watched
     // cluster-wide.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    support::rbac::assert_namespaced(&bed._fake.accesses.lock().unwrap(), "crawl");
+    let proxy_lists = || {
+        bed.fake
+            .accesses
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.verb == "list" && a.resource == "proxies")
+            .count()
+    };
+    let before = proxy_lists();
+    eventually_explained(
+        "two GC sweeps",
+        WAIT,
+        || bed.dir.logs(),
+        async || (proxy_lists() >= before + 2).then_some(()),
+    )
+    .await;
+    support::rbac::assert_namespaced(&bed.fake.accesses.lock().unwrap(), "crawl");
 }
 
 #[actix_rt::test]
 async fn metrics_are_served_over_https_to_tokens_allowed_get_metrics_only() {
-    let bed = Bed::new(LOCAL).await;
+    let bed = Bed::new(LOCAL_PROVIDER).await;
     {
-        let mut reviews = bed._fake.reviews.lock().unwrap();
+        let mut reviews = bed.fake.reviews.lock().unwrap();
         reviews.add_token(
             "prometheus-token",
             "system:serviceaccount:monitoring:prometheus",
@@ -576,8 +527,8 @@ async fn metrics_are_served_over_https_to_tokens_allowed_get_metrics_only() {
         reviews.grant_non_resource("system:serviceaccount:monitoring:prometheus", "/metrics", "get");
         reviews.add_token("someone-token", "system:serviceaccount:crawl:crawler", &[]);
     }
-    let addr = free_addr();
-    let _op = bed.start(&["--metrics-bind-address", &addr.to_string()], "operator.log");
+    let op = bed.operator("operator").metrics().start().await;
+    let addr = op.metrics();
     egress_proxies::tls::ensure_crypto_provider();
     // Self-signed (no --metrics-cert-dir): the token is what protects.
     let client = reqwest::Client::builder()
@@ -593,17 +544,10 @@ async fn metrics_are_served_over_https_to_tokens_allowed_get_metrics_only() {
         let resp = req.send().await.ok()?;
         Some((resp.status().as_u16(), resp.text().await.unwrap_or_default()))
     };
-    let deadline = Instant::now() + WAIT;
-    let (status, _) = loop {
-        if let Some(answer) = scrape(None).await {
-            break answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the metrics listener never answered over HTTPS"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (status, _) = eventually("the metrics listener to answer over HTTPS", WAIT, async || {
+        scrape(None).await
+    })
+    .await;
     assert_eq!(status, 401, "no token");
     assert_eq!(
         scrape(Some("forged")).await.unwrap().0,
@@ -619,18 +563,18 @@ async fn metrics_are_served_over_https_to_tokens_allowed_get_metrics_only() {
     // Plain HTTP gets nothing from the TLS listener.
     let plain = reqwest::get(format!("http://{addr}/metrics")).await;
     assert!(!plain.is_ok_and(|r| r.status().is_success()));
-    support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
+    support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
 }
 
 #[actix_rt::test]
 async fn a_provider_removed_from_the_config_holds_deletion_until_skip_cleanup() {
-    let bed = Bed::new(LOCAL).await;
-    let op = bed.start(&[], "first.log");
+    let bed = Bed::new(LOCAL_PROVIDER).await;
+    let op = bed.start(&[], "first").await;
     bed.apply("m", managed(&bed.target), json!({})).await;
     bed.phase("m", "Ready").await;
     drop(op);
     std::fs::write(bed.dir.path().join("providers.yaml"), "providers: []\n").unwrap();
-    let _op = bed.start(&[], "second.log");
+    let _op = bed.start(&[], "second").await;
     bed.proxies().delete("m", &DeleteParams::default()).await.unwrap();
     let held = bed
         .until(
@@ -658,29 +602,29 @@ async fn a_provider_removed_from_the_config_holds_deletion_until_skip_cleanup() 
         .await;
 }
 
-async fn ready(op: &Operator) -> bool {
-    let (status, _) = support::http::request(op.health, "GET", "/readyz", &[], None).await;
+async fn ready(op: &OperatorProcess) -> bool {
+    let (status, _) = support::http::request(op.health(), "GET", "/readyz", &[], None).await;
     status == 200
 }
 
 #[actix_rt::test]
 async fn only_the_leader_acts_and_a_follower_takes_over() {
-    let bed = Bed::new(LOCAL).await;
+    let bed = Bed::new(LOCAL_PROVIDER).await;
     let args = ["--leader-elect", "--lease-duration", "3s"];
-    let mut operators = vec![bed.start(&args, "a.log"), bed.start(&args, "b.log")];
+    let mut operators = vec![bed.start(&args, "a").await, bed.start(&args, "b").await];
     let leases: Api<Lease> = Api::namespaced(bed.client.clone(), "crawl");
-    let deadline = Instant::now() + WAIT;
-    let leader = loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let leader = eventually("a leader", WAIT, async || {
         let (ra, rb) = (ready(&operators[0]).await, ready(&operators[1]).await);
         assert!(!(ra && rb), "two leaders at once");
         if ra || rb {
-            break if ra { 0 } else { 1 };
+            Some(if ra { 0 } else { 1 })
+        } else {
+            None
         }
-        assert!(Instant::now() < deadline, "nobody became the leader");
-    };
+    })
+    .await;
     let follower = operators.remove(1 - leader);
-    let mut leader = operators.remove(0);
+    let leader = operators.remove(0);
     let holder = leases
         .get("egress-proxies-operator")
         .await
@@ -697,14 +641,15 @@ async fn only_the_leader_acts_and_a_follower_takes_over() {
     assert!(!ready(&follower).await, "the follower stays idle");
 
     // The leader dies without releasing: the follower takes over after the lease expires.
-    let _ = leader.child.kill();
-    let _ = leader.child.wait();
-    let killed = Instant::now();
-    let deadline = Instant::now() + WAIT;
-    while !ready(&follower).await {
-        assert!(Instant::now() < deadline, "the follower never took over");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    drop(leader);
+    let killed = std::time::Instant::now();
+    eventually_explained(
+        "the follower to take over",
+        WAIT,
+        || bed.dir.logs(),
+        async || ready(&follower).await.then_some(()),
+    )
+    .await;
     eprintln!("takeover after the leader's death: {:?}", killed.elapsed());
     let new_holder = leases
         .get("egress-proxies-operator")
@@ -722,5 +667,5 @@ async fn only_the_leader_acts_and_a_follower_takes_over() {
         2,
         "one instance per Proxy after the takeover, nothing duplicated"
     );
-    support::rbac::assert_covered(&bed._fake.accesses.lock().unwrap());
+    support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
 }

@@ -4,7 +4,7 @@
 mod support;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egress_proxies::config::KubernetesConfig;
 use egress_proxies::provider::kubernetes::KubernetesProvider;
@@ -228,13 +228,7 @@ async fn pods_are_created_mapped_listed_and_deleted() {
 #[actix_rt::test]
 async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     let fake = FakeApiServer::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("kubeconfig"), fake.kubeconfig("crawl")).unwrap();
-    std::fs::write(
-        dir.path().join("providers.yaml"),
-        "providers:\n  - {name: kubernetes, type: kubernetes}\n",
-    )
-    .unwrap();
+    let dir = support::operator::OperatorDir::new("providers:\n  - {name: kubernetes, type: kubernetes}\n");
     // The "pod" serves on loopback: a built-in forward proxy run by the test.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -246,24 +240,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     let (target, _) =
         support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
 
-    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
-        .arg("run")
-        .arg("--providers-config")
-        .arg(dir.path().join("providers.yaml"))
-        .args([
-            "--metrics-bind-address",
-            "0",
-            "--discovery-bind-address",
-            "0",
-            "--health-probe-bind-address",
-            "0",
-        ])
-        .env("KUBECONFIG", dir.path().join("kubeconfig"))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let operator = dir.kubernetes(&fake.kubeconfig("crawl")).start().await;
     let c = client(&fake);
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "Proxy"),
@@ -279,33 +256,30 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     .unwrap();
     proxies.create(&PostParams::default(), &p).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(c.clone(), "crawl");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let pod_name = loop {
-        let list = pods.list(&Default::default()).await.unwrap();
-        if let Some(pod) = list.items.first() {
-            break pod.metadata.name.clone().unwrap();
-        }
-        assert!(Instant::now() < deadline, "no pod was created");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let pod_name = operator
+        .eventually("a pod", Duration::from_secs(30), async || {
+            let list = pods.list(&Default::default()).await.unwrap();
+            list.items.first()?.metadata.name.clone()
+        })
+        .await;
     assert_eq!(
         proxies.get("pod-proxy").await.unwrap().data["status"]["phase"],
         "Provisioning"
     );
     // The kubelet's part: the pod runs, ready, with an address (loopback here).
     mark(&pods, &pod_name, json!({"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]})).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = proxies.get("pod-proxy").await.unwrap().data["status"].clone();
-        if status["phase"] == "Ready" {
-            assert_eq!(status["endpoint"], format!("127.0.0.1:{port}"));
-            break;
-        }
-        assert!(Instant::now() < deadline, "proxy never became Ready: {status}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let status = operator
+        .eventually("the proxy Ready", Duration::from_secs(30), async || {
+            let status = proxies.get("pod-proxy").await.unwrap().data["status"].clone();
+            if status["phase"] == "Ready" {
+                Ok(status)
+            } else {
+                Err(status)
+            }
+        })
+        .await;
+    assert_eq!(status["endpoint"], format!("127.0.0.1:{port}"));
+    drop(operator);
     support::rbac::assert_covered(&fake.accesses.lock().unwrap());
 }
 
@@ -421,14 +395,12 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     .unwrap();
     let _squid = run_like_the_kubelet(&pod, &[("auth", secret.path())]);
     let proxy: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(proxy).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "Squid never listened under the pod's restrictions"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually(
+        "Squid to listen under the pod's restrictions",
+        Duration::from_secs(20),
+        async || tokio::net::TcpStream::connect(proxy).await,
+    )
+    .await;
     let fetch = async |authorization: Option<String>| {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();

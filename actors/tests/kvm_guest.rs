@@ -16,17 +16,16 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use egress_proxies::provider::kvm::base_image::{base_volume, marker_name};
 use egress_proxies::resource::Phase;
-use egress_proxies::store::embedded::read_snapshot;
 use sha2::Digest;
+use support::operator::OperatorDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const BOOT_DEADLINE: Duration = Duration::from_secs(240);
 const TARGET_BODY: &str = "hello from the bridge";
 
@@ -137,15 +136,6 @@ fn build_guest_image(out: &Path) -> PathBuf {
     PathBuf::from(String::from_utf8(built.stdout).unwrap().trim())
 }
 
-/// A free loopback port for the discovery API.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Minimal HTTP/1.1 exchange over one connection (answers with `Connection: close`).
 fn http(addr: &str, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -154,41 +144,6 @@ fn http(addr: &str, request: &str) -> String {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
-}
-
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(60)..].join("\n")
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for<T>(what: &str, op: &Operator, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "{what}: not within {deadline:?}\n--- operator log ---\n{}",
-            op.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 fn user_data(target_port: u16) -> String {
@@ -203,8 +158,8 @@ fn user_data(target_port: u16) -> String {
     )
 }
 
-#[test]
-fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
+#[tokio::test]
+async fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
     let bed = bed_or_skip!();
     let work = tempfile::tempdir().unwrap();
     let image = build_guest_image(&work.path().join("image"));
@@ -219,66 +174,42 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
     virsh(&["vol-delete", "--pool", "default", &marker_name(&base)]);
     virsh(&["vol-delete", "--pool", "default", &base]);
 
-    let dir = work.path();
-    std::fs::create_dir(dir.join("proxies")).unwrap();
     let (host, user) = (&bed["EPO_KVM_HOST_A"], &bed["EPO_KVM_USER"]);
-    std::fs::write(
-        dir.join("providers.yaml"),
-        format!(
-            "providers:\n\
-             - name: kvm-bed\n  type: kvm\n  kvm:\n\
-             \x20   sshKeyFile: {key}\n    knownHostsFile: {known}\n    diskSizeGb: 1\n\
-             \x20   images:\n      guest: {{url: \"{image_url}\", sha256: \"{digest}\", format: qcow2}}\n\
-             \x20     stalled: {{url: \"{stalled_url}\"}}\n\
-             \x20   machineTypes:\n      tiny: {{vcpus: 1, memoryMiB: 256}}\n\
-             \x20   hosts:\n      - {{name: a, address: \"{host}\", user: {user}, bridge: {bridge}, \
-             pool: default, domainType: qemu}}\n",
-            key = bed["EPO_KVM_SSH_KEY"],
-            known = bed["EPO_KVM_KNOWN_HOSTS"],
-            bridge = bed["EPO_KVM_BRIDGE"],
-        ),
-    )
-    .unwrap();
-    let api = format!("127.0.0.1:{}", free_port());
-    std::fs::write(
-        dir.join("standalone.yaml"),
-        format!(
-            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
-             healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"{api}\"\nmanifestPollInterval: 200ms\n\
-             leaseCooldown: 0s\n"
-        ),
-    )
-    .unwrap();
-    let log = dir.join("operator.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let op = Operator {
-        child: Command::new(BIN)
-            .args(["standalone", "--config"])
-            .arg(dir.join("standalone.yaml"))
-            .args(["--log-format", "text", "--log-level", "info"])
-            .env_remove("DISCOVERY_TOKEN")
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap(),
-        log,
-    };
+    let dir = OperatorDir::new(&format!(
+        "providers:\n\
+         - name: kvm-bed\n  type: kvm\n  kvm:\n\
+         \x20   sshKeyFile: {key}\n    knownHostsFile: {known}\n    diskSizeGb: 1\n\
+         \x20   images:\n      guest: {{url: \"{image_url}\", sha256: \"{digest}\", format: qcow2}}\n\
+         \x20     stalled: {{url: \"{stalled_url}\"}}\n\
+         \x20   machineTypes:\n      tiny: {{vcpus: 1, memoryMiB: 256}}\n\
+         \x20   hosts:\n      - {{name: a, address: \"{host}\", user: {user}, bridge: {bridge}, \
+         pool: default, domainType: qemu}}\n",
+        key = bed["EPO_KVM_SSH_KEY"],
+        known = bed["EPO_KVM_KNOWN_HOSTS"],
+        bridge = bed["EPO_KVM_BRIDGE"],
+    ));
+    let op = dir
+        .standalone()
+        .discovery()
+        .setting("manifestPollInterval", "200ms")
+        .setting("leaseCooldown", "0s")
+        .log_level("info")
+        .start()
+        .await;
+    let api = op.discovery().to_string();
 
     // A proxy whose image download stalls: it must not hold up guest-1.
-    let stalled_manifest = dir.join("proxies/stalled.yaml");
-    std::fs::write(
-        &stalled_manifest,
+    dir.write_manifest(
+        "stalled",
         "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: stalled-1, namespace: crawl}\n\
          spec:\n  mode: Managed\n  provider: kvm-bed\n  placement: {zone: a, machineType: tiny, image: stalled}\n\
          \x20 cloudInit: {inline: \"#!/bin/sh\\n\"}\n",
-    )
-    .unwrap();
-    let manifest = dir.join("proxies/guest.yaml");
+    );
     let cloud_init = user_data(target.port()).replace('\n', "\\n");
     let applied = Instant::now();
-    std::fs::write(
-        &manifest,
-        format!(
+    dir.write_manifest(
+        "guest",
+        &format!(
             "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: guest-1, namespace: crawl}}\n\
              spec:\n  mode: Managed\n  provider: kvm-bed\n  port: 3128\n\
              \x20 placement: {{zone: a, machineType: tiny, image: guest}}\n\
@@ -286,33 +217,28 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
              \x20 attributes: {{site: bridge}}\n\
              \x20 healthCheck: {{url: \"http://{target}/generate_204\", expectedStatus: 200, interval: 1s, timeout: 5s}}\n"
         ),
-    )
-    .unwrap();
+    );
 
-    let state = dir.join("state");
-    let named = |name: &str| {
-        read_snapshot(&state)
-            .ok()?
-            .into_iter()
-            .find(|p| p.metadata.name.as_deref() == Some(name))
-    };
+    let named = |name: &str| dir.proxy(name);
     let proxy = || named("guest-1");
     let mut phases = Vec::new();
-    let ready = wait_for("guest-1 Ready", &op, BOOT_DEADLINE, || {
-        let p = proxy()?;
-        let status = p.status.clone()?;
-        let phase = status.phase?;
-        if phases.last() != Some(&phase) {
-            eprintln!(
-                "{:>6.1}s guest-1 {phase:?} {}",
-                applied.elapsed().as_secs_f64(),
-                status.message.clone().unwrap_or_default()
-            );
-            phases.push(phase);
-        }
-        assert_ne!(phase, Phase::Failed, "{:?}\n{}", status.message, op.log_tail());
-        (phase == Phase::Ready).then_some(p)
-    });
+    let ready = op
+        .eventually("guest-1 Ready", BOOT_DEADLINE, async || {
+            let p = proxy()?;
+            let status = p.status.clone()?;
+            let phase = status.phase?;
+            if phases.last() != Some(&phase) {
+                eprintln!(
+                    "{:>6.1}s guest-1 {phase:?} {}",
+                    applied.elapsed().as_secs_f64(),
+                    status.message.clone().unwrap_or_default()
+                );
+                phases.push(phase);
+            }
+            assert_ne!(phase, Phase::Failed, "{:?}\n{}", status.message, op.logs());
+            (phase == Phase::Ready).then_some(p)
+        })
+        .await;
     let to_ready = applied.elapsed();
     eprintln!(
         "apply → Ready: {:.1} s (phases {phases:?})",
@@ -359,10 +285,11 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
         (&serde_json::json!(4), &serde_json::json!(100000000))
     );
 
-    std::fs::remove_file(&stalled_manifest).unwrap();
-    wait_for("stalled-1 deleted", &op, Duration::from_secs(15), || {
+    dir.remove_manifest("stalled");
+    op.eventually("stalled-1 deleted", Duration::from_secs(15), async || {
         named("stalled-1").is_none().then_some(())
-    });
+    })
+    .await;
     release.store(true, Ordering::SeqCst);
     let status = ready.status.unwrap();
     let provider_id = status.provider_id.clone().expect("providerID");
@@ -421,10 +348,11 @@ fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
     assert!(line.starts_with("HTTP/1.1 200"), "through the tunnel: {line}");
 
     // Deleting the Proxy removes the domain, its overlay and seed; the base stays cached.
-    std::fs::remove_file(&manifest).unwrap();
-    wait_for("guest-1 gone", &op, Duration::from_secs(60), || {
+    dir.remove_manifest("guest");
+    op.eventually("guest-1 gone", Duration::from_secs(60), async || {
         proxy().is_none().then_some(())
-    });
+    })
+    .await;
     let domains = virsh(&["list", "--all", "--name"]);
     assert!(!domains.contains(&instance), "domain {instance} left: {domains}");
     let volumes = pool_volumes();

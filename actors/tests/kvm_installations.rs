@@ -15,7 +15,7 @@ mod support;
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egress_proxies::config::{ImageFormat, KvmConfig};
 use egress_proxies::gc;
@@ -24,8 +24,7 @@ use egress_proxies::provider::kvm::metadata::{self, METADATA_URI};
 use egress_proxies::provider::kvm::ops::{overlay_name, seed_name};
 use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{
-    CloudInitBytes, CreateRequest, ErrorClass, Instance, Provider, ProviderError, ProviderId, Providers,
-    instance_name,
+    CloudInitBytes, CreateRequest, Instance, Provider, ProviderError, ProviderId, Providers, instance_name,
 };
 use egress_proxies::resource::{Placement, Proxy};
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
@@ -179,17 +178,10 @@ impl Installation {
     }
 }
 
-async fn retry<T>(what: &str, mut f: impl AsyncFnMut() -> Result<T, ProviderError>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if e.class == ErrorClass::Transient && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
+async fn retry<T>(what: &str, f: impl AsyncFnMut() -> Result<T, ProviderError>) -> T {
+    support::kvm_bed::past_transient(what, Duration::from_secs(90), f)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 fn virsh(args: &[&str]) -> std::process::Output {
@@ -443,6 +435,7 @@ async fn two_installations_on_one_host_never_reap_each_other() {
             }
         }
         assert!(vols.contains(&base), "round {round}: the base in use stays");
+        // Sweep rounds a grace period apart, as an interval would space them.
         tokio::time::sleep(GRACE + Duration::from_millis(100)).await;
     }
     assert_eq!(a_reaped, 1, "A reaped its own orphan only");

@@ -111,16 +111,11 @@ async fn a_burst_of_creates_queued_past_the_job_deadline_keeps_the_link() {
 
     // The first create dials the host and fetches the image.
     let first = &requests[0];
-    let started = Instant::now();
-    let id = loop {
-        match provider.create(first).await {
-            Ok(id) => break id,
-            Err(e) if e.class == ErrorClass::Transient && started.elapsed() < Duration::from_secs(60) => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => panic!("first create: {e}"),
-        }
-    };
+    let id = support::kvm_bed::past_transient("the first create", Duration::from_secs(60), async || {
+        provider.create(first).await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("first create: {e}"));
     let alone = Instant::now();
     provider.create(first).await.unwrap();
     eprintln!("a create alone (domain already there): {:?}", alone.elapsed());

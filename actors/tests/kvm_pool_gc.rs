@@ -216,7 +216,8 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
     );
     assert!(first.waiting >= 2, "{first:?}");
 
-    // Past the grace period: the orphan's overlay and seed go; the base they kept alive is new to the list.
+    // Past the grace period (time passing, not a wait for state): the
+    // orphan's overlay and seed go; the base they kept alive is new to the list.
     tokio::time::sleep(grace).await;
     let second = provider.sweep_leftovers(grace).await.unwrap();
     for v in &orphan_volumes {
@@ -236,6 +237,7 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
         !third.deleted.iter().any(|v| v.contains(&freed_base)),
         "{third:?}"
     );
+    // The freed base's own grace period passes.
     tokio::time::sleep(grace).await;
     let fourth = provider.sweep_leftovers(grace).await.unwrap();
     for v in [&freed_base, &marker_name(&freed_base)] {

@@ -5,35 +5,32 @@ mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
 use egress_proxies_operator::kvm::router::runner_factory;
+use support::eventually;
 use support::kvm_bed::{
-    RemoveOnDrop, create_request, domain_exists, image_server, pool_volumes, provider_config, virsh_ok,
+    RemoveOnDrop, create_request, domain_exists, image_server, image_server_of, past_transient, pool_volumes,
+    provider_config, virsh_ok,
 };
 
 async fn retry<T>(
     what: &str,
-    mut f: impl AsyncFnMut() -> Result<T, egress_proxies::provider::ProviderError>,
+    f: impl AsyncFnMut() -> Result<T, egress_proxies::provider::ProviderError>,
 ) -> T {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if e.class == ErrorClass::Transient && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
+    past_transient(what, Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 #[actix_rt::test]
 async fn create_get_list_delete_through_the_host_actors() {
     let bed = bed_or_skip!();
-    let (url, hits, base) = image_server().await;
+    // An image of its own: the other tests here, running meanwhile, fetch
+    // theirs into the same pool, and this one counts its downloads.
+    let (url, hits, base) = image_server_of("255M").await;
     let mut cfg = provider_config(&bed, &url);
     // With its digest configured, a first fetch reads the image once (and the base's name is known).
     let digest = base
@@ -202,31 +199,36 @@ async fn a_dead_link_restarts_only_its_host() {
     let missing_b = ProviderId("hosts/b/domains/proxy-isolation0000b".into());
     // Both links up (a missing domain is a normal NotFound answer).
     for id in [&missing_a, &missing_b] {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match provider.get(id).await {
-                Err(e) if e.class == ErrorClass::NotFound => break,
-                _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-                other => panic!("{id}: {other:?}"),
-            }
-        }
+        eventually(
+            &format!("{id} answered NotFound"),
+            Duration::from_secs(30),
+            async || match provider.get(id).await {
+                Err(e) if e.class == ErrorClass::NotFound => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await;
     }
     let port_a = bed["EPO_KVM_HOST_A"].rsplit_once(':').unwrap().1.to_owned();
     kill_sshd(&bed, &port_a);
 
     // A fails (Transient) while B keeps answering throughout.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut a_failed = false;
-    while Instant::now() < deadline && !a_failed {
-        a_failed = matches!(provider.get(&missing_a).await, Err(e) if e.class == ErrorClass::Transient);
-        assert_eq!(
-            provider.get(&missing_b).await.unwrap_err().class,
-            ErrorClass::NotFound,
-            "host b unaffected"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(a_failed, "host a's calls should fail while its sshd is down");
+    eventually(
+        "host a's calls to fail while its sshd is down",
+        Duration::from_secs(20),
+        async || {
+            let a = provider.get(&missing_a).await;
+            assert_eq!(
+                provider.get(&missing_b).await.unwrap_err().class,
+                ErrorClass::NotFound,
+                "host b unaffected"
+            );
+            matches!(&a, Err(e) if e.class == ErrorClass::Transient)
+                .then_some(())
+                .ok_or_else(|| format!("{a:?}"))
+        },
+    )
+    .await;
 
     // sshd comes back: A recovers by itself.
     assert!(
@@ -237,18 +239,18 @@ async fn a_dead_link_restarts_only_its_host() {
             .unwrap()
             .success()
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match provider.get(&missing_a).await {
-            Err(e) if e.class == ErrorClass::NotFound => break,
-            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(300)).await,
-            other => panic!("host a never recovered: {other:?}"),
-        }
+    eventually("host a to recover", Duration::from_secs(60), async || {
+        let a = provider.get(&missing_a).await;
         assert_eq!(
             provider.get(&missing_b).await.unwrap_err().class,
             ErrorClass::NotFound
         );
-    }
+        match a {
+            Err(e) if e.class == ErrorClass::NotFound => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 #[actix_rt::test]
@@ -266,22 +268,31 @@ async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
 
     let err = provider.get(&missing).await.unwrap_err();
     assert_eq!(err.class, ErrorClass::Transient, "{err}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let err = provider.get(&missing).await.unwrap_err();
-    assert!(err.to_string().contains("does not exist"), "says why: {err}");
+    // Once the host has tried to dial, its calls say why they fail.
+    eventually(
+        "a failure saying the key does not exist",
+        Duration::from_secs(10),
+        async || {
+            let err = provider.get(&missing).await.unwrap_err();
+            assert_eq!(err.class, ErrorClass::Transient, "{err}");
+            err.to_string()
+                .contains("does not exist")
+                .then_some(())
+                .ok_or(err)
+        },
+    )
+    .await;
 
     // The Secret gets mounted.
     std::fs::copy(&bed["EPO_KVM_SSH_KEY"], &key_path).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(45);
-    loop {
-        match provider.get(&missing).await {
-            Err(e) if e.class == ErrorClass::NotFound => break,
-            Err(e) if e.class == ErrorClass::Transient && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(300)).await
-            }
-            other => panic!("never healed: {other:?}"),
-        }
-    }
+    let healed = past_transient("the provider to heal", Duration::from_secs(45), async || {
+        provider.get(&missing).await
+    })
+    .await;
+    assert!(
+        matches!(&healed, Err(e) if e.class == ErrorClass::NotFound),
+        "healed: {healed:?}"
+    );
 }
 
 #[actix_rt::test]
@@ -293,14 +304,13 @@ async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers(
     let runner = runner_factory()("kvm-full", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-full", cfg, runner);
     let req = create_request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
-    let err = loop {
-        match provider.create(&req).await {
-            Err(e) if e.class == ErrorClass::Transient => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => break e,
-            Ok(id) => panic!("created {id} in a pool without room"),
-        }
+    let err = match past_transient("the create's answer", Duration::from_secs(60), async || {
+        provider.create(&req).await
+    })
+    .await
+    {
+        Err(e) => e,
+        Ok(id) => panic!("created {id} in a pool without room"),
     };
     assert_eq!(err.class, ErrorClass::QuotaExceeded, "{err}");
     let message = err.to_string();

@@ -6,8 +6,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,99 +15,53 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use support::process::{InstanceReaper, Killed, free_port};
+use support::operator::{LOCAL_PROVIDER, OperatorBuilder, OperatorDir, OperatorProcess};
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const LEASE_NAME: &str = "egress-proxies-operator";
 const LEASE_DURATION: Duration = Duration::from_secs(3);
-const LOCAL: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n";
 /// One sample's patience: a replica that does not answer in time did not act.
 const SAMPLE_TIMEOUT: Duration = Duration::from_millis(300);
 
-struct Replica {
-    process: Killed,
-    health: SocketAddr,
-    discovery: SocketAddr,
-}
-
 struct Bed {
     fake: FakeApiServer,
-    dir: tempfile::TempDir,
+    dir: OperatorDir,
     client: kube::Client,
     target: String,
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        drop(InstanceReaper(self.dir.path().join("state")));
-    }
 }
 
 impl Bed {
     fn new() -> Self {
         let fake = FakeApiServer::start().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("providers.yaml"), LOCAL).unwrap();
         let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
         Self {
             fake,
-            dir,
+            dir: OperatorDir::new(LOCAL_PROVIDER),
             client,
             target: support::process::health_target(),
         }
     }
 
-    /// An operator process talking to the API server through `server`
-    /// (the fake itself or one of its links).
-    fn start(&self, name: &str, server: &FakeApiServer) -> Replica {
-        let kubeconfig = self.dir.path().join(format!("{name}.kubeconfig"));
-        std::fs::write(&kubeconfig, server.kubeconfig("crawl")).unwrap();
-        let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let discovery: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let log = std::fs::File::create(self.log(name)).unwrap();
-        let child = Command::new(BIN)
-            .arg("run")
-            .arg("--providers-config")
-            .arg(self.dir.path().join("providers.yaml"))
-            .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
+    /// An operator process named `name` (its pod name and log) talking to
+    /// the API server through `server` (the fake itself or one of its links).
+    async fn start(&self, name: &str, server: &FakeApiServer) -> OperatorProcess {
+        self.replica(name, server).start().await
+    }
+
+    fn replica(&self, name: &str, server: &FakeApiServer) -> OperatorBuilder {
+        self.dir
+            .kubernetes(&server.kubeconfig("crawl"))
+            .name(name)
+            .discovery()
             .args(["--leader-elect", "--lease-duration", "3s"])
-            .args(["--metrics-bind-address", "0", "--log-format", "text"])
-            .args(["--health-probe-bind-address", &health.to_string()])
-            .args(["--discovery-bind-address", &discovery.to_string()])
             // This test is about leadership, not the API's tokens.
             .arg("--insecure-discovery-without-token")
             // Every grant succeeds while a proxy is available: no per-proxy cap.
             .args(["--max-leases-per-proxy", "0"])
-            .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAME", name)
-            .env_remove("POD_NAMESPACE")
-            .env_remove("DISCOVERY_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Replica {
-            process: Killed(child),
-            health,
-            discovery,
-        }
-    }
-
-    fn log(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}.log"))
     }
 
     fn logs(&self) -> String {
-        let mut out = String::new();
-        for entry in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
-            if entry.path().extension().is_some_and(|x| x == "log") {
-                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-                out.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
-            }
-        }
-        out
+        self.dir.logs()
     }
 
     fn leases(&self) -> Api<Lease> {
@@ -178,6 +130,7 @@ async fn look(addr: SocketAddr, probe: Probe, tick: u64) -> bool {
 /// Samples every live replica's readiness and grants every `every` until `until`.
 struct Sampler {
     samples: Arc<Mutex<Vec<Sample>>>,
+    looks: Vec<tokio::task::JoinHandle<()>>,
     tick: u64,
 }
 
@@ -185,6 +138,7 @@ impl Sampler {
     fn new() -> Self {
         Self {
             samples: Arc::default(),
+            looks: Vec::new(),
             tick: 0,
         }
     }
@@ -195,7 +149,7 @@ impl Sampler {
         for &(replica, health, discovery) in targets {
             for (probe, addr) in [(Probe::Ready, health), (Probe::Grant, discovery)] {
                 let (samples, tick) = (self.samples.clone(), self.tick);
-                tokio::spawn(async move {
+                self.looks.push(tokio::spawn(async move {
                     let sent = Instant::now();
                     let yes = look(addr, probe, tick).await;
                     let answered = Instant::now();
@@ -207,13 +161,16 @@ impl Sampler {
                         answered,
                         yes,
                     });
-                });
+                }));
             }
         }
     }
 
+    /// Every look, once all have answered or given up.
     async fn finish(self) -> Vec<Sample> {
-        tokio::time::sleep(SAMPLE_TIMEOUT * 2).await;
+        for look in self.looks {
+            look.await.unwrap();
+        }
         let mut samples = self.samples.lock().unwrap().clone();
         samples.sort_by_key(|s| s.sent);
         samples
@@ -279,8 +236,8 @@ fn last_yes(samples: &[Sample], replica: usize, probe: Probe) -> Option<Instant>
         .max()
 }
 
-async fn ready(replica: &Replica) -> bool {
-    look(replica.health, Probe::Ready, 0).await
+async fn ready(replica: &OperatorProcess) -> bool {
+    look(replica.health(), Probe::Ready, 0).await
 }
 
 const EVERY: Duration = Duration::from_millis(50);
@@ -290,15 +247,15 @@ async fn a_partitioned_leader_stops_before_the_follower_takes_over() {
     let bed = Bed::new();
     let link = bed.fake.link().unwrap();
     // A leads, through the link the test will cut.
-    let mut a = bed.start("replica-a", &link);
+    let a = bed.start("replica-a", &link).await;
     support::eventually("replica-a leading", Duration::from_secs(30), async || {
         ready(&a).await.then_some(())
     })
     .await;
-    let b = bed.start("replica-b", &bed.fake);
+    let b = bed.start("replica-b", &bed.fake).await;
     bed.apply_proxy("p").await;
     support::eventually("a lease from replica-a", Duration::from_secs(30), async || {
-        look(a.discovery, Probe::Grant, 0).await.then_some(())
+        look(a.discovery(), Probe::Grant, 0).await.then_some(())
     })
     .await;
     assert!(!ready(&b).await, "replica-b follows");
@@ -310,34 +267,35 @@ async fn a_partitioned_leader_stops_before_the_follower_takes_over() {
     let mut ticker = tokio::time::interval(EVERY);
     for _ in 0..20 {
         ticker.tick().await;
-        sampler.round(&[(0, a.health, a.discovery), (1, b.health, b.discovery)]);
+        sampler.round(&[(0, a.health(), a.discovery()), (1, b.health(), b.discovery())]);
     }
     link.stall();
     let cut = Instant::now();
     let heal_at = cut + Duration::from_secs(20);
     let end = heal_at + Duration::from_secs(4);
     let mut a_exited: Option<(Instant, std::process::ExitStatus)> = None;
-    let mut restarted: Option<Replica> = None;
+    let mut restarted: Option<OperatorProcess> = None;
     let mut healed = false;
     while Instant::now() < end {
         ticker.tick().await;
         if a_exited.is_none()
-            && let Some(status) = a.process.0.try_wait().unwrap()
+            && let Some(status) = a.exited()
         {
             a_exited = Some((Instant::now(), status));
-            // Kubernetes restarts the container: a follower, still cut off.
-            restarted = Some(bed.start("replica-a-restarted", &link));
+            // Kubernetes restarts the container: a follower, still cut off
+            // (not waited for: the sampling goes on meanwhile).
+            restarted = Some(bed.replica("replica-a-restarted", &link).spawn());
         }
         if !healed && Instant::now() >= heal_at {
             link.resume();
             healed = true;
         }
-        let mut targets = vec![(1, b.health, b.discovery)];
+        let mut targets = vec![(1, b.health(), b.discovery())];
         if a_exited.is_none() {
-            targets.push((0, a.health, a.discovery));
+            targets.push((0, a.health(), a.discovery()));
         }
         if let Some(r) = &restarted {
-            targets.push((2, r.health, r.discovery));
+            targets.push((2, r.health(), r.discovery()));
         }
         sampler.round(&targets);
     }
@@ -428,7 +386,7 @@ async fn renew_times_from_a_skewed_clock_neither_hasten_nor_delay_takeover() {
     }))
     .unwrap();
     let mut current = leases.create(&PostParams::default(), &lease).await.unwrap();
-    let candidate = bed.start("candidate", &bed.fake);
+    let candidate = bed.start("candidate", &bed.fake).await;
 
     // The skewed leader renews every 0.5 s for 8 s; the candidate must stay a follower.
     let started = Instant::now();
@@ -456,6 +414,7 @@ async fn renew_times_from_a_skewed_clock_neither_hasten_nor_delay_takeover() {
             "premature takeover from a renewTime ten minutes old\n{}",
             bed.logs()
         );
+        // Looking every 50 ms for 8 s: nothing may change in that window.
         tokio::time::sleep(EVERY).await;
     }
 

@@ -7,13 +7,11 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use support::process::{InstanceReaper, free_port, health_target, standalone};
-
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+use support::operator::{LOCAL_PROVIDER, OperatorBuilder, OperatorDir, OperatorProcess};
+use support::process::{free_port, health_target};
 
 async fn call(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
     let (status, text) = support::http::request(api, method, path, &[], body).await;
@@ -21,27 +19,28 @@ async fn call(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> 
 }
 
 /// Waits until the API lists `n` healthy proxies.
-async fn ready(api: SocketAddr, n: usize, dir: &Path) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if tokio::net::TcpStream::connect(api).await.is_ok()
-            && let Ok((200, text)) = tokio::time::timeout(
-                Duration::from_secs(2),
-                support::http::request(api, "GET", "/v1/proxies?healthy=true", &[], None),
-            )
-            .await
-            && let Ok(list) = serde_json::from_str::<Value>(&text)
-            && list.as_array().is_some_and(|a| a.len() == n)
-        {
-            return list;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} healthy proxies never listed\n{}",
-            std::fs::read_to_string(dir.join("operator.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn ready(operator: &OperatorProcess, n: usize) -> Value {
+    let api = operator.discovery();
+    operator
+        .eventually(
+            &format!("{n} healthy proxies listed"),
+            Duration::from_secs(30),
+            async || {
+                let (status, text) = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    support::http::request(api, "GET", "/v1/proxies?healthy=true", &[], None),
+                )
+                .await
+                .map_err(|_| "no answer within 2 s".to_owned())?;
+                let list = serde_json::from_str::<Value>(&text).unwrap_or_default();
+                if status == 200 && list.as_array().is_some_and(|a| a.len() == n) {
+                    Ok(list)
+                } else {
+                    Err(format!("{status} {text}"))
+                }
+            },
+        )
+        .await
 }
 
 fn acquire(target: &str) -> String {
@@ -50,39 +49,29 @@ fn acquire(target: &str) -> String {
 
 #[tokio::test]
 async fn leases_and_rests_survive_a_sigkill() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path();
-    let _reaper = InstanceReaper(dir.join("state"));
-    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    std::fs::create_dir(dir.join("proxies")).unwrap();
-    std::fs::write(
-        dir.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("standalone.yaml"),
-        format!(
-            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
-             healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: {api}\nmanifestPollInterval: 100ms\n\
-             leaseCooldown: 5m\nmaxLeaseTtl: 10m\nmaxLeasesPerProxy: 1\n"
-        ),
-    )
-    .unwrap();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
     let health = health_target();
     for name in ["p1", "p2", "p3"] {
-        std::fs::write(
-            dir.join("proxies").join(format!("{name}.yaml")),
-            format!(
+        dir.write_manifest(
+            name,
+            &format!(
                 "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: {name}, namespace: crawl}}\n\
                  spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health}\", interval: 1s}}}}\n"
             ),
-        )
-        .unwrap();
+        );
     }
+    // Both processes serve the API on the same address, as a restarted one would.
+    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let operator = || -> OperatorBuilder {
+        dir.standalone()
+            .discovery_at(api)
+            .setting("leaseCooldown", "5m")
+            .setting("maxLeaseTtl", "10m")
+            .setting("maxLeasesPerProxy", "1")
+    };
 
-    let operator = standalone(BIN, dir);
-    ready(api, 3, dir).await;
+    let first = operator().start().await;
+    ready(&first, 3).await;
     let mut leases = Vec::new();
     for _ in 0..3 {
         let (status, lease) = call(api, "POST", "/v1/leases", Some(&acquire("a.example"))).await;
@@ -96,10 +85,10 @@ async fn leases_and_rests_survive_a_sigkill() {
     let (status, _) = call(api, "DELETE", &format!("/v1/leases/{third}"), None).await;
     assert_eq!(status, 204);
     // Killed right after its last answer.
-    drop(operator);
+    drop(first);
 
-    let _operator = standalone(BIN, dir);
-    let listed = ready(api, 3, dir).await;
+    let second = operator().start().await;
+    let listed = ready(&second, 3).await;
     let active: Vec<u64> = listed
         .as_array()
         .unwrap()

@@ -7,48 +7,22 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use support::process::{InstanceReaper, free_port, health_target};
+use support::operator::{LOCAL_PROVIDER, OperatorDir, OperatorProcess};
+use support::process::health_target;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Replica {
-    child: Child,
-    health: SocketAddr,
-    api: SocketAddr,
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn addr() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port()).parse().unwrap()
-}
-
-fn start(dir: &std::path::Path, log: &str) -> Replica {
-    let (health, api) = (addr(), addr());
-    let log = std::fs::File::create(dir.join(log)).unwrap();
-    let child = Command::new(BIN)
-        .arg("run")
-        .arg("--providers-config")
-        .arg(dir.join("providers.yaml"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(["--metrics-bind-address", "0", "--log-format", "text"])
-        .args(["--health-probe-bind-address", &health.to_string()])
-        .args(["--discovery-bind-address", &api.to_string()])
+async fn start(dir: &OperatorDir, fake: &FakeApiServer, name: &str) -> OperatorProcess {
+    dir.kubernetes(&fake.kubeconfig("crawl"))
+        .name(name)
+        .discovery()
         // This test is about failover, not the API's tokens.
         .arg("--insecure-discovery-without-token")
         .args(["--leader-elect", "--lease-duration", "3s"])
@@ -60,25 +34,14 @@ fn start(dir: &std::path::Path, log: &str) -> Replica {
             "--max-leases-per-proxy",
             "1",
         ])
-        .env("KUBECONFIG", dir.join("kubeconfig"))
-        .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Replica { child, health, api }
+        .start()
+        .await
 }
 
-async fn is_ready(r: &Replica) -> bool {
-    if tokio::net::TcpStream::connect(r.health).await.is_err() {
-        return false;
-    }
-    support::http::request(r.health, "GET", "/readyz", &[], None)
+async fn is_ready(r: &OperatorProcess) -> bool {
+    support::http::try_request(r.health(), "GET", "/readyz")
         .await
-        .0
-        == 200
+        .is_ok_and(|s| s == 200)
 }
 
 async fn call(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
@@ -87,30 +50,24 @@ async fn call(api: SocketAddr, method: &str, path: &str, body: Option<&str>) -> 
 }
 
 /// Waits until `r` leads and lists `n` healthy proxies.
-async fn leading_with(r: &Replica, n: usize, logs: &std::path::Path) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if is_ready(r).await {
-            let (status, list) = call(r.api, "GET", "/v1/proxies?healthy=true", None).await;
-            if status == 200 && list.as_array().is_some_and(|a| a.len() == n) {
-                return list;
+async fn leading_with(r: &OperatorProcess, n: usize, dir: &OperatorDir) -> Value {
+    support::eventually_explained(
+        &format!("a leader with {n} healthy proxies"),
+        WAIT,
+        || dir.logs(),
+        async || {
+            if !is_ready(r).await {
+                return Err("not ready".to_owned());
             }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no leader with {n} healthy proxies\n{}",
-            read_logs(logs)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn read_logs(dir: &std::path::Path) -> String {
-    ["a.log", "b.log"]
-        .iter()
-        .map(|l| std::fs::read_to_string(dir.join(l)).unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n---\n")
+            let (status, list) = call(r.discovery(), "GET", "/v1/proxies?healthy=true", None).await;
+            if status == 200 && list.as_array().is_some_and(|a| a.len() == n) {
+                Ok(list)
+            } else {
+                Err(format!("{status} {list}"))
+            }
+        },
+    )
+    .await
 }
 
 fn acquire(target: &str) -> String {
@@ -120,15 +77,7 @@ fn acquire(target: &str) -> String {
 #[actix_rt::test]
 async fn leases_and_rests_survive_a_leader_change() {
     let fake = FakeApiServer::start().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path();
-    let _reaper = InstanceReaper(dir.join("state"));
-    std::fs::write(dir.join("kubeconfig"), fake.kubeconfig("crawl")).unwrap();
-    std::fs::write(
-        dir.join("providers.yaml"),
-        "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
-    )
-    .unwrap();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
     let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
     let target = health_target();
     let proxies: Api<DynamicObject> = Api::namespaced_with(
@@ -149,44 +98,60 @@ async fn leases_and_rests_survive_a_leader_change() {
         proxies.create(&PostParams::default(), &obj).await.unwrap();
     }
 
-    let mut replicas = vec![start(dir, "a.log"), start(dir, "b.log")];
-    let deadline = Instant::now() + WAIT;
-    let leader = loop {
-        if is_ready(&replicas[0]).await {
-            break 0;
-        }
-        if is_ready(&replicas[1]).await {
-            break 1;
-        }
-        assert!(Instant::now() < deadline, "nobody leads\n{}", read_logs(dir));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let mut replicas = vec![start(&dir, &fake, "a").await, start(&dir, &fake, "b").await];
+    let leader = support::eventually_explained(
+        "a leader",
+        WAIT,
+        || dir.logs(),
+        async || {
+            if is_ready(&replicas[0]).await {
+                Some(0)
+            } else if is_ready(&replicas[1]).await {
+                Some(1)
+            } else {
+                None
+            }
+        },
+    )
+    .await;
     let follower = replicas.remove(1 - leader);
     let leader = replicas.remove(0);
-    leading_with(&leader, 3, dir).await;
+    leading_with(&leader, 3, &dir).await;
 
     let mut leases = Vec::new();
     for _ in 0..3 {
-        let (status, lease) = call(leader.api, "POST", "/v1/leases", Some(&acquire("a.example"))).await;
+        let (status, lease) = call(
+            leader.discovery(),
+            "POST",
+            "/v1/leases",
+            Some(&acquire("a.example")),
+        )
+        .await;
         assert_eq!(status, 201, "{lease}");
         leases.push(lease);
     }
     let third = leases[2]["id"].as_str().unwrap().to_owned();
     assert_eq!(
-        call(leader.api, "DELETE", &format!("/v1/leases/{third}"), None)
+        call(leader.discovery(), "DELETE", &format!("/v1/leases/{third}"), None)
             .await
             .0,
         204
     );
     // Every change is answered only once written: the release's rest and
     // the next grant survive a kill right after the grant's answer.
-    let (status, fourth) = call(leader.api, "POST", "/v1/leases", Some(&acquire("c.example"))).await;
+    let (status, fourth) = call(
+        leader.discovery(),
+        "POST",
+        "/v1/leases",
+        Some(&acquire("c.example")),
+    )
+    .await;
     assert_eq!(status, 201, "the released proxy serves another target: {fourth}");
     assert_eq!(fourth["proxy"]["name"], leases[2]["proxy"]["name"]);
     drop(leader); // SIGKILL
     leases.push(fourth);
 
-    let listed = leading_with(&follower, 3, dir).await;
+    let listed = leading_with(&follower, 3, &dir).await;
     let active: u64 = listed
         .as_array()
         .unwrap()
@@ -195,13 +160,13 @@ async fn leases_and_rests_survive_a_leader_change() {
         .sum();
     assert_eq!(active, 3, "the new leader knows every held lease: {listed}");
     for target in ["a.example", "c.example", "d.example"] {
-        let (status, body) = call(follower.api, "POST", "/v1/leases", Some(&acquire(target))).await;
+        let (status, body) = call(follower.discovery(), "POST", "/v1/leases", Some(&acquire(target))).await;
         assert_eq!(status, 503, "nothing over capacity for {target}: {body}");
     }
     for lease in &leases {
         let id = lease["id"].as_str().unwrap();
         let (status, body) = call(
-            follower.api,
+            follower.discovery(),
             "POST",
             &format!("/v1/leases/{id}/report"),
             Some(r#"{"outcome":"ok"}"#),
@@ -212,12 +177,23 @@ async fn leases_and_rests_survive_a_leader_change() {
     // The rest survived too: the fourth lease's proxy, released, still rests for a.example.
     let fourth = leases[3]["id"].as_str().unwrap();
     assert_eq!(
-        call(follower.api, "DELETE", &format!("/v1/leases/{fourth}"), None)
-            .await
-            .0,
+        call(
+            follower.discovery(),
+            "DELETE",
+            &format!("/v1/leases/{fourth}"),
+            None
+        )
+        .await
+        .0,
         204
     );
-    let (status, body) = call(follower.api, "POST", "/v1/leases", Some(&acquire("a.example"))).await;
+    let (status, body) = call(
+        follower.discovery(),
+        "POST",
+        "/v1/leases",
+        Some(&acquire("a.example")),
+    )
+    .await;
     assert_eq!(
         status, 503,
         "the proxy released before the failover still rests for a.example: {body}"

@@ -50,7 +50,7 @@ fn request(uid: &str) -> CreateRequest {
 
 async fn lifecycle(implementation: LocalImplementation) {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), implementation);
     let uid = "0b7d3c1e-1111-4222-8333-444455556666";
     let credentials = ProxyCredentials::generate().unwrap();
@@ -183,7 +183,7 @@ fn which_squid() -> Option<std::path::PathBuf> {
 #[tokio::test]
 async fn a_dead_process_reads_as_stopped_and_delete_cleans_up() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("dead-process");
     let id = p.create(&req).await.unwrap();
@@ -238,7 +238,7 @@ async fn foreign_provider_ids_are_permanent_errors() {
 #[tokio::test]
 async fn a_process_never_recorded_is_found_by_its_pid_file() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("unrecorded-process");
     let id = p.create(&req).await.unwrap();
@@ -347,7 +347,7 @@ async fn a_run_directory_squids_user_cannot_reach_is_refused() {
 #[tokio::test]
 async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), LocalImplementation::Builtin);
     let req = request("5e7d3c1e-2222-4222-8333-444455556666");
     let id = p.create(&req).await.unwrap();
@@ -444,7 +444,7 @@ fn recorded_outgoing(state: &std::path::Path, name: &str) -> Option<std::net::Ip
 /// is deleted.
 async fn outgoing_addresses(implementation: LocalImplementation, network: &str) {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider_with(
         state.path(),
         LocalConfig {
@@ -550,7 +550,7 @@ async fn squid_proxies_connect_from_their_own_outgoing_address() {
 #[tokio::test]
 async fn an_outgoing_address_this_machine_lacks_fails_the_create_in_words() {
     let state = tempfile::tempdir().unwrap();
-    let _reaper = support::process::InstanceReaper(state.path().to_owned());
+    let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider_with(
         state.path(),
         LocalConfig {

@@ -9,10 +9,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::lease::{Availability, LeaseSettings};
@@ -108,43 +107,19 @@ async fn schemathesis_finds_nothing() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut child = Killed(child);
-    let started = Instant::now();
-    // Read output on threads so a full pipe cannot stall the fuzzer.
-    let mut stdout = child.0.stdout.take().unwrap();
-    let mut stderr = child.0.stderr.take().unwrap();
-    let out_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "Schemathesis still running after {DEADLINE:?}; killed"
-        );
-        actix_rt::time::sleep(Duration::from_millis(200)).await;
-    };
-    let (stdout, stderr) = (out_thread.join().unwrap(), err_thread.join().unwrap());
+    let done = support::process::finish_within(Killed(child), "Schemathesis", DEADLINE).await;
+    let (status, stdout, stderr) = (done.status, done.stdout, done.stderr);
     println!("{stdout}\n{stderr}");
     assert!(
         status.success(),
         "Schemathesis found problems ({status}) after {:?}:\n{stdout}\n{stderr}",
-        started.elapsed()
+        done.took
     );
     let summary = stdout
         .lines()
         .find(|l| l.contains("generated"))
         .unwrap_or("no summary line");
-    eprintln!("fuzzed for {:?}: {summary}", started.elapsed());
+    eprintln!("fuzzed for {:?}: {summary}", done.took);
 
     let size = store.send(GetLeaseFootprint).await.unwrap();
     assert!(

@@ -8,12 +8,11 @@
 
 mod support;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::process::{InstanceReaper, Killed};
+use support::process::{Killed, Reaper};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 /// The whole suite stops (and fails) after this.
@@ -33,34 +32,8 @@ fn package() -> PathBuf {
         .unwrap()
 }
 
-/// Live processes whose command line names something under `dir`.
-fn processes_under(dir: &Path) -> Vec<String> {
-    let needle = dir.as_os_str().as_encoded_bytes();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if entry
-            .file_name()
-            .to_str()
-            .is_none_or(|n| n.parse::<u32>().is_err())
-        {
-            continue;
-        }
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        if stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')) {
-            continue;
-        }
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if cmdline.windows(needle.len()).any(|w| w == needle) {
-            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
-        }
-    }
-    found
-}
-
-#[test]
-fn the_python_client_suite_passes_against_the_real_operator() {
+#[tokio::test]
+async fn the_python_client_suite_passes_against_the_real_operator() {
     let Some(python) = python() else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -73,7 +46,7 @@ fn the_python_client_suite_passes_against_the_real_operator() {
     let root_path = root.path().canonicalize().unwrap();
     let operator_root = root_path.join("operator");
     // Should the suite die before its own clean-up, the local proxies still go.
-    let _reaper = InstanceReaper(operator_root.join("state"));
+    let _reaper = Reaper(operator_root.join("state"));
     let child = Command::new(&python)
         .current_dir(package())
         .args(["-m", "pytest", "-v", "-p", "no:cacheprovider"])
@@ -86,43 +59,19 @@ fn the_python_client_suite_passes_against_the_real_operator() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut child = Killed(child);
-    let started = Instant::now();
-    // Read output on threads so a full pipe cannot stall the suite.
-    let mut stdout = child.0.stdout.take().unwrap();
-    let mut stderr = child.0.stderr.take().unwrap();
-    let out_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the Python client suite still running after {DEADLINE:?}; killed"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let (stdout, stderr) = (out_thread.join().unwrap(), err_thread.join().unwrap());
+    let done = support::process::finish_within(Killed(child), "the Python client suite", DEADLINE).await;
+    let (status, stdout, stderr) = (done.status, done.stdout, done.stderr);
     println!("{stdout}\n{stderr}");
     assert!(
         status.success(),
         "the Python client suite failed ({status}) after {:?}:\n{stdout}\n{stderr}",
-        started.elapsed()
+        done.took
     );
     assert!(
         stdout.contains(" passed") && !stdout.contains(" skipped"),
         "every test ran:\n{stdout}"
     );
-    let left = processes_under(&root_path);
+    let left = support::process::processes_under(&root_path);
     assert!(
         left.is_empty(),
         "processes the suite started are still running: {left:#?}"

@@ -10,25 +10,21 @@ mod support;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use egress_proxies::credentials::ProxyCredentials;
 use egress_proxies::resource::{Phase, Proxy};
-use egress_proxies::store::embedded::read_snapshot;
 use nix::unistd::User;
-use support::process::{Killed, free_port};
+use support::operator::{BIN, OperatorDir, OperatorProcess};
+use support::process::free_port;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const CONVERGE: Duration = Duration::from_secs(40);
 
 struct Quickstart {
-    /// Whatever happens, no proxy process is left behind (dropped before `root`).
-    _reaper: support::process::InstanceReaper,
     /// The private directory holding the configuration and the state.
-    root: tempfile::TempDir,
+    dir: OperatorDir,
     config: PathBuf,
-    log: PathBuf,
     /// The operator's own /healthz (the samples probe it through each proxy).
     own: String,
     api: std::net::SocketAddr,
@@ -39,19 +35,18 @@ struct Quickstart {
 
 impl Quickstart {
     fn new(user: Option<User>) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path();
         let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/standalone");
-        std::fs::create_dir(dir.join("proxies")).unwrap();
-        for file in ["providers.yaml", "proxies/local.yaml", "proxies/external.yaml"] {
-            std::fs::copy(format!("{shipped}/{file}"), dir.join(file)).unwrap();
+        let dir = OperatorDir::new(&std::fs::read_to_string(format!("{shipped}/providers.yaml")).unwrap());
+        let root = dir.path();
+        for file in ["proxies/local.yaml", "proxies/external.yaml"] {
+            std::fs::copy(format!("{shipped}/{file}"), root.join(file)).unwrap();
         }
         // The same files on other ports (tests run side by side).
         let own = format!("127.0.0.1:{}", free_port());
         let api: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for file in ["proxies/local.yaml", "proxies/external.yaml"] {
-            let path = dir.join(file);
+            let path = root.join(file);
             let text = std::fs::read_to_string(&path).unwrap();
             assert!(text.contains("url: http://127.0.0.1:8081/healthz"), "{file}");
             std::fs::write(&path, text.replace("127.0.0.1:8081", &own)).unwrap();
@@ -64,56 +59,48 @@ impl Quickstart {
             .replace("127.0.0.1:8081", &own)
             .replace("127.0.0.1:8090", &api.to_string())
             .replace("127.0.0.1:8082", &metrics.to_string());
-        let config = dir.join("quickstart.yaml");
+        let config = root.join("quickstart.yaml");
         std::fs::write(&config, quickstart).unwrap();
-        let log = dir.join("operator.log");
-        std::fs::write(&log, "").unwrap();
+        std::fs::write(root.join("operator.log"), "").unwrap();
         if let Some(user) = &user {
-            chown_tree(dir, user);
+            chown_tree(root, user);
         }
         // Private, like a home directory: nobody else may even look inside.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
         Self {
             config,
-            log,
             own,
             api,
             metrics,
             user,
-            _reaper: support::process::InstanceReaper(dir.join("state")),
-            root,
+            dir,
         }
     }
 
-    fn start(&self) -> Killed {
-        let log = std::fs::OpenOptions::new().append(true).open(&self.log).unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["standalone", "--log-format", "text", "--config"])
-            .arg(&self.config)
-            .current_dir(self.root.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+    async fn start(&self) -> OperatorProcess {
+        let mut operator = self
+            .dir
+            .standalone()
+            .config("quickstart.yaml")
+            .health_at(self.own.parse().unwrap())
+            .discovery_at(self.api)
+            .metrics_at(self.metrics);
         if let Some(user) = &self.user {
-            cmd.uid_gid(user).env("HOME", self.root.path());
+            operator = operator.run_as(user);
         }
-        Killed(cmd.spawn().unwrap())
+        operator.start().await
     }
 
     fn proxies(&self) -> BTreeMap<String, Proxy> {
-        let state = self.root.path().join("state");
-        if !state.join("state.db").exists() {
-            return BTreeMap::new();
-        }
-        read_snapshot(&state)
-            .unwrap()
+        self.dir
+            .proxies()
             .into_iter()
             .map(|p| (p.metadata.name.clone().unwrap(), p))
             .collect()
     }
 
     fn instances_dir(&self) -> PathBuf {
-        self.root.path().join("state/local/local/instances")
+        self.dir.state().join("local/local/instances")
     }
 
     /// Every instance record, by instance directory.
@@ -133,7 +120,7 @@ impl Quickstart {
     }
 
     fn operator_log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.dir.logs()
     }
 
     fn get(&self, output: &str) -> String {
@@ -191,31 +178,27 @@ async fn run_quickstart(qs: Quickstart) {
     } else {
         Phase::Unhealthy
     };
-    let operator = qs.start();
+    let operator = qs.start().await;
     let want: BTreeMap<String, Option<Phase>> = [
         ("local-1".to_owned(), Some(Phase::Ready)),
         ("local-2".to_owned(), Some(Phase::Ready)),
         ("my-squid".to_owned(), Some(external_expected)),
     ]
     .into();
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let phases: BTreeMap<String, Option<Phase>> = qs
-            .proxies()
-            .into_iter()
-            .map(|(n, p)| (n, p.status.and_then(|s| s.phase)))
-            .collect();
-        if phases == want {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "quickstart stuck at {phases:?}\n{}\n{}",
-            qs.get("wide"),
-            qs.operator_log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    operator
+        .eventually("the quickstart's phases", CONVERGE, async || {
+            let phases: BTreeMap<String, Option<Phase>> = qs
+                .proxies()
+                .into_iter()
+                .map(|(n, p)| (n, p.status.and_then(|s| s.phase)))
+                .collect();
+            if phases == want {
+                Ok(())
+            } else {
+                Err(format!("{phases:?}\n{}", qs.get("wide")))
+            }
+        })
+        .await;
     let records = qs.records();
     assert_eq!(records.len(), 2);
     let implementation = if squid { "squid" } else { "builtin" };
@@ -296,19 +279,18 @@ async fn run_quickstart(qs: Quickstart) {
 
     // Deleting the manifests deletes the proxies: no process, no file left.
     for file in ["local.yaml", "external.yaml"] {
-        std::fs::remove_file(qs.root.path().join("proxies").join(file)).unwrap();
+        std::fs::remove_file(qs.dir.path().join("proxies").join(file)).unwrap();
     }
-    let operator = qs.start();
-    let deadline = Instant::now() + CONVERGE;
-    while !qs.proxies().is_empty() || !qs.records().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "proxies not deleted: {:?}\n{}",
-            qs.proxies().keys(),
-            qs.operator_log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let operator = qs.start().await;
+    operator
+        .eventually("the proxies deleted", CONVERGE, async || {
+            if qs.proxies().is_empty() && qs.records().is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{:?}", qs.proxies().keys()))
+            }
+        })
+        .await;
     drop(operator);
     for pid in pids {
         let (gone, stat) = support::process::is_gone(pid);

@@ -243,6 +243,7 @@ async fn permanent_errors_fail_the_proxy_without_retrying() {
             .unwrap()
             .contains("scripted permanent failure")
     );
+    // A window in which nothing may happen (a retry would come within it).
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(creates(&bed.provider), 1, "no retry until the spec changes");
     bed.declare(managed("a", "z2"));
@@ -460,6 +461,7 @@ async fn a_provider_id_naming_another_proxys_instance_is_never_deleted() {
         "{:?}",
         status.message
     );
+    // A window in which nothing may happen: no delete, no release.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(deletes(&bed.provider), 0, "b's instance is never deleted");
     assert!(bed.get("a").await.is_some(), "a waits (its finalizer stays)");
@@ -498,6 +500,7 @@ async fn an_existing_instance_of_another_installation_is_never_adopted() {
     assert_ne!(status.phase, Some(Phase::Running), "not used");
     assert_eq!(status.ip, None);
     bed.undeclare("a");
+    // A window in which nothing may happen: no delete, no release.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(deletes(&bed.provider), 0, "not deleted either");
     assert!(
@@ -559,6 +562,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
     })
     .await;
     assert!(message.contains(SKIP_CLEANUP_ANNOTATION), "{message}");
+    // A window in which nothing may happen: the finalizer holds.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held = store
         .get(&key("a"))

@@ -4,61 +4,28 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use egress_proxies::resource::{Phase, Proxy, SPEC_HASH_ANNOTATION};
-use egress_proxies::store::embedded::read_snapshot;
 
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
+mod support;
+
+use support::operator::{LOCAL_PROVIDER, OperatorDir, OperatorProcess};
+use support::process::health_target;
+
 const CONVERGE: Duration = Duration::from_secs(30);
 
 struct Bed {
     /// Health-check target (loopback; probes never leave this machine).
     health_url: String,
-    root: tempfile::TempDir,
-    state: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
-}
-
-/// A loopback HTTP server answering 204 to anything, on its own thread.
-fn health_target() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut stream in listener.incoming().flatten() {
-            let mut buf = [0u8; 2048];
-            let _ = stream.read(&mut buf);
-            let _ = stream.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
-        }
-    });
-    format!("http://{addr}/generate_204")
+    dir: OperatorDir,
 }
 
 impl Bed {
     fn new() -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path();
-        std::fs::create_dir(dir.join("proxies")).unwrap();
-        std::fs::write(
-            dir.join("providers.yaml"),
-            "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("standalone.yaml"),
-            "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\n\
-             healthProbeBindAddress: \"0\"\ndiscoveryBindAddress: \"0\"\nmanifestPollInterval: 100ms\n",
-        )
-        .unwrap();
         Self {
             health_url: health_target(),
-            state: dir.join("state"),
-            config: dir.join("standalone.yaml"),
-            log: dir.join("operator.log"),
-            root,
+            dir: OperatorDir::new(LOCAL_PROVIDER),
         }
     }
 
@@ -69,43 +36,28 @@ impl Bed {
              healthCheck: {{url: \"{url}\", interval: 1s}}}}\n",
             url = self.health_url
         );
-        std::fs::write(self.root.path().join("proxies").join(format!("{name}.yaml")), doc).unwrap();
+        self.dir.write_manifest(name, &doc);
     }
 
     fn remove_proxy(&self, name: &str) {
-        std::fs::remove_file(self.root.path().join("proxies").join(format!("{name}.yaml"))).unwrap();
+        self.dir.remove_manifest(name);
     }
 
-    fn start(&self) -> Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        Command::new(BIN)
-            .args(["standalone", "--config"])
-            .arg(&self.config)
-            .args(["--log-format", "text", "--log-level", "info"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap()
+    /// The operator, started without waiting: the tests kill it at any point.
+    fn start(&self) -> OperatorProcess {
+        self.dir.standalone().log_level("info").spawn()
     }
 
     fn proxies(&self) -> BTreeMap<String, Proxy> {
-        if !self.state.join("state.db").exists() {
-            return BTreeMap::new();
-        }
-        read_snapshot(&self.state)
-            .unwrap()
+        self.dir
+            .proxies()
             .into_iter()
             .map(|p| (p.metadata.name.clone().unwrap(), p))
             .collect()
     }
 
     fn instances_dir(&self) -> PathBuf {
-        self.state.join("local/local/instances")
+        self.dir.state().join("local/local/instances")
     }
 
     /// Instance name → owning UID, from the instance records.
@@ -224,48 +176,23 @@ impl Bed {
     }
 }
 
-impl Drop for Bed {
-    fn drop(&mut self) {
-        // Whatever happened, leave no proxy process behind.
-        let _ = Command::new("pkill")
-            .arg("-KILL")
-            .arg("-f")
-            .arg(self.root.path())
-            .status();
-    }
-}
-
-fn kill(mut child: Child) {
-    child.kill().unwrap();
-    child.wait().unwrap();
-}
-
 async fn converge(bed: &Bed, declared: &BTreeMap<&str, u16>) {
-    let child = bed.start();
-    let deadline = std::time::Instant::now() + CONVERGE;
-    let outcome = loop {
-        bed.assert_never_doubled();
-        match bed.converged(declared) {
-            Ok(()) => break Ok(()),
-            Err(why) if std::time::Instant::now() > deadline => break Err(why),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    kill(child);
-    if let Err(why) = outcome {
-        panic!(
-            "no convergence: {why}\n{}",
-            std::fs::read_to_string(&bed.log).unwrap_or_default()
-        );
-    }
+    let operator = bed.start();
+    operator
+        .eventually("convergence", CONVERGE, async || {
+            bed.assert_never_doubled();
+            bed.converged(declared)
+        })
+        .await;
 }
 
 /// Starts the operator and SIGKILLs it after each delay in turn.
 async fn kill_at(bed: &Bed, delays_ms: &[u64]) {
     for delay in delays_ms {
-        let child = bed.start();
+        let operator = bed.start();
+        // Not a wait for anything: the kill lands at this point of its work.
         tokio::time::sleep(Duration::from_millis(*delay)).await;
-        kill(child);
+        drop(operator);
         bed.assert_never_doubled();
     }
 }
@@ -337,16 +264,8 @@ async fn a_restarted_operator_adopts_running_proxies_without_restarting_them() {
     converge(&bed, &BTreeMap::new()).await;
 }
 
-fn pids(bed: &Bed) -> Vec<String> {
-    let out = Command::new("pgrep")
-        .arg("-f")
-        .arg(bed.root.path())
-        .output()
-        .unwrap();
-    let mut pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+fn pids(bed: &Bed) -> Vec<i32> {
+    let mut pids = support::process::processes_under(bed.dir.path());
     pids.sort();
     pids
 }

@@ -241,8 +241,13 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     bed.gc_provider
         .plant("proxy-orphan", "uid-of-a-deleted-proxy", HOUR);
     bed.gc_provider.slow_list(Duration::from_millis(500));
+    let lists = || bed.gc_provider.count(|c| matches!(c, Call::List));
+    let listed_before = lists();
     let cut_short = bed.running.gc.send(SweepNow);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("the sweep to wait on the slow list", WAIT, async || {
+        (lists() > listed_before).then_some(())
+    })
+    .await;
     bed.running.gc.do_send(Crash);
     assert!(
         cut_short.await.is_err(),

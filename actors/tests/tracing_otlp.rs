@@ -8,13 +8,10 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egress_proxies::resource::Phase;
-use egress_proxies::store::embedded::read_snapshot;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -23,9 +20,8 @@ use prost::Message;
 
 mod support;
 
+use support::operator::{LOCAL_PROVIDER, OperatorDir, OperatorProcess};
 use support::process::{free_port, health_target, kill_local_instance};
-
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 
 type Received = Arc<Mutex<Vec<Span>>>;
 
@@ -103,103 +99,57 @@ fn attr(span: &Span, key: &str) -> Option<String> {
 }
 
 struct Scenario {
-    root: tempfile::TempDir,
-    api: String,
-    child: Option<Child>,
+    dir: OperatorDir,
+    operator: OperatorProcess,
 }
 
 impl Scenario {
     /// The operator with one local Proxy; `otel` adds the exporter environment.
-    fn start(otel: Option<(&str, &str)>) -> Self {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path();
-        std::fs::create_dir(dir.join("proxies")).unwrap();
-        std::fs::write(
-            dir.join("providers.yaml"),
-            "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8]}}}\n",
-        )
-        .unwrap();
-        let api = format!("127.0.0.1:{}", free_port());
-        std::fs::write(
-            dir.join("standalone.yaml"),
-            format!(
-                "providersConfig: providers.yaml\nmanifests: proxies\nstateDir: state\nhealthProbeBindAddress: \"0\"\n\
-                 discoveryBindAddress: \"{api}\"\nmanifestPollInterval: 100ms\ntraceHealthProbes: true\n\
-                 gcInterval: 1s\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("proxies/p.yaml"),
-            format!(
+    async fn start(otel: Option<(&str, &str)>) -> Self {
+        let dir = OperatorDir::new(LOCAL_PROVIDER);
+        dir.write_manifest(
+            "p",
+            &format!(
                 "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p, namespace: crawl}}\n\
                  spec: {{mode: Managed, provider: local, port: {}, \
                  healthCheck: {{url: \"{}\", interval: 1s, unhealthyThreshold: 2}}}}\n",
                 free_port(),
                 health_target()
             ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.join("operator.log")).unwrap();
-        let mut command = Command::new(BIN);
-        command
-            .args(["standalone", "--config"])
-            .arg(dir.join("standalone.yaml"))
-            .args(["--log-format", "json", "--log-level", "debug"])
-            .env_remove("DISCOVERY_TOKEN")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .env_remove("OTEL_TRACES_EXPORTER")
-            .env_remove("OTEL_SDK_DISABLED")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null());
+        );
+        let mut builder = dir
+            .standalone()
+            .discovery()
+            .setting("traceHealthProbes", "true")
+            .setting("gcInterval", "1s")
+            .log_format("json")
+            .log_level("debug");
         if let Some((endpoint, protocol)) = otel {
-            command
+            builder = builder
                 .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
                 .env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
                 .env("OTEL_BSP_SCHEDULE_DELAY", "200")
                 .env("OTEL_SERVICE_NAME", "epo-under-test");
         }
-        let child = command.spawn().unwrap();
-        Self {
-            root,
-            api,
-            child: Some(child),
-        }
-    }
-
-    fn dir(&self) -> &Path {
-        self.root.path()
+        let operator = builder.start().await;
+        Self { dir, operator }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir().join("operator.log")).unwrap_or_default()
+        self.operator.logs()
     }
 
-    fn wait_ready(&self) {
-        let state = self.dir().join("state");
-        let started = Instant::now();
-        loop {
-            let phase = read_snapshot(&state)
-                .ok()
-                .and_then(|ps| ps.into_iter().next())
-                .and_then(|p| p.status)
-                .and_then(|s| s.phase);
-            if phase == Some(Phase::Ready) {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "not Ready\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    async fn wait_ready(&self) {
+        self.operator
+            .eventually("the proxy Ready", Duration::from_secs(30), async || {
+                let phase = self.dir.proxy("p").and_then(|p| p.status?.phase);
+                (phase == Some(Phase::Ready)).then_some(())
+            })
+            .await;
     }
 
     fn request(&self, path: &str, traceparent: &str) -> String {
-        let mut s = TcpStream::connect(&self.api).unwrap();
+        let mut s = TcpStream::connect(self.operator.discovery()).unwrap();
         write!(
             s,
             "GET {path} HTTP/1.1\r\nHost: x\r\ntraceparent: {traceparent}\r\nConnection: close\r\n\r\n"
@@ -211,46 +161,23 @@ impl Scenario {
     }
 
     fn kill_proxy_process(&self) {
-        kill_local_instance(&self.dir().join("state"));
+        kill_local_instance(&self.dir.state());
     }
 
     /// SIGTERM and wait: a graceful stop flushes the spans.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let started = Instant::now();
-            while child.try_wait().unwrap().is_none() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(20),
-                    "no exit after SIGTERM"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // The proxies outlive the operator by design; not the test.
-        drop(support::process::InstanceReaper(self.dir().join("state")));
+    async fn stop(&self) {
+        self.operator.stop().await;
     }
 }
 
 const INCOMING_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const INCOMING_PARENT: &str = "00f067aa0ba902b7";
 
-#[test]
-fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
+#[tokio::test]
+async fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     let (endpoint, received) = receiver();
-    let mut run = Scenario::start(Some((&endpoint, "http/protobuf")));
-    run.wait_ready();
+    let run = Scenario::start(Some((&endpoint, "http/protobuf"))).await;
+    run.wait_ready().await;
     let answer = run.request(
         "/v1/proxies",
         &format!("00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"),
@@ -259,8 +186,27 @@ fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     run.request("/healthz", &format!("00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"));
     // A dead proxy: failing probes flip the verdict, which triggers a reconcile linked to its probe.
     run.kill_proxy_process();
-    std::thread::sleep(Duration::from_secs(3));
-    run.stop();
+    run.operator
+        .eventually(
+            "a reconcile linked to a failed probe to be exported",
+            Duration::from_secs(20),
+            async || {
+                let spans = received.lock().unwrap();
+                let failed: Vec<&Vec<u8>> = spans
+                    .iter()
+                    .filter(|s| s.name == "health.probe" && attr(s, "probe.result").as_deref() != Some("ok"))
+                    .map(|s| &s.span_id)
+                    .collect();
+                spans
+                    .iter()
+                    .filter(|s| s.name == "Reconcile Proxy")
+                    .flat_map(|r| r.links.iter())
+                    .any(|l| failed.contains(&&l.span_id))
+                    .then_some(())
+            },
+        )
+        .await;
+    run.stop().await;
     let log = run.log();
     let spans = received.lock().unwrap().clone();
     assert!(!spans.is_empty(), "no spans received\n{log}");
@@ -342,16 +288,16 @@ fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     );
 }
 
-#[test]
-fn without_the_otel_environment_nothing_is_exported_and_logs_carry_no_trace_ids() {
+#[tokio::test]
+async fn without_the_otel_environment_nothing_is_exported_and_logs_carry_no_trace_ids() {
     let (endpoint, received) = receiver();
-    let mut run = Scenario::start(None);
-    run.wait_ready();
+    let run = Scenario::start(None).await;
+    run.wait_ready().await;
     run.request(
         "/v1/proxies",
         &format!("00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"),
     );
-    run.stop();
+    run.stop().await;
     let _ = endpoint;
     assert!(received.lock().unwrap().is_empty());
     let log = run.log();
@@ -405,12 +351,12 @@ fn grpc_receiver() -> (String, Received) {
     (format!("http://{}", rx.recv().unwrap()), spans)
 }
 
-#[test]
-fn grpc_is_used_when_asked_for() {
+#[tokio::test]
+async fn grpc_is_used_when_asked_for() {
     let (endpoint, received) = grpc_receiver();
-    let mut run = Scenario::start(Some((&endpoint, "grpc")));
-    run.wait_ready();
-    run.stop();
+    let run = Scenario::start(Some((&endpoint, "grpc"))).await;
+    run.wait_ready().await;
+    run.stop().await;
     let spans = received.lock().unwrap().clone();
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
     assert!(

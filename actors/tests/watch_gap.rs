@@ -8,19 +8,17 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fake_apiserver::FakeApiServer;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use support::process::{Killed, free_port};
+use support::eventually;
+use support::operator::OperatorDir;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-
-const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 
 /// A TCP relay in front of the fake API server that can be cut (listener
 /// closed, every connection dropped) and restored on the same port.
@@ -64,16 +62,12 @@ impl Relay {
     }
 
     async fn restore(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match TcpListener::bind(self.addr).await {
-                Ok(l) => break l,
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "rebinding {}: {e}", self.addr);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        };
+        let listener = eventually(
+            &format!("rebinding {}", self.addr),
+            Duration::from_secs(10),
+            async || TcpListener::bind(self.addr).await,
+        )
+        .await;
         self.serve(listener);
     }
 }
@@ -100,42 +94,19 @@ async fn listed(api: SocketAddr) -> Option<Vec<String>> {
 async fn a_proxy_deleted_while_the_watch_was_down_is_forgotten_and_the_watch_backs_off() {
     let fake = FakeApiServer::start().unwrap();
     let relay = Relay::start(fake.addr).await;
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path();
+    let dir = OperatorDir::new("providers: []\n");
     let kubeconfig = fake
         .kubeconfig("crawl")
         .replace(&fake.addr.to_string(), &relay.addr.to_string());
-    std::fs::write(dir.join("kubeconfig"), kubeconfig).unwrap();
-    std::fs::write(dir.join("providers.yaml"), "providers: []\n").unwrap();
-    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let log_path = dir.join("operator.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let _operator = Killed(
-        Command::new(BIN)
-            .arg("run")
-            .arg("--providers-config")
-            .arg(dir.join("providers.yaml"))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(["--metrics-bind-address", "0", "--health-probe-bind-address", "0"])
-            .args([
-                "--discovery-bind-address",
-                &api.to_string(),
-                // This test is about watches, not the API's tokens.
-                "--insecure-discovery-without-token",
-                "--log-format",
-                "text",
-            ])
-            .env("KUBECONFIG", dir.join("kubeconfig"))
-            .env_remove("POD_NAME")
-            .env_remove("POD_NAMESPACE")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let logs = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let operator = dir
+        .kubernetes(&kubeconfig)
+        .discovery()
+        // This test is about watches, not the API's tokens.
+        .arg("--insecure-discovery-without-token")
+        .start()
+        .await;
+    let api = operator.discovery();
+    let logs = || operator.logs();
 
     let client = kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
     let ar = ApiResource::from_gvk_with_plural(
@@ -152,11 +123,11 @@ async fn a_proxy_deleted_while_the_watch_was_down_is_forgotten_and_the_watch_bac
         .unwrap();
         proxies.create(&PostParams::default(), &proxy).await.unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while listed(api).await.is_none_or(|l| l.len() != 2) {
-        assert!(Instant::now() < deadline, "both proxies never listed\n{}", logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    operator
+        .eventually("both proxies listed", Duration::from_secs(30), async || {
+            listed(api).await.filter(|l| l.len() == 2)
+        })
+        .await;
 
     // The path is cut; meanwhile one Proxy is deleted and the history that
     // would tell of it is compacted away.
@@ -164,6 +135,7 @@ async fn a_proxy_deleted_while_the_watch_was_down_is_forgotten_and_the_watch_bac
     proxies.delete("deleted", &DeleteParams::default()).await.unwrap();
     fake.state.lock().unwrap().compact();
     let failures_before = logs().matches("watching Proxies failed").count();
+    // A window, not a wait: the watcher must not spin within it.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let failures = logs().matches("watching Proxies failed").count() - failures_before;
     assert!(
@@ -172,19 +144,20 @@ async fn a_proxy_deleted_while_the_watch_was_down_is_forgotten_and_the_watch_bac
     );
 
     relay.restore().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if listed(api).await.is_some_and(|l| l == ["kept"]) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the deleted Proxy is still listed: {:?}\n{}",
-            listed(api).await,
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    operator
+        .eventually(
+            "the deleted Proxy to leave the list",
+            Duration::from_secs(60),
+            async || {
+                let list = listed(api).await;
+                if list.as_ref().is_some_and(|l| l == &["kept"]) {
+                    Ok(())
+                } else {
+                    Err(format!("{list:?}"))
+                }
+            },
+        )
+        .await;
     assert!(
         logs().contains("Proxy deleted while the watch was down"),
         "{}",

@@ -25,6 +25,21 @@ pub async fn request(
     (status, body)
 }
 
+/// Sends a request without a body; its status, or why there is none (a
+/// process not listening yet, say).
+pub async fn try_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<u16> {
+    let mut s = TcpStream::connect(addr).await?;
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    String::from_utf8_lossy(&raw)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no HTTP status line"))
+}
+
 /// A response with its header lines (names in lower case).
 pub struct Response {
     pub status: u16,

@@ -10,7 +10,7 @@ use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHo
 use egress_proxies::provider::kvm::libvirt::ensure_client_setup;
 use egress_proxies::provider::kvm::ssh_key::load_private_key;
 use egress_proxies::provider::kvm::ssh_link::{LinkTarget, SshLink};
-use egress_proxies::provider::{CreateRequest, instance_name};
+use egress_proxies::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
 use egress_proxies::resource::Placement;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -42,6 +42,20 @@ macro_rules! bed_or_skip {
             }
         }
     };
+}
+
+/// Calls `f` until it answers anything but a Transient error (a host's link
+/// coming up, an image being fetched) and returns that answer.
+pub async fn past_transient<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl AsyncFnMut() -> Result<T, ProviderError>,
+) -> Result<T, ProviderError> {
+    super::eventually(what, timeout, async || match f().await {
+        Err(e) if e.class == ErrorClass::Transient => Err(e),
+        answer => Ok(answer),
+    })
+    .await
 }
 
 /// How to reach host `EPO_KVM_HOST_A` or `EPO_KVM_HOST_B`.
@@ -81,13 +95,19 @@ pub fn tiny_qcow2(size: &str) -> Vec<u8> {
 /// Serves one small qcow2 image; counts the downloads. Returns its URL, the
 /// counter and the base volume its content names.
 pub async fn image_server() -> (String, Arc<AtomicUsize>, String) {
+    image_server_of("256M").await
+}
+
+/// [`image_server`] with an image of virtual size `size`: other bytes, so a
+/// base volume no other test's image shares in the bed's one pool.
+pub async fn image_server_of(size: &str) -> (String, Arc<AtomicUsize>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("i.qcow2");
     assert!(
         std::process::Command::new("qemu-img")
             .args(["create", "-q", "-f", "qcow2"])
             .arg(&path)
-            .arg("256M")
+            .arg(size)
             .status()
             .unwrap()
             .success()

@@ -1,4 +1,5 @@
-//! Shared test support: a scripted provider, target servers, waiting helpers.
+//! Shared test support: the operator process, a scripted provider, target
+//! servers, the one way to wait for something ([`eventually`]).
 #![allow(
     dead_code,
     reason = "each test binary uses its own part of the shared support"
@@ -8,6 +9,7 @@ pub mod address_bed;
 pub mod gcp;
 pub mod http;
 pub mod kvm_bed;
+pub mod operator;
 pub mod pod_security;
 pub mod process;
 pub mod rbac;
@@ -26,17 +28,59 @@ pub fn installation() -> InstallationId {
     InstallationId::parse(INSTALLATION).expect("a valid id")
 }
 
-/// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
-pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+/// What one look of [`eventually`] found: `Some(v)` or `Ok(v)` ends the
+/// wait with `v`; `None`, or `Err(why)` saying what was seen instead (shown
+/// if the wait times out), looks again.
+pub trait Look {
+    type Found;
+    fn found(self) -> Result<Self::Found, Option<String>>;
+}
+
+impl<T> Look for Option<T> {
+    type Found = T;
+    fn found(self) -> Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+impl<T, E: std::fmt::Display> Look for Result<T, E> {
+    type Found = T;
+    fn found(self) -> Result<T, Option<String>> {
+        self.map_err(|e| Some(e.to_string()))
+    }
+}
+
+/// Polls `check` every 20 ms until it finds what it waits for, and returns
+/// that; panics after `timeout`, naming `what` and the last thing `check`
+/// saw instead. Every test that waits for something waits with this.
+pub async fn eventually<L: Look>(what: &str, timeout: Duration, check: impl AsyncFnMut() -> L) -> L::Found {
+    eventually_explained(what, timeout, String::new, check).await
+}
+
+/// [`eventually`], adding `explain()` — an operator's log, say — to the
+/// message when it times out.
+pub async fn eventually_explained<L: Look>(
+    what: &str,
+    timeout: Duration,
+    explain: impl FnOnce() -> String,
+    mut check: impl AsyncFnMut() -> L,
+) -> L::Found {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(v) = check().await {
-            return v;
+        let seen = match check().await.found() {
+            Ok(found) => return found,
+            Err(seen) => seen,
+        };
+        if Instant::now() >= deadline {
+            let seen = seen.map(|s| format!("; last seen: {s}")).unwrap_or_default();
+            let explained = explain();
+            let explained = if explained.is_empty() {
+                explained
+            } else {
+                format!("\n{explained}")
+            };
+            panic!("timed out after {timeout:?} waiting for {what}{seen}{explained}");
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

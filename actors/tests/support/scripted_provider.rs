@@ -306,10 +306,14 @@ impl Provider for ScriptedProvider {
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
-        let delay = self.world().list_delay;
+        // Recorded as it is made: a test can see a slow list under way.
+        let delay = {
+            let mut w = self.world();
+            w.calls.push(Call::List);
+            w.list_delay
+        };
         tokio::time::sleep(delay).await;
         let mut w = self.world();
-        w.calls.push(Call::List);
         self.take_failure(&mut w, Op::List, None)?;
         Ok(w.instances
             .iter()

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Squid {
     pub addr: SocketAddr,
@@ -21,7 +21,7 @@ pub fn binary() -> Option<PathBuf> {
 
 impl Squid {
     /// Starts Squid on a free port; `None` when Squid is not installed (CI installs it).
-    pub fn start(extra: &str) -> Option<Self> {
+    pub async fn start(extra: &str) -> Option<Self> {
         binary()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -34,11 +34,11 @@ impl Squid {
             dir: tempfile::tempdir().unwrap(),
             extra: extra.to_owned(),
         };
-        squid.run();
+        squid.run().await;
         Some(squid)
     }
 
-    fn run(&mut self) {
+    async fn run(&mut self) {
         let dir = self.dir.path();
         let conf = format!(
             "http_port {addr}\n{extra}\nhttp_access allow all\nvia off\nforwarded_for delete\n\
@@ -62,15 +62,13 @@ impl Squid {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(self.addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "squid did not start: {:?}",
-                std::fs::read_to_string(dir.join("cache.log"))
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::eventually_explained(
+            "squid to start",
+            Duration::from_secs(15),
+            || std::fs::read_to_string(dir.join("cache.log")).unwrap_or_default(),
+            async || tokio::net::TcpStream::connect(self.addr).await,
+        )
+        .await;
     }
 
     fn service(&self) -> String {
@@ -93,9 +91,9 @@ impl Squid {
     }
 
     /// Starts it again on the same port.
-    pub fn restart(&mut self) {
+    pub async fn restart(&mut self) {
         self.kill();
-        self.run();
+        self.run().await;
     }
 }
 
