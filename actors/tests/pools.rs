@@ -1,0 +1,158 @@
+//! ProxyPools through the real binary in standalone mode, with local
+//! proxies: a pool fills itself, a crawler leasing from it and fetching
+//! through its proxies the whole time sees no failed request while blocked
+//! members are rotated out, and removing the pool removes every member and
+//! its process.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use egress_proxies::resource::{Phase, RETIRING_ANNOTATION};
+use serde_json::{Value, json};
+
+mod support;
+
+use support::eventually;
+use support::operator::{LOCAL_PROVIDER, OperatorDir};
+use support::process::{health_target, processes_under};
+use support::target_server::http_target;
+
+const CONVERGE: Duration = Duration::from_secs(60);
+
+fn pool_manifest(health_url: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: ProxyPool\nmetadata: {{name: eu, namespace: crawl}}\n\
+         spec:\n  replicas: {replicas}\n  rotation: {{afterBlockedTargets: 1}}\n  drainTimeout: 20s\n  template:\n    \
+         spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health_url}\", interval: 1s}}}}\n"
+    )
+}
+
+/// Names of the pool's Ready members that are not retiring.
+fn serving(dir: &OperatorDir) -> BTreeSet<String> {
+    dir.proxies()
+        .into_iter()
+        .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("eu-")))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key(RETIRING_ANNOTATION))
+        })
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_its_manifest() {
+    egress_proxies::tls::ensure_crypto_provider();
+    let target = http_target().await;
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    dir.write_manifest("pool", &pool_manifest(&health_target(), 2));
+    let operator = dir
+        .standalone()
+        .setting("maxLeasesPerProxy", "0")
+        .discovery()
+        .log_level("info")
+        .start()
+        .await;
+    let api = format!("http://{}", operator.discovery());
+    let first = eventually("two Ready members", CONVERGE, async || {
+        let ready = serving(&dir);
+        (ready.len() == 2).then_some(ready)
+    })
+    .await;
+
+    // A crawler: lease from the pool, fetch through the proxy, report one
+    // proxy blocked per round, release. Every fetch must succeed.
+    let client = reqwest::Client::new();
+    let mut blocked = BTreeSet::new();
+    let mut fetched = 0;
+    let deadline = std::time::Instant::now() + CONVERGE;
+    let mut round = 0;
+    while std::time::Instant::now() < deadline {
+        round += 1;
+        let grant: Value = match client
+            .post(format!("{api}/v1/leases"))
+            // A target per round: a released proxy rests for its target only.
+            .json(&json!({"target": format!("t{round}.example"), "pool": "eu", "ttlSeconds": 30}))
+            .send()
+            .await
+            .unwrap()
+        {
+            r if r.status() == 503 => {
+                // Nothing free this instant (all members retiring or starting): not a failed fetch.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            r => r.error_for_status().unwrap().json().await.unwrap(),
+        };
+        let id = grant["id"].as_str().unwrap().to_owned();
+        let name = grant["proxy"]["name"].as_str().unwrap().to_owned();
+        let url = grant["proxy"]["url"].as_str().unwrap();
+        let via = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::http(url).unwrap())
+            .build()
+            .unwrap();
+        let page = via
+            .get(format!("http://{target}/page"))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status());
+        assert!(page.is_ok(), "fetch {fetched} through {name} failed: {page:?}");
+        fetched += 1;
+        if first.contains(&name) && blocked.insert(name.clone()) {
+            client
+                .post(format!("{api}/v1/leases/{id}/report"))
+                .json(&json!({"outcome": "blocked"}))
+                .send()
+                .await
+                .unwrap()
+                .error_for_status()
+                .unwrap();
+        }
+        client
+            .delete(format!("{api}/v1/leases/{id}"))
+            .send()
+            .await
+            .unwrap();
+        let now = serving(&dir);
+        if blocked.len() == first.len() && now.len() == 2 && now.is_disjoint(&first) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = serving(&dir);
+    assert!(
+        now.len() == 2 && now.is_disjoint(&first),
+        "both blocked members replaced: first {first:?}, serving {now:?}\n{}",
+        dir.logs()
+    );
+    assert!(fetched > 0);
+    eventually("the rotated members deleted", CONVERGE, async || {
+        dir.proxies()
+            .iter()
+            .all(|p| !first.contains(p.metadata.name.as_deref().unwrap_or_default()))
+            .then_some(())
+    })
+    .await;
+
+    // The pool leaves: every member and its process go.
+    let instances = dir.state().join("local");
+    assert_eq!(
+        processes_under(&instances).len(),
+        2,
+        "one proxy process per member before the pool goes"
+    );
+    dir.remove_manifest("pool");
+    eventually("no member left", CONVERGE, async || {
+        dir.proxies().is_empty().then_some(())
+    })
+    .await;
+    eventually("no proxy process left", CONVERGE, async || {
+        processes_under(&instances).is_empty().then_some(())
+    })
+    .await;
+    drop(operator);
+}
