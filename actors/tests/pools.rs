@@ -156,3 +156,37 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
     .await;
     drop(operator);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_scales_up_and_down_with_its_replicas() {
+    let health = health_target();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    dir.write_manifest("pool", &pool_manifest(&health, 1));
+    let _operator = dir.standalone().log_level("info").start().await;
+    let members = || {
+        dir.proxies()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count()
+    };
+    eventually("one Ready member", CONVERGE, async || {
+        (serving(&dir).len() == 1).then_some(())
+    })
+    .await;
+    dir.write_manifest("pool", &pool_manifest(&health, 3));
+    eventually("three Ready members", CONVERGE, async || {
+        (serving(&dir).len() == 3).then_some(())
+    })
+    .await;
+    dir.write_manifest("pool", &pool_manifest(&health, 1));
+    eventually("back to one member", CONVERGE, async || {
+        (members() == 1 && dir.proxies().len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(serving(&dir).len(), 1, "the one kept is still serving");
+    let instances = dir.state().join("local");
+    eventually("one proxy process", CONVERGE, async || {
+        (processes_under(&instances).len() == 1).then_some(())
+    })
+    .await;
+}
