@@ -120,6 +120,8 @@ impl DestinationArgs {
 pub enum Resource {
     #[value(alias = "proxy", alias = "px")]
     Proxies,
+    #[value(alias = "pool", alias = "proxypools", alias = "pp")]
+    Pools,
 }
 
 /// How `get` prints.

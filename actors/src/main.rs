@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use egress_proxies::config::ProvidersConfig;
-use egress_proxies::resource::{ListFormat, crd_yaml_of, proxy_list, proxy_table};
+use egress_proxies::resource::{ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table};
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
 use egress_proxies_operator::{operator, standalone, system};
 
@@ -19,7 +19,16 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Crd { kind }) => print_crd(kind.into()),
         Some(Command::ValidateConfig { file }) => validate_config(&file),
-        Some(Command::Get { config, output, .. }) => get_proxies(&config, output),
+        Some(Command::Get {
+            resource: cli::Resource::Proxies,
+            config,
+            output,
+        }) => get_proxies(&config, output),
+        Some(Command::Get {
+            resource: cli::Resource::Pools,
+            config,
+            output,
+        }) => get_pools(&config, output),
         Some(Command::Standalone { config }) => run_standalone(&cli.logging, &config),
         Some(Command::ForwardProxy {
             listen,
@@ -100,6 +109,26 @@ fn get_proxies(config: &Path, output: cli::Output) -> ExitCode {
         cli::Output::Wide => Ok(proxy_table(&proxies, jiff::Timestamp::now(), true)),
         cli::Output::Yaml => proxy_list(&proxies, ListFormat::Yaml),
         cli::Output::Json => proxy_list(&proxies, ListFormat::Json),
+    };
+    match text {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn get_pools(config: &Path, output: cli::Output) -> ExitCode {
+    let pools = match standalone::pool_snapshot(config) {
+        Ok(pools) => pools,
+        Err(e) => return fail(e),
+    };
+    let text = match output {
+        cli::Output::Table | cli::Output::Wide if pools.is_empty() => Ok("No pools found.\n".to_owned()),
+        cli::Output::Table | cli::Output::Wide => Ok(pool_table(&pools, jiff::Timestamp::now())),
+        cli::Output::Yaml => pool_list(&pools, ListFormat::Yaml),
+        cli::Output::Json => pool_list(&pools, ListFormat::Json),
     };
     match text {
         Ok(text) => {

@@ -171,3 +171,12 @@ pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::Prox
     }
     embedded::read_snapshot(&config.state_dir).map_err(|e| e.to_string())
 }
+
+/// The stored pools, read without disturbing a running operator.
+pub fn pool_snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::ProxyPool>, String> {
+    let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
+    if !config.state_dir.join(embedded::DATABASE_FILE).exists() {
+        return Ok(Vec::new());
+    }
+    embedded::read_pools_snapshot(&config.state_dir).map_err(|e| e.to_string())
+}

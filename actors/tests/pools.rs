@@ -184,6 +184,20 @@ async fn a_pool_scales_up_and_down_with_its_replicas() {
     })
     .await;
     assert_eq!(serving(&dir).len(), 1, "the one kept is still serving");
+    let table = eventually("get pools to show the pool settled", CONVERGE, async || {
+        let out = std::process::Command::new(support::operator::BIN)
+            .args(["get", "pools", "--config"])
+            .arg(dir.path().join("operator.yaml"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let table = String::from_utf8(out.stdout).unwrap();
+        let row: Vec<&str> = table.lines().nth(1)?.split_whitespace().collect();
+        // NAME DESIRED REPLICAS READY LEASED ROTATING AGE
+        (row[..6] == ["eu", "1", "1", "1", "0", "0"]).then_some(table)
+    })
+    .await;
+    assert!(table.starts_with("NAME   DESIRED   REPLICAS   READY"), "{table}");
     let instances = dir.state().join("local");
     eventually("one proxy process", CONVERGE, async || {
         (processes_under(&instances).len() == 1).then_some(())

@@ -25,6 +25,10 @@ pub enum ListingError {
 /// The proxies as one `List` document.
 pub fn proxy_list(proxies: &[Proxy], format: ListFormat) -> Result<String, ListingError> {
     let items = proxies.iter().map(redacted).collect::<Result<Vec<_>, _>>()?;
+    list(items, format)
+}
+
+fn list(items: Vec<Value>, format: ListFormat) -> Result<String, ListingError> {
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
     Ok(match format {
         ListFormat::Json => serde_json::to_string_pretty(&list)? + "\n",
@@ -32,9 +36,23 @@ pub fn proxy_list(proxies: &[Proxy], format: ListFormat) -> Result<String, Listi
     })
 }
 
+/// The pools as a `v1` List, inline cloud-init of their template redacted.
+pub fn pool_list(pools: &[super::ProxyPool], format: ListFormat) -> Result<String, ListingError> {
+    let items = pools
+        .iter()
+        .map(|pool| redacted_at(pool, "/spec/template/spec/cloudInit/inline"))
+        .collect::<Result<Vec<_>, _>>()?;
+    list(items, format)
+}
+
 fn redacted(proxy: &Proxy) -> Result<Value, serde_json::Error> {
-    let mut value = serde_json::to_value(proxy)?;
-    if let Some(inline) = value.pointer_mut("/spec/cloudInit/inline")
+    redacted_at(proxy, "/spec/cloudInit/inline")
+}
+
+/// `object` with the inline cloud-init at `pointer` replaced by its size.
+fn redacted_at(object: &impl serde::Serialize, pointer: &str) -> Result<Value, serde_json::Error> {
+    let mut value = serde_json::to_value(object)?;
+    if let Some(inline) = value.pointer_mut(pointer)
         && let Some(text) = inline.as_str()
     {
         *inline = Value::String(format!("<redacted: {} bytes>", text.len()));

@@ -15,10 +15,10 @@ mod table;
 
 pub use conditions::set_condition;
 pub use crd::{CrdError, CrdKind, crd_yaml, crd_yaml_of};
-pub use listing::{ListFormat, ListingError, proxy_list};
+pub use listing::{ListFormat, ListingError, pool_list, proxy_list};
 pub use metadata::*;
 pub use pool::*;
 pub use probe_duration::DurationError;
 pub use spec::*;
 pub use status::*;
-pub use table::proxy_table;
+pub use table::{pool_table, proxy_table};

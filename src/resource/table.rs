@@ -1,8 +1,9 @@
-//! The `kubectl get px` table, for `egress-proxies-operator get proxies`.
+//! The `kubectl get px` and `kubectl get pp` tables, for
+//! `egress-proxies-operator get proxies` and `get pools`.
 
 use jiff::Timestamp;
 
-use super::Proxy;
+use super::{Proxy, ProxyPool};
 
 /// Renders NAME MODE PROVIDER PHASE IP HEALTHY AGE (plus NAMESPACE when
 /// several namespaces are shown, and MESSAGE when `wide`), aligned like kubectl.
@@ -53,6 +54,52 @@ pub fn proxy_table(proxies: &[Proxy], now: Timestamp, wide: bool) -> String {
         }
         rows.push(row);
     }
+    aligned(rows)
+}
+
+/// Renders NAME DESIRED REPLICAS READY LEASED ROTATING AGE of each pool
+/// (plus NAMESPACE when several namespaces are shown).
+pub fn pool_table(pools: &[ProxyPool], now: Timestamp) -> String {
+    let namespaces: std::collections::BTreeSet<_> = pools
+        .iter()
+        .map(|p| p.metadata.namespace.as_deref().unwrap_or("default"))
+        .collect();
+    let with_ns = namespaces.len() > 1;
+    let mut header = vec![
+        "NAME", "DESIRED", "REPLICAS", "READY", "LEASED", "ROTATING", "AGE",
+    ];
+    if with_ns {
+        header.insert(0, "NAMESPACE");
+    }
+    let mut rows: Vec<Vec<String>> = vec![header.into_iter().map(str::to_owned).collect()];
+    for p in pools {
+        let status = p.status.clone().unwrap_or_default();
+        let mut row = vec![
+            p.metadata.name.clone().unwrap_or_default(),
+            status.desired_replicas.unwrap_or(p.spec.replicas).to_string(),
+            status.replicas.to_string(),
+            status.ready.to_string(),
+            status.leased.to_string(),
+            status.rotating.to_string(),
+            p.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| age(now.duration_since(t.0).as_secs()))
+                .unwrap_or_else(|| "<unknown>".into()),
+        ];
+        if with_ns {
+            row.insert(
+                0,
+                p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            );
+        }
+        rows.push(row);
+    }
+    aligned(rows)
+}
+
+/// Columns padded to their widest cell, three spaces apart, like kubectl.
+fn aligned(rows: Vec<Vec<String>>) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
@@ -127,5 +174,30 @@ mod tests {
         assert_eq!(age(7199), "119m");
         assert_eq!(age(7200), "2h");
         assert_eq!(age(200_000), "2d");
+    }
+
+    #[test]
+    fn pools_render_with_their_counts() {
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let mut pool: ProxyPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": "eu", "namespace": "crawl"},
+            "spec": {"replicas": 3, "template": {"spec": {"mode": "Managed", "provider": "local"}}}
+        }))
+        .unwrap();
+        pool.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_000_000 - 7200).unwrap()));
+        pool.status = Some(crate::resource::ProxyPoolStatus {
+            replicas: 4,
+            ready: 3,
+            leased: 2,
+            rotating: 1,
+            desired_replicas: Some(5),
+            ..Default::default()
+        });
+        assert_eq!(
+            pool_table(&[pool], now),
+            "NAME   DESIRED   REPLICAS   READY   LEASED   ROTATING   AGE\n\
+             eu     5         4          3       2        1          2h\n"
+        );
     }
 }
