@@ -23,8 +23,12 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::credentials::ProxyCredentials;
-use crate::resource::{CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyStatus, SecretKeyRef};
-use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError, StoreEvent, credentials_secret};
+use crate::resource::{
+    CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
+};
+use crate::store::{
+    CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret,
+};
 
 /// Attempts of a resourceVersion-guarded write before giving up (Transient).
 const CONFLICT_RETRIES: usize = 5;
@@ -612,6 +616,115 @@ impl ProxyStore for KubeStore {
         };
         if let Err(e) = self.recorder.publish(&event, &reference).await {
             tracing::debug!(proxy = %key, error = %e, "publishing a Kubernetes Event failed");
+        }
+    }
+}
+
+/// Pools and their members on the API server. Members carry an
+/// ownerReference to their pool; the API server's garbage collector
+/// deletes them when the pool goes (their finalizer still holds each until
+/// its instance is gone).
+#[async_trait]
+impl PoolStore for KubeStore {
+    async fn get_pool(&self, key: &ObjectKey) -> Result<Option<ProxyPool>, StoreError> {
+        Api::<ProxyPool>::namespaced(self.client.clone(), &key.namespace)
+            .get_opt(&key.name)
+            .instrument(api_span("get", "proxypools", Some(key)))
+            .await
+            .map_err(backend)
+    }
+
+    async fn pool_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        let api: Api<ProxyPool> = match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let list = api
+            .list(&ListParams::default())
+            .instrument(api_span("list", "proxypools", None))
+            .await
+            .map_err(backend)?;
+        Ok(list.items.iter().map(crate::store::pool_key).collect())
+    }
+
+    async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
+        let key = crate::store::pool_key(pool);
+        let selector = format!("{POOL_LABEL}={}", key.name);
+        let list = self
+            .proxies(&key.namespace)
+            .list(&ListParams::default().labels(&selector))
+            .instrument(api_span("list", "proxies", Some(&key)))
+            .await
+            .map_err(backend)?;
+        // The label is a hint; the controller reference decides.
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|p| crate::pool::is_member(p, pool))
+            .collect())
+    }
+
+    async fn create_member(&self, member: &Proxy) -> Result<(), StoreError> {
+        let key = ObjectKey::of(member);
+        match self
+            .proxies(&key.namespace)
+            .create(&PostParams::default(), member)
+            .instrument(api_span("create", "proxies", Some(&key)))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Err(StoreError::AlreadyExists(key)),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn delete_member(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        // Preconditions make the delete land on this incarnation only.
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self
+            .proxies(&key.namespace)
+            .delete(&key.name, &params)
+            .instrument(api_span("delete", "proxies", Some(key)))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Err(StoreError::Gone {
+                key: key.clone(),
+                uid: uid.to_owned(),
+            }),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn write_pool_status(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        status: &ProxyPoolStatus,
+    ) -> Result<(), StoreError> {
+        let value = serde_json::to_value(status).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "add", "path": "/status", "value": value},
+        ]))
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
+        match Api::<ProxyPool>::namespaced(self.client.clone(), &key.namespace)
+            .patch_status(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .instrument(api_span("patch", "proxypools/status", Some(key)))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(api_code(&e), Some(404 | 422)) => Err(StoreError::Gone {
+                key: key.clone(),
+                uid: uid.to_owned(),
+            }),
+            Err(e) => Err(backend(e)),
         }
     }
 }
