@@ -157,6 +157,46 @@ impl KubeStore {
         let _ = self.events.send(event);
     }
 
+    /// Watches ProxyPools until the stream ends, sending each change to
+    /// `events` (the pool registry's stream); a re-list removes pools
+    /// deleted while the watch was down, as for Proxies.
+    pub async fn watch_pools(self: Arc<Self>, events: mpsc::UnboundedSender<StoreEvent>) {
+        let api: Api<ProxyPool> = match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut known = Relisted::default();
+        let send = |event| {
+            // No receiver: the system is shutting down.
+            let _ = events.send(event);
+        };
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(Event::Apply(p)) => {
+                    let key = crate::store::pool_key(&p);
+                    known.seen(&key);
+                    send(StoreEvent::Changed(key));
+                }
+                Ok(Event::InitApply(p)) => {
+                    let key = crate::store::pool_key(&p);
+                    known.relisted(&key);
+                    send(StoreEvent::Changed(key));
+                }
+                Ok(Event::Delete(p)) => {
+                    let key = crate::store::pool_key(&p);
+                    known.gone(&key);
+                    send(StoreEvent::Removed(key));
+                }
+                Ok(Event::Init) => known.relist_started(),
+                Ok(Event::InitDone) => known.relist_done().into_iter().for_each(|key| {
+                    send(StoreEvent::Removed(key));
+                }),
+                Err(e) => tracing::warn!(error = %e, "watching ProxyPools failed; retrying with backoff"),
+            }
+        }
+    }
+
     /// Watches Proxies until the stream ends; every change becomes an event.
     /// The watcher re-lists and resumes by itself after errors and 410s,
     /// backing off while the API server does not answer. A re-list is
