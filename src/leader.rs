@@ -38,8 +38,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 
-use crate::resource::{Proxy, ProxyStatus, SecretKeyRef};
-use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
+use crate::resource::{Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
+use crate::store::{CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError};
 
 /// How long a leader lasts, renews and waits for the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -515,6 +515,67 @@ impl ProxyStore for FencedStore {
         if self.tenure.is_leading() {
             self.inner.publish_event(key, uid, reason, note, warning).await;
         }
+    }
+}
+
+/// A [`PoolStore`] fenced like [`FencedStore`]: a leader whose tenure ran
+/// out neither makes, retires nor deletes pool members.
+pub struct FencedPools {
+    inner: Arc<dyn PoolStore>,
+    tenure: Tenure,
+}
+
+impl FencedPools {
+    pub fn new(inner: Arc<dyn PoolStore>, tenure: Tenure) -> Self {
+        Self { inner, tenure }
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.tenure.is_leading() {
+            Ok(())
+        } else {
+            Err(StoreError::Backend(
+                "not the leader: its leadership lapsed".to_owned(),
+            ))
+        }
+    }
+}
+
+#[async_trait]
+impl PoolStore for FencedPools {
+    async fn get_pool(&self, key: &ObjectKey) -> Result<Option<ProxyPool>, StoreError> {
+        self.check()?;
+        self.inner.get_pool(key).await
+    }
+
+    async fn pool_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
+        self.check()?;
+        self.inner.pool_keys().await
+    }
+
+    async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
+        self.check()?;
+        self.inner.members(pool).await
+    }
+
+    async fn create_member(&self, member: &Proxy) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.create_member(member).await
+    }
+
+    async fn delete_member(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.delete_member(key, uid).await
+    }
+
+    async fn write_pool_status(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        status: &ProxyPoolStatus,
+    ) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.write_pool_status(key, uid, status).await
     }
 }
 

@@ -17,13 +17,17 @@ use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::ProvidersConfig;
 use egress_proxies::health::Prober;
 use egress_proxies::installation::InstallationId;
-use egress_proxies::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::leader::{
+    Attempt, FencedPools, FencedStore, LeaderElector, SystemClock, Tenure, Timings,
+};
 use egress_proxies::provider::{BuildContext, Providers};
-use egress_proxies::store::installation;
 use egress_proxies::store::kubernetes::KubeStore;
 use egress_proxies::store::lease_checkpoint::CheckpointJournal;
+use egress_proxies::store::{PoolStore, ProxyStore, installation};
 
 use crate::health_server::{self, Readiness};
+use crate::pool_actor::{PoolContext, PoolTiming};
+use crate::pool_registry::PoolRegistry;
 use crate::system;
 
 /// Name of the leader-election Lease.
@@ -214,7 +218,10 @@ async fn operate(
     let store = Arc::new(store);
     actix::spawn(store.clone().watch_proxies());
     actix::spawn(store.clone().watch_secrets());
-    let _running = system::start(
+    let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
+    actix::spawn(store.clone().watch_pools(pool_events));
+    let pools = pool_context(&store, &settings);
+    let running = system::start(
         store,
         events,
         providers,
@@ -223,6 +230,11 @@ async fn operate(
         installation,
         discovery_listener,
     )?;
+    PoolRegistry::new(PoolContext {
+        leases: Some(running.leases.clone()),
+        ..pools
+    })
+    .run(pool_stream);
     readiness.set(true);
 
     let outcome = match &mut elector {
@@ -240,6 +252,31 @@ async fn operate(
     }
     outcome
 }
+
+/// What the pools' loops work with: the cluster's store, fenced by the
+/// leader's tenure when there is one (the lease store is added once started).
+fn pool_context(store: &Arc<KubeStore>, settings: &system::Settings) -> PoolContext {
+    let (pools, proxies): (Arc<dyn PoolStore>, Arc<dyn ProxyStore>) = match &settings.tenure {
+        Some(tenure) => (
+            Arc::new(FencedPools::new(store.clone(), tenure.clone())),
+            Arc::new(FencedStore::new(store.clone(), tenure.clone())),
+        ),
+        None => (store.clone(), store.clone()),
+    };
+    PoolContext {
+        pools,
+        proxies,
+        leases: None,
+        timing: PoolTiming {
+            interval: POOL_TURN_INTERVAL,
+            scale_down_delay: egress_proxies::pool::SCALE_DOWN_DELAY,
+            leases_per_proxy: settings.leases.capacity,
+        },
+    }
+}
+
+/// How often each pool looks at its members.
+const POOL_TURN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Renews the Lease until shutdown (Ok), or until the tenure ends without a
 /// successful renew or another candidate holds the Lease (Err). The tenure
