@@ -10,6 +10,9 @@ pub struct Kind {
     pub namespaced: bool,
     /// Has a status subresource (and a spec/status split with `generation`).
     pub status: bool,
+    /// Has the scale subresource over `.spec.replicas`, `.status.replicas`
+    /// and `.status.selector`.
+    pub scale: bool,
 }
 
 impl Kind {
@@ -30,6 +33,7 @@ pub const KINDS: &[Kind] = &[
         kind: "Secret",
         namespaced: true,
         status: false,
+        scale: false,
     },
     Kind {
         group: "",
@@ -38,6 +42,7 @@ pub const KINDS: &[Kind] = &[
         kind: "ConfigMap",
         namespaced: true,
         status: false,
+        scale: false,
     },
     Kind {
         group: "",
@@ -46,6 +51,7 @@ pub const KINDS: &[Kind] = &[
         kind: "Pod",
         namespaced: true,
         status: true,
+        scale: false,
     },
     Kind {
         group: "",
@@ -54,6 +60,7 @@ pub const KINDS: &[Kind] = &[
         kind: "Event",
         namespaced: true,
         status: false,
+        scale: false,
     },
     Kind {
         group: "",
@@ -62,6 +69,7 @@ pub const KINDS: &[Kind] = &[
         kind: "Namespace",
         namespaced: false,
         status: true,
+        scale: false,
     },
     Kind {
         group: "events.k8s.io",
@@ -70,6 +78,7 @@ pub const KINDS: &[Kind] = &[
         kind: "Event",
         namespaced: true,
         status: false,
+        scale: false,
     },
     Kind {
         group: "coordination.k8s.io",
@@ -78,6 +87,7 @@ pub const KINDS: &[Kind] = &[
         kind: "Lease",
         namespaced: true,
         status: false,
+        scale: false,
     },
     Kind {
         group: "crawl.example.com",
@@ -86,6 +96,16 @@ pub const KINDS: &[Kind] = &[
         kind: "Proxy",
         namespaced: true,
         status: true,
+        scale: false,
+    },
+    Kind {
+        group: "crawl.example.com",
+        version: "v1alpha1",
+        plural: "proxypools",
+        kind: "ProxyPool",
+        namespaced: true,
+        status: true,
+        scale: true,
     },
     Kind {
         group: "apiextensions.k8s.io",
@@ -94,6 +114,7 @@ pub const KINDS: &[Kind] = &[
         kind: "CustomResourceDefinition",
         namespaced: false,
         status: true,
+        scale: false,
     },
 ];
 

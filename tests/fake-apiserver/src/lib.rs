@@ -10,7 +10,11 @@
 //! the last finalizer deletes it, no new finalizers while deleting); 409 on a
 //! stale resourceVersion and on existing names; merge patch and JSON patch
 //! (with `test`); label selectors (equality and set-based) and the
-//! `metadata.name`/`metadata.namespace` field selectors; generateName.
+//! `metadata.name`/`metadata.namespace` field selectors; generateName; the
+//! scale subresource (`autoscaling/v1` Scale over `.spec.replicas`); the
+//! owner-reference garbage collector with background and orphan propagation
+//! (run at once when an owner leaves storage, where the real one runs soon
+//! after).
 //!
 //! A network partition: [`FakeApiServer::link`] opens another address to the
 //! same server (another network path); [`FakeApiServer::stall`] holds every
@@ -20,7 +24,7 @@
 //!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting, admission, RBAC, server-side apply, strategic merge beyond a
-//! JSON merge, owner-reference GC, pods that actually run.
+//! JSON merge, foreground deletion, pods that actually run.
 
 mod kinds;
 mod reviews;
@@ -151,6 +155,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     status: bool,
+    /// The scale subresource.
+    scale: bool,
 }
 
 fn parse_path(path: &str) -> Option<Target> {
@@ -172,14 +178,17 @@ fn parse_path(path: &str) -> Option<Target> {
     };
     // `/api/v1/namespaces/{name}` is the Namespace object itself.
     let kind = kinds::find(group, version, plural)?;
-    if sub.is_some_and(|s| s != "status") {
-        return None;
+    match sub {
+        None | Some("status") => {}
+        Some("scale") if KINDS[kind].scale => {}
+        Some(_) => return None,
     }
     Some(Target {
         kind,
         namespace,
         name,
         status: sub == Some("status"),
+        scale: sub == Some("scale"),
     })
 }
 
@@ -289,6 +298,8 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
         };
         let resource = if target.status {
             format!("{}/status", kind.plural)
+        } else if target.scale {
+            format!("{}/scale", kind.plural)
         } else {
             kind.plural.to_owned()
         };
@@ -300,6 +311,9 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
                 namespace: target.namespace.clone(),
             });
         }
+    }
+    if target.scale {
+        return scale(&req, &body, &fake, &target, &namespace);
     }
     match (method, &target.name) {
         ("GET", None) => {
@@ -360,12 +374,11 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             }
         }
         ("DELETE", Some(name)) => {
-            let options: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-            respond(
-                fake.lock()
-                    .delete(target.kind, &namespace, name, &options["preconditions"]),
-                200,
-            )
+            let mut options: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+            if let Some(policy) = param("propagationPolicy") {
+                options["propagationPolicy"] = json!(policy);
+            }
+            respond(fake.lock().delete(target.kind, &namespace, name, &options), 200)
         }
         _ => HttpResponse::MethodNotAllowed().json(
             ApiError::new(
@@ -376,6 +389,35 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .status(),
         ),
     }
+}
+
+/// `GET`, `PATCH` (merge) and `PUT` on `.../{name}/scale`.
+fn scale(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer, target: &Target, namespace: &str) -> HttpResponse {
+    let name = target.name.as_deref().unwrap_or_default();
+    let parsed = || -> Result<Value, ApiError> {
+        serde_json::from_slice(body).map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
+    };
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or_default()
+        .to_owned();
+    let result = match req.method().as_str() {
+        "GET" => fake.lock().get_scale(target.kind, namespace, name),
+        "PATCH" => parsed().and_then(|v| {
+            fake.lock()
+                .write_scale(target.kind, namespace, name, Some(&content_type), v)
+        }),
+        "PUT" => parsed().and_then(|v| fake.lock().write_scale(target.kind, namespace, name, None, v)),
+        _ => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )),
+    };
+    respond(result, 200)
 }
 
 fn watch(

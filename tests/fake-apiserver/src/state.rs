@@ -347,6 +347,7 @@ impl State {
         if deleting && finalizers(&merged).is_empty() {
             self.objects.remove(&key);
             self.emit(kind, "DELETED", merged.clone());
+            self.collect_dependents(&merged);
         } else {
             self.objects.insert(key, merged.clone());
             self.emit(kind, "MODIFIED", merged.clone());
@@ -435,15 +436,30 @@ impl State {
         self.write(kind, ns, name, next, status_only)
     }
 
-    pub fn delete(
-        &mut self,
-        kind: usize,
-        ns: &str,
-        name: &str,
-        preconditions: &Value,
-    ) -> Result<Value, ApiError> {
+    /// Deletes with `options` (a DeleteOptions: `preconditions`,
+    /// `propagationPolicy` Background — the default — or Orphan).
+    pub fn delete(&mut self, kind: usize, ns: &str, name: &str, options: &Value) -> Result<Value, ApiError> {
         let key = (kind, ns.to_owned(), name.to_owned());
         let mut current = self.get(kind, ns, name)?;
+        let preconditions = &options["preconditions"];
+        let orphan = match options["propagationPolicy"].as_str() {
+            None | Some("Background") => false,
+            Some("Orphan") => true,
+            Some("Foreground") => {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "propagationPolicy Foreground is not modelled by this fake",
+                ));
+            }
+            Some(other) => {
+                return Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    format!("propagationPolicy: Unsupported value: {other:?}"),
+                ));
+            }
+        };
         if let Some(uid) = preconditions["uid"].as_str()
             && meta(&current)["uid"].as_str() != Some(uid)
         {
@@ -461,6 +477,9 @@ impl State {
                 "Conflict",
                 "Precondition failed: resourceVersion does not match",
             ));
+        }
+        if orphan {
+            self.orphan_dependents(meta(&current)["uid"].as_str().unwrap_or_default());
         }
         if !finalizers(&current).is_empty() {
             if meta(&current)
@@ -481,7 +500,102 @@ impl State {
         current["metadata"]["resourceVersion"] = json!(rv.to_string());
         self.objects.remove(&key);
         self.emit(kind, "DELETED", current.clone());
+        self.collect_dependents(&current);
         Ok(current)
+    }
+
+    /// The garbage collector, run at once when `gone` leaves storage: a
+    /// dependent none of whose owners is left is deleted (background
+    /// propagation, so its own finalizers hold it as usual); a dependent with
+    /// an owner left loses only the dangling reference.
+    fn collect_dependents(&mut self, gone: &Value) {
+        let Some(uid) = meta(gone)["uid"].as_str() else {
+            return;
+        };
+        for (kind, ns, name) in self.dependents_of(uid) {
+            let Ok(current) = self.get(kind, &ns, &name) else {
+                continue;
+            };
+            let remaining: Vec<Value> = owner_references(&current)
+                .into_iter()
+                .filter(|r| r["uid"].as_str().is_some_and(|u| self.uid_exists(u)))
+                .collect();
+            if remaining.is_empty() {
+                let _ = self.delete(kind, &ns, &name, &Value::Null);
+            } else {
+                let mut next = current;
+                next["metadata"]["ownerReferences"] = json!(remaining);
+                let _ = self.write(kind, &ns, &name, next, false);
+            }
+        }
+    }
+
+    /// Orphan propagation: the dependents of `uid` lose their reference to it.
+    fn orphan_dependents(&mut self, uid: &str) {
+        for (kind, ns, name) in self.dependents_of(uid) {
+            let Ok(mut next) = self.get(kind, &ns, &name) else {
+                continue;
+            };
+            let remaining: Vec<Value> = owner_references(&next)
+                .into_iter()
+                .filter(|r| r["uid"].as_str() != Some(uid))
+                .collect();
+            next["metadata"]["ownerReferences"] = json!(remaining);
+            let _ = self.write(kind, &ns, &name, next, false);
+        }
+    }
+
+    fn dependents_of(&self, uid: &str) -> Vec<Key> {
+        self.objects
+            .iter()
+            .filter(|(_, o)| owner_references(o).iter().any(|r| r["uid"].as_str() == Some(uid)))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    fn uid_exists(&self, uid: &str) -> bool {
+        self.objects.values().any(|o| meta(o)["uid"].as_str() == Some(uid))
+    }
+
+    /// The `autoscaling/v1` Scale of a kind with the scale subresource.
+    pub fn get_scale(&self, kind: usize, ns: &str, name: &str) -> Result<Value, ApiError> {
+        Ok(scale_of(&self.get(kind, ns, name)?))
+    }
+
+    /// Writes a Scale (merge patch or replacement): only `spec.replicas`
+    /// reaches the object, guarded by the Scale's resourceVersion if it has one.
+    pub fn write_scale(
+        &mut self,
+        kind: usize,
+        ns: &str,
+        name: &str,
+        content_type: Option<&str>,
+        body: Value,
+    ) -> Result<Value, ApiError> {
+        let current = self.get(kind, ns, name)?;
+        let mut scale = scale_of(&current);
+        match content_type {
+            None => scale = body,
+            Some("application/merge-patch+json") => json_patch::merge(&mut scale, &body),
+            Some(other) => {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("the scale subresource takes a merge patch or a replacement (got {other})"),
+                ));
+            }
+        }
+        let Some(replicas) = scale["spec"]["replicas"].as_i64().filter(|r| *r >= 0) else {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "spec.replicas: Invalid value: must be a non-negative integer",
+            ));
+        };
+        self.check_version(kind, &current, &scale, name)?;
+        let mut next = current;
+        next["spec"]["replicas"] = json!(replicas);
+        Ok(scale_of(&self.write(kind, ns, name, next, false)?))
     }
 
     /// Starts a watch: events after `from` (410 Gone when they are no longer
@@ -529,6 +643,26 @@ impl State {
     pub fn compact(&mut self) {
         self.history.clear();
     }
+}
+
+fn owner_references(obj: &Value) -> Vec<Value> {
+    serde_json::from_value(meta(obj)["ownerReferences"].clone()).unwrap_or_default()
+}
+
+fn scale_of(obj: &Value) -> Value {
+    let m = meta(obj);
+    json!({
+        "apiVersion": "autoscaling/v1", "kind": "Scale",
+        "metadata": {
+            "name": m["name"], "namespace": m["namespace"], "uid": m["uid"],
+            "resourceVersion": m["resourceVersion"], "creationTimestamp": m["creationTimestamp"]
+        },
+        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(0)},
+        "status": {
+            "replicas": obj["status"]["replicas"].as_i64().unwrap_or(0),
+            "selector": obj["status"]["selector"].as_str().unwrap_or_default()
+        }
+    })
 }
 
 fn not_found(kind: usize, name: &str) -> ApiError {

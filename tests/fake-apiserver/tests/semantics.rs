@@ -394,3 +394,121 @@ async fn core_and_coordination_kinds() {
     assert_eq!(made.metadata.namespace, None);
     assert!(crds.get("proxies.crawl.example.com").await.is_ok());
 }
+
+fn pools(client: &kube::Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "ProxyPool"),
+        "proxypools",
+    );
+    Api::namespaced_with(client.clone(), "ns", &ar)
+}
+
+fn pool(name: &str, replicas: u32) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": name}, "spec": {"replicas": replicas, "template": {"spec": {}}}
+    }))
+    .unwrap()
+}
+
+fn owned_by(name: &str, owners: &[&DynamicObject]) -> DynamicObject {
+    let mut p = proxy(name, json!({}));
+    p.metadata.owner_references = Some(
+        owners
+            .iter()
+            .map(|o| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "crawl.example.com/v1alpha1".into(),
+                kind: "ProxyPool".into(),
+                name: o.metadata.name.clone().unwrap(),
+                uid: o.metadata.uid.clone().unwrap(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            })
+            .collect(),
+    );
+    p
+}
+
+#[actix_rt::test]
+async fn deleting_an_owner_collects_its_dependents() {
+    let fake = FakeApiServer::start().unwrap();
+    let client = client(&fake).await;
+    let (pools, api) = (pools(&client), proxies(&client));
+    let a = pools.create(&PostParams::default(), &pool("a", 1)).await.unwrap();
+    let b = pools.create(&PostParams::default(), &pool("b", 1)).await.unwrap();
+    api.create(&PostParams::default(), &owned_by("only-a", &[&a]))
+        .await
+        .unwrap();
+    let mut held = owned_by("held", &[&a]);
+    held.metadata.finalizers = Some(vec!["x/one".into()]);
+    api.create(&PostParams::default(), &held).await.unwrap();
+    api.create(&PostParams::default(), &owned_by("both", &[&a, &b]))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &owned_by("only-b", &[&b]))
+        .await
+        .unwrap();
+
+    pools.delete("a", &DeleteParams::default()).await.unwrap();
+    assert_eq!(code(api.get("only-a").await.unwrap_err()), 404, "collected");
+    let held = api.get("held").await.unwrap();
+    assert!(
+        held.metadata.deletion_timestamp.is_some(),
+        "a dependent's finalizers hold it as usual"
+    );
+    let both = api.get("both").await.unwrap();
+    let owners: Vec<_> = both.metadata.owner_references.unwrap().into_iter().map(|r| r.name).collect();
+    assert_eq!(owners, ["b"], "an owner left: only the dangling reference goes");
+
+    // Orphan propagation keeps the dependent, without the reference.
+    pools
+        .delete("b", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    for name in ["both", "only-b"] {
+        let kept = api.get(name).await.unwrap();
+        assert!(kept.metadata.deletion_timestamp.is_none(), "{name} orphaned, not deleted");
+        assert!(kept.metadata.owner_references.unwrap_or_default().is_empty());
+    }
+    pools.create(&PostParams::default(), &pool("c", 1)).await.unwrap();
+    let err = pools.delete("c", &DeleteParams::foreground()).await.unwrap_err();
+    assert_eq!(code(err), 422, "foreground deletion is refused, not faked");
+    assert!(pools.get("c").await.is_ok());
+}
+
+#[actix_rt::test]
+async fn the_scale_subresource_reads_and_writes_spec_replicas() {
+    let fake = FakeApiServer::start().unwrap();
+    let pools = pools(&client(&fake).await);
+    pools.create(&PostParams::default(), &pool("eu", 2)).await.unwrap();
+    pools
+        .patch_status(
+            "eu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 1, "selector": "crawl.example.com/pool=eu"}})),
+        )
+        .await
+        .unwrap();
+    let scale = pools.get_scale("eu").await.unwrap();
+    assert_eq!(scale.spec.unwrap().replicas, Some(2));
+    let status = scale.status.unwrap();
+    assert_eq!((status.replicas, status.selector.as_deref()), (1, Some("crawl.example.com/pool=eu")));
+
+    let scaled = pools
+        .patch_scale("eu", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .await
+        .unwrap();
+    assert_eq!(scaled.spec.unwrap().replicas, Some(5));
+    let after = pools.get("eu").await.unwrap();
+    assert_eq!(after.data["spec"]["replicas"], 5);
+    assert_eq!(after.metadata.generation, Some(2), "a spec change");
+    assert_eq!(after.data["status"]["replicas"], 1, "status untouched");
+    let err = pools
+        .patch_scale("eu", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": -1}})))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), 422);
+    // Proxies have no scale subresource.
+    let err = proxies(&client(&fake).await).get_scale("x").await.unwrap_err();
+    assert_eq!(code(err), 404);
+}
