@@ -669,3 +669,155 @@ async fn only_the_leader_acts_and_a_follower_takes_over() {
     );
     support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
 }
+
+fn proxy_pools(client: &kube::Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "ProxyPool"),
+        "proxypools",
+    );
+    Api::namespaced_with(client.clone(), "crawl", &ar)
+}
+
+/// The pool's members that are Ready and not being deleted, by name.
+async fn ready_members(bed: &Bed, pool: &str) -> Vec<String> {
+    let members = bed
+        .proxies()
+        .list(&ListParams::default().labels(&format!("crawl.example.com/pool={pool}")))
+        .await
+        .unwrap();
+    let mut names: Vec<String> = members
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.data["status"]["phase"] == "Ready")
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+#[actix_rt::test]
+async fn a_pool_owns_its_members_follows_its_scale_and_goes_with_them() {
+    let bed = Bed::new(LOCAL_PROVIDER).await;
+    let _op = bed.start(&[], "operator").await;
+    let pools = proxy_pools(&bed.client);
+    let pool: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "eu", "namespace": "crawl"},
+        "spec": {"replicas": 1, "template": {"labels": {"team": "shop"}, "spec": managed(&bed.target)}}
+    }))
+    .unwrap();
+    let pool = pools.create(&PostParams::default(), &pool).await.unwrap();
+    let pool_uid = pool.metadata.uid.clone().unwrap();
+    let until_members = async |what: &str, count: usize| -> Vec<String> {
+        eventually_explained(
+            what,
+            WAIT,
+            || bed.dir.logs(),
+            async || {
+                let ready = ready_members(&bed, "eu").await;
+                let all = bed
+                    .proxies()
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .len();
+                let status = pools.get("eu").await.unwrap().data["status"].clone();
+                (ready.len() == count
+                    && all == count
+                    && status["ready"] == count
+                    && bed.instances().len() == count)
+                    .then_some(ready.clone())
+                    .ok_or(format!(
+                        "ready {ready:?}, {all} proxies, status {status}, instances {:?}",
+                        bed.instances()
+                    ))
+            },
+        )
+        .await
+    };
+
+    let first = until_members("one Ready member", 1).await;
+    let member = bed.proxies().get(&first[0]).await.unwrap();
+    assert!(first[0].starts_with("eu-"), "{first:?}");
+    let owner = &member.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!(
+        (
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            owner.uid.as_str(),
+            owner.controller
+        ),
+        ("ProxyPool", "eu", pool_uid.as_str(), Some(true))
+    );
+    assert_eq!(member.metadata.labels.as_ref().unwrap()["team"], "shop");
+
+    // kubectl scale pp/eu --replicas=3
+    pools
+        .patch_scale(
+            "eu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    let three = until_members("three Ready members", 3).await;
+    let scale = pools.get_scale("eu").await.unwrap();
+    assert_eq!(scale.status.unwrap().replicas, 3);
+
+    // A member deleted by hand is replaced; its instance goes.
+    bed.proxies()
+        .delete(&three[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    let replaced = eventually_explained(
+        "the deleted member replaced",
+        WAIT,
+        || bed.dir.logs(),
+        async || {
+            let ready = ready_members(&bed, "eu").await;
+            (ready.len() == 3 && !ready.contains(&three[0]) && bed.instances().len() == 3)
+                .then_some(ready.clone())
+                .ok_or(format!("{ready:?}, instances {:?}", bed.instances()))
+        },
+    )
+    .await;
+    assert_eq!(
+        replaced.iter().filter(|n| three.contains(n)).count(),
+        2,
+        "the other two kept"
+    );
+
+    pools
+        .patch_scale(
+            "eu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap();
+    until_members("back to one member", 1).await;
+
+    // Deleting the pool: the garbage collector deletes the members, their
+    // finalizers hold them until their instances are gone.
+    pools.delete("eu", &DeleteParams::default()).await.unwrap();
+    eventually_explained(
+        "no member and no instance left",
+        WAIT,
+        || bed.dir.logs(),
+        async || {
+            let left = bed
+                .proxies()
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len();
+            (left == 0 && bed.instances().is_empty())
+                .then_some(())
+                .ok_or(format!("{left} proxies, instances {:?}", bed.instances()))
+        },
+    )
+    .await;
+    support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
+}

@@ -392,10 +392,17 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
 }
 
 /// `GET`, `PATCH` (merge) and `PUT` on `.../{name}/scale`.
-fn scale(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer, target: &Target, namespace: &str) -> HttpResponse {
+fn scale(
+    req: &HttpRequest,
+    body: &Bytes,
+    fake: &FakeApiServer,
+    target: &Target,
+    namespace: &str,
+) -> HttpResponse {
     let name = target.name.as_deref().unwrap_or_default();
     let parsed = || -> Result<Value, ApiError> {
-        serde_json::from_slice(body).map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
     };
     let content_type = req
         .headers()

@@ -554,7 +554,9 @@ impl State {
     }
 
     fn uid_exists(&self, uid: &str) -> bool {
-        self.objects.values().any(|o| meta(o)["uid"].as_str() == Some(uid))
+        self.objects
+            .values()
+            .any(|o| meta(o)["uid"].as_str() == Some(uid))
     }
 
     /// The `autoscaling/v1` Scale of a kind with the scale subresource.

@@ -416,14 +416,16 @@ fn owned_by(name: &str, owners: &[&DynamicObject]) -> DynamicObject {
     p.metadata.owner_references = Some(
         owners
             .iter()
-            .map(|o| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "crawl.example.com/v1alpha1".into(),
-                kind: "ProxyPool".into(),
-                name: o.metadata.name.clone().unwrap(),
-                uid: o.metadata.uid.clone().unwrap(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            })
+            .map(
+                |o| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "crawl.example.com/v1alpha1".into(),
+                    kind: "ProxyPool".into(),
+                    name: o.metadata.name.clone().unwrap(),
+                    uid: o.metadata.uid.clone().unwrap(),
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                },
+            )
             .collect(),
     );
     p
@@ -457,17 +459,23 @@ async fn deleting_an_owner_collects_its_dependents() {
         "a dependent's finalizers hold it as usual"
     );
     let both = api.get("both").await.unwrap();
-    let owners: Vec<_> = both.metadata.owner_references.unwrap().into_iter().map(|r| r.name).collect();
+    let owners: Vec<_> = both
+        .metadata
+        .owner_references
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
     assert_eq!(owners, ["b"], "an owner left: only the dangling reference goes");
 
     // Orphan propagation keeps the dependent, without the reference.
-    pools
-        .delete("b", &DeleteParams::orphan())
-        .await
-        .unwrap();
+    pools.delete("b", &DeleteParams::orphan()).await.unwrap();
     for name in ["both", "only-b"] {
         let kept = api.get(name).await.unwrap();
-        assert!(kept.metadata.deletion_timestamp.is_none(), "{name} orphaned, not deleted");
+        assert!(
+            kept.metadata.deletion_timestamp.is_none(),
+            "{name} orphaned, not deleted"
+        );
         assert!(kept.metadata.owner_references.unwrap_or_default().is_empty());
     }
     pools.create(&PostParams::default(), &pool("c", 1)).await.unwrap();
@@ -480,7 +488,10 @@ async fn deleting_an_owner_collects_its_dependents() {
 async fn the_scale_subresource_reads_and_writes_spec_replicas() {
     let fake = FakeApiServer::start().unwrap();
     let pools = pools(&client(&fake).await);
-    pools.create(&PostParams::default(), &pool("eu", 2)).await.unwrap();
+    pools
+        .create(&PostParams::default(), &pool("eu", 2))
+        .await
+        .unwrap();
     pools
         .patch_status(
             "eu",
@@ -492,10 +503,17 @@ async fn the_scale_subresource_reads_and_writes_spec_replicas() {
     let scale = pools.get_scale("eu").await.unwrap();
     assert_eq!(scale.spec.unwrap().replicas, Some(2));
     let status = scale.status.unwrap();
-    assert_eq!((status.replicas, status.selector.as_deref()), (1, Some("crawl.example.com/pool=eu")));
+    assert_eq!(
+        (status.replicas, status.selector.as_deref()),
+        (1, Some("crawl.example.com/pool=eu"))
+    );
 
     let scaled = pools
-        .patch_scale("eu", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .patch_scale(
+            "eu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
         .await
         .unwrap();
     assert_eq!(scaled.spec.unwrap().replicas, Some(5));
@@ -504,7 +522,11 @@ async fn the_scale_subresource_reads_and_writes_spec_replicas() {
     assert_eq!(after.metadata.generation, Some(2), "a spec change");
     assert_eq!(after.data["status"]["replicas"], 1, "status untouched");
     let err = pools
-        .patch_scale("eu", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": -1}})))
+        .patch_scale(
+            "eu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(err), 422);
