@@ -341,6 +341,11 @@ fn proxy_pools_are_checked_like_their_proxies() {
             "does not match",
         ),
         (json!({"replicas": 3}), "\"template\" is a required property"),
+        (
+            // Tallies count at most 64 distinct targets per proxy.
+            json!({"template": template, "rotation": {"afterBlockedTargets": 65}}),
+            "maximum",
+        ),
     ];
     for (spec, expected) in cases {
         let got = pool_rejections(&pool(spec.clone()));

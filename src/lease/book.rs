@@ -21,7 +21,7 @@ use super::reports::RecentReports;
 use super::{
     AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings,
     MAX_BLOCKED_TARGETS, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts, TableFull,
-    UnknownLease,
+    UnknownLease, target_digest,
 };
 use crate::pool::LeaseFigures;
 use crate::store::ObjectKey;
@@ -62,7 +62,7 @@ struct Entry {
     indexed: Option<(u32, u64)>,
     /// Distinct targets that reported it blocked (bounded), and error reports:
     /// what a pool rotates it on.
-    blocked_targets: BTreeSet<String>,
+    blocked_targets: BTreeSet<u64>,
     errors: u32,
 }
 
@@ -113,7 +113,14 @@ pub struct LeaseBook {
     /// Acquires refused for lack of capacity, per pool named in the
     /// selector, since the pool last asked (its autoscaler's demand signal).
     pool_denials: HashMap<String, u32>,
+    /// When a snapshot was last restored: placeholders holding only a tally
+    /// wait [`TALLY_GRACE`] from then for their proxy to show up.
+    restored_at: Option<Instant>,
 }
+
+/// How long a restored tally waits for its proxy's availability before the
+/// proxy is taken to have been deleted while the operator was down.
+pub const TALLY_GRACE: Duration = Duration::from_secs(600);
 
 impl LeaseBook {
     pub fn new(settings: LeaseSettings) -> Self {
@@ -142,6 +149,7 @@ impl LeaseBook {
             changes: None,
             epoch: (Instant::now(), Timestamp::now()),
             pool_denials: HashMap::new(),
+            restored_at: None,
         }
     }
 
@@ -609,15 +617,31 @@ impl LeaseBook {
             outcome,
             detail,
         });
-        if let Some(entry) = self.proxies.get_mut(&proxy) {
+        let tallied = self.proxies.get_mut(&proxy).and_then(|entry| {
+            let key = entry.availability.key.clone();
             match outcome {
-                Outcome::Ok => {}
-                Outcome::Blocked if entry.blocked_targets.len() < MAX_BLOCKED_TARGETS => {
-                    entry.blocked_targets.insert(target.clone());
+                Outcome::Ok => None,
+                Outcome::Blocked
+                    if entry.blocked_targets.len() < MAX_BLOCKED_TARGETS
+                        && entry.blocked_targets.insert(target_digest(&target)) =>
+                {
+                    Some(LeaseChange::BlockedBy {
+                        proxy: key,
+                        target: target_digest(&target),
+                    })
                 }
-                Outcome::Blocked => {}
-                Outcome::Error => entry.errors = entry.errors.saturating_add(1),
+                Outcome::Blocked => None,
+                Outcome::Error => {
+                    entry.errors = entry.errors.saturating_add(1);
+                    Some(LeaseChange::Errors {
+                        proxy: key,
+                        count: entry.errors,
+                    })
+                }
             }
+        });
+        if let Some(change) = tallied {
+            self.note(change);
         }
         match outcome {
             Outcome::Ok => {}

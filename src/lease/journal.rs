@@ -1,5 +1,6 @@
 //! What the lease book must not forget across a restart: held leases,
-//! recently ended ones (they still accept reports) and rests. The book
+//! recently ended ones (they still accept reports), rests, and each proxy's
+//! tally of blocked targets and errors. The book
 //! describes each change it makes as a [`LeaseChange`]; a [`LeaseJournal`]
 //! makes them durable and hands them back as a [`LeaseSnapshot`] at start.
 //! Times are wall-clock: they outlive the process whose monotonic clock
@@ -56,8 +57,29 @@ pub enum LeaseChange {
         proxy: ObjectKey,
         until: Timestamp,
     },
+    /// A target (by [`crate::lease::target_digest`]) reported `proxy`
+    /// blocked (counted once per target).
+    BlockedBy {
+        proxy: ObjectKey,
+        target: u64,
+    },
+    /// `proxy`'s leases have reported this many errors in all.
+    Errors {
+        proxy: ObjectKey,
+        count: u32,
+    },
     /// The proxy is gone: nothing about it matters any more.
     ProxyRemoved(ObjectKey),
+}
+
+/// What a proxy's reports added up to: a pool rotates a member on these, so
+/// they outlive a restart like the rests do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyTally {
+    pub proxy: ObjectKey,
+    /// Distinct targets that reported it blocked, as digests.
+    pub blocked_targets: Vec<u64>,
+    pub errors: u32,
 }
 
 /// Everything a journal remembers.
@@ -67,6 +89,7 @@ pub struct LeaseSnapshot {
     pub ended: Vec<EndedRecord>,
     pub target_rests: Vec<(String, ObjectKey, Timestamp)>,
     pub proxy_rests: Vec<(ObjectKey, Timestamp)>,
+    pub tallies: Vec<ProxyTally>,
 }
 
 /// Keeping lease state failed.

@@ -17,7 +17,7 @@ use crate::credentials::ProxyCredentials;
 use crate::store::ObjectKey;
 
 pub use book::LeaseBook;
-pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot};
+pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use reports::{RecentReport, ReportCounts};
 
@@ -193,6 +193,18 @@ pub struct PoolFigures {
     pub denied: u32,
 }
 
-/// Distinct blocking targets counted per proxy: enough for any rotation
-/// threshold, bounded so a crawler reporting endless targets costs nothing more.
-pub const MAX_BLOCKED_TARGETS: usize = 256;
+/// Distinct blocking targets counted per proxy: the highest rotation
+/// threshold a pool may set, bounded so a crawler reporting endless targets
+/// costs nothing more.
+pub const MAX_BLOCKED_TARGETS: usize = 64;
+
+/// A target as a blocked tally keeps it: the first 8 bytes of its SHA-256,
+/// so a tally costs 8 bytes per target in memory and in the journal however
+/// long the names are (a collision would merely count two targets as one).
+pub fn target_digest(target: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(target.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash[..8]);
+    u64::from_be_bytes(first)
+}

@@ -781,3 +781,81 @@ fn a_pool_learns_its_members_figures_and_its_refused_acquires() {
     );
     assert_eq!(book.pool_figures("eu").denied, 0, "denials are taken");
 }
+
+#[test]
+fn blocked_and_error_tallies_outlive_a_restart_through_the_journal() {
+    let t0 = Instant::now();
+    // Far enough apart that no rest from one round holds the next.
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut old = LeaseBook::new(settings(0));
+    old.journal_changes();
+    old.upsert(proxy("p", true, 10, &[]), t0);
+    for (round, target) in ["a.example", "b.example", "a.example"].into_iter().enumerate() {
+        let now = at(700 * round as u64);
+        let grant = old.acquire(&req(target), now).unwrap();
+        old.report(&grant.id, Outcome::Blocked, None, now).unwrap();
+        old.report(&grant.id, Outcome::Error, None, now).unwrap();
+        old.release(&grant.id, now);
+    }
+    // What a journal folds from the changes, and hands back at start.
+    let mut journal = crate::lease::journal::JournalState::default();
+    let changes = old.take_changes();
+    let blocked = changes
+        .iter()
+        .filter(|c| matches!(c, crate::lease::LeaseChange::BlockedBy { .. }))
+        .count();
+    assert_eq!(blocked, 2, "a target is journaled once");
+    for change in &changes {
+        journal.apply(change);
+    }
+    let mut snapshot = LeaseSnapshot::default();
+    journal.into_snapshot(&mut snapshot).unwrap();
+    assert_eq!(snapshot.tallies.len(), 1);
+
+    let mut book = LeaseBook::new(settings(0));
+    book.journal_changes();
+    book.restore(snapshot, at(1400));
+    assert!(book.take_changes().is_empty());
+    // Swept before the proxy reports again: the tally waits for it.
+    book.sweep(at(1460));
+    book.upsert(proxy("p", true, 10, &[]), at(1461));
+    let view = &book.proxies()[0];
+    assert_eq!((view.blocked_targets, view.errors), (2, 3));
+    // An old target blocking again counts for nothing new.
+    let grant = book.acquire(&req("b.example"), at(1462)).unwrap();
+    book.report(&grant.id, Outcome::Blocked, None, at(1462)).unwrap();
+    assert_eq!(book.proxies()[0].blocked_targets, 2);
+}
+
+#[test]
+fn a_tally_whose_proxy_never_returns_is_forgotten_after_the_grace() {
+    let t0 = Instant::now();
+    let mut old = LeaseBook::new(settings(0));
+    old.upsert(proxy("gone", true, 10, &[]), t0);
+    let grant = old.acquire(&req("t"), t0).unwrap();
+    old.report(&grant.id, Outcome::Error, None, t0).unwrap();
+    old.release(&grant.id, t0);
+    let snapshot = old.snapshot(t0);
+    assert_eq!(snapshot.tallies.len(), 1);
+    let mut book = LeaseBook::new(settings(0));
+    book.journal_changes();
+    book.restore(snapshot, t0);
+    // Its rests and its reportable lease are over long before the grace.
+    book.sweep(t0 + crate::lease::book::TALLY_GRACE - Duration::from_secs(1));
+    assert_eq!(
+        book.snapshot(t0 + Duration::from_secs(599)).tallies.len(),
+        1,
+        "still waiting"
+    );
+    assert!(book.take_changes().is_empty());
+    let after = t0 + crate::lease::book::TALLY_GRACE + Duration::from_secs(1);
+    book.sweep(after);
+    assert!(book.snapshot(after).tallies.is_empty());
+    assert_eq!(
+        book.take_changes(),
+        [crate::lease::LeaseChange::ProxyRemoved(ObjectKey::new(
+            "ns", "gone"
+        ))],
+        "the journal is told to forget it"
+    );
+}

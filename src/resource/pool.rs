@@ -128,8 +128,13 @@ impl ProxyPoolSpec {
                 .push("maxSurge and maxUnavailable cannot both be 0: nothing could ever be replaced".into());
         }
         if let Some(r) = &self.rotation {
-            if r.after_blocked_targets == Some(0) {
-                problems.push("rotation.afterBlockedTargets must be at least 1".into());
+            if let Some(n) = r.after_blocked_targets
+                && !(1..=crate::lease::MAX_BLOCKED_TARGETS as u32).contains(&n)
+            {
+                problems.push(format!(
+                    "rotation.afterBlockedTargets must be between 1 and {} (got {n})",
+                    crate::lease::MAX_BLOCKED_TARGETS
+                ));
             }
             if r.after_errors == Some(0) {
                 problems.push("rotation.afterErrors must be at least 1".into());
@@ -196,7 +201,7 @@ pub struct Rotation {
     pub max_age: Option<String>,
     /// Replace a proxy once this many distinct targets reported it `blocked`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 64))]
     pub after_blocked_targets: Option<u32>,
     /// Replace a proxy once leases reported this many `error`s on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

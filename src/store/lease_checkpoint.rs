@@ -173,6 +173,8 @@ impl LeaseJournal for CheckpointJournal {
                     LeaseChange::Ended(e) => shard_of(&e.proxy),
                     LeaseChange::TargetRest { proxy, .. }
                     | LeaseChange::ProxyRest { proxy, .. }
+                    | LeaseChange::BlockedBy { proxy, .. }
+                    | LeaseChange::Errors { proxy, .. }
                     | LeaseChange::ProxyRemoved(proxy) => shard_of(proxy),
                     // Renewals name only the lease: find its shard.
                     LeaseChange::Extended { id, .. } => match state.shards.iter().position(|s| s.holds(id)) {

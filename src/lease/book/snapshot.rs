@@ -4,15 +4,18 @@
 //! so a proxy named by a lease or a rest becomes a *placeholder*: unlisted
 //! and never leased, but carrying its leases against its capacity and its
 //! rests until its availability arrives. A placeholder that holds nothing
-//! any more (its proxy was deleted while the operator was down) is dropped.
+//! any more (its proxy was deleted while the operator was down) is dropped;
+//! one that holds only a tally of blocks and errors waits [`TALLY_GRACE`]
+//! for its proxy first.
 
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
-use super::{Entry, Lease, LeaseBook, ProxyId};
+use super::{Entry, Lease, LeaseBook, ProxyId, TALLY_GRACE};
 use crate::lease::Availability;
-use crate::lease::journal::{EndedRecord, LeaseRecord, LeaseSnapshot};
+use crate::lease::MAX_BLOCKED_TARGETS;
+use crate::lease::journal::{EndedRecord, LeaseChange, LeaseRecord, LeaseSnapshot, ProxyTally};
 use crate::store::ObjectKey;
 
 impl LeaseBook {
@@ -57,6 +60,16 @@ impl LeaseBook {
                     .push((entry.availability.key.clone(), self.wall(until)));
             }
         }
+        for entry in self.proxies.values() {
+            if !entry.blocked_targets.is_empty() || entry.errors > 0 {
+                snapshot.tallies.push(ProxyTally {
+                    proxy: entry.availability.key.clone(),
+                    blocked_targets: entry.blocked_targets.iter().cloned().collect(),
+                    errors: entry.errors,
+                });
+            }
+        }
+        snapshot.tallies.sort_by(|a, b| a.proxy.cmp(&b.proxy));
         snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));
         snapshot.ended.sort_by(|a, b| a.id.cmp(&b.id));
         snapshot.target_rests.sort();
@@ -125,6 +138,19 @@ impl LeaseBook {
             self.rest_everywhere(proxy, until);
             self.reindex(proxy, now);
         }
+        for tally in snapshot.tallies {
+            let proxy = self.placeholder(&tally.proxy);
+            if let Some(entry) = self.proxies.get_mut(&proxy) {
+                for target in tally.blocked_targets {
+                    if entry.blocked_targets.len() >= MAX_BLOCKED_TARGETS {
+                        break;
+                    }
+                    entry.blocked_targets.insert(target);
+                }
+                entry.errors = entry.errors.max(tally.errors);
+            }
+        }
+        self.restored_at = Some(now);
         self.changes = journaling;
     }
 
@@ -142,14 +168,6 @@ impl LeaseBook {
         for (id, entry) in &self.proxies {
             if !self.placeholders.contains(id) {
                 book.upsert(entry.availability.clone(), now);
-                if let Some(copy) = book
-                    .ids
-                    .get(&entry.availability.key)
-                    .and_then(|i| book.proxies.get_mut(i))
-                {
-                    copy.blocked_targets = entry.blocked_targets.clone();
-                    copy.errors = entry.errors;
-                }
             }
         }
         for (id, lease) in &self.leases {
@@ -158,6 +176,7 @@ impl LeaseBook {
             }
         }
         book.recent_reports = self.recent_reports.clone();
+        book.restored_at = self.restored_at;
         book
     }
 
@@ -205,13 +224,25 @@ impl LeaseBook {
             .filter(|(_, e)| e.active == 0 && e.global_cooldown.is_none_or(|until| until <= now))
             .map(|(id, e)| (id, e.availability.key.clone()))
             .collect();
+        let tallies_expired = self
+            .restored_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= TALLY_GRACE);
         for (id, key) in idle {
             let resting = self.targets.values().any(|t| t.resting(id, now));
             let reportable = self.ended.values().any(|(_, proxy, _)| *proxy == id);
-            if !resting && !reportable {
-                self.proxies.remove(&id);
-                self.ids.remove(&key);
-                self.placeholders.remove(&id);
+            let tallied = self
+                .proxies
+                .get(&id)
+                .is_some_and(|e| !e.blocked_targets.is_empty() || e.errors > 0);
+            if resting || reportable || (tallied && !tallies_expired) {
+                continue;
+            }
+            self.proxies.remove(&id);
+            self.ids.remove(&key);
+            self.placeholders.remove(&id);
+            if tallied {
+                // The journal keeps a tally until told the proxy is gone.
+                self.note(LeaseChange::ProxyRemoved(key));
             }
         }
     }

@@ -3,12 +3,12 @@
 //! the changes. Applying a change is idempotent, so replaying a log that
 //! overlaps what was folded already gives the same state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::{EndedRecord, JournalError, LeaseChange, LeaseRecord, LeaseSnapshot};
+use super::{EndedRecord, JournalError, LeaseChange, LeaseRecord, LeaseSnapshot, ProxyTally};
 use crate::store::ObjectKey;
 
 /// Held leases, ended leases still taking reports, and rests, as stored
@@ -28,6 +28,19 @@ pub struct JournalState {
     /// `namespace/name` → until (ms).
     #[serde(default)]
     proxy_rests: BTreeMap<String, i64>,
+    /// `namespace/name` → blocked targets and errors, kept until the proxy goes.
+    #[serde(default)]
+    tallies: BTreeMap<String, StoredTally>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredTally {
+    /// Target digests.
+    #[serde(default)]
+    blocked_targets: BTreeSet<u64>,
+    #[serde(default)]
+    errors: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,12 +130,24 @@ impl JournalState {
                 let slot = self.proxy_rests.entry(key_string(proxy)).or_insert(i64::MIN);
                 *slot = (*slot).max(until.as_millisecond());
             }
+            LeaseChange::BlockedBy { proxy, target } => {
+                self.tallies
+                    .entry(key_string(proxy))
+                    .or_default()
+                    .blocked_targets
+                    .insert(*target);
+            }
+            LeaseChange::Errors { proxy, count } => {
+                let tally = self.tallies.entry(key_string(proxy)).or_default();
+                tally.errors = tally.errors.max(*count);
+            }
             LeaseChange::ProxyRemoved(proxy) => {
                 let proxy = key_string(proxy);
                 self.leases.retain(|_, l| l.proxy != proxy);
                 self.ended.retain(|_, e| e.proxy != proxy);
                 self.target_rests.remove(&proxy);
                 self.proxy_rests.remove(&proxy);
+                self.tallies.remove(&proxy);
             }
         }
     }
@@ -151,6 +176,7 @@ impl JournalState {
             + self.ended.len()
             + self.target_rests.values().map(BTreeMap::len).sum::<usize>()
             + self.proxy_rests.len()
+            + self.tallies.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -185,6 +211,13 @@ impl JournalState {
         }
         for (proxy, until) in self.proxy_rests {
             out.proxy_rests.push((parse_key(&proxy)?, parse_ms(until)?));
+        }
+        for (proxy, tally) in self.tallies {
+            out.tallies.push(ProxyTally {
+                proxy: parse_key(&proxy)?,
+                blocked_targets: tally.blocked_targets.into_iter().collect(),
+                errors: tally.errors,
+            });
         }
         Ok(())
     }

@@ -346,6 +346,17 @@ mod tests {
             .env("GOOGLE_APPLICATION_CREDENTIALS", "/secrets/key.json");
         let exits = Exits::default();
         let identity = spawn(cmd, dir.path(), &dir.path().join("log"), &exits).unwrap();
+        // Until the child has exec'd, /proc shows the forked copy's environment.
+        let sleep = std::fs::canonicalize("/bin/sleep").unwrap();
+        let exe = format!("/proc/{}/exe", identity.pid);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::fs::read_link(&exe).ok().as_ref() != Some(&sleep) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never ran /bin/sleep"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let environ = std::fs::read(format!("/proc/{}/environ", identity.pid)).unwrap();
         let mut seen: Vec<String> = environ
             .split(|b| *b == 0)

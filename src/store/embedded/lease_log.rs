@@ -96,6 +96,16 @@ enum Line<'a> {
         proxy: Cow<'a, str>,
         until_ms: i64,
     },
+    BlockedBy {
+        #[serde(borrow)]
+        proxy: Cow<'a, str>,
+        target: u64,
+    },
+    Errors {
+        #[serde(borrow)]
+        proxy: Cow<'a, str>,
+        count: u32,
+    },
     ProxyRemoved {
         #[serde(borrow)]
         proxy: Cow<'a, str>,
@@ -132,6 +142,14 @@ impl<'a> From<&'a LeaseChange> for Line<'a> {
             LeaseChange::ProxyRest { proxy, until } => Line::ProxyRest {
                 proxy: key(proxy),
                 until_ms: until.as_millisecond(),
+            },
+            LeaseChange::BlockedBy { proxy, target } => Line::BlockedBy {
+                proxy: key(proxy),
+                target: *target,
+            },
+            LeaseChange::Errors { proxy, count } => Line::Errors {
+                proxy: key(proxy),
+                count: *count,
             },
             LeaseChange::ProxyRemoved(proxy) => Line::ProxyRemoved { proxy: key(proxy) },
         }
@@ -183,6 +201,14 @@ impl Line<'_> {
             Line::ProxyRest { proxy, until_ms } => LeaseChange::ProxyRest {
                 proxy: parse_key(&proxy)?,
                 until: parse_ms(until_ms)?,
+            },
+            Line::BlockedBy { proxy, target } => LeaseChange::BlockedBy {
+                proxy: parse_key(&proxy)?,
+                target,
+            },
+            Line::Errors { proxy, count } => LeaseChange::Errors {
+                proxy: parse_key(&proxy)?,
+                count,
             },
             Line::ProxyRemoved { proxy } => LeaseChange::ProxyRemoved(parse_key(&proxy)?),
         })

@@ -3,6 +3,7 @@ use std::time::{Duration, Instant};
 use std::io::Write;
 
 use super::*;
+use crate::lease::ProxyTally;
 use crate::store::ObjectKey;
 use std::fs::OpenOptions;
 
@@ -88,6 +89,22 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
                 proxy: key("c"),
                 until: later(5),
             },
+            LeaseChange::BlockedBy {
+                proxy: key("c"),
+                target: 7,
+            },
+            LeaseChange::BlockedBy {
+                proxy: key("c"),
+                target: 7,
+            },
+            LeaseChange::BlockedBy {
+                proxy: key("b"),
+                target: 9,
+            },
+            LeaseChange::Errors {
+                proxy: key("c"),
+                count: 2,
+            },
         ],
     );
     write(
@@ -109,6 +126,21 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
     assert_eq!(snapshot.target_rests.len(), 1);
     assert_eq!(snapshot.target_rests[0].2.as_second(), later(30).as_second());
     assert_eq!(snapshot.proxy_rests.len(), 1);
+    assert_eq!(
+        snapshot.tallies,
+        [
+            ProxyTally {
+                proxy: key("b"),
+                blocked_targets: vec![9],
+                errors: 0
+            },
+            ProxyTally {
+                proxy: key("c"),
+                blocked_targets: vec![7],
+                errors: 2
+            },
+        ]
+    );
     write(&mut log, &[LeaseChange::ProxyRemoved(key("b"))]);
     drop(log);
 
@@ -118,6 +150,7 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
     assert!(snapshot.proxy_rests.is_empty());
     assert!(snapshot.ended.is_empty() && snapshot.target_rests.is_empty());
     assert_eq!(snapshot.leases.len(), 1, "other proxies are untouched");
+    assert_eq!(snapshot.tallies.len(), 1, "a tally outlives rests, not its proxy");
 }
 
 #[test]
