@@ -253,6 +253,10 @@ pub struct RunArgs {
     #[arg(long, env = "GC_GRACE_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
     pub gc_grace_period: Duration,
 
+    /// How long an autoscaled ProxyPool's demand must stay low before it shrinks.
+    #[arg(long, env = "POOL_SCALE_DOWN_DELAY", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub pool_scale_down_delay: Duration,
+
     /// Local state of providers that keep any (the `local` provider; development only in a cluster).
     #[arg(long, env = "STATE_DIR", default_value = "/tmp/egress-proxies-operator")]
     pub state_dir: PathBuf,

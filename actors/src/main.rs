@@ -245,6 +245,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             ),
             gc_interval: args.gc_interval,
             gc_grace_period: args.gc_grace_period,
+            pool_scale_down_delay: args.pool_scale_down_delay,
             discovery_tokens: tokens,
             lease_journal: None,
             tenure: None,

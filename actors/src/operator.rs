@@ -269,7 +269,7 @@ fn pool_context(store: &Arc<KubeStore>, settings: &system::Settings) -> PoolCont
         leases: None,
         timing: PoolTiming {
             interval: POOL_TURN_INTERVAL,
-            scale_down_delay: egress_proxies::pool::SCALE_DOWN_DELAY,
+            scale_down_delay: settings.pool_scale_down_delay,
             leases_per_proxy: settings.leases.capacity,
         },
     }

@@ -82,6 +82,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         leases: lease_settings(&config),
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
+        pool_scale_down_delay: config.pool_scale_down_delay,
         // Standalone serves on loopback by default: a token is optional.
         discovery_tokens: crate::discovery::Tokens::from_env().map_err(StandaloneError::Tokens)?,
         lease_journal: Some(Box::new(
@@ -113,7 +114,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
                 leases: Some(running.leases.clone()),
                 timing: crate::pool_actor::PoolTiming {
                     interval: POOL_TURN_INTERVAL,
-                    scale_down_delay: egress_proxies::pool::SCALE_DOWN_DELAY,
+                    scale_down_delay: config.pool_scale_down_delay,
                     leases_per_proxy: config.max_leases_per_proxy,
                 },
             };

@@ -33,6 +33,8 @@ pub struct Settings {
     pub leases: LeaseSettings,
     pub gc_interval: Duration,
     pub gc_grace_period: Duration,
+    /// How long an autoscaled pool's demand must stay low before it shrinks.
+    pub pool_scale_down_delay: Duration,
     /// Bearer tokens of the discovery API (`DISCOVERY_TOKEN`, `DISCOVERY_READ_TOKEN`).
     pub discovery_tokens: crate::discovery::Tokens,
     /// Where leases are kept across restarts (`None`: in memory only).

@@ -1,13 +1,14 @@
 //! ProxyPools through the real binary in standalone mode, with local
-//! proxies: a pool fills itself, a crawler leasing from it and fetching
-//! through its proxies the whole time sees no failed request while blocked
-//! members are rotated out, and removing the pool removes every member and
-//! its process.
+//! proxies: a crawler leasing from a pool and fetching through its proxies
+//! the whole time sees no failed request and no refused lease while every
+//! member is rotated (on blocks, on age); a template change rolls out within
+//! maxSurge/maxUnavailable; replicas and autoscaling follow demand up and
+//! down; removing the pool removes every member and its process.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use egress_proxies::resource::{Phase, RETIRING_ANNOTATION};
+use egress_proxies::resource::{Phase, Proxy, RETIRING_ANNOTATION};
 use serde_json::{Value, json};
 
 mod support;
@@ -20,116 +21,195 @@ use support::target_server::http_target;
 const CONVERGE: Duration = Duration::from_secs(60);
 
 fn pool_manifest(health_url: &str, replicas: u32) -> String {
+    pool_with(health_url, replicas, "rotation: {afterBlockedTargets: 1}", "")
+}
+
+/// A pool `eu` of local proxies with `extra` spec lines and template `attributes`.
+fn pool_with(health_url: &str, replicas: u32, extra: &str, attributes: &str) -> String {
     format!(
         "apiVersion: crawl.example.com/v1alpha1\nkind: ProxyPool\nmetadata: {{name: eu, namespace: crawl}}\n\
-         spec:\n  replicas: {replicas}\n  rotation: {{afterBlockedTargets: 1}}\n  drainTimeout: 20s\n  template:\n    \
-         spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health_url}\", interval: 1s}}}}\n"
+         spec:\n  replicas: {replicas}\n  {extra}\n  drainTimeout: 20s\n  template:\n    \
+         spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health_url}\", interval: 1s}}, \
+         attributes: {{{attributes}}}}}\n"
     )
 }
 
-/// Names of the pool's Ready members that are not retiring.
-fn serving(dir: &OperatorDir) -> BTreeSet<String> {
+fn retiring(p: &Proxy) -> bool {
+    p.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(RETIRING_ANNOTATION))
+}
+
+/// The pool's members not being deleted.
+fn live(dir: &OperatorDir) -> Vec<Proxy> {
     dir.proxies()
         .into_iter()
         .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("eu-")))
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.metadata
-                .annotations
-                .as_ref()
-                .is_none_or(|a| !a.contains_key(RETIRING_ANNOTATION))
-        })
+        .collect()
+}
+
+/// Names of the pool's Ready members that are not retiring.
+fn serving(dir: &OperatorDir) -> BTreeSet<String> {
+    live(dir)
+        .into_iter()
+        .filter(|p| !retiring(p))
         .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
         .filter_map(|p| p.metadata.name)
         .collect()
 }
 
+/// A crawler on the pool: each round holds one lease per member
+/// (`--max-leases-per-proxy 1`: every serving member gets one, whatever
+/// the tie-breaks prefer), fetches a page through each leased proxy, may
+/// report, and releases them. A new target per round: a released proxy
+/// rests for its target only. Every fetch must succeed.
+struct Crawler {
+    api: String,
+    page: String,
+    client: reqwest::Client,
+    /// Leases held per round.
+    width: usize,
+    rounds: usize,
+    fetched: usize,
+    /// Acquires answered 503 (no member free this instant): not failed
+    /// fetches, counted to be shown.
+    refused: usize,
+}
+
+impl Crawler {
+    async fn new(api: String, width: usize) -> Self {
+        Self {
+            api,
+            page: format!("http://{}/page", http_target().await),
+            client: reqwest::Client::new(),
+            width,
+            rounds: 0,
+            fetched: 0,
+            refused: 0,
+        }
+    }
+
+    /// Crawls until `done` or `CONVERGE` has passed; `report` says what to
+    /// report on a proxy after a fetch through it.
+    async fn crawl_until(
+        &mut self,
+        dir: &OperatorDir,
+        mut report: impl FnMut(&str) -> Option<&'static str>,
+        mut done: impl FnMut() -> bool,
+    ) {
+        let deadline = std::time::Instant::now() + CONVERGE;
+        while std::time::Instant::now() < deadline && !done() {
+            self.rounds += 1;
+            let mut grants = Vec::new();
+            for _ in 0..self.width {
+                let response = self
+                    .client
+                    .post(format!("{}/v1/leases", self.api))
+                    .json(&json!({"target": format!("t{}.example", self.rounds), "pool": "eu", "ttlSeconds": 30}))
+                    .send()
+                    .await
+                    .unwrap();
+                if response.status() == 503 {
+                    self.refused += 1;
+                    break;
+                }
+                grants.push(
+                    response
+                        .error_for_status()
+                        .unwrap()
+                        .json::<Value>()
+                        .await
+                        .unwrap(),
+                );
+            }
+            for grant in &grants {
+                let id = grant["id"].as_str().unwrap();
+                let name = grant["proxy"]["name"].as_str().unwrap();
+                let via = reqwest::Client::builder()
+                    .proxy(reqwest::Proxy::http(grant["proxy"]["url"].as_str().unwrap()).unwrap())
+                    .build()
+                    .unwrap();
+                let page = via
+                    .get(&self.page)
+                    .send()
+                    .await
+                    .and_then(|r| r.error_for_status());
+                assert!(
+                    page.is_ok(),
+                    "fetch {} through {name} failed: {page:?}\n{}",
+                    self.fetched,
+                    dir.logs()
+                );
+                self.fetched += 1;
+                if let Some(outcome) = report(name) {
+                    self.client
+                        .post(format!("{}/v1/leases/{id}/report", self.api))
+                        .json(&json!({"outcome": outcome}))
+                        .send()
+                        .await
+                        .unwrap()
+                        .error_for_status()
+                        .unwrap();
+                }
+                self.client
+                    .delete(format!("{}/v1/leases/{id}", self.api))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_its_manifest() {
     egress_proxies::tls::ensure_crypto_provider();
-    let target = http_target().await;
     let dir = OperatorDir::new(LOCAL_PROVIDER);
     dir.write_manifest("pool", &pool_manifest(&health_target(), 2));
     let operator = dir
         .standalone()
-        .setting("maxLeasesPerProxy", "0")
+        .setting("maxLeasesPerProxy", "1")
         .discovery()
         .log_level("info")
         .start()
         .await;
-    let api = format!("http://{}", operator.discovery());
     let first = eventually("two Ready members", CONVERGE, async || {
         let ready = serving(&dir);
         (ready.len() == 2).then_some(ready)
     })
     .await;
 
-    // A crawler: lease from the pool, fetch through the proxy, report one
-    // proxy blocked per round, release. Every fetch must succeed.
-    let client = reqwest::Client::new();
+    // Report each original member blocked once; both must be replaced.
+    let mut crawler = Crawler::new(format!("http://{}", operator.discovery()), 2).await;
     let mut blocked = BTreeSet::new();
-    let mut fetched = 0;
-    let deadline = std::time::Instant::now() + CONVERGE;
-    let mut round = 0;
-    while std::time::Instant::now() < deadline {
-        round += 1;
-        let grant: Value = match client
-            .post(format!("{api}/v1/leases"))
-            // A target per round: a released proxy rests for its target only.
-            .json(&json!({"target": format!("t{round}.example"), "pool": "eu", "ttlSeconds": 30}))
-            .send()
-            .await
-            .unwrap()
-        {
-            r if r.status() == 503 => {
-                // Nothing free this instant (all members retiring or starting): not a failed fetch.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            r => r.error_for_status().unwrap().json().await.unwrap(),
-        };
-        let id = grant["id"].as_str().unwrap().to_owned();
-        let name = grant["proxy"]["name"].as_str().unwrap().to_owned();
-        let url = grant["proxy"]["url"].as_str().unwrap();
-        let via = reqwest::Client::builder()
-            .proxy(reqwest::Proxy::http(url).unwrap())
-            .build()
-            .unwrap();
-        let page = via
-            .get(format!("http://{target}/page"))
-            .send()
-            .await
-            .and_then(|r| r.error_for_status());
-        assert!(page.is_ok(), "fetch {fetched} through {name} failed: {page:?}");
-        fetched += 1;
-        if first.contains(&name) && blocked.insert(name.clone()) {
-            client
-                .post(format!("{api}/v1/leases/{id}/report"))
-                .json(&json!({"outcome": "blocked"}))
-                .send()
-                .await
-                .unwrap()
-                .error_for_status()
-                .unwrap();
-        }
-        client
-            .delete(format!("{api}/v1/leases/{id}"))
-            .send()
-            .await
-            .unwrap();
-        let now = serving(&dir);
-        if blocked.len() == first.len() && now.len() == 2 && now.is_disjoint(&first) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crawler
+        .crawl_until(
+            &dir,
+            |name| (first.contains(name) && blocked.insert(name.to_owned())).then_some("blocked"),
+            || {
+                let now = serving(&dir);
+                now.len() == 2 && now.is_disjoint(&first)
+            },
+        )
+        .await;
     let now = serving(&dir);
     assert!(
         now.len() == 2 && now.is_disjoint(&first),
         "both blocked members replaced: first {first:?}, serving {now:?}\n{}",
         dir.logs()
     );
-    assert!(fetched > 0);
+    eprintln!(
+        "blocked rotation: {} rounds, {} fetched, {} refused",
+        crawler.rounds, crawler.fetched, crawler.refused
+    );
+    assert!(crawler.fetched > 0);
+    assert_eq!(
+        crawler.refused, 0,
+        "with maxUnavailable 0 both leases of every round were granted"
+    );
     eventually("the rotated members deleted", CONVERGE, async || {
         dir.proxies()
             .iter()
@@ -155,6 +235,189 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
     })
     .await;
     drop(operator);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_older_than_max_age_are_rotated_while_a_crawler_keeps_fetching() {
+    egress_proxies::tls::ensure_crypto_provider();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    dir.write_manifest(
+        "pool",
+        &pool_with(&health_target(), 2, "rotation: {maxAge: 8s}", ""),
+    );
+    let operator = dir
+        .standalone()
+        .setting("maxLeasesPerProxy", "1")
+        .discovery()
+        .log_level("info")
+        .start()
+        .await;
+    let first = eventually("two Ready members", CONVERGE, async || {
+        let ready = serving(&dir);
+        (ready.len() == 2).then_some(ready)
+    })
+    .await;
+    let mut crawler = Crawler::new(format!("http://{}", operator.discovery()), 2).await;
+    let seen = std::cell::RefCell::new(BTreeSet::new());
+    crawler
+        .crawl_until(
+            &dir,
+            |name| {
+                seen.borrow_mut().insert(name.to_owned());
+                None
+            },
+            || {
+                let now = serving(&dir);
+                now.len() == 2 && now.is_disjoint(&first) && now.is_subset(&seen.borrow())
+            },
+        )
+        .await;
+    let seen = seen.into_inner();
+    let now = serving(&dir);
+    assert!(
+        now.len() == 2 && now.is_disjoint(&first),
+        "both members aged out: first {first:?}, serving {now:?}\n{}",
+        dir.logs()
+    );
+    eprintln!(
+        "age rotation: {} rounds, {} fetched, {} refused, proxies {seen:?}",
+        crawler.rounds, crawler.fetched, crawler.refused
+    );
+    assert_eq!(crawler.refused, 0, "maxUnavailable 0: the pool was never short");
+    assert!(
+        now.is_subset(&seen),
+        "the crawler was served by the successors: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_change_rolls_out_within_max_unavailable() {
+    let health = health_target();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    let spec = "maxSurge: 0\n  maxUnavailable: 1";
+    dir.write_manifest("pool", &pool_with(&health, 3, spec, "geo: eu"));
+    let _operator = dir.standalone().log_level("info").start().await;
+    let first = eventually("three Ready members", CONVERGE, async || {
+        let ready = serving(&dir);
+        (ready.len() == 3).then_some(ready)
+    })
+    .await;
+
+    dir.write_manifest("pool", &pool_with(&health, 3, spec, "geo: de"));
+    // Watch the rollout: never fewer than 3 - maxUnavailable serving, never
+    // more than 3 + maxSurge members.
+    let (mut fewest, mut most) = (usize::MAX, 0);
+    let deadline = std::time::Instant::now() + CONVERGE;
+    loop {
+        let members = live(&dir);
+        let now = serving(&dir);
+        fewest = fewest.min(now.len());
+        most = most.max(members.len());
+        let rolled = members.len() == 3
+            && now.len() == 3
+            && members
+                .iter()
+                .all(|p| p.spec.attributes.get("geo").map(String::as_str) == Some("de"));
+        if rolled {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not rolled out: {:?}\n{}",
+            members
+                .iter()
+                .map(|p| (p.metadata.name.clone(), p.spec.attributes.clone(), retiring(p)))
+                .collect::<Vec<_>>(),
+            dir.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(serving(&dir).is_disjoint(&first), "every member replaced");
+    assert_eq!(
+        fewest, 2,
+        "one member unavailable at a time, as maxUnavailable says"
+    );
+    assert_eq!(most, 3, "no member above replicas with maxSurge 0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoscaled_pool_follows_a_step_in_demand_and_back() {
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    dir.write_manifest(
+        "pool",
+        &pool_with(
+            &health_target(),
+            1,
+            "autoscaling: {minReplicas: 1, maxReplicas: 3, targetUtilization: 100}",
+            "",
+        ),
+    );
+    let operator = dir
+        .standalone()
+        .setting("maxLeasesPerProxy", "1")
+        .setting("poolScaleDownDelay", "3s")
+        .discovery()
+        .log_level("info")
+        .start()
+        .await;
+    let api = format!("http://{}", operator.discovery());
+    eventually("one Ready member", CONVERGE, async || {
+        (serving(&dir).len() == 1).then_some(())
+    })
+    .await;
+    // Demand steps up to three leases held at once: refused acquires grow
+    // the pool until all three are granted.
+    let client = reqwest::Client::new();
+    let mut held = Vec::new();
+    for target in ["a.example", "b.example", "c.example"] {
+        let id = eventually(&format!("a lease for {target}"), CONVERGE, async || {
+            let response = client
+                .post(format!("{api}/v1/leases"))
+                .json(&json!({"target": target, "pool": "eu", "ttlSeconds": 300}))
+                .send()
+                .await
+                .unwrap();
+            if response.status() == 503 {
+                return None;
+            }
+            let grant: Value = response.error_for_status().unwrap().json().await.unwrap();
+            Some(grant["id"].as_str().unwrap().to_owned())
+        })
+        .await;
+        held.push(id);
+    }
+    assert_eq!(serving(&dir).len(), 3);
+    let desired = || {
+        let pool: Value = serde_json::from_slice(
+            &std::process::Command::new(support::operator::BIN)
+                .args(["get", "pools", "-o", "json", "--config"])
+                .arg(dir.path().join("operator.yaml"))
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        pool["items"][0]["status"]["desiredReplicas"].as_u64()
+    };
+    assert_eq!(desired(), Some(3));
+
+    // Demand goes: after the scale-down delay the pool is back to one.
+    for id in &held {
+        client
+            .delete(format!("{api}/v1/leases/{id}"))
+            .send()
+            .await
+            .unwrap();
+    }
+    eventually("back to one member", CONVERGE, async || {
+        (live(&dir).len() == 1 && desired() == Some(1)).then_some(())
+    })
+    .await;
+    let instances = dir.state().join("local");
+    eventually("one proxy process", CONVERGE, async || {
+        (processes_under(&instances).len() == 1).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

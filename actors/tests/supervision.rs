@@ -75,6 +75,7 @@ impl Bed {
             // Sweeps only when a test asks.
             gc_interval: HOUR,
             gc_grace_period: Duration::from_secs(60),
+            pool_scale_down_delay: Duration::from_secs(120),
             discovery_tokens: egress_proxies_operator::discovery::Tokens::open(),
             lease_journal: None,
             tenure: None,

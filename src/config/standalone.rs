@@ -45,6 +45,8 @@ pub struct StandaloneConfig {
     pub gc_interval: Duration,
     /// Orphans younger than this are spared (in-flight creates).
     pub gc_grace_period: Duration,
+    /// How long an autoscaled pool's demand must stay low before it shrinks.
+    pub pool_scale_down_delay: Duration,
     /// This installation's id; by default generated once and kept in the
     /// state database.
     pub installation_id: Option<InstallationId>,
@@ -82,12 +84,18 @@ struct Raw {
     gc_interval: String,
     #[serde(default = "default_gc")]
     gc_grace_period: String,
+    #[serde(default = "default_scale_down_delay")]
+    pool_scale_down_delay: String,
     #[serde(default)]
     installation_id: Option<String>,
 }
 
 fn default_gc() -> String {
     "10m".to_owned()
+}
+
+fn default_scale_down_delay() -> String {
+    "2m".to_owned()
 }
 
 fn default_workers() -> usize {
@@ -168,6 +176,7 @@ impl StandaloneConfig {
         let lease_cooldown = duration("leaseCooldown", &raw.lease_cooldown)?;
         let gc_interval = duration("gcInterval", &raw.gc_interval)?;
         let gc_grace_period = duration("gcGracePeriod", &raw.gc_grace_period)?;
+        let pool_scale_down_delay = duration("poolScaleDownDelay", &raw.pool_scale_down_delay)?;
         if gc_interval.is_zero() {
             return Err(invalid("gcInterval must be greater than zero".into()));
         }
@@ -195,6 +204,7 @@ impl StandaloneConfig {
             installation_id,
             gc_interval,
             gc_grace_period,
+            pool_scale_down_delay,
             discovery_bind_address,
             lease_cooldown,
             max_lease_ttl,

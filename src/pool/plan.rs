@@ -185,10 +185,13 @@ pub fn plan(settings: &Settings, members: &[Member], now: Timestamp) -> Plan {
         }
     }
 
-    // Successors and growth, within the surge.
+    // Successors and growth, within the surge. A retiring member still has
+    // its instance until it is deleted: it counts, so `maxSurge: 0` never
+    // runs more instances than `replicas` (quotas, addresses, money).
     let keeping = active.len() - waiting;
     let needed = desired.saturating_sub(keeping);
-    let room = (desired + settings.max_surge as usize).saturating_sub(active.len());
+    let draining = retiring.len() - plan.delete.len() + plan.retire.len();
+    let room = (desired + settings.max_surge as usize).saturating_sub(active.len() + draining);
     plan.create = needed.min(room) as u32;
     plan.rotating = (retiring.len()
         + plan
@@ -309,8 +312,11 @@ mod tests {
         // Each step: the planner's actions are applied, new members turn Ready.
         for now in 10..30 {
             let p = plan(&s, &members, at(now));
-            let active = members.iter().filter(|m| m.retiring.is_none()).count();
-            assert!(active <= 3 + 1, "surge respected: {active} active");
+            assert!(
+                members.len() <= 3 + 1,
+                "surge respected: {} members",
+                members.len()
+            );
             let ready = members.iter().filter(|m| m.retiring.is_none() && m.ready).count();
             assert!(ready >= 3, "maxUnavailable 0: {ready} ready");
             members.retain(|m| !p.delete.contains(&m.name));
@@ -343,10 +349,25 @@ mod tests {
         s.max_surge = 0;
         s.max_unavailable = 1;
         s.max_age = Some(Duration::from_secs(60));
-        let members = vec![member("a", 0, true), member("b", 0, true)];
+        let mut members = vec![member("a", 0, true), member("b", 0, true)];
         let p = plan(&s, &members, at(61));
         assert_eq!(names(&p.retire), ["a"], "one may be missing");
-        assert_eq!(p.create, 1, "and its successor is made at once");
+        assert_eq!(p.create, 0, "no instance beyond replicas while it drains");
+        members[0].retiring = Some(Retiring {
+            since: at(61),
+            reason: RetireReason::Age,
+        });
+        members[0].leases = 1;
+        let p = plan(&s, &members, at(62));
+        assert_eq!(
+            (p.create, p.retire.len(), p.delete.len()),
+            (0, 0, 0),
+            "still draining"
+        );
+        members[0].leases = 0;
+        let p = plan(&s, &members, at(63));
+        assert_eq!(p.delete, ["a"]);
+        assert_eq!(p.create, 1, "its successor once it goes");
     }
 
     #[test]
@@ -355,7 +376,7 @@ mod tests {
         members[0].blocked_targets = 9;
         let p = plan(&settings(2), &members, at(10));
         assert_eq!(names(&p.retire), ["a"]);
-        assert_eq!(p.create, 1);
+        assert_eq!(p.create, 1, "within the surge of one");
     }
 
     #[test]
