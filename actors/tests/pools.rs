@@ -467,3 +467,27 @@ async fn a_pool_scales_up_and_down_with_its_replicas() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_standalone_pool_sample_fills_itself() {
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/standalone/proxies/pool.yaml"
+    ))
+    .unwrap();
+    let own_healthz = "http://127.0.0.1:8081/healthz";
+    assert!(shipped.contains(own_healthz), "{shipped}");
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    dir.write_manifest("pool", &shipped.replace(own_healthz, &health_target()));
+    let _operator = dir.standalone().start().await;
+    eventually("the sample's two members Ready", CONVERGE, async || {
+        let ready = dir
+            .proxies()
+            .into_iter()
+            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("demo-")))
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
+            .count();
+        (ready == 2).then_some(())
+    })
+    .await;
+}
