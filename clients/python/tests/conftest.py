@@ -25,10 +25,16 @@ _site_hosts = (f"127.0.2.{n}" for n in itertools.count(1))
 
 
 @pytest.fixture(scope="session")
-def operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator_binary() -> str:
     binary = os.environ.get("EPO_OPERATOR_BIN")
     if not binary:
         pytest.skip("EPO_OPERATOR_BIN is not set (actors/tests/python_clients.rs runs these tests)")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def operator(tmp_path_factory: pytest.TempPathFactory, operator_binary: str) -> Iterator[Operator]:
+    binary = operator_binary
     root = Path(os.environ.get("EPO_TEST_ROOT") or tmp_path_factory.mktemp("operator"))
     proxies = [ProxySpec(f"crawl-{i}", CRAWL) for i in (1, 2, 3)]
     proxies += [ProxySpec(name, {"group": name}) for name in ("spare-1", "spare-2")]

@@ -54,6 +54,15 @@ class ProxySpec:
     attributes: Dict[str, str]
 
 
+@dataclass
+class PoolSpec:
+    """A ProxyPool of local proxies; ``spec`` holds extra spec lines (YAML, two-space indented)."""
+
+    name: str
+    replicas: int
+    spec: str = ""
+
+
 class Operator:
     """``egress-proxies-operator standalone`` in ``root``."""
 
@@ -65,10 +74,12 @@ class Operator:
         *,
         max_leases_per_proxy: int = 2,
         cooldown: str = "1s",
+        pools: List[PoolSpec] = [],
     ):
         self.binary = binary
         self.root = root
         self.proxies = proxies
+        self.pools = pools
         self.api_port = free_port()
         self.health_port = free_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
@@ -112,6 +123,20 @@ class Operator:
                 f"  attributes: {{{attributes}}}\n"
                 f"  healthCheck: {{url: 'http://127.0.0.1:{self.health_port}/healthz', interval: 1s}}\n"
             )
+        for pool in self.pools:
+            (self.root / "proxies" / f"pool-{pool.name}.yaml").write_text(
+                "apiVersion: crawl.example.com/v1alpha1\n"
+                "kind: ProxyPool\n"
+                f"metadata: {{name: {pool.name}, namespace: crawl}}\n"
+                "spec:\n"
+                f"  replicas: {pool.replicas}\n"
+                f"{pool.spec}"
+                "  template:\n"
+                "    spec:\n"
+                "      mode: Managed\n"
+                "      provider: local\n"
+                f"      healthCheck: {{url: 'http://127.0.0.1:{self.health_port}/healthz', interval: 1s}}\n"
+            )
         env = dict(os.environ, DISCOVERY_TOKEN=CRAWLER_TOKEN, DISCOVERY_READ_TOKEN=READ_TOKEN)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
@@ -129,7 +154,9 @@ class Operator:
                 listed = self.get("/v1/proxies")
             except (OSError, urllib.error.URLError):
                 return False
-            return {p["name"] for p in listed if p["phase"] == "Ready" and p.get("healthy")} == wanted
+            ready = {p["name"] for p in listed if p["phase"] == "Ready" and p.get("healthy")}
+            members = [n for n in ready if any(n.startswith(f"{pool.name}-") for pool in self.pools)]
+            return ready - set(members) == wanted and len(members) == sum(p.replicas for p in self.pools)
 
         try:
             wait_for("every proxy Ready and healthy", timeout, ready)

@@ -52,6 +52,12 @@ class UnknownLease(ApiError):
     reporting on one that ended long ago."""
 
 
+class ProxyRetiring(ApiError):
+    """409 ``proxy_retiring``: renewing a lease whose proxy its pool is
+    replacing. The lease stays valid until it expires; release it and
+    acquire another."""
+
+
 class RateLimited(ApiError):
     """429: over a rate limit; ``retry_after`` says how long to wait."""
 
@@ -69,6 +75,7 @@ _BY_CODE: Dict[str, Type[ApiError]] = {
     "unauthorized": Unauthorized,
     "forbidden": Forbidden,
     "unknown_lease": UnknownLease,
+    "proxy_retiring": ProxyRetiring,
     "rate_limited": RateLimited,
     "no_capacity": NoCapacity,
 }

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Mapping, Optional
 
 from .aio import AsyncLeaseClient
 from .client import LeaseClient, _logged
-from .errors import UnknownLease
+from .errors import ProxyRetiring, UnknownLease
 from .models import Lease, Outcome
 
 
@@ -74,6 +74,12 @@ class HostLeases:
                     self._event("renewed")
                 except UnknownLease:
                     held = None  # it expired: take another
+                except ProxyRetiring:
+                    # Its pool is replacing the proxy: hand it back, take another.
+                    with _logged(f"releasing lease {held.lease.id} on a retiring proxy"):
+                        self._client.release(held.lease)
+                    self._event("retired")
+                    held = None
             if held is None:
                 t = self._terms
                 lease = self._client.acquire(host, selector=t.selector, pool=t.pool, ttl=t.ttl, client=t.client)
@@ -132,6 +138,11 @@ class AsyncHostLeases:
                     held = _Held(held.lease, renewal.ttl_seconds)
                     self._event("renewed")
                 except UnknownLease:
+                    held = None
+                except ProxyRetiring:
+                    with _logged(f"releasing lease {held.lease.id} on a retiring proxy"):
+                        await self._client.release(held.lease)
+                    self._event("retired")
                     held = None
             if held is None:
                 t = self._terms
