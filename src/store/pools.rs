@@ -35,6 +35,14 @@ pub trait PoolStore: Send + Sync {
         uid: &str,
         status: &ProxyPoolStatus,
     ) -> Result<(), StoreError>;
+
+    /// Records a notable change of the pool where users look for it
+    /// (a Kubernetes Event on the ProxyPool); stores without such a place
+    /// only log. Never fails the caller: an Event is a courtesy.
+    async fn publish_pool_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str) {
+        let _ = uid;
+        tracing::debug!(pool = %key, reason, note, "event");
+    }
 }
 
 /// The key of a pool (namespace `default` when unset).
