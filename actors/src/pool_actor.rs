@@ -134,6 +134,20 @@ impl PoolActor {
         else {
             return;
         };
+        let rotating = match status.rotating {
+            0 => String::new(),
+            n => format!(", {n} rotating"),
+        };
+        crate::supervision::report_state(
+            "pool",
+            &self.key.to_string(),
+            &format!(
+                "{} of {} Ready{rotating}",
+                status.ready,
+                status.desired_replicas.unwrap_or_default()
+            ),
+            0,
+        );
         let report = PoolReport {
             key: self.key.clone(),
             status,

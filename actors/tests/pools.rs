@@ -2,7 +2,9 @@
 //! proxies: a pool fills itself, a crawler leasing from it and fetching
 //! through its proxies the whole time sees no failed request while blocked
 //! members are rotated out, and removing the pool removes every member and
-//! its process.
+//! its process. `/metrics` follows along: the pool's gauges once it
+//! settles, its members made, retired (blocked) and deleted, and no series
+//! of it once it is gone.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,6 +20,36 @@ use support::process::{health_target, processes_under};
 use support::target_server::http_target;
 
 const CONVERGE: Duration = Duration::from_secs(60);
+
+/// A scrape of the operator's `/metrics`.
+async fn scrape(metrics: std::net::SocketAddr) -> String {
+    reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of metric `name` for pool `crawl/eu` (and `extra` labels after it).
+fn pool_value(scrape: &str, name: &str, extra: &str) -> Option<f64> {
+    let series = format!("egress_proxies_{name}{{pool=\"crawl/eu\"{extra}}} ");
+    scrape.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok())
+}
+
+/// The pool's gauges: desired, members, ready, rotating, leases.
+fn pool_gauges(scrape: &str) -> [Option<f64>; 5] {
+    [
+        "pool_desired_members",
+        "pool_members",
+        "pool_ready_members",
+        "pool_rotating_members",
+        "pool_leases_active",
+    ]
+    .map(|name| pool_value(scrape, name, ""))
+}
 
 fn pool_manifest(health_url: &str, replicas: u32) -> String {
     format!(
@@ -54,20 +86,50 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
         .standalone()
         .setting("maxLeasesPerProxy", "0")
         .discovery()
+        .metrics()
         .log_level("info")
         .start()
         .await;
     let api = format!("http://{}", operator.discovery());
+    let metrics = operator.metrics();
     let first = eventually("two Ready members", CONVERGE, async || {
         let ready = serving(&dir);
         (ready.len() == 2).then_some(ready)
     })
     .await;
+    // Settled: two wanted, two made, both Ready, none rotating, no lease.
+    operator
+        .eventually("the pool's gauges settled", CONVERGE, async || {
+            let text = scrape(metrics).await;
+            let two = Some(2.0);
+            if pool_gauges(&text) == [two, two, two, Some(0.0), Some(0.0)] {
+                Ok(text)
+            } else {
+                Err(format!("{:?}", pool_gauges(&text)))
+            }
+        })
+        .await;
+    let settled = scrape(metrics).await;
+    assert_eq!(
+        pool_value(&settled, "pool_member_creations_total", ""),
+        Some(2.0),
+        "{settled}"
+    );
+    assert_eq!(
+        pool_value(&settled, "pool_leases_denied_total", ""),
+        Some(0.0),
+        "{settled}"
+    );
 
     // A crawler: lease from the pool, fetch through the proxy, report one
-    // proxy blocked per round, release. Every fetch must succeed.
+    // proxy blocked per round, release. Every fetch must succeed. Leases on
+    // successors are kept until the end: the book prefers proxies with
+    // fewer leases, so the next round gets a member not yet blocked (by
+    // latency alone a successor can win every round, and the other member
+    // is never leased).
     let client = reqwest::Client::new();
     let mut blocked = BTreeSet::new();
+    let mut kept = Vec::new();
     let mut fetched = 0;
     let deadline = std::time::Instant::now() + CONVERGE;
     let mut round = 0;
@@ -112,11 +174,15 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
                 .error_for_status()
                 .unwrap();
         }
-        client
-            .delete(format!("{api}/v1/leases/{id}"))
-            .send()
-            .await
-            .unwrap();
+        if first.contains(&name) {
+            client
+                .delete(format!("{api}/v1/leases/{id}"))
+                .send()
+                .await
+                .unwrap();
+        } else {
+            kept.push(id);
+        }
         let now = serving(&dir);
         if blocked.len() == first.len() && now.len() == 2 && now.is_disjoint(&first) {
             break;
@@ -130,6 +196,13 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
         dir.logs()
     );
     assert!(fetched > 0);
+    for id in kept {
+        client
+            .delete(format!("{api}/v1/leases/{id}"))
+            .send()
+            .await
+            .unwrap();
+    }
     eventually("the rotated members deleted", CONVERGE, async || {
         dir.proxies()
             .iter()
@@ -137,6 +210,31 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
             .then_some(())
     })
     .await;
+    // Both blocked members retired for that reason, each replaced and deleted.
+    let rotated = scrape(metrics).await;
+    let counted = |name: &str, extra: &str| pool_value(&rotated, name, extra);
+    assert_eq!(
+        counted("pool_member_retirements_total", ",reason=\"blocked\""),
+        Some(2.0),
+        "{rotated}"
+    );
+    assert_eq!(counted("pool_member_creations_total", ""), Some(4.0), "{rotated}");
+    assert_eq!(counted("pool_member_deletions_total", ""), Some(2.0), "{rotated}");
+    for reason in ["errors", "template", "age", "scale-down"] {
+        assert_eq!(
+            counted("pool_member_retirements_total", &format!(",reason=\"{reason}\"")),
+            None,
+            "no retirement for {reason}: {rotated}"
+        );
+    }
+    let logs = dir.logs();
+    assert_eq!(
+        logs.lines()
+            .filter(|l| l.contains("pool member retiring") && l.contains("blocked"))
+            .count(),
+        2,
+        "each retirement logged with its reason:\n{logs}"
+    );
 
     // The pool leaves: every member and its process go.
     let instances = dir.state().join("local");
@@ -154,6 +252,18 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
         processes_under(&instances).is_empty().then_some(())
     })
     .await;
+    // Gone with its pool: not one series names it.
+    operator
+        .eventually("the pool's series removed", CONVERGE, async || {
+            let text = scrape(metrics).await;
+            let left: Vec<&str> = text.lines().filter(|l| l.contains("pool=\"crawl/eu\"")).collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join("\n"))
+            }
+        })
+        .await;
     drop(operator);
 }
 
