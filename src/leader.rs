@@ -578,9 +578,18 @@ impl PoolStore for FencedPools {
         self.inner.write_pool_status(key, uid, status).await
     }
 
-    async fn publish_pool_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str) {
+    async fn publish_pool_event(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        member: (&ObjectKey, &str),
+        reason: &str,
+        note: &str,
+    ) {
         if self.tenure.is_leading() {
-            self.inner.publish_pool_event(key, uid, reason, note).await;
+            self.inner
+                .publish_pool_event(key, uid, member, reason, note)
+                .await;
         }
     }
 }

@@ -210,19 +210,19 @@ async fn one_turn(key: &ObjectKey, ctx: &PoolContext, turned: &mut Turned) -> Re
         ctx.proxies
             .set_annotation(member, uid, RETIRING_ANNOTATION, Some(value))
             .await?;
-        let member = member.to_string();
+        let name = member.to_string();
         PoolMemberRetiring {
             pool: &pool_name,
-            member: &member,
+            member: &name,
             reason: *reason,
         }
         .emit();
         let note = format!(
-            "member {member} retiring ({}): no new leases; deleted once drained",
+            "member {name} retiring ({}): no new leases; deleted once drained",
             reason.as_str()
         );
         ctx.pools
-            .publish_pool_event(key, &pool_uid, "MemberRetiring", &note)
+            .publish_pool_event(key, &pool_uid, (member, uid), "MemberRetiring", &note)
             .await;
     }
     for (member, uid) in &decided.delete {

@@ -777,8 +777,18 @@ impl PoolStore for KubeStore {
         }
     }
 
-    async fn publish_pool_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str) {
-        let event = kube_event(reason, note, false);
+    async fn publish_pool_event(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        member: (&ObjectKey, &str),
+        reason: &str,
+        note: &str,
+    ) {
+        let event = KubeEvent {
+            secondary: Some(reference("Proxy", member.0, member.1)),
+            ..kube_event(reason, note, false)
+        };
         if let Err(e) = self
             .recorder
             .publish(&event, &reference("ProxyPool", key, uid))

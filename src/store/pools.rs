@@ -36,12 +36,21 @@ pub trait PoolStore: Send + Sync {
         status: &ProxyPoolStatus,
     ) -> Result<(), StoreError>;
 
-    /// Records a notable change of the pool where users look for it
-    /// (a Kubernetes Event on the ProxyPool); stores without such a place
-    /// only log. Never fails the caller: an Event is a courtesy.
-    async fn publish_pool_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str) {
+    /// Records a notable change of the pool concerning its `member` (key
+    /// and incarnation) where users look for it: a Kubernetes Event on the
+    /// ProxyPool, relating the member (so changes of different members are
+    /// separate Events, not one series). Stores without such a place only
+    /// log. Never fails the caller: an Event is a courtesy.
+    async fn publish_pool_event(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        member: (&ObjectKey, &str),
+        reason: &str,
+        note: &str,
+    ) {
         let _ = uid;
-        tracing::debug!(pool = %key, reason, note, "event");
+        tracing::debug!(pool = %key, proxy = %member.0, reason, note, "event");
     }
 }
 
