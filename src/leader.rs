@@ -577,6 +577,21 @@ impl PoolStore for FencedPools {
         self.check()?;
         self.inner.write_pool_status(key, uid, status).await
     }
+
+    async fn publish_pool_event(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        member: (&ObjectKey, &str),
+        reason: &str,
+        note: &str,
+    ) {
+        if self.tenure.is_leading() {
+            self.inner
+                .publish_pool_event(key, uid, member, reason, note)
+                .await;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use egress_proxies::lease::{
     LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView, RenewError,
     UnknownLease,
 };
+use egress_proxies::resource::ProxyPoolStatus;
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
 use egress_proxies::telemetry::metrics;
@@ -63,6 +64,32 @@ pub struct ListProxies;
 #[rtype(result = "PoolFigures")]
 pub struct GetPoolFigures(pub String);
 
+/// A pool's latest turn, for the dashboard: sent by its PoolActor when it
+/// changed. Kept beside the leases its figures come from.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ReportPool(pub PoolReport);
+
+/// A pool is gone: forget its report.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ForgetPool(pub ObjectKey);
+
+/// What a PoolActor last decided and saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolReport {
+    pub key: ObjectKey,
+    /// The status its latest turn wrote (or found unchanged).
+    pub status: ProxyPoolStatus,
+    /// Acquires naming the pool refused for lack of capacity since its actor started.
+    pub denied: u64,
+    /// Leases one member may hold (`--max-leases-per-proxy`; 0: unlimited).
+    pub leases_per_member: u32,
+}
+
+/// Pool reports kept at most (one per PoolActor; a bound all the same).
+const MAX_POOL_REPORTS: usize = 10_000;
+
 /// Sizes of the lease book's tables (tests show they stay bounded).
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Footprint")]
@@ -79,6 +106,8 @@ pub struct LeaseDashboard {
     pub stats: LeaseStats,
     /// The latest denials, newest first: (target, when).
     pub recent_denials: Vec<(String, jiff::Timestamp)>,
+    /// Every running pool's latest report, by key.
+    pub pools: Vec<PoolReport>,
 }
 
 /// How many recent denials the dashboard keeps.
@@ -115,6 +144,7 @@ pub struct LeaseStore {
     unsaved: Vec<LeaseChange>,
     last_prune: Instant,
     tenure: Option<Tenure>,
+    pools: std::collections::BTreeMap<ObjectKey, PoolReport>,
 }
 
 impl LeaseStore {
@@ -132,6 +162,7 @@ impl LeaseStore {
             unsaved: Vec::new(),
             last_prune: Instant::now(),
             tenure: None,
+            pools: std::collections::BTreeMap::new(),
         }
     }
 
@@ -425,6 +456,24 @@ impl Handler<GetPoolFigures> for LeaseStore {
     }
 }
 
+impl Handler<ReportPool> for LeaseStore {
+    type Result = ();
+    fn handle(&mut self, ReportPool(report): ReportPool, _: &mut Self::Context) {
+        if self.pools.len() >= MAX_POOL_REPORTS && !self.pools.contains_key(&report.key) {
+            tracing::debug!(pool = %report.key, "too many pools reported; not shown on the dashboard");
+            return;
+        }
+        self.pools.insert(report.key.clone(), report);
+    }
+}
+
+impl Handler<ForgetPool> for LeaseStore {
+    type Result = ();
+    fn handle(&mut self, ForgetPool(key): ForgetPool, _: &mut Self::Context) {
+        self.pools.remove(&key);
+    }
+}
+
 impl Handler<ListProxies> for LeaseStore {
     type Result = MessageResult<ListProxies>;
     fn handle(&mut self, _: ListProxies, _: &mut Self::Context) -> Self::Result {
@@ -441,6 +490,7 @@ impl Handler<GetLeaseDashboard> for LeaseStore {
             proxies: self.book.proxies(),
             stats,
             recent_denials: self.recent_denials.iter().cloned().collect(),
+            pools: self.pools.values().cloned().collect(),
         })
     }
 }

@@ -3,16 +3,25 @@
 //! lets [`egress_proxies::pool::step`] decide, and writes what it decided:
 //! new members, retiring annotations, deletions, the pool's status. The
 //! members' own ProxyActors do the rest (instances, health, leases).
+//!
+//! Each change is an internal event (`egress_proxies::telemetry::events`):
+//! its log line and its metrics, labelled by pool. A member that starts
+//! retiring is also an Event on the pool. After every turn the pool's
+//! gauges are set from the status it wrote, and the lease store gets the
+//! pool's figures for the dashboard; when the pool goes, both forget it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::pool::{Inputs, step};
-use egress_proxies::resource::{ProxyPool, RETIRING_ANNOTATION};
+use egress_proxies::resource::{ProxyPool, ProxyPoolStatus, RETIRING_ANNOTATION};
 use egress_proxies::store::{ObjectKey, PoolStore, ProxyStore, StoreError};
+use egress_proxies::telemetry::events::{
+    PoolMemberCreated, PoolMemberDeleted, PoolMemberRetiring, PoolRemoved, PoolTurnCompleted,
+};
 
-use crate::lease_store::{GetPoolFigures, LeaseStore};
+use crate::lease_store::{ForgetPool, GetPoolFigures, LeaseStore, PoolReport, ReportPool};
 
 /// What every pool's loop shares.
 #[derive(Clone)]
@@ -43,6 +52,22 @@ pub struct PoolActor {
     key: ObjectKey,
     ctx: PoolContext,
     busy: bool,
+    /// Stopped for good: a turn still under way reports nothing.
+    gone: bool,
+    /// Acquires refused for lack of capacity, summed over its turns.
+    denied: u64,
+    /// What the lease store was last told.
+    reported: Option<PoolReport>,
+}
+
+/// What one turn saw and decided, for the pool's metrics and the dashboard.
+#[derive(Default)]
+struct Turned {
+    /// Acquires refused for lack of capacity since the previous turn (taken
+    /// from the lease store: counted even when the turn fails later).
+    denied: u32,
+    /// The status written, or found unchanged; `None` when the turn ended before.
+    status: Option<ProxyPoolStatus>,
 }
 
 /// Look again now (the pool changed).
@@ -61,6 +86,9 @@ impl PoolActor {
             key,
             ctx,
             busy: false,
+            gone: false,
+            denied: 0,
+            reported: None,
         }
     }
 
@@ -71,19 +99,71 @@ impl PoolActor {
         }
         let (key, pool_ctx) = (self.key.clone(), self.ctx.clone());
         ctx.spawn(
-            async move { one_turn(&key, &pool_ctx).await }
-                .into_actor(self)
-                .map(|result, actor, _| {
-                    actor.busy = false;
-                    if let Err(e) = result {
-                        tracing::warn!(pool = %actor.key, error = %e, "pool turn failed; trying again next turn");
-                    }
-                }),
+            async move {
+                let mut turned = Turned::default();
+                let result = one_turn(&key, &pool_ctx, &mut turned).await;
+                (turned, result)
+            }
+            .into_actor(self)
+            .map(|(turned, result), actor, _| {
+                actor.busy = false;
+                if let Err(e) = result {
+                    tracing::warn!(pool = %actor.key, error = %e, "pool turn failed; trying again next turn");
+                }
+                actor.turned(turned);
+            }),
         );
+    }
+
+    /// Records a turn: the pool's metrics, and its figures for the dashboard.
+    fn turned(&mut self, turned: Turned) {
+        if self.gone {
+            return;
+        }
+        self.denied += u64::from(turned.denied);
+        PoolTurnCompleted {
+            pool: &self.key.to_string(),
+            status: turned.status.as_ref(),
+            denied: turned.denied,
+        }
+        .emit();
+        // A turn that ended early leaves the last status standing.
+        let Some(status) = turned
+            .status
+            .or_else(|| self.reported.as_ref().map(|r| r.status.clone()))
+        else {
+            return;
+        };
+        let rotating = match status.rotating {
+            0 => String::new(),
+            n => format!(", {n} rotating"),
+        };
+        crate::supervision::report_state(
+            "pool",
+            &self.key.to_string(),
+            &format!(
+                "{} of {} Ready{rotating}",
+                status.ready,
+                status.desired_replicas.unwrap_or_default()
+            ),
+            0,
+        );
+        let report = PoolReport {
+            key: self.key.clone(),
+            status,
+            denied: self.denied,
+            leases_per_member: self.ctx.timing.leases_per_proxy,
+        };
+        if self.reported.as_ref() != Some(&report) {
+            if let Some(leases) = &self.ctx.leases {
+                leases.do_send(ReportPool(report.clone()));
+            }
+            self.reported = Some(report);
+        }
     }
 }
 
-async fn one_turn(key: &ObjectKey, ctx: &PoolContext) -> Result<(), PoolError> {
+async fn one_turn(key: &ObjectKey, ctx: &PoolContext, turned: &mut Turned) -> Result<(), PoolError> {
     let Some(pool) = ctx.pools.get_pool(key).await? else {
         return Ok(());
     };
@@ -96,6 +176,7 @@ async fn one_turn(key: &ObjectKey, ctx: &PoolContext) -> Result<(), PoolError> {
         Some(leases) => leases.send(GetPoolFigures(name)).await.unwrap_or_default(),
         None => Default::default(),
     };
+    turned.denied = figures.denied;
     let inputs = Inputs {
         leases_per_proxy: ctx.timing.leases_per_proxy,
         denied: figures.denied,
@@ -109,9 +190,15 @@ async fn one_turn(key: &ObjectKey, ctx: &PoolContext) -> Result<(), PoolError> {
             return Ok(());
         }
     };
+    let pool_name = key.to_string();
+    let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
     for member in &decided.create {
         match ctx.pools.create_member(member).await {
-            Ok(()) => tracing::info!(pool = %key, proxy = %ObjectKey::of(member), "pool member created"),
+            Ok(()) => PoolMemberCreated {
+                pool: &pool_name,
+                member: &ObjectKey::of(member).to_string(),
+            }
+            .emit(),
             // A drawn name was taken: the next turn draws another.
             Err(StoreError::AlreadyExists(taken)) => {
                 tracing::debug!(pool = %key, proxy = %taken, "member name taken")
@@ -123,30 +210,51 @@ async fn one_turn(key: &ObjectKey, ctx: &PoolContext) -> Result<(), PoolError> {
         ctx.proxies
             .set_annotation(member, uid, RETIRING_ANNOTATION, Some(value))
             .await?;
-        tracing::info!(pool = %key, proxy = %member, reason = reason.as_str(), "pool member retiring");
+        let name = member.to_string();
+        PoolMemberRetiring {
+            pool: &pool_name,
+            member: &name,
+            reason: *reason,
+        }
+        .emit();
+        let note = format!(
+            "member {name} retiring ({}): no new leases; deleted once drained",
+            reason.as_str()
+        );
+        ctx.pools
+            .publish_pool_event(key, &pool_uid, (member, uid), "MemberRetiring", &note)
+            .await;
     }
     for (member, uid) in &decided.delete {
         match ctx.pools.delete_member(member, uid).await {
-            Ok(()) | Err(StoreError::Gone { .. }) => {
-                tracing::info!(pool = %key, proxy = %member, "pool member deleted")
+            Ok(()) => PoolMemberDeleted {
+                pool: &pool_name,
+                member: &member.to_string(),
+            }
+            .emit(),
+            // Deleted already (by an earlier turn whose answer was lost, or by someone else).
+            Err(StoreError::Gone { .. }) => {
+                tracing::debug!(pool = %key, proxy = %member, "pool member gone already")
             }
             Err(e) => return Err(e.into()),
         }
     }
-    write_status(ctx, key, &pool, decided.status).await
+    write_status(ctx, key, &pool, &decided.status).await?;
+    turned.status = Some(decided.status);
+    Ok(())
 }
 
 async fn write_status(
     ctx: &PoolContext,
     key: &ObjectKey,
     pool: &ProxyPool,
-    status: egress_proxies::resource::ProxyPoolStatus,
+    status: &ProxyPoolStatus,
 ) -> Result<(), PoolError> {
-    if pool.status.as_ref() == Some(&status) {
+    if pool.status.as_ref() == Some(status) {
         return Ok(());
     }
     let uid = pool.metadata.uid.clone().unwrap_or_default();
-    match ctx.pools.write_pool_status(key, &uid, &status).await {
+    match ctx.pools.write_pool_status(key, &uid, status).await {
         Ok(()) | Err(StoreError::Gone { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -174,6 +282,14 @@ impl Handler<Turn> for PoolActor {
 impl Handler<StopPool> for PoolActor {
     type Result = ();
     fn handle(&mut self, _: StopPool, ctx: &mut Self::Context) {
+        self.gone = true;
+        PoolRemoved {
+            pool: &self.key.to_string(),
+        }
+        .emit();
+        if let Some(leases) = &self.ctx.leases {
+            leases.do_send(ForgetPool(self.key.clone()));
+        }
         ctx.stop();
     }
 }

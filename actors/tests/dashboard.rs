@@ -5,7 +5,9 @@
 //! URL), then it shows both proxies Ready and the actor tree, and — with no
 //! reload — shows Unhealthy once a proxy process is killed (the External
 //! proxy's: a Managed one would be replaced within a second, faster than the
-//! page's poll). A screenshot is
+//! page's poll). A ProxyPool of one member is on the page too: its row shows
+//! what its PoolActor wrote — one wanted, one member, Ready, a lease held
+//! and an acquire refused for want of capacity. A screenshot is
 //! saved as a test artifact (`$CARGO_TARGET_TMPDIR/dashboard.png`, and to
 //! `EPO_DASHBOARD_SCREENSHOT` when set).
 
@@ -25,6 +27,11 @@ use support::eventually;
 use support::operator::{BIN, LOCAL_PROVIDER, OperatorDir};
 use support::process::{Killed, Reaper, forward_proxy, free_port, health_target};
 const TOKEN: &str = "dashboard-test-token";
+
+/// Whether `name` is the pool `web`'s member (`web-<random suffix>`).
+fn is_member(name: Option<&str>) -> bool {
+    name.is_some_and(|n| n.starts_with("web-"))
+}
 /// The read-only token: enough for the dashboard.
 const READ_TOKEN: &str = "dashboard-read-token";
 
@@ -134,9 +141,18 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
              spec: {{mode: External, endpoint: {{host: 127.0.0.1, port: {external_port}}}, attributes: {{site: us}}, {check}}}\n"
         ),
     );
+    dir.write_manifest(
+        "web",
+        &format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: ProxyPool\nmetadata: {{name: web, namespace: crawlers}}\n\
+             spec:\n  replicas: 1\n  template:\n    spec: {{mode: Managed, provider: local, {check}}}\n"
+        ),
+    );
     let operator = dir
         .standalone()
         .discovery()
+        // One lease per proxy: the pool's capacity is its Ready members.
+        .setting("maxLeasesPerProxy", "1")
         .env("DISCOVERY_TOKEN", TOKEN)
         .env("DISCOVERY_READ_TOKEN", READ_TOKEN)
         .start()
@@ -147,12 +163,29 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
             let phases: Vec<_> = dir
                 .proxies()
                 .into_iter()
+                .filter(|p| !is_member(p.metadata.name.as_deref()))
                 .map(|p| p.status.and_then(|s| s.phase))
                 .collect();
             if phases == [Some(Phase::Ready), Some(Phase::Ready)] {
                 Ok(())
             } else {
                 Err(format!("{phases:?}"))
+            }
+        })
+        .await;
+    // The pool's one member Ready too.
+    operator
+        .eventually("the pool's member Ready", Duration::from_secs(30), async || {
+            let members: Vec<_> = dir
+                .proxies()
+                .into_iter()
+                .filter(|p| is_member(p.metadata.name.as_deref()))
+                .map(|p| p.status.and_then(|s| s.phase))
+                .collect();
+            if members == [Some(Phase::Ready)] {
+                Ok(())
+            } else {
+                Err(format!("{members:?}"))
             }
         })
         .await;
@@ -182,12 +215,13 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let (status, body) = get(&api, "/v1/dashboard", Some(TOKEN));
     assert_eq!(status, 200, "{body}");
     let data: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(data["phases"], json!({"Ready": 2}), "{data}");
+    assert_eq!(data["phases"], json!({"Ready": 3}), "{data}");
     let names: Vec<&str> = data["proxies"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| p["name"].as_str().unwrap())
+        .filter(|n| !is_member(Some(n)))
         .collect();
     assert_eq!(names, ["eu-1", "us-1"]);
     assert_eq!(data["proxies"][0]["attributes"], json!({"site": "eu"}));
@@ -206,6 +240,42 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         has("health_prober", "system") && has("gc_sweeper", "system"),
         "{data}"
     );
+    assert!(
+        has("pool", "pool_registry") && has("pool_registry", "system"),
+        "{data}"
+    );
+
+    // The pool's demand: one lease held on its member (one per proxy), and a
+    // second acquire for the pool refused for want of capacity.
+    let acquire = |want: &str| {
+        let mut s = TcpStream::connect(&api).unwrap();
+        let body = r#"{"target":"shop.example","pool":"web","ttlSeconds":300}"#;
+        write!(
+            s,
+            "POST /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with(&format!("HTTP/1.1 {want}")), "{out}");
+    };
+    acquire("201");
+    acquire("503");
+    let pool_row = json!({"namespace": "crawlers", "name": "web", "desired": 1, "replicas": 1, "ready": 1,
+        "leased": 1, "rotating": 0, "capacity": 1, "denied": 1, "progress": "Steady"});
+    operator
+        .eventually("the pool's row", Duration::from_secs(30), async || {
+            let (_, body) = get(&api, "/v1/dashboard", Some(READ_TOKEN));
+            let data: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            if data["pools"] == json!([pool_row.clone()]) {
+                Ok(())
+            } else {
+                Err(data["pools"].to_string())
+            }
+        })
+        .await;
     // The page holds no data: served to anyone, it asks for the token.
     let (status, page) = get(&api, "/dashboard", None);
     assert_eq!(status, 200);
@@ -300,7 +370,9 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
             json!({"text": format!("{READ_TOKEN}\n")}),
         )
         .await;
-    let rows = "return [...document.querySelectorAll('#proxies tbody tr')].map(r => [r.dataset.proxy, r.dataset.phase])";
+    // The proxies not in the pool (its member's name is drawn at random).
+    let rows = "return [...document.querySelectorAll('#proxies tbody tr')].map(r => [r.dataset.proxy, r.dataset.phase])\
+        .filter(([p]) => !p.startsWith('crawlers/web-'))";
     wait_js(&driver, "both proxies Ready on the page", rows, |v| {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Ready"]])
     })
@@ -320,8 +392,34 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         &driver,
         "the supervision tree",
         "return document.querySelectorAll('#tree [data-actor=\"proxy_registry:proxy_registry\"] [data-actor^=\"proxy:\"]').length",
-        |v| *v == json!(2),
+        |v| *v == json!(3),
     )
+    .await;
+    // The Pools panel: the pool's row, its figures as the JSON has them.
+    let pool_cells = "return [...document.querySelectorAll('#pools tbody tr[data-pool]')].map(r => \
+        [r.dataset.pool, ...[...r.querySelectorAll('td')].map(td => td.textContent)])";
+    wait_js(
+        &driver,
+        "the PoolActor in the supervision tree",
+        "return document.querySelector('#tree [data-actor=\"pool_registry:pool_registry\"] \
+         [data-actor=\"pool:crawlers/web\"]')?.textContent",
+        |v| v.as_str().is_some_and(|t| t.contains("1 of 1 Ready")),
+    )
+    .await;
+    wait_js(&driver, "the pool's row on the page", pool_cells, |v| {
+        *v == json!([[
+            "crawlers/web",
+            "crawlers/web",
+            "1",
+            "1",
+            "1",
+            "1",
+            "0",
+            "1 of 1 100%",
+            "1",
+            "steady"
+        ]])
+    })
     .await;
     let marker = driver.script("window.__sameDocument = true; return true").await;
     assert_eq!(marker, json!(true));

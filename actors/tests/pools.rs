@@ -4,6 +4,9 @@
 //! member is rotated (on blocks, on age); a template change rolls out within
 //! maxSurge/maxUnavailable; replicas and autoscaling follow demand up and
 //! down; removing the pool removes every member and its process.
+//! `/metrics` follows a rotation: the pool's gauges once it settles, its
+//! members made, retired (blocked) and deleted, and no series of it once it
+//! is gone.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,6 +22,36 @@ use support::process::{health_target, processes_under};
 use support::target_server::http_target;
 
 const CONVERGE: Duration = Duration::from_secs(60);
+
+/// A scrape of the operator's `/metrics`.
+async fn scrape(metrics: std::net::SocketAddr) -> String {
+    reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of metric `name` for pool `crawl/eu` (and `extra` labels after it).
+fn pool_value(scrape: &str, name: &str, extra: &str) -> Option<f64> {
+    let series = format!("egress_proxies_{name}{{pool=\"crawl/eu\"{extra}}} ");
+    scrape.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok())
+}
+
+/// The pool's gauges: desired, members, ready, rotating, leases.
+fn pool_gauges(scrape: &str) -> [Option<f64>; 5] {
+    [
+        "pool_desired_members",
+        "pool_members",
+        "pool_ready_members",
+        "pool_rotating_members",
+        "pool_leases_active",
+    ]
+    .map(|name| pool_value(scrape, name, ""))
+}
 
 fn pool_manifest(health_url: &str, replicas: u32) -> String {
     pool_with(health_url, replicas, "rotation: {afterBlockedTargets: 1}", "")
@@ -173,14 +206,39 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
         .standalone()
         .setting("maxLeasesPerProxy", "1")
         .discovery()
+        .metrics()
         .log_level("info")
         .start()
         .await;
+    let metrics = operator.metrics();
     let first = eventually("two Ready members", CONVERGE, async || {
         let ready = serving(&dir);
         (ready.len() == 2).then_some(ready)
     })
     .await;
+    // Settled: two wanted, two made, both Ready, none rotating, no lease.
+    operator
+        .eventually("the pool's gauges settled", CONVERGE, async || {
+            let text = scrape(metrics).await;
+            let two = Some(2.0);
+            if pool_gauges(&text) == [two, two, two, Some(0.0), Some(0.0)] {
+                Ok(text)
+            } else {
+                Err(format!("{:?}", pool_gauges(&text)))
+            }
+        })
+        .await;
+    let settled = scrape(metrics).await;
+    assert_eq!(
+        pool_value(&settled, "pool_member_creations_total", ""),
+        Some(2.0),
+        "{settled}"
+    );
+    assert_eq!(
+        pool_value(&settled, "pool_leases_denied_total", ""),
+        Some(0.0),
+        "{settled}"
+    );
 
     // Report each original member blocked once; both must be replaced.
     let mut crawler = Crawler::new(format!("http://{}", operator.discovery()), 2).await;
@@ -218,6 +276,32 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
     })
     .await;
 
+    // Both blocked members retired for that reason, each replaced and deleted.
+    let rotated = scrape(metrics).await;
+    let counted = |name: &str, extra: &str| pool_value(&rotated, name, extra);
+    assert_eq!(
+        counted("pool_member_retirements_total", ",reason=\"blocked\""),
+        Some(2.0),
+        "{rotated}"
+    );
+    assert_eq!(counted("pool_member_creations_total", ""), Some(4.0), "{rotated}");
+    assert_eq!(counted("pool_member_deletions_total", ""), Some(2.0), "{rotated}");
+    for reason in ["errors", "template", "age", "scale-down"] {
+        assert_eq!(
+            counted("pool_member_retirements_total", &format!(",reason=\"{reason}\"")),
+            None,
+            "no retirement for {reason}: {rotated}"
+        );
+    }
+    let logs = dir.logs();
+    assert_eq!(
+        logs.lines()
+            .filter(|l| l.contains("pool member retiring") && l.contains("blocked"))
+            .count(),
+        2,
+        "each retirement logged with its reason:\n{logs}"
+    );
+
     // The pool leaves: every member and its process go.
     let instances = dir.state().join("local");
     assert_eq!(
@@ -234,6 +318,18 @@ async fn a_pool_rotates_blocked_members_without_a_failed_request_and_goes_with_i
         processes_under(&instances).is_empty().then_some(())
     })
     .await;
+    // Gone with its pool: not one series names it.
+    operator
+        .eventually("the pool's series removed", CONVERGE, async || {
+            let text = scrape(metrics).await;
+            let left: Vec<&str> = text.lines().filter(|l| l.contains("pool=\"crawl/eu\"")).collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join("\n"))
+            }
+        })
+        .await;
     drop(operator);
 }
 
@@ -306,13 +402,24 @@ async fn a_template_change_rolls_out_within_max_unavailable() {
     dir.write_manifest("pool", &pool_with(&health, 3, spec, "geo: de"));
     // Watch the rollout: never fewer than 3 - maxUnavailable serving, never
     // more than 3 + maxSurge members.
-    let (mut fewest, mut most) = (usize::MAX, 0);
+    let (mut fewest, mut most) = ((usize::MAX, String::new()), (0, String::new()));
     let deadline = std::time::Instant::now() + CONVERGE;
     loop {
         let members = live(&dir);
         let now = serving(&dir);
-        fewest = fewest.min(now.len());
-        most = most.max(members.len());
+        let shown = || {
+            let of = |p: &Proxy| {
+                let phase = p.status.as_ref().and_then(|s| s.phase);
+                (p.metadata.name.clone(), phase, retiring(p))
+            };
+            format!("{:?}", members.iter().map(of).collect::<Vec<_>>())
+        };
+        if now.len() < fewest.0 {
+            fewest = (now.len(), shown());
+        }
+        if members.len() > most.0 {
+            most = (members.len(), shown());
+        }
         let rolled = members.len() == 3
             && now.len() == 3
             && members
@@ -334,10 +441,19 @@ async fn a_template_change_rolls_out_within_max_unavailable() {
     }
     assert!(serving(&dir).is_disjoint(&first), "every member replaced");
     assert_eq!(
-        fewest, 2,
-        "one member unavailable at a time, as maxUnavailable says"
+        fewest.0,
+        2,
+        "one member unavailable at a time, as maxUnavailable says: {}\n{}",
+        fewest.1,
+        dir.logs()
     );
-    assert_eq!(most, 3, "no member above replicas with maxSurge 0");
+    assert_eq!(
+        most.0,
+        3,
+        "no member above replicas with maxSurge 0: {}\n{}",
+        most.1,
+        dir.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,6 +27,15 @@ pub enum RetireReason {
 }
 
 impl RetireReason {
+    /// Every reason, most urgent first.
+    pub const ALL: [RetireReason; 5] = [
+        Self::Blocked,
+        Self::Errors,
+        Self::Template,
+        Self::Age,
+        Self::ScaleDown,
+    ];
+
     /// The spelling in annotations, metrics and messages.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -39,15 +48,7 @@ impl RetireReason {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            Self::Blocked,
-            Self::Errors,
-            Self::Template,
-            Self::Age,
-            Self::ScaleDown,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -381,14 +382,12 @@ mod tests {
 
     #[test]
     fn reasons_round_trip() {
-        for r in [
-            RetireReason::Blocked,
-            RetireReason::Errors,
-            RetireReason::Template,
-            RetireReason::Age,
-            RetireReason::ScaleDown,
-        ] {
+        for r in RetireReason::ALL {
             assert_eq!(RetireReason::parse(r.as_str()), Some(r));
         }
+        assert!(
+            RetireReason::ALL.windows(2).all(|w| w[0] < w[1]),
+            "most urgent first, each once"
+        );
     }
 }

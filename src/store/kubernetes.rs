@@ -635,28 +635,37 @@ impl ProxyStore for KubeStore {
     }
 
     async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
-        let reference = ObjectReference {
-            api_version: Some("crawl.example.com/v1alpha1".into()),
-            kind: Some("Proxy".into()),
-            name: Some(key.name.clone()),
-            namespace: Some(key.namespace.clone()),
-            uid: Some(uid.to_owned()),
-            ..ObjectReference::default()
-        };
-        let event = KubeEvent {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_owned(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
+        let event = kube_event(reason, note, warning);
+        if let Err(e) = self.recorder.publish(&event, &reference("Proxy", key, uid)).await {
             tracing::debug!(proxy = %key, error = %e, "publishing a Kubernetes Event failed");
         }
+    }
+}
+
+/// The Event reference of one of our objects (`kind`: `Proxy`, `ProxyPool`).
+fn reference(kind: &str, key: &ObjectKey, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("crawl.example.com/v1alpha1".into()),
+        kind: Some(kind.into()),
+        name: Some(key.name.clone()),
+        namespace: Some(key.namespace.clone()),
+        uid: Some(uid.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
+/// An Event of the operator's reconcile loops (notes cut to 1,000 characters).
+fn kube_event(reason: &str, note: &str, warning: bool) -> KubeEvent {
+    KubeEvent {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
     }
 }
 
@@ -765,6 +774,27 @@ impl PoolStore for KubeStore {
                 uid: uid.to_owned(),
             }),
             Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn publish_pool_event(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        member: (&ObjectKey, &str),
+        reason: &str,
+        note: &str,
+    ) {
+        let event = KubeEvent {
+            secondary: Some(reference("Proxy", member.0, member.1)),
+            ..kube_event(reason, note, false)
+        };
+        if let Err(e) = self
+            .recorder
+            .publish(&event, &reference("ProxyPool", key, uid))
+            .await
+        {
+            tracing::debug!(pool = %key, error = %e, "publishing a Kubernetes Event failed");
         }
     }
 }

@@ -35,6 +35,23 @@ pub trait PoolStore: Send + Sync {
         uid: &str,
         status: &ProxyPoolStatus,
     ) -> Result<(), StoreError>;
+
+    /// Records a notable change of the pool concerning its `member` (key
+    /// and incarnation) where users look for it: a Kubernetes Event on the
+    /// ProxyPool, relating the member (so changes of different members are
+    /// separate Events, not one series). Stores without such a place only
+    /// log. Never fails the caller: an Event is a courtesy.
+    async fn publish_pool_event(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        member: (&ObjectKey, &str),
+        reason: &str,
+        note: &str,
+    ) {
+        let _ = uid;
+        tracing::debug!(pool = %key, proxy = %member.0, reason, note, "event");
+    }
 }
 
 /// The key of a pool (namespace `default` when unset).

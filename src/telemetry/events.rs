@@ -6,9 +6,11 @@
 use std::time::Duration;
 
 use super::metrics::{
-    ActorLabel, HostLabel, PhaseLabel, ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels,
-    ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
+    ActorLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels, ProviderOpLabels,
+    ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
 };
+use crate::pool::RetireReason;
+use crate::resource::ProxyPoolStatus;
 
 /// A provider call returned.
 pub struct ProviderCallCompleted<'a> {
@@ -348,5 +350,234 @@ impl ImageDownloadCompleted<'_> {
             })
             .inc();
         m.image_download_bytes.inc_by(self.bytes);
+    }
+}
+
+fn pool_label(pool: &str) -> PoolLabel {
+    PoolLabel {
+        pool: pool.to_owned(),
+    }
+}
+
+/// A pool made a new member.
+pub struct PoolMemberCreated<'a> {
+    /// The pool, `namespace/name`.
+    pub pool: &'a str,
+    /// The member, `namespace/name` (logged, not a label).
+    pub member: &'a str,
+}
+
+impl PoolMemberCreated<'_> {
+    pub fn emit(self) {
+        tracing::info!(pool = self.pool, proxy = self.member, "pool member created");
+        metrics()
+            .pool_member_creations
+            .get_or_create(&pool_label(self.pool))
+            .inc();
+    }
+}
+
+/// A pool member started retiring: it takes no new leases and is deleted
+/// once drained.
+pub struct PoolMemberRetiring<'a> {
+    pub pool: &'a str,
+    pub member: &'a str,
+    pub reason: RetireReason,
+}
+
+impl PoolMemberRetiring<'_> {
+    pub fn emit(self) {
+        tracing::info!(
+            pool = self.pool,
+            proxy = self.member,
+            reason = self.reason.as_str(),
+            "pool member retiring"
+        );
+        metrics()
+            .pool_member_retirements
+            .get_or_create(&PoolReasonLabels {
+                pool: self.pool.to_owned(),
+                reason: self.reason.as_str().to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// A retired pool member was deleted (drained, or its drain timed out).
+pub struct PoolMemberDeleted<'a> {
+    pub pool: &'a str,
+    pub member: &'a str,
+}
+
+impl PoolMemberDeleted<'_> {
+    pub fn emit(self) {
+        tracing::info!(pool = self.pool, proxy = self.member, "pool member deleted");
+        metrics()
+            .pool_member_deletions
+            .get_or_create(&pool_label(self.pool))
+            .inc();
+    }
+}
+
+/// A pool's turn ended: with the status it wrote (or found unchanged), or
+/// early (`None`: the pool vanished, its spec is invalid, a store call
+/// failed). `denied` acquires naming the pool were refused for lack of
+/// capacity since its previous turn.
+pub struct PoolTurnCompleted<'a> {
+    pub pool: &'a str,
+    pub status: Option<&'a ProxyPoolStatus>,
+    pub denied: u32,
+}
+
+impl PoolTurnCompleted<'_> {
+    pub fn emit(self) {
+        let m = metrics();
+        let label = pool_label(self.pool);
+        if self.denied > 0 {
+            tracing::debug!(
+                pool = self.pool,
+                denied = self.denied,
+                "acquires for the pool refused for lack of capacity"
+            );
+        }
+        // Made at 0 on the first turn, so a rate has a start.
+        m.pool_leases_denied
+            .get_or_create(&label)
+            .inc_by(u64::from(self.denied));
+        let Some(s) = self.status else {
+            return;
+        };
+        let desired = s.desired_replicas.unwrap_or_default();
+        // Every second per pool: trace level, as probes.
+        tracing::trace!(
+            pool = self.pool,
+            desired,
+            replicas = s.replicas,
+            ready = s.ready,
+            leased = s.leased,
+            rotating = s.rotating,
+            "pool turn"
+        );
+        m.pool_desired_members
+            .get_or_create(&label)
+            .set(i64::from(desired));
+        m.pool_members.get_or_create(&label).set(i64::from(s.replicas));
+        m.pool_ready_members.get_or_create(&label).set(i64::from(s.ready));
+        m.pool_rotating_members
+            .get_or_create(&label)
+            .set(i64::from(s.rotating));
+        m.pool_leases_active
+            .get_or_create(&label)
+            .set(i64::from(s.leased));
+    }
+}
+
+/// A pool is gone: its series go with it, so deleted pools do not pile up
+/// in every scrape.
+pub struct PoolRemoved<'a> {
+    pub pool: &'a str,
+}
+
+impl PoolRemoved<'_> {
+    pub fn emit(self) {
+        tracing::debug!(pool = self.pool, "pool gone; its metrics removed");
+        let m = metrics();
+        let label = pool_label(self.pool);
+        for family in [
+            &m.pool_member_creations,
+            &m.pool_member_deletions,
+            &m.pool_leases_denied,
+        ] {
+            family.remove(&label);
+        }
+        for family in [
+            &m.pool_desired_members,
+            &m.pool_members,
+            &m.pool_ready_members,
+            &m.pool_rotating_members,
+            &m.pool_leases_active,
+        ] {
+            family.remove(&label);
+        }
+        for reason in RetireReason::ALL {
+            m.pool_member_retirements.remove(&PoolReasonLabels {
+                pool: self.pool.to_owned(),
+                reason: reason.as_str().to_owned(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The series of `pool` in a scrape, without the `# HELP`/`# TYPE` lines.
+    fn series(pool: &str) -> Vec<String> {
+        let needle = format!("pool=\"{pool}\"");
+        metrics()
+            .encode()
+            .lines()
+            .filter(|l| l.contains(&needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_pool_s_events_record_its_series_and_its_removal_drops_them() {
+        // The registry is the process's: a pool name no other test uses.
+        let pool = "events-test/eu";
+        PoolMemberCreated {
+            pool,
+            member: "events-test/eu-bcdfg",
+        }
+        .emit();
+        PoolMemberRetiring {
+            pool,
+            member: "events-test/eu-bcdfg",
+            reason: RetireReason::Blocked,
+        }
+        .emit();
+        PoolMemberRetiring {
+            pool,
+            member: "events-test/eu-hjklm",
+            reason: RetireReason::ScaleDown,
+        }
+        .emit();
+        PoolMemberDeleted {
+            pool,
+            member: "events-test/eu-bcdfg",
+        }
+        .emit();
+        let status = ProxyPoolStatus {
+            replicas: 3,
+            ready: 2,
+            leased: 5,
+            rotating: 1,
+            desired_replicas: Some(2),
+            ..Default::default()
+        };
+        for (status, denied) in [(Some(&status), 2), (None, 1)] {
+            PoolTurnCompleted { pool, status, denied }.emit();
+        }
+        let got = series(pool);
+        for line in [
+            "egress_proxies_pool_member_creations_total{pool=\"events-test/eu\"} 1",
+            "egress_proxies_pool_member_retirements_total{pool=\"events-test/eu\",reason=\"blocked\"} 1",
+            "egress_proxies_pool_member_retirements_total{pool=\"events-test/eu\",reason=\"scale-down\"} 1",
+            "egress_proxies_pool_member_deletions_total{pool=\"events-test/eu\"} 1",
+            "egress_proxies_pool_leases_denied_total{pool=\"events-test/eu\"} 3",
+            "egress_proxies_pool_desired_members{pool=\"events-test/eu\"} 2",
+            "egress_proxies_pool_members{pool=\"events-test/eu\"} 3",
+            "egress_proxies_pool_ready_members{pool=\"events-test/eu\"} 2",
+            "egress_proxies_pool_rotating_members{pool=\"events-test/eu\"} 1",
+            "egress_proxies_pool_leases_active{pool=\"events-test/eu\"} 5",
+        ] {
+            assert!(got.iter().any(|l| l == line), "missing {line:?} in {got:#?}");
+        }
+        assert_eq!(got.len(), 10, "{got:#?}");
+
+        PoolRemoved { pool }.emit();
+        assert_eq!(series(pool), Vec::<String>::new());
     }
 }

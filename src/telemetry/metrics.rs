@@ -2,8 +2,10 @@
 //! in the OpenMetrics text format on `--metrics-bind-address`. Names follow
 //! Prometheus conventions (`egress_proxies_` prefix, `_total` counters, base
 //! units — seconds, bytes) and every label has a bounded set of values: no
-//! proxy names or UIDs, only providers, hosts, operations, phases, classes
-//! and reasons. Metrics are recorded through the events in
+//! proxy names or UIDs, only providers, hosts, pools, operations, phases,
+//! classes and reasons. A pool (`namespace/name`) is declared by a person,
+//! like a provider or a KVM host, and its series are removed when the pool
+//! goes; its members are never labels. Metrics are recorded through the events in
 //! [`super::events`], which also write the matching log line.
 
 use std::sync::LazyLock;
@@ -73,6 +75,19 @@ pub struct RpcLabel {
     pub rpc: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// `namespace/name` of a ProxyPool.
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolReasonLabels {
+    pub pool: String,
+    /// A [`crate::pool::RetireReason`]: `blocked`, `errors`, `template`, `age`, `scale-down`.
+    pub reason: String,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Latencies from 1 ms to ~65 s.
@@ -101,6 +116,15 @@ pub struct Metrics {
     pub image_downloads: Family<ResultLabel, Counter>,
     pub image_download_bytes: Counter,
     pub gc_instances_left_alone: Family<ProviderReasonLabels, Gauge>,
+    pub pool_member_creations: Family<PoolLabel, Counter>,
+    pub pool_member_retirements: Family<PoolReasonLabels, Counter>,
+    pub pool_member_deletions: Family<PoolLabel, Counter>,
+    pub pool_leases_denied: Family<PoolLabel, Counter>,
+    pub pool_desired_members: Family<PoolLabel, Gauge>,
+    pub pool_members: Family<PoolLabel, Gauge>,
+    pub pool_ready_members: Family<PoolLabel, Gauge>,
+    pub pool_rotating_members: Family<PoolLabel, Gauge>,
+    pub pool_leases_active: Family<PoolLabel, Gauge>,
 }
 
 impl Metrics {
@@ -125,6 +149,15 @@ impl Metrics {
             image_downloads: Family::default(),
             image_download_bytes: Counter::default(),
             gc_instances_left_alone: Family::default(),
+            pool_member_creations: Family::default(),
+            pool_member_retirements: Family::default(),
+            pool_member_deletions: Family::default(),
+            pool_leases_denied: Family::default(),
+            pool_desired_members: Family::default(),
+            pool_members: Family::default(),
+            pool_ready_members: Family::default(),
+            pool_rotating_members: Family::default(),
+            pool_leases_active: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -210,6 +243,52 @@ impl Metrics {
             "Instances the latest orphan-GC sweep listed but may not reap, by provider and reason \
              (untagged, other_installation, out_of_scope, released)",
             m.gc_instances_left_alone.clone(),
+        );
+        registry.register(
+            "pool_member_creations",
+            "Members ProxyPools made, by pool",
+            m.pool_member_creations.clone(),
+        );
+        registry.register(
+            "pool_member_retirements",
+            "Pool members that started retiring, by pool and reason \
+             (blocked, errors, template, age, scale-down)",
+            m.pool_member_retirements.clone(),
+        );
+        registry.register(
+            "pool_member_deletions",
+            "Retired pool members deleted, by pool",
+            m.pool_member_deletions.clone(),
+        );
+        registry.register(
+            "pool_leases_denied",
+            "Acquires naming a pool refused for lack of capacity, by pool (counted at the pool's next turn)",
+            m.pool_leases_denied.clone(),
+        );
+        registry.register(
+            "pool_desired_members",
+            "Members a pool aims for (spec.replicas, or the autoscaler's choice)",
+            m.pool_desired_members.clone(),
+        );
+        registry.register(
+            "pool_members",
+            "Members a pool has, retiring ones included",
+            m.pool_members.clone(),
+        );
+        registry.register(
+            "pool_ready_members",
+            "A pool's members that are Ready and not retiring",
+            m.pool_ready_members.clone(),
+        );
+        registry.register(
+            "pool_rotating_members",
+            "A pool's members being replaced (retiring, or waiting for their successor)",
+            m.pool_rotating_members.clone(),
+        );
+        registry.register(
+            "pool_leases_active",
+            "Leases held on a pool's members",
+            m.pool_leases_active.clone(),
         );
         Self { registry, ..m }
     }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::errors::ApiError;
-use crate::lease_store::{GetLeaseDashboard, LeaseStore};
+use crate::lease_store::{GetLeaseDashboard, LeaseStore, PoolReport};
 use crate::supervision::{self, ActorInfo, ImageInfo};
 
 const PAGE: &str = include_str!("dashboard.html");
@@ -25,6 +25,7 @@ pub struct Dashboard {
     /// Proxies per phase.
     phases: BTreeMap<String, usize>,
     leases: LeaseSummary,
+    pools: Vec<PoolRow>,
     kvm_hosts: Vec<HostRow>,
     images: Vec<ImageInfo>,
     actors: Vec<ActorInfo>,
@@ -42,6 +43,59 @@ struct ProxyRow {
     url: Option<String>,
     active_leases: u32,
     attributes: BTreeMap<String, String>,
+}
+
+/// One ProxyPool as its PoolActor last saw it: the figures of the status
+/// it wrote, and its lease demand.
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct PoolRow {
+    namespace: String,
+    name: String,
+    /// Members aimed for (`spec.replicas`, or the autoscaler's choice).
+    desired: u32,
+    /// Members, retiring ones included.
+    replicas: u32,
+    /// Members Ready and not retiring.
+    ready: u32,
+    /// Leases held on its members.
+    leased: u32,
+    /// Members being replaced.
+    rotating: u32,
+    /// Leases its Ready members can hold at once; `None`: unlimited.
+    capacity: Option<u32>,
+    /// Acquires naming the pool refused for lack of capacity (since its actor started).
+    denied: u64,
+    /// The `Progressing` condition's reason: `Steady`, `Scaling`, `Rotating`.
+    progress: Option<String>,
+}
+
+/// The pools' rows, by namespace and name.
+fn pool_rows(reports: Vec<PoolReport>) -> Vec<PoolRow> {
+    let mut rows: Vec<PoolRow> = reports
+        .into_iter()
+        .map(|r| {
+            let s = r.status;
+            PoolRow {
+                namespace: r.key.namespace,
+                name: r.key.name,
+                desired: s.desired_replicas.unwrap_or_default(),
+                replicas: s.replicas,
+                ready: s.ready,
+                leased: s.leased,
+                rotating: s.rotating,
+                capacity: (r.leases_per_member > 0).then(|| s.ready.saturating_mul(r.leases_per_member)),
+                denied: r.denied,
+                progress: s
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Progressing")
+                    .map(|c| c.reason.clone()),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    rows
 }
 
 #[derive(Serialize)]
@@ -156,6 +210,7 @@ pub async fn data(store: web::Data<Addr<LeaseStore>>) -> Result<HttpResponse, Ap
                 })
                 .collect(),
         },
+        pools: pool_rows(leases.pools),
         kvm_hosts,
         images: supervision::images(),
         actors,
@@ -163,4 +218,49 @@ pub async fn data(store: web::Data<Addr<LeaseStore>>) -> Result<HttpResponse, Ap
     Ok(HttpResponse::Ok()
         .insert_header(("Cache-Control", "no-store"))
         .json(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_proxies::resource::ProxyPoolStatus;
+    use egress_proxies::store::ObjectKey;
+    use serde_json::json;
+
+    use super::*;
+
+    fn report(namespace: &str, name: &str, leases_per_member: u32, status: serde_json::Value) -> PoolReport {
+        PoolReport {
+            key: ObjectKey::new(namespace, name),
+            status: serde_json::from_value::<ProxyPoolStatus>(status).unwrap(),
+            denied: 7,
+            leases_per_member,
+        }
+    }
+
+    #[test]
+    fn the_pools_panel_reads_each_pool_s_status_and_demand() {
+        let rotating = json!({
+            "replicas": 3, "ready": 2, "leased": 5, "rotating": 1, "desiredReplicas": 2,
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "AllReady", "message": "2 of 2 members Ready",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Progressing", "status": "True", "reason": "Rotating",
+                 "message": "1 rotating, 3 members for 2 wanted", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ]
+        });
+        let rows = pool_rows(vec![
+            report("crawl", "us", 0, json!({"replicas": 1, "ready": 0})),
+            report("crawl", "eu", 4, rotating),
+        ]);
+        assert_eq!(
+            serde_json::to_value(&rows).unwrap(),
+            json!([
+                {"namespace": "crawl", "name": "eu", "desired": 2, "replicas": 3, "ready": 2, "leased": 5,
+                 "rotating": 1, "capacity": 8, "denied": 7, "progress": "Rotating"},
+                {"namespace": "crawl", "name": "us", "desired": 0, "replicas": 1, "ready": 0, "leased": 0,
+                 "rotating": 0, "capacity": null, "denied": 7, "progress": null}
+            ]),
+            "sorted by name; capacity is Ready members times leases per member, null when unlimited"
+        );
+    }
 }
