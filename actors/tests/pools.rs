@@ -607,3 +607,124 @@ async fn the_shipped_standalone_pool_sample_fills_itself() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_mid_rollout_resumes_it_and_leaks_no_process() {
+    let health = health_target();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    let spec = "maxSurge: 1\n  maxUnavailable: 0";
+    dir.write_manifest("pool", &pool_with(&health, 3, spec, "geo: eu"));
+    let operator = dir.standalone().log_level("info").start().await;
+    eventually("three Ready members", CONVERGE, async || {
+        (serving(&dir).len() == 3).then_some(())
+    })
+    .await;
+    dir.write_manifest("pool", &pool_with(&health, 3, spec, "geo: de"));
+    let of_new = || {
+        live(&dir)
+            .into_iter()
+            .filter(|p| p.spec.attributes.get("geo").map(String::as_str) == Some("de"))
+            .count()
+    };
+    eventually("the rollout under way", CONVERGE, async || {
+        (of_new() >= 1).then_some(())
+    })
+    .await;
+    drop(operator); // SIGKILL, mid-rollout
+
+    let _operator = dir.standalone().log_level("info").start().await;
+    eventually(
+        "the rollout finished by the next operator",
+        CONVERGE,
+        async || {
+            let members = live(&dir);
+            (members.len() == 3 && of_new() == 3 && serving(&dir).len() == 3).then_some(())
+        },
+    )
+    .await;
+    let instances = dir.state().join("local");
+    eventually(
+        "one proxy process per member, none left over",
+        CONVERGE,
+        async || (processes_under(&instances).len() == 3 && dir.proxies().len() == 3).then_some(()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_reports_count_across_an_operator_restart() {
+    egress_proxies::tls::ensure_crypto_provider();
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    let manifest = pool_with(&health_target(), 1, "rotation: {afterBlockedTargets: 2}", "");
+    dir.write_manifest("pool", &manifest);
+    let client = reqwest::Client::new();
+    // Leases the one member for `target` and reports it blocked.
+    let block = async |operator: &support::operator::OperatorProcess, target: &str| -> String {
+        let api = format!("http://{}", operator.discovery());
+        let grant: Value = client
+            .post(format!("{api}/v1/leases"))
+            .json(&json!({"target": target, "pool": "eu"}))
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = grant["id"].as_str().unwrap();
+        for call in ["report", "release"] {
+            let request = match call {
+                "report" => client
+                    .post(format!("{api}/v1/leases/{id}/report"))
+                    .json(&json!({"outcome": "blocked"})),
+                _ => client.delete(format!("{api}/v1/leases/{id}")),
+            };
+            request.send().await.unwrap().error_for_status().unwrap();
+        }
+        grant["proxy"]["name"].as_str().unwrap().to_owned()
+    };
+
+    let operator = dir.standalone().discovery().log_level("info").start().await;
+    let member = eventually("one Ready member", CONVERGE, async || {
+        let ready = serving(&dir);
+        (ready.len() == 1).then(|| ready.into_iter().next()).flatten()
+    })
+    .await;
+    assert_eq!(block(&operator, "a.example").await, member);
+    // One target of two: not due. Give the pool a few turns to prove it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        serving(&dir),
+        BTreeSet::from([member.clone()]),
+        "one block is not enough"
+    );
+    drop(operator); // SIGKILL: the tally lives only in the lease journal now
+
+    let operator = dir.standalone().discovery().log_level("info").start().await;
+    eventually("the member back after the restart", CONVERGE, async || {
+        (serving(&dir) == BTreeSet::from([member.clone()])).then_some(())
+    })
+    .await;
+    eventually("the member leasable again", CONVERGE, async || {
+        // The lease store learns the member's availability a moment after start.
+        let api = format!("http://{}", operator.discovery());
+        let listed: Value = client
+            .get(format!("{api}/v1/proxies"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (listed[0]["healthy"] == true).then_some(())
+    })
+    .await;
+    assert_eq!(block(&operator, "b.example").await, member);
+    // The second distinct target since the member was made: replaced.
+    eventually("the member replaced", CONVERGE, async || {
+        let now = serving(&dir);
+        (now.len() == 1 && !now.contains(&member)).then_some(())
+    })
+    .await;
+}
