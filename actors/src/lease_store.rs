@@ -62,7 +62,10 @@ pub struct ListProxies;
 /// next ask counts from here).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "PoolFigures")]
-pub struct GetPoolFigures(pub String);
+pub struct GetPoolFigures {
+    pub pool: String,
+    pub members: Vec<ObjectKey>,
+}
 
 /// A pool's latest turn, for the dashboard: sent by its PoolActor when it
 /// changed. Kept beside the leases its figures come from.
@@ -451,8 +454,8 @@ impl Handler<GetLeaseFootprint> for LeaseStore {
 
 impl Handler<GetPoolFigures> for LeaseStore {
     type Result = MessageResult<GetPoolFigures>;
-    fn handle(&mut self, GetPoolFigures(pool): GetPoolFigures, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.pool_figures(&pool))
+    fn handle(&mut self, ask: GetPoolFigures, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.book.pool_figures(&ask.pool, &ask.members))
     }
 }
 

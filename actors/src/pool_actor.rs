@@ -10,11 +10,11 @@
 //! gauges are set from the status it wrote, and the lease store gets the
 //! pool's figures for the dashboard; when the pool goes, both forget it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::pool::{Inputs, step};
+use egress_proxies::pool::{Inputs, ScaleDownWindow, invalid_spec_status, note_creates, step};
 use egress_proxies::resource::{ProxyPool, ProxyPoolStatus, RETIRING_ANNOTATION};
 use egress_proxies::store::{ObjectKey, PoolStore, ProxyStore, StoreError};
 use egress_proxies::telemetry::events::{
@@ -46,6 +46,10 @@ pub struct PoolTiming {
 pub enum PoolError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Without its members' figures a turn could delete a member still
+    /// leased, or shrink a busy pool: it waits instead.
+    #[error("the lease store did not answer for the pool's lease figures")]
+    LeaseStore,
 }
 
 pub struct PoolActor {
@@ -58,6 +62,9 @@ pub struct PoolActor {
     denied: u64,
     /// What the lease store was last told.
     reported: Option<PoolReport>,
+    /// The autoscaler's recent recommendations (empty after a restart: it
+    /// then watches a whole scale-down delay before shrinking).
+    window: Arc<Mutex<ScaleDownWindow>>,
 }
 
 /// What one turn saw and decided, for the pool's metrics and the dashboard.
@@ -82,6 +89,7 @@ pub struct StopPool;
 
 impl PoolActor {
     pub fn new(key: ObjectKey, ctx: PoolContext) -> Self {
+        let delay = ctx.timing.scale_down_delay;
         Self {
             key,
             ctx,
@@ -89,6 +97,7 @@ impl PoolActor {
             gone: false,
             denied: 0,
             reported: None,
+            window: Arc::new(Mutex::new(ScaleDownWindow::new(delay, jiff::Timestamp::now()))),
         }
     }
 
@@ -97,11 +106,11 @@ impl PoolActor {
         if std::mem::replace(&mut self.busy, true) {
             return;
         }
-        let (key, pool_ctx) = (self.key.clone(), self.ctx.clone());
+        let (key, pool_ctx, window) = (self.key.clone(), self.ctx.clone(), self.window.clone());
         ctx.spawn(
             async move {
                 let mut turned = Turned::default();
-                let result = one_turn(&key, &pool_ctx, &mut turned).await;
+                let result = one_turn(&key, &pool_ctx, &window, &mut turned).await;
                 (turned, result)
             }
             .into_actor(self)
@@ -163,7 +172,12 @@ impl PoolActor {
     }
 }
 
-async fn one_turn(key: &ObjectKey, ctx: &PoolContext, turned: &mut Turned) -> Result<(), PoolError> {
+async fn one_turn(
+    key: &ObjectKey,
+    ctx: &PoolContext,
+    window: &Mutex<ScaleDownWindow>,
+    turned: &mut Turned,
+) -> Result<(), PoolError> {
     let Some(pool) = ctx.pools.get_pool(key).await? else {
         return Ok(());
     };
@@ -173,35 +187,52 @@ async fn one_turn(key: &ObjectKey, ctx: &PoolContext, turned: &mut Turned) -> Re
     let members = ctx.pools.members(&pool).await?;
     let name = pool.metadata.name.clone().unwrap_or_default();
     let figures = match &ctx.leases {
-        Some(leases) => leases.send(GetPoolFigures(name)).await.unwrap_or_default(),
+        Some(leases) => {
+            let ask = GetPoolFigures {
+                pool: name,
+                members: members.iter().map(ObjectKey::of).collect(),
+            };
+            leases.send(ask).await.map_err(|_| PoolError::LeaseStore)?
+        }
+        // No lease store yet: every member's figures unknown, so nothing is
+        // deleted before its drain timeout and nothing shrinks.
         None => Default::default(),
     };
     turned.denied = figures.denied;
+    let now = jiff::Timestamp::now();
     let inputs = Inputs {
         leases_per_proxy: ctx.timing.leases_per_proxy,
         denied: figures.denied,
-        scale_down_delay: ctx.timing.scale_down_delay,
-        now: jiff::Timestamp::now(),
+        now,
     };
-    let decided = match step(&pool, &members, &figures.members, inputs) {
+    let decided = {
+        let mut window = window.lock().unwrap_or_else(|p| p.into_inner());
+        step(&pool, &members, &figures.members, inputs, &mut window)
+    };
+    let mut decided = match decided {
         Ok(decided) => decided,
         Err(problems) => {
             tracing::error!(pool = %key, problems = %problems.join("; "), "pool spec is invalid; nothing changes");
+            let status = invalid_spec_status(&pool, &problems, now);
+            write_status(ctx, key, &pool, &status).await?;
+            turned.status = Some(status);
             return Ok(());
         }
     };
     let pool_name = key.to_string();
     let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
-    for member in &decided.create {
-        match ctx.pools.create_member(member).await {
-            Ok(()) => PoolMemberCreated {
+    // Deletions first, then retirements, then creates: a create the
+    // provider or the API refuses must not keep drained members alive.
+    for (member, uid) in &decided.delete {
+        match ctx.pools.delete_member(member, uid).await {
+            Ok(()) => PoolMemberDeleted {
                 pool: &pool_name,
-                member: &ObjectKey::of(member).to_string(),
+                member: &member.to_string(),
             }
             .emit(),
-            // A drawn name was taken: the next turn draws another.
-            Err(StoreError::AlreadyExists(taken)) => {
-                tracing::debug!(pool = %key, proxy = %taken, "member name taken")
+            // Deleted already (by an earlier turn whose answer was lost, or by someone else).
+            Err(StoreError::Gone { .. }) => {
+                tracing::debug!(pool = %key, proxy = %member, "pool member gone already")
             }
             Err(e) => return Err(e.into()),
         }
@@ -225,20 +256,33 @@ async fn one_turn(key: &ObjectKey, ctx: &PoolContext, turned: &mut Turned) -> Re
             .publish_pool_event(key, &pool_uid, (member, uid), "MemberRetiring", &note)
             .await;
     }
-    for (member, uid) in &decided.delete {
-        match ctx.pools.delete_member(member, uid).await {
-            Ok(()) => PoolMemberDeleted {
+    let mut failed_create = None;
+    for member in &decided.create {
+        match ctx.pools.create_member(member).await {
+            Ok(()) => PoolMemberCreated {
                 pool: &pool_name,
-                member: &member.to_string(),
+                member: &ObjectKey::of(member).to_string(),
             }
             .emit(),
-            // Deleted already (by an earlier turn whose answer was lost, or by someone else).
-            Err(StoreError::Gone { .. }) => {
-                tracing::debug!(pool = %key, proxy = %member, "pool member gone already")
+            // A drawn name was taken: the next turn draws another.
+            Err(StoreError::AlreadyExists(taken)) => {
+                tracing::debug!(pool = %key, proxy = %taken, "member name taken")
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(pool = %key, error = %e, "creating a pool member failed; trying again next turn");
+                failed_create = Some(e.to_string());
+                break;
+            }
         }
     }
+    let created = !decided.create.is_empty() && failed_create.is_none();
+    note_creates(
+        &mut decided.status,
+        failed_create.as_deref(),
+        created,
+        pool.metadata.generation,
+        now,
+    );
     write_status(ctx, key, &pool, &decided.status).await?;
     turned.status = Some(decided.status);
     Ok(())

@@ -577,11 +577,25 @@ impl LeaseBook {
         true
     }
 
-    /// Notes a refused acquire against the pool it named, if any.
+    /// Notes a refused acquire against the pool it named, if any — only
+    /// when every serving member of the pool was full: a refusal because
+    /// members rest for the target, or are still starting, says nothing
+    /// about the pool's size.
     fn count_pool_denial(&mut self, req: &AcquireRequest) {
         let Some(pool) = req.selector.get(crate::resource::POOL_LABEL) else {
             return;
         };
+        let capacity = self.settings.capacity;
+        let room_left = self.proxies.values().any(|e| {
+            let a = &e.availability;
+            a.attributes.get(crate::resource::POOL_LABEL) == Some(pool)
+                && a.ready
+                && !a.retiring
+                && (capacity == 0 || e.active < capacity)
+        });
+        if room_left {
+            return;
+        }
         // Pools that never ask are not remembered without bound.
         if self.pool_denials.len() < MAX_POOLS_COUNTED || self.pool_denials.contains_key(pool) {
             *self.pool_denials.entry(pool.clone()).or_default() += 1;
@@ -853,27 +867,23 @@ impl LeaseBook {
             .unwrap_or(Duration::from_secs(1))
     }
 
-    /// The lease figures of `pool`'s members (proxies whose pool attribute
-    /// names it), and the acquires for it refused since the last call.
-    pub fn pool_figures(&mut self, pool: &str) -> PoolFigures {
-        let members = self
-            .proxies
+    /// The lease figures of `pool`'s `members` — those a restart restored
+    /// leases for but whose availability has not arrived yet included, as
+    /// not known — and the acquires for the pool refused since the last call.
+    pub fn pool_figures(&mut self, pool: &str, members: &[ObjectKey]) -> PoolFigures {
+        let members = members
             .iter()
-            .filter(|(id, _)| !self.placeholders.contains(id))
-            .filter(|(_, e)| {
-                e.availability
-                    .attributes
-                    .get(crate::resource::POOL_LABEL)
-                    .map(String::as_str)
-                    == Some(pool)
-            })
-            .map(|(_, e)| {
+            .filter_map(|key| {
+                let id = self.ids.get(key)?;
+                let e = self.proxies.get(id)?;
                 let figures = LeaseFigures {
+                    known: !self.placeholders.contains(id),
+                    retiring: e.availability.retiring,
                     leases: e.active,
-                    blocked_targets: e.blocked_targets.len() as u32,
+                    blocked_targets: u32::try_from(e.blocked_targets.len()).unwrap_or(u32::MAX),
                     errors: e.errors,
                 };
-                (e.availability.key.clone(), figures)
+                Some((key.clone(), figures))
             })
             .collect();
         PoolFigures {

@@ -768,18 +768,63 @@ fn a_pool_learns_its_members_figures_and_its_refused_acquires() {
     book.report(&held.id, Outcome::Blocked, None, t0).unwrap();
     assert!(book.acquire(&for_eu("b.example"), t0).is_err(), "full");
 
-    let figures = book.pool_figures("eu");
+    let (member, unknown) = (ObjectKey::new("ns", "eu-aaaaa"), ObjectKey::new("ns", "eu-zzzzz"));
+    let figures = book.pool_figures("eu", &[member.clone(), unknown.clone()]);
     assert_eq!(figures.denied, 1);
-    assert_eq!(figures.members.len(), 1, "only the pool's own members");
     assert_eq!(
-        figures.members[&ObjectKey::new("ns", "eu-aaaaa")],
+        figures.members.len(),
+        1,
+        "a member the book never heard of has no figures"
+    );
+    assert_eq!(
+        figures.members[&member],
         crate::pool::LeaseFigures {
+            known: true,
+            retiring: false,
             leases: 1,
             blocked_targets: 1,
             errors: 0
         }
     );
-    assert_eq!(book.pool_figures("eu").denied, 0, "denials are taken");
+    assert_eq!(book.pool_figures("eu", &[]).denied, 0, "denials are taken");
+
+    // Restored after a restart: its leases count, but it is not known
+    // until its availability arrives, and so not drained either.
+    let mut restarted = restarted(&mut book, t0, 1);
+    let figures = restarted
+        .pool_figures("eu", std::slice::from_ref(&member))
+        .members[&member];
+    assert_eq!((figures.known, figures.leases), (false, 1));
+    assert!(!figures.drained());
+    let mut retiring = proxy("eu-aaaaa", true, 10, &[(pool, "eu")]);
+    retiring.retiring = true;
+    restarted.upsert(retiring, t0);
+    let figures = restarted
+        .pool_figures("eu", std::slice::from_ref(&member))
+        .members[&member];
+    assert!(
+        figures.known && figures.retiring && !figures.drained(),
+        "still leased"
+    );
+}
+
+#[test]
+fn a_refusal_with_room_left_in_the_pool_is_no_demand() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(2));
+    let pool = crate::resource::POOL_LABEL;
+    book.upsert(proxy("eu-aaaaa", true, 10, &[(pool, "eu")]), t0);
+    let for_eu = AcquireRequest {
+        target: "a.example".into(),
+        selector: BTreeMap::from([(pool.to_owned(), "eu".to_owned())]),
+        ..Default::default()
+    };
+    let held = book.acquire(&for_eu, t0).unwrap();
+    book.report(&held.id, Outcome::Blocked, None, t0).unwrap();
+    book.release(&held.id, t0);
+    // The member rests for a.example: refused, though it has room.
+    assert!(book.acquire(&for_eu, t0).is_err());
+    assert_eq!(book.pool_figures("eu", &[]).denied, 0);
 }
 
 #[test]

@@ -82,27 +82,58 @@ pub fn parse_retiring(value: &str, fallback: Timestamp) -> Retiring {
     Retiring { since, reason }
 }
 
-/// Lease figures of one member, from the lease store.
+/// Lease figures of one member, from the lease store. The default is a
+/// member the lease store does not know (yet): nothing about its leases is
+/// known, so it is neither drained nor idle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeaseFigures {
+    /// The lease store holds the member's availability (not merely leases
+    /// restored for it before its actor reported after a restart).
+    pub known: bool,
+    /// The lease store already refuses new leases on it.
+    pub retiring: bool,
     pub leases: u32,
     pub blocked_targets: u32,
     pub errors: u32,
+}
+
+impl LeaseFigures {
+    /// No lease can be on it or granted on it any more: it may be deleted.
+    pub fn drained(&self) -> bool {
+        self.known && self.retiring && self.leases == 0
+    }
+}
+
+/// When `proxy`, not Ready now, stopped being Ready: its Ready condition's
+/// last flip to False, or its creation when it never was Ready.
+fn unready_since(proxy: &Proxy, created: Timestamp) -> Timestamp {
+    proxy
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == "False")
+        })
+        .map_or(created, |c| c.last_transition_time.0.max(created))
 }
 
 /// `proxy` as the planner sees it.
 pub fn planned(proxy: &Proxy, figures: LeaseFigures, now: Timestamp) -> Member {
     let annotation = |name: &str| proxy.metadata.annotations.as_ref().and_then(|a| a.get(name));
     let created = proxy.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let ready = proxy.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready);
     Member {
         name: proxy.metadata.name.clone().unwrap_or_default(),
         created,
         template_hash: annotation(POOL_TEMPLATE_HASH_ANNOTATION)
             .cloned()
             .unwrap_or_default(),
-        ready: proxy.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready),
+        ready,
+        unready_since: (!ready).then(|| unready_since(proxy, created)),
         retiring: annotation(RETIRING_ANNOTATION).map(|v| parse_retiring(v, now)),
         leases: figures.leases,
+        drained: figures.drained(),
         blocked_targets: figures.blocked_targets,
         errors: figures.errors,
     }
@@ -186,11 +217,24 @@ mod tests {
             retiring_value(since, RetireReason::Blocked),
         );
         let figures = LeaseFigures {
+            known: true,
+            retiring: true,
             leases: 2,
             blocked_targets: 5,
             errors: 1,
         };
         let planned = planned(&m, figures, now);
+        assert!(!planned.drained, "still leased");
+        let idle = LeaseFigures { leases: 0, ..figures };
+        assert!(super::planned(&m, idle, now).drained);
+        let unaware = LeaseFigures {
+            retiring: false,
+            ..idle
+        };
+        assert!(
+            !super::planned(&m, unaware, now).drained,
+            "the lease store may still grant it"
+        );
         assert_eq!(planned.name, "eu-aaaaa");
         assert_eq!(planned.template_hash, "h1");
         assert!(!planned.ready);

@@ -7,10 +7,10 @@ mod members;
 mod plan;
 mod step;
 
-pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, desired_replicas};
+pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, ScaleDownWindow, recommended_replicas};
 pub use members::{
     LeaseFigures, SUFFIX_LEN, is_member, new_member, parse_retiring, planned, random_suffix, retiring_value,
     template_hash,
 };
 pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};
-pub use step::{Inputs, Step, is_retiring, step};
+pub use step::{Inputs, Step, invalid_spec_status, is_retiring, note_creates, step};

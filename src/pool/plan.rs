@@ -18,6 +18,9 @@ pub enum RetireReason {
     Blocked,
     /// Leases reported errors on it (`rotation.afterErrors`).
     Errors,
+    /// Not Ready for [`UNREADY_DEADLINE`]: failed, or never came up, or
+    /// unhealthy that long. It serves nobody and would hold its slot forever.
+    Unready,
     /// Made from an older template.
     Template,
     /// Older than `rotation.maxAge`.
@@ -28,9 +31,10 @@ pub enum RetireReason {
 
 impl RetireReason {
     /// Every reason, most urgent first.
-    pub const ALL: [RetireReason; 5] = [
+    pub const ALL: [RetireReason; 6] = [
         Self::Blocked,
         Self::Errors,
+        Self::Unready,
         Self::Template,
         Self::Age,
         Self::ScaleDown,
@@ -41,6 +45,7 @@ impl RetireReason {
         match self {
             RetireReason::Blocked => "blocked",
             RetireReason::Errors => "errors",
+            RetireReason::Unready => "unready",
             RetireReason::Template => "template",
             RetireReason::Age => "age",
             RetireReason::ScaleDown => "scale-down",
@@ -51,6 +56,10 @@ impl RetireReason {
         Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
+
+/// How long a member may stay not Ready before it is replaced (as a
+/// Deployment's default progress deadline).
+pub const UNREADY_DEADLINE: Duration = Duration::from_secs(600);
 
 /// A member that is being retired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,9 +77,14 @@ pub struct Member {
     pub template_hash: String,
     /// Phase `Ready`: serving and healthy.
     pub ready: bool,
+    /// Not Ready since then (its creation, if it never was).
+    pub unready_since: Option<Timestamp>,
     pub retiring: Option<Retiring>,
     /// Active leases on it.
     pub leases: u32,
+    /// Retiring as far as the lease store knows, and without a lease: a
+    /// crawler can neither hold nor get one on it.
+    pub drained: bool,
     /// Distinct targets that reported it blocked.
     pub blocked_targets: u32,
     /// `error` reports on its leases.
@@ -116,6 +130,12 @@ impl Settings {
         if self.after_errors.is_some_and(|n| member.errors >= n) {
             return Some(RetireReason::Errors);
         }
+        if member
+            .unready_since
+            .is_some_and(|since| now.duration_since(since).unsigned_abs() >= UNREADY_DEADLINE)
+        {
+            return Some(RetireReason::Unready);
+        }
         if member.template_hash != self.template_hash {
             return Some(RetireReason::Template);
         }
@@ -127,8 +147,9 @@ impl Settings {
     }
 }
 
-/// Plans one step for `members` under `settings` at `now`.
-pub fn plan(settings: &Settings, members: &[Member], now: Timestamp) -> Plan {
+/// Plans one step for `members` under `settings` at `now`; `deleting`
+/// members are on their way out but still hold their instances.
+pub fn plan(settings: &Settings, members: &[Member], deleting: usize, now: Timestamp) -> Plan {
     let mut plan = Plan::default();
     let (retiring, mut active): (Vec<&Member>, Vec<&Member>) =
         members.iter().partition(|m| m.retiring.is_some());
@@ -137,7 +158,9 @@ pub fn plan(settings: &Settings, members: &[Member], now: Timestamp) -> Plan {
     for m in &retiring {
         let since = m.retiring.map_or(now, |r| r.since);
         let draining_for = now.duration_since(since).unsigned_abs();
-        if m.leases == 0 || draining_for >= settings.drain_timeout {
+        // The retiring annotation alone is not enough: until the lease store
+        // has heard of it, a crawler may still be granted the member.
+        if m.drained || draining_for >= settings.drain_timeout {
             plan.delete.push(m.name.clone());
         }
     }
@@ -187,14 +210,16 @@ pub fn plan(settings: &Settings, members: &[Member], now: Timestamp) -> Plan {
     }
 
     // Successors and growth, within the surge. A retiring member still has
-    // its instance until it is deleted: it counts, so `maxSurge: 0` never
-    // runs more instances than `replicas` (quotas, addresses, money).
+    // its instance until it is gone (deleted, and its instance torn down):
+    // it counts, so `maxSurge: 0` never runs more instances than
+    // `replicas` (quotas, addresses, money).
     let keeping = active.len() - waiting;
     let needed = desired.saturating_sub(keeping);
-    let draining = retiring.len() - plan.delete.len() + plan.retire.len();
-    let room = (desired + settings.max_surge as usize).saturating_sub(active.len() + draining);
+    let holding = retiring.len() + plan.retire.len() + deleting;
+    let room = (desired + settings.max_surge as usize).saturating_sub(active.len() + holding);
     plan.create = needed.min(room) as u32;
-    plan.rotating = (retiring.len()
+    let replacing = |r: &Option<Retiring>| r.is_some_and(|r| r.reason != RetireReason::ScaleDown);
+    plan.rotating = (retiring.iter().filter(|m| replacing(&m.retiring)).count()
         + plan
             .retire
             .iter()
@@ -220,8 +245,10 @@ mod tests {
             created: at(created),
             template_hash: HASH.into(),
             ready,
+            unready_since: (!ready).then(|| at(created)),
             retiring: None,
             leases: 0,
+            drained: false,
             blocked_targets: 0,
             errors: 0,
         }
@@ -246,10 +273,10 @@ mod tests {
 
     #[test]
     fn an_empty_pool_is_filled_and_a_full_one_left_alone() {
-        let p = plan(&settings(3), &[], at(0));
+        let p = plan(&settings(3), &[], 0, at(0));
         assert_eq!((p.create, p.retire.len(), p.delete.len()), (3, 0, 0));
         let full: Vec<Member> = ["a", "b", "c"].iter().map(|n| member(n, 0, true)).collect();
-        assert_eq!(plan(&settings(3), &full, at(10)), Plan::default());
+        assert_eq!(plan(&settings(3), &full, 0, at(10)), Plan::default());
     }
 
     #[test]
@@ -259,7 +286,7 @@ mod tests {
             member("sick", 5, false),
             member("new", 9, true),
         ];
-        let p = plan(&settings(1), &members, at(10));
+        let p = plan(&settings(1), &members, 0, at(10));
         assert_eq!(names(&p.retire), ["sick", "old"]);
         assert!(p.retire.iter().all(|(_, r)| *r == RetireReason::ScaleDown));
         assert_eq!((p.create, p.rotating), (0, 0));
@@ -270,15 +297,15 @@ mod tests {
         let mut members = vec![member("a", 0, true), member("b", 0, true)];
         members[0].blocked_targets = 5;
         // Step 1: a successor, nobody retired (maxUnavailable 0).
-        let p = plan(&settings(2), &members, at(10));
+        let p = plan(&settings(2), &members, 0, at(10));
         assert_eq!((p.create, p.retire.len(), p.rotating), (1, 0, 1));
         // Step 2: the successor exists but is not Ready yet: wait.
         members.push(member("c", 10, false));
-        let p = plan(&settings(2), &members, at(11));
+        let p = plan(&settings(2), &members, 0, at(11));
         assert_eq!((p.create, p.retire.len()), (0, 0));
         // Step 3: Ready: now the blocked one retires.
         members[2].ready = true;
-        let p = plan(&settings(2), &members, at(12));
+        let p = plan(&settings(2), &members, 0, at(12));
         assert_eq!(p.retire, vec![("a".to_owned(), RetireReason::Blocked)]);
         assert_eq!(p.create, 0);
     }
@@ -293,9 +320,15 @@ mod tests {
         members[0].leases = 2;
         members[1].retiring = members[0].retiring;
         let s = settings(1);
-        let p = plan(&s, &members, at(200));
+        let p = plan(&s, &members, 0, at(200));
+        assert!(
+            p.delete.is_empty(),
+            "b has no lease, but the lease store has not taken it out yet"
+        );
+        members[1].drained = true;
+        let p = plan(&s, &members, 0, at(200));
         assert_eq!(p.delete, vec!["b".to_owned()], "drained: b; a still has leases");
-        let p = plan(&s, &members, at(100 + 600));
+        let p = plan(&s, &members, 0, at(100 + 600));
         assert_eq!(
             p.delete,
             vec!["a".to_owned(), "b".to_owned()],
@@ -312,7 +345,7 @@ mod tests {
         let mut made = 0;
         // Each step: the planner's actions are applied, new members turn Ready.
         for now in 10..30 {
-            let p = plan(&s, &members, at(now));
+            let p = plan(&s, &members, 0, at(now));
             assert!(
                 members.len() <= 3 + 1,
                 "surge respected: {} members",
@@ -331,6 +364,8 @@ mod tests {
             }
             for m in members.iter_mut() {
                 m.ready = true;
+                // The lease store learns of a retirement by the next step.
+                m.drained = m.retiring.is_some() && m.leases == 0;
             }
             for _ in 0..p.create {
                 made += 1;
@@ -351,7 +386,7 @@ mod tests {
         s.max_unavailable = 1;
         s.max_age = Some(Duration::from_secs(60));
         let mut members = vec![member("a", 0, true), member("b", 0, true)];
-        let p = plan(&s, &members, at(61));
+        let p = plan(&s, &members, 0, at(61));
         assert_eq!(names(&p.retire), ["a"], "one may be missing");
         assert_eq!(p.create, 0, "no instance beyond replicas while it drains");
         members[0].retiring = Some(Retiring {
@@ -359,23 +394,39 @@ mod tests {
             reason: RetireReason::Age,
         });
         members[0].leases = 1;
-        let p = plan(&s, &members, at(62));
+        let p = plan(&s, &members, 0, at(62));
         assert_eq!(
             (p.create, p.retire.len(), p.delete.len()),
             (0, 0, 0),
             "still draining"
         );
         members[0].leases = 0;
-        let p = plan(&s, &members, at(63));
+        members[0].drained = true;
+        let p = plan(&s, &members, 0, at(63));
         assert_eq!(p.delete, ["a"]);
-        assert_eq!(p.create, 1, "its successor once it goes");
+        assert_eq!(p.create, 0, "its instance is still being torn down");
+        members.remove(0);
+        let p = plan(&s, &members, 1, at(64));
+        assert_eq!(p.create, 0, "a member being deleted still counts");
+        let p = plan(&s, &members, 0, at(65));
+        assert_eq!(p.create, 1, "its successor once it is gone");
+    }
+
+    #[test]
+    fn a_member_not_ready_past_the_deadline_is_replaced() {
+        let members = vec![member("a", 0, false), member("b", 0, true)];
+        let p = plan(&settings(2), &members, 0, at(599));
+        assert!(p.retire.is_empty(), "still within the deadline");
+        let p = plan(&settings(2), &members, 0, at(600));
+        assert_eq!(p.retire, vec![("a".to_owned(), RetireReason::Unready)]);
+        assert_eq!(p.create, 1);
     }
 
     #[test]
     fn a_due_member_that_is_not_ready_goes_at_once() {
         let mut members = vec![member("a", 0, false), member("b", 0, true)];
         members[0].blocked_targets = 9;
-        let p = plan(&settings(2), &members, at(10));
+        let p = plan(&settings(2), &members, 0, at(10));
         assert_eq!(names(&p.retire), ["a"]);
         assert_eq!(p.create, 1, "within the surge of one");
     }

@@ -4,12 +4,11 @@
 //! delete, and the pool's status. The PoolActor reads, calls this, writes.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::autoscale::{Bounds, Demand, desired_replicas};
+use super::autoscale::{Bounds, Demand, ScaleDownWindow, recommended_replicas};
 use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
 use super::plan::{Plan, RetireReason, Settings, plan};
 use crate::resource::{POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, RETIRING_ANNOTATION, set_condition};
@@ -22,7 +21,6 @@ pub struct Inputs {
     pub leases_per_proxy: u32,
     /// Acquires for the pool refused for lack of capacity since the last turn.
     pub denied: u32,
-    pub scale_down_delay: Duration,
     pub now: Timestamp,
 }
 
@@ -38,12 +36,14 @@ pub struct Step {
     pub status: ProxyPoolStatus,
 }
 
-/// The turn for `pool` with `members` (as stored) and their lease `figures`.
+/// The turn for `pool` with `members` (as stored) and their lease `figures`;
+/// an autoscaled pool's recent recommendations are kept in `window`.
 pub fn step(
     pool: &ProxyPool,
     members: &[Proxy],
     figures: &HashMap<ObjectKey, LeaseFigures>,
     inputs: Inputs,
+    window: &mut ScaleDownWindow,
 ) -> Result<Step, Vec<String>> {
     pool.spec.validate()?;
     let spec = &pool.spec;
@@ -66,26 +66,38 @@ pub fn step(
     let replicas = match &spec.autoscaling {
         None => spec.replicas,
         Some(a) => {
-            let current = previous.desired_replicas.unwrap_or(spec.replicas);
+            let (min, max) = (a.min_replicas, a.max_replicas.max(a.min_replicas));
+            let current = previous.desired_replicas.unwrap_or(spec.replicas).clamp(min, max);
             let bounds = Bounds {
                 min: a.min_replicas,
                 max: a.max_replicas,
                 target_utilization: a.target_utilization,
-                scale_down_delay: inputs.scale_down_delay,
             };
+            // Refusals say "too small" only once the members made for the
+            // last growth serve: members still starting are capacity coming.
+            let all_serving = live
+                .iter()
+                .filter(|m| !is_retiring(m))
+                .all(|m| m.status.as_ref().and_then(|s| s.phase) == Some(crate::resource::Phase::Ready));
             let demand = Demand {
                 leases: leased,
-                denied: inputs.denied,
+                denied: if all_serving { inputs.denied } else { 0 },
                 per_proxy: inputs.leases_per_proxy,
             };
-            let last = previous.last_scale_time.as_ref().map(|t| t.0);
-            match desired_replicas(bounds, current, demand, last, now) {
-                Some(next) => {
-                    status.last_scale_time = Some(Time(now));
-                    next
-                }
-                None => current.clamp(a.min_replicas, a.max_replicas.max(a.min_replicas)),
+            let recommended = recommended_replicas(bounds, current, demand);
+            let floor = window.record(recommended, now);
+            // Shrink only on figures for every member: right after a restart
+            // the lease store may not know them yet, and 0 leases would be a guess.
+            let all_known = live.iter().all(|m| figures_of(m).known);
+            let next = match floor {
+                _ if recommended > current => recommended,
+                Some(floor) if floor < current && all_known => floor,
+                _ => current,
+            };
+            if next != current {
+                status.last_scale_time = Some(Time(now));
             }
+            next
         }
     };
     let settings = Settings {
@@ -104,7 +116,7 @@ pub fn step(
         retire,
         delete,
         rotating,
-    } = plan(&settings, &planned_members, now);
+    } = plan(&settings, &planned_members, members.len() - live.len(), now);
 
     let by_name = |name: &str| live.iter().find(|m| m.metadata.name.as_deref() == Some(name));
     let incarnation = |m: &Proxy| m.metadata.uid.clone().unwrap_or_default();
@@ -182,6 +194,61 @@ pub fn step(
     Ok(out)
 }
 
+/// The status of a pool whose spec is invalid: as it was, `Ready` false
+/// with reason `InvalidSpec` naming every problem.
+pub fn invalid_spec_status(pool: &ProxyPool, problems: &[String], now: Timestamp) -> ProxyPoolStatus {
+    let mut status = pool.status.clone().unwrap_or_default();
+    let message = problems.join("; ");
+    let generation = pool.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "InvalidSpec",
+        &message,
+        generation,
+        Time(now),
+    );
+    status
+}
+
+/// Records in `status` how this turn's creates went: `ReplicaFailure`
+/// true with the error when one failed, false again once members were
+/// created after a failure.
+pub fn note_creates(
+    status: &mut ProxyPoolStatus,
+    failure: Option<&str>,
+    created: bool,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let failing = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "ReplicaFailure" && c.status == "True");
+    match failure {
+        Some(error) => set_condition(
+            &mut status.conditions,
+            "ReplicaFailure",
+            true,
+            "FailedCreate",
+            error,
+            generation,
+            Time(now),
+        ),
+        None if failing && created => set_condition(
+            &mut status.conditions,
+            "ReplicaFailure",
+            false,
+            "Created",
+            "members are created again",
+            generation,
+            Time(now),
+        ),
+        None => {}
+    }
+}
+
 /// Whether `proxy` is retiring (carries the annotation).
 pub fn is_retiring(proxy: &Proxy) -> bool {
     proxy
@@ -220,9 +287,12 @@ mod tests {
         Inputs {
             leases_per_proxy: 4,
             denied: 0,
-            scale_down_delay: Duration::from_secs(60),
             now,
         }
+    }
+
+    fn window() -> ScaleDownWindow {
+        ScaleDownWindow::new(std::time::Duration::from_secs(60), at(0))
     }
 
     /// A stored member: created at `created`, Ready or not.
@@ -240,7 +310,7 @@ mod tests {
     #[test]
     fn an_empty_pool_gets_its_members_and_a_status_saying_so() {
         let p = pool(3, json!({}));
-        let s = step(&p, &[], &HashMap::new(), inputs(at(0))).unwrap();
+        let s = step(&p, &[], &HashMap::new(), inputs(at(0)), &mut window()).unwrap();
         assert_eq!(s.create.len(), 3);
         assert!(s.create.iter().all(|m| crate::pool::is_member(m, &p)));
         assert_eq!(s.status.desired_replicas, Some(3));
@@ -259,19 +329,20 @@ mod tests {
         let blocked: HashMap<ObjectKey, LeaseFigures> = [(
             ObjectKey::new("ns", "eu-aaaaa"),
             LeaseFigures {
+                known: true,
                 leases: 1,
                 blocked_targets: 2,
-                errors: 0,
+                ..Default::default()
             },
         )]
         .into();
-        let s = step(&p, &members, &blocked, inputs(at(10))).unwrap();
+        let s = step(&p, &members, &blocked, inputs(at(10)), &mut window()).unwrap();
         assert_eq!((s.create.len(), s.retire.len()), (1, 0), "successor first");
         assert_eq!(s.status.rotating, 1);
 
         let mut with_successor = members.clone();
         with_successor.push(stored(&p, "ccccc", 10, true));
-        let s = step(&p, &with_successor, &blocked, inputs(at(20))).unwrap();
+        let s = step(&p, &with_successor, &blocked, inputs(at(20)), &mut window()).unwrap();
         assert_eq!(s.create.len(), 0);
         assert_eq!(s.retire.len(), 1);
         let (key, uid, value, reason) = &s.retire[0];
@@ -293,6 +364,7 @@ mod tests {
             .iter()
             .map(|m| {
                 let figures = LeaseFigures {
+                    known: true,
                     leases: 4,
                     ..Default::default()
                 };
@@ -300,16 +372,106 @@ mod tests {
             })
             .collect();
         // 8 leases, 2 per proxy at 50 % of 4: 4 members.
-        let s = step(&p, &members, &busy, inputs(at(0))).unwrap();
+        let s = step(&p, &members, &busy, inputs(at(0)), &mut window()).unwrap();
         assert_eq!(s.status.desired_replicas, Some(4));
         assert_eq!(s.status.last_scale_time, Some(Time(at(0))));
         assert_eq!(s.create.len(), 2, "grows to the new size at once");
     }
 
     #[test]
+    fn an_autoscaled_pool_shrinks_only_after_a_whole_quiet_window_with_known_figures() {
+        let mut p = pool(
+            4,
+            json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 5, "targetUtilization": 100}}),
+        );
+        p.status = Some(ProxyPoolStatus {
+            desired_replicas: Some(4),
+            ..Default::default()
+        });
+        let members: Vec<Proxy> = ["aaaaa", "bbbbb", "ccccc", "ddddd"]
+            .iter()
+            .map(|s| stored(&p, s, 0, true))
+            .collect();
+        let idle = |known: bool| -> HashMap<ObjectKey, LeaseFigures> {
+            members
+                .iter()
+                .map(|m| {
+                    (
+                        ObjectKey::of(m),
+                        LeaseFigures {
+                            known,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect()
+        };
+        let mut window = window();
+        let s = step(&p, &members, &idle(true), inputs(at(10)), &mut window).unwrap();
+        assert_eq!(s.status.desired_replicas, Some(4), "the window is not whole yet");
+        let s = step(&p, &members, &idle(false), inputs(at(70)), &mut window).unwrap();
+        assert_eq!(
+            s.status.desired_replicas,
+            Some(4),
+            "figures unknown (after a restart): no guess"
+        );
+        let s = step(&p, &members, &idle(true), inputs(at(71)), &mut window).unwrap();
+        assert_eq!(
+            s.status.desired_replicas,
+            Some(1),
+            "a whole minute without demand"
+        );
+        assert_eq!(s.retire.len(), 3);
+    }
+
+    #[test]
+    fn refused_acquires_grow_the_pool_only_once_its_members_serve() {
+        let mut p = pool(
+            2,
+            json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 9, "targetUtilization": 100}}),
+        );
+        p.status = Some(ProxyPoolStatus {
+            desired_replicas: Some(2),
+            ..Default::default()
+        });
+        let starting = vec![stored(&p, "aaaaa", 0, true), stored(&p, "bbbbb", 0, false)];
+        let denied = Inputs {
+            denied: 5,
+            ..inputs(at(10))
+        };
+        let s = step(&p, &starting, &HashMap::new(), denied, &mut window()).unwrap();
+        assert_eq!(s.status.desired_replicas, Some(2), "one member still starting");
+        let serving = vec![stored(&p, "aaaaa", 0, true), stored(&p, "bbbbb", 0, true)];
+        let s = step(&p, &serving, &HashMap::new(), denied, &mut window()).unwrap();
+        assert_eq!(s.status.desired_replicas, Some(3));
+    }
+
+    #[test]
     fn an_invalid_pool_plans_nothing_and_says_why() {
         let p = pool(2, json!({"maxSurge": 0, "maxUnavailable": 0}));
-        let problems = step(&p, &[], &HashMap::new(), inputs(at(0))).unwrap_err();
+        let problems = step(&p, &[], &HashMap::new(), inputs(at(0)), &mut window()).unwrap_err();
         assert!(problems[0].contains("cannot both be 0"), "{problems:?}");
+        let status = invalid_spec_status(&p, &problems, at(0));
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidSpec")
+        );
+        assert!(ready.message.contains("cannot both be 0"));
+    }
+
+    #[test]
+    fn a_failed_create_is_a_condition_until_members_are_created_again() {
+        let mut status = ProxyPoolStatus::default();
+        note_creates(&mut status, Some("quota exceeded"), false, Some(1), at(0));
+        let failure = |s: &ProxyPoolStatus| {
+            let c = s.conditions.iter().find(|c| c.type_ == "ReplicaFailure").unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        assert_eq!(failure(&status), ("True".into(), "FailedCreate".into()));
+        note_creates(&mut status, None, false, Some(1), at(1));
+        assert_eq!(failure(&status).0, "True", "nothing created yet");
+        note_creates(&mut status, None, true, Some(1), at(2));
+        assert_eq!(failure(&status), ("False".into(), "Created".into()));
     }
 }
