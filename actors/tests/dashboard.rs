@@ -18,7 +18,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
-use egress_proxies::resource::Phase;
 use serde_json::{Value, json};
 
 mod support;
@@ -158,37 +157,8 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         .start()
         .await;
     let api = operator.discovery().to_string();
-    operator
-        .eventually("both proxies Ready", Duration::from_secs(30), async || {
-            let phases: Vec<_> = dir
-                .proxies()
-                .into_iter()
-                .filter(|p| !is_member(p.metadata.name.as_deref()))
-                .map(|p| p.status.and_then(|s| s.phase))
-                .collect();
-            if phases == [Some(Phase::Ready), Some(Phase::Ready)] {
-                Ok(())
-            } else {
-                Err(format!("{phases:?}"))
-            }
-        })
-        .await;
-    // The pool's one member Ready too.
-    operator
-        .eventually("the pool's member Ready", Duration::from_secs(30), async || {
-            let members: Vec<_> = dir
-                .proxies()
-                .into_iter()
-                .filter(|p| is_member(p.metadata.name.as_deref()))
-                .map(|p| p.status.and_then(|s| s.phase))
-                .collect();
-            if members == [Some(Phase::Ready)] {
-                Ok(())
-            } else {
-                Err(format!("{members:?}"))
-            }
-        })
-        .await;
+    // Both proxies and the pool's one member.
+    operator.wait_ready(3).await;
 
     // The JSON endpoint: behind the token, with the fleet and the actor tree.
     assert_eq!(get(&api, "/v1/dashboard", None).0, 401);

@@ -7,8 +7,6 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use egress_proxies::resource::Phase;
-
 mod support;
 
 use support::operator::{LOCAL_PROVIDER, OperatorDir};
@@ -65,20 +63,7 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
         .start()
         .await;
     let (api, metrics) = (operator.discovery(), operator.metrics());
-    operator
-        .eventually("both proxies Ready", Duration::from_secs(30), async || {
-            let phases: Vec<Option<Phase>> = dir
-                .proxies()
-                .into_iter()
-                .map(|p| p.status.and_then(|s| s.phase))
-                .collect();
-            if phases == [Some(Phase::Ready), Some(Phase::Ready)] {
-                Ok(())
-            } else {
-                Err(format!("{phases:?}"))
-            }
-        })
-        .await;
+    operator.wait_ready(2).await;
 
     // Two proxies, one lease each at most: two granted, the third denied.
     for want in ["201", "201", "503"] {

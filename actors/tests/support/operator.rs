@@ -16,7 +16,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use egress_proxies::resource::Proxy;
+use egress_proxies::resource::{Phase, Proxy};
 use egress_proxies::store::embedded::read_snapshot;
 
 use super::process::{free_port, reap_under};
@@ -370,7 +370,7 @@ impl OperatorBuilder {
             health: self.health,
             discovery: self.discovery,
             metrics: self.metrics,
-            _dir: self.dir,
+            dir: self.dir,
         }
     }
 
@@ -390,7 +390,7 @@ pub struct OperatorProcess {
     discovery: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
     /// Dropped after the process is killed: the directory goes last.
-    _dir: OperatorDir,
+    dir: OperatorDir,
 }
 
 impl OperatorProcess {
@@ -444,6 +444,25 @@ impl OperatorProcess {
         check: impl AsyncFnMut() -> L,
     ) -> L::Found {
         eventually_explained(what, timeout, || self.explain(), check).await
+    }
+
+    /// Waits until the standalone state holds `count` Proxies, all Ready.
+    pub async fn wait_ready(&self, count: usize) {
+        let what = format!("{count} proxies Ready");
+        self.eventually(&what, PATIENCE, async || {
+            let phases: Vec<Option<Phase>> = self
+                .dir
+                .proxies()
+                .into_iter()
+                .map(|p| p.status.and_then(|s| s.phase))
+                .collect();
+            if phases.len() == count && phases.iter().all(|p| *p == Some(Phase::Ready)) {
+                Ok(())
+            } else {
+                Err(format!("{phases:?}"))
+            }
+        })
+        .await;
     }
 
     /// Waits until `/healthz` answers 200.
