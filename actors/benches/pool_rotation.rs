@@ -197,14 +197,16 @@ fn reap_local_proxies(state: &Path) {
         let Ok(identity) = serde_json::from_str::<serde_json::Value>(&record) else {
             continue;
         };
-        if let Some(pid) = identity["pid"].as_i64() {
+        if let Some(pid) = identity["pid"].as_i64().and_then(|p| i32::try_from(p).ok()) {
             // The process group of the proxy: it and anything it started.
-            let _ = Command::new("kill").args(["-KILL", &format!("-{pid}")]).status();
+            let _ =
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
 
 fn main() {
+    egress_proxies::tls::ensure_crypto_provider();
     let replicas: usize = arg("--replicas").map(|s| s.parse().unwrap()).unwrap_or(1000);
     let surge: usize = arg("--surge").map(|s| s.parse().unwrap()).unwrap_or(100);
     let crawlers: usize = arg("--crawlers").map(|s| s.parse().unwrap()).unwrap_or(16);
