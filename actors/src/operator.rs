@@ -267,16 +267,9 @@ fn pool_context(store: &Arc<KubeStore>, settings: &system::Settings) -> PoolCont
         pools,
         proxies,
         leases: None,
-        timing: PoolTiming {
-            interval: POOL_TURN_INTERVAL,
-            scale_down_delay: settings.pool_scale_down_delay,
-            leases_per_proxy: settings.leases.capacity,
-        },
+        timing: PoolTiming::of(settings),
     }
 }
-
-/// How often each pool looks at its members.
-const POOL_TURN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Renews the Lease until shutdown (Ok), or until the tenure ends without a
 /// successful renew or another candidate holds the Lease (Err). The tenure

@@ -41,6 +41,20 @@ pub struct PoolTiming {
     pub leases_per_proxy: u32,
 }
 
+/// How often each pool looks at its members.
+const TURN_INTERVAL: Duration = Duration::from_secs(1);
+
+impl PoolTiming {
+    /// The timing both modes run pools with.
+    pub fn of(settings: &crate::system::Settings) -> Self {
+        Self {
+            interval: TURN_INTERVAL,
+            scale_down_delay: settings.pool_scale_down_delay,
+            leases_per_proxy: settings.leases.capacity,
+        }
+    }
+}
+
 /// A turn of a pool's loop failed; the next turn tries again.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {

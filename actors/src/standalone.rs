@@ -93,6 +93,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         // The manifests are the operator's own: any endpoint they name stands.
         external_endpoints: None,
     };
+    let pool_timing = crate::pool_actor::PoolTiming::of(&settings);
     let system = System::new();
     system.block_on(async move {
         let providers = Arc::new(providers);
@@ -112,11 +113,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
                 pools: store.clone(),
                 proxies: port,
                 leases: Some(running.leases.clone()),
-                timing: crate::pool_actor::PoolTiming {
-                    interval: POOL_TURN_INTERVAL,
-                    scale_down_delay: config.pool_scale_down_delay,
-                    leases_per_proxy: config.max_leases_per_proxy,
-                },
+                timing: pool_timing,
             };
             crate::pool_registry::PoolRegistry::new(pools).run(pool_events);
         }
@@ -151,9 +148,6 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     })?;
     Ok(())
 }
-
-/// How often each pool looks at its members.
-const POOL_TURN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Lease settings from the standalone configuration.
 pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::lease::LeaseSettings {

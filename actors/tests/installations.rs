@@ -222,17 +222,22 @@ async fn standalone_operators_with_their_own_state_keep_to_their_own_instances()
     let (one, two) = (standalone_bed(&health), standalone_bed(&health));
     let _first = sweeping(&one).await;
     let _second = sweeping(&two).await;
+    let pid = |dir: &OperatorDir, names: &[String]| {
+        support::process::instance_pid(&dir.state().join("local/local/instances").join(names.first()?))
+    };
+    // An instance each, its process started and recorded (the directory
+    // appears a moment before the record).
     eventually_explained(
-        "an instance each",
+        "an instance each, running",
         WAIT,
         || format!("{}\n{}", one.logs(), two.logs()),
-        async || (one.local_instances().len() == 1 && two.local_instances().len() == 1).then_some(()),
+        async || {
+            let (a, b) = (one.local_instances(), two.local_instances());
+            (a.len() == 1 && b.len() == 1 && pid(&one, &a).is_some() && pid(&two, &b).is_some()).then_some(())
+        },
     )
     .await;
     let (first_instances, second_instances) = (one.local_instances(), two.local_instances());
-    let pid = |dir: &OperatorDir, names: &[String]| {
-        support::process::instance_pid(&dir.state().join("local/local/instances").join(&names[0]))
-    };
     let (pid_one, pid_two) = (pid(&one, &first_instances), pid(&two, &second_instances));
 
     // Each keeps its id in its own state database: two installations.
