@@ -342,9 +342,17 @@ impl EmbeddedStore {
                 inner.objects.remove(key);
                 removed = true;
             } else {
-                // As on the API server, a metadata change is an event (a pool
-                // retiring its member must reach the member's actor).
-                relabelled = next.metadata.annotations != current.metadata.annotations
+                // A pool retiring its member, or deleting it, must reach the
+                // member's actor. The actor's own writes (its spec hash, its
+                // finalizer) are no news to it: an event for them would make
+                // it look again, and retry what must wait.
+                let retiring = |p: &Proxy| {
+                    p.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(crate::resource::RETIRING_ANNOTATION).cloned())
+                };
+                relabelled = retiring(&next) != retiring(current)
                     || next.metadata.deletion_timestamp != current.metadata.deletion_timestamp;
                 inner.db.put(&next).map_err(backend)?;
                 inner.objects.insert(key.clone(), next);
