@@ -144,7 +144,7 @@ fn run_standalone(log: &LoggingArgs, config: &Path) -> ExitCode {
         Ok(guard) => guard,
         Err(code) => return code,
     };
-    tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
+    starting();
     match standalone::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -203,7 +203,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         Ok(guard) => guard,
         Err(code) => return code,
     };
-    tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
+    starting();
     let tokens = match egress_proxies_operator::discovery::Tokens::from_env() {
         Ok(tokens) => tokens,
         Err(e) => return fail(e),
@@ -265,4 +265,17 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             fail(e)
         }
     }
+}
+
+/// Says which build starts: in the log and as `egress_proxies_build_info`.
+fn starting() {
+    tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
+    let build = egress_proxies::telemetry::metrics::BuildInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        commit: env!("EPO_GIT_COMMIT").to_owned(),
+    };
+    egress_proxies::telemetry::metrics::metrics()
+        .build_info
+        .get_or_create(&build)
+        .set(1);
 }

@@ -109,6 +109,24 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
         &|v| v == 1.0,
     );
     expect(&first, "egress_proxies_leases_active", &|v| v == 2.0);
+    // Which build runs, and the standard process metrics (of the operator,
+    // not of this test: its pid's resident memory is in the range below).
+    let build = first
+        .lines()
+        .find(|l| l.starts_with("egress_proxies_build_info{"))
+        .unwrap_or_else(|| panic!("no build_info in\n{first}"));
+    assert!(
+        build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))) && build.ends_with(" 1"),
+        "{build}"
+    );
+    expect(&first, "process_resident_memory_bytes", &|v| v > 1e6 && v < 4e9);
+    expect(&first, "process_cpu_seconds_total", &|v| v > 0.0);
+    expect(&first, "process_open_fds", &|v| v >= 3.0);
+    expect(&first, "process_threads", &|v| v >= 2.0);
+    let started = operator_start_time(&operator);
+    expect(&first, "process_start_time_seconds", &|v| {
+        (v - started).abs() < 5.0
+    });
 
     // A proxy process dies: its probes fail with a reason, it turns Unhealthy.
     kill_local_instance(&dir.state());
@@ -127,4 +145,31 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
             }
         })
         .await;
+}
+
+/// The operator process's start time, Unix seconds, from `/proc`.
+fn operator_start_time(operator: &support::operator::OperatorProcess) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", operator.pid())).unwrap();
+    let ticks: f64 = stat
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    // /proc counts in USER_HZ, 100 a second on Linux.
+    now - uptime + ticks / 100.0
 }

@@ -75,6 +75,14 @@ pub struct RpcLabel {
     pub rpc: String,
 }
 
+/// What `build_info` says: the running version.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfo {
+    pub version: String,
+    /// The git commit the binary was built from.
+    pub commit: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
     /// `namespace/name` of a ProxyPool.
@@ -98,6 +106,8 @@ fn latency() -> Histogram {
 /// Every metric the operator exports.
 pub struct Metrics {
     registry: Registry,
+    /// Always 1, labelled with the version (set once at start).
+    pub build_info: Family<BuildInfo, Gauge>,
     pub provider_calls: Family<ProviderCallLabels, Counter>,
     pub provider_call_duration: Histograms<ProviderOpLabels>,
     pub reconciles: Family<ResultLabel, Counter>,
@@ -129,8 +139,12 @@ pub struct Metrics {
 
 impl Metrics {
     fn new() -> Self {
-        let mut registry = Registry::with_prefix("egress_proxies");
+        // Ours under the prefix; the standard process metrics beside them.
+        let mut root = Registry::default();
+        root.register_collector(Box::new(super::process::ProcessCollector));
+        let registry = root.sub_registry_with_prefix("egress_proxies");
         let m = Self {
+            build_info: Family::default(),
             provider_calls: Family::default(),
             provider_call_duration: Family::new_with_constructor(latency),
             reconciles: Family::default(),
@@ -290,7 +304,12 @@ impl Metrics {
             "Leases held on a pool's members",
             m.pool_leases_active.clone(),
         );
-        Self { registry, ..m }
+        registry.register(
+            "build_info",
+            "The operator's version and the commit it was built from (always 1)",
+            m.build_info.clone(),
+        );
+        Self { registry: root, ..m }
     }
 
     /// The OpenMetrics text of every metric.

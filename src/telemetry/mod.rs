@@ -6,6 +6,7 @@ pub mod events;
 mod logging;
 pub mod metrics;
 pub mod otel;
+mod process;
 
 pub use logging::{LogFormat, LoggingError, TelemetryGuard, init_logging};
 pub use metrics::metrics;

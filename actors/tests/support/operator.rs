@@ -399,6 +399,11 @@ impl OperatorProcess {
         self.health
     }
 
+    /// The operator's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.lock().unwrap_or_else(|e| e.into_inner()).id()
+    }
+
     pub fn discovery(&self) -> SocketAddr {
         self.discovery.expect("started without .discovery()")
     }
