@@ -20,12 +20,19 @@ fn http(addr: SocketAddr, request: &str) -> String {
     out
 }
 
+/// The crawler token the operator is started with (it must never be logged).
+const TOKEN: &str = "metrics-test-token-5ab1e2c9d7";
+
 fn post_lease(api: SocketAddr) -> String {
+    post_lease_as(api, TOKEN)
+}
+
+fn post_lease_as(api: SocketAddr, token: &str) -> String {
     let body = r#"{"target":"shop.test","ttlSeconds":60,"client":"metrics-test"}"#;
     http(
         api,
         &format!(
-            "POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         ),
     )
@@ -59,7 +66,10 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
         .metrics()
         .setting("maxLeasesPerProxy", "1")
         .setting("leaseCooldown", "0s")
-        .log_level("info")
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .log_format("json")
+        // Access lines of expected answers are DEBUG: shown here.
+        .log_level("info,egress_proxies_operator::access=debug")
         .start()
         .await;
     let (api, metrics) = (operator.discovery(), operator.metrics());
@@ -70,6 +80,50 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
         let answer = post_lease(api);
         assert!(answer.starts_with(&format!("HTTP/1.1 {want}")), "{answer}");
     }
+    let wrong = post_lease_as(api, "not-the-token");
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+
+    // One access line per request: method, route, status, code, duration,
+    // client; the expected 503 as quiet as a grant, the 401 louder; never a token.
+    let access = operator
+        .eventually("four access lines", Duration::from_secs(10), async || {
+            let lines: Vec<serde_json::Value> = operator
+                .logs()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|l| l["target"] == "egress_proxies_operator::access")
+                .collect();
+            if lines.len() >= 4 {
+                Ok(lines)
+            } else {
+                Err(format!("{lines:?}"))
+            }
+        })
+        .await;
+    let of = |status: u64| {
+        access
+            .iter()
+            .filter(|l| l["status"] == status)
+            .map(|l| {
+                assert_eq!(
+                    (l["method"].as_str(), l["route"].as_str()),
+                    (Some("POST"), Some("/v1/leases")),
+                    "{l}"
+                );
+                assert_eq!(l["client"], "127.0.0.1", "{l}");
+                assert!(l["duration_ms"].as_f64().is_some_and(|d| d >= 0.0), "{l}");
+                (
+                    l["level"].as_str().unwrap_or_default().to_owned(),
+                    l["code"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let grant = ("DEBUG".to_owned(), String::new());
+    assert_eq!(of(201), [grant.clone(), grant]);
+    assert_eq!(of(503), [("DEBUG".to_owned(), "no_capacity".to_owned())]);
+    assert_eq!(of(401), [("INFO".to_owned(), "unauthorized".to_owned())]);
+    assert!(!operator.logs().contains(TOKEN), "the token is never logged");
     let scrape = || {
         http(
             metrics,

@@ -122,12 +122,19 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        response.json(ErrorBody {
+        let mut response = response.json(ErrorBody {
             error: self.code().to_owned(),
             message: self.to_string(),
-        })
+        });
+        // For the access log, which sees only the response.
+        response.extensions_mut().insert(ErrorCode(self.code()));
+        response
     }
 }
+
+/// The `error` code an answer carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
 
 #[cfg(test)]
 mod tests {

@@ -124,8 +124,48 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     }
 }
 
+/// How loud a request's access line is: answers a crawler expects in
+/// normal work (a grant, no capacity right now, a lease already gone, a
+/// retiring proxy) at DEBUG, a client's mistake at INFO, the server's own
+/// trouble at WARN.
+pub fn access_level(status: u16, code: Option<&str>) -> tracing::Level {
+    match (status, code) {
+        (..400, _) => tracing::Level::DEBUG,
+        (_, Some("no_capacity" | "unknown_lease" | "proxy_retiring")) => tracing::Level::DEBUG,
+        (_, Some("not_leader")) => tracing::Level::INFO,
+        (500.., _) => tracing::Level::WARN,
+        _ => tracing::Level::INFO,
+    }
+}
+
+/// The access line of one request: method, route (never the path with its
+/// lease id, never a header), status, error code, duration, client address.
+fn access_line(
+    method: &str,
+    route: &str,
+    status: u16,
+    code: Option<&str>,
+    took: std::time::Duration,
+    client: &str,
+) {
+    let duration_ms = took.as_secs_f64() * 1000.0;
+    let code = code.unwrap_or("");
+    macro_rules! line {
+        ($level:expr) => {
+            tracing::event!(target: "egress_proxies_operator::access", $level,
+                method, route, status, code, duration_ms, client, "request")
+        };
+    }
+    match access_level(status, Some(code).filter(|c| !c.is_empty())) {
+        tracing::Level::WARN => line!(tracing::Level::WARN),
+        tracing::Level::INFO => line!(tracing::Level::INFO),
+        _ => line!(tracing::Level::DEBUG),
+    }
+}
+
 /// One server span per request, named from the route (`POST /v1/leases`),
-/// continuing the caller's trace when it sends a W3C `traceparent`.
+/// continuing the caller's trace when it sends a W3C `traceparent`; and
+/// its access line.
 pub async fn traced(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -134,6 +174,8 @@ pub async fn traced(
     use tracing::field::Empty;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+    let started = std::time::Instant::now();
+    let client = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
     let method = req.method().clone();
     let route = super::routes::route_of(req.path()).unwrap_or("unmatched");
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));
@@ -150,6 +192,20 @@ pub async fn traced(
         if r.status().is_server_error() {
             span.record("otel.status_code", "error");
         }
+        let code = r
+            .response()
+            .extensions()
+            .get::<super::errors::ErrorCode>()
+            .map(|c| c.0);
+        let _in_span = span.enter();
+        access_line(
+            method.as_str(),
+            route,
+            r.status().as_u16(),
+            code,
+            started.elapsed(),
+            &client,
+        );
     }
     response
 }
@@ -157,6 +213,21 @@ pub async fn traced(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expected_answers_are_quiet_mistakes_heard_and_trouble_loud() {
+        use tracing::Level;
+        assert_eq!(access_level(201, None), Level::DEBUG);
+        assert_eq!(access_level(204, None), Level::DEBUG);
+        assert_eq!(access_level(503, Some("no_capacity")), Level::DEBUG);
+        assert_eq!(access_level(404, Some("unknown_lease")), Level::DEBUG);
+        assert_eq!(access_level(409, Some("proxy_retiring")), Level::DEBUG);
+        assert_eq!(access_level(400, Some("invalid_request")), Level::INFO);
+        assert_eq!(access_level(401, Some("unauthorized")), Level::INFO);
+        assert_eq!(access_level(503, Some("not_leader")), Level::INFO);
+        assert_eq!(access_level(503, Some("unavailable")), Level::WARN);
+        assert_eq!(access_level(500, Some("internal")), Level::WARN);
+    }
 
     #[test]
     fn a_read_token_needs_a_different_crawler_token() {
