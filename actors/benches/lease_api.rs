@@ -32,16 +32,9 @@ use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvai
 use tokio::net::TcpStream;
 
 mod common;
-use common::{Conn, Kill, arg, lease_id, pct};
+use common::{Conn, Kill, arg, free_addr, lease_id, pct};
 
 const ROLE: &str = "EPO_BENCH_LEASE_SERVER";
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 /// The server process: the discovery API with N proxies, and a bare handler.
 fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state: &std::path::Path) {

@@ -20,48 +20,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 mod common;
-use common::{Kill, arg};
+use common::{Kill, arg, free_addr, target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const LIMIT: Duration = Duration::from_secs(1800);
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// An HTTP server answering every request `200` with a short page: what
-/// probes and crawlers fetch.
-async fn target() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0
-                        || s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
 
 fn pool_manifest(replicas: usize, surge: usize, target: SocketAddr, generation: &str) -> String {
     format!(
