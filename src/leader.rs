@@ -115,6 +115,17 @@ impl Tenure {
         self.lock().is_some_and(|until| self.clock.now() < until)
     }
 
+    /// `Ok` while leading; else the error every fenced store answers with.
+    pub fn fence(&self) -> Result<(), StoreError> {
+        if self.is_leading() {
+            Ok(())
+        } else {
+            Err(StoreError::Backend(
+                "not the leader: its leadership lapsed".to_owned(),
+            ))
+        }
+    }
+
     /// The end of the tenure, if any (it may be past).
     pub fn until(&self) -> Option<Instant> {
         *self.lock()
@@ -426,13 +437,7 @@ impl FencedStore {
     }
 
     fn check(&self) -> Result<(), StoreError> {
-        if self.tenure.is_leading() {
-            Ok(())
-        } else {
-            Err(StoreError::Backend(
-                "not the leader: its leadership lapsed".to_owned(),
-            ))
-        }
+        self.tenure.fence()
     }
 }
 
@@ -531,13 +536,7 @@ impl FencedPools {
     }
 
     fn check(&self) -> Result<(), StoreError> {
-        if self.tenure.is_leading() {
-            Ok(())
-        } else {
-            Err(StoreError::Backend(
-                "not the leader: its leadership lapsed".to_owned(),
-            ))
-        }
+        self.tenure.fence()
     }
 }
 
