@@ -265,10 +265,20 @@ mod tests {
                 OtlpHttp,
                 env(&[(
                     "OTEL_EXPORTER_OTLP_ENDPOINT",
-                    "https://user:secret@collector:4318/?key=hidden"
+                    "https://user:secret@collector:4318/"
                 )])
             ),
             "https://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            destination(
+                OtlpHttp,
+                env(&[(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "https://c:4318/v1/traces?key=hidden#x"
+                )])
+            ),
+            "https://c:4318/v1/traces"
         );
         assert_eq!(
             destination(
