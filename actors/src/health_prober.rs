@@ -142,7 +142,7 @@ impl HealthProber {
                 tracing::info_span!(
                     parent: None, "health.probe", otel.kind = "client", proxy = %key,
                     probe.result = Empty, probe.latency_ms = Empty, otel.status_code = Empty,
-                    otel.status_message = Empty, traceID = Empty, spanID = Empty,
+                    otel.status_description = Empty, traceID = Empty, spanID = Empty,
                 )
             } else {
                 tracing::Span::none()
@@ -165,7 +165,7 @@ impl HealthProber {
             span.record("probe.latency_ms", result.latency.as_secs_f64() * 1000.0);
             if let Err(failure) = &result.outcome {
                 span.record("otel.status_code", "error");
-                span.record("otel.status_message", failure.to_string());
+                span.record("otel.status_description", failure.to_string());
             }
             let span_context = trace
                 .then(|| span.context().span().span_context().clone())

@@ -172,7 +172,7 @@ impl ProxyActor {
                 let span = tracing::info_span!(
                     parent: None, "Reconcile Proxy", otel.kind = "internal", proxy = %key,
                     reconcile.result = Empty, reconcile.requeue_after_ms = Empty,
-                    otel.status_code = Empty, otel.status_message = Empty,
+                    otel.status_code = Empty, otel.status_description = Empty,
                     traceID = Empty, spanID = Empty,
                 );
                 if let Some(link) = self.probe_link.take() {
@@ -220,11 +220,11 @@ impl ProxyActor {
                             Ok(Ok(_)) => {}
                             Ok(Err(e)) => {
                                 recorded.record("otel.status_code", "error");
-                                recorded.record("otel.status_message", e.to_string());
+                                recorded.record("otel.status_description", e.to_string());
                             }
                             Err(_) => {
                                 recorded.record("otel.status_code", "error");
-                                recorded.record("otel.status_message", "the reconcile panicked");
+                                recorded.record("otel.status_description", "the reconcile panicked");
                             }
                         }
                     }

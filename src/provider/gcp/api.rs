@@ -255,7 +255,7 @@ impl ComputeApi {
             "gcp.http", otel.name = %method, otel.kind = "client",
             http.request.method = %method, server.address = url.host_str().unwrap_or_default(),
             url.full = %url, http.response.status_code = Empty, error.type = Empty,
-            otel.status_code = Empty, otel.status_message = Empty,
+            otel.status_code = Empty, otel.status_description = Empty,
         );
         let result = self.exchange(method, url, body).instrument(span.clone()).await;
         match &result {
@@ -272,7 +272,7 @@ impl ComputeApi {
                 };
                 span.record("error.type", kind);
                 span.record("otel.status_code", "error");
-                span.record("otel.status_message", e.to_string());
+                span.record("otel.status_description", e.to_string());
             }
         }
         result
