@@ -113,6 +113,7 @@ pub fn start(
     let registry = ProxyRegistry::new(ctx, Timing::default(), Some(prober.clone()))
         .with_leases(leases.clone())
         .run(events);
+    actix::spawn(close_history_intervals());
     if let Some(listener) = discovery {
         let addr = listener.local_addr()?;
         let server = crate::discovery::start(listener, leases.clone(), settings.discovery_tokens)?;
@@ -125,6 +126,19 @@ pub fn start(
         leases,
         gc,
     })
+}
+
+/// Ends the dashboard history's open interval every resolution step.
+async fn close_history_intervals() {
+    use egress_proxies::telemetry::history::{RESOLUTION, history};
+    let mut tick = tokio::time::interval(RESOLUTION);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate: the first interval starts now.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        history().close(jiff::Timestamp::now().as_millisecond());
+    }
 }
 
 /// Lease settings from the operator's flags; report rests scale with the cooldown.

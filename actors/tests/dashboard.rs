@@ -391,6 +391,50 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         ]])
     })
     .await;
+    // The history arrives over the stream and is drawn: a sample that saw
+    // the grant and the refusal, the fleet Ready, probes with a latency.
+    let totals = "return samples.reduce((t, s) => [t[0] + s.granted, t[1] + s.denied, Math.max(t[2], s.ready), \
+        t[3] || s.probeP50Ms != null], [0, 0, 0, false])";
+    wait_js(
+        &driver,
+        "the history with the grant and the refusal",
+        totals,
+        |v| {
+            v[0].as_u64() >= Some(1)
+                && v[1].as_u64() >= Some(1)
+                && v[2].as_u64() >= Some(3)
+                && v[3] == json!(true)
+        },
+    )
+    .await;
+    let drawn = driver
+        .script(
+            "return [...document.querySelectorAll('#history path')].map(p => [p.closest('.chart').id, \
+             p.dataset.series, Number(p.dataset.points) > 0])",
+        )
+        .await;
+    assert_eq!(
+        drawn,
+        json!([
+            ["chart-leases", "granted", true],
+            ["chart-leases", "denied", true],
+            ["chart-fleet", "ready", true],
+            ["chart-fleet", "unhealthy", true],
+            ["chart-latency", "p50", true],
+            ["chart-latency", "p99", true]
+        ])
+    );
+    let latest = driver
+        .script("return document.querySelector('#chart-fleet [data-latest]').textContent")
+        .await;
+    assert!(latest.as_str().is_some_and(|t| t.contains("ready 3")), "{latest}");
+    // Pushed, not polled: no request for the snapshot JSON ever finished.
+    let polled = driver
+        .script(
+            "return performance.getEntriesByType('resource').filter(e => new URL(e.name).pathname === '/v1/dashboard').length",
+        )
+        .await;
+    assert_eq!(polled, json!(0), "the page follows the stream instead of polling");
     let marker = driver.script("window.__sameDocument = true; return true").await;
     assert_eq!(marker, json!(true));
 
@@ -418,4 +462,174 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         std::fs::write(path, &bytes).unwrap();
     }
     driver.call(reqwest::Method::DELETE, "", Value::Null).await;
+}
+
+/// One Server-Sent Events reader over reqwest's byte stream.
+struct Events {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<actix_web::web::Bytes>> + Send>>,
+    buffer: String,
+}
+
+impl Events {
+    async fn open(api: &str, token: &str) -> Result<Self, (u16, String)> {
+        let response = reqwest::Client::new()
+            .get(format!("http://{api}/v1/dashboard/stream"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err((status, response.text().await.unwrap_or_default()));
+        }
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/event-stream",
+            "an event stream"
+        );
+        Ok(Self {
+            body: Box::pin(response.bytes_stream()),
+            buffer: String::new(),
+        })
+    }
+
+    /// The next event's name and data (`None`: the stream ended).
+    async fn next(&mut self) -> Option<(String, String)> {
+        use futures::StreamExt as _;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let field = |name: &str| {
+                    block
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(str::to_owned)
+                };
+                match (field("event: "), field("data: ")) {
+                    (Some(event), Some(data)) => return Some((event, data)),
+                    _ => continue, // the retry hint
+                }
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(15), self.body.next())
+                .await
+                .expect("an event within 15 s")?
+                .ok()?;
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_stream_pushes_snapshots_and_history_to_a_bounded_number_of_listeners() {
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    let external_port = free_port();
+    let _external = forward_proxy(BIN, external_port, dir.path());
+    dir.write_manifest(
+        "ext",
+        &format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: ext, namespace: crawlers}}\n\
+             spec: {{mode: External, endpoint: {{host: 127.0.0.1, port: {external_port}}}, \
+             healthCheck: {{url: \"{}\", interval: 1s}}}}\n",
+            health_target()
+        ),
+    );
+    let operator = dir
+        .standalone()
+        .discovery()
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .env("DISCOVERY_READ_TOKEN", READ_TOKEN)
+        .start()
+        .await;
+    operator.wait_ready(1).await;
+    let api = operator.discovery().to_string();
+    assert_eq!(get(&api, "/v1/dashboard/stream", None).0, 401, "behind the token");
+
+    // On connect: the history, then a snapshot; then a snapshot every second
+    // and each closed interval as it closes.
+    let mut events = Events::open(&api, READ_TOKEN)
+        .await
+        .expect("the read token reads");
+    let (name, data) = events.next().await.unwrap();
+    assert_eq!(name, "history");
+    let history: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(history["resolutionSecs"], 10);
+    assert!(history["samples"].is_array());
+    let started = std::time::Instant::now();
+    let (mut snapshots, mut samples) = (0, Vec::new());
+    while samples.len() < 2 {
+        let (name, data) = events.next().await.unwrap();
+        let value: Value = serde_json::from_str(&data).unwrap();
+        match name.as_str() {
+            "dashboard" => {
+                assert_eq!(value["phases"]["Ready"], 1, "{value}");
+                snapshots += 1;
+            }
+            "sample" => samples.push(value),
+            other => panic!("unexpected event {other}: {data}"),
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    assert!(
+        (9.0..=30.0).contains(&took),
+        "two samples, 10 s apart, took {took:.1} s"
+    );
+    assert!(
+        snapshots as f64 >= took - 3.0 && snapshots as f64 <= took + 3.0,
+        "about one snapshot a second: {snapshots} in {took:.1} s"
+    );
+    let (first, second) = (&samples[0], &samples[1]);
+    let apart = second["at"].as_i64().unwrap() - first["at"].as_i64().unwrap();
+    assert!(
+        (9_000..=11_000).contains(&apart),
+        "samples 10 s apart: {apart} ms"
+    );
+    assert_eq!(
+        (second["proxies"].as_i64(), second["ready"].as_i64()),
+        (Some(1), Some(1))
+    );
+    assert!(second["probes"].as_u64() >= Some(5), "1 s probes: {second}");
+    assert!(
+        second["probeP50Ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{second}"
+    );
+    // The history a newcomer gets holds what was pushed.
+    let mut late = Events::open(&api, READ_TOKEN).await.unwrap();
+    let (_, data) = late.next().await.unwrap();
+    let history: Value = serde_json::from_str(&data).unwrap();
+    let ats: Vec<&Value> = history["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["at"])
+        .collect();
+    assert!(
+        ats.contains(&&first["at"]) && ats.contains(&&second["at"]),
+        "{history}"
+    );
+
+    // A bounded number of streams: the 33rd is refused, and a closed one frees its slot.
+    let mut open = vec![events, late];
+    while open.len() < 32 {
+        open.push(Events::open(&api, READ_TOKEN).await.expect("a slot"));
+    }
+    let Err((status, body)) = Events::open(&api, READ_TOKEN).await else {
+        panic!("a 33rd stream was accepted")
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("\"unavailable\"") && body.contains("32 dashboard streams"),
+        "{body}"
+    );
+    drop(open.pop());
+    eventually(
+        "the closed stream's slot to be free",
+        Duration::from_secs(10),
+        async || {
+            Events::open(&api, READ_TOKEN)
+                .await
+                .map(|_| ())
+                .map_err(|(status, body)| format!("{status} {body}"))
+        },
+    )
+    .await;
 }

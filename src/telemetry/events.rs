@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::history::history;
 use super::metrics::{
     ActorLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels, ProviderOpLabels,
     ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
@@ -143,6 +144,7 @@ pub struct ProxyPhaseChanged<'a> {
 impl ProxyPhaseChanged<'_> {
     pub fn emit(self) {
         tracing::trace!(proxy = self.proxy, from = ?self.from, to = ?self.to, "proxy phase");
+        history().note_phase(self.from, self.to);
         let m = metrics();
         if let Some(from) = self.from {
             m.proxies
@@ -181,6 +183,7 @@ impl ProbeCompleted<'_> {
             })
             .inc();
         m.probe_duration.observe(self.duration.as_secs_f64());
+        history().note_probe(self.duration);
     }
 }
 
@@ -199,9 +202,11 @@ impl LeaseEvent<'_> {
             LeaseEvent::Granted { proxy, target } => {
                 tracing::debug!(proxy, target, active, "lease granted");
                 m.leases_granted.inc();
+                history().note_grant();
             }
             LeaseEvent::Denied { reason } => {
                 tracing::debug!(reason, "lease denied");
+                history().note_denial();
                 m.leases_denied
                     .get_or_create(&ReasonLabel {
                         reason: reason.to_owned(),

@@ -3,6 +3,7 @@
 //! and records its metrics, so the two never drift apart.
 
 pub mod events;
+pub mod history;
 mod logging;
 pub mod metrics;
 pub mod otel;

@@ -1,6 +1,8 @@
 //! The supervisor dashboard: `GET /dashboard` serves one self-contained page
 //! (HTML, CSS and JS embedded in the binary, nothing fetched from elsewhere)
-//! that polls `GET /v1/dashboard` — the same JSON tests read.
+//! that follows `GET /v1/dashboard/stream` ([`super::dashboard_feed`]):
+//! every second the JSON `GET /v1/dashboard` answers, and the recent
+//! history as charts.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -156,6 +158,13 @@ pub async fn page() -> HttpResponse {
 }
 
 pub async fn data(store: web::Data<Addr<LeaseStore>>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok()
+        .insert_header(("Cache-Control", "no-store"))
+        .json(snapshot(&store).await?))
+}
+
+/// The page's data as of now.
+pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
     let leases = store
         .send(GetLeaseDashboard)
         .await
@@ -215,9 +224,7 @@ pub async fn data(store: web::Data<Addr<LeaseStore>>) -> Result<HttpResponse, Ap
         images: supervision::images(),
         actors,
     };
-    Ok(HttpResponse::Ok()
-        .insert_header(("Cache-Control", "no-store"))
-        .json(body))
+    Ok(body)
 }
 
 #[cfg(test)]

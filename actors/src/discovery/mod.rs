@@ -4,6 +4,7 @@
 //! OpenAPI at `/v1/openapi.json`.
 
 mod dashboard;
+mod dashboard_feed;
 mod errors;
 mod handlers;
 mod middleware;
@@ -82,6 +83,7 @@ pub fn start_with(
         );
     }
     let token = tokens;
+    let feed = web::Data::new(dashboard_feed::Feed::start(store.clone()));
     let store = web::Data::new(store);
     let server = HttpServer::new(move || {
         let token = token.clone();
@@ -103,11 +105,12 @@ pub fn start_with(
             });
         // /healthz sits outside the middleware: never authenticated, never logged per request.
         let data_token = token.clone();
+        let stream_token = token.clone();
         let limiter = limiter.clone();
         App::new()
             .service(resource("/healthz", "GET").route(web::get().to(handlers::healthz)))
-            // The dashboard polls every second: authenticated, but neither
-            // logged nor traced per request.
+            // The dashboard's data: authenticated, but neither logged nor
+            // traced per request (a stream lasts minutes, a script may poll).
             .service(
                 guarded("/v1/dashboard", "GET")
                     .app_data(store.clone())
@@ -115,6 +118,15 @@ pub fn start_with(
                         middleware::authenticate(data_token.clone(), req, next)
                     }))
                     .route(web::get().to(dashboard::data)),
+            )
+            .service(
+                guarded("/v1/dashboard/stream", "GET")
+                    .app_data(store.clone())
+                    .app_data(feed.clone())
+                    .wrap(from_fn(move |req, next| {
+                        middleware::authenticate(stream_token.clone(), req, next)
+                    }))
+                    .route(web::get().to(dashboard_feed::stream)),
             )
             // The page holds no data and asks for the token itself.
             .service(guarded("/dashboard", "GET").route(web::get().to(dashboard::page)))
