@@ -181,6 +181,45 @@ async fn the_sweeper_actor_sweeps_on_demand_and_on_its_interval() {
     .await;
 }
 
+#[actix_rt::test]
+async fn a_sweep_that_could_not_finish_is_counted_as_incomplete_with_its_failed_deletes() {
+    use egress_proxies::telemetry::metrics::{ResultLabel, metrics};
+    let sweeps = |result: &str| {
+        metrics()
+            .gc_sweeps
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .get()
+    };
+    let (incomplete, failures, deleted) = (
+        sweeps("incomplete"),
+        metrics().gc_delete_failures.get(),
+        metrics().gc_instances_deleted.get(),
+    );
+    let (store, _dir, _) = store_with(&[]).await;
+    let flaky = Arc::new(ScriptedProvider::new("flaky-metrics", 0, 0));
+    flaky.plant("proxy-m1", "gone-m1", HOUR);
+    flaky.plant("proxy-m2", "gone-m2", HOUR);
+    flaky.fail(Op::Delete, ErrorClass::Transient, 1);
+    let providers = Arc::new(Providers::from_providers([flaky.clone() as Arc<dyn Provider>]));
+    let sweeper = GcSweeper::new(store.clone(), providers, scope(None), HOUR, GRACE).start();
+    let first = sweeper.send(SweepNow).await.unwrap().expect("a sweep ran");
+    assert_eq!((first.deleted, first.failed_deletes), (1, 1));
+    assert_eq!(
+        sweeps("incomplete"),
+        incomplete + 1,
+        "one delete failed: incomplete"
+    );
+    assert_eq!(metrics().gc_delete_failures.get(), failures + 1);
+    let ok = sweeps("ok");
+    let second = sweeper.send(SweepNow).await.unwrap().expect("a sweep ran");
+    assert_eq!((second.deleted, second.failed_deletes), (1, 0));
+    assert!(sweeps("ok") > ok, "the next sweep finished: ok");
+    assert_eq!(sweeps("incomplete"), incomplete + 1);
+    assert!(metrics().gc_instances_deleted.get() >= deleted + 2);
+}
+
 #[tokio::test]
 async fn reaps_only_this_installations_instances_in_scope() {
     let (store, _dir, _) = store_with(&[]).await;

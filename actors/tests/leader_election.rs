@@ -53,6 +53,8 @@ impl Bed {
             .name(name)
             .discovery()
             .args(["--leader-elect", "--lease-duration", "3s"])
+            .metrics()
+            .arg("--metrics-secure=false")
             // This test is about leadership, not the API's tokens.
             .arg("--insecure-discovery-without-token")
             // Every grant succeeds while a proxy is available: no per-proxy cap.
@@ -260,6 +262,16 @@ async fn a_partitioned_leader_stops_before_the_follower_takes_over() {
     .await;
     assert!(!ready(&b).await, "replica-b follows");
     assert_eq!(bed.holder().await.as_deref(), Some("replica-a"));
+    // The leader gauge says who acts (the "no leader" alert sums it).
+    for (replica, leading) in [(&a, "1"), (&b, "0")] {
+        let (status, text) = support::http::request(replica.metrics(), "GET", "/metrics", &[], None).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l == format!("egress_proxies_leader {leading}")),
+            "egress_proxies_leader {leading} expected in\n{text}"
+        );
+    }
 
     // Cut A off for 20 s, sampling everyone 20 times a second throughout
     // (and 4 s after the heal).

@@ -66,6 +66,7 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
         .metrics()
         .setting("maxLeasesPerProxy", "1")
         .setting("leaseCooldown", "0s")
+        .setting("gcInterval", "1s")
         .env("DISCOVERY_TOKEN", TOKEN)
         .log_format("json")
         // Access lines of expected answers are DEBUG: shown here.
@@ -173,6 +174,20 @@ async fn a_scrape_shows_the_fleet_the_leases_and_the_probes() {
         build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))) && build.ends_with(" 1"),
         "{build}"
     );
+    // Standalone, the process acts alone: it is the leader.
+    expect(&first, "egress_proxies_leader", &|v| v == 1.0);
+    operator
+        .eventually("a GC sweep", Duration::from_secs(20), async || {
+            let text = scrape();
+            value(&text, "egress_proxies_gc_sweeps_total{result=\"ok\"}")
+                .is_some_and(|v| v >= 1.0)
+                .then_some(())
+                .ok_or(text)
+        })
+        .await;
+    expect(&scrape(), "egress_proxies_gc_delete_failures_total", &|v| {
+        v == 0.0
+    });
     expect(&first, "process_resident_memory_bytes", &|v| v > 1e6 && v < 4e9);
     expect(&first, "process_cpu_seconds_total", &|v| v > 0.0);
     expect(&first, "process_open_fds", &|v| v >= 3.0);
