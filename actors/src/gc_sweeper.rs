@@ -11,7 +11,7 @@ use egress_proxies::gc::{self, Scope, SweepReport};
 use egress_proxies::provider::ProviderId;
 use egress_proxies::provider::Providers;
 use egress_proxies::store::ProxyStore;
-use egress_proxies::telemetry::events::GcNotOurs;
+use egress_proxies::telemetry::events::{GcNotOurs, GcSweepCompleted};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -96,16 +96,11 @@ impl GcSweeper {
                             );
                         }
                     }
-                    tracing::info!(
-                        listed = report.listed, orphans = report.orphans, deleted = report.deleted,
-                        failedDeletes = report.failed_deletes, sparedYoung = report.spared_young,
-                        skippedProviders = ?report.skipped_providers, leftoversDeleted = report.leftovers_deleted,
-                        leftoversWaiting = report.leftovers_waiting, leftoverErrors = report.leftover_errors, "gc.sweep"
-                    );
+                    GcSweepCompleted { outcome: Ok(&report) }.emit();
                     Some(report)
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "gc.sweep");
+                    GcSweepCompleted { outcome: Err(&e) }.emit();
                     None
                 }
             }

@@ -20,6 +20,7 @@ use futures::FutureExt;
 use opentelemetry::trace::TraceContextExt;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
+use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::proxy_actor::HealthVerdict;
@@ -140,8 +141,8 @@ impl HealthProber {
             let span = if trace {
                 tracing::info_span!(
                     parent: None, "health.probe", otel.kind = "client", proxy = %key,
-                    probe.result = tracing::field::Empty, traceID = tracing::field::Empty,
-                    spanID = tracing::field::Empty,
+                    probe.result = Empty, probe.latency_ms = Empty, otel.status_code = Empty,
+                    otel.status_description = Empty, traceID = Empty, spanID = Empty,
                 )
             } else {
                 tracing::Span::none()
@@ -161,6 +162,11 @@ impl HealthProber {
                 "probe.result",
                 result.outcome.as_ref().err().map_or("ok", |f| f.reason()),
             );
+            span.record("probe.latency_ms", result.latency.as_secs_f64() * 1000.0);
+            if let Err(failure) = &result.outcome {
+                span.record("otel.status_code", "error");
+                span.record("otel.status_description", failure.to_string());
+            }
             let span_context = trace
                 .then(|| span.context().span().span_context().clone())
                 .filter(|sc| sc.is_valid());

@@ -24,6 +24,7 @@ use egress_proxies::provider::{BuildContext, Providers};
 use egress_proxies::store::kubernetes::KubeStore;
 use egress_proxies::store::lease_checkpoint::CheckpointJournal;
 use egress_proxies::store::{PoolStore, ProxyStore, installation};
+use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
 use crate::pool_actor::{PoolContext, PoolTiming};
@@ -195,7 +196,11 @@ async fn operate(
                 r = &mut shutdown => { r?; return Ok(()) }
             }
         }
-        tracing::info!(identity = elector.identity(), "became the leader");
+        LeadershipChanged {
+            identity: elector.identity(),
+            leading: true,
+        }
+        .emit();
         options.settings.tenure = Some(tenure.clone());
     }
 
@@ -235,6 +240,14 @@ async fn operate(
         ..pools
     })
     .run(pool_stream);
+    if elector.is_none() {
+        // Without election this replica acts alone, as the leader would.
+        LeadershipChanged {
+            identity: &identity,
+            leading: true,
+        }
+        .emit();
+    }
     readiness.set(true);
 
     let outcome = match &mut elector {
@@ -243,6 +256,11 @@ async fn operate(
     };
     // Before the release lands a follower may act: stop acting first.
     tenure.end();
+    LeadershipChanged {
+        identity: &identity,
+        leading: false,
+    }
+    .emit();
     readiness.set(false);
     if let Some(elector) = &elector
         && outcome.is_ok()

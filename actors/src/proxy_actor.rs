@@ -20,6 +20,7 @@ use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
 use tracing::Instrument;
+use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::health_prober::{HealthProber, Unwatch, Watch};
@@ -170,7 +171,9 @@ impl ProxyActor {
             Job::Reconcile => {
                 let span = tracing::info_span!(
                     parent: None, "Reconcile Proxy", otel.kind = "internal", proxy = %key,
-                    traceID = tracing::field::Empty, spanID = tracing::field::Empty,
+                    reconcile.result = Empty, reconcile.requeue_after_ms = Empty,
+                    otel.status_code = Empty, otel.status_description = Empty,
+                    traceID = Empty, spanID = Empty,
                 );
                 if let Some(link) = self.probe_link.take() {
                     span.add_link(link);
@@ -180,11 +183,12 @@ impl ProxyActor {
             }
             Job::Health => tracing::Span::none(),
         };
+        let recorded = span.clone();
         let work = async move {
             let started = Instant::now();
             let result = match job {
                 Job::Reconcile => {
-                    AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory).instrument(span))
+                    AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory).instrument(span.clone()))
                         .catch_unwind()
                         .await
                 }
@@ -211,13 +215,26 @@ impl ProxyActor {
                             duration: took,
                         }
                         .emit();
+                        recorded.record("reconcile.result", outcome.as_str());
+                        match &result {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => {
+                                recorded.record("otel.status_code", "error");
+                                recorded.record("otel.status_description", e.to_string());
+                            }
+                            Err(_) => {
+                                recorded.record("otel.status_code", "error");
+                                recorded.record("otel.status_description", "the reconcile panicked");
+                            }
+                        }
                     }
-                    actor.finished(job, result, ctx)
+                    actor.finished(job, result, &recorded, ctx)
                 }),
         );
     }
 
-    fn finished(&mut self, job: Job, result: JobResult, ctx: &mut Context<Self>) {
+    /// `span`: the reconcile's span (none for health jobs), told when the next one is due.
+    fn finished(&mut self, job: Job, result: JobResult, span: &tracing::Span, ctx: &mut Context<Self>) {
         self.running = false;
         if let Some(verdict) = self.pending_verdict.take() {
             self.accept(verdict, ctx);
@@ -269,6 +286,7 @@ impl ProxyActor {
         if job == Job::Reconcile {
             self.sync_watch(ctx);
             if let Some(delay) = delay {
+                span.record("reconcile.requeue_after_ms", delay.as_millis() as u64);
                 self.timer = Some(ctx.run_later(delay, |actor, ctx| {
                     actor.timer = None;
                     actor.start(Job::Reconcile, ctx);

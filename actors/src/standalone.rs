@@ -8,6 +8,7 @@ use actix::prelude::*;
 use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::provider::{BuildContext, BuildError, Providers};
 use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
+use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
 
@@ -139,6 +140,12 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             );
             tracing::info!(%addr, "metrics listening");
         }
+        // The state database's lock makes this process the only one acting.
+        LeadershipChanged {
+            identity: "standalone",
+            leading: true,
+        }
+        .emit();
         readiness.set(true);
         crate::system::wait_for_shutdown()
             .await

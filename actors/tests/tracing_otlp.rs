@@ -16,6 +16,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message;
 
 mod support;
@@ -93,6 +94,7 @@ fn attr(span: &Span, key: &str) -> Option<String> {
             AnyValue::StringValue(s) => Some(s.clone()),
             AnyValue::IntValue(i) => Some(i.to_string()),
             AnyValue::BoolValue(b) => Some(b.to_string()),
+            AnyValue::DoubleValue(d) => Some(d.to_string()),
             _ => None,
         }
     })
@@ -177,6 +179,12 @@ const INCOMING_PARENT: &str = "00f067aa0ba902b7";
 async fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     let (endpoint, received) = receiver();
     let run = Scenario::start(Some((&endpoint, "http/protobuf"))).await;
+    // A proxy whose reconciles fail: its credentials Secret does not exist.
+    run.dir.write_manifest(
+        "broken",
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: broken, namespace: crawl}\n\
+         spec: {mode: External, endpoint: {host: 127.0.0.1, port: 9, credentialsSecretRef: {name: missing}}}\n",
+    );
     run.wait_ready().await;
     let answer = run.request(
         "/v1/proxies",
@@ -213,8 +221,53 @@ async fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
     let named = |name: &'static str| spans.iter().filter(move |s| s.name == name);
 
+    // The start said where spans go (no credentials: there are none here).
+    assert!(
+        log.lines()
+            .any(|l| l.contains("tracing enabled") && l.contains(&format!("{endpoint}/v1/traces"))),
+        "a start-up line names the exporter's destination\n{log}"
+    );
+
     // Reconcile Proxy roots with their children.
     let roots: Vec<&Span> = named("Reconcile Proxy").collect();
+    // Each says how it ended and when the next is due; a failed one has status Error.
+    let of = |proxy: &str| -> Vec<&Span> {
+        roots
+            .iter()
+            .copied()
+            .filter(|r| attr(r, "proxy").as_deref() == Some(proxy))
+            .collect()
+    };
+    let fine = of("crawl/p");
+    assert!(
+        fine.iter()
+            .any(|r| attr(r, "reconcile.result").as_deref() == Some("ok")
+                && attr(r, "reconcile.requeue_after_ms").is_some()
+                && r.status
+                    .as_ref()
+                    .is_none_or(|s| s.code != StatusCode::Error as i32)),
+        "a successful reconcile of crawl/p that requeued itself"
+    );
+    let failed = of("crawl/broken");
+    let failure = failed
+        .iter()
+        .find(|r| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| s.code == StatusCode::Error as i32)
+        })
+        .unwrap_or_else(|| panic!("a Reconcile Proxy span of crawl/broken with status Error: {failed:?}"));
+    let status = failure.status.as_ref().unwrap();
+    assert!(status.message.contains("credentialsSecretRef"), "{status:?}");
+    assert_eq!(
+        attr(failure, "reconcile.result").as_deref(),
+        Some("external_credentials")
+    );
+    let retry: u64 = attr(failure, "reconcile.requeue_after_ms")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry > 0, "a failed reconcile is retried after a backoff");
     assert!(
         !roots.is_empty(),
         "{:?}",
@@ -274,6 +327,25 @@ async fn spans_leave_with_their_structure_links_and_an_incoming_traceparent() {
     let probe = probes[&linked.span_id];
     assert_eq!(linked.trace_id, probe.trace_id);
     assert_ne!(attr(probe, "probe.result").as_deref(), Some("ok"));
+    // A failed probe has status Error naming the failure; every probe its latency.
+    let probe_status = probe.status.as_ref().expect("a failed probe's status");
+    assert_eq!(probe_status.code, StatusCode::Error as i32);
+    assert!(!probe_status.message.is_empty());
+    for p in probes.values() {
+        let latency: f64 = attr(p, "probe.latency_ms")
+            .expect("probe.latency_ms")
+            .parse()
+            .unwrap();
+        assert!((0.0..30_000.0).contains(&latency), "{latency}");
+        if attr(p, "probe.result").as_deref() == Some("ok") {
+            assert!(
+                p.status
+                    .as_ref()
+                    .is_none_or(|s| s.code != StatusCode::Error as i32)
+            );
+            assert!(latency > 0.0, "a probe that answered took some time");
+        }
+    }
 
     // Log lines inside a span carry its traceID (JSON: the current span's fields).
     let create_trace = hex(&create.trace_id);
@@ -364,4 +436,100 @@ async fn grpc_is_used_when_asked_for() {
         "{names:?}\n{}",
         run.log()
     );
+}
+
+#[tokio::test]
+async fn gcp_calls_are_http_client_spans_under_their_provider_call() {
+    use fake_compute::{FakeCompute, Fault};
+    let (endpoint, received) = receiver();
+    let fake = FakeCompute::start("crawl-test").unwrap();
+    fake.state().step = Duration::from_millis(200);
+    // The first insert fails (a 503 Google would retry): its span is an error.
+    fake.state().inject(
+        Fault {
+            method: "POST".into(),
+            path_contains: "/instances".into(),
+            status: 503,
+            reason: "backendError".into(),
+        },
+        1,
+    );
+    let dir = OperatorDir::new(&format!(
+        "providers:\n  - name: gcp-test\n    type: gcp\n    gcp:\n      project: crawl-test\n      networkTag: egress-proxy\n      apiEndpoint: \"{}\"\n",
+        fake.api_root()
+    ));
+    let key = support::gcp::key_file(dir.path(), &fake);
+    let operator = dir
+        .standalone()
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+        .start()
+        .await;
+    dir.write_manifest(
+        "vm",
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: vm, namespace: crawl}\n\
+         spec:\n  mode: Managed\n  provider: gcp-test\n\
+         \x20 placement: {zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}\n\
+         \x20 cloudInit: {inline: \"#cloud-config\\n\"}\n",
+    );
+    operator
+        .eventually("the VM inserted", Duration::from_secs(30), async || {
+            (!fake.state().inserted.is_empty()).then_some(())
+        })
+        .await;
+    operator.stop().await;
+    let spans = received.lock().unwrap().clone();
+    let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
+    let inserts: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "POST" && attr(s, "url.full").is_some_and(|u| u.ends_with("/instances")))
+        .collect();
+    assert!(
+        inserts.len() >= 2,
+        "a failed and a successful insert: {:?}\n{}",
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>(),
+        operator.logs()
+    );
+    for insert in &inserts {
+        assert_eq!(insert.kind, SpanKind::Client as i32);
+        assert_eq!(attr(insert, "http.request.method").as_deref(), Some("POST"));
+        assert_eq!(attr(insert, "server.address").as_deref(), Some("127.0.0.1"));
+        assert_eq!(
+            by_id[&insert.parent_span_id].name, "provider.create",
+            "an HTTP call is a child of its provider call"
+        );
+    }
+    let status = |s: &Span| attr(s, "http.response.status_code");
+    let failed = inserts
+        .iter()
+        .find(|s| status(s).as_deref() == Some("503"))
+        .expect("the refused insert");
+    let failed_status = failed.status.as_ref().unwrap();
+    assert_eq!(failed_status.code, StatusCode::Error as i32);
+    assert!(
+        failed_status.message.contains("backendError"),
+        "{failed_status:?}"
+    );
+    assert_eq!(attr(failed, "error.type").as_deref(), Some("503"));
+    let ok = inserts
+        .iter()
+        .find(|s| status(s).as_deref() == Some("200"))
+        .expect("the accepted insert");
+    assert!(
+        ok.status
+            .as_ref()
+            .is_none_or(|s| s.code != StatusCode::Error as i32)
+    );
+    // No token leaves in a span.
+    let token = fake.state().issued.first().cloned().expect("a token was issued");
+    for span in &spans {
+        for kv in &span.attributes {
+            assert!(
+                !format!("{:?}", kv.value).contains(&token),
+                "{} carries the token",
+                span.name
+            );
+        }
+    }
 }

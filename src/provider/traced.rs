@@ -33,7 +33,7 @@ macro_rules! provider_span {
             provider.id = $id,
             provider.result = Empty,
             otel.status_code = Empty,
-            otel.status_message = Empty,
+            otel.status_description = Empty,
             traceID = Empty,
             spanID = Empty,
         )
@@ -50,7 +50,7 @@ fn finish<T>(span: &tracing::Span, result: &Result<T, ProviderError>) {
             span.record("provider.result", e.class.as_str());
             if e.class != ErrorClass::NotFound {
                 span.record("otel.status_code", "error");
-                span.record("otel.status_message", e.to_string());
+                span.record("otel.status_description", e.to_string());
             }
         }
     }

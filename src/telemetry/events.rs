@@ -9,6 +9,7 @@ use super::metrics::{
     ActorLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels, ProviderOpLabels,
     ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
 };
+use crate::gc::{SweepError, SweepReport};
 use crate::pool::RetireReason;
 use crate::resource::ProxyPoolStatus;
 
@@ -242,6 +243,69 @@ impl GcNotOurs<'_> {
                 reason: self.reason.to_owned(),
             })
             .set(self.count as i64);
+    }
+}
+
+/// One orphan-GC sweep ended, with its report or the reason it could not run.
+pub struct GcSweepCompleted<'a> {
+    pub outcome: Result<&'a SweepReport, &'a SweepError>,
+}
+
+impl GcSweepCompleted<'_> {
+    pub fn emit(self) {
+        let m = metrics();
+        let result = match self.outcome {
+            Err(e) => {
+                tracing::warn!(error = %e, "gc.sweep failed");
+                "failed"
+            }
+            Ok(r) => {
+                let incomplete =
+                    !r.skipped_providers.is_empty() || r.failed_deletes > 0 || r.leftover_errors > 0;
+                macro_rules! sweep_line {
+                    ($level:ident, $message:literal) => {
+                        tracing::$level!(
+                            listed = r.listed, orphans = r.orphans, deleted = r.deleted,
+                            failedDeletes = r.failed_deletes, sparedYoung = r.spared_young,
+                            skippedProviders = ?r.skipped_providers, leftoversDeleted = r.leftovers_deleted,
+                            leftoversWaiting = r.leftovers_waiting, leftoverErrors = r.leftover_errors, $message
+                        )
+                    };
+                }
+                if incomplete {
+                    sweep_line!(warn, "gc.sweep incomplete");
+                } else {
+                    sweep_line!(info, "gc.sweep");
+                }
+                m.gc_instances_deleted.inc_by(r.deleted as u64);
+                m.gc_delete_failures
+                    .inc_by((r.failed_deletes + r.leftover_errors) as u64);
+                if incomplete { "incomplete" } else { "ok" }
+            }
+        };
+        m.gc_sweeps
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// This replica started or stopped acting as the leader (standalone, and
+/// without leader election, it leads from start to stop).
+pub struct LeadershipChanged<'a> {
+    pub identity: &'a str,
+    pub leading: bool,
+}
+
+impl LeadershipChanged<'_> {
+    pub fn emit(self) {
+        if self.leading {
+            tracing::info!(identity = self.identity, "became the leader");
+        } else {
+            tracing::info!(identity = self.identity, "no longer the leader");
+        }
+        metrics().leader.set(i64::from(self.leading));
     }
 }
 

@@ -112,5 +112,14 @@ pub fn init_logging(
         .with(otel_layer)
         .try_init()
         .map_err(|_| LoggingError::AlreadyInstalled)?;
+    if let Some(exporter) = exporter {
+        let env = |k: &str| std::env::var(k).ok();
+        tracing::info!(
+            exporter = exporter.name(),
+            destination = %super::otel::destination(exporter, env),
+            sampler = env("OTEL_TRACES_SAMPLER").as_deref().unwrap_or("parentbased_always_on"),
+            "tracing enabled"
+        );
+    }
     Ok(TelemetryGuard { tracer })
 }

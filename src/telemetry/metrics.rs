@@ -126,6 +126,10 @@ pub struct Metrics {
     pub image_downloads: Family<ResultLabel, Counter>,
     pub image_download_bytes: Counter,
     pub gc_instances_left_alone: Family<ProviderReasonLabels, Gauge>,
+    pub gc_sweeps: Family<ResultLabel, Counter>,
+    pub gc_instances_deleted: Counter,
+    pub gc_delete_failures: Counter,
+    pub leader: Gauge,
     pub pool_member_creations: Family<PoolLabel, Counter>,
     pub pool_member_retirements: Family<PoolReasonLabels, Counter>,
     pub pool_member_deletions: Family<PoolLabel, Counter>,
@@ -163,6 +167,10 @@ impl Metrics {
             image_downloads: Family::default(),
             image_download_bytes: Counter::default(),
             gc_instances_left_alone: Family::default(),
+            gc_sweeps: Family::default(),
+            gc_instances_deleted: Counter::default(),
+            gc_delete_failures: Counter::default(),
+            leader: Gauge::default(),
             pool_member_creations: Family::default(),
             pool_member_retirements: Family::default(),
             pool_member_deletions: Family::default(),
@@ -257,6 +265,27 @@ impl Metrics {
             "Instances the latest orphan-GC sweep listed but may not reap, by provider and reason \
              (untagged, other_installation, out_of_scope, released)",
             m.gc_instances_left_alone.clone(),
+        );
+        registry.register(
+            "gc_sweeps",
+            "Orphan-GC sweeps by result (ok; incomplete: a provider could not be listed or a delete \
+             failed; failed: the live Proxies could not be read)",
+            m.gc_sweeps.clone(),
+        );
+        registry.register(
+            "gc_instances_deleted",
+            "Orphaned instances the GC deleted",
+            m.gc_instances_deleted.clone(),
+        );
+        registry.register(
+            "gc_delete_failures",
+            "Orphaned instances or leftovers the GC failed to delete (tried again next sweep)",
+            m.gc_delete_failures.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica acts (holds the leader Lease, or runs without election or standalone)",
+            m.leader.clone(),
         );
         registry.register(
             "pool_member_creations",

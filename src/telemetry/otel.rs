@@ -70,6 +70,45 @@ pub fn exporter_from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<
     Ok(Some(TracesExporter::OtlpHttp))
 }
 
+impl TracesExporter {
+    /// How the start-up log line names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OtlpHttp => "otlp http/protobuf",
+            Self::OtlpGrpc => "otlp grpc",
+            Self::Console => "console",
+        }
+    }
+}
+
+/// Where `exporter` sends spans, as the exporter resolves the environment,
+/// fit for a log line: credentials, query and fragment of the URL left out.
+pub fn destination(exporter: TracesExporter, env: impl Fn(&str) -> Option<String>) -> String {
+    let get = |k: &str| env(k).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let endpoint = match exporter {
+        TracesExporter::Console => return "stdout".to_owned(),
+        TracesExporter::OtlpHttp => get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| {
+            let base = get("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_else(|| "http://localhost:4318".into());
+            Some(format!("{}/v1/traces", base.trim_end_matches('/')))
+        }),
+        TracesExporter::OtlpGrpc => get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+            .or_else(|| Some("http://localhost:4317".into())),
+    }
+    .unwrap_or_default();
+    match url::Url::parse(&endpoint) {
+        Ok(mut url) => {
+            // Failing these only means the URL had none to remove.
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        Err(_) => "an endpoint that is not a URL".to_owned(),
+    }
+}
+
 /// The process's resource: built-in values, then the environment's on top.
 fn resource() -> Resource {
     let mut builder = Resource::builder_empty()
@@ -212,6 +251,58 @@ mod tests {
         for (vars, want) in cases {
             assert_eq!(decide(&vars).unwrap(), want, "{vars:?}");
         }
+    }
+
+    #[test]
+    fn the_destination_is_logged_without_credentials() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        };
+        use TracesExporter::*;
+        assert_eq!(destination(OtlpHttp, env(&[])), "http://localhost:4318/v1/traces");
+        assert_eq!(
+            destination(
+                OtlpHttp,
+                env(&[(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "https://user:secret@collector:4318/"
+                )])
+            ),
+            "https://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            destination(
+                OtlpHttp,
+                env(&[(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "https://c:4318/v1/traces?key=hidden#x"
+                )])
+            ),
+            "https://c:4318/v1/traces"
+        );
+        assert_eq!(
+            destination(
+                OtlpHttp,
+                env(&[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:9/traces")
+                ])
+            ),
+            "http://c:9/traces"
+        );
+        assert_eq!(
+            destination(OtlpGrpc, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")])),
+            "http://c:4317/"
+        );
+        assert_eq!(destination(OtlpGrpc, env(&[])), "http://localhost:4317/");
+        assert_eq!(destination(Console, env(&[])), "stdout");
+        assert_eq!(
+            destination(
+                OtlpHttp,
+                env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "not a url")])
+            ),
+            "an endpoint that is not a URL"
+        );
     }
 
     #[test]

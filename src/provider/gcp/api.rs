@@ -14,6 +14,8 @@ use async_trait::async_trait;
 use reqwest::Method;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
+use tracing::field::Empty;
 use url::Url;
 
 use super::wire_log::loggable;
@@ -245,7 +247,38 @@ impl ComputeApi {
         }
     }
 
+    /// One Compute API request, as an OpenTelemetry HTTP client span (named
+    /// by its method, with `http.request.method`, `server.address`,
+    /// `url.full`, `http.response.status_code`; status Error on a failure).
     async fn call(&self, method: Method, url: Url, body: Option<&Value>) -> Result<Value, GcpError> {
+        let span = tracing::info_span!(
+            "gcp.http", otel.name = %method, otel.kind = "client",
+            http.request.method = %method, server.address = url.host_str().unwrap_or_default(),
+            url.full = %url, http.response.status_code = Empty, error.type = Empty,
+            otel.status_code = Empty, otel.status_description = Empty,
+        );
+        let result = self.exchange(method, url, body).instrument(span.clone()).await;
+        match &result {
+            Ok(_) => {}
+            Err(e) => {
+                let kind = match e {
+                    GcpError::Api { status, .. } => {
+                        span.record("http.response.status_code", status);
+                        status.to_string()
+                    }
+                    GcpError::Credentials(_) => "credentials".to_owned(),
+                    GcpError::Transport(_) => "transport".to_owned(),
+                    GcpError::Decode(_) => "decode".to_owned(),
+                };
+                span.record("error.type", kind);
+                span.record("otel.status_code", "error");
+                span.record("otel.status_description", e.to_string());
+            }
+        }
+        result
+    }
+
+    async fn exchange(&self, method: Method, url: Url, body: Option<&Value>) -> Result<Value, GcpError> {
         let token = self.tokens.token().await?;
         let mut auth = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| GcpError::Credentials("the access token is not a valid header value".into()))?;
@@ -286,6 +319,7 @@ impl ComputeApi {
             "gcp response"
         );
         if (200..300).contains(&status) {
+            tracing::Span::current().record("http.response.status_code", status);
             Ok(value)
         } else {
             Err(api_error(status, &value))
