@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/system-packages.sh test
 bash tests/manifests.sh
+bash tests/monitoring.sh
 bash tests/unused-dependencies.sh
 # The OpenAPI fuzzer of actors/tests/openapi_fuzz.rs (a virtual environment, reused).
 EPO_SCHEMATHESIS=$(bash tests/openapi-fuzz-setup.sh)

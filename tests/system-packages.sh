@@ -7,7 +7,9 @@
 set -euo pipefail
 
 build=(pkg-config libssl-dev libvirt-dev git)
-test_extra=(squid iproute2 xorriso openssl chromium chromium-driver python3-venv bubblewrap)
+# prometheus: for /usr/bin/promtool (tests/monitoring.sh); its daemon is never
+# started (policy-rc.d below, and stopped if it runs anyway).
+test_extra=(squid iproute2 xorriso openssl chromium chromium-driver python3-venv bubblewrap prometheus)
 
 case "${1:-build}" in
   build) wanted=("${build[@]}") ;;
@@ -45,3 +47,23 @@ fi
 trap '[ "$created_policy" = 1 ] && "${sudo[@]}" rm -f "$policy"' EXIT
 "${sudo[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# prometheus is installed for promtool only: its daemon must neither run now
+# nor start at the next boot (policy-rc.d kept it from starting just now on a
+# machine without a policy of its own).
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    "${sudo[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    running=$(systemctl is-active prometheus.service 2>/dev/null || true)
+    [ "$running" = active ] || running=
+  else
+    "${sudo[@]}" /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    "${sudo[@]}" update-rc.d prometheus disable >/dev/null 2>&1 || true
+    running=
+    pidfile=/run/prometheus/prometheus.pid
+    if [ -r "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then running=$(cat "$pidfile"); fi
+  fi
+  if [ -n "$running" ]; then
+    echo "warning: the prometheus daemon still runs after installing the package ($running); only promtool is needed: stop it" >&2
+  fi
+fi
