@@ -27,17 +27,23 @@ install_packages() {
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
-  # qemu-utils goes in the same transaction even when present: a newer
-  # qemu-utils (a backport) conflicts with Debian's qemu-system-x86, and apt
-  # would remove it, leaving libvirtd without qemu-img (it looks for it once,
-  # at start, and then fails every snapshot with "unable to find qemu-img").
-  [[ " ${missing[*]} " == *" qemu-utils "* ]] || missing+=(qemu-utils)
-  log "installing ${missing[*]}"
   # Keep package scripts from starting sshd on :22 and libvirtd themselves.
   local created=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; created=1; fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # qemu-utils and qemu-system-x86 must come from one qemu build: a newer
+  # qemu-utils already here (a backport) Breaks Debian's qemu-system-common,
+  # and apt will neither downgrade it nor may it remove it (libvirtd looks
+  # for qemu-img once, at start, then fails every snapshot with "unable to
+  # find qemu-img"). So qemu-utils goes in the same transaction, at the
+  # version qemu-system-common gets.
+  local qemu
+  qemu=$(apt-cache policy qemu-system-common | awk '/Candidate:/ {print $2}')
+  local wanted=()
+  for p in "${missing[@]}"; do [ "$p" = qemu-utils ] || wanted+=("$p"); done
+  wanted+=("qemu-utils${qemu:+=$qemu}")
+  log "installing ${wanted[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades --no-install-recommends "${wanted[@]}" >/dev/null
   [ "$created" = 1 ] && rm -f /usr/sbin/policy-rc.d
   command -v qemu-img >/dev/null || { log "qemu-img is missing after the install"; return 1; }
   return 0

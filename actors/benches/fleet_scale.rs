@@ -11,7 +11,8 @@
 //! probing (cores, from /proc/<pid>/stat over the steady window) and per
 //! probe; after a SIGTERM and a new start on the same state: the time to
 //! the lease API's first answer and to its first granted lease. All
-//! traffic stays on loopback.
+//! traffic stays on loopback. `EPO_BENCH_WRAPPER` runs the operator under a
+//! profiler (the figures then include the profiler's own cost).
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -87,8 +88,14 @@ fn start(config: &std::path::Path, log: &std::path::Path) -> Kill {
         .append(true)
         .open(log)
         .unwrap();
+    // A profiler in front (`EPO_BENCH_WRAPPER="heaptrack -o /tmp/fleet"`,
+    // `"perf record -g -o /tmp/fleet.perf"`): the wrapper execs the operator.
+    let wrapper = std::env::var("EPO_BENCH_WRAPPER").unwrap_or_default();
+    let mut words = wrapper.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    words.push(BIN.to_owned());
     Kill(
-        Command::new(BIN)
+        Command::new(&words[0])
+            .args(&words[1..])
             .args([
                 "standalone",
                 "--log-format",
