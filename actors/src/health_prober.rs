@@ -4,7 +4,7 @@
 //! sends verdicts to the owning ProxyActor. A proxy whose previous probe is
 //! still running skips a tick instead of piling up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use futures::FutureExt;
 use opentelemetry::trace::TraceContextExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -83,6 +83,9 @@ pub struct HealthProber {
     watched: HashMap<ObjectKey, Watched>,
     next_generation: u64,
     stats: ProberStats,
+    /// Proxies whose probe is due, waiting for a free worker (oldest
+    /// first), with the registration they were due for.
+    due: VecDeque<(ObjectKey, u64)>,
 }
 
 impl HealthProber {
@@ -96,6 +99,7 @@ impl HealthProber {
             watched: HashMap::new(),
             next_generation: 0,
             stats: ProberStats::default(),
+            due: VecDeque::new(),
         }
     }
 
@@ -130,13 +134,44 @@ impl HealthProber {
         }
         w.in_flight = true;
         self.stats.in_flight += 1;
-        let (prober, pool, me) = (self.prober.clone(), self.pool.clone(), ctx.address());
-        let (key, generation, target) = (key.clone(), w.generation, w.target.clone());
-        let trace = self.trace_probes;
-        actix::spawn(async move {
-            let Ok(_permit) = pool.acquire_owned().await else {
+        self.due.push_back((key.clone(), w.generation));
+        self.start_due(ctx);
+    }
+
+    /// Starts due probes while a worker is free. A probe waits in `due` (a
+    /// key) rather than as a spawned task (a whole probe's state): ten
+    /// thousand proxies due at once cost kilobytes, not tens of megabytes.
+    fn start_due(&mut self, ctx: &mut Context<Self>) {
+        while !self.due.is_empty() {
+            let Ok(permit) = self.pool.clone().try_acquire_owned() else {
                 return;
             };
+            let Some((key, generation)) = self.due.pop_front() else {
+                return;
+            };
+            // Unwatched or re-registered while it waited: nothing to probe.
+            let Some(w) = self
+                .watched
+                .get(&key)
+                .filter(|w| w.in_flight && w.generation == generation)
+            else {
+                self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
+                continue;
+            };
+            self.spawn_probe(key.clone(), generation, w.target.clone(), permit, ctx);
+        }
+    }
+
+    fn spawn_probe(
+        &self,
+        key: ObjectKey,
+        generation: u64,
+        target: ProbeTarget,
+        permit: OwnedSemaphorePermit,
+        ctx: &mut Context<Self>,
+    ) {
+        let (prober, me, trace) = (self.prober.clone(), ctx.address(), self.trace_probes);
+        actix::spawn(async move {
             // Opt-in: a root span per probe (thousands per second otherwise).
             let span = if trace {
                 tracing::info_span!(
@@ -188,6 +223,8 @@ impl HealthProber {
                 latency: result.latency,
                 reason: result.outcome.err().map(|f| f.to_string()),
             };
+            // Free before the result arrives, so the next due probe can start.
+            drop(permit);
             me.do_send(ProbeDone {
                 key,
                 generation,
@@ -235,6 +272,7 @@ impl actix::Supervised for HealthProber {
             w.generation = self.next_generation;
             w.in_flight = false;
         }
+        self.due.clear();
         self.stats.in_flight = 0;
     }
 }
@@ -293,7 +331,8 @@ impl Handler<Unwatch> for HealthProber {
 impl Handler<ProbeDone> for HealthProber {
     type Result = ();
 
-    fn handle(&mut self, msg: ProbeDone, _: &mut Self::Context) {
+    fn handle(&mut self, msg: ProbeDone, ctx: &mut Self::Context) {
+        self.start_due(ctx);
         self.stats.in_flight = self.stats.in_flight.saturating_sub(1);
         self.stats.probes += 1;
         if !msg.sample.ok {

@@ -293,3 +293,126 @@ async fn a_killed_local_proxy_turns_unhealthy_and_is_replaced_until_ready() {
     })
     .await;
 }
+
+/// Collects the verdicts per proxy.
+struct Verdicts(Arc<std::sync::Mutex<BTreeMap<String, usize>>>);
+
+impl Actor for Verdicts {
+    type Context = Context<Self>;
+}
+
+impl Handler<egress_proxies_operator::proxy_actor::HealthVerdict> for Verdicts {
+    type Result = ();
+    fn handle(&mut self, _: egress_proxies_operator::proxy_actor::HealthVerdict, _: &mut Self::Context) {}
+}
+
+#[actix_rt::test]
+async fn a_small_worker_pool_probes_every_proxy_in_turn_never_more_at_once() {
+    use egress_proxies::health::{CheckSpec, ProbeTarget, Thresholds};
+    use egress_proxies_operator::health_prober::Watch;
+    // A "proxy" answering every request after 50 ms, counting the
+    // connections open at once and the requests per probed proxy (the path).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap();
+    let open = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let seen: Arc<std::sync::Mutex<BTreeMap<String, usize>>> = Arc::default();
+    {
+        let (open, most, seen) = (open.clone(), most.clone(), seen.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (open, most, seen) = (open.clone(), most.clone(), seen.clone());
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&head)
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let path = line
+                        .split(' ')
+                        .nth(1)
+                        .unwrap_or_default()
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned();
+                    *seen.lock().unwrap().entry(path).or_default() += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                    let _ = s
+                        .write_all(
+                            b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        )
+                        .await;
+                });
+            }
+        });
+    }
+    let prober = HealthProber::new(Prober::new(None).unwrap(), 2, false).start();
+    let sink = Verdicts(Arc::default()).start();
+    let proxies = 20;
+    for i in 0..proxies {
+        prober.do_send(Watch {
+            key: ObjectKey::new("crawl", format!("p{i}")),
+            target: ProbeTarget {
+                uid: format!("uid-{i}"),
+                endpoint: proxy.to_string(),
+                check: CheckSpec {
+                    url: format!("http://127.0.0.1:9/p{i}").parse().unwrap(),
+                    expected_status: None,
+                    // 20 proxies × 50 ms on 2 workers: 0.5 s a round, so most
+                    // ticks find the proxy still due and skip.
+                    interval: Duration::from_millis(100),
+                    timeout: Duration::from_secs(5),
+                    thresholds: Thresholds {
+                        healthy: 1,
+                        unhealthy: 1,
+                    },
+                },
+                credentials: None,
+                endpoint_policy: None,
+            },
+            owner: sink.downgrade().recipient(),
+        });
+    }
+    eventually(
+        "every proxy probed three times",
+        Duration::from_secs(20),
+        async || {
+            let seen = seen.lock().unwrap();
+            (seen.len() == proxies && seen.values().all(|n| *n >= 3))
+                .then_some(())
+                .ok_or(format!("{seen:?}"))
+        },
+    )
+    .await;
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "at most 2 probes at once, saw {}",
+        most.load(Ordering::SeqCst)
+    );
+    let stats = prober.send(GetProberStats).await.unwrap();
+    assert!(stats.skipped > 0, "due proxies skip their ticks: {stats:?}");
+    assert!(
+        stats.in_flight <= proxies,
+        "each proxy is due at most once: {stats:?}"
+    );
+    // Fair: the most-probed proxy is at most a round ahead of the least.
+    let seen = seen.lock().unwrap();
+    let (least, most_probed) = (seen.values().min().unwrap(), seen.values().max().unwrap());
+    assert!(most_probed - least <= 2, "{seen:?}");
+}
