@@ -11,6 +11,7 @@ use data_encoding::BASE64;
 use serde_json::Value;
 
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
 use crate::resource::{API_GROUP, MAX_POOL_NAME_LEN, Proxy, ProxyPool};
 use crate::store::{ObjectKey, pool_key};
@@ -66,9 +67,16 @@ pub struct ManifestSet {
     pub problems: Vec<String>,
 }
 
+/// The largest manifest file read (bigger ones are reported and skipped).
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// The most documents one file may hold (a generated fleet of tens of
+/// thousands fits; a document-separator storm does not).
+pub const MAX_DOCUMENTS: usize = 100_000;
+
 #[derive(Debug)]
 struct FileState {
-    content: String,
+    /// SHA-256 of the content: enough to see a change, without keeping a copy.
+    digest: [u8; 32],
     /// Last good parse (empty if the file never parsed).
     docs: Vec<Document>,
     error: Option<String>,
@@ -104,23 +112,31 @@ impl ManifestDir {
                 continue;
             }
             // A file that vanished between listing and reading is handled on the next scan.
-            let Ok(content) = std::fs::read_to_string(&path) else {
+            let Ok(content) = read_bounded(&path) else {
                 continue;
             };
             seen.insert(path.clone());
-            if self.files.get(&path).is_some_and(|f| f.content == content) {
+            let digest: [u8; 32] = match &content {
+                Ok(text) => Sha256::digest(text.as_bytes()).into(),
+                Err(too_big) => Sha256::digest(too_big.as_bytes()).into(),
+            };
+            if self.files.get(&path).is_some_and(|f| f.digest == digest) {
                 continue;
             }
             changed = true;
             let previous = self.files.remove(&path).map(|f| f.docs).unwrap_or_default();
-            let state = match parse_file(&content) {
+            let parsed = match &content {
+                Ok(text) => parse_file(text),
+                Err(too_big) => Err(too_big.clone()),
+            };
+            let state = match parsed {
                 Ok(docs) => FileState {
-                    content,
+                    digest,
                     docs,
                     error: None,
                 },
                 Err(error) => FileState {
-                    content,
+                    digest,
                     docs: previous,
                     error: Some(error),
                 },
@@ -173,11 +189,32 @@ impl ManifestDir {
     }
 }
 
+/// A file's text, or why it is not read (too large: its size, so a file
+/// that stays too large is not reported anew at every scan).
+fn read_bounded(path: &Path) -> std::io::Result<Result<String, String>> {
+    let size = std::fs::metadata(path)?.len();
+    if size > MAX_FILE_BYTES {
+        return Ok(Err(format!(
+            "{size} bytes, more than the {MAX_FILE_BYTES} a manifest file may hold; split it"
+        )));
+    }
+    std::fs::read_to_string(path).map(Ok)
+}
+
 /// Parses every document of a file; any error rejects the whole file.
 pub fn parse_file(content: &str) -> Result<Vec<Document>, String> {
     // Without the excerpt the parser would quote: the lines around an error
     // may be a Secret's, and this message is logged. Line and column say where.
-    let options = serde_saphyr::options! { with_snippet: false };
+    // The parser's default budget (1,024 documents, 250,000 nodes) is for
+    // configuration files; a fleet's manifest is one document per proxy.
+    let options = serde_saphyr::options! {
+        with_snippet: false,
+        budget: serde_saphyr::budget! {
+            max_documents: MAX_DOCUMENTS,
+            max_nodes: MAX_DOCUMENTS * 100,
+            max_events: MAX_DOCUMENTS * 200,
+        },
+    };
     let values: Vec<Value> = serde_saphyr::from_multiple_with_options(content, options)
         .map_err(|e| format!("not valid YAML: {e}"))?;
     let mut docs = Vec::new();
@@ -359,6 +396,53 @@ metadata: {name: ci, labels: {crawl.example.com/cloud-init: \"true\"}}
 stringData: {user-data: \"#cloud-config\\n\"}
 data: {other: aGVsbG8=}
 ";
+
+    #[test]
+    fn a_generated_fleet_of_ten_thousand_documents_parses_and_a_separator_storm_does_not() {
+        let fleet: Vec<String> = (0..10_000)
+            .map(|i| {
+                format!(
+                    "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p{i}, namespace: fleet}}\n\
+                     spec: {{mode: External, endpoint: {{host: 127.0.0.1, port: 3128}}, attributes: {{site: s{i}}}, \
+                     healthCheck: {{url: \"http://127.0.0.1:9/\", interval: 1s, timeout: 5s}}}}\n"
+                )
+            })
+            .collect();
+        assert_eq!(parse_file(&fleet.join("---\n")).unwrap().len(), 10_000);
+        let storm = "---\n".repeat(MAX_DOCUMENTS + 1);
+        let err = parse_file(&storm).unwrap_err();
+        assert!(
+            err.contains("not valid YAML") && err.contains("document"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_file_too_large_is_refused_by_its_size_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("a.yaml");
+        std::fs::write(&good, TWO).unwrap();
+        // Sparse: the size is there, the bytes are not (nothing is read).
+        let big = dir.path().join("big.yaml");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let mut manifests = ManifestDir::new(dir.path());
+        assert!(manifests.scan().unwrap());
+        let set = manifests.current();
+        assert_eq!(set.proxies.len(), 2, "the other file is read");
+        assert_eq!(set.problems.len(), 1, "{:?}", set.problems);
+        assert!(
+            set.problems[0].contains("big.yaml") && set.problems[0].contains("67108865 bytes"),
+            "{:?}",
+            set.problems
+        );
+        assert!(
+            !manifests.scan().unwrap(),
+            "unchanged: not reported as a change again"
+        );
+    }
 
     #[test]
     fn parses_proxies_and_secrets_with_defaults() {

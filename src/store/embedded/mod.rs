@@ -641,33 +641,76 @@ impl PoolStore for EmbeddedStore {
 
 /// Keeps the store in step with the manifest directory: rescans every
 /// `interval`, applies changes, and logs problems when they change.
-pub async fn watch_manifests(store: Arc<EmbeddedStore>, mut dir: ManifestDir, interval: Duration) {
+pub async fn watch_manifests(store: Arc<EmbeddedStore>, dir: ManifestDir, interval: Duration) {
     let mut reported: Vec<String> = Vec::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let path = dir.path().to_owned();
+    let mut dir = Some(dir);
     // The first scan always applies: an empty directory deletes what the state still holds.
     let mut first = true;
     loop {
         ticker.tick().await;
-        match dir.scan() {
-            Ok(false) if !std::mem::take(&mut first) => continue,
-            Ok(_) => {}
+        let mut scanning = dir.take().unwrap_or_else(|| ManifestDir::new(&path));
+        let must_apply = std::mem::take(&mut first);
+        let store = store.clone();
+        // Reading, parsing and storing a fleet of manifests takes a while:
+        // on a blocking thread, the actors on this one keep running.
+        let scanned = tokio::task::spawn_blocking(move || {
+            let scan = rescan(&store, &mut scanning, must_apply);
+            (scanning, scan)
+        })
+        .await;
+        match scanned {
+            Ok((back, scan)) => {
+                dir = Some(back);
+                match scan {
+                    Scan::Unchanged => {}
+                    // Not applied yet: the next scan must.
+                    Scan::Unreadable => first = must_apply,
+                    Scan::Applied(problems) if problems != reported => {
+                        for problem in &problems {
+                            tracing::error!(problem = %problem, "manifest rejected");
+                        }
+                        reported = problems;
+                    }
+                    Scan::Applied(_) => {}
+                }
+            }
             Err(e) => {
-                tracing::error!(dir = %dir.path().display(), error = %e, "cannot read the manifest directory");
-                continue;
+                // Start afresh from the files: the next scan reads them all.
+                tracing::error!(error = %e, "scanning the manifest directory failed");
+                first = true;
             }
-        }
-        let set = dir.current();
-        if set.problems != reported {
-            for problem in &set.problems {
-                tracing::error!(problem = %problem, "manifest rejected");
-            }
-            reported = set.problems.clone();
-        }
-        if let Err(e) = store.apply(&set) {
-            tracing::error!(error = %e, "applying manifests to the state database failed");
         }
     }
+}
+
+/// What one scan of the manifest directory did.
+enum Scan {
+    Unchanged,
+    /// The directory could not be listed; nothing was applied.
+    Unreadable,
+    /// The declaration went to the store; the problems found in it.
+    Applied(Vec<String>),
+}
+
+/// One scan: when something changed (or `must_apply`), the merged
+/// declaration goes to the store.
+fn rescan(store: &EmbeddedStore, dir: &mut ManifestDir, must_apply: bool) -> Scan {
+    match dir.scan() {
+        Ok(false) if !must_apply => return Scan::Unchanged,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(dir = %dir.path().display(), error = %e, "cannot read the manifest directory");
+            return Scan::Unreadable;
+        }
+    }
+    let set = dir.current();
+    if let Err(e) = store.apply(&set) {
+        tracing::error!(error = %e, "applying manifests to the state database failed");
+    }
+    Scan::Applied(set.problems)
 }
 
 /// Reads the stored objects without taking the operator's lock (for `get proxies`).
