@@ -14,6 +14,14 @@ use egress_proxies_operator::{operator, standalone, system};
 
 use cli::{Cli, Command, LoggingArgs, RunArgs};
 
+/// jemalloc instead of the system allocator: thousands of actors and
+/// probes allocate small objects on several threads, where glibc's arenas
+/// keep freed memory resident; jemalloc's background thread returns it
+/// (docs/benchmarks.md, fleet scale: steady RSS 191 → 140 MiB at 10,000
+/// proxies, CPU per probe 0.081 → 0.063 ms).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
