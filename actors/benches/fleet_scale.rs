@@ -184,11 +184,14 @@ fn main() {
         let cores = (cpu1 - cpu0) / window;
         let done = probes1 - probes0;
         println!(
-            "steady {steady} s: {:.0} probes/s, {:.2} cores, {:.3} ms CPU per probe; RSS {:.1} MiB, peak {:.1} MiB",
+            "steady {steady} s: {:.0} probes/s, {:.2} cores, {:.3} ms CPU per probe; RSS {:.1} MiB \
+             (anonymous {:.1}, file {:.1}), peak {:.1} MiB",
             done / window,
             cores,
             (cpu1 - cpu0) * 1000.0 / done.max(1.0),
             status_mib(pid, "VmRSS"),
+            status_mib(pid, "RssAnon"),
+            status_mib(pid, "RssFile"),
             status_mib(pid, "VmHWM"),
         );
 
