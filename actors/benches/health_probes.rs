@@ -215,13 +215,13 @@ fn main() {
             for i in 0..n {
                 prober.do_send(Watch {
                     key: ObjectKey::new("bench", format!("p{i}")),
-                    target: ProbeTarget {
+                    target: std::sync::Arc::new(ProbeTarget {
                         uid: format!("uid-{i}"),
                         endpoint: format!("127.0.0.1:{proxy_port}"),
                         check: check.clone(),
                         credentials: None,
                         endpoint_policy: None,
-                    },
+                    }),
                     owner: sink.downgrade().recipient(),
                 });
             }

@@ -30,7 +30,8 @@ use crate::proxy_actor::HealthVerdict;
 #[rtype(result = "()")]
 pub struct Watch {
     pub key: ObjectKey,
-    pub target: ProbeTarget,
+    /// Shared with the ProxyActor that asks.
+    pub target: Arc<ProbeTarget>,
     /// Weak: the prober must never keep a stopped ProxyActor alive (its
     /// Supervisor would restart it).
     pub owner: WeakRecipient<HealthVerdict>,
@@ -67,7 +68,7 @@ struct ProbeDone {
 }
 
 struct Watched {
-    target: ProbeTarget,
+    target: Arc<ProbeTarget>,
     owner: WeakRecipient<HealthVerdict>,
     state: HealthState,
     generation: u64,
@@ -166,7 +167,7 @@ impl HealthProber {
         &self,
         key: ObjectKey,
         generation: u64,
-        target: ProbeTarget,
+        target: Arc<ProbeTarget>,
         permit: OwnedSemaphorePermit,
         ctx: &mut Context<Self>,
     ) {

@@ -81,6 +81,22 @@ fn backoff(min: Duration, max: Duration) -> ExponentialBackoff {
         .build()
 }
 
+/// An exponential backoff that holds nothing until it is used: of ten
+/// thousand actors, few ever back off.
+#[derive(Default)]
+struct Backoff(Option<Box<ExponentialBackoff>>);
+
+impl Backoff {
+    fn next(&mut self, min: Duration, max: Duration) -> Option<Duration> {
+        self.0.get_or_insert_with(|| Box::new(backoff(min, max))).next()
+    }
+
+    /// Starts again from the shortest delay.
+    fn reset(&mut self) {
+        self.0 = None;
+    }
+}
+
 /// The two kinds of work, serialised per object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Job {
@@ -100,13 +116,13 @@ pub struct ProxyActor {
     prober: Option<Addr<HealthProber>>,
     leases: Option<Addr<LeaseStore>>,
     /// What the lease store was last told.
-    announced: Option<egress_proxies::lease::Availability>,
+    announced: Option<Arc<egress_proxies::lease::Availability>>,
     /// The phase this proxy is counted under in the proxies-by-phase gauge.
     counted_phase: Option<String>,
     /// The probe span whose verdict asked for the next reconcile (linked to it).
     probe_link: Option<opentelemetry::trace::SpanContext>,
     /// What the prober currently watches for this proxy.
-    watching: Option<ProbeTarget>,
+    watching: Option<Arc<ProbeTarget>>,
     /// Kept between jobs; lent to the running one.
     memory: Option<Memory>,
     /// A verdict that arrived while a job held the memory.
@@ -114,9 +130,9 @@ pub struct ProxyActor {
     running: bool,
     again: Option<Job>,
     timer: Option<SpawnHandle>,
-    polls: ExponentialBackoff,
-    errors: ExponentialBackoff,
-    quota: ExponentialBackoff,
+    polls: Backoff,
+    errors: Backoff,
+    quota: Backoff,
 }
 
 impl ProxyActor {
@@ -144,9 +160,9 @@ impl ProxyActor {
             running: false,
             again: None,
             timer: None,
-            polls: backoff(timing.poll_min, timing.poll_max),
-            errors: backoff(timing.error_min, timing.error_max),
-            quota: backoff(timing.quota_min, timing.quota_max),
+            polls: Backoff::default(),
+            errors: Backoff::default(),
+            quota: Backoff::default(),
         }
     }
 
@@ -249,21 +265,21 @@ impl ProxyActor {
                 None
             }
             (Job::Reconcile, Ok(Ok(next))) => {
-                self.errors = backoff(self.timing.error_min, self.timing.error_max);
-                self.quota = backoff(self.timing.quota_min, self.timing.quota_max);
+                self.errors.reset();
+                self.quota.reset();
                 match next {
-                    Next::Poll => self.polls.next(),
+                    Next::Poll => self.polls.next(self.timing.poll_min, self.timing.poll_max),
                     Next::Resync => {
-                        self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
+                        self.polls.reset();
                         Some(self.timing.resync)
                     }
                     Next::After(wait) => {
                         // What follows the wait is new work: poll it closely again.
-                        self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
+                        self.polls.reset();
                         Some(wait)
                     }
                     Next::Idle | Next::Gone => {
-                        self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
+                        self.polls.reset();
                         None
                     }
                 }
@@ -272,8 +288,10 @@ impl ProxyActor {
                 let delay = match (error.retry_after(), error.class()) {
                     // Work still under way (an image download): back soon, backoff untouched.
                     (Some(after), _) => Some(after),
-                    (None, ErrorClass::QuotaExceeded) => self.quota.next(),
-                    (None, _) => self.errors.next(),
+                    (None, ErrorClass::QuotaExceeded) => {
+                        self.quota.next(self.timing.quota_min, self.timing.quota_max)
+                    }
+                    (None, _) => self.errors.next(self.timing.error_min, self.timing.error_max),
                 };
                 tracing::warn!(
                     proxy = %self.key, error = %error, class = %error.class(),
@@ -312,7 +330,7 @@ impl ProxyActor {
         }
         if let Some(leases) = &self.leases {
             match &current {
-                Some(a) => leases.do_send(UpdateAvailability(a.clone())),
+                Some(a) => leases.do_send(UpdateAvailability(a.as_ref().clone())),
                 None => leases.do_send(RemoveProxy(self.key.clone())),
             }
         }
@@ -418,7 +436,7 @@ impl Supervised for ProxyActor {
         // The memory may be lost with the job the crash dropped; what the
         // prober and the lease store were told is not.
         self.memory = Some(Memory::resuming(self.watching.clone(), self.announced.clone()));
-        self.polls = backoff(self.timing.poll_min, self.timing.poll_max);
+        self.polls.reset();
     }
 }
 

@@ -368,7 +368,7 @@ async fn a_small_worker_pool_probes_every_proxy_in_turn_never_more_at_once() {
     for i in 0..proxies {
         prober.do_send(Watch {
             key: ObjectKey::new("crawl", format!("p{i}")),
-            target: ProbeTarget {
+            target: std::sync::Arc::new(ProbeTarget {
                 uid: format!("uid-{i}"),
                 endpoint: proxy.to_string(),
                 check: CheckSpec {
@@ -385,7 +385,7 @@ async fn a_small_worker_pool_probes_every_proxy_in_turn_never_more_at_once() {
                 },
                 credentials: None,
                 endpoint_policy: None,
-            },
+            }),
             owner: sink.downgrade().recipient(),
         });
     }

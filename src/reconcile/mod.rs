@@ -60,9 +60,11 @@ pub struct Memory {
     /// The latest health verdict for the current instance (from the health engine).
     pub health: Option<Verdict>,
     /// What the health engine should probe: set while the proxy serves.
-    pub serving: Option<ProbeTarget>,
+    /// Shared (the actor, the prober and this hold one copy), and kept
+    /// as it is while a reconcile finds it unchanged.
+    pub serving: Option<Arc<ProbeTarget>>,
     /// What the lease store should know about the proxy, after the last job.
-    pub availability: Option<Availability>,
+    pub availability: Option<Arc<Availability>>,
     /// Deletes refused for good in a row (a Permanent error): how long the
     /// next attempt waits.
     delete_refusals: u32,
@@ -82,7 +84,7 @@ impl Memory {
     /// What a restarted ProxyActor starts from: where the proxy serves and
     /// what the lease store was told (so it stays probed and leasable, as on
     /// a hiccup, until a reconcile says otherwise); the rest afresh.
-    pub fn resuming(serving: Option<ProbeTarget>, availability: Option<Availability>) -> Memory {
+    pub fn resuming(serving: Option<Arc<ProbeTarget>>, availability: Option<Arc<Availability>>) -> Memory {
         Memory {
             serving,
             availability,
@@ -257,10 +259,13 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
             ok
         }
     };
-    memory.availability = match result {
-        Ok(Next::Gone) => None,
-        _ => Some(availability(&proxy, draft.status(), memory)),
-    };
+    match result {
+        Ok(Next::Gone) => memory.availability = None,
+        _ => {
+            let now = availability(&proxy, draft.status(), memory);
+            keep_if_same(&mut memory.availability, now);
+        }
+    }
     if !matches!(result, Ok(Next::Gone)) {
         match draft.write(ctx.store.as_ref(), key).await {
             Ok(()) | Err(StoreError::Gone { .. }) => {}
@@ -686,18 +691,27 @@ fn serve(
     };
     match CheckSpec::from_health_check(&proxy.spec.health_check()) {
         Ok(check) => {
-            memory.serving = Some(ProbeTarget {
+            let target = ProbeTarget {
                 uid: uid(proxy).to_owned(),
                 endpoint,
                 check,
                 credentials,
                 endpoint_policy,
-            });
+            };
+            keep_if_same(&mut memory.serving, target);
             if let Some(verdict) = memory.health.as_ref().filter(|v| v.uid == uid(proxy)) {
                 draft.health(verdict);
             }
         }
         Err(e) => draft.unprobed(&e.to_string()),
+    }
+}
+
+/// Puts `next` in `slot` unless it holds an equal value: the shared copy
+/// stays shared, and the owners see no change.
+fn keep_if_same<T: PartialEq>(slot: &mut Option<Arc<T>>, next: T) {
+    if slot.as_deref() != Some(&next) {
+        *slot = Some(Arc::new(next));
     }
 }
 
@@ -722,7 +736,8 @@ pub async fn record_health(
     if let Some(verdict) = &memory.health {
         draft.health(verdict);
     }
-    memory.availability = Some(availability(&proxy, draft.status(), memory));
+    let now = availability(&proxy, draft.status(), memory);
+    keep_if_same(&mut memory.availability, now);
     match draft.write(ctx.store.as_ref(), key).await {
         Ok(()) | Err(StoreError::Gone { .. }) => Ok(()),
         Err(e) => Err(e.into()),
