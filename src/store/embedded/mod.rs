@@ -55,7 +55,8 @@ pub enum EmbeddedStoreError {
 
 struct Inner {
     db: Database,
-    objects: BTreeMap<ObjectKey, Proxy>,
+    /// Boxed: a Proxy is a kilobyte, and a map node holds eleven values.
+    objects: BTreeMap<ObjectKey, Box<Proxy>>,
     pools: BTreeMap<ObjectKey, ProxyPool>,
     secrets: BTreeMap<ObjectKey, SecretDoc>,
 }
@@ -121,7 +122,7 @@ impl EmbeddedStore {
         let objects = db
             .load_all()?
             .into_iter()
-            .map(|p| (ObjectKey::of(&p), p))
+            .map(|p| (ObjectKey::of(&p), Box::new(p)))
             .collect();
         let pools = db
             .load_pools()?
@@ -195,7 +196,7 @@ impl EmbeddedStore {
 
     /// Every stored object.
     pub fn list(&self) -> Vec<Proxy> {
-        self.lock().objects.values().cloned().collect()
+        self.lock().objects.values().map(|p| (**p).clone()).collect()
     }
 
     /// Every stored pool.
@@ -271,7 +272,7 @@ impl EmbeddedStore {
                 };
                 if let Some(next) = next {
                     inner.db.put(&next).map_err(backend)?;
-                    inner.objects.insert(key.clone(), next);
+                    inner.objects.insert(key.clone(), Box::new(next));
                     changed.push(key.clone());
                 }
             }
@@ -430,7 +431,7 @@ fn merge(existing: &Proxy, declared: &Proxy) -> Option<Proxy> {
 #[async_trait]
 impl ProxyStore for EmbeddedStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
-        Ok(self.lock().objects.get(key).cloned())
+        Ok(self.lock().objects.get(key).map(|p| (**p).clone()))
     }
 
     async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
@@ -581,7 +582,7 @@ impl PoolStore for EmbeddedStore {
             .objects
             .values()
             .filter(|p| controller_pool_uid(p) == Some(uid))
-            .cloned()
+            .map(|p| (**p).clone())
             .collect())
     }
 
@@ -600,7 +601,7 @@ impl PoolStore for EmbeddedStore {
             }
             let created = create(member);
             inner.db.put(&created).map_err(backend)?;
-            inner.objects.insert(key.clone(), created);
+            inner.objects.insert(key.clone(), Box::new(created));
         }
         self.emit(StoreEvent::Changed(key));
         Ok(())
