@@ -262,10 +262,13 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
             list.items.first()?.metadata.name.clone()
         })
         .await;
-    assert_eq!(
-        proxies.get("pod-proxy").await.unwrap().data["status"]["phase"],
-        "Provisioning"
-    );
+    // The pod is created before the status saying so is written: wait for it.
+    operator
+        .eventually("the Proxy Provisioning", Duration::from_secs(30), async || {
+            let phase = proxies.get("pod-proxy").await.ok()?.data["status"]["phase"].clone();
+            (phase == "Provisioning").then_some(())
+        })
+        .await;
     // The kubelet's part: the pod runs, ready, with an address (loopback here).
     mark(&pods, &pod_name, json!({"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]})).await;
     let status = operator
