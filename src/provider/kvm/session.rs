@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::net::IpAddr;
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use virt::connect::Connect;
@@ -125,6 +126,9 @@ pub struct HostSession {
     conn: Connect,
     host: String,
     pool: String,
+    /// The pool's handle, looked up once per session (every volume
+    /// operation needs it); forgotten when libvirt no longer knows it.
+    pool_handle: Mutex<Option<StoragePool>>,
 }
 
 impl HostSession {
@@ -142,6 +146,7 @@ impl HostSession {
             conn,
             host: host.to_owned(),
             pool: pool.to_owned(),
+            pool_handle: Mutex::new(None),
         })
     }
 
@@ -176,6 +181,10 @@ impl HostSession {
             }
             Err(e) => {
                 let err = error(rpc, target, e);
+                if err.code == Some(ErrorNumber::NoStoragePool) {
+                    // Undefined (and maybe defined anew): look it up again next time.
+                    *self.pool_handle.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                }
                 tracing::debug!(rpc, host = %self.host, target, durationMs = ms, code = ?err.code, error = %err.message, "libvirt call failed");
                 Err(err)
             }
@@ -183,9 +192,15 @@ impl HostSession {
     }
 
     fn storage_pool(&self) -> Result<StoragePool, KvmError> {
-        self.call("virStoragePoolLookupByName", &self.pool, || {
+        let mut cached = self.pool_handle.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pool) = cached.as_ref() {
+            return Ok(pool.clone());
+        }
+        let pool = self.call("virStoragePoolLookupByName", &self.pool, || {
             self.conn.lookup_storage_pool_by_name(&self.pool)
-        })
+        })?;
+        *cached = Some(pool.clone());
+        Ok(pool)
     }
 
     fn volume(&self, name: &str) -> Result<StorageVol, KvmError> {
