@@ -47,7 +47,7 @@ async fn retry<T>(what: &str, f: impl AsyncFnMut() -> Result<T, ProviderError>) 
 
 /// Measured on 2026-12-01 (docs/benchmarks.md): the ceiling this test
 /// holds until the work of lowering it (to 10 and 4) lands.
-const CREATE_CALLS: u64 = 52;
+const CREATE_CALLS: u64 = 21;
 const GET_CALLS: u64 = 6;
 
 #[actix_rt::test]

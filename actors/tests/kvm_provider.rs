@@ -324,3 +324,42 @@ async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers(
         .collect();
     assert!(left.is_empty(), "nothing created: {left:?}");
 }
+
+#[actix_rt::test]
+async fn a_base_deleted_behind_the_image_cache_is_fetched_again() {
+    let bed = bed_or_skip!();
+    let (url, hits, base) = image_server_of("48M").await;
+    let marker = egress_proxies::provider::kvm::base_image::marker_name(&base);
+    let mut cfg = provider_config(&bed, &url);
+    // With its digest configured a fetch reads the image once: hits count fetches.
+    let digest = base
+        .trim_start_matches("base-")
+        .trim_end_matches(".qcow2")
+        .to_owned();
+    cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
+    // Cached by an earlier run: gone, so the first create fetches.
+    for v in [&marker, &base] {
+        let _ = std::process::Command::new("virsh")
+            .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
+            .output();
+    }
+    let runner = runner_factory()("kvm-forget", &cfg).unwrap();
+    let provider = KvmProvider::new("kvm-forget", cfg, runner);
+    let first = create_request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
+    let second = create_request("7e0c0c5e-0000-4000-8000-0000000000f2", "a");
+    let _cleanup = RemoveOnDrop(vec![first.name.to_string(), second.name.to_string()]);
+    let first_id = retry("first create", async || provider.create(&first).await).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    // The cache knows the base now; someone deletes it from the pool.
+    for v in [&marker, &base] {
+        virsh_ok(&["vol-delete", "--pool", "default", v.as_str()]);
+    }
+    // The next create finds it missing (transient), the cache forgets it,
+    // and the retry fetches it again.
+    let second_id = retry("second create", async || provider.create(&second).await).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "fetched again");
+    assert!(pool_volumes().contains(&base), "the base is back");
+    for id in [&first_id, &second_id] {
+        retry("delete", async || provider.delete(id).await).await;
+    }
+}

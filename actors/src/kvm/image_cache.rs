@@ -25,6 +25,15 @@ pub struct Ensure {
     pub host_actor: Addr<KvmHostActor>,
 }
 
+/// A host's pool no longer has this base volume (a create found it
+/// missing): the next create looks for it, or fetches it, again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Forget {
+    pub host: String,
+    pub volume: String,
+}
+
 /// The volumes fetches are writing on a host right now (the pool sweep spares them).
 #[derive(Message)]
 #[rtype(result = "Vec<String>")]
@@ -45,6 +54,11 @@ type Waiter = oneshot::Sender<Result<CachedBase, RunError>>;
 pub struct ImageCacheActor {
     http: Downloader,
     waiters: HashMap<DownloadKey, Vec<Waiter>>,
+    /// Bases found complete and sound (or fetched) in a host's pool: a
+    /// create needs no pool reads to learn it again (a verified lookup
+    /// reads three volumes, about thirty libvirt calls). Forgotten when a
+    /// create finds the volume gone.
+    known: HashMap<DownloadKey, CachedBase>,
 }
 
 impl ImageCacheActor {
@@ -52,6 +66,7 @@ impl ImageCacheActor {
         Self {
             http,
             waiters: HashMap::new(),
+            known: HashMap::new(),
         }
     }
 }
@@ -80,6 +95,10 @@ impl Handler<Ensure> for ImageCacheActor {
 
     fn handle(&mut self, msg: Ensure, ctx: &mut Self::Context) -> Self::Result {
         let key = (msg.host.name.clone(), msg.image.clone());
+        if let Some(base) = self.known.get(&key) {
+            let base = base.clone();
+            return Box::pin(async move { Ok(base) });
+        }
         let (tx, rx) = oneshot::channel();
         let queue = self.waiters.entry(key.clone()).or_default();
         queue.push(tx);
@@ -112,9 +131,21 @@ impl Handler<Finished> for ImageCacheActor {
 
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
         crate::supervision::report_fetched(&msg.key.0, &msg.key.1.url, msg.result.as_ref());
+        if let Ok(base) = &msg.result {
+            self.known.insert(msg.key.clone(), base.clone());
+        }
         for waiter in self.waiters.remove(&msg.key).unwrap_or_default() {
             let _ = waiter.send(msg.result.clone());
         }
+    }
+}
+
+impl Handler<Forget> for ImageCacheActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Forget, _: &mut Self::Context) {
+        self.known
+            .retain(|(host, _), base| *host != msg.host || base.volume != msg.volume);
     }
 }
 

@@ -15,11 +15,11 @@ use egress_proxies::provider::kvm::host_calls::{
 };
 use egress_proxies::provider::kvm::host_runner::{HostRunner, RunError};
 use egress_proxies::provider::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
-use egress_proxies::provider::kvm::ops::{CreatePlan, Observed, Released};
+use egress_proxies::provider::kvm::ops::{CreatePlan, Observed, OpError, Released};
 use egress_proxies::provider::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
-use super::image_cache::{Ensure, FetchingVolumes, ImageCacheActor};
+use super::image_cache::{Ensure, FetchingVolumes, Forget, ImageCacheActor};
 use crate::supervision::{self, Node};
 
 /// One supervised actor per host, and the image cache.
@@ -119,7 +119,16 @@ impl LazyKvmHosts {
 #[async_trait]
 impl HostRunner for LazyKvmHosts {
     async fn create(&self, host: &KvmHost, plan: CreatePlan) -> Result<(), RunError> {
-        self.started()?.call(host, CreateDomain(Box::new(plan))).await
+        let hosts = self.started()?;
+        let result = hosts.call(host, CreateDomain(Box::new(plan))).await;
+        if let Err(RunError::Call(OpError::BaseMissing(volume))) = &result {
+            // Deleted behind the cache's back: the retry looks (or fetches) anew.
+            hosts.images.do_send(Forget {
+                host: host.name.clone(),
+                volume: volume.clone(),
+            });
+        }
+        result
     }
 
     async fn get(&self, host: &KvmHost, domain: &str) -> Result<Option<Observed>, RunError> {
