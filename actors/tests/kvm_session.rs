@@ -91,7 +91,8 @@ async fn volumes_seed_and_a_domain_through_the_link() {
             "UID and creation time round-trip through the metadata"
         );
         assert_eq!(
-            s.domain_address(name).unwrap(),
+            s.address_of(&s.domain(name).unwrap().expect("defined"), name)
+                .unwrap(),
             None,
             "nothing booted: no address yet, and no error"
         );

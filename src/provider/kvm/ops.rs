@@ -68,38 +68,41 @@ pub struct CreatePlan {
 /// Creates (or finishes creating) the instance; starts it if it exists stopped.
 pub fn create(s: &HostSession, plan: &CreatePlan) -> Result<(), OpError> {
     let name = plan.domain.name.as_str();
-    if s.domain_state(name)?.is_some() {
-        s.define_and_start(name, "")?;
+    if let Some(domain) = s.domain(name)? {
+        s.start(&domain, name)?;
         return Ok(());
     }
     let base_path = s
         .volume_path(&plan.base_volume)?
         .ok_or_else(|| OpError::BaseMissing(plan.base_volume.clone()))?;
     let overlay = overlay_name(name);
-    if s.volume_path(&overlay)?.is_none() {
-        let available = s.pool_available_bytes()?;
-        if available < plan.disk_bytes {
-            return Err(OpError::NoRoom {
-                needed: plan.disk_bytes,
-                available,
-            });
+    // A create cut off before the define left its overlay: reused.
+    let disk_path = match s.volume_path(&overlay)? {
+        Some(path) => path,
+        None => {
+            let available = s.pool_available_bytes()?;
+            if available < plan.disk_bytes {
+                return Err(OpError::NoRoom {
+                    needed: plan.disk_bytes,
+                    available,
+                });
+            }
+            let xml = overlay_volume_xml(&overlay, plan.disk_bytes, &base_path, &plan.base_format);
+            s.create_new_volume(&overlay, &xml)?.0
         }
-    }
-    let disk_path = s.create_volume(
-        &overlay,
-        &overlay_volume_xml(&overlay, plan.disk_bytes, &base_path, &plan.base_format),
-    )?;
+    };
     // The seed is always rebuilt: a cut-off upload must never be trusted.
     let seed = seed_name(name);
     s.delete_volume(&seed)?;
-    let seed_path = s.create_volume(&seed, &plain_volume_xml(&seed, "raw", plan.seed_iso.len() as u64))?;
-    s.upload(&seed, &plan.seed_iso)?;
+    let (seed_path, seed_volume) =
+        s.create_new_volume(&seed, &plain_volume_xml(&seed, "raw", plan.seed_iso.len() as u64))?;
+    s.upload_to(&seed_volume, &seed, &plan.seed_iso)?;
     let spec = DomainSpec {
         disk_path,
         seed_path,
         ..plan.domain.clone()
     };
-    s.define_and_start(name, &domain_xml(&spec))?;
+    s.define_and_start_new(name, &domain_xml(&spec))?;
     Ok(())
 }
 
@@ -115,11 +118,13 @@ pub struct Observed {
 
 /// The instance's state; `None` when the domain does not exist.
 pub fn get(s: &HostSession, name: &str) -> Result<Option<Observed>, OpError> {
-    let Some((run, metadata)) = s.domain_state(name)? else {
+    // One lookup: the state, the mark and the address all come from its handle.
+    let Some(domain) = s.domain(name)? else {
         return Ok(None);
     };
+    let (run, metadata) = s.state_of(&domain, name)?;
     let (state, ip, reason) = match run {
-        DomainRunState::Running => match s.domain_address(name)? {
+        DomainRunState::Running => match s.address_of(&domain, name)? {
             Some(ip) => (InstanceState::Running, Some(ip), None),
             None => (InstanceState::Provisioning, None, None),
         },

@@ -224,17 +224,28 @@ impl HostSession {
         if let Some(path) = self.volume_path(name)? {
             return Ok(path);
         }
+        self.create_new_volume(name, xml).map(|(path, _)| path)
+    }
+
+    /// Creates a volume the caller knows is not there; its path and handle.
+    pub fn create_new_volume(&self, name: &str, xml: &str) -> Result<(String, StorageVol), KvmError> {
         tracing::trace!(host = %self.host, volume = name, xml, "volume XML");
         let pool = self.storage_pool()?;
         let vol = self.call("virStorageVolCreateXML", name, || {
             StorageVol::create_xml(&pool, xml, 0)
         })?;
-        self.call("virStorageVolGetPath", name, || vol.path())
+        let path = self.call("virStorageVolGetPath", name, || vol.path())?;
+        Ok((path, vol))
     }
 
     /// Writes `bytes` into an existing volume (seed ISOs and small images).
     pub fn upload(&self, name: &str, bytes: &[u8]) -> Result<(), KvmError> {
         let vol = self.volume(name)?;
+        self.upload_to(&vol, name, bytes)
+    }
+
+    /// [`Self::upload`] into a volume already in hand.
+    pub fn upload_to(&self, vol: &StorageVol, name: &str, bytes: &[u8]) -> Result<(), KvmError> {
         let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
         self.call("virStorageVolUpload", name, || {
             vol.upload(&stream, 0, bytes.len() as u64, 0)
@@ -360,7 +371,8 @@ impl HostSession {
             .map(|i| i.available)
     }
 
-    fn domain(&self, name: &str) -> Result<Option<Domain>, KvmError> {
+    /// The domain's handle; `None` when it does not exist.
+    pub fn domain(&self, name: &str) -> Result<Option<Domain>, KvmError> {
         match self.call("virDomainLookupByName", name, || {
             self.conn.lookup_domain_by_name(name)
         }) {
@@ -368,6 +380,22 @@ impl HostSession {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Starts a defined domain unless it runs.
+    pub fn start(&self, domain: &Domain, name: &str) -> Result<(), KvmError> {
+        if !self.call("virDomainIsActive", name, || domain.is_active())? {
+            self.call("virDomainCreate", name, || domain.create())?;
+        }
+        Ok(())
+    }
+
+    /// Defines a domain the caller knows is not there, and starts it.
+    pub fn define_and_start_new(&self, name: &str, xml: &str) -> Result<(), KvmError> {
+        tracing::trace!(host = %self.host, domain = name, xml, "domain XML");
+        let domain = self.call("virDomainDefineXML", name, || self.conn.define_domain_xml(xml))?;
+        self.call("virDomainCreate", name, || domain.create())?;
+        Ok(())
     }
 
     /// Defines the domain from XML (unless it exists — then `xml` is not
@@ -394,6 +422,15 @@ impl HostSession {
         let Some(domain) = self.domain(name)? else {
             return Ok(None);
         };
+        self.state_of(&domain, name).map(Some)
+    }
+
+    /// State and operator metadata of a domain in hand.
+    pub fn state_of(
+        &self,
+        domain: &Domain,
+        name: &str,
+    ) -> Result<(DomainRunState, Option<InstanceMetadata>), KvmError> {
         let (state, reason) = self.call("virDomainGetState", name, || domain.state())?;
         let run = match state {
             virt::domain::DomainStateEnum::Known(virt::domain::DomainState::Running) => {
@@ -406,7 +443,7 @@ impl HostSession {
             },
             _ => DomainRunState::Transitional,
         };
-        Ok(Some((run, self.metadata_of(&domain, name)?)))
+        Ok((run, self.metadata_of(domain, name)?))
     }
 
     fn metadata_of(&self, domain: &Domain, name: &str) -> Result<Option<InstanceMetadata>, KvmError> {
@@ -495,10 +532,7 @@ impl HostSession {
 
     /// First routable IPv4 address: from the ARP table, else from the guest
     /// agent. Errors of either source mean "no address yet".
-    pub fn domain_address(&self, name: &str) -> Result<Option<IpAddr>, KvmError> {
-        let Some(domain) = self.domain(name)? else {
-            return Ok(None);
-        };
+    pub fn address_of(&self, domain: &Domain, name: &str) -> Result<Option<IpAddr>, KvmError> {
         for source in [
             virt::sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
             virt::sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
