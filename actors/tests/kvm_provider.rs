@@ -4,7 +4,10 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use egress_proxies::config::KvmConfig;
 use std::time::Duration;
 
 use egress_proxies::provider::kvm::provider::KvmProvider;
@@ -15,6 +18,30 @@ use support::kvm_bed::{
     RemoveOnDrop, create_request, domain_exists, image_server, image_server_of, past_transient, pool_volumes,
     provider_config, virsh_ok,
 };
+
+/// A provider configuration whose image `tiny` is served by a server of
+/// this test alone (its downloads counted), with its digest configured so a
+/// fetch reads it once, and not cached in the pool by an earlier run: the
+/// configuration, the download count, the base's and its marker's names.
+async fn own_image(
+    bed: &HashMap<String, String>,
+    size: &str,
+) -> (KvmConfig, Arc<AtomicUsize>, String, String) {
+    let (url, hits, base) = image_server_of(size).await;
+    let mut cfg = provider_config(bed, &url);
+    let digest = base
+        .trim_start_matches("base-")
+        .trim_end_matches(".qcow2")
+        .to_owned();
+    cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
+    let marker = egress_proxies::provider::kvm::base_image::marker_name(&base);
+    for v in [&marker, &base] {
+        let _ = std::process::Command::new("virsh")
+            .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
+            .output();
+    }
+    (cfg, hits, base, marker)
+}
 
 async fn retry<T>(
     what: &str,
@@ -30,20 +57,7 @@ async fn create_get_list_delete_through_the_host_actors() {
     let bed = bed_or_skip!();
     // An image of its own: the other tests here, running meanwhile, fetch
     // theirs into the same pool, and this one counts its downloads.
-    let (url, hits, base) = image_server_of("255M").await;
-    let mut cfg = provider_config(&bed, &url);
-    // With its digest configured, a first fetch reads the image once (and the base's name is known).
-    let digest = base
-        .trim_start_matches("base-")
-        .trim_end_matches(".qcow2")
-        .to_owned();
-    cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
-    let marker = egress_proxies::provider::kvm::base_image::marker_name(&base);
-    for v in [&marker, &base] {
-        let _ = std::process::Command::new("virsh")
-            .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
-            .output();
-    }
+    let (cfg, hits, base, marker) = own_image(&bed, "255M").await;
     let runner = runner_factory()("kvm-test", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-test", cfg, runner);
 
@@ -328,21 +342,7 @@ async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers(
 #[actix_rt::test]
 async fn a_base_deleted_behind_the_image_cache_is_fetched_again() {
     let bed = bed_or_skip!();
-    let (url, hits, base) = image_server_of("48M").await;
-    let marker = egress_proxies::provider::kvm::base_image::marker_name(&base);
-    let mut cfg = provider_config(&bed, &url);
-    // With its digest configured a fetch reads the image once: hits count fetches.
-    let digest = base
-        .trim_start_matches("base-")
-        .trim_end_matches(".qcow2")
-        .to_owned();
-    cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
-    // Cached by an earlier run: gone, so the first create fetches.
-    for v in [&marker, &base] {
-        let _ = std::process::Command::new("virsh")
-            .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
-            .output();
-    }
+    let (cfg, hits, base, marker) = own_image(&bed, "48M").await;
     let runner = runner_factory()("kvm-forget", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-forget", cfg, runner);
     let first = create_request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
