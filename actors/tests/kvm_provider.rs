@@ -345,8 +345,8 @@ async fn a_base_deleted_behind_the_image_cache_is_fetched_again() {
     let (cfg, hits, base, marker) = own_image(&bed, "48M").await;
     let runner = runner_factory()("kvm-forget", &cfg).unwrap();
     let provider = KvmProvider::new("kvm-forget", cfg, runner);
-    let first = create_request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
-    let second = create_request("7e0c0c5e-0000-4000-8000-0000000000f2", "a");
+    let first = create_request("7e0c0c5e-0000-4000-8000-0000000000e1", "a");
+    let second = create_request("7e0c0c5e-0000-4000-8000-0000000000e2", "a");
     let _cleanup = RemoveOnDrop(vec![first.name.to_string(), second.name.to_string()]);
     let first_id = retry("first create", async || provider.create(&first).await).await;
     assert_eq!(hits.load(Ordering::SeqCst), 1);
