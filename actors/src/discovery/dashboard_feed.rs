@@ -60,7 +60,11 @@ impl Feed {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                // The feed's own sender is not a listener: no page, no work.
+                // Only this task's sender is left: the server that held the feed is gone.
+                if sender.sender_count() == 1 {
+                    return;
+                }
+                // No page listens: no work.
                 if sender.receiver_count() == 0 {
                     continue;
                 }
