@@ -137,20 +137,21 @@ pub async fn stream(
         ))
     })?;
     let samples = history().since(None);
+    let last_sample = samples.last().map(|s| s.at);
     let first = [
         Bytes::from_static(b"retry: 2000\n\n"),
         event(
             "history",
             &HistoryEvent {
                 resolution_secs: history::RESOLUTION.as_secs(),
-                samples: samples.clone(),
+                samples,
             },
         ),
         event("dashboard", &snapshot(&store).await?),
     ];
     let rest = Stream {
         snapshots: feed.snapshots.subscribe(),
-        last_sample: samples.last().map(|s| s.at),
+        last_sample,
         until: tokio::time::Instant::now() + STREAM_LIFETIME,
         _slot: slot,
     };
