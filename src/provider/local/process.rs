@@ -346,18 +346,28 @@ mod tests {
             .env("GOOGLE_APPLICATION_CREDENTIALS", "/secrets/key.json");
         let exits = Exits::default();
         let identity = spawn(cmd, dir.path(), &dir.path().join("log"), &exits).unwrap();
-        // Until the child has exec'd, /proc shows the forked copy's environment.
+        // Until the child has exec'd, /proc shows the forked copy's
+        // environment; during exec the new image's `exe` is set before its
+        // stack (and so its environment) exists, and `environ` reads empty.
         let sleep = std::fs::canonicalize("/bin/sleep").unwrap();
         let exe = format!("/proc/{}/exe", identity.pid);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while std::fs::read_link(&exe).ok().as_ref() != Some(&sleep) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the child never ran /bin/sleep"
-            );
+        let environ = loop {
+            // `exe` first: once it names sleep, `environ` is the new image's.
+            if std::fs::read_link(&exe).ok().as_ref() == Some(&sleep) {
+                let environ = std::fs::read(format!("/proc/{}/environ", identity.pid)).unwrap();
+                if !environ.is_empty() {
+                    break environ;
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                break Vec::new();
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let environ = std::fs::read(format!("/proc/{}/environ", identity.pid)).unwrap();
+        };
+        // Stop it before asserting, so a failure leaves no process behind.
+        stop(&identity, Duration::from_secs(2)).await.unwrap();
+        assert!(!identity.is_alive());
         let mut seen: Vec<String> = environ
             .split(|b| *b == 0)
             .filter(|v| !v.is_empty())
@@ -365,8 +375,6 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, ["LC_ALL=C", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]);
-        stop(&identity, Duration::from_secs(2)).await.unwrap();
-        assert!(!identity.is_alive());
     }
 
     #[test]
