@@ -197,11 +197,37 @@ async fn create_get_delete_resume_from_every_partial_state() {
             "running without an address"
         );
         assert_eq!(seen.metadata, Some(meta.clone()));
+        // The paths create put in the domain without asking are libvirt's.
+        // What create remembered is what libvirt holds: a new session reads it.
+        let fresh = HostSession::open(&uri, "host-b", "default").unwrap();
+        assert_eq!(fresh.domain_state(name).unwrap().unwrap().1, Some(meta.clone()));
+        let disks = s.domain_disk_paths().unwrap();
+        for volume in [ops::overlay_name(name), ops::seed_name(name)] {
+            let path = s.volume_path(&volume).unwrap().unwrap();
+            assert!(disks.contains(&path), "{path} in {disks:?}");
+        }
+        // The mark is remembered per domain; a release is seen at once.
+        assert_eq!(ops::release(&s, name).unwrap(), ops::Released::Marked);
+        assert_eq!(
+            ops::get(&s, name).unwrap().unwrap().metadata,
+            Some(meta.released())
+        );
+        assert_eq!(fresh.domain_metadata(name).unwrap(), Some(Some(meta.released())));
+        let with_seed = plan.clone();
         plan.seed_iso.clear();
         ops::create(&s, &plan).unwrap(); // exists: nothing rebuilt, still fine
 
         ops::delete(&s, name).unwrap();
         assert_eq!(ops::get(&s, name).unwrap(), None);
+        // Defined anew under the same name, it is another domain: its own mark is read.
+        let mut again = with_seed.clone();
+        again.domain.metadata.uid = "5a3f0c2e-0000-4000-8000-000000000003".into();
+        ops::create(&s, &again).unwrap();
+        assert_eq!(
+            ops::get(&s, name).unwrap().unwrap().metadata,
+            Some(again.domain.metadata.clone())
+        );
+        ops::delete(&s, name).unwrap();
         assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
         assert_eq!(s.volume_path(&ops::seed_name(name)).unwrap(), None);
         assert!(s.volume_path(base).unwrap().is_some(), "the cached base stays");

@@ -2,7 +2,7 @@
 //! (docs/kvm-provider.md#the-domain).
 //!
 //! q35; the overlay on virtio (`vda`) and the seed as a read-only SATA cdrom,
-//! both `type="file"` with the paths libvirt reports — AppArmor's helper
+//! both `type="file"` with the volumes' paths — AppArmor's helper
 //! grants QEMU access only to disks that carry a path; one virtio NIC on the
 //! host bridge; serial console; the guest-agent channel; a virtio RNG; no
 //! graphics. UEFI (`<os firmware="efi">`, secure boot off) unless the image
@@ -26,7 +26,7 @@ pub struct DomainSpec {
     pub firmware: Firmware,
     pub vcpus: u32,
     pub memory_mib: u32,
-    /// Path of the overlay volume, as libvirt reports it.
+    /// Path of the overlay volume.
     pub disk_path: String,
     /// Path of the seed ISO volume.
     pub seed_path: String,

@@ -309,8 +309,8 @@ fn is_complete(s: &HostSession, base: &str, digest: &str) -> Result<bool, KvmErr
 /// Writes a small volume whole (markers, pins).
 fn write_small(s: &HostSession, name: &str, content: &[u8]) -> Result<(), KvmError> {
     s.delete_volume(name)?;
-    s.create_volume(name, &plain_volume_xml(name, "raw", content.len() as u64))?;
-    s.upload(name, content)
+    let vol = s.create_volume_from(name, &plain_volume_xml(name, "raw", content.len() as u64))?;
+    s.upload_to(&vol, name, content)
 }
 
 /// A volume about to be (re)written must back no overlay: never pull a base

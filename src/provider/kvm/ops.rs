@@ -7,6 +7,8 @@ use std::net::IpAddr;
 
 use super::domain_xml::{DomainSpec, domain_xml};
 use super::metadata::InstanceMetadata;
+use virt::error::ErrorNumber;
+
 use super::session::{DomainRunState, HostSession, KvmError};
 use super::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use crate::provider::{ErrorClass, InstanceState};
@@ -66,44 +68,64 @@ pub struct CreatePlan {
 }
 
 /// Creates (or finishes creating) the instance; starts it if it exists stopped.
+///
+/// Optimistic: volumes are created without asking first whether they exist
+/// (libvirt refuses a taken name, and that answer is the resume point of a
+/// create cut off earlier), and the base is not looked up — libvirt refuses
+/// an overlay over a missing backing file, and only then is the base asked
+/// for, to tell a missing base from another failure.
 pub fn create(s: &HostSession, plan: &CreatePlan) -> Result<(), OpError> {
     let name = plan.domain.name.as_str();
     if let Some(domain) = s.domain(name)? {
         s.start(&domain, name)?;
         return Ok(());
     }
-    let base_path = s
-        .volume_path(&plan.base_volume)?
-        .ok_or_else(|| OpError::BaseMissing(plan.base_volume.clone()))?;
+    let base = plan.base_volume.as_str();
+    let base_missing = || OpError::BaseMissing(base.to_owned());
+    // Asked only after a failure: was it the base that is gone?
+    let or_base_missing = |e: KvmError| match s.volume_path(base) {
+        Ok(None) => base_missing(),
+        _ => OpError::Libvirt(e),
+    };
+    let base_path = match s.path_in_pool(base) {
+        Err(e) if e.is_not_found() => return Err(base_missing()),
+        other => other?,
+    };
     let overlay = overlay_name(name);
-    // A create cut off before the define left its overlay: reused.
-    let disk_path = match s.volume_path(&overlay)? {
-        Some(path) => path,
-        None => {
-            let available = s.pool_available_bytes()?;
-            if available < plan.disk_bytes {
-                return Err(OpError::NoRoom {
-                    needed: plan.disk_bytes,
-                    available,
-                });
-            }
-            let xml = overlay_volume_xml(&overlay, plan.disk_bytes, &base_path, &plan.base_format);
-            s.create_new_volume(&overlay, &xml)?.0
-        }
+    let available = s.pool_available_bytes()?;
+    // A create cut off before the define may have left its overlay: then
+    // it is reused, and needs no room.
+    if available < plan.disk_bytes && s.volume_path(&overlay)?.is_none() {
+        return Err(OpError::NoRoom {
+            needed: plan.disk_bytes,
+            available,
+        });
+    }
+    let xml = overlay_volume_xml(&overlay, plan.disk_bytes, &base_path, &plan.base_format);
+    let disk_path = match s.create_volume_from(&overlay, &xml) {
+        Ok(vol) => s.path_of(&overlay, &vol)?,
+        Err(e) if e.code == Some(ErrorNumber::StorageVolExist) => s.path_in_pool(&overlay)?,
+        Err(e) => return Err(or_base_missing(e)),
     };
     // The seed is always rebuilt: a cut-off upload must never be trusted.
     let seed = seed_name(name);
-    s.delete_volume(&seed)?;
-    let (seed_path, seed_volume) =
-        s.create_new_volume(&seed, &plain_volume_xml(&seed, "raw", plan.seed_iso.len() as u64))?;
+    let seed_xml = plain_volume_xml(&seed, "raw", plan.seed_iso.len() as u64);
+    let seed_volume = match s.create_volume_from(&seed, &seed_xml) {
+        Err(e) if e.code == Some(ErrorNumber::StorageVolExist) => {
+            s.delete_volume(&seed)?;
+            s.create_volume_from(&seed, &seed_xml)?
+        }
+        other => other?,
+    };
     s.upload_to(&seed_volume, &seed, &plan.seed_iso)?;
     let spec = DomainSpec {
         disk_path,
-        seed_path,
+        seed_path: s.path_of(&seed, &seed_volume)?,
         ..plan.domain.clone()
     };
-    s.define_and_start_new(name, &domain_xml(&spec))?;
-    Ok(())
+    // A reused overlay may have outlived its base.
+    s.define_and_start_new(name, &domain_xml(&spec), &spec.metadata)
+        .map_err(or_base_missing)
 }
 
 /// What `get` learns about one instance.

@@ -3,7 +3,7 @@
 //! and — on failure — libvirt's error code name; XML goes to trace level.
 //! Callers run these off the async executor (a host actor's own thread).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
@@ -121,6 +121,26 @@ fn disk_sources(xml: &str) -> Vec<String> {
         .collect()
 }
 
+/// The pool types whose volumes are files named `<target path>/<volume
+/// name>` (libvirt's filesystem backends define them so).
+const FILE_POOL_TYPES: [&str; 3] = ["dir", "fs", "netfs"];
+
+/// The directory of a file-backed pool (`<target><path>` of its XML).
+fn pool_directory(xml: &str) -> Option<String> {
+    let doc = roxmltree::Document::parse(xml).ok()?;
+    let root = doc.root_element();
+    if !FILE_POOL_TYPES.contains(&root.attribute("type")?) {
+        return None;
+    }
+    let target = root.children().find(|n| n.has_tag_name("target"))?;
+    let path = target.children().find(|n| n.has_tag_name("path"))?.text()?.trim();
+    path.starts_with('/')
+        .then(|| path.trim_end_matches('/').to_owned())
+}
+
+/// Most domain marks a session remembers; beyond it they are read afresh.
+const MAX_REMEMBERED_MARKS: usize = 4096;
+
 /// One libvirt connection to a host's daemon and its storage pool.
 pub struct HostSession {
     conn: Connect,
@@ -129,6 +149,17 @@ pub struct HostSession {
     /// The pool's handle, looked up once per session (every volume
     /// operation needs it); forgotten when libvirt no longer knows it.
     pool_handle: Mutex<Option<StoragePool>>,
+    /// The pool's directory when its volumes are files (`None` inside: it
+    /// is not such a pool), read once per session: a new volume's path is
+    /// known without asking for it.
+    pool_directory: Mutex<Option<Option<String>>>,
+    /// Complete marks (managed, naming an installation) read or written so
+    /// far, by domain UUID: such a mark is written with the domain's
+    /// definition and changed only by a release, which forgets it here, so
+    /// instance reads need not fetch it again. A domain defined anew has a
+    /// new UUID; a mark an admin is still to complete by hand (adoption) is
+    /// read afresh every time; orphan GC always reads marks afresh.
+    marks: Mutex<HashMap<[u8; 16], InstanceMetadata>>,
 }
 
 impl HostSession {
@@ -147,6 +178,8 @@ impl HostSession {
             host: host.to_owned(),
             pool: pool.to_owned(),
             pool_handle: Mutex::new(None),
+            pool_directory: Mutex::new(None),
+            marks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -224,18 +257,51 @@ impl HostSession {
         if let Some(path) = self.volume_path(name)? {
             return Ok(path);
         }
-        self.create_new_volume(name, xml).map(|(path, _)| path)
+        let vol = self.create_volume_from(name, xml)?;
+        self.path_of(name, &vol)
     }
 
-    /// Creates a volume the caller knows is not there; its path and handle.
-    pub fn create_new_volume(&self, name: &str, xml: &str) -> Result<(String, StorageVol), KvmError> {
+    /// Creates a volume from XML; fails with `StorageVolExist` when one of
+    /// that name is there. Nothing else is asked.
+    pub fn create_volume_from(&self, name: &str, xml: &str) -> Result<StorageVol, KvmError> {
         tracing::trace!(host = %self.host, volume = name, xml, "volume XML");
         let pool = self.storage_pool()?;
-        let vol = self.call("virStorageVolCreateXML", name, || {
+        self.call("virStorageVolCreateXML", name, || {
             StorageVol::create_xml(&pool, xml, 0)
-        })?;
-        let path = self.call("virStorageVolGetPath", name, || vol.path())?;
-        Ok((path, vol))
+        })
+    }
+
+    /// Where a volume of this pool is (or would be): its file in a
+    /// file-backed pool, known without a call; otherwise libvirt's answer
+    /// for the existing volume (a not-found error when there is none).
+    pub fn path_in_pool(&self, name: &str) -> Result<String, KvmError> {
+        match self.directory()? {
+            Some(dir) => Ok(format!("{dir}/{name}")),
+            None => {
+                let vol = self.volume(name)?;
+                self.call("virStorageVolGetPath", name, || vol.path())
+            }
+        }
+    }
+
+    /// [`Self::path_in_pool`] of a volume in hand.
+    pub fn path_of(&self, name: &str, vol: &StorageVol) -> Result<String, KvmError> {
+        match self.directory()? {
+            Some(dir) => Ok(format!("{dir}/{name}")),
+            None => self.call("virStorageVolGetPath", name, || vol.path()),
+        }
+    }
+
+    fn directory(&self) -> Result<Option<String>, KvmError> {
+        let mut cached = self.pool_directory.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(dir) = cached.as_ref() {
+            return Ok(dir.clone());
+        }
+        let pool = self.storage_pool()?;
+        let xml = self.call("virStoragePoolGetXMLDesc", &self.pool, || pool.xml_desc(0))?;
+        let dir = pool_directory(&xml);
+        *cached = Some(dir.clone());
+        Ok(dir)
     }
 
     /// Writes `bytes` into an existing volume (seed ISOs and small images).
@@ -268,8 +334,7 @@ impl HostSession {
         chunks: impl Iterator<Item = Vec<u8>>,
     ) -> Result<u64, KvmError> {
         self.delete_volume(name)?;
-        self.create_volume(name, &super::volume_xml::plain_volume_xml(name, "raw", len))?;
-        let vol = self.volume(name)?;
+        let vol = self.create_volume_from(name, &super::volume_xml::plain_volume_xml(name, "raw", len))?;
         let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
         self.call("virStorageVolUpload", name, || vol.upload(&stream, 0, len, 0))?;
         let mut sent: u64 = 0;
@@ -390,10 +455,17 @@ impl HostSession {
         Ok(())
     }
 
-    /// Defines a domain the caller knows is not there, and starts it.
-    pub fn define_and_start_new(&self, name: &str, xml: &str) -> Result<(), KvmError> {
+    /// Defines a domain the caller knows is not there, carrying `mark` in
+    /// its XML, and starts it.
+    pub fn define_and_start_new(
+        &self,
+        name: &str,
+        xml: &str,
+        mark: &InstanceMetadata,
+    ) -> Result<(), KvmError> {
         tracing::trace!(host = %self.host, domain = name, xml, "domain XML");
         let domain = self.call("virDomainDefineXML", name, || self.conn.define_domain_xml(xml))?;
+        self.remember_mark(&domain, mark);
         self.call("virDomainCreate", name, || domain.create())?;
         Ok(())
     }
@@ -425,12 +497,17 @@ impl HostSession {
         self.state_of(&domain, name).map(Some)
     }
 
-    /// State and operator metadata of a domain in hand.
+    /// State and operator metadata of a domain in hand (the mark from
+    /// memory when this session read it before).
     pub fn state_of(
         &self,
         domain: &Domain,
         name: &str,
     ) -> Result<(DomainRunState, Option<InstanceMetadata>), KvmError> {
+        Ok((self.run_state(domain, name)?, self.remembered_mark(domain, name)?))
+    }
+
+    fn run_state(&self, domain: &Domain, name: &str) -> Result<DomainRunState, KvmError> {
         let (state, reason) = self.call("virDomainGetState", name, || domain.state())?;
         let run = match state {
             virt::domain::DomainStateEnum::Known(virt::domain::DomainState::Running) => {
@@ -443,7 +520,52 @@ impl HostSession {
             },
             _ => DomainRunState::Transitional,
         };
-        Ok((run, self.metadata_of(domain, name)?))
+        Ok(run)
+    }
+
+    /// [`Self::metadata_of`], from memory when this session read it before.
+    fn remembered_mark(&self, domain: &Domain, name: &str) -> Result<Option<InstanceMetadata>, KvmError> {
+        // The UUID is part of the handle: reading it is no call to the daemon.
+        let Ok(uuid) = domain.uuid().map(|u| u.into_bytes()) else {
+            return self.metadata_of(domain, name);
+        };
+        if let Some(mark) = self
+            .marks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&uuid)
+        {
+            return Ok(Some(mark.clone()));
+        }
+        let mark = self.metadata_of(domain, name)?;
+        if let Some(mark) = &mark {
+            self.remember_mark(domain, mark);
+        }
+        Ok(mark)
+    }
+
+    fn remember_mark(&self, domain: &Domain, mark: &InstanceMetadata) {
+        let complete = mark.managed && !mark.released && mark.installation.is_some();
+        let Ok(uuid) = domain.uuid().map(|u| u.into_bytes()) else {
+            return;
+        };
+        if !complete {
+            return;
+        }
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        if marks.len() >= MAX_REMEMBERED_MARKS {
+            marks.clear();
+        }
+        marks.insert(uuid, mark.clone());
+    }
+
+    fn forget_mark(&self, domain: &Domain) {
+        if let Ok(uuid) = domain.uuid() {
+            self.marks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&uuid.into_bytes());
+        }
     }
 
     fn metadata_of(&self, domain: &Domain, name: &str) -> Result<Option<InstanceMetadata>, KvmError> {
@@ -496,6 +618,8 @@ impl HostSession {
                 domain.set_metadata(kind, Some(&xml), Some(METADATA_PREFIX), Some(METADATA_URI), flags)
             })
         };
+        // Whatever the outcome, the next read asks the daemon.
+        self.forget_mark(&domain);
         match set(config | live) {
             Ok(()) => Ok(true),
             // It stopped between the two calls: its definition is all there is left.
@@ -563,6 +687,7 @@ impl HostSession {
         let Some(domain) = self.domain(name)? else {
             return Ok(());
         };
+        self.forget_mark(&domain);
         if self.call("virDomainIsActive", name, || domain.is_active())? {
             match self.call("virDomainDestroy", name, || domain.destroy()) {
                 Ok(()) => {}
@@ -590,9 +715,10 @@ impl HostSession {
         let mut out = Vec::new();
         for domain in domains {
             let Ok(name) = domain.name() else { continue };
-            // One unreadable domain is skipped, not fatal.
-            match (self.domain_state(&name), self.metadata_of(&domain, &name)) {
-                (Ok(Some((state, _))), Ok(Some(meta))) if meta.managed => out.push((name, state, meta)),
+            // One unreadable domain is skipped, not fatal. The mark is read
+            // afresh: the sweep decides what to delete by it.
+            match (self.run_state(&domain, &name), self.metadata_of(&domain, &name)) {
+                (Ok(state), Ok(Some(meta))) if meta.managed => out.push((name, state, meta)),
                 _ => {}
             }
         }
@@ -616,6 +742,26 @@ fn error(rpc: &'static str, target: &str, e: virt::error::Error) -> KvmError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_file_backed_pools_name_their_volumes_paths() {
+        let pool = |kind: &str, path: &str| {
+            format!("<pool type='{kind}'><name>default</name><target><path>{path}</path></target></pool>")
+        };
+        for kind in ["dir", "fs", "netfs"] {
+            assert_eq!(
+                pool_directory(&pool(kind, "/var/lib/libvirt/images/")).as_deref(),
+                Some("/var/lib/libvirt/images")
+            );
+        }
+        // Volumes of these are devices or network objects, named otherwise.
+        for kind in ["logical", "disk", "iscsi", "rbd", "zfs"] {
+            assert_eq!(pool_directory(&pool(kind, "/dev/vg0")), None, "{kind}");
+        }
+        assert_eq!(pool_directory(&pool("dir", "relative")), None);
+        assert_eq!(pool_directory("<pool type='dir'><name>x</name></pool>"), None);
+        assert_eq!(pool_directory("not xml"), None);
+    }
 
     #[test]
     fn disk_sources_cover_files_devices_volumes_and_backing_chains() {
