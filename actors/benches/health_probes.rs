@@ -3,7 +3,13 @@
 //! loopback target (its own process), so this process's CPU time is the
 //! prober's alone. Reports probes/s, CPU seconds per 1,000 probes and RSS.
 //!
-//!   cargo bench -p egress-proxies-operator --bench health_probes -- [--proxies 500,2000,5000] [--seconds 20] [--scheme http|https]
+//!   cargo bench -p egress-proxies-operator --bench health_probes -- [--proxies 500,2000,5000] [--seconds 20]
+//!       [--scheme http|https] [--threads N] [--no-resumption]
+//!
+//! Probes run on the operator's probe threads (one per core unless
+//! `--threads`). The https target issues session tickets, as public sites
+//! do; `--no-resumption` makes it refuse to resume, so every probe pays a
+//! full handshake.
 //!
 //! All traffic stays on 127.0.0.1.
 
@@ -17,7 +23,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use egress_proxies::health::{CheckSpec, ProbeTarget, Prober, Thresholds};
 use egress_proxies::store::ObjectKey;
-use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, Watch};
+use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads, Watch};
 use egress_proxies_operator::proxy_actor::HealthVerdict;
 
 const TARGET_ROLE: &str = "EPO_BENCH_TARGET";
@@ -66,20 +72,26 @@ fn rss_mib(field: &str) -> f64 {
 }
 
 /// The target process: answers 204 to every request, over TLS when given a certificate.
-fn serve_target(port: u16, tls: Option<(String, String)>) {
+fn serve_target(port: u16, tls: Option<(String, String)>, resumption: bool) {
     let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
     let config = tls.map(|(cert, key)| {
         use rustls::pki_types::pem::PemObject;
         let cert = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
         let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
-        Arc::new(
+        let mut config =
             rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
                 .unwrap()
                 .with_no_client_auth()
                 .with_single_cert(vec![cert], key)
-                .unwrap(),
-        )
+                .unwrap();
+        if resumption {
+            config.ticketer = rustls::crypto::ring::Ticketer::new().unwrap();
+        } else {
+            config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            config.send_tls13_tickets = 0;
+        }
+        Arc::new(config)
     });
     let threads = 2;
     let listener = Arc::new(listener);
@@ -119,6 +131,19 @@ fn serve_target(port: u16, tls: Option<(String, String)>) {
     }
 }
 
+/// TLS handshakes of probes so far, (full, resumed), from the operator's own metric.
+fn handshakes() -> (u64, u64) {
+    let text = egress_proxies::telemetry::metrics().encode();
+    let count = |kind: &str| {
+        let prefix = format!("egress_proxies_health_probe_tls_handshakes_total{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (count("full"), count("resumed"))
+}
+
 struct Kill(Child);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -132,7 +157,11 @@ fn main() {
         let tls = std::env::var("EPO_BENCH_CERT")
             .ok()
             .zip(std::env::var("EPO_BENCH_KEY").ok());
-        serve_target(port.parse().unwrap(), tls);
+        serve_target(
+            port.parse().unwrap(),
+            tls,
+            std::env::var("EPO_BENCH_NO_RESUMPTION").is_err(),
+        );
         return;
     }
     let sizes: Vec<usize> = arg("--proxies")
@@ -142,6 +171,11 @@ fn main() {
         .collect();
     let seconds: u64 = arg("--seconds").map(|s| s.parse().unwrap()).unwrap_or(20);
     let scheme = arg("--scheme").unwrap_or_else(|| "http".into());
+    let resumption = !std::env::args().any(|a| a == "--no-resumption");
+    let threads = match arg("--threads") {
+        Some(n) => ProbeThreads::new(n.parse().unwrap()).unwrap(),
+        None => ProbeThreads::per_core().unwrap(),
+    };
 
     // The target, in its own process.
     let target_port = free_port();
@@ -154,6 +188,9 @@ fn main() {
         target
             .env("EPO_BENCH_CERT", cert.cert.pem())
             .env("EPO_BENCH_KEY", cert.signing_key.serialize_pem());
+        if !resumption {
+            target.env("EPO_BENCH_NO_RESUMPTION", "1");
+        }
     }
     let _target = Kill(target.spawn().unwrap());
     // The built-in forward proxy, in its own process.
@@ -190,16 +227,20 @@ fn main() {
     };
 
     println!(
-        "scheme={scheme} duration={seconds}s interval=1s health-workers=64 cores={}",
+        "scheme={scheme} resumption={resumption} duration={seconds}s interval=1s health-workers=64 cores={}",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
-    println!("| proxies | probes/s | failures | CPU s / 1,000 probes | CPU (cores) | RSS MiB (peak) |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| proxies | probes/s | failures | CPU s / 1,000 probes | CPU (cores) | RSS MiB (peak) | resumed |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let system = System::new();
     for n in sizes {
-        let (url, roots) = (url.clone(), roots.clone());
+        let (url, roots, threads) = (url.clone(), roots.clone(), &threads);
         system.block_on(async move {
-            let prober = HealthProber::new(Prober::with_roots(roots).unwrap(), 64, false).start();
+            let prober = HealthProber::new(Prober::with_roots(roots).unwrap(), 64, false)
+                .on(threads)
+                .start();
             let verdicts = Arc::new(AtomicU64::new(0));
             let sink = Sink(verdicts.clone()).start();
             let check = CheckSpec {
@@ -228,18 +269,24 @@ fn main() {
             // One interval to spread the start times, then measure.
             tokio::time::sleep(Duration::from_secs(2)).await;
             let before = prober.send(GetProberStats).await.unwrap();
-            let (cpu0, t0) = (cpu_seconds(), Instant::now());
+            let (cpu0, t0, tls0) = (cpu_seconds(), Instant::now(), handshakes());
             tokio::time::sleep(Duration::from_secs(seconds)).await;
             let after = prober.send(GetProberStats).await.unwrap();
             let (cpu, wall) = (cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
             let probes = after.probes - before.probes;
             let failures = after.failures - before.failures;
+            let tls = handshakes();
+            let (full, resumed) = (tls.0 - tls0.0, tls.1 - tls0.1);
             println!(
-                "| {n} | {:.0} | {failures} | {:.3} | {:.2} | {:.1} |",
+                "| {n} | {:.0} | {failures} | {:.3} | {:.2} | {:.1} | {} |",
                 probes as f64 / wall,
                 cpu / (probes.max(1) as f64 / 1000.0),
                 cpu / wall,
                 rss_mib("VmHWM:"),
+                match full + resumed {
+                    0 => "-".to_owned(),
+                    all => format!("{:.0} %", resumed as f64 * 100.0 / all as f64),
+                },
             );
             System::current().stop();
         });

@@ -3,6 +3,11 @@
 //! concurrent probes, folds results into each proxy's threshold state and
 //! sends verdicts to the owning ProxyActor. A proxy whose previous probe is
 //! still running skips a tick instead of piling up.
+//!
+//! The probes themselves run on [`ProbeThreads`], a small multi-threaded
+//! runtime of their own: a TLS handshake is CPU work, and on the actor's
+//! arbiter every probe would share one core with the scheduling and the
+//! verdicts. The actor keeps all the state; probes report back to it.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -76,8 +81,53 @@ struct Watched {
     in_flight: bool,
 }
 
+/// The threads probes run on; stopped (without waiting for probes in
+/// flight) when dropped.
+pub struct ProbeThreads {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ProbeThreads {
+    /// Most threads, whatever the machine: probes are short, and the rest
+    /// of the operator needs cores too.
+    pub const MAX: usize = 8;
+
+    /// One thread per core the process may use (its cgroup's CPU quota
+    /// included), at most [`Self::MAX`].
+    pub fn per_core() -> std::io::Result<Self> {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        Self::new(cores.clamp(1, Self::MAX))
+    }
+
+    pub fn new(threads: usize) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("health-probe")
+            .enable_all()
+            .build()?;
+        Ok(Self {
+            runtime: Some(runtime),
+        })
+    }
+
+    pub fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime.as_ref().map(|r| r.handle().clone())
+    }
+}
+
+impl Drop for ProbeThreads {
+    fn drop(&mut self) {
+        // Dropped inside the actor system: a blocking shutdown would panic.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 pub struct HealthProber {
     prober: Prober,
+    /// Where probes run; `None`: on the actor's own arbiter.
+    threads: Option<tokio::runtime::Handle>,
     pool: Arc<Semaphore>,
     rule: LatencyRule,
     trace_probes: bool,
@@ -94,6 +144,7 @@ impl HealthProber {
     pub fn new(prober: Prober, workers: usize, trace_probes: bool) -> Self {
         Self {
             prober,
+            threads: None,
             pool: Arc::new(Semaphore::new(workers.max(1))),
             rule: LatencyRule::default(),
             trace_probes,
@@ -102,6 +153,12 @@ impl HealthProber {
             stats: ProberStats::default(),
             due: VecDeque::new(),
         }
+    }
+
+    /// Runs the probes on `threads` instead of the actor's arbiter.
+    pub fn on(mut self, threads: &ProbeThreads) -> Self {
+        self.threads = threads.handle();
+        self
     }
 
     fn schedule(&mut self, key: ObjectKey, interval: Duration, ctx: &mut Context<Self>) -> SpawnHandle {
@@ -172,7 +229,7 @@ impl HealthProber {
         ctx: &mut Context<Self>,
     ) {
         let (prober, me, trace) = (self.prober.clone(), ctx.address(), self.trace_probes);
-        actix::spawn(async move {
+        let probe = async move {
             // Opt-in: a root span per probe (thousands per second otherwise).
             let span = if trace {
                 tracing::info_span!(
@@ -232,7 +289,11 @@ impl HealthProber {
                 sample,
                 span: span_context,
             });
-        });
+        };
+        match &self.threads {
+            Some(threads) => drop(threads.spawn(probe)),
+            None => drop(actix::spawn(probe)),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use egress_proxies::store::{ProxyStore, StoreEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
-use crate::health_prober::HealthProber;
+use crate::health_prober::{HealthProber, ProbeThreads};
 use crate::lease_store::LeaseStore;
 use crate::proxy_actor::Timing;
 use crate::registry::ProxyRegistry;
@@ -55,6 +55,8 @@ pub struct Running {
     pub prober: Addr<HealthProber>,
     pub leases: Addr<LeaseStore>,
     pub gc: Addr<GcSweeper>,
+    /// Where the health probes run (stopped when this is dropped).
+    pub probe_threads: ProbeThreads,
 }
 
 /// Starts every actor (call inside the actix system) and the discovery API
@@ -93,7 +95,9 @@ pub fn start(
         settings.gc_grace_period,
     );
     let gc = supervision::start(Node::singleton("gc_sweeper"), |_| gc);
-    let prober = HealthProber::new(prober, settings.health_workers, settings.trace_health_probes);
+    let probe_threads = ProbeThreads::per_core()?;
+    let prober =
+        HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).on(&probe_threads);
     let prober = supervision::start(Node::singleton("health_prober"), |_| prober);
     let mut leases = match settings.lease_journal {
         Some(journal) => LeaseStore::durable(settings.leases, Default::default(), journal)
@@ -125,6 +129,7 @@ pub fn start(
         prober,
         leases,
         gc,
+        probe_threads,
     })
 }
 

@@ -18,7 +18,7 @@ use egress_proxies::reconcile;
 use egress_proxies::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
-use egress_proxies_operator::health_prober::{GetProberStats, HealthProber};
+use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::registry::ProxyRegistry;
 use serde_json::json;
@@ -93,6 +93,7 @@ struct Bed {
     prober: Addr<HealthProber>,
     declared: ManifestSet,
     _registry: Addr<ProxyRegistry>,
+    _probe_threads: ProbeThreads,
     /// Whatever happens, no local proxy outlives the test (dropped before `_state`).
     _reaper: Reaper,
     _state: tempfile::TempDir,
@@ -116,7 +117,11 @@ impl Bed {
             installation: support::installation(),
             external_endpoints: None,
         };
-        let prober = HealthProber::new(Prober::new(None).unwrap(), 8, false).start();
+        // As the operator runs them: probes on threads of their own.
+        let threads = ProbeThreads::new(2).unwrap();
+        let prober = HealthProber::new(Prober::new(None).unwrap(), 8, false)
+            .on(&threads)
+            .start();
         let p = prober.clone();
         let timing = Timing {
             poll_min: Duration::from_millis(20),
@@ -131,6 +136,7 @@ impl Bed {
             prober,
             declared: ManifestSet::default(),
             _registry: registry,
+            _probe_threads: threads,
             _reaper: Reaper(state.path().to_owned()),
             _state: state,
         }
@@ -362,7 +368,11 @@ async fn a_small_worker_pool_probes_every_proxy_in_turn_never_more_at_once() {
             }
         });
     }
-    let prober = HealthProber::new(Prober::new(None).unwrap(), 2, false).start();
+    // Two workers, on two threads: the bound holds across threads.
+    let threads = ProbeThreads::new(2).unwrap();
+    let prober = HealthProber::new(Prober::new(None).unwrap(), 2, false)
+        .on(&threads)
+        .start();
     let sink = Verdicts.start();
     let proxies = 20;
     for i in 0..proxies {

@@ -10,7 +10,9 @@ use std::time::Duration;
 use egress_proxies::health::{CheckSpec, ProbeFailure, Prober, Thresholds};
 use rustls::pki_types::CertificateDer;
 use support::squid::Squid;
-use support::target_server::{Behaviour, http_target_with, https_target_with};
+use support::target_server::{
+    Behaviour, http_target_with, https_target_noting_resumptions, https_target_with,
+};
 
 fn check(url: &str, expected: Option<u16>, timeout_ms: u64) -> CheckSpec {
     CheckSpec {
@@ -77,6 +79,40 @@ async fn https_through_connect_and_tls_succeeds_and_sends_no_identifying_headers
             "only these headers reach the target: {head}"
         );
     }
+}
+
+#[tokio::test]
+async fn later_probes_resume_the_tls_session_with_the_target_through_any_proxy() {
+    let (target, ca, _, resumptions) = https_target_noting_resumptions(Behaviour::Status(204)).await;
+    let prober = prober_trusting(&ca);
+    let url = format!("https://localhost:{}/generate_204", target.port());
+    // Every probe opens its own tunnel, through another proxy or the same.
+    let (proxies, _squid) = proxies().await;
+    let (first, second) = (builtin_proxy().await, builtin_proxy().await);
+    for proxy in [first, second, first]
+        .into_iter()
+        .chain(proxies.iter().map(|(_, p)| *p))
+    {
+        let result = prober.probe(&proxy.to_string(), &check(&url, None, 5000)).await;
+        assert_eq!(result.outcome, Ok(204), "through {proxy}");
+    }
+    let seen = resumptions.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3 + proxies.len(), "one handshake per probe");
+    assert!(!seen[0], "the first probe has no session to resume");
+    assert!(
+        seen[1..].iter().all(|r| *r),
+        "every later probe resumes: {seen:?}"
+    );
+    // A prober of its own (another operator) has no session: a full handshake.
+    let other = prober_trusting(&ca);
+    assert_eq!(
+        other
+            .probe(&first.to_string(), &check(&url, None, 5000))
+            .await
+            .outcome,
+        Ok(204)
+    );
+    assert_eq!(resumptions.lock().unwrap().last(), Some(&false));
 }
 
 #[tokio::test]

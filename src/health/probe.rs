@@ -248,6 +248,10 @@ impl Prober {
                 .await
                 .map_err(|_| timeout("in the TLS handshake with the target"))?
                 .map_err(|e| ProbeFailure::Tls(e.to_string()))?;
+            crate::telemetry::events::ProbeTlsHandshake {
+                resumed: tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+            }
+            .emit();
             // Inside the tunnel the target answers: it gets no credentials.
             request(&mut tls, path, &authority, "", deadline, check.timeout).await?
         } else {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::history::history;
 use super::metrics::{
-    ActorLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels, ProviderOpLabels,
-    ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
+    ActorLabel, HandshakeLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels,
+    ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
 };
 use crate::gc::{SweepError, SweepReport};
 use crate::pool::RetireReason;
@@ -184,6 +184,23 @@ impl ProbeCompleted<'_> {
             .inc();
         m.probe_duration.observe(self.duration.as_secs_f64());
         history().note_probe(self.duration);
+    }
+}
+
+/// An https probe finished its TLS handshake with the target.
+pub struct ProbeTlsHandshake {
+    /// Resumed from a session the target issued to an earlier probe.
+    pub resumed: bool,
+}
+
+impl ProbeTlsHandshake {
+    pub fn emit(self) {
+        let kind = if self.resumed { "resumed" } else { "full" };
+        tracing::trace!(kind, "probe TLS handshake");
+        metrics()
+            .probe_tls_handshakes
+            .get_or_create(&HandshakeLabel { kind })
+            .inc();
     }
 }
 

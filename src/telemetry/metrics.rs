@@ -51,6 +51,12 @@ pub struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabel {
+    /// `full` or `resumed`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: String,
 }
@@ -116,6 +122,7 @@ pub struct Metrics {
     pub proxies: Family<PhaseLabel, Gauge>,
     pub probes: Family<ResultLabel, Counter>,
     pub probe_duration: Histogram,
+    pub probe_tls_handshakes: Family<HandshakeLabel, Counter>,
     pub leases_active: Gauge,
     pub leases_granted: Counter,
     pub leases_denied: Family<ReasonLabel, Counter>,
@@ -157,6 +164,7 @@ impl Metrics {
             proxies: Family::default(),
             probes: Family::default(),
             probe_duration: latency(),
+            probe_tls_handshakes: Family::default(),
             leases_active: Gauge::default(),
             leases_granted: Counter::default(),
             leases_denied: Family::default(),
@@ -220,6 +228,11 @@ impl Metrics {
             "Duration of health probes",
             Unit::Seconds,
             m.probe_duration.clone(),
+        );
+        registry.register(
+            "health_probe_tls_handshakes",
+            "TLS handshakes of https probes with their targets, full or resumed from an earlier session",
+            m.probe_tls_handshakes.clone(),
         );
         registry.register("leases_active", "Leases currently held", m.leases_active.clone());
         registry.register("leases_granted", "Leases granted", m.leases_granted.clone());

@@ -75,6 +75,18 @@ pub async fn https_target() -> (SocketAddr, CertificateDer<'static>) {
 
 /// An HTTPS target for `localhost` with the given behaviour.
 pub async fn https_target_with(how: Behaviour) -> (SocketAddr, CertificateDer<'static>, Seen) {
+    let (addr, der, seen, _) = https_target_noting_resumptions(how).await;
+    (addr, der, seen)
+}
+
+/// Whether each TLS handshake the target accepted resumed an earlier session.
+pub type Resumptions = Arc<std::sync::Mutex<Vec<bool>>>;
+
+/// [`https_target_with`], also noting for every handshake whether it
+/// resumed a session (the target issues TLS 1.3 tickets, as public sites do).
+pub async fn https_target_noting_resumptions(
+    how: Behaviour,
+) -> (SocketAddr, CertificateDer<'static>, Seen, Resumptions) {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let der = CertificateDer::from(cert.cert.der().to_vec());
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
@@ -89,18 +101,21 @@ pub async fn https_target_with(how: Behaviour) -> (SocketAddr, CertificateDer<'s
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Seen::default();
-    let record = seen.clone();
+    let resumptions = Resumptions::default();
+    let (record, handshakes) = (seen.clone(), resumptions.clone());
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            let (acceptor, record) = (acceptor.clone(), record.clone());
+            let (acceptor, record, handshakes) = (acceptor.clone(), record.clone(), handshakes.clone());
             tokio::spawn(async move {
                 if let Ok(tls) = acceptor.accept(s).await {
+                    let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+                    handshakes.lock().unwrap().push(resumed);
                     answer(tls, how, record).await;
                 }
             });
         }
     });
-    (addr, der, seen)
+    (addr, der, seen, resumptions)
 }
 
 async fn status_line<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
