@@ -20,8 +20,15 @@ use super::volume_xml::plain_volume_xml;
 use crate::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmConfig};
 use crate::provider::ErrorClass;
 
-/// Chunks in flight between the download and the upload (backpressure).
-const IN_FLIGHT: usize = 16;
+/// Packets in flight between the download and the upload (backpressure):
+/// with [`STREAM_PACKET`], at most 2 MiB of an image is in memory.
+const IN_FLIGHT: usize = 8;
+
+/// The body is handed to libvirt in packets of this size, the largest one
+/// libvirt's stream protocol carries (and what `virsh vol-upload` sends):
+/// the HTTP body arrives in chunks of a few kilobytes, and one call per
+/// chunk would make the upload call-bound.
+const STREAM_PACKET: usize = 262_120;
 
 /// Bounds on an image download: a server that stalls, loops or sends more
 /// than any image should fails the fetch (and its waiters) instead of
@@ -555,15 +562,28 @@ async fn upload(
         let mut head = Head::default();
         let mut body = response.bytes_stream();
         let mut total = 0;
-        while let Some(chunk) = body.next().await {
+        let mut packet = Vec::with_capacity(STREAM_PACKET);
+        'body: while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| transport(url, e))?;
             client.count(url, &mut total, chunk.len(), room)?;
             hasher.update(&chunk);
             head.keep(&chunk);
             progress.add(chunk.len());
-            if tx.send(chunk.to_vec()).await.is_err() {
-                break; // the upload side failed; its error is reported first
+            let mut rest = &chunk[..];
+            while !rest.is_empty() {
+                let take = rest.len().min(STREAM_PACKET - packet.len());
+                packet.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if packet.len() == STREAM_PACKET {
+                    let full = std::mem::replace(&mut packet, Vec::with_capacity(STREAM_PACKET));
+                    if tx.send(full).await.is_err() {
+                        break 'body; // the upload side failed; its error is reported first
+                    }
+                }
             }
+        }
+        if !packet.is_empty() {
+            let _ = tx.send(packet).await;
         }
         Ok::<_, ImageError>((hex::encode(hasher.finalize()), head))
     };
