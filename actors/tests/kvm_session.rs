@@ -177,7 +177,8 @@ async fn create_get_delete_resume_from_every_partial_state() {
         assert_eq!(err.class(), ErrorClass::QuotaExceeded, "{err}");
         assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
 
-        // Resume points: an overlay from an earlier attempt, a stale seed.
+        // Resume points: an overlay from an earlier attempt, a stale seed —
+        // and a pool without room for a new overlay: this one is there.
         let base_path = s.volume_path(base).unwrap().unwrap();
         s.create_volume(
             &ops::overlay_name(name),
@@ -189,7 +190,7 @@ async fn create_get_delete_resume_from_every_partial_state() {
             &plain_volume_xml(&ops::seed_name(name), "raw", 4096),
         )
         .unwrap();
-        ops::create(&s, &plan).unwrap();
+        ops::create(&s, &huge).unwrap();
         let seen = ops::get(&s, name).unwrap().unwrap();
         assert_eq!(
             seen.state,
@@ -227,6 +228,25 @@ async fn create_get_delete_resume_from_every_partial_state() {
             ops::get(&s, name).unwrap().unwrap().metadata,
             Some(again.domain.metadata.clone())
         );
+        ops::delete(&s, name).unwrap();
+        // A mark without installation (an earlier version's) is read afresh
+        // every time: an admin completing it by hand is seen at the next get.
+        let mut untagged = with_seed.clone();
+        untagged.domain.metadata.installation = None;
+        ops::create(&s, &untagged).unwrap();
+        assert_eq!(
+            ops::get(&s, name).unwrap().unwrap().metadata,
+            Some(untagged.domain.metadata.clone())
+        );
+        let completed = InstanceMetadata {
+            installation: Some(support::INSTALLATION.into()),
+            ..untagged.domain.metadata.clone()
+        };
+        assert!(
+            fresh.set_metadata(name, &completed).unwrap(),
+            "as an admin's virsh would"
+        );
+        assert_eq!(ops::get(&s, name).unwrap().unwrap().metadata, Some(completed));
         ops::delete(&s, name).unwrap();
         assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
         assert_eq!(s.volume_path(&ops::seed_name(name)).unwrap(), None);
