@@ -44,21 +44,13 @@ fn bed() -> HashMap<String, String> {
         .collect()
 }
 
-/// `VmHWM` (peak RSS) in MiB.
-fn peak_rss_mib() -> f64 {
+/// A memory figure of this process from `/proc/self/status` (`VmHWM:` the
+/// peak RSS, `VmRSS:` the current one), in MiB.
+fn status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-fn current_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
@@ -226,14 +218,14 @@ async fn run(sizes: Vec<u64>, rounds: usize) {
             };
             let fetch = async || {
                 blocking(settle).await;
-                let rss_before = current_rss_mib();
+                let rss_before = status_mib("VmRSS:");
                 reset_peak_rss();
                 let started = Instant::now();
                 let fetched = fetch_to_pool(&client, &spec, &uri, "a", "default", &Progress::default())
                     .await
                     .unwrap();
                 let secs = started.elapsed().as_secs_f64();
-                let growth = peak_rss_mib() - rss_before;
+                let growth = status_mib("VmHWM:") - rss_before;
                 assert_eq!(fetched.bytes, bytes, "the whole image was uploaded");
                 blocking(clean.clone()).await;
                 (secs, growth)
