@@ -108,13 +108,21 @@ enum Job {
 
 type JobResult = std::thread::Result<Result<Next, ReconcileError>>;
 
+/// What every ProxyActor of a registry shares: one copy for the fleet,
+/// not one per proxy (and another in each supervisor's restart closure).
+#[derive(Clone)]
+pub struct ProxyActorShared {
+    pub ctx: reconcile::Context,
+    pub timing: Timing,
+    /// Restarts of all the registry's actors.
+    pub restarts: Arc<AtomicU64>,
+    pub prober: Option<Addr<HealthProber>>,
+    pub leases: Option<Addr<LeaseStore>>,
+}
+
 pub struct ProxyActor {
     key: ObjectKey,
-    ctx: reconcile::Context,
-    timing: Timing,
-    restarts: Arc<AtomicU64>,
-    prober: Option<Addr<HealthProber>>,
-    leases: Option<Addr<LeaseStore>>,
+    shared: Arc<ProxyActorShared>,
     /// What the lease store was last told.
     announced: Option<Arc<egress_proxies::lease::Availability>>,
     /// The phase this proxy is counted under in the proxies-by-phase gauge.
@@ -136,21 +144,10 @@ pub struct ProxyActor {
 }
 
 impl ProxyActor {
-    pub fn new(
-        key: ObjectKey,
-        ctx: reconcile::Context,
-        timing: Timing,
-        restarts: Arc<AtomicU64>,
-        prober: Option<Addr<HealthProber>>,
-        leases: Option<Addr<LeaseStore>>,
-    ) -> Self {
+    pub fn new(key: ObjectKey, shared: Arc<ProxyActorShared>) -> Self {
         Self {
             key,
-            ctx,
-            timing,
-            restarts,
-            prober,
-            leases,
+            shared,
             announced: None,
             counted_phase: None,
             probe_link: None,
@@ -181,7 +178,7 @@ impl ProxyActor {
         }
         self.running = true;
         let key = self.key.clone();
-        let rctx = self.ctx.clone();
+        let shared = self.shared.clone();
         let mut memory = self.memory.take().unwrap_or_default();
         let span = match job {
             Job::Reconcile => {
@@ -204,11 +201,13 @@ impl ProxyActor {
             let started = Instant::now();
             let result = match job {
                 Job::Reconcile => {
-                    AssertUnwindSafe(reconcile::reconcile(&key, &rctx, &mut memory).instrument(span.clone()))
-                        .catch_unwind()
-                        .await
+                    AssertUnwindSafe(
+                        reconcile::reconcile(&key, &shared.ctx, &mut memory).instrument(span.clone()),
+                    )
+                    .catch_unwind()
+                    .await
                 }
-                Job::Health => AssertUnwindSafe(reconcile::record_health(&key, &rctx, &mut memory))
+                Job::Health => AssertUnwindSafe(reconcile::record_health(&key, &shared.ctx, &mut memory))
                     .catch_unwind()
                     .await
                     .map(|r| r.map(|()| Next::Idle)),
@@ -268,10 +267,12 @@ impl ProxyActor {
                 self.errors.reset();
                 self.quota.reset();
                 match next {
-                    Next::Poll => self.polls.next(self.timing.poll_min, self.timing.poll_max),
+                    Next::Poll => self
+                        .polls
+                        .next(self.shared.timing.poll_min, self.shared.timing.poll_max),
                     Next::Resync => {
                         self.polls.reset();
-                        Some(self.timing.resync)
+                        Some(self.shared.timing.resync)
                     }
                     Next::After(wait) => {
                         // What follows the wait is new work: poll it closely again.
@@ -288,10 +289,12 @@ impl ProxyActor {
                 let delay = match (error.retry_after(), error.class()) {
                     // Work still under way (an image download): back soon, backoff untouched.
                     (Some(after), _) => Some(after),
-                    (None, ErrorClass::QuotaExceeded) => {
-                        self.quota.next(self.timing.quota_min, self.timing.quota_max)
-                    }
-                    (None, _) => self.errors.next(self.timing.error_min, self.timing.error_max),
+                    (None, ErrorClass::QuotaExceeded) => self
+                        .quota
+                        .next(self.shared.timing.quota_min, self.shared.timing.quota_max),
+                    (None, _) => self
+                        .errors
+                        .next(self.shared.timing.error_min, self.shared.timing.error_max),
                 };
                 tracing::warn!(
                     proxy = %self.key, error = %error, class = %error.class(),
@@ -328,7 +331,7 @@ impl ProxyActor {
         if current == self.announced {
             return;
         }
-        if let Some(leases) = &self.leases {
+        if let Some(leases) = &self.shared.leases {
             match &current {
                 Some(a) => leases.do_send(UpdateAvailability(a.as_ref().clone())),
                 None => leases.do_send(RemoveProxy(self.key.clone())),
@@ -366,7 +369,7 @@ impl ProxyActor {
         if wanted == self.watching {
             return;
         }
-        if let Some(prober) = &self.prober {
+        if let Some(prober) = &self.shared.prober {
             match &wanted {
                 Some(target) => prober.do_send(Watch {
                     key: self.key.clone(),
@@ -415,10 +418,10 @@ impl Actor for ProxyActor {
     /// stopping): no longer leasable, nor probed.
     fn stopped(&mut self, _: &mut Self::Context) {
         self.count_phase(None);
-        if let Some(leases) = &self.leases {
+        if let Some(leases) = &self.shared.leases {
             leases.do_send(RemoveProxy(self.key.clone()));
         }
-        if let (Some(prober), Some(_)) = (&self.prober, self.watching.take()) {
+        if let (Some(prober), Some(_)) = (&self.shared.prober, self.watching.take()) {
             prober.do_send(Unwatch {
                 key: self.key.clone(),
             });
@@ -428,7 +431,7 @@ impl Actor for ProxyActor {
 
 impl Supervised for ProxyActor {
     fn restarting(&mut self, _: &mut Self::Context) {
-        self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
         self.running = false;
         self.again = None;
         self.timer = None;

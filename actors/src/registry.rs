@@ -16,7 +16,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::health_prober::HealthProber;
 use crate::lease_store::LeaseStore;
-use crate::proxy_actor::{ProxyActor, Reconcile, Shutdown, Timing};
+use crate::proxy_actor::{ProxyActor, ProxyActorShared, Reconcile, Shutdown, Timing};
 use crate::supervision::{self, Node};
 
 /// How long a restarted registry waits before asking the store again when
@@ -24,12 +24,8 @@ use crate::supervision::{self, Node};
 const RESYNC_RETRY: Duration = Duration::from_secs(5);
 
 pub struct ProxyRegistry {
-    ctx: reconcile::Context,
-    timing: Timing,
+    shared: Arc<ProxyActorShared>,
     actors: HashMap<ObjectKey, Addr<ProxyActor>>,
-    restarts: Arc<AtomicU64>,
-    prober: Option<Addr<HealthProber>>,
-    leases: Option<Addr<LeaseStore>>,
     /// Set by a restart: check the actors against the store once started.
     resync: bool,
 }
@@ -59,19 +55,24 @@ impl ProxyRegistry {
     /// Without a prober, proxies stop at Running (tests of the reconcile alone).
     pub fn new(ctx: reconcile::Context, timing: Timing, prober: Option<Addr<HealthProber>>) -> Self {
         Self {
-            ctx,
-            timing,
+            shared: Arc::new(ProxyActorShared {
+                ctx,
+                timing,
+                restarts: Arc::new(AtomicU64::new(0)),
+                prober,
+                leases: None,
+            }),
             actors: HashMap::new(),
-            restarts: Arc::new(AtomicU64::new(0)),
-            prober,
-            leases: None,
             resync: false,
         }
     }
 
     /// ProxyActors will keep this lease store informed.
     pub fn with_leases(mut self, leases: Addr<LeaseStore>) -> Self {
-        self.leases = Some(leases);
+        self.shared = Arc::new(ProxyActorShared {
+            leases: Some(leases),
+            ..(*self.shared).clone()
+        });
         self
     }
 
@@ -94,18 +95,9 @@ impl ProxyRegistry {
 
     fn start_actor(&mut self, key: ObjectKey) {
         // Starting the actor reconciles once; no extra message needed.
-        let (k, ctx, timing, restarts, prober, leases) = (
-            key.clone(),
-            self.ctx.clone(),
-            self.timing,
-            self.restarts.clone(),
-            self.prober.clone(),
-            self.leases.clone(),
-        );
+        let (k, shared) = (key.clone(), self.shared.clone());
         let node = Node::member("proxy", key.to_string(), "proxy_registry");
-        let addr = supervision::start(node, move |_| {
-            ProxyActor::new(k, ctx, timing, restarts, prober, leases)
-        });
+        let addr = supervision::start(node, move |_| ProxyActor::new(k, shared));
         tracing::debug!(proxy = %key, "ProxyActor started");
         self.actors.insert(key, addr);
     }
@@ -120,7 +112,7 @@ impl ProxyRegistry {
 
     /// Lists the store's keys (after a restart), retrying until it answers.
     fn list_keys(&self, ctx: &mut Context<Self>) {
-        let store = self.ctx.store.clone();
+        let store = self.shared.ctx.store.clone();
         ctx.spawn(async move { store.keys().await }.into_actor(self).map(
             |listed, _, ctx| match listed {
                 Ok(keys) => ctx.notify(Listed(keys)),
@@ -210,7 +202,7 @@ impl Handler<GetRegistryStats> for ProxyRegistry {
     fn handle(&mut self, _: GetRegistryStats, _: &mut Self::Context) -> Self::Result {
         MessageResult(RegistryStats {
             actors: self.actors.len(),
-            restarts: self.restarts.load(Ordering::Relaxed),
+            restarts: self.shared.restarts.load(Ordering::Relaxed),
         })
     }
 }
