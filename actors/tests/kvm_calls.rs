@@ -8,10 +8,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{Provider, ProviderError};
-use egress_proxies_operator::kvm::router::runner_factory;
-use support::kvm_bed::{create_request, image_server_of, past_transient, provider_config};
+use support::kvm_bed::{create_request, image_server_of, kvm_provider, past_transient, provider_config};
 
 /// Calls made so far, per libvirt API.
 fn calls() -> BTreeMap<String, u64> {
@@ -55,8 +53,7 @@ async fn a_create_and_a_get_cost_no_more_libvirt_calls_than_measured() {
     let bed = bed_or_skip!();
     let (url, _hits, _base) = image_server_of("64M").await;
     let cfg = provider_config(&bed, &url);
-    let runner = runner_factory()("kvm-calls", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-calls", cfg, runner);
+    let provider = kvm_provider("kvm-calls", cfg);
     // A first create links the host and caches the image (counted apart).
     let warm = create_request("7e0c0c5e-0000-4000-8000-0000000000c0", "a");
     let warm_id = retry("warm-up create", async || provider.create(&warm).await).await;

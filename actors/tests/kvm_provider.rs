@@ -10,13 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use egress_proxies::config::KvmConfig;
 use std::time::Duration;
 
-use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
-use egress_proxies_operator::kvm::router::runner_factory;
 use support::eventually;
 use support::kvm_bed::{
-    RemoveOnDrop, create_request, domain_exists, image_server, image_server_of, past_transient, pool_volumes,
-    provider_config, virsh_ok,
+    RemoveOnDrop, create_request, domain_exists, image_server, image_server_of, kvm_provider, past_transient,
+    pool_volumes, provider_config, virsh_ok,
 };
 
 /// A provider configuration whose image `tiny` is served by a server of
@@ -58,8 +56,7 @@ async fn create_get_list_delete_through_the_host_actors() {
     // An image of its own: the other tests here, running meanwhile, fetch
     // theirs into the same pool, and this one counts its downloads.
     let (cfg, hits, base, marker) = own_image(&bed, "255M").await;
-    let runner = runner_factory()("kvm-test", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-test", cfg, runner);
+    let provider = kvm_provider("kvm-test", cfg);
 
     // Three creates racing on host b share one download of the image.
     let reqs: Vec<CreateRequest> = (0..3)
@@ -144,8 +141,7 @@ async fn delete_removes_a_domain_with_snapshots_and_checkpoints() {
     let bed = bed_or_skip!();
     let (url, _, _) = image_server().await;
     let cfg = provider_config(&bed, &url);
-    let runner = runner_factory()("kvm-snap", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-snap", cfg, runner);
+    let provider = kvm_provider("kvm-snap", cfg);
     let req = create_request("7e0c0c5e-0000-4000-8000-0000000000c1", "b");
     let name = req.name.to_string();
     let _cleanup = RemoveOnDrop(vec![name.clone()]);
@@ -207,8 +203,7 @@ async fn a_dead_link_restarts_only_its_host() {
     let bed = bed_or_skip!();
     let (url, _, _) = image_server().await;
     let cfg = provider_config(&bed, &url);
-    let runner = runner_factory()("kvm-iso", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-iso", cfg, runner);
+    let provider = kvm_provider("kvm-iso", cfg);
     let missing_a = ProviderId("hosts/a/domains/proxy-isolation0000a".into());
     let missing_b = ProviderId("hosts/b/domains/proxy-isolation0000b".into());
     // Both links up (a missing domain is a normal NotFound answer).
@@ -276,8 +271,7 @@ async fn a_key_that_appears_later_heals_the_provider_without_a_restart() {
     let mut cfg = provider_config(&bed, &url);
     cfg.ssh_key_file = key_path.clone();
     cfg.hosts.truncate(1);
-    let runner = runner_factory()("kvm-heal", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-heal", cfg, runner);
+    let provider = kvm_provider("kvm-heal", cfg);
     let missing = ProviderId("hosts/a/domains/proxy-keyheal00000000".into());
 
     let err = provider.get(&missing).await.unwrap_err();
@@ -315,8 +309,7 @@ async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers(
     let (url, _, _) = image_server().await;
     let mut cfg = provider_config(&bed, &url);
     cfg.disk_size_gb = 1 << 20; // 1 PiB: more than any test machine's pool has free
-    let runner = runner_factory()("kvm-full", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-full", cfg, runner);
+    let provider = kvm_provider("kvm-full", cfg);
     let req = create_request("7e0c0c5e-0000-4000-8000-0000000000f1", "a");
     let err = match past_transient("the create's answer", Duration::from_secs(60), async || {
         provider.create(&req).await
@@ -343,8 +336,7 @@ async fn a_pool_without_room_for_the_overlay_is_quota_exceeded_with_the_numbers(
 async fn a_base_deleted_behind_the_image_cache_is_fetched_again() {
     let bed = bed_or_skip!();
     let (cfg, hits, base, marker) = own_image(&bed, "48M").await;
-    let runner = runner_factory()("kvm-forget", &cfg).unwrap();
-    let provider = KvmProvider::new("kvm-forget", cfg, runner);
+    let provider = kvm_provider("kvm-forget", cfg);
     let first = create_request("7e0c0c5e-0000-4000-8000-0000000000e1", "a");
     let second = create_request("7e0c0c5e-0000-4000-8000-0000000000e2", "a");
     let _cleanup = RemoveOnDrop(vec![first.name.to_string(), second.name.to_string()]);

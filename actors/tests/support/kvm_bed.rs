@@ -276,3 +276,10 @@ impl Drop for RemoveOnDrop {
         }
     }
 }
+
+/// The kvm provider `name` over `cfg`, its hosts driven by host actors as
+/// the operator runs them.
+pub fn kvm_provider(name: &str, cfg: KvmConfig) -> egress_proxies::provider::kvm::provider::KvmProvider {
+    let runner = egress_proxies_operator::kvm::router::runner_factory()(name, &cfg).unwrap();
+    egress_proxies::provider::kvm::provider::KvmProvider::new(name, cfg, runner)
+}

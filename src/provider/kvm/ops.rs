@@ -5,10 +5,10 @@
 
 use std::net::IpAddr;
 
-use super::domain_xml::{DomainSpec, domain_xml};
-use super::metadata::InstanceMetadata;
 use virt::error::ErrorNumber;
 
+use super::domain_xml::{DomainSpec, domain_xml};
+use super::metadata::InstanceMetadata;
 use super::session::{DomainRunState, HostSession, KvmError};
 use super::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use crate::provider::{ErrorClass, InstanceState};

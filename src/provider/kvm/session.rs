@@ -480,10 +480,7 @@ impl HostSession {
                 self.call("virDomainDefineXML", name, || self.conn.define_domain_xml(xml))?
             }
         };
-        if !self.call("virDomainIsActive", name, || domain.is_active())? {
-            self.call("virDomainCreate", name, || domain.create())?;
-        }
-        Ok(())
+        self.start(&domain, name)
     }
 
     /// State and operator metadata of a domain; `None` when it does not exist.
@@ -546,17 +543,14 @@ impl HostSession {
 
     fn remember_mark(&self, domain: &Domain, mark: &InstanceMetadata) {
         let complete = mark.managed && !mark.released && mark.installation.is_some();
-        let Ok(uuid) = domain.uuid().map(|u| u.into_bytes()) else {
+        let Some(uuid) = domain.uuid().ok().filter(|_| complete) else {
             return;
         };
-        if !complete {
-            return;
-        }
         let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
         if marks.len() >= MAX_REMEMBERED_MARKS {
             marks.clear();
         }
-        marks.insert(uuid, mark.clone());
+        marks.insert(uuid.into_bytes(), mark.clone());
     }
 
     fn forget_mark(&self, domain: &Domain) {
