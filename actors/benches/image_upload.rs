@@ -3,11 +3,12 @@
 //! of the same file over the same link, in the same run. Needs the kvm test
 //! bed (`tests/kvm-testbed.sh up`, as root).
 //!
-//!   cargo bench -p egress-proxies-operator --bench image_upload -- [--mib 256,1024] [--rounds 3]
+//!   cargo bench -p egress-proxies-operator --bench image_upload -- [--mib 256,1024] [--rounds 3] [--without-digest]
 //!
 //! For each size: a file of random bytes (incompressible) served over
 //! loopback HTTP (`sendfile`, its own threads); per round, `virsh vol-upload` into a fresh volume and a
-//! fetch with its sha256 configured (one read of the body), each timed; the
+//! fetch with its sha256 configured (or, with `--without-digest`, without:
+//! a URL base, its marker and pin; one read of the body either way), each timed; the
 //! fetch's peak RSS growth is read from `VmHWM` after resetting it. Before
 //! each timed upload dirty pages are written out (`sync`), and the two take
 //! turns going first. All
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_proxies::config::{Firmware, ImageFormat};
-use egress_proxies::provider::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::provider::kvm::base_image::{base_volume, marker_name, pin_name};
 use egress_proxies::provider::kvm::image::{DownloadLimits, Downloader, ImageSpec, Progress, fetch_to_pool};
 use egress_proxies::provider::kvm::libvirt::ensure_client_setup;
 use egress_proxies::provider::kvm::session::HostSession;
@@ -114,14 +115,15 @@ fn main() {
         .map(|n| n.trim().parse().unwrap())
         .collect();
     let rounds: usize = arg("--rounds").map_or(3, |n| n.parse().unwrap());
+    let with_digest = !std::env::args().any(|a| a == "--without-digest");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(sizes, rounds));
+    runtime.block_on(run(sizes, rounds, with_digest));
 }
 
-async fn run(sizes: Vec<u64>, rounds: usize) {
+async fn run(sizes: Vec<u64>, rounds: usize, with_digest: bool) {
     let bed = bed();
     ensure_client_setup();
     let key = Arc::new(load_private_key(bed["EPO_KVM_SSH_KEY"].as_ref()).unwrap());
@@ -162,22 +164,28 @@ async fn run(sizes: Vec<u64>, rounds: usize) {
         let server = file_server(path.clone());
         let spec = ImageSpec {
             url: format!("http://{server}/image.raw"),
-            sha256: Some(digest.clone()),
-            format: Some(ImageFormat::Raw),
+            sha256: with_digest.then(|| digest.clone()),
+            format: with_digest.then_some(ImageFormat::Raw),
             firmware: Firmware::Bios,
         };
         let base = base_volume(&digest, ImageFormat::Raw);
         let scratch = format!("bench-upload-{}.raw", &digest[..12]);
-        let clean = {
+        // Everything a fetch or an upload may leave: `fetched` is the base a fetch wrote.
+        let clean = |fetched: Option<String>| {
             let (uri, base, scratch) = (uri.clone(), base.clone(), scratch.clone());
+            let pin = pin_name(&spec.url);
             move || {
                 let s = HostSession::open(&uri, "a", "default").unwrap();
-                for v in [base.clone(), marker_name(&base), scratch.clone()] {
+                let fetched = fetched.into_iter().flat_map(|f| [marker_name(&f), f]);
+                for v in [base.clone(), marker_name(&base), scratch.clone(), pin]
+                    .into_iter()
+                    .chain(fetched)
+                {
                     s.delete_volume(&v).unwrap();
                 }
             }
         };
-        blocking(clean.clone()).await;
+        blocking(clean(None)).await;
         // The download side alone (HTTP body read and hashed, nothing uploaded).
         let started = Instant::now();
         let mut body = reqwest::get(&spec.url).await.unwrap();
@@ -227,7 +235,8 @@ async fn run(sizes: Vec<u64>, rounds: usize) {
                 let secs = started.elapsed().as_secs_f64();
                 let growth = status_mib("VmHWM:") - rss_before;
                 assert_eq!(fetched.bytes, bytes, "the whole image was uploaded");
-                blocking(clean.clone()).await;
+                assert_eq!(fetched.base.digest, digest);
+                blocking(clean(Some(fetched.base.volume))).await;
                 (secs, growth)
             };
             // Alternating which goes first, so neither always meets the

@@ -1,5 +1,6 @@
 //! Image fetches into the real daemon's pool over the SSH link, from a local
-//! HTTP server: content-addressed bases, pins for digest-less URLs, format
+//! HTTP server: content-addressed bases, URL bases and pins for digest-less
+//! URLs (each read once), format
 //! from the magic bytes, no base ever replaced under an overlay, and bad
 //! digests, HTTP errors and cut-off downloads leaving nothing behind;
 //! images naming a backing or external data file, or too large for the
@@ -13,7 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use egress_proxies::config::{Firmware, ImageFormat};
 use egress_proxies::provider::ErrorClass;
-use egress_proxies::provider::kvm::base_image::{base_volume, marker_name, pin_name};
+use egress_proxies::provider::kvm::base_image::{
+    PoolName, base_volume, marker_name, pin_name, pin_of_url_base,
+};
 use egress_proxies::provider::kvm::image::{
     DownloadLimits, Downloader, ImageError, ImageSpec, Progress, fetch_to_pool, lookup,
 };
@@ -27,21 +30,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Served = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
+/// How many times each path was requested.
+type Requests = Arc<Mutex<HashMap<String, usize>>>;
+
 /// Serves the bytes registered for each path; unknown paths are 404,
 /// `/cut/...` stops half-way through, `/huge/...` announces a petabyte.
-async fn image_server() -> (SocketAddr, Served) {
+async fn image_server() -> (SocketAddr, Served, Requests) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let served: Served = Arc::default();
-    let files = served.clone();
+    let requests: Requests = Arc::default();
+    let (files, counts) = (served.clone(), requests.clone());
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let files = files.clone();
+            let (files, counts) = (files.clone(), counts.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 let n = s.read(&mut buf).await.unwrap_or(0);
                 let request = String::from_utf8_lossy(&buf[..n]).into_owned();
                 let path = request.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
                 let Some(body) = files.lock().unwrap().get(&path).cloned() else {
                     let _ = s
                         .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
@@ -65,7 +73,19 @@ async fn image_server() -> (SocketAddr, Served) {
             });
         }
     });
-    (addr, served)
+    (addr, served, requests)
+}
+
+/// Every volume in the pool a fetch of `url` without a digest may write:
+/// its pin, its URL bases and their markers.
+fn volumes_of_url(s: &HostSession, url: &str) -> Vec<String> {
+    let pin = pin_name(url);
+    s.volumes()
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .filter(|n| *n == pin || pin_of_url_base(n.trim_end_matches(".sha256")).as_ref() == Some(&pin))
+        .collect()
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -102,114 +122,165 @@ async fn with_session<T: Send + 'static>(uri: &str, f: impl FnOnce(&HostSession)
 }
 
 #[tokio::test]
-async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
+async fn bases_are_written_once_read_once_and_never_replaced_under_an_overlay() {
     let bed = bed_or_skip!();
     egress_proxies::tls::ensure_crypto_provider();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
     let client = Downloader::new(DownloadLimits::default()).unwrap();
-    let (server, served) = image_server().await;
+    let (server, served, requests) = image_server().await;
+    let serve = |path: &str, bytes: &Vec<u8>| {
+        served.lock().unwrap().insert(path.into(), bytes.clone());
+    };
+    let reads = |path: &str| requests.lock().unwrap().get(path).copied().unwrap_or(0);
 
-    // A `latest` URL without a digest: read once for its digest, streamed into the base it names, pinned.
+    // A `latest` URL without a digest: read once, straight into a base named
+    // by the URL and this fetch, whose marker holds the digest; pinned.
     let first = qcow2_image(1);
     let first_digest = sha(&first);
-    served
-        .lock()
-        .unwrap()
-        .insert("/latest.qcow2".into(), first.clone());
-    let latest = spec(format!("http://{server}/latest.qcow2"), None, None);
-    let fetched = fetch_to_pool(&client, &latest, &uri, "a", "default", &Progress::default())
+    serve("/latest.qcow2", &first);
+    let latest_url = format!("http://{server}/latest.qcow2");
+    let latest = spec(latest_url.clone(), None, None);
+    let progress = Progress::default();
+    let fetched = fetch_to_pool(&client, &latest, &uri, "a", "default", &progress)
         .await
         .unwrap();
-    let first_base = base_volume(&first_digest, ImageFormat::Qcow2);
+    assert_eq!(reads("/latest.qcow2"), 1, "the image is read once");
+    let first_base = fetched.base.volume.clone();
+    assert_eq!(PoolName::of(&first_base), PoolName::Base, "{first_base}");
+    assert_eq!(pin_of_url_base(&first_base), Some(pin_name(&latest_url)));
+    assert!(first_base.ends_with(".qcow2"), "{first_base}");
     assert_eq!(
-        (
-            fetched.base.volume.as_str(),
-            fetched.base.digest.as_str(),
-            fetched.base.format,
-            fetched.bytes
-        ),
-        (
-            first_base.as_str(),
-            first_digest.as_str(),
-            ImageFormat::Qcow2,
-            first.len() as u64
-        )
+        (fetched.base.digest.as_str(), fetched.base.format, fetched.bytes),
+        (first_digest.as_str(), ImageFormat::Qcow2, first.len() as u64)
     );
+    let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        (read(&progress.done), read(&progress.total)),
+        (first.len() as u64, first.len() as u64),
+        "progress counts every byte once"
+    );
+    let (b, d, bytes) = (first_base.clone(), first_digest.clone(), first.clone());
+    with_session(&uri, move |s| {
+        let marker = s.read_small(&marker_name(&b), 128).unwrap().unwrap();
+        assert_eq!(String::from_utf8(marker).unwrap(), d);
+        let head = s.read_small(&b, 4096).unwrap().unwrap();
+        assert_eq!(head, bytes[..4096], "the base holds the image's bytes");
+    })
+    .await;
 
     // A VM on it: an overlay backed by the base.
     let overlay = format!("proxy-imagetest{}.qcow2", &first_digest[..2]);
     let (b, o) = (first_base.clone(), overlay.clone());
-    let base_path = with_session(&uri, move |s| {
+    with_session(&uri, move |s| {
         let path = s.volume_path(&b).unwrap().unwrap();
         s.delete_volume(&o).unwrap();
         s.create_volume(&o, &overlay_volume_xml(&o, 1 << 30, &path, "qcow2"))
             .unwrap();
-        path
     })
     .await;
 
     // The URL now serves other bytes: the host stays pinned to what it first got.
     let second = qcow2_image(2);
-    served
-        .lock()
-        .unwrap()
-        .insert("/latest.qcow2".into(), second.clone());
+    serve("/latest.qcow2", &second);
     let l = latest.clone();
     let pinned = with_session(&uri, move |s| lookup(s, &l).unwrap()).await;
     assert_eq!(
-        pinned.map(|b| b.volume),
-        Some(first_base.clone()),
+        pinned.map(|b| (b.volume, b.digest)),
+        Some((first_base.clone(), first_digest.clone())),
         "pinned per host"
     );
 
-    // A configured digest for the new bytes is a new base beside the old one, fetched straight into place.
+    // The pin deleted by hand: the next fetch takes what the URL serves now,
+    // into a base of its own beside the one the VM sits on.
+    let p = pin_name(&latest_url);
+    with_session(&uri, move |s| s.delete_volume(&p).unwrap()).await;
+    let refetched = fetch_to_pool(&client, &latest, &uri, "a", "default", &Progress::default())
+        .await
+        .unwrap();
+    assert_eq!(reads("/latest.qcow2"), 2);
+    assert_ne!(refetched.base.volume, first_base);
+    assert_eq!(refetched.base.digest, sha(&second));
+    let l = latest.clone();
+    let pinned = with_session(&uri, move |s| lookup(s, &l).unwrap()).await;
+    assert_eq!(pinned.as_ref(), Some(&refetched.base));
+
+    // A configured digest for the same bytes is a content-named base,
+    // fetched straight into place.
     let second_digest = sha(&second);
     let configured = spec(
-        format!("http://{server}/latest.qcow2"),
+        latest_url.clone(),
         Some(second_digest.clone()),
         Some(ImageFormat::Qcow2),
     );
-    let progress = Progress::default();
-    let fetched = fetch_to_pool(&client, &configured, &uri, "a", "default", &progress)
+    let fetched = fetch_to_pool(&client, &configured, &uri, "a", "default", &Progress::default())
         .await
         .unwrap();
     let second_base = base_volume(&second_digest, ImageFormat::Qcow2);
     assert_eq!(fetched.base.volume, second_base);
-    let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reads("/latest.qcow2"), 3);
+
+    // Another digest-less URL serving bytes already in the pool under their
+    // content's name: read once, and the pin names that base (no second copy).
+    serve("/copy.qcow2", &second);
+    let copy_url = format!("http://{server}/copy.qcow2");
+    let copy = spec(copy_url.clone(), None, None);
+    let fetched = fetch_to_pool(&client, &copy, &uri, "a", "default", &Progress::default())
+        .await
+        .unwrap();
+    assert_eq!(reads("/copy.qcow2"), 1);
+    assert_eq!(fetched.base.volume, second_base);
+    let (c, u) = (copy.clone(), copy_url.clone());
+    let (looked_up, left) =
+        with_session(&uri, move |s| (lookup(s, &c).unwrap(), volumes_of_url(s, &u))).await;
+    assert_eq!(looked_up.map(|b| b.volume), Some(second_base.clone()));
     assert_eq!(
-        (read(&progress.done), read(&progress.total)),
-        (second.len() as u64, second.len() as u64),
-        "progress counts every byte of the upload"
+        left,
+        vec![pin_name(&copy_url)],
+        "only the pin: the copy was not kept"
     );
 
-    // The old base's marker lost (say, by hand) while an overlay uses it: a fetch
+    // A pin of an earlier version (digest and format only) names the content's base.
+    let legacy = spec(format!("http://{server}/legacy.qcow2"), None, None);
+    let (l, d) = (legacy.clone(), second_digest.clone());
+    let found = with_session(&uri, move |s| {
+        let pin = pin_name(&l.url);
+        let content = format!("{d} qcow2\n");
+        s.delete_volume(&pin).unwrap();
+        s.create_volume(&pin, &plain_volume_xml(&pin, "raw", content.len() as u64))
+            .unwrap();
+        s.upload(&pin, content.as_bytes()).unwrap();
+        let found = lookup(s, &l).unwrap();
+        s.delete_volume(&pin).unwrap();
+        found
+    })
+    .await;
+    assert_eq!(found.map(|b| b.volume), Some(second_base.clone()));
+    assert_eq!(reads("/legacy.qcow2"), 0);
+
+    // A base's marker lost (say, by hand) while an overlay uses it: a fetch
     // that would rewrite it refuses, naming the overlay, and leaves the base alone.
-    let b = first_base.clone();
-    with_session(&uri, move |s| s.delete_volume(&marker_name(&b)).unwrap()).await;
-    let pinned_again = spec(
-        format!("http://{server}/again.qcow2"),
-        Some(first_digest.clone()),
-        Some(ImageFormat::Qcow2),
-    );
-    served
-        .lock()
-        .unwrap()
-        .insert("/again.qcow2".into(), first.clone());
-    let err = fetch_to_pool(&client, &pinned_again, &uri, "a", "default", &Progress::default())
+    let second_overlay = format!("proxy-imagetest{}.qcow2", &second_digest[..2]);
+    let (b, o) = (second_base.clone(), second_overlay.clone());
+    let second_path = with_session(&uri, move |s| {
+        let path = s.volume_path(&b).unwrap().unwrap();
+        s.delete_volume(&o).unwrap();
+        s.create_volume(&o, &overlay_volume_xml(&o, 1 << 30, &path, "qcow2"))
+            .unwrap();
+        s.delete_volume(&marker_name(&b)).unwrap();
+        path
+    })
+    .await;
+    let err = fetch_to_pool(&client, &configured, &uri, "a", "default", &Progress::default())
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, ImageError::InUse { users, .. } if users == &vec![overlay.clone()])
+        matches!(&err, ImageError::InUse { users, .. } if users == &vec![second_overlay.clone()])
             && err.class() == ErrorClass::Permanent,
         "{err}"
     );
-    let (b, second_b, o, p) = (
-        first_base.clone(),
-        second_base.clone(),
-        overlay.clone(),
-        base_path.clone(),
-    );
+    let (b, p) = (second_base.clone(), second_path.clone());
+    let refetched_base = refetched.base.volume.clone();
     with_session(&uri, move |s| {
         assert_eq!(
             s.volume_path(&b).unwrap(),
@@ -219,16 +290,20 @@ async fn bases_are_named_by_content_and_never_replaced_under_an_overlay() {
         let head = s.read_small(&b, 4).unwrap().unwrap();
         assert_eq!(head, b"QFI\xfb", "and still holds its image");
         for v in [
-            o,
+            overlay,
+            second_overlay,
+            first_base.clone(),
+            marker_name(&first_base),
+            refetched_base.clone(),
+            marker_name(&refetched_base),
             b.clone(),
             marker_name(&b),
-            second_b.clone(),
-            marker_name(&second_b),
+            pin_name(&latest_url),
+            pin_name(&copy_url),
         ] {
             s.delete_volume(&v).unwrap();
         }
-        s.delete_volume(&pin_name(&format!("http://{server}/latest.qcow2")))
-            .unwrap();
+        assert_eq!(volumes_of_url(s, &latest_url), Vec::<String>::new());
     })
     .await;
     link.close().await;
@@ -241,7 +316,7 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
     let client = Downloader::new(DownloadLimits::default()).unwrap();
-    let (server, served) = image_server().await;
+    let (server, served, _) = image_server().await;
 
     // A raw disk image by URL is a raw base (never assumed qcow2).
     let mut raw = vec![0u8; 2 * 1024 * 1024];
@@ -254,12 +329,14 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
     let fetched = fetch_to_pool(&client, &url_image, &uri, "a", "default", &Progress::default())
         .await
         .unwrap();
+    let raw_base = fetched.base.volume.clone();
     assert_eq!(
-        (fetched.base.format, fetched.base.volume.as_str()),
-        (
-            ImageFormat::Raw,
-            base_volume(&raw_digest, ImageFormat::Raw).as_str()
-        )
+        (fetched.base.format, fetched.base.digest.as_str()),
+        (ImageFormat::Raw, raw_digest.as_str())
+    );
+    assert!(
+        raw_base.ends_with(".raw") && pin_of_url_base(&raw_base) == Some(pin_name(&url_image.url)),
+        "{raw_base}"
     );
 
     // Declared qcow2, but the bytes are raw: refused, naming both.
@@ -319,16 +396,17 @@ async fn format_comes_from_the_bytes_and_failures_leave_nothing() {
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Transient, "{err}");
 
-    let raw_base = base_volume(&raw_digest, ImageFormat::Raw);
     with_session(&uri, move |s| {
         for gone in [
             base_volume(&wrong, ImageFormat::Qcow2),
             base_volume(&digest, ImageFormat::Qcow2),
-            pin_name(&format!("http://{server}/cut/img.qcow2")),
+            base_volume(&raw_digest, ImageFormat::Qcow2),
         ] {
             assert_eq!(s.volume_path(&gone).unwrap(), None, "{gone} left behind");
             assert_eq!(s.volume_path(&marker_name(&gone)).unwrap(), None);
         }
+        let cut = volumes_of_url(s, &format!("http://{server}/cut/img.qcow2"));
+        assert_eq!(cut, Vec::<String>::new(), "a cut-off download leaves nothing");
         for v in [
             raw_base.clone(),
             marker_name(&raw_base),
@@ -375,7 +453,7 @@ async fn images_naming_other_files_or_too_large_are_refused_and_leave_nothing() 
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_A").await;
     let uri = link.libvirt_uri();
     let client = Downloader::new(DownloadLimits::default()).unwrap();
-    let (server, served) = image_server().await;
+    let (server, served, requests) = image_server().await;
     let url = |path: &str| format!("http://{server}{path}");
 
     let backed = qemu_img_image(&[
@@ -409,12 +487,13 @@ async fn images_naming_other_files_or_too_large_are_refused_and_leave_nothing() 
         served.lock().unwrap().insert(path.into(), bytes.clone());
     }
     let mut never_in_pool = Vec::new();
+    let mut urls = Vec::new();
     let mut refused = |image: ImageSpec, client: Downloader| {
         if let Some(base) = image.configured_base() {
             never_in_pool.push(marker_name(&base));
             never_in_pool.push(base);
         }
-        never_in_pool.push(pin_name(&image.url));
+        urls.push(image.url.clone());
         let uri = uri.clone();
         async move {
             fetch_to_pool(&client, &image, &uri, "a", "default", &Progress::default())
@@ -423,8 +502,8 @@ async fn images_naming_other_files_or_too_large_are_refused_and_leave_nothing() 
         }
     };
 
-    // (a) A backing file: refused after the upload (digest known) or after the
-    // digest read (no digest), naming the file.
+    // (a) A backing file: refused from the image's first bytes, before
+    // anything is written, naming the file.
     for sha256 in [Some(sha(&backed)), None] {
         let image = spec(url("/backed.qcow2"), sha256, Some(ImageFormat::Qcow2));
         let err = refused(image, client.clone()).await;
@@ -490,8 +569,16 @@ async fn images_naming_other_files_or_too_large_are_refused_and_leave_nothing() 
         for v in gone {
             assert_eq!(s.volume_path(&v).unwrap(), None, "{v} left in the pool");
         }
+        for url in urls {
+            assert_eq!(volumes_of_url(s, &url), Vec::<String>::new(), "{url}");
+        }
     })
     .await;
+    assert_eq!(
+        requests.lock().unwrap().get("/backed.qcow2").copied(),
+        Some(2),
+        "each fetch read the refused image once"
+    );
 
     // A base already in the pool (say, from an earlier version) is inspected
     // before use too, by lookup and by a fetch that finds it complete.

@@ -1,8 +1,9 @@
 //! The kvm provider's pool sweep against the real daemon: an overlay and a
 //! seed whose domain never came (or went) are reaped after the grace period,
 //! then the base they kept alive; bases in use (an overlay of a defined
-//! domain, a configured image), pins of configured URLs and volumes that are
-//! not the operator's are never touched. Nor is any volume some domain on
+//! domain, a configured image), pins of configured URLs and the bases they
+//! name, and volumes that are not the operator's are never touched; a URL
+//! base no pin names (a crash before its pin was written) is reaped. Nor is any volume some domain on
 //! the host uses as a disk, whoever made it and whatever its name: a base an
 //! admin's VM boots from directly, an overlay and seed whose domain was renamed. Its own test binary: it sweeps the
 //! whole shared pool, so it must not run beside the other kvm tests.
@@ -13,14 +14,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::provider::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::provider::kvm::base_image::{
+    Pinned, base_volume, marker_name, pin_content, pin_name, url_base_volume,
+};
 use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::kvm::session::HostSession;
 use egress_proxies::provider::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use egress_proxies::provider::{Provider, instance_name};
 use egress_proxies_operator::kvm::router::runner_factory;
 
-fn config(bed: &HashMap<String, String>, configured_digest: &str) -> KvmConfig {
+fn config(bed: &HashMap<String, String>, configured_digest: &str, latest_url: &str) -> KvmConfig {
     KvmConfig {
         ssh_key_file: bed["EPO_KVM_SSH_KEY"].clone().into(),
         known_hosts_file: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
@@ -28,15 +31,26 @@ fn config(bed: &HashMap<String, String>, configured_digest: &str) -> KvmConfig {
         disk_size_gb: 1,
         vendor_data: None,
         install_guest_agent: true,
-        images: BTreeMap::from([(
-            "pinned".to_owned(),
-            KvmImage {
-                url: "http://127.0.0.1:9/never-fetched.img".into(),
-                sha256: Some(configured_digest.to_owned()),
-                format: ImageFormat::Raw,
-                firmware: Firmware::Bios,
-            },
-        )]),
+        images: BTreeMap::from([
+            (
+                "pinned".to_owned(),
+                KvmImage {
+                    url: "http://127.0.0.1:9/never-fetched.img".into(),
+                    sha256: Some(configured_digest.to_owned()),
+                    format: ImageFormat::Raw,
+                    firmware: Firmware::Bios,
+                },
+            ),
+            (
+                "latest".to_owned(),
+                KvmImage {
+                    url: latest_url.to_owned(),
+                    sha256: None,
+                    format: ImageFormat::Raw,
+                    firmware: Firmware::Bios,
+                },
+            ),
+        ]),
         allow_image_urls: false,
         max_image_size_gb: egress_proxies::config::DEFAULT_MAX_IMAGE_SIZE_GB,
         machine_types: BTreeMap::from([(
@@ -124,6 +138,16 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
     let admins_vm = format!("users-vm-{}", &run_digest(9)[..8]);
     let renamed_vm = format!("adopted-{}", &run_digest(10)[..8]);
     let image = support::kvm_bed::tiny_qcow2("64M");
+    // A configured URL without a digest: the base its pin names stays; one
+    // more base of that URL, never pinned (a fetch cut short), goes.
+    let latest_url = format!("http://127.0.0.1:9/latest-{}.img", &run_digest(11)[..8]);
+    let pinned = Pinned {
+        digest: run_digest(12),
+        format: ImageFormat::Raw,
+        volume: url_base_volume(&latest_url, ImageFormat::Raw),
+    };
+    let unpinned = url_base_volume(&latest_url, ImageFormat::Raw);
+    let url_volumes = (pinned.clone(), unpinned.clone(), pin_name(&latest_url));
 
     let names = (
         orphan.clone(),
@@ -159,6 +183,12 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
                 put(name, b"not the operator's");
             }
         }
+        let (pinned, unpinned, pin) = url_volumes;
+        for base in [&pinned.volume, &unpinned] {
+            put(base, &image);
+            put(&marker_name(base), pinned.digest.as_bytes());
+        }
+        put(&pin, pin_content(&pinned).as_bytes());
         // The orphan: overlay + seed, no domain (a crash between create and define).
         let freed_path = s.volume_path(&freed_base).unwrap().unwrap();
         let overlay = format!("{orphan}.qcow2");
@@ -189,7 +219,7 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
     .await
     .unwrap();
 
-    let cfg = config(&bed, &configured_digest);
+    let cfg = config(&bed, &configured_digest, &latest_url);
     let provider = KvmProvider::new("kvm-gc", cfg.clone(), runner_factory()("kvm-gc", &cfg).unwrap());
     let grace = Duration::from_millis(600);
     let present = |uri: String| async move {
@@ -221,6 +251,12 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
     tokio::time::sleep(grace).await;
     let second = provider.sweep_leftovers(grace).await.unwrap();
     for v in &orphan_volumes {
+        assert!(
+            second.deleted.contains(&format!("a/{v}")),
+            "{v} reaped: {second:?}"
+        );
+    }
+    for v in [&unpinned, &marker_name(&unpinned)] {
         assert!(
             second.deleted.contains(&format!("a/{v}")),
             "{v} reaped: {second:?}"
@@ -261,6 +297,9 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
         marker_name(&direct_base),
         format!("{renamed}.qcow2"),
         format!("{renamed}-seed.iso"),
+        pinned.volume.clone(),
+        marker_name(&pinned.volume),
+        pin_name(&latest_url),
     ] {
         assert!(vols.contains(&kept), "{kept} must stay: {vols:?}");
     }
@@ -281,6 +320,9 @@ async fn leftovers_are_reaped_after_the_grace_period_and_nothing_in_use_is() {
             configured_base.clone(),
             marker_name(&configured_base),
             foreign[0].clone(),
+            pinned.volume.clone(),
+            marker_name(&pinned.volume),
+            pin_name(&latest_url),
         ] {
             s.delete_volume(&v).unwrap();
         }

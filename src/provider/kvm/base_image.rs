@@ -36,20 +36,69 @@ pub fn pin_name(url: &str) -> String {
     format!("base-url-{}.pin", url_key(url))
 }
 
-pub fn pin_content(digest: &str, format: ImageFormat) -> String {
-    format!("{digest} {}\n", format.as_str())
+/// A new base volume for a fetch of `url` without a configured digest: a
+/// fresh id per fetch, so a base in use is never written again.
+pub fn url_base_volume(url: &str, format: ImageFormat) -> String {
+    format!(
+        "base-url-{}-{:016x}.{}",
+        url_key(url),
+        fastrand::u64(..),
+        format.as_str()
+    )
 }
 
-/// A pin's digest and format; `None` for anything malformed (then the URL is fetched again).
-pub fn parse_pin(bytes: &[u8]) -> Option<(String, ImageFormat)> {
+/// The pin of the URL a URL base was fetched from (a fetch under way
+/// protects its pin, and with it the base it is writing).
+pub fn pin_of_url_base(volume: &str) -> Option<String> {
+    let (key, _) = url_base_parts(volume)?;
+    Some(format!("base-url-{key}.pin"))
+}
+
+/// `base-url-<key>-<id>.<format>` → (key, format).
+fn url_base_parts(volume: &str) -> Option<(&str, &str)> {
+    let (stem, format) = volume.strip_prefix("base-url-")?.split_once('.')?;
+    let (key, id) = stem.split_once('-')?;
+    (is_url_key(key) && is_fetch_id(id) && matches!(format, "qcow2" | "raw")).then_some((key, format))
+}
+
+/// What a URL gave this host: the bytes' digest and format, and the base holding them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pinned {
+    pub digest: String,
+    pub format: ImageFormat,
+    pub volume: String,
+}
+
+pub fn pin_content(pinned: &Pinned) -> String {
+    format!("{} {} {}\n", pinned.digest, pinned.format.as_str(), pinned.volume)
+}
+
+/// A pin's content; `None` for anything malformed, or naming a volume that
+/// is not a base (then the URL is fetched again).
+pub fn parse_pin(bytes: &[u8]) -> Option<Pinned> {
     let text = std::str::from_utf8(bytes).ok()?;
-    let (digest, format) = text.trim().split_once(' ')?;
+    let mut fields = text.split_whitespace();
+    let (digest, format) = (fields.next()?, fields.next()?);
     let format = match format {
         "qcow2" => ImageFormat::Qcow2,
         "raw" => ImageFormat::Raw,
         _ => return None,
     };
-    is_digest(digest).then(|| (digest.to_owned(), format))
+    if !is_digest(digest) {
+        return None;
+    }
+    let volume = match fields.next() {
+        Some(volume) => volume.to_owned(),
+        None => base_volume(digest, format),
+    };
+    let sound = fields.next().is_none()
+        && PoolName::of(&volume) == PoolName::Base
+        && volume.ends_with(&format!(".{}", format.as_str()));
+    sound.then(|| Pinned {
+        digest: digest.to_owned(),
+        format,
+        volume,
+    })
 }
 
 /// The format an image's first bytes say (`QFI\xfb` is the qcow2 magic).
@@ -61,10 +110,15 @@ pub fn detect_format(head: &[u8]) -> ImageFormat {
     }
 }
 
-fn is_digest(s: &str) -> bool {
-    s.len() == 64
+/// `len` lowercase hex digits.
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn is_digest(s: &str) -> bool {
+    is_hex(s, 64)
 }
 
 /// What a volume in the pool is, judged by its name alone.
@@ -92,6 +146,7 @@ impl PoolName {
         if let Some(rest) = name.strip_prefix("base-url-") {
             return match rest.split_once('.') {
                 Some((key, "pin")) if is_url_key(key) => PoolName::Pin,
+                _ if url_base_parts(name).is_some() => PoolName::Base,
                 _ => PoolName::Foreign,
             };
         }
@@ -117,9 +172,11 @@ impl PoolName {
 }
 
 fn is_url_key(s: &str) -> bool {
-    s.len() == 32
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    is_hex(s, 32)
+}
+
+fn is_fetch_id(s: &str) -> bool {
+    is_hex(s, 16)
 }
 
 /// `proxy-` + 16 lowercase base32 characters (see `provider::instance_name`).
@@ -148,6 +205,12 @@ mod tests {
             (base_volume(D, ImageFormat::Raw), PoolName::Base),
             (marker_name(&base), PoolName::Marker(base.clone())),
             (pin_name(url), PoolName::Pin),
+            (url_base_volume(url, ImageFormat::Qcow2), PoolName::Base),
+            (url_base_volume(url, ImageFormat::Raw), PoolName::Base),
+            (
+                marker_name(&url_base_volume(url, ImageFormat::Raw)),
+                PoolName::Marker(String::new()),
+            ),
             (format!("{instance}.qcow2"), PoolName::Overlay(instance.clone())),
             (format!("{instance}-seed.iso"), PoolName::Seed(instance.clone())),
             // The earlier naming by image key, users' own volumes, look-alikes.
@@ -156,27 +219,83 @@ mod tests {
             (format!("base-{}.qcow2", &D[..63]), PoolName::Foreign),
             (format!("base-{D}.vmdk"), PoolName::Foreign),
             ("base-url-abc.pin".into(), PoolName::Foreign),
+            (
+                format!("base-url-{}-0123456789abcdef.vmdk", "a".repeat(32)),
+                PoolName::Foreign,
+            ),
+            (
+                format!("base-url-{}-0123.qcow2", "a".repeat(32)),
+                PoolName::Foreign,
+            ),
+            (format!("base-url-{}.qcow2", "a".repeat(32)), PoolName::Foreign),
             ("proxy-ABCDEFGHIJKLMNOP.qcow2".into(), PoolName::Foreign),
             ("proxy-short.qcow2".into(), PoolName::Foreign),
             ("windows-server.qcow2".into(), PoolName::Foreign),
             ("seed.iso".into(), PoolName::Foreign),
         ];
         for (name, want) in cases {
-            assert_eq!(PoolName::of(&name), want, "{name}");
+            match want {
+                PoolName::Marker(_) => assert!(
+                    matches!(PoolName::of(&name), PoolName::Marker(base) if marker_name(&base) == name),
+                    "{name}"
+                ),
+                want => assert_eq!(PoolName::of(&name), want, "{name}"),
+            }
         }
     }
 
     #[test]
     fn pins_round_trip_and_reject_garbage() {
+        let url = "http://images.example/latest.img";
+        let pinned = Pinned {
+            digest: D.to_owned(),
+            format: ImageFormat::Raw,
+            volume: url_base_volume(url, ImageFormat::Raw),
+        };
+        assert_eq!(parse_pin(pin_content(&pinned).as_bytes()), Some(pinned.clone()));
+        assert_eq!(pin_of_url_base(&pinned.volume), Some(pin_name(url)));
+        assert_eq!(pin_of_url_base(&base_volume(D, ImageFormat::Raw)), None);
+        // A pin of an earlier version names the content's base.
         assert_eq!(
-            parse_pin(pin_content(D, ImageFormat::Raw).as_bytes()),
-            Some((D.to_owned(), ImageFormat::Raw))
+            parse_pin(format!("{D} qcow2\n").as_bytes()),
+            Some(Pinned {
+                digest: D.to_owned(),
+                format: ImageFormat::Qcow2,
+                volume: base_volume(D, ImageFormat::Qcow2),
+            })
         );
-        for bad in [&b""[..], b"nonsense", b"abc qcow2", &[0xff, 0xfe], b"9f86 qcow2"] {
-            assert_eq!(parse_pin(bad), None);
+        let foreign = format!("{D} raw users-disk.raw");
+        let other_format = format!("{D} qcow2 {}", pinned.volume);
+        let trailing = format!("{} extra", pin_content(&pinned).trim());
+        for bad in [
+            &b""[..],
+            b"nonsense",
+            b"abc qcow2",
+            &[0xff, 0xfe],
+            b"9f86 qcow2",
+            foreign.as_bytes(),
+            other_format.as_bytes(),
+            trailing.as_bytes(),
+        ] {
+            assert_eq!(parse_pin(bad), None, "{}", String::from_utf8_lossy(bad));
         }
         let upper = format!("{} qcow2", D.to_uppercase());
         assert_eq!(parse_pin(upper.as_bytes()), None, "digests are lowercase hex");
+    }
+
+    #[test]
+    fn every_fetch_of_a_url_gets_a_base_of_its_own() {
+        let url = "http://images.example/latest.qcow2";
+        let (a, b) = (
+            url_base_volume(url, ImageFormat::Qcow2),
+            url_base_volume(url, ImageFormat::Qcow2),
+        );
+        assert_ne!(a, b);
+        assert_eq!(pin_of_url_base(&a), pin_of_url_base(&b));
+        assert_ne!(
+            pin_of_url_base(&a),
+            pin_of_url_base(&url_base_volume("http://other/", ImageFormat::Qcow2))
+        );
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! content). A fetch streams the image from its URL through a running
 //! sha256 straight into its base volume by libvirt's volume upload — never
 //! buffered whole, never staged on the operator's disk — and writes the
-//! digest marker last. Without a configured digest, a first read learns the
-//! digest (the volume's name) and the format, and the pin records what the
-//! URL gave this host.
+//! digest marker last. Every image is read once: its format and qcow2
+//! header are checked from its first bytes before anything is written, and
+//! without a configured digest the base is named by its URL and the fetch
+//! (the digest is known only at the end), and the pin records what the URL
+//! gave this host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +14,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::base_image::{base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name};
+use super::base_image::{
+    Pinned, base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name, url_base_volume,
+};
 use super::ops::OpError;
 use super::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
 use super::session::{HostSession, KvmError};
@@ -85,13 +89,6 @@ impl Downloader {
         })
     }
 
-    /// Counts `more` bytes read so far into `total`; past the size limit
-    /// or the pool's free space (`room`), fails.
-    fn count(&self, url: &str, total: &mut u64, more: usize, room: u64) -> Result<(), ImageError> {
-        *total += more as u64;
-        self.check_size(url, *total, room)
-    }
-
     /// An image of `size` bytes fits the limit and the pool's free space.
     fn check_size(&self, url: &str, size: u64, room: u64) -> Result<(), ImageError> {
         if size > self.max_bytes {
@@ -145,9 +142,9 @@ impl ImageSpec {
         Some(base_volume(digest, self.format.unwrap_or_default()))
     }
 
-    /// The volumes a fetch of this image writes, when known before it starts
-    /// (the pool GC leaves them alone meanwhile; a pin-less image's base is
-    /// new when its upload starts, so never due).
+    /// The volumes a fetch of this image writes (the pool GC leaves them
+    /// alone meanwhile): a digest-less image's pin stands for the URL bases
+    /// of its URL, whose names are chosen as the fetch starts.
     pub fn fetch_volumes(&self) -> Vec<String> {
         match self.configured_base() {
             Some(base) => vec![marker_name(&base), base],
@@ -156,9 +153,7 @@ impl ImageSpec {
     }
 }
 
-/// How far the current read of an image has got (for the dashboard). A
-/// digest-less image is read twice (digest, then upload): each read counts
-/// from zero.
+/// How far the read of an image has got (for the dashboard).
 #[derive(Debug, Default)]
 pub struct Progress {
     pub done: std::sync::atomic::AtomicU64,
@@ -222,12 +217,6 @@ pub enum ImageError {
         declared: &'static str,
         detected: &'static str,
     },
-    #[error("{url} changed while it was fetched (sha256 {first}, then {second}); fetching again")]
-    Changed {
-        url: String,
-        first: String,
-        second: String,
-    },
     #[error(
         "base volume {volume} has no digest marker but backs {users:?}; not replacing a base in use \
          (restore its marker or delete those instances)"
@@ -271,10 +260,21 @@ pub struct Fetched {
 /// there is inspected before use, as a downloaded one is (it may have been
 /// written by an earlier version, or by hand).
 pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, OpError> {
-    let (digest, format) = match &image.sha256 {
-        Some(d) => (d.clone(), image.format.unwrap_or_default()),
+    let Pinned {
+        digest,
+        format,
+        volume,
+    } = match &image.sha256 {
+        Some(d) => {
+            let format = image.format.unwrap_or_default();
+            Pinned {
+                digest: d.clone(),
+                format,
+                volume: base_volume(d, format),
+            }
+        }
         None => match s
-            .read_small(&pin_name(&image.url), 128)?
+            .read_small(&pin_name(&image.url), 256)?
             .as_deref()
             .and_then(parse_pin)
         {
@@ -282,7 +282,6 @@ pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, 
             None => return Ok(None),
         },
     };
-    let volume = base_volume(&digest, format);
     if !is_complete(s, &volume, &digest)? {
         return Ok(None);
     }
@@ -340,36 +339,6 @@ fn refuse_if_in_use(s: &HostSession, volume: &str) -> Result<(), ImageError> {
             users,
         })
     }
-}
-
-/// Reads `url` once only to learn its digest and format (images without a
-/// configured digest: the base's name must be known before its upload).
-/// An image that would not fit the pool (`room` bytes free), or whose
-/// header names other files, is refused before anything is written.
-async fn probe_digest(
-    client: &Downloader,
-    url: &str,
-    room: u64,
-    progress: &Progress,
-) -> Result<(String, ImageFormat), ImageError> {
-    let response = get(client, url, room).await?;
-    progress.start(response.content_length());
-    let mut body = response.bytes_stream();
-    let mut hasher = Sha256::new();
-    let mut head = Head::default();
-    let mut total = 0;
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| transport(url, e))?;
-        client.count(url, &mut total, chunk.len(), room)?;
-        head.keep(&chunk);
-        hasher.update(&chunk);
-        progress.add(chunk.len());
-    }
-    check_standalone(&head.0).map_err(|problem| ImageError::Unsafe {
-        url: url.to_owned(),
-        problem,
-    })?;
-    Ok((hex::encode(hasher.finalize()), head.format()))
 }
 
 fn transport(url: &str, e: reqwest::Error) -> ImageError {
@@ -448,65 +417,135 @@ async fn fetch_into(
     started: Instant,
     progress: &Progress,
 ) -> Result<Fetched, ImageError> {
-    // Free space is read before the download starts; the download is refused
-    // (announced) or cut off (not announced) when the image would not fit.
-    let s = session.clone();
-    let room = blocking(move || Ok(s.pool_available_bytes()?)).await?;
-    // The base is named by content: without a configured digest, one read
-    // learns it first (libvirt cannot rename a volume, and copying one on the
-    // host converts formats instead of copying bytes).
-    let (digest, format) = match (&image.sha256, image.format) {
-        (Some(d), declared) => (d.clone(), declared.unwrap_or_default()),
-        (None, _) => probe_digest(client, &image.url, room, progress).await?,
-    };
-    fetch_with(client, image, session, digest, format, room, started, progress).await
-}
-
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the steps of one download, passed through as they are"
-)]
-async fn fetch_with(
-    client: &Downloader,
-    image: &ImageSpec,
-    session: &Arc<HostSession>,
-    digest: String,
-    format: ImageFormat,
-    room: u64,
-    started: Instant,
-    progress: &Progress,
-) -> Result<Fetched, ImageError> {
     let url = image.url.as_str();
     let host = session.host();
-    let base = base_volume(&digest, format);
-    // Another URL may already have brought the same bytes; they are inspected as a download is.
-    let (s, b, d) = (session.clone(), base.clone(), digest.clone());
-    let already = blocking(move || {
-        if !is_complete(&s, &b, &d)? {
-            return Ok(false);
+    // A configured digest names the base up front; it may be there already
+    // (brought by another URL), and is then inspected as a download is.
+    if let Some(base) = image.configured_base() {
+        let (s, b, d) = (
+            session.clone(),
+            base.clone(),
+            image.sha256.clone().unwrap_or_default(),
+        );
+        let already = blocking(move || {
+            if !is_complete(&s, &b, &d)? {
+                return Ok(false);
+            }
+            match inspect_base(&s, &b)? {
+                Ok(()) => Ok(true),
+                Err(problem) => Err(ImageError::UnsafeBase { volume: b, problem }),
+            }
+        })
+        .await?;
+        if already {
+            return Ok(finished(host, cached(base, image), 0, started));
         }
-        match inspect_base(&s, &b)? {
-            Ok(()) => Ok(true),
-            Err(problem) => Err(ImageError::UnsafeBase { volume: b, problem }),
-        }
-    })
-    .await?;
-    let bytes = if already {
-        0
-    } else {
-        upload(client, image, session, &base, &digest, format, room, progress).await?
-    };
-    if image.sha256.is_none() {
-        let (s, pin) = (session.clone(), pin_name(url));
-        let content = pin_content(&digest, format);
-        blocking(move || Ok(write_small(&s, &pin, content.as_bytes())?)).await?;
     }
-    let fetched = Fetched {
-        base: CachedBase {
-            volume: base,
-            format,
+    // Free space is read before the download starts; the download is
+    // refused when the size it announces would not fit.
+    let s = session.clone();
+    let room = blocking(move || Ok(s.pool_available_bytes()?)).await?;
+    let mut body = Body::open(client, url, room, progress).await?;
+    // The format and the qcow2 header come from the first bytes, read
+    // before anything is written: a refused image leaves nothing behind.
+    let head = body.read_head().await?;
+    let format = head.format();
+    let declared = image
+        .format
+        .or(image.sha256.as_ref().map(|_| ImageFormat::default()));
+    if let Some(declared) = declared.filter(|d| *d != format) {
+        return Err(ImageError::FormatMismatch {
+            url: url.to_owned(),
+            declared: declared.as_str(),
+            detected: format.as_str(),
+        });
+    }
+    check_standalone(&head.0).map_err(|problem| ImageError::Unsafe {
+        url: url.to_owned(),
+        problem,
+    })?;
+    let volume = match &image.sha256 {
+        Some(digest) => base_volume(digest, format),
+        // The digest is known only at the end; libvirt cannot rename a
+        // volume, so the base is named by the URL and this fetch.
+        None => url_base_volume(url, format),
+    };
+    let len = body.len;
+    let actual = upload(body, session, &volume).await?;
+    let base = match &image.sha256 {
+        Some(expected) if *expected != actual => {
+            let (s, v) = (session.clone(), volume.clone());
+            blocking(move || Ok(s.delete_volume(&v)?)).await?;
+            return Err(ImageError::DigestMismatch {
+                url: url.to_owned(),
+                expected: expected.clone(),
+                actual,
+            });
+        }
+        Some(_) => {
+            let (s, v, d) = (session.clone(), volume.clone(), actual.clone());
+            // Marker last: a base without it is incomplete and fetched again.
+            blocking(move || Ok(write_small(&s, &marker_name(&v), d.as_bytes())?)).await?;
+            CachedBase {
+                volume,
+                format,
+                digest: actual,
+            }
+        }
+        None => settle_url_base(session, url, volume, format, actual).await?,
+    };
+    Ok(finished(host, base, len, started))
+}
+
+/// Completes a fetched URL base and pins the URL to it. Bytes another
+/// source already brought to the pool (a complete, sound content-named
+/// base) are not kept twice: the pin names that base and the new volume
+/// goes.
+async fn settle_url_base(
+    session: &Arc<HostSession>,
+    url: &str,
+    volume: String,
+    format: ImageFormat,
+    digest: String,
+) -> Result<CachedBase, ImageError> {
+    let (s, url) = (session.clone(), url.to_owned());
+    blocking(move || {
+        let by_content = base_volume(&digest, format);
+        let shared = is_complete(&s, &by_content, &digest)? && inspect_base(&s, &by_content)?.is_ok();
+        let volume = if shared {
+            s.delete_volume(&volume)?;
+            by_content
+        } else {
+            write_small(&s, &marker_name(&volume), digest.as_bytes())?;
+            volume
+        };
+        let pinned = Pinned {
             digest,
-        },
+            format,
+            volume,
+        };
+        write_small(&s, &pin_name(&url), pin_content(&pinned).as_bytes())?;
+        Ok(CachedBase {
+            volume: pinned.volume,
+            format,
+            digest: pinned.digest,
+        })
+    })
+    .await
+}
+
+/// The configured image's base, found complete.
+fn cached(volume: String, image: &ImageSpec) -> CachedBase {
+    CachedBase {
+        volume,
+        format: image.format.unwrap_or_default(),
+        digest: image.sha256.clone().unwrap_or_default(),
+    }
+}
+
+fn finished(host: &str, base: CachedBase, bytes: u64, started: Instant) -> Fetched {
+    let fetched = Fetched {
+        base,
         bytes,
         duration: started.elapsed(),
     };
@@ -515,7 +554,7 @@ async fn fetch_with(
         durationMs = fetched.duration.as_millis() as u64, format = fetched.base.format.as_str(),
         "image fetch finished"
     );
-    Ok(fetched)
+    fetched
 }
 
 async fn blocking<T: Send + 'static>(
@@ -526,49 +565,91 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ImageError::Task(e.to_string()))?
 }
 
-/// Streams the image into `base`, checks digest, format and qcow2 header
-/// (a refused image's volume is deleted), writes the marker last.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the steps of one download, passed through as they are"
-)]
-async fn upload(
-    client: &Downloader,
-    image: &ImageSpec,
-    session: &Arc<HostSession>,
-    base: &str,
-    digest: &str,
-    format: ImageFormat,
-    room: u64,
-    progress: &Progress,
-) -> Result<u64, ImageError> {
-    let url = image.url.as_str();
-    let response = get(client, url, room).await?;
-    let len = response
-        .content_length()
-        .ok_or_else(|| ImageError::NoLength { url: url.to_owned() })?;
-    progress.start(Some(len));
-    tracing::info!(host = %session.host(), volume = %base, url, bytes = len, "image fetch started");
+/// An image's body as it is read: hashed and counted as it streams past,
+/// its head kept; chunks read ahead (to see the head before writing
+/// anything) are handed out first.
+struct Body<'a> {
+    url: &'a str,
+    /// What the server announced (an upload needs the size up front).
+    len: u64,
+    progress: &'a Progress,
+    stream: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    ahead: std::collections::VecDeque<bytes::Bytes>,
+    hasher: Sha256,
+    head: Head,
+}
 
+impl<'a> Body<'a> {
+    /// Starts the download; a size over the limit or the pool's free space
+    /// (`room`), or none announced, fails before a byte of the body is read.
+    async fn open(
+        client: &Downloader,
+        url: &'a str,
+        room: u64,
+        progress: &'a Progress,
+    ) -> Result<Self, ImageError> {
+        let response = get(client, url, room).await?;
+        let len = response
+            .content_length()
+            .ok_or_else(|| ImageError::NoLength { url: url.to_owned() })?;
+        progress.start(Some(len));
+        Ok(Self {
+            url,
+            len,
+            progress,
+            stream: response.bytes_stream().boxed(),
+            ahead: Default::default(),
+            hasher: Sha256::new(),
+            head: Head::default(),
+        })
+    }
+
+    /// Reads ahead until the head is whole (or the body ends).
+    async fn read_head(&mut self) -> Result<&Head, ImageError> {
+        while self.head.0.len() < HEADER_PROBE_BYTES {
+            match self.pull().await? {
+                Some(chunk) => self.ahead.push_back(chunk),
+                None => break,
+            }
+        }
+        Ok(&self.head)
+    }
+
+    async fn next(&mut self) -> Result<Option<bytes::Bytes>, ImageError> {
+        match self.ahead.pop_front() {
+            Some(chunk) => Ok(Some(chunk)),
+            None => self.pull().await,
+        }
+    }
+
+    async fn pull(&mut self) -> Result<Option<bytes::Bytes>, ImageError> {
+        let Some(chunk) = self.stream.next().await else {
+            return Ok(None);
+        };
+        let chunk = chunk.map_err(|e| transport(self.url, e))?;
+        self.hasher.update(&chunk);
+        self.head.keep(&chunk);
+        self.progress.add(chunk.len());
+        Ok(Some(chunk))
+    }
+}
+
+/// Streams the body into a new volume `volume` and returns the sha256 of
+/// what was written. A volume of that name must back no overlay (never
+/// pull a base out from under a VM).
+async fn upload(mut body: Body<'_>, session: &Arc<HostSession>, volume: &str) -> Result<String, ImageError> {
+    let (url, len) = (body.url, body.len);
+    tracing::info!(host = %session.host(), volume, url, bytes = len, "image fetch started");
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(IN_FLIGHT);
-    let (s, vol) = (session.clone(), base.to_owned());
+    let (s, vol) = (session.clone(), volume.to_owned());
     let writer = blocking(move || {
         refuse_if_in_use(&s, &vol)?;
         s.upload_stream(&vol, len, std::iter::from_fn(|| rx.blocking_recv()))?;
         Ok(())
     });
     let reader = async move {
-        let mut hasher = Sha256::new();
-        let mut head = Head::default();
-        let mut body = response.bytes_stream();
-        let mut total = 0;
         let mut packet = Vec::with_capacity(STREAM_PACKET);
-        'body: while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| transport(url, e))?;
-            client.count(url, &mut total, chunk.len(), room)?;
-            hasher.update(&chunk);
-            head.keep(&chunk);
-            progress.add(chunk.len());
+        'body: while let Some(chunk) = body.next().await? {
             let mut rest = &chunk[..];
             while !rest.is_empty() {
                 let take = rest.len().min(STREAM_PACKET - packet.len());
@@ -585,50 +666,13 @@ async fn upload(
         if !packet.is_empty() {
             let _ = tx.send(packet).await;
         }
-        Ok::<_, ImageError>((hex::encode(hasher.finalize()), head))
+        Ok::<_, ImageError>(hex::encode(body.hasher.finalize()))
     };
-    let (actual, head) = match tokio::join!(writer, reader) {
+    match tokio::join!(writer, reader) {
         // A cut-off download also fails the upload; the download's error says why.
-        (_, Err(e)) | (Err(e), _) => return Err(e),
-        (Ok(()), Ok(read)) => read,
-    };
-
-    let problem = if actual != digest {
-        Some(match &image.sha256 {
-            Some(expected) => ImageError::DigestMismatch {
-                url: url.to_owned(),
-                expected: expected.clone(),
-                actual,
-            },
-            None => ImageError::Changed {
-                url: url.to_owned(),
-                first: digest.to_owned(),
-                second: actual,
-            },
-        })
-    } else if head.format() != format {
-        Some(ImageError::FormatMismatch {
-            url: url.to_owned(),
-            declared: format.as_str(),
-            detected: head.format().as_str(),
-        })
-    } else {
-        check_standalone(&head.0).err().map(|problem| ImageError::Unsafe {
-            url: url.to_owned(),
-            problem,
-        })
-    };
-    let (s, vol, digest) = (session.clone(), base.to_owned(), digest.to_owned());
-    blocking(move || match problem {
-        Some(e) => {
-            s.delete_volume(&vol)?;
-            Err(e)
-        }
-        // Marker last: a base without it is incomplete and fetched again.
-        None => Ok(write_small(&s, &marker_name(&vol), digest.as_bytes())?),
-    })
-    .await?;
-    Ok(len)
+        (_, Err(e)) | (Err(e), _) => Err(e),
+        (Ok(()), Ok(digest)) => Ok(digest),
+    }
 }
 
 #[cfg(test)]
@@ -665,9 +709,18 @@ mod download_limit_tests {
         }
     }
 
+    /// Reads the whole body as a fetch does, writing it nowhere.
+    async fn read_all(client: &Downloader, url: &str, room: u64) -> Result<(), ImageError> {
+        let progress = Progress::default();
+        let mut body = Body::open(client, url, room, &progress).await?;
+        body.read_head().await?;
+        while body.next().await?.is_some() {}
+        Ok(())
+    }
+
     async fn probe(url: &str) -> ImageError {
         let client = Downloader::new(limits()).unwrap();
-        probe_digest(&client, url, u64::MAX, &Progress::default())
+        read_all(&client, url, u64::MAX)
             .await
             .expect_err("the download must fail")
     }
@@ -691,7 +744,7 @@ mod download_limit_tests {
     }
 
     #[tokio::test]
-    async fn an_image_over_the_size_limit_is_refused_announced_or_not() {
+    async fn an_image_over_the_limit_or_the_pool_or_of_unknown_size_is_refused_unread() {
         let announced = server(
             |_| b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n".to_vec(),
             Duration::from_secs(30),
@@ -701,6 +754,34 @@ mod download_limit_tests {
         assert!(matches!(err, ImageError::TooLarge { limit: 1024, .. }), "{err}");
         assert_eq!(err.class(), ErrorClass::Permanent);
 
+        // Under the limit but over the pool's free space.
+        let fits_the_limit = server(
+            |_| b"HTTP/1.1 200 OK\r\nContent-Length: 1500\r\n\r\n".to_vec(),
+            Duration::from_secs(30),
+        )
+        .await;
+        let client = Downloader::new(DownloadLimits {
+            max_bytes: 1 << 20,
+            ..limits()
+        })
+        .unwrap();
+        let err = read_all(&client, &fits_the_limit, 1000)
+            .await
+            .expect_err("more than the pool holds");
+        assert!(
+            matches!(
+                err,
+                ImageError::NoRoom {
+                    size: 1500,
+                    available: 1000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.class(), ErrorClass::QuotaExceeded);
+
+        // No size announced: the upload cannot start, and an endless body is never read.
         let chunked = server(
             |_| {
                 let chunk = vec![b'x'; 600];
@@ -717,29 +798,8 @@ mod download_limit_tests {
         )
         .await;
         let err = probe(&chunked).await;
-        assert!(matches!(err, ImageError::TooLarge { .. }), "{err}");
-
-        // Under the limit but past the pool's free space: cut off as the bytes pass it.
-        let client = Downloader::new(DownloadLimits {
-            max_bytes: 1 << 20,
-            ..limits()
-        })
-        .unwrap();
-        let err = probe_digest(&client, &chunked, 1000, &Progress::default())
-            .await
-            .expect_err("more than the pool holds");
-        assert!(
-            matches!(
-                err,
-                ImageError::NoRoom {
-                    size: 1001..=1800,
-                    available: 1000,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert_eq!(err.class(), ErrorClass::QuotaExceeded);
+        assert!(matches!(err, ImageError::NoLength { .. }), "{err}");
+        assert_eq!(err.class(), ErrorClass::Permanent);
     }
 
     #[tokio::test]

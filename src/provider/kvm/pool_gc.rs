@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use super::base_image::{PoolName, base_volume, parse_pin};
+use super::base_image::{PoolName, parse_pin, pin_of_url_base};
 use super::session::{HostSession, KvmError, VolumeInfo};
 
 /// What one sweep of one pool may do.
@@ -78,21 +78,23 @@ pub fn leftovers(
             .map(|(_, base)| base.as_str()),
     );
     let base_left = |base: &str| !present.contains(base) || !used.contains(base);
+    // A fetch under way protects the URL bases of its URL through its pin.
+    let protected = |name: &str| {
+        plan.protect.contains(name) || pin_of_url_base(name).is_some_and(|pin| plan.protect.contains(&pin))
+    };
 
     let mut first = Vec::new();
     let mut bases = Vec::new();
     for v in volumes {
         let name = v.name.as_str();
-        if plan.protect.contains(name) || plan.keep.contains(name) || on_disk.contains(name) {
+        if protected(name) || plan.keep.contains(name) || on_disk.contains(name) {
             continue;
         }
         match PoolName::of(name) {
             PoolName::Overlay(instance) | PoolName::Seed(instance) if !domains.contains(&instance) => {
                 first.push(v.name.clone())
             }
-            PoolName::Marker(base) if base_left(&base) && !plan.protect.contains(&base) => {
-                first.push(v.name.clone())
-            }
+            PoolName::Marker(base) if base_left(&base) && !protected(&base) => first.push(v.name.clone()),
             // A pin that cannot be read points nowhere: a leftover too.
             PoolName::Pin if pins.get(name).is_none_or(|base| base_left(base)) => first.push(v.name.clone()),
             PoolName::Base if !used.contains(name) => bases.push(v.name.clone()),
@@ -124,8 +126,8 @@ pub fn sweep(s: &HostSession, plan: &SweepPlan) -> Result<PoolSweep, KvmError> {
         .collect();
     let mut pins = HashMap::new();
     for v in volumes.iter().filter(|v| PoolName::of(&v.name) == PoolName::Pin) {
-        if let Some((digest, format)) = s.read_small(&v.name, 128)?.as_deref().and_then(parse_pin) {
-            pins.insert(v.name.clone(), base_volume(&digest, format));
+        if let Some(pinned) = s.read_small(&v.name, 256)?.as_deref().and_then(parse_pin) {
+            pins.insert(v.name.clone(), pinned.volume);
         }
     }
     let mut report = PoolSweep {
@@ -146,7 +148,7 @@ mod tests {
     use super::*;
     use crate::config::ImageFormat;
     use crate::provider::instance_name;
-    use crate::provider::kvm::base_image::{marker_name, pin_name};
+    use crate::provider::kvm::base_image::{base_volume, marker_name, pin_name, url_base_volume};
 
     fn vol(name: &str, backing: Option<&str>) -> VolumeInfo {
         VolumeInfo {
@@ -235,6 +237,64 @@ mod tests {
         assert!(
             !found.contains(&old_base) && !found.contains(&marker_name(&old_base)),
             "{found:?}"
+        );
+    }
+
+    #[test]
+    fn url_bases_are_kept_while_pinned_used_or_being_fetched() {
+        let url = "http://images.example/latest.qcow2";
+        let pinned = url_base_volume(url, ImageFormat::Qcow2);
+        let superseded = url_base_volume(url, ImageFormat::Qcow2);
+        let in_use = url_base_volume(url, ImageFormat::Qcow2);
+        let vm = instance_name("vm").to_string();
+        let volumes = vec![
+            vol(&pin_name(url), None),
+            vol(&pinned, None),
+            vol(&marker_name(&pinned), None),
+            vol(&superseded, None),
+            vol(&marker_name(&superseded), None),
+            vol(&in_use, None),
+            vol(&marker_name(&in_use), None),
+            vol(&format!("{vm}.qcow2"), Some(&in_use)),
+        ];
+        let domains = HashSet::from([vm]);
+        let pins = HashMap::from([(pin_name(url), pinned.clone())]);
+        let configured = SweepPlan {
+            keep: BTreeSet::from([pin_name(url)]),
+            ..SweepPlan::default()
+        };
+        assert_eq!(
+            leftovers(&volumes, &domains, &HashSet::new(), &pins, &configured),
+            vec![marker_name(&superseded), superseded.clone()],
+            "the pinned base and the one a VM sits on stay"
+        );
+
+        // The image no longer configured: its pin goes before the base it names.
+        let found = leftovers(&volumes, &domains, &HashSet::new(), &pins, &SweepPlan::default());
+        assert_eq!(
+            found,
+            vec![
+                pin_name(url),
+                marker_name(&pinned),
+                marker_name(&superseded),
+                pinned.clone(),
+                superseded.clone(),
+            ]
+        );
+
+        // A fetch of the URL under way writes a base of a name chosen as it
+        // starts: its pin protects every base of the URL, marked or not yet.
+        let fetching = SweepPlan {
+            protect: BTreeSet::from([pin_name(url)]),
+            ..SweepPlan::default()
+        };
+        let other = url_base_volume("http://images.example/other.qcow2", ImageFormat::Raw);
+        let mut with_other = volumes.clone();
+        with_other.push(vol(&other, None));
+        assert_eq!(
+            leftovers(&with_other, &domains, &HashSet::new(), &pins, &fetching),
+            vec![other],
+            "only the other URL's unused base"
         );
     }
     #[test]
