@@ -6,6 +6,7 @@
 #
 # EPO_GIT_COMMIT is what `--version` prints (the build context has no .git).
 
+# The `dist` profile: the release build with LTO (Cargo.toml).
 FROM rust:1.95-bookworm AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends pkg-config libssl-dev libvirt-dev \
@@ -14,8 +15,8 @@ WORKDIR /src
 COPY . .
 ARG EPO_GIT_COMMIT=unknown
 ENV EPO_GIT_COMMIT=${EPO_GIT_COMMIT}
-RUN cargo build --release --locked -p egress-proxies-operator \
-    && cp target/release/egress-proxies-operator /egress-proxies-operator
+RUN cargo build --profile dist --locked -p egress-proxies-operator \
+    && cp target/dist/egress-proxies-operator /egress-proxies-operator
 
 FROM debian:bookworm-slim
 RUN apt-get update \

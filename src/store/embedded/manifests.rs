@@ -1,10 +1,12 @@
 //! Proxy (and cloud-init Secret) manifests read from a directory — the same
 //! YAML as for the API server, several documents per file allowed.
 //!
-//! A file that fails to parse keeps its previous good contents: a typo must
-//! never read as "these proxies were deleted" and tear instances down.
+//! A file that fails to parse keeps its previous good contents in effect: a
+//! typo must never read as "these proxies were deleted" and tear instances
+//! down. What a file declared is remembered by key only; the objects stay as
+//! the store holds them until the file parses again.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 use data_encoding::BASE64;
@@ -46,13 +48,28 @@ pub enum Document {
     Secret(SecretDoc),
 }
 
+/// A document's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    Proxy,
+    ProxyPool,
+    Secret,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As written in `kind:`.
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
 impl Document {
     /// Its kind and key: two documents of one kind and key are one object.
-    fn identity(&self) -> (&'static str, ObjectKey) {
+    fn identity(&self) -> (Kind, ObjectKey) {
         match self {
-            Document::Proxy(p) => ("Proxy", ObjectKey::of(p)),
-            Document::Pool(p) => ("ProxyPool", pool_key(p)),
-            Document::Secret(s) => ("Secret", s.key.clone()),
+            Document::Proxy(p) => (Kind::Proxy, ObjectKey::of(p)),
+            Document::Pool(p) => (Kind::ProxyPool, pool_key(p)),
+            Document::Secret(s) => (Kind::Secret, s.key.clone()),
         }
     }
 }
@@ -63,8 +80,18 @@ pub struct ManifestSet {
     pub proxies: BTreeMap<ObjectKey, Proxy>,
     pub pools: BTreeMap<ObjectKey, ProxyPool>,
     pub secrets: BTreeMap<ObjectKey, SecretDoc>,
+    /// Declared by files that no longer parse: kept as they are stored.
+    pub held: Held,
     /// Problems found, each naming its file.
     pub problems: Vec<String>,
+}
+
+/// Objects a broken file declared at its last good parse, by kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub proxies: BTreeSet<ObjectKey>,
+    pub pools: BTreeSet<ObjectKey>,
+    pub secrets: BTreeSet<ObjectKey>,
 }
 
 /// The largest manifest file read (bigger ones are reported and skipped).
@@ -77,12 +104,13 @@ pub const MAX_DOCUMENTS: usize = 100_000;
 struct FileState {
     /// SHA-256 of the content: enough to see a change, without keeping a copy.
     digest: [u8; 32],
-    /// Last good parse (empty if the file never parsed).
-    docs: Vec<Document>,
-    error: Option<String>,
+    /// The kinds and keys its last good parse declared (empty if it never
+    /// parsed). The documents themselves are not kept: the store holds what
+    /// was applied, so a file that breaks holds these as they are stored.
+    declared: Vec<(Kind, ObjectKey)>,
 }
 
-/// The watched manifest directory with the last good parse of each file.
+/// The watched manifest directory: per file, what it last declared.
 #[derive(Debug)]
 pub struct ManifestDir {
     dir: PathBuf,
@@ -101,91 +129,139 @@ impl ManifestDir {
         &self.dir
     }
 
-    /// Re-reads the directory; returns whether anything changed.
-    pub fn scan(&mut self) -> std::io::Result<bool> {
-        let mut seen = HashSet::new();
-        let mut changed = false;
-        for entry in std::fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
-            if !is_yaml || !path.is_file() {
-                continue;
-            }
-            // A file that vanished between listing and reading is handled on the next scan.
+    /// Re-reads the directory. When any file changed (or `force`), every
+    /// file is parsed again, one at a time, and the merged declaration is
+    /// returned; otherwise `None`. Parses are not kept between scans: a
+    /// fleet's documents live in the store only.
+    pub fn scan(&mut self, force: bool) -> std::io::Result<Option<ManifestSet>> {
+        let paths = self.yaml_files()?;
+        let changed = paths.len() != self.files.len()
+            || paths.iter().any(|path| {
+                // A file that vanished between listing and reading is handled on the next scan.
+                let digest = read_bounded(path).ok().map(|content| digest_of(&content));
+                self.files.get(path).map(|f| f.digest) != digest
+            });
+        if !changed && !force {
+            return Ok(None);
+        }
+        let mut files = BTreeMap::new();
+        let mut set = ManifestSet::default();
+        let mut origin: BTreeMap<(Kind, ObjectKey), PathBuf> = BTreeMap::new();
+        for path in paths {
             let Ok(content) = read_bounded(&path) else {
                 continue;
             };
-            seen.insert(path.clone());
-            let digest: [u8; 32] = match &content {
-                Ok(text) => Sha256::digest(text.as_bytes()).into(),
-                Err(too_big) => Sha256::digest(too_big.as_bytes()).into(),
-            };
-            if self.files.get(&path).is_some_and(|f| f.digest == digest) {
-                continue;
-            }
-            changed = true;
-            let previous = self.files.remove(&path).map(|f| f.docs).unwrap_or_default();
-            let parsed = match &content {
-                Ok(text) => parse_file(text),
-                Err(too_big) => Err(too_big.clone()),
-            };
+            let digest = digest_of(&content);
+            let parsed = content.and_then(|text| parse_file(&text));
+            let previous = self.files.remove(&path).map(|f| f.declared).unwrap_or_default();
             let state = match parsed {
-                Ok(docs) => FileState {
-                    digest,
-                    docs,
-                    error: None,
-                },
-                Err(error) => FileState {
-                    digest,
-                    docs: previous,
-                    error: Some(error),
-                },
+                Ok(docs) => {
+                    let declared = docs.iter().map(Document::identity).collect();
+                    for doc in docs {
+                        set.declare(&path, doc, &mut origin);
+                    }
+                    FileState { digest, declared }
+                }
+                Err(error) => {
+                    let kept = if previous.is_empty() {
+                        "ignored"
+                    } else {
+                        "its previous contents stay in effect"
+                    };
+                    set.problems.push(format!("{}: {error} ({kept})", path.display()));
+                    for identity in &previous {
+                        set.hold(&path, identity.clone(), &mut origin);
+                    }
+                    FileState {
+                        digest,
+                        declared: previous,
+                    }
+                }
             };
-            self.files.insert(path, state);
+            files.insert(path, state);
         }
-        let before = self.files.len();
-        self.files.retain(|path, _| seen.contains(path));
-        Ok(changed || self.files.len() != before)
+        self.files = files;
+        Ok(Some(set))
     }
 
-    /// The merged declaration; later duplicates of a namespace/name are reported and ignored.
-    pub fn current(&self) -> ManifestSet {
-        let mut set = ManifestSet::default();
-        let mut origin: BTreeMap<(&'static str, ObjectKey), &Path> = BTreeMap::new();
-        for (path, file) in &self.files {
-            if let Some(error) = &file.error {
-                let kept = if file.docs.is_empty() {
-                    "ignored"
-                } else {
-                    "its previous contents stay in effect"
-                };
-                set.problems.push(format!("{}: {error} ({kept})", path.display()));
-            }
-            for doc in &file.docs {
-                let (kind, key) = doc.identity();
-                if let Some(first) = origin.get(&(kind, key.clone())) {
-                    set.problems.push(format!(
-                        "{}: {kind} {key} is already defined in {}; this copy is ignored",
-                        path.display(),
-                        first.display()
-                    ));
-                    continue;
-                }
-                origin.insert((kind, key.clone()), path);
-                match doc {
-                    Document::Proxy(p) => {
-                        set.proxies.insert(key, (**p).clone());
-                    }
-                    Document::Pool(p) => {
-                        set.pools.insert(key, (**p).clone());
-                    }
-                    Document::Secret(s) => {
-                        set.secrets.insert(key, s.clone());
-                    }
-                }
+    /// The directory's manifest files, in name order (the order duplicates are judged in).
+    fn yaml_files(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut paths = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if is_yaml && path.is_file() {
+                paths.push(path);
             }
         }
-        set
+        paths.sort();
+        Ok(paths)
+    }
+}
+
+fn digest_of(content: &Result<String, String>) -> [u8; 32] {
+    match content {
+        Ok(text) => Sha256::digest(text.as_bytes()).into(),
+        Err(too_big) => Sha256::digest(too_big.as_bytes()).into(),
+    }
+}
+
+impl ManifestSet {
+    /// Adds a document from `path`, unless an earlier file declared its
+    /// kind and key (then it is reported and ignored).
+    fn declare(&mut self, path: &Path, doc: Document, origin: &mut BTreeMap<(Kind, ObjectKey), PathBuf>) {
+        let (kind, key) = doc.identity();
+        if !self.claim(path, kind, &key, origin) {
+            return;
+        }
+        match doc {
+            Document::Proxy(p) => {
+                self.proxies.insert(key, *p);
+            }
+            Document::Pool(p) => {
+                self.pools.insert(key, *p);
+            }
+            Document::Secret(s) => {
+                self.secrets.insert(key, s);
+            }
+        }
+    }
+
+    /// Holds an object a broken file at `path` declared.
+    fn hold(
+        &mut self,
+        path: &Path,
+        (kind, key): (Kind, ObjectKey),
+        origin: &mut BTreeMap<(Kind, ObjectKey), PathBuf>,
+    ) {
+        if !self.claim(path, kind, &key, origin) {
+            return;
+        }
+        match kind {
+            Kind::Proxy => self.held.proxies.insert(key),
+            Kind::ProxyPool => self.held.pools.insert(key),
+            Kind::Secret => self.held.secrets.insert(key),
+        };
+    }
+
+    /// Whether `path` is the first file to declare this kind and key.
+    fn claim(
+        &mut self,
+        path: &Path,
+        kind: Kind,
+        key: &ObjectKey,
+        origin: &mut BTreeMap<(Kind, ObjectKey), PathBuf>,
+    ) -> bool {
+        if let Some(first) = origin.get(&(kind, key.clone())) {
+            self.problems.push(format!(
+                "{}: {kind} {key} is already defined in {}; this copy is ignored",
+                path.display(),
+                first.display()
+            ));
+            return false;
+        }
+        origin.insert((kind, key.clone()), path.to_owned());
+        true
     }
 }
 
@@ -429,8 +505,7 @@ data: {other: aGVsbG8=}
             .set_len(MAX_FILE_BYTES + 1)
             .unwrap();
         let mut manifests = ManifestDir::new(dir.path());
-        assert!(manifests.scan().unwrap());
-        let set = manifests.current();
+        let set = manifests.scan(false).unwrap().expect("a change");
         assert_eq!(set.proxies.len(), 2, "the other file is read");
         assert_eq!(set.problems.len(), 1, "{:?}", set.problems);
         assert!(
@@ -439,7 +514,7 @@ data: {other: aGVsbG8=}
             set.problems
         );
         assert!(
-            !manifests.scan().unwrap(),
+            manifests.scan(false).unwrap().is_none(),
             "unchanged: not reported as a change again"
         );
     }
@@ -522,14 +597,22 @@ data: {other: aGVsbG8=}
         let file = dir.path().join("a.yaml");
         std::fs::write(&file, TWO).unwrap();
         let mut m = ManifestDir::new(dir.path());
-        assert!(m.scan().unwrap());
-        assert!(!m.scan().unwrap(), "no change, no rescan result");
-        assert_eq!(m.current().proxies.len(), 2);
+        assert_eq!(m.scan(false).unwrap().expect("a change").proxies.len(), 2);
+        assert!(m.scan(false).unwrap().is_none(), "no change, no rescan result");
+        assert_eq!(m.scan(true).unwrap().expect("forced").proxies.len(), 2);
 
         std::fs::write(&file, "apiVersion: [").unwrap();
-        assert!(m.scan().unwrap());
-        let set = m.current();
-        assert_eq!(set.proxies.len(), 2, "previous contents stay in effect");
+        let set = m.scan(false).unwrap().expect("a change");
+        assert!(set.proxies.is_empty() && set.secrets.is_empty(), "{set:?}");
+        assert_eq!(
+            set.held,
+            Held {
+                proxies: BTreeSet::from([ObjectKey::new("default", "a"), ObjectKey::new("crawl", "b")]),
+                pools: BTreeSet::new(),
+                secrets: BTreeSet::from([ObjectKey::new("default", "ci")]),
+            },
+            "what it declared stays as stored"
+        );
         assert_eq!(set.problems.len(), 1);
         assert!(
             set.problems[0].contains("previous contents stay in effect"),
@@ -544,8 +627,8 @@ data: {other: aGVsbG8=}
         )
         .unwrap();
         std::fs::write(dir.path().join("notes.txt"), "not a manifest").unwrap();
-        assert!(m.scan().unwrap());
-        let set = m.current();
+        let set = m.scan(false).unwrap().expect("a change");
+        assert_eq!(set.held, Held::default(), "parses again");
         assert_eq!(
             set.proxies[&ObjectKey::new("default", "a")]
                 .spec
@@ -560,9 +643,9 @@ data: {other: aGVsbG8=}
             set.problems
         );
 
+        // The first definer gone, the copy in the unchanged file takes effect.
         std::fs::remove_file(&file).unwrap();
-        assert!(m.scan().unwrap());
-        let set = m.current();
+        let set = m.scan(false).unwrap().expect("a change");
         assert_eq!(set.proxies.len(), 1);
         assert_eq!(
             set.proxies[&ObjectKey::new("default", "a")]

@@ -29,7 +29,7 @@ use crate::store::{CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError,
 
 pub use database::{Database, DatabaseError};
 pub use lease_log::{LEASES_DIR, LeaseLog};
-pub use manifests::{Document, ManifestDir, ManifestSet, SecretDoc, parse_file};
+pub use manifests::{Document, Held, ManifestDir, ManifestSet, SecretDoc, parse_file};
 
 /// File name of the state database inside the state directory.
 pub const DATABASE_FILE: &str = "state.db";
@@ -206,8 +206,9 @@ impl EmbeddedStore {
 
     /// Makes the stored objects match the manifests: new ones are created,
     /// changed specs bump `generation`, missing ones are deleted (held by
-    /// their finalizers until released). Pool members are the operator's,
-    /// not the manifests': they go when their pool goes.
+    /// their finalizers until released), and those a broken file declared
+    /// ([`ManifestSet::held`]) stay as they are. Pool members are the
+    /// operator's, not the manifests': they go when their pool goes.
     pub fn apply(&self, set: &ManifestSet) -> Result<(), StoreError> {
         let mut changed = Vec::new();
         let mut removed = Vec::new();
@@ -229,7 +230,7 @@ impl EmbeddedStore {
             let pools_gone: Vec<ObjectKey> = inner
                 .pools
                 .keys()
-                .filter(|k| !set.pools.contains_key(*k))
+                .filter(|k| !set.pools.contains_key(*k) && !set.held.pools.contains(*k))
                 .cloned()
                 .collect();
             for key in pools_gone {
@@ -237,12 +238,17 @@ impl EmbeddedStore {
                 inner.pools.remove(&key);
                 pools_removed.push(key);
             }
+            let mut secrets = set.secrets.clone();
+            for key in &set.held.secrets {
+                if let Some(kept) = inner.secrets.get(key) {
+                    secrets.insert(key.clone(), kept.clone());
+                }
+            }
             // Proxies whose cloud-init Secret changed must be looked at again.
-            let changed_secrets: HashSet<ObjectKey> = set
-                .secrets
+            let changed_secrets: HashSet<ObjectKey> = secrets
                 .keys()
                 .chain(inner.secrets.keys())
-                .filter(|k| set.secrets.get(*k) != inner.secrets.get(*k))
+                .filter(|k| secrets.get(*k) != inner.secrets.get(*k))
                 .cloned()
                 .collect();
             changed.extend(
@@ -256,7 +262,7 @@ impl EmbeddedStore {
                     })
                     .map(|(k, _)| k.clone()),
             );
-            inner.secrets = set.secrets.clone();
+            inner.secrets = secrets;
             for (key, declared) in &set.proxies {
                 let next = match inner.objects.get(key) {
                     // A pool's member keeps its name until it is gone.
@@ -281,6 +287,7 @@ impl EmbeddedStore {
                 .iter()
                 .filter(|(k, p)| {
                     !set.proxies.contains_key(*k)
+                        && !set.held.proxies.contains(*k)
                         && p.metadata.deletion_timestamp.is_none()
                         && !inner.owned_by_live_pool(p)
                 })
@@ -699,15 +706,14 @@ enum Scan {
 /// One scan: when something changed (or `must_apply`), the merged
 /// declaration goes to the store.
 fn rescan(store: &EmbeddedStore, dir: &mut ManifestDir, must_apply: bool) -> Scan {
-    match dir.scan() {
-        Ok(false) if !must_apply => return Scan::Unchanged,
-        Ok(_) => {}
+    let set = match dir.scan(must_apply) {
+        Ok(None) => return Scan::Unchanged,
+        Ok(Some(set)) => set,
         Err(e) => {
             tracing::error!(dir = %dir.path().display(), error = %e, "cannot read the manifest directory");
             return Scan::Unreadable;
         }
-    }
-    let set = dir.current();
+    };
     if let Err(e) = store.apply(&set) {
         tracing::error!(error = %e, "applying manifests to the state database failed");
     }

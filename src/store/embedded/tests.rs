@@ -226,6 +226,49 @@ async fn cloud_init_comes_only_from_labelled_secrets_and_rotation_triggers_a_rec
     ));
 }
 
+#[tokio::test]
+async fn what_a_broken_file_declared_stays_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
+    let mut declared = set(&[proxy("a", "p"), proxy("b", "p")]);
+    let secret = SecretDoc {
+        key: k("ci"),
+        labels: [(CLOUD_INIT_LABEL.to_owned(), "true".to_owned())].into(),
+        data: [("user-data".to_owned(), b"#!/bin/sh\n".to_vec())].into(),
+    };
+    declared.secrets.insert(k("ci"), secret);
+    store.apply(&declared).unwrap();
+    let stored_a = store.get(&k("a")).await.unwrap().unwrap();
+    drain(&mut rx);
+
+    // The file declaring `a` and the Secret breaks; `b`'s file is fine but drops `b`.
+    let broken = ManifestSet {
+        held: Held {
+            proxies: [k("a")].into(),
+            secrets: [k("ci")].into(),
+            ..Held::default()
+        },
+        ..ManifestSet::default()
+    };
+    store.apply(&broken).unwrap();
+    assert_eq!(drain(&mut rx), vec![StoreEvent::Removed(k("b"))]);
+    assert_eq!(
+        store.get(&k("a")).await.unwrap(),
+        Some(stored_a),
+        "held as stored"
+    );
+    let reference = SecretKeyRef {
+        name: "ci".into(),
+        key: "user-data".into(),
+    };
+    assert_eq!(store.cloud_init("ns", &reference).await.unwrap(), b"#!/bin/sh\n");
+
+    // Fixed, without `a`: now it goes.
+    store.apply(&set(&[])).unwrap();
+    assert_eq!(drain(&mut rx), vec![StoreEvent::Removed(k("a"))]);
+    assert!(store.cloud_init("ns", &reference).await.is_err());
+}
+
 #[test]
 fn the_installation_id_is_generated_once_and_kept() {
     let dir = tempfile::tempdir().unwrap();
