@@ -16,6 +16,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use egress_proxies::health::ProbeTarget;
 use egress_proxies::provider::ErrorClass;
 use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
+use egress_proxies::resource::Phase;
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
@@ -126,15 +127,17 @@ pub struct ProxyActor {
     /// What the lease store was last told.
     announced: Option<Arc<egress_proxies::lease::Availability>>,
     /// The phase this proxy is counted under in the proxies-by-phase gauge.
-    counted_phase: Option<String>,
+    counted_phase: Option<Phase>,
     /// The probe span whose verdict asked for the next reconcile (linked to it).
-    probe_link: Option<opentelemetry::trace::SpanContext>,
+    /// (Boxed, as `pending_verdict`: rarely there, and the actor's context
+    /// is allocated for every proxy.)
+    probe_link: Option<Box<opentelemetry::trace::SpanContext>>,
     /// What the prober currently watches for this proxy.
     watching: Option<Arc<ProbeTarget>>,
     /// Kept between jobs; lent to the running one.
     memory: Option<Memory>,
     /// A verdict that arrived while a job held the memory.
-    pending_verdict: Option<HealthVerdict>,
+    pending_verdict: Option<Box<HealthVerdict>>,
     running: bool,
     again: Option<Job>,
     timer: Option<SpawnHandle>,
@@ -189,7 +192,7 @@ impl ProxyActor {
                     traceID = Empty, spanID = Empty,
                 );
                 if let Some(link) = self.probe_link.take() {
-                    span.add_link(link);
+                    span.add_link(*link);
                 }
                 egress_proxies::telemetry::otel::record_ids(&span);
                 span
@@ -252,7 +255,7 @@ impl ProxyActor {
     fn finished(&mut self, job: Job, result: JobResult, span: &tracing::Span, ctx: &mut Context<Self>) {
         self.running = false;
         if let Some(verdict) = self.pending_verdict.take() {
-            self.accept(verdict, ctx);
+            self.accept(*verdict, ctx);
         }
         let delay = match (job, result) {
             // Its supervisor restarts the actor (and logs the panic).
@@ -324,8 +327,7 @@ impl ProxyActor {
         let current = self.memory.as_ref().and_then(|m| m.availability.clone());
         let phase = current
             .as_ref()
-            .map(|a| a.phase.clone())
-            .filter(|p| !p.is_empty());
+            .and_then(|a| Phase::ALL.into_iter().find(|p| p.as_str() == a.phase));
         self.count_phase(phase);
         self.report_tree();
         if current == self.announced {
@@ -345,18 +347,18 @@ impl ProxyActor {
         crate::supervision::report_state(
             "proxy",
             &self.key.to_string(),
-            self.counted_phase.as_deref().unwrap_or("starting"),
+            self.counted_phase.map_or("starting", Phase::as_str),
             usize::from(self.running) + usize::from(self.again.is_some()),
         );
     }
 
     /// Moves this proxy between the proxies-by-phase gauge's phases.
-    fn count_phase(&mut self, phase: Option<String>) {
+    fn count_phase(&mut self, phase: Option<Phase>) {
         if phase != self.counted_phase {
             ProxyPhaseChanged {
                 proxy: &self.key.to_string(),
-                from: self.counted_phase.as_deref(),
-                to: phase.as_deref(),
+                from: self.counted_phase.map(Phase::as_str),
+                to: phase.map(Phase::as_str),
             }
             .emit();
             self.counted_phase = phase;
@@ -387,7 +389,7 @@ impl ProxyActor {
     /// Takes a verdict into memory and schedules the status update.
     fn accept(&mut self, verdict: HealthVerdict, ctx: &mut Context<Self>) {
         let Some(memory) = self.memory.as_mut() else {
-            self.pending_verdict = Some(verdict);
+            self.pending_verdict = Some(Box::new(verdict));
             return;
         };
         let current = memory.serving.as_ref().is_some_and(|s| s.uid == verdict.0.uid);
@@ -396,7 +398,7 @@ impl ProxyActor {
         }
         let unhealthy = !verdict.0.healthy;
         if unhealthy {
-            self.probe_link = verdict.1;
+            self.probe_link = verdict.1.map(Box::new);
         }
         memory.health = Some(verdict.0);
         self.start(Job::Health, ctx);

@@ -89,17 +89,24 @@ pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// A vital actor restarted this often within [`RESTART_WINDOW`] is crash-looping.
 pub const CRASH_LOOP: usize = 5;
 
+/// An actor in the tree (its kind and id are the tree's keys).
 struct Entry {
-    info: ActorInfo,
+    supervisor: &'static str,
+    restarts: u32,
+    state: String,
+    pending: usize,
     vital: bool,
     /// When it was restarted lately (within [`RESTART_WINDOW`]).
     recent: VecDeque<Instant>,
 }
 
 impl Entry {
-    fn new(info: ActorInfo) -> Self {
+    fn new(supervisor: &'static str) -> Self {
         Self {
-            info,
+            supervisor,
+            restarts: 0,
+            state: "starting".into(),
+            pending: 0,
             vital: false,
             recent: VecDeque::new(),
         }
@@ -117,7 +124,9 @@ impl Entry {
     }
 }
 
-type Tree = BTreeMap<(String, String), Entry>;
+/// Kind → id → entry: found by `&str` without building a key, and each
+/// kind spelled once however many actors it has.
+type Tree = BTreeMap<String, BTreeMap<String, Entry>>;
 
 static TREE: LazyLock<Mutex<Tree>> = LazyLock::new(Mutex::default);
 
@@ -125,36 +134,45 @@ fn tree() -> std::sync::MutexGuard<'static, Tree> {
     TREE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The entry of `kind`/`id`, made with `supervisor` when missing.
+fn entry<'t>(tree: &'t mut Tree, kind: &str, id: &str, supervisor: &'static str) -> &'t mut Entry {
+    if !tree.contains_key(kind) {
+        tree.insert(kind.to_owned(), BTreeMap::new());
+    }
+    let ids = tree.get_mut(kind).expect("inserted above");
+    if !ids.contains_key(id) {
+        ids.insert(id.to_owned(), Entry::new(supervisor));
+    }
+    ids.get_mut(id).expect("inserted above")
+}
+
 /// A supervised actor starts: in the tree until its supervisor ends.
 pub(crate) fn register(node: &Node) {
     let mut tree = tree();
-    let entry = tree
-        .entry((node.kind.to_owned(), node.id.clone()))
-        .or_insert_with(|| {
-            Entry::new(ActorInfo {
-                kind: node.kind.to_owned(),
-                id: node.id.clone(),
-                state: "starting".into(),
-                ..ActorInfo::default()
-            })
-        });
-    entry.info.supervisor = node.parent.to_owned();
+    let entry = entry(&mut tree, node.kind, &node.id, node.parent);
+    entry.supervisor = node.parent;
     entry.vital = node.vital;
 }
 
 /// Its supervisor ended (nobody holds the actor's address any more).
 pub(crate) fn unregister(node: &Node) {
-    tree().remove(&(node.kind.to_owned(), node.id.clone()));
+    let mut tree = tree();
+    if let Some(ids) = tree.get_mut(node.kind) {
+        ids.remove(&node.id);
+        if ids.is_empty() {
+            tree.remove(node.kind);
+        }
+    }
 }
 
 /// Counts a restart; returns how many happened within [`RESTART_WINDOW`].
 pub(crate) fn record_restart(node: &Node) -> usize {
     let now = Instant::now();
     let mut tree = tree();
-    let Some(entry) = tree.get_mut(&(node.kind.to_owned(), node.id.clone())) else {
+    let Some(entry) = tree.get_mut(node.kind).and_then(|ids| ids.get_mut(&node.id)) else {
         return 1;
     };
-    entry.info.restarts = entry.info.restarts.saturating_add(1);
+    entry.restarts = entry.restarts.saturating_add(1);
     entry.recent.push_back(now);
     entry.recent_restarts(now)
 }
@@ -162,17 +180,12 @@ pub(crate) fn record_restart(node: &Node) -> usize {
 /// An actor says what it is doing and how much work waits.
 pub fn report_state(kind: &str, id: &str, state: &str, pending: usize) {
     let mut tree = tree();
-    let entry = tree.entry((kind.to_owned(), id.to_owned())).or_insert_with(|| {
-        // Started without a supervisor (a test wiring actors by hand).
-        Entry::new(ActorInfo {
-            kind: kind.to_owned(),
-            id: id.to_owned(),
-            supervisor: "system".into(),
-            ..ActorInfo::default()
-        })
-    });
-    entry.info.state = state.to_owned();
-    entry.info.pending = pending;
+    // "system" for an actor started without a supervisor (a test wiring actors by hand).
+    let entry = entry(&mut tree, kind, id, "system");
+    if entry.state != state {
+        entry.state = state.to_owned();
+    }
+    entry.pending = pending;
 }
 
 /// A singleton says what it is doing.
@@ -185,11 +198,12 @@ pub fn report_singleton(kind: &str, state: &str, pending: usize) {
 pub fn crash_looping() -> Vec<(String, usize)> {
     let now = Instant::now();
     tree()
-        .values_mut()
-        .filter(|e| e.vital)
-        .filter_map(|e| {
+        .iter_mut()
+        .flat_map(|(kind, ids)| ids.values_mut().map(move |e| (kind, e)))
+        .filter(|(_, e)| e.vital)
+        .filter_map(|(kind, e)| {
             let recent = e.recent_restarts(now);
-            (recent >= CRASH_LOOP).then(|| (e.info.kind.clone(), recent))
+            (recent >= CRASH_LOOP).then(|| (kind.clone(), recent))
         })
         .collect()
 }
@@ -210,7 +224,19 @@ pub(crate) static HEALTH_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::con
 
 /// Every actor, by kind then id.
 pub fn snapshot() -> Vec<ActorInfo> {
-    tree().values().map(|e| e.info.clone()).collect()
+    tree()
+        .iter()
+        .flat_map(|(kind, ids)| {
+            ids.iter().map(move |(id, e)| ActorInfo {
+                kind: kind.clone(),
+                id: id.clone(),
+                supervisor: e.supervisor.to_owned(),
+                restarts: e.restarts,
+                state: e.state.clone(),
+                pending: e.pending,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
