@@ -124,9 +124,9 @@ impl Entry {
     }
 }
 
-/// Kind → id → entry: found by `&str` without building a key, and each
-/// kind spelled once however many actors it has.
-type Tree = BTreeMap<String, BTreeMap<String, Entry>>;
+/// Kind → id → entry: found by `&str` without building a key, and no
+/// copy of the kind per actor.
+type Tree = BTreeMap<&'static str, BTreeMap<String, Entry>>;
 
 static TREE: LazyLock<Mutex<Tree>> = LazyLock::new(Mutex::default);
 
@@ -134,24 +134,28 @@ fn tree() -> std::sync::MutexGuard<'static, Tree> {
     TREE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The entry of `kind`/`id`, made with `supervisor` when missing.
-fn entry<'t>(tree: &'t mut Tree, kind: &str, id: &str, supervisor: &'static str) -> &'t mut Entry {
-    if !tree.contains_key(kind) {
-        tree.insert(kind.to_owned(), BTreeMap::new());
-    }
-    let ids = tree.get_mut(kind).expect("inserted above");
+/// The entry of `kind`/`id`, made with `supervisor` when missing (the id
+/// is copied only then).
+fn entry<'t>(
+    tree: &'t mut Tree,
+    kind: &'static str,
+    id: &str,
+    supervisor: &'static str,
+) -> Option<&'t mut Entry> {
+    let ids = tree.entry(kind).or_default();
     if !ids.contains_key(id) {
         ids.insert(id.to_owned(), Entry::new(supervisor));
     }
-    ids.get_mut(id).expect("inserted above")
+    ids.get_mut(id)
 }
 
 /// A supervised actor starts: in the tree until its supervisor ends.
 pub(crate) fn register(node: &Node) {
     let mut tree = tree();
-    let entry = entry(&mut tree, node.kind, &node.id, node.parent);
-    entry.supervisor = node.parent;
-    entry.vital = node.vital;
+    if let Some(entry) = entry(&mut tree, node.kind, &node.id, node.parent) {
+        entry.supervisor = node.parent;
+        entry.vital = node.vital;
+    }
 }
 
 /// Its supervisor ended (nobody holds the actor's address any more).
@@ -178,18 +182,19 @@ pub(crate) fn record_restart(node: &Node) -> usize {
 }
 
 /// An actor says what it is doing and how much work waits.
-pub fn report_state(kind: &str, id: &str, state: &str, pending: usize) {
+pub fn report_state(kind: &'static str, id: &str, state: &str, pending: usize) {
     let mut tree = tree();
     // "system" for an actor started without a supervisor (a test wiring actors by hand).
-    let entry = entry(&mut tree, kind, id, "system");
-    if entry.state != state {
-        entry.state = state.to_owned();
+    if let Some(entry) = entry(&mut tree, kind, id, "system") {
+        if entry.state != state {
+            entry.state = state.to_owned();
+        }
+        entry.pending = pending;
     }
-    entry.pending = pending;
 }
 
 /// A singleton says what it is doing.
-pub fn report_singleton(kind: &str, state: &str, pending: usize) {
+pub fn report_singleton(kind: &'static str, state: &str, pending: usize) {
     report_state(kind, kind, state, pending);
 }
 
@@ -203,7 +208,7 @@ pub fn crash_looping() -> Vec<(String, usize)> {
         .filter(|(_, e)| e.vital)
         .filter_map(|(kind, e)| {
             let recent = e.recent_restarts(now);
-            (recent >= CRASH_LOOP).then(|| (kind.clone(), recent))
+            (recent >= CRASH_LOOP).then(|| ((*kind).to_owned(), recent))
         })
         .collect()
 }
@@ -228,7 +233,7 @@ pub fn snapshot() -> Vec<ActorInfo> {
         .iter()
         .flat_map(|(kind, ids)| {
             ids.iter().map(move |(id, e)| ActorInfo {
-                kind: kind.clone(),
+                kind: (*kind).to_owned(),
                 id: id.clone(),
                 supervisor: e.supervisor.to_owned(),
                 restarts: e.restarts,
