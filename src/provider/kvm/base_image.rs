@@ -61,6 +61,9 @@ fn url_base_parts(volume: &str) -> Option<(&str, &str)> {
     (is_url_key(key) && is_fetch_id(id) && matches!(format, "qcow2" | "raw")).then_some((key, format))
 }
 
+/// More than any pin holds (digest, format and a URL base's name: about 140 bytes).
+pub const PIN_MAX_BYTES: u64 = 256;
+
 /// What a URL gave this host: the bytes' digest and format, and the base holding them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pinned {

@@ -15,7 +15,8 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::base_image::{
-    Pinned, base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name, url_base_volume,
+    PIN_MAX_BYTES, Pinned, base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name,
+    url_base_volume,
 };
 use super::ops::OpError;
 use super::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
@@ -274,7 +275,7 @@ pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, 
             }
         }
         None => match s
-            .read_small(&pin_name(&image.url), 256)?
+            .read_small(&pin_name(&image.url), PIN_MAX_BYTES)?
             .as_deref()
             .and_then(parse_pin)
         {
@@ -282,17 +283,28 @@ pub fn lookup(s: &HostSession, image: &ImageSpec) -> Result<Option<CachedBase>, 
             None => return Ok(None),
         },
     };
-    if !is_complete(s, &volume, &digest)? {
+    match found_base(s, &volume, &digest)? {
+        None => Ok(None),
+        Some(Err(problem)) => Err(OpError::UnsafeBase { volume, problem }),
+        Some(Ok(())) => Ok(Some(CachedBase {
+            volume,
+            format,
+            digest,
+        })),
+    }
+}
+
+/// A base in the pool, if complete (its marker names `digest`), with what
+/// the inspection of its header found.
+fn found_base(
+    s: &HostSession,
+    volume: &str,
+    digest: &str,
+) -> Result<Option<Result<(), Qcow2HeaderError>>, KvmError> {
+    if !is_complete(s, volume, digest)? {
         return Ok(None);
     }
-    if let Err(problem) = inspect_base(s, &volume)? {
-        return Err(OpError::UnsafeBase { volume, problem });
-    }
-    Ok(Some(CachedBase {
-        volume,
-        format,
-        digest,
-    }))
+    inspect_base(s, volume).map(Some)
 }
 
 /// Reads a base's leading bytes from the pool and checks its qcow2 header.
@@ -427,14 +439,10 @@ async fn fetch_into(
             base.clone(),
             image.sha256.clone().unwrap_or_default(),
         );
-        let already = blocking(move || {
-            if !is_complete(&s, &b, &d)? {
-                return Ok(false);
-            }
-            match inspect_base(&s, &b)? {
-                Ok(()) => Ok(true),
-                Err(problem) => Err(ImageError::UnsafeBase { volume: b, problem }),
-            }
+        let already = blocking(move || match found_base(&s, &b, &d)? {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(problem)) => Err(ImageError::UnsafeBase { volume: b, problem }),
         })
         .await?;
         if already {
@@ -511,7 +519,7 @@ async fn settle_url_base(
     let (s, url) = (session.clone(), url.to_owned());
     blocking(move || {
         let by_content = base_volume(&digest, format);
-        let shared = is_complete(&s, &by_content, &digest)? && inspect_base(&s, &by_content)?.is_ok();
+        let shared = matches!(found_base(&s, &by_content, &digest)?, Some(Ok(())));
         let volume = if shared {
             s.delete_volume(&volume)?;
             by_content

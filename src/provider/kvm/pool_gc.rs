@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use super::base_image::{PoolName, parse_pin, pin_of_url_base};
+use super::base_image::{PIN_MAX_BYTES, PoolName, parse_pin, pin_of_url_base};
 use super::session::{HostSession, KvmError, VolumeInfo};
 
 /// What one sweep of one pool may do.
@@ -126,7 +126,11 @@ pub fn sweep(s: &HostSession, plan: &SweepPlan) -> Result<PoolSweep, KvmError> {
         .collect();
     let mut pins = HashMap::new();
     for v in volumes.iter().filter(|v| PoolName::of(&v.name) == PoolName::Pin) {
-        if let Some(pinned) = s.read_small(&v.name, 256)?.as_deref().and_then(parse_pin) {
+        if let Some(pinned) = s
+            .read_small(&v.name, PIN_MAX_BYTES)?
+            .as_deref()
+            .and_then(parse_pin)
+        {
             pins.insert(v.name.clone(), pinned.volume);
         }
     }
