@@ -4,14 +4,15 @@
 //! manifest directory to all healthy, then probing steadily, then
 //! restarted on its stored fleet.
 //!
-//!   cargo bench -p egress-proxies-operator --bench fleet_scale -- [--proxies 10000] [--per-file 10000] [--steady 20]
+//!   cargo bench -p egress-proxies-operator --bench fleet_scale -- [--proxies 10000] [--per-file 10000] [--steady 20] [--timeline]
 //!
 //! Reported: start → every proxy healthy; the operator's peak RSS (VmHWM)
 //! and its RSS after `--steady` seconds of probing; the CPU it used while
 //! probing (cores, from /proc/<pid>/stat over the steady window) and per
 //! probe; after a SIGTERM and a new start on the same state: the time to
 //! the lease API's first answer and to its first granted lease. All
-//! traffic stays on loopback. `EPO_BENCH_WRAPPER` runs the operator under a
+//! traffic stays on loopback. `--timeline` prints the phases, CPU and RSS
+//! every half second until all are healthy. `EPO_BENCH_WRAPPER` runs the operator under a
 //! profiler (the figures then include the profiler's own cost).
 
 use std::net::SocketAddr;
@@ -156,6 +157,8 @@ fn main() {
         let began = Instant::now();
         let mut operator = start(&config, &log);
         let pid = operator.0.id();
+        let timeline = std::env::args().any(|a| a == "--timeline");
+        let mut next_line = Duration::ZERO;
         loop {
             assert!(
                 operator.0.try_wait().unwrap().is_none(),
@@ -164,6 +167,22 @@ fn main() {
             );
             let text = scrape(&client, metrics).await;
             let ready = metric(&text, "egress_proxies_proxies{phase=\"Ready\"}").unwrap_or(0.0);
+            if timeline && began.elapsed() >= next_line {
+                next_line += Duration::from_millis(500);
+                let phases: Vec<String> = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("egress_proxies_proxies{phase=\""))
+                    .filter(|l| !l.ends_with(" 0"))
+                    .map(|l| l.replace("\"}", ""))
+                    .collect();
+                println!(
+                    "  {:5.1} s  cpu {:5.2} s  rss {:5.1} MiB  {}",
+                    began.elapsed().as_secs_f64(),
+                    cpu_seconds(pid),
+                    status_mib(pid, "VmRSS"),
+                    phases.join(", ")
+                );
+            }
             if ready as usize == proxies {
                 break;
             }

@@ -81,6 +81,7 @@ impl Database {
         };
         let conn = Connection::open(path).map_err(wrap)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(wrap)?;
+        // Durable commits, except observed state's (`put_unsynced`).
         conn.pragma_update(None, "synchronous", "FULL").map_err(wrap)?;
         // Reads come from the operator's own copy, not from here: a small
         // page cache (the interior pages a write walks) is enough, and the
@@ -167,6 +168,66 @@ impl Database {
     /// Inserts or replaces one ProxyPool (durable when this returns).
     pub fn put_pool(&self, pool: &ProxyPool) -> Result<(), DatabaseError> {
         self.put_row("pools", &crate::store::pool_key(pool), pool)
+    }
+
+    /// [`Self::put`] without waiting for the disk: for observed state
+    /// (status), which every start probes and reconciles afresh. The commit
+    /// is in the WAL when this returns, so a killed process loses nothing;
+    /// the next synced commit syncs it too. A status write per proxy per
+    /// transition would otherwise cost a fleet one sync each.
+    pub fn put_unsynced(&self, proxy: &Proxy) -> Result<(), DatabaseError> {
+        self.unsynced(|db| db.put(proxy))
+    }
+
+    /// [`Self::put_pool`] without waiting for the disk (see [`Self::put_unsynced`]).
+    pub fn put_pool_unsynced(&self, pool: &ProxyPool) -> Result<(), DatabaseError> {
+        self.unsynced(|db| db.put_pool(pool))
+    }
+
+    fn unsynced(&self, write: impl FnOnce(&Self) -> Result<(), DatabaseError>) -> Result<(), DatabaseError> {
+        self.set_synchronous("NORMAL")?;
+        let written = write(self);
+        // Every other write stays synced, whatever became of this one.
+        let restored = self.set_synchronous("FULL");
+        written.and(restored)
+    }
+
+    fn set_synchronous(&self, level: &str) -> Result<(), DatabaseError> {
+        self.conn
+            .pragma_update(None, "synchronous", level)
+            .map_err(|e| self.wrap(e))
+    }
+
+    /// Starts a transaction: the writes until [`Self::commit`] reach the
+    /// disk together, with one sync, or not at all.
+    pub fn begin(&self) -> Result<(), DatabaseError> {
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| self.wrap(e))
+    }
+
+    pub fn commit(&self) -> Result<(), DatabaseError> {
+        self.conn.execute_batch("COMMIT").map_err(|e| self.wrap(e))
+    }
+
+    /// Undoes the writes since [`Self::begin`]. SQLite may have rolled
+    /// back already (after some errors it does), so there may be nothing
+    /// left to undo: not an error.
+    pub fn rollback(&self) {
+        if self.conn.is_autocommit() {
+            return;
+        }
+        if let Err(e) = self.conn.execute_batch("ROLLBACK") {
+            tracing::warn!(path = %self.path, error = %e, "rolling back the state database failed");
+        }
+    }
+
+    /// The `synchronous` level in force (2 is FULL).
+    #[cfg(test)]
+    pub fn synchronous(&self) -> i64 {
+        self.conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap()
     }
 
     /// Forgets one ProxyPool.

@@ -62,6 +62,13 @@ struct Inner {
 }
 
 impl Inner {
+    /// The copy here made what the state file holds again.
+    fn reload(&mut self) -> Result<(), DatabaseError> {
+        self.objects = load_objects(&self.db)?;
+        self.pools = load_pools(&self.db)?;
+        Ok(())
+    }
+
     /// Whether `proxy` is a member of a pool that exists (that incarnation).
     fn owned_by_live_pool(&self, proxy: &Proxy) -> bool {
         controller_pool_uid(proxy).is_some_and(|uid| {
@@ -70,6 +77,22 @@ impl Inner {
                 .any(|pool| pool.metadata.uid.as_deref() == Some(uid))
         })
     }
+}
+
+fn load_objects(db: &Database) -> Result<BTreeMap<ObjectKey, Box<Proxy>>, DatabaseError> {
+    Ok(db
+        .load_all()?
+        .into_iter()
+        .map(|p| (ObjectKey::of(&p), Box::new(p)))
+        .collect())
+}
+
+fn load_pools(db: &Database) -> Result<BTreeMap<ObjectKey, ProxyPool>, DatabaseError> {
+    Ok(db
+        .load_pools()?
+        .into_iter()
+        .map(|p| (crate::store::pool_key(&p), p))
+        .collect())
 }
 
 /// The pool incarnation a Proxy names as its controller, if any.
@@ -119,16 +142,7 @@ impl EmbeddedStore {
                 crate::private_files::make_private(&path).map_err(state_error)?;
             }
         }
-        let objects = db
-            .load_all()?
-            .into_iter()
-            .map(|p| (ObjectKey::of(&p), Box::new(p)))
-            .collect();
-        let pools = db
-            .load_pools()?
-            .into_iter()
-            .map(|p| (crate::store::pool_key(&p), p))
-            .collect();
+        let (objects, pools) = (load_objects(&db)?, load_pools(&db)?);
         let (events, rx) = mpsc::unbounded_channel();
         let (pool_events, pool_rx) = mpsc::unbounded_channel();
         let store = Self {
@@ -210,122 +224,46 @@ impl EmbeddedStore {
     /// ([`ManifestSet::held`]) stay as they are. Pool members are the
     /// operator's, not the manifests': they go when their pool goes.
     pub fn apply(&self, set: &ManifestSet) -> Result<(), StoreError> {
-        let mut changed = Vec::new();
-        let mut removed = Vec::new();
-        let mut pools_changed = Vec::new();
-        let mut pools_removed = Vec::new();
-        {
-            let mut inner = self.lock();
-            for (key, declared) in &set.pools {
-                let next = match inner.pools.get(key) {
-                    Some(existing) => merge_pool(existing, declared),
-                    None => Some(create_pool(declared)),
-                };
-                if let Some(next) = next {
-                    inner.db.put_pool(&next).map_err(backend)?;
-                    inner.pools.insert(key.clone(), next);
-                    pools_changed.push(key.clone());
+        let news = {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            // One transaction: a fleet's manifests cost one sync, and a
+            // failure part way leaves the file, and the copy here, as they were.
+            let secrets_before = inner.secrets.clone();
+            inner.db.begin().map_err(backend)?;
+            match apply_in(inner, set).and_then(|news| inner.db.commit().map(|()| news).map_err(backend)) {
+                Ok(news) => news,
+                Err(e) => {
+                    inner.db.rollback();
+                    inner.secrets = secrets_before;
+                    inner.reload().map_err(backend)?;
+                    return Err(e);
                 }
             }
-            let pools_gone: Vec<ObjectKey> = inner
-                .pools
-                .keys()
-                .filter(|k| !set.pools.contains_key(*k) && !set.held.pools.contains(*k))
-                .cloned()
-                .collect();
-            for key in pools_gone {
-                inner.db.delete_pool(&key).map_err(backend)?;
-                inner.pools.remove(&key);
-                pools_removed.push(key);
-            }
-            let mut secrets = set.secrets.clone();
-            for key in &set.held.secrets {
-                if let Some(kept) = inner.secrets.get(key) {
-                    secrets.insert(key.clone(), kept.clone());
-                }
-            }
-            // Proxies whose cloud-init Secret changed must be looked at again.
-            let changed_secrets: HashSet<ObjectKey> = secrets
-                .keys()
-                .chain(inner.secrets.keys())
-                .filter(|k| secrets.get(*k) != inner.secrets.get(*k))
-                .cloned()
-                .collect();
-            changed.extend(
-                inner
-                    .objects
-                    .iter()
-                    .filter(|(k, p)| {
-                        let secret = p.spec.cloud_init.as_ref().and_then(|c| c.secret_ref.as_ref());
-                        secret
-                            .is_some_and(|s| changed_secrets.contains(&ObjectKey::new(&k.namespace, &s.name)))
-                    })
-                    .map(|(k, _)| k.clone()),
-            );
-            inner.secrets = secrets;
-            for (key, declared) in &set.proxies {
-                let next = match inner.objects.get(key) {
-                    // A pool's member keeps its name until it is gone.
-                    Some(existing) if controller_pool_uid(existing).is_some() => {
-                        tracing::warn!(proxy = %key, "a manifest declares a Proxy that is a pool's member; ignored");
-                        continue;
-                    }
-                    // A deleting object finishes first; a re-added manifest
-                    // becomes a new incarnation once it is gone.
-                    Some(existing) if existing.metadata.deletion_timestamp.is_some() => continue,
-                    Some(existing) => merge(existing, declared),
-                    None => Some(create(declared)),
-                };
-                if let Some(next) = next {
-                    inner.db.put(&next).map_err(backend)?;
-                    inner.objects.insert(key.clone(), Box::new(next));
-                    changed.push(key.clone());
-                }
-            }
-            let gone: Vec<ObjectKey> = inner
-                .objects
-                .iter()
-                .filter(|(k, p)| {
-                    !set.proxies.contains_key(*k)
-                        && !set.held.proxies.contains(*k)
-                        && p.metadata.deletion_timestamp.is_none()
-                        && !inner.owned_by_live_pool(p)
-                })
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in gone {
-                let Some(mut proxy) = inner.objects.get(&key).cloned() else {
-                    continue;
-                };
-                if proxy.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
-                    inner.db.delete(&key).map_err(backend)?;
-                    inner.objects.remove(&key);
-                    removed.push(key);
-                } else {
-                    proxy.metadata.deletion_timestamp = Some(now());
-                    inner.db.put(&proxy).map_err(backend)?;
-                    inner.objects.insert(key.clone(), proxy);
-                    changed.push(key);
-                }
-            }
-        }
-        changed
+        };
+        news.changed
             .into_iter()
             .for_each(|k| self.emit(StoreEvent::Changed(k)));
-        removed
+        news.removed
             .into_iter()
             .for_each(|k| self.emit(StoreEvent::Removed(k)));
-        pools_changed
+        news.pools_changed
             .into_iter()
             .for_each(|k| self.emit_pool(StoreEvent::Changed(k)));
-        pools_removed
+        news.pools_removed
             .into_iter()
             .for_each(|k| self.emit_pool(StoreEvent::Removed(k)));
         Ok(())
     }
 
     /// Applies `change` to the object if it is still incarnation `uid`, and persists it.
-    fn mutate(&self, key: &ObjectKey, uid: &str, change: impl FnOnce(&mut Proxy)) -> Result<(), StoreError> {
+    fn mutate(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        durability: Durability,
+        change: impl FnOnce(&mut Proxy),
+    ) -> Result<(), StoreError> {
         let mut removed = false;
         let mut relabelled = false;
         {
@@ -362,7 +300,11 @@ impl EmbeddedStore {
                 };
                 relabelled = retiring(&next) != retiring(current)
                     || next.metadata.deletion_timestamp != current.metadata.deletion_timestamp;
-                inner.db.put(&next).map_err(backend)?;
+                match durability {
+                    Durability::Synced => inner.db.put(&next),
+                    Durability::Observed => inner.db.put_unsynced(&next),
+                }
+                .map_err(backend)?;
                 inner.objects.insert(key.clone(), next);
             }
         }
@@ -375,12 +317,144 @@ impl EmbeddedStore {
     }
 }
 
+/// What an applied declaration changed, for the events sent once it is stored.
+#[derive(Default)]
+struct AppliedChanges {
+    changed: Vec<ObjectKey>,
+    removed: Vec<ObjectKey>,
+    pools_changed: Vec<ObjectKey>,
+    pools_removed: Vec<ObjectKey>,
+}
+
+/// The body of [`EmbeddedStore::apply`], inside its transaction.
+fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, StoreError> {
+    let AppliedChanges {
+        mut changed,
+        mut removed,
+        mut pools_changed,
+        mut pools_removed,
+    } = AppliedChanges::default();
+    for (key, declared) in &set.pools {
+        let next = match inner.pools.get(key) {
+            Some(existing) => merge_pool(existing, declared),
+            None => Some(create_pool(declared)),
+        };
+        if let Some(next) = next {
+            inner.db.put_pool(&next).map_err(backend)?;
+            inner.pools.insert(key.clone(), next);
+            pools_changed.push(key.clone());
+        }
+    }
+    let pools_gone: Vec<ObjectKey> = inner
+        .pools
+        .keys()
+        .filter(|k| !set.pools.contains_key(*k) && !set.held.pools.contains(*k))
+        .cloned()
+        .collect();
+    for key in pools_gone {
+        inner.db.delete_pool(&key).map_err(backend)?;
+        inner.pools.remove(&key);
+        pools_removed.push(key);
+    }
+    let mut secrets = set.secrets.clone();
+    for key in &set.held.secrets {
+        if let Some(kept) = inner.secrets.get(key) {
+            secrets.insert(key.clone(), kept.clone());
+        }
+    }
+    // Proxies whose cloud-init Secret changed must be looked at again.
+    let changed_secrets: HashSet<ObjectKey> = secrets
+        .keys()
+        .chain(inner.secrets.keys())
+        .filter(|k| secrets.get(*k) != inner.secrets.get(*k))
+        .cloned()
+        .collect();
+    changed.extend(
+        inner
+            .objects
+            .iter()
+            .filter(|(k, p)| {
+                let secret = p.spec.cloud_init.as_ref().and_then(|c| c.secret_ref.as_ref());
+                secret.is_some_and(|s| changed_secrets.contains(&ObjectKey::new(&k.namespace, &s.name)))
+            })
+            .map(|(k, _)| k.clone()),
+    );
+    inner.secrets = secrets;
+    for (key, declared) in &set.proxies {
+        let next = match inner.objects.get(key) {
+            // A pool's member keeps its name until it is gone.
+            Some(existing) if controller_pool_uid(existing).is_some() => {
+                tracing::warn!(proxy = %key, "a manifest declares a Proxy that is a pool's member; ignored");
+                continue;
+            }
+            // A deleting object finishes first; a re-added manifest
+            // becomes a new incarnation once it is gone.
+            Some(existing) if existing.metadata.deletion_timestamp.is_some() => continue,
+            Some(existing) => merge(existing, declared),
+            None => Some(create(declared)),
+        };
+        if let Some(next) = next {
+            inner.db.put(&next).map_err(backend)?;
+            inner.objects.insert(key.clone(), Box::new(next));
+            changed.push(key.clone());
+        }
+    }
+    let gone: Vec<ObjectKey> = inner
+        .objects
+        .iter()
+        .filter(|(k, p)| {
+            !set.proxies.contains_key(*k)
+                && !set.held.proxies.contains(*k)
+                && p.metadata.deletion_timestamp.is_none()
+                && !inner.owned_by_live_pool(p)
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in gone {
+        let Some(mut proxy) = inner.objects.get(&key).cloned() else {
+            continue;
+        };
+        if proxy.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+            inner.db.delete(&key).map_err(backend)?;
+            inner.objects.remove(&key);
+            removed.push(key);
+        } else {
+            proxy.metadata.deletion_timestamp = Some(now());
+            inner.db.put(&proxy).map_err(backend)?;
+            inner.objects.insert(key.clone(), proxy);
+            changed.push(key);
+        }
+    }
+    Ok(AppliedChanges {
+        changed,
+        removed,
+        pools_changed,
+        pools_removed,
+    })
+}
+
+/// How soon a write must be on the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    /// Before the call returns: what the operator decided (finalizers,
+    /// annotations, deletions).
+    Synced,
+    /// Observed state (status), probed and reconciled afresh after every
+    /// start: committed without waiting for the disk. A killed process
+    /// loses none of it; a power cut at most what came after the last
+    /// synced write, which carries every earlier one to the disk with it.
+    Observed,
+}
+
 fn backend(e: DatabaseError) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// Now, in whole seconds: what a timestamp keeps once stored (and what the
+/// API server keeps), so the copy here and the file agree.
 fn now() -> Time {
-    Time(jiff::Timestamp::now())
+    let now = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 /// A new incarnation of a declared Proxy.
@@ -442,7 +516,7 @@ impl ProxyStore for EmbeddedStore {
     }
 
     async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
-        self.mutate(key, uid, |p| {
+        self.mutate(key, uid, Durability::Synced, |p| {
             let finalizers = p.metadata.finalizers.get_or_insert_with(Vec::new);
             if !finalizers.iter().any(|f| f == FINALIZER) {
                 finalizers.push(FINALIZER.to_owned());
@@ -451,7 +525,7 @@ impl ProxyStore for EmbeddedStore {
     }
 
     async fn remove_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
-        self.mutate(key, uid, |p| {
+        self.mutate(key, uid, Durability::Synced, |p| {
             if let Some(finalizers) = p.metadata.finalizers.as_mut() {
                 finalizers.retain(|f| f != FINALIZER);
                 if finalizers.is_empty() {
@@ -468,7 +542,7 @@ impl ProxyStore for EmbeddedStore {
         name: &str,
         value: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.mutate(key, uid, |p| {
+        self.mutate(key, uid, Durability::Synced, |p| {
             let annotations = p.metadata.annotations.get_or_insert_with(BTreeMap::new);
             match value {
                 Some(v) => {
@@ -485,7 +559,9 @@ impl ProxyStore for EmbeddedStore {
     }
 
     async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
-        self.mutate(key, uid, |p| p.status = Some(status.clone()))
+        self.mutate(key, uid, Durability::Observed, |p| {
+            p.status = Some(status.clone())
+        })
     }
 
     async fn proxy_credentials(
@@ -615,7 +691,7 @@ impl PoolStore for EmbeddedStore {
     }
 
     async fn delete_member(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
-        self.mutate(key, uid, |p| {
+        self.mutate(key, uid, Durability::Synced, |p| {
             if p.metadata.deletion_timestamp.is_none() {
                 p.metadata.deletion_timestamp = Some(now());
             }
@@ -640,7 +716,7 @@ impl PoolStore for EmbeddedStore {
         let mut next = current.clone();
         next.status = Some(status.clone());
         if &next != current {
-            inner.db.put_pool(&next).map_err(backend)?;
+            inner.db.put_pool_unsynced(&next).map_err(backend)?;
             inner.pools.insert(key.clone(), next);
         }
         Ok(())
@@ -676,6 +752,7 @@ pub async fn watch_manifests(store: Arc<EmbeddedStore>, dir: ManifestDir, interv
                     Scan::Unchanged => {}
                     // Not applied yet: the next scan must.
                     Scan::Unreadable => first = must_apply,
+                    Scan::NotStored => first = true,
                     Scan::Applied(problems) if problems != reported => {
                         for problem in &problems {
                             tracing::error!(problem = %problem, "manifest rejected");
@@ -699,6 +776,8 @@ enum Scan {
     Unchanged,
     /// The directory could not be listed; nothing was applied.
     Unreadable,
+    /// The state file refused the declaration; nothing of it was applied.
+    NotStored,
     /// The declaration went to the store; the problems found in it.
     Applied(Vec<String>),
 }
@@ -715,7 +794,8 @@ fn rescan(store: &EmbeddedStore, dir: &mut ManifestDir, must_apply: bool) -> Sca
         }
     };
     if let Err(e) = store.apply(&set) {
-        tracing::error!(error = %e, "applying manifests to the state database failed");
+        tracing::error!(error = %e, "applying manifests to the state database failed; the next scan tries again");
+        return Scan::NotStored;
     }
     Scan::Applied(set.problems)
 }

@@ -405,3 +405,96 @@ fn a_secret_document_never_prints_its_data() {
         "{shown}"
     );
 }
+
+/// Makes the state file refuse to store the Proxy `name` (as a full disk
+/// or an I/O error would), through a connection of its own.
+fn refuse_to_store(dir: &std::path::Path, name: &str) {
+    let db = rusqlite::Connection::open(dir.join(DATABASE_FILE)).unwrap();
+    db.execute_batch(&format!(
+        "CREATE TRIGGER refuse BEFORE INSERT ON proxies WHEN NEW.name = '{name}'
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+    ))
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_declaration_the_state_file_refuses_changes_nothing_and_is_stored_once_it_can_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
+    store.apply(&set(&[proxy("a", "p"), proxy("b", "p")])).unwrap();
+    drain(&mut rx);
+    let before = store.list();
+
+    // a changes, b goes, c comes: c cannot be stored, so none of it is.
+    refuse_to_store(dir.path(), "c");
+    let next = set(&[proxy("a", "q"), proxy("c", "p")]);
+    let refused = store.apply(&next).unwrap_err();
+    assert!(refused.to_string().contains("refused by the test"), "{refused}");
+    assert_eq!(store.list(), before, "the copy the actors read is as it was");
+    assert_eq!(read_snapshot(dir.path()).unwrap(), before, "and so is the file");
+    assert_eq!(
+        drain(&mut rx),
+        vec![],
+        "no event for a change that did not happen"
+    );
+
+    rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+        .unwrap()
+        .execute_batch("DROP TRIGGER refuse")
+        .unwrap();
+    store.apply(&next).unwrap();
+    let stored: Vec<String> = read_snapshot(dir.path())
+        .unwrap()
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(stored, ["a", "c"]);
+    assert_eq!(
+        store.get(&k("a")).await.unwrap().unwrap().metadata.generation,
+        Some(2)
+    );
+    let mut events = drain(&mut rx);
+    events.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(
+        events,
+        vec![
+            StoreEvent::Changed(k("a")),
+            StoreEvent::Changed(k("c")),
+            StoreEvent::Removed(k("b"))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn status_is_stored_without_a_sync_and_every_other_write_with_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    store.apply(&set(&[proxy("a", "p")])).unwrap();
+    let uid = store.get(&k("a")).await.unwrap().unwrap().metadata.uid.unwrap();
+    let full = 2;
+    assert_eq!(store.lock().db.synchronous(), full);
+
+    let status = ProxyStatus {
+        phase: Some(crate::resource::Phase::Running),
+        ..Default::default()
+    };
+    store.write_status(&k("a"), &uid, &status).await.unwrap();
+    assert_eq!(store.lock().db.synchronous(), full, "back to synced writes");
+    store.add_finalizer(&k("a"), &uid).await.unwrap();
+    assert_eq!(store.lock().db.synchronous(), full);
+
+    // Unsynced is still committed: another reader (and a restart) sees it.
+    let stored = read_snapshot(dir.path()).unwrap();
+    assert_eq!(
+        stored[0].status.as_ref().and_then(|s| s.phase),
+        Some(crate::resource::Phase::Running)
+    );
+    drop(store);
+    let (reopened, _rx) = EmbeddedStore::open(dir.path()).unwrap();
+    let a = reopened.get(&k("a")).await.unwrap().unwrap();
+    assert_eq!(
+        a.status.and_then(|s| s.phase),
+        Some(crate::resource::Phase::Running)
+    );
+    assert!(a.metadata.finalizers.is_some_and(|f| !f.is_empty()));
+}
