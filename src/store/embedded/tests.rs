@@ -498,3 +498,43 @@ async fn status_is_stored_without_a_sync_and_every_other_write_with_one() {
     );
     assert!(a.metadata.finalizers.is_some_and(|f| !f.is_empty()));
 }
+
+#[tokio::test]
+async fn the_manifest_watcher_stores_a_refused_declaration_once_the_file_takes_it() {
+    let state = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(
+        manifests.path().join("fleet.yaml"),
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: a, namespace: ns}\n\
+         spec: {mode: Managed, provider: local}\n---\n\
+         apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {name: c, namespace: ns}\n\
+         spec: {mode: Managed, provider: local}\n",
+    )
+    .unwrap();
+    let (store, _rx) = EmbeddedStore::open(state.path()).unwrap();
+    let store = Arc::new(store);
+    refuse_to_store(state.path(), "c");
+    let watcher = tokio::spawn(watch_manifests(
+        store.clone(),
+        ManifestDir::new(manifests.path()),
+        Duration::from_millis(20),
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.list(), vec![], "refused: none of it is stored");
+
+    // The file never changes; the state file takes it again.
+    rusqlite::Connection::open(state.path().join(DATABASE_FILE))
+        .unwrap()
+        .execute_batch("DROP TRIGGER refuse")
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while store.list().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watcher never tried again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watcher.abort();
+    assert_eq!(read_snapshot(state.path()).unwrap().len(), 2);
+}
