@@ -466,19 +466,22 @@ mod tests {
         }
     }
 
-    /// A TLS target on the other end of a pipe: answers one request with
-    /// 204 and returns what it was asked.
-    fn target() -> (
+    /// The client's end of the pipe, what to trust, and what the target was asked.
+    type Target = (
         DuplexStream,
         rustls::RootCertStore,
         tokio::task::JoinHandle<String>,
-    ) {
+    );
+
+    /// A TLS target (speaking only `versions`) on the other end of a pipe:
+    /// answers one request with 204.
+    fn target(versions: &[&'static rustls::SupportedProtocolVersion]) -> Target {
         let cert = rcgen::generate_simple_self_signed(vec!["target.test".to_owned()]).unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert.cert.der().clone()).unwrap();
         let config =
             rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
+                .with_protocol_versions(versions)
                 .unwrap()
                 .with_no_client_auth()
                 .with_single_cert(
@@ -508,9 +511,8 @@ mod tests {
         (client, roots, served)
     }
 
-    #[tokio::test]
-    async fn the_request_leaves_in_the_same_write_as_the_tls_finished() {
-        let (pipe, roots, served) = target();
+    /// Probes `target` over a tunnel that logs the client's writes; their sizes.
+    async fn probe_logged((pipe, roots, served): Target) -> Vec<usize> {
         let writes = Arc::new(Mutex::new(Vec::new()));
         let tunnel = LoggedWrites {
             inner: pipe,
@@ -530,10 +532,23 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(status, 204);
-        assert_eq!(served.await.unwrap(), get);
+        assert_eq!(served.await.unwrap(), get, "the target got the request");
+        writes.lock().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn the_request_leaves_in_the_same_write_as_the_tls_finished() {
+        let writes = probe_logged(target(&[&rustls::version::TLS13])).await;
         // The ClientHello, then the client's Finished with the request.
-        let writes = writes.lock().unwrap().clone();
         assert_eq!(writes.len(), 2, "writes: {writes:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tls_1_2_target_gets_the_request_once_the_handshake_is_done() {
+        // TLS 1.2's client Finished comes before the server's: the queued
+        // request waits for the server's Finished.
+        let writes = probe_logged(target(&[&rustls::version::TLS12])).await;
+        assert_eq!(writes.len(), 3, "writes: {writes:?}");
     }
 
     #[test]
