@@ -26,6 +26,9 @@ use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checke
 /// Largest response head read.
 const MAX_HEAD: usize = 16 * 1024;
 
+/// rustls' default limit on data waiting to be sent.
+const TLS_BUFFER_LIMIT: usize = 64 * 1024;
+
 /// Why a probe failed; each is a distinct reason in status and metrics.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProbeFailure {
@@ -282,6 +285,8 @@ impl Prober {
     ) -> Result<u16, ProbeFailure> {
         let mut queued: std::io::Result<()> = Ok(());
         let connect = self.tls.connect_with(name, stream, |tls| {
+            // Room for the whole request, however long its URL.
+            tls.set_buffer_limit(Some(get.len().max(TLS_BUFFER_LIMIT)));
             queued = std::io::Write::write_all(&mut tls.writer(), get.as_bytes());
         });
         let mut tls = timeout_at(deadline, connect)
@@ -512,14 +517,18 @@ mod tests {
     }
 
     /// Probes `target` over a tunnel that logs the client's writes; their sizes.
-    async fn probe_logged((pipe, roots, served): Target) -> Vec<usize> {
+    async fn probe_logged(target: Target) -> Vec<usize> {
+        probe_path_logged(target, "/generate_204").await
+    }
+
+    async fn probe_path_logged((pipe, roots, served): Target, path: &str) -> Vec<usize> {
         let writes = Arc::new(Mutex::new(Vec::new()));
         let tunnel = LoggedWrites {
             inner: pipe,
             writes: writes.clone(),
         };
         let prober = Prober::with_roots(roots).unwrap();
-        let get = request_head("/generate_204", "target.test", "");
+        let get = request_head(path, "target.test", "");
         let deadline = Instant::now() + Duration::from_secs(5);
         let status = prober
             .get_over_tls(
@@ -541,6 +550,13 @@ mod tests {
         let writes = probe_logged(target(&[&rustls::version::TLS13])).await;
         // The ClientHello, then the client's Finished with the request.
         assert_eq!(writes.len(), 2, "writes: {writes:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_longer_than_rustls_buffers_by_default_is_sent_whole() {
+        let path = format!("/{}", "a".repeat(100 * 1024));
+        let writes = probe_path_logged(target(&[&rustls::version::TLS13]), &path).await;
+        assert!(writes.iter().sum::<usize>() > 100 * 1024, "writes: {writes:?}");
     }
 
     #[tokio::test]
