@@ -26,9 +26,6 @@ use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checke
 /// Largest response head read.
 const MAX_HEAD: usize = 16 * 1024;
 
-/// rustls' default limit on data waiting to be sent.
-const TLS_BUFFER_LIMIT: usize = 64 * 1024;
-
 /// Why a probe failed; each is a distinct reason in status and metrics.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProbeFailure {
@@ -285,8 +282,9 @@ impl Prober {
     ) -> Result<u16, ProbeFailure> {
         let mut queued: std::io::Result<()> = Ok(());
         let connect = self.tls.connect_with(name, stream, |tls| {
-            // Room for the whole request, however long its URL.
-            tls.set_buffer_limit(Some(get.len().max(TLS_BUFFER_LIMIT)));
+            // Room for the whole request, however long its URL: the probe
+            // sends nothing else.
+            tls.set_buffer_limit(None);
             queued = std::io::Write::write_all(&mut tls.writer(), get.as_bytes());
         });
         let mut tls = timeout_at(deadline, connect)

@@ -328,12 +328,7 @@ struct AppliedChanges {
 
 /// The body of [`EmbeddedStore::apply`], inside its transaction.
 fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, StoreError> {
-    let AppliedChanges {
-        mut changed,
-        mut removed,
-        mut pools_changed,
-        mut pools_removed,
-    } = AppliedChanges::default();
+    let mut news = AppliedChanges::default();
     for (key, declared) in &set.pools {
         let next = match inner.pools.get(key) {
             Some(existing) => merge_pool(existing, declared),
@@ -342,7 +337,7 @@ fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, Stor
         if let Some(next) = next {
             inner.db.put_pool(&next).map_err(backend)?;
             inner.pools.insert(key.clone(), next);
-            pools_changed.push(key.clone());
+            news.pools_changed.push(key.clone());
         }
     }
     let pools_gone: Vec<ObjectKey> = inner
@@ -354,7 +349,7 @@ fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, Stor
     for key in pools_gone {
         inner.db.delete_pool(&key).map_err(backend)?;
         inner.pools.remove(&key);
-        pools_removed.push(key);
+        news.pools_removed.push(key);
     }
     let mut secrets = set.secrets.clone();
     for key in &set.held.secrets {
@@ -369,7 +364,7 @@ fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, Stor
         .filter(|k| secrets.get(*k) != inner.secrets.get(*k))
         .cloned()
         .collect();
-    changed.extend(
+    news.changed.extend(
         inner
             .objects
             .iter()
@@ -396,7 +391,7 @@ fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, Stor
         if let Some(next) = next {
             inner.db.put(&next).map_err(backend)?;
             inner.objects.insert(key.clone(), Box::new(next));
-            changed.push(key.clone());
+            news.changed.push(key.clone());
         }
     }
     let gone: Vec<ObjectKey> = inner
@@ -417,20 +412,15 @@ fn apply_in(inner: &mut Inner, set: &ManifestSet) -> Result<AppliedChanges, Stor
         if proxy.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
             inner.db.delete(&key).map_err(backend)?;
             inner.objects.remove(&key);
-            removed.push(key);
+            news.removed.push(key);
         } else {
             proxy.metadata.deletion_timestamp = Some(now());
             inner.db.put(&proxy).map_err(backend)?;
             inner.objects.insert(key.clone(), proxy);
-            changed.push(key);
+            news.changed.push(key);
         }
     }
-    Ok(AppliedChanges {
-        changed,
-        removed,
-        pools_changed,
-        pools_removed,
-    })
+    Ok(news)
 }
 
 /// How soon a write must be on the disk.
