@@ -320,3 +320,254 @@ async fn forward_proxy_without_rules_refuses_loopback_and_allow_lifts_it() {
         assert_eq!(get(proxy, &target.to_string()).await, want, "with {extra:?}");
     }
 }
+
+/// The IPv6 forms of the IPv4 loopback address 127.0.`tag`.1: the three the
+/// rules read the embedded address from, then the two denied whole (Teredo,
+/// the client address inverted; a NAT64 local-use prefix).
+fn embedding_loopback(tag: u8) -> Vec<(&'static str, IpAddr, bool)> {
+    let ip = |s: String| s.parse().unwrap();
+    vec![
+        ("IPv4-compatible", ip(format!("::127.0.{tag}.1")), true),
+        ("NAT64", ip(format!("64:ff9b::7f00:{tag:02x}01")), true),
+        ("6to4", ip(format!("2002:7f00:{tag:02x}01::")), true),
+        (
+            "Teredo",
+            ip(format!("2001:0:4136:e378:8000:63bf:80ff:{:02x}fe", 0xff - tag)),
+            false,
+        ),
+        ("NAT64 local-use", ip(format!("64:ff9b:1::7f00:{tag:02x}01")), false),
+    ]
+}
+
+/// A target listening on 127.0.`tag`.1 and on each of its IPv6 forms (on a
+/// bed: each is an address of this machine, so a proxy that let one through
+/// would reach the server behind it); asks `proxy` for each with a plain
+/// GET and a CONNECT and returns what went wrong, given whether
+/// `127.0.0.0/8` is allowed (its ports always are).
+struct EmbeddedTargets {
+    /// (what, target, passes when loopback is allowed)
+    targets: Vec<(String, SocketAddr, bool)>,
+    _bed: AddressBed,
+}
+
+impl EmbeddedTargets {
+    async fn start(tag: u8) -> Option<Self> {
+        let forms = embedding_loopback(tag);
+        let addresses: Vec<IpAddr> = forms.iter().map(|(_, ip, _)| *ip).collect();
+        let bed = AddressBed::create(tag, &addresses)?;
+        let loopback = server(IpAddr::from([127, 0, tag, 1])).await;
+        let mut targets = vec![(
+            "IPv4-mapped".to_owned(),
+            SocketAddr::new(format!("::ffff:127.0.{tag}.1").parse().unwrap(), loopback.port()),
+            true,
+        )];
+        for (what, ip, follows_ipv4) in forms {
+            targets.push((what.to_owned(), server(ip).await, follows_ipv4));
+        }
+        Some(Self { targets, _bed: bed })
+    }
+
+    /// The rules: these targets' ports open to CONNECT, and loopback if `allow_loopback`.
+    fn rules(&self, allow_loopback: bool) -> Vec<String> {
+        let mut allow: Vec<String> = self
+            .targets
+            .iter()
+            .map(|(_, t, _)| t.port().to_string())
+            .collect();
+        if allow_loopback {
+            allow.push("127.0.0.0/8".to_owned());
+        }
+        allow
+    }
+
+    async fn wrong_answers(&self, proxy: SocketAddr, allow_loopback: bool) -> Vec<String> {
+        let mut wrong = Vec::new();
+        for (what, target, follows_ipv4) in &self.targets {
+            let passes = allow_loopback && *follows_ipv4;
+            for (how, got, passed) in [
+                ("GET", get(proxy, &target.to_string()).await, "204"),
+                ("CONNECT", connect(proxy, *target).await, "200"),
+            ] {
+                let want = if passes { passed } else { "403" };
+                if status(&got) != want {
+                    wrong.push(format!("{how} {what} {target}: got {got:?}, want {want}"));
+                }
+            }
+        }
+        wrong
+    }
+}
+
+/// The status code of a status line.
+fn status(line: &str) -> &str {
+    line.split(' ').nth(1).unwrap_or("")
+}
+
+/// `forward-proxy` refuses every IPv6 spelling of loopback, plain and
+/// CONNECT, though a server listens at each; allowing 127.0.0.0/8 lets the
+/// forms that embed it readably through, not Teredo or NAT64 local-use.
+#[tokio::test]
+async fn forward_proxy_refuses_ipv6_forms_embedding_loopback() {
+    let Some(targets) = EmbeddedTargets::start(3).await else {
+        eprintln!("needs root to add addresses (CI runs as root); skipping");
+        assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for allow_loopback in [false, true] {
+        let port = support::process::free_port();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"));
+        command
+            .args(["forward-proxy", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--instance-dir")
+            .arg(dir.path());
+        for allow in targets.rules(allow_loopback) {
+            command.args(["--allow", &allow]);
+        }
+        let _proxy = support::process::Killed(
+            command
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let proxy = SocketAddr::from(([127, 0, 0, 1], port));
+        eventually("the proxy to listen", Duration::from_secs(10), async || {
+            TcpStream::connect(proxy).await.ok()
+        })
+        .await;
+        let wrong = targets.wrong_answers(proxy, allow_loopback).await;
+        assert!(
+            wrong.is_empty(),
+            "loopback allowed: {allow_loopback}:\n{}",
+            wrong.join("\n")
+        );
+    }
+}
+
+/// A local Squid instance with `rules`; dropped with its provider's state.
+struct LocalSquid {
+    provider: LocalProvider,
+    id: egress_proxies::provider::ProviderId,
+    proxy: SocketAddr,
+    _reaper: support::process::Reaper,
+    _state: tempfile::TempDir,
+}
+
+impl LocalSquid {
+    async fn start(rules: DestinationRules, uid: &str) -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let reaper = support::process::Reaper(state.path().to_owned());
+        let config = LocalConfig {
+            implementation: LocalImplementation::Squid,
+            destinations: rules,
+            ..LocalConfig::default()
+        };
+        let provider = LocalProvider::new(
+            "local",
+            config,
+            state.path(),
+            env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
+            &[],
+        )
+        .unwrap();
+        let req = CreateRequest {
+            name: instance_name(uid),
+            uid: uid.to_owned(),
+            namespace: "default".into(),
+            installation: support::installation(),
+            cloud_init: None,
+            placement: Placement::default(),
+            port: 3128,
+            credentials: None,
+        };
+        let id = provider.create(&req).await.unwrap();
+        let instance = eventually("squid to run", Duration::from_secs(30), async || {
+            let i = provider.get(&id).await.unwrap();
+            (i.state == InstanceState::Running).then_some(i)
+        })
+        .await;
+        Self {
+            proxy: SocketAddr::new(instance.ip.unwrap(), instance.port.unwrap()),
+            provider,
+            id,
+            _reaper: reaper,
+            _state: state,
+        }
+    }
+
+    async fn stop(self) {
+        self.provider.delete(&self.id).await.unwrap();
+    }
+}
+
+/// The local provider's generated squid.conf refuses the same IPv6
+/// spellings of loopback as the built-in proxy, and lets the same ones
+/// through when 127.0.0.0/8 is allowed.
+#[tokio::test]
+async fn squid_refuses_ipv6_forms_embedding_loopback() {
+    if support::squid::binary().is_none() {
+        eprintln!("squid is not installed; skipping (CI installs it)");
+        assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
+        return;
+    }
+    let Some(targets) = EmbeddedTargets::start(4).await else {
+        eprintln!("needs root to add addresses (CI runs as root); skipping");
+        assert!(std::env::var_os("CI").is_none(), "CI runs this as root");
+        return;
+    };
+    for allow_loopback in [false, true] {
+        let allow: Vec<String> = targets
+            .rules(allow_loopback)
+            .into_iter()
+            .map(|a| match a.contains('/') {
+                true => format!("{a:?}"),
+                false => a,
+            })
+            .collect();
+        let rules = rules(&format!(r#"{{"allow": [{}]}}"#, allow.join(", ")));
+        let squid = LocalSquid::start(rules, &format!("embedded-{allow_loopback}")).await;
+        let wrong = targets.wrong_answers(squid.proxy, allow_loopback).await;
+        squid.stop().await;
+        assert!(
+            wrong.is_empty(),
+            "loopback allowed: {allow_loopback}:\n{}",
+            wrong.join("\n")
+        );
+    }
+}
+
+/// Squid's cache manager (`cache_object://`, what `squidclient mgr:info`
+/// sends) answers nobody through a generated config, whatever the
+/// destination rules allow. The host is a documentation address: Squid
+/// answers manager requests itself and connects nowhere.
+#[tokio::test]
+async fn squid_refuses_cache_manager_requests() {
+    if support::squid::binary().is_none() {
+        eprintln!("squid is not installed; skipping (CI installs it)");
+        assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
+        return;
+    }
+    for (what, allow) in [
+        ("default rules", r#"{}"#),
+        ("loopback allowed", r#"{"allow": ["127.0.0.0/8"]}"#),
+    ] {
+        let squid = LocalSquid::start(rules(allow), &format!("manager-{}", allow.len())).await;
+        let mut wrong = Vec::new();
+        for request in [
+            "GET cache_object://203.0.113.9/info HTTP/1.0\r\n\r\n".to_owned(),
+            "GET cache_object://203.0.113.9/menu HTTP/1.1\r\nHost: 203.0.113.9\r\n\r\n".to_owned(),
+            format!(
+                "GET cache_object://{}/info HTTP/1.0\r\n\r\n",
+                squid.proxy.ip()
+            ),
+        ] {
+            let got = ask(squid.proxy, request.clone()).await;
+            if status(&got) != "403" {
+                wrong.push(format!("{request:?}: got {got:?}"));
+            }
+        }
+        squid.stop().await;
+        assert!(wrong.is_empty(), "{what}:\n{}", wrong.join("\n"));
+    }
+}

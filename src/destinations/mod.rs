@@ -6,6 +6,7 @@
 //! and the generated Squid configurations.
 
 mod checked_connect;
+mod embedded;
 mod entry;
 mod policy;
 mod squid;

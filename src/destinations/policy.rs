@@ -7,6 +7,12 @@
 //! 3. an explicit `allow` network passes;
 //! 4. a default-denied network (see [`DEFAULT_DENIED`]) or a cluster network refuses;
 //! 5. anything else passes.
+//!
+//! An IPv6 address that embeds an IPv4 address (see [`super::embedded`]) is
+//! checked twice, as itself and as the IPv4 address it embeds, and refused
+//! when either check refuses: `[::127.0.0.1]`, `[64:ff9b::7f00:1]` and
+//! `[2002:7f00:1::]` are loopback unless `127.0.0.0/8` is allowed, and
+//! denying `2002::/16` refuses every 6to4 address whatever it embeds.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -14,6 +20,7 @@ use std::ops::RangeInclusive;
 
 use ipnet::IpNet;
 
+use super::embedded::embedded_ipv4;
 use super::{DestinationEntry, DestinationRules};
 
 /// The one port `CONNECT` reaches without an explicit allow.
@@ -21,7 +28,7 @@ pub const TLS_PORT: u16 = 443;
 
 /// Networks no proxy reaches unless a provider allows them: whatever is
 /// behind the proxy host rather than on the internet.
-pub const DEFAULT_DENIED: [&str; 11] = [
+pub const DEFAULT_DENIED: [&str; 13] = [
     // "This network": connecting to 0.0.0.0 reaches the proxy host itself.
     "0.0.0.0/8",
     "127.0.0.0/8",
@@ -40,23 +47,33 @@ pub const DEFAULT_DENIED: [&str; 11] = [
     "fe80::/10",
     // Unique local addresses (AWS's IPv6 metadata server fd00:ec2::254 is one).
     "fc00::/7",
+    // Teredo and NAT64 local-use prefixes embed IPv4 addresses where they
+    // cannot be read (obfuscated; placed by a local prefix length), so they
+    // are denied whole; nothing a crawler fetches lives there.
+    "2001::/32",
+    "64:ff9b:1::/48",
 ];
 // IPv4-mapped IPv6 addresses (`::ffff:127.0.0.1`) are the IPv4 ones above in
 // disguise: checks unmap them first, and Squid keeps every IPv4 address in
 // that form already, so `::ffff:0:0/96` must not be listed (it would match all).
+// The other forms embedding an IPv4 address (`::/96`, `64:ff9b::/96`,
+// `2002::/16`) are checked by the address they embed.
 
 /// Where an External Proxy may not point in Kubernetes mode, unless the
 /// operator's configuration allows it: the operator's own pod (loopback,
 /// "this host") and the node's link-local services, the cloud metadata
 /// server among them. Anyone who may create a Proxy would otherwise probe
 /// them through the operator and read the answers in the Proxy's status.
-pub const EXTERNAL_ENDPOINT_DENIED: [&str; 6] = [
+pub const EXTERNAL_ENDPOINT_DENIED: [&str; 8] = [
     "0.0.0.0/8",
     "127.0.0.0/8",
     "169.254.0.0/16",
     "::/128",
     "::1/128",
     "fe80::/10",
+    // As in DEFAULT_DENIED: they may hide any IPv4 address.
+    "2001::/32",
+    "64:ff9b:1::/48",
 ];
 
 /// The compiled rules of one provider.
@@ -136,8 +153,22 @@ impl DestinationPolicy {
     }
 
     /// Checks the address about to be connected to; `tunnel` for `CONNECT`.
+    /// An address embedding an IPv4 address passes only when both pass;
+    /// the refusal of the embedded one names its IPv4 network.
     pub fn check(&self, address: IpAddr, port: u16, tunnel: bool) -> Result<(), Refusal> {
         let address = address.to_canonical();
+        self.check_one(address, port, tunnel)?;
+        match address {
+            IpAddr::V6(v6) => match embedded_ipv4(v6) {
+                Some(v4) => self.check_one(IpAddr::V4(v4), port, tunnel),
+                None => Ok(()),
+            },
+            IpAddr::V4(_) => Ok(()),
+        }
+    }
+
+    /// The rules for one address as it is.
+    fn check_one(&self, address: IpAddr, port: u16, tunnel: bool) -> Result<(), Refusal> {
         if let Some(net) = find(&self.denied_networks, address) {
             return Err(Refusal::DeniedNetwork(net));
         }
@@ -232,6 +263,9 @@ mod tests {
             "::1",
             "fe80::1",
             "::ffff:127.0.0.1",
+            "::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
         ] {
             assert!(policy.check(ip(refused), 3128, false).is_err(), "{refused}");
         }
@@ -272,6 +306,77 @@ mod tests {
             assert_eq!(policy.check(ip(public), 80, false), Ok(()), "{public}");
             assert_eq!(policy.check(ip(public), 443, true), Ok(()), "{public}");
         }
+    }
+
+    #[test]
+    fn ipv6_forms_embedding_a_denied_ipv4_address_are_refused() {
+        let policy = DestinationPolicy::default();
+        for embedded in [
+            "::127.0.0.1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "64:ff9b::a9fe:a9fe",
+            "::10.1.2.3",
+            "::0.0.0.2",
+            // Denied whole: their embedded address cannot be read.
+            "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            "64:ff9b:1:7f00:1::",
+        ] {
+            assert!(
+                matches!(
+                    policy.check(ip(embedded), 80, false),
+                    Err(Refusal::DefaultDenied(_))
+                ),
+                "{embedded}"
+            );
+            assert!(policy.check(ip(embedded), 443, true).is_err(), "{embedded}");
+        }
+        assert_eq!(
+            policy.check(ip("64:ff9b::7f00:1"), 80, false),
+            Err(Refusal::DefaultDenied("127.0.0.0/8".parse().unwrap()))
+        );
+        // Public addresses in the same forms pass, as NAT64 needs.
+        for public in ["64:ff9b::5db8:d70e", "2002:5db8:d70e::1", "::93.184.215.14"] {
+            assert_eq!(policy.check(ip(public), 80, false), Ok(()), "{public}");
+        }
+    }
+
+    #[test]
+    fn an_embedded_address_passes_only_when_it_and_its_ipv6_form_pass() {
+        // An IPv4 allow reaches the embedded forms too...
+        let policy = DestinationPolicy::new(&rules(&["127.0.0.0/8"], &[]), &[]);
+        for form in ["::127.0.0.1", "64:ff9b::7f00:1", "2002:7f00:1::"] {
+            assert_eq!(policy.check(ip(form), 80, false), Ok(()), "{form}");
+        }
+        // ...but allowing the IPv6 form does not lift the IPv4 default...
+        let policy = DestinationPolicy::new(&rules(&["64:ff9b::/96"], &[]), &[]);
+        assert!(policy.check(ip("64:ff9b::7f00:1"), 80, false).is_err());
+        // ...and a deny of either refuses.
+        let policy = DestinationPolicy::new(&rules(&["127.0.0.0/8"], &["2002::/16"]), &[]);
+        assert_eq!(
+            policy.check(ip("2002:7f00:1::"), 80, false),
+            Err(Refusal::DeniedNetwork("2002::/16".parse().unwrap()))
+        );
+        let policy = DestinationPolicy::new(&rules(&[], &["93.184.215.0/24"]), &[]);
+        assert!(matches!(
+            policy.check(ip("64:ff9b::5db8:d70e"), 80, false),
+            Err(Refusal::DeniedNetwork(_))
+        ));
+        // Cluster networks are IPv4 networks like any other.
+        let cluster: Vec<IpNet> = vec!["203.0.113.0/24".parse().unwrap()];
+        let policy = DestinationPolicy::new(&DestinationRules::default(), &cluster);
+        assert!(policy.check(ip("::203.0.113.7"), 80, false).is_err());
+    }
+
+    #[test]
+    fn ipv6_loopback_keeps_its_own_meaning() {
+        // `::1` is not "0.0.0.1": allowing it alone lets it through.
+        let policy = DestinationPolicy::new(&rules(&["::1"], &[]), &[]);
+        assert_eq!(policy.check(ip("::1"), 80, false), Ok(()));
+        assert!(policy.check(ip("::0.0.0.2"), 80, false).is_err());
+        assert!(DestinationPolicy::default().check(ip("::1"), 80, false).is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::config::KubernetesConfig;
 use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
 use crate::provider::squid_auth::with_auth;
+use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
@@ -29,8 +30,6 @@ pub const UID_LABEL: &str = "crawl.example.com/uid";
 pub const INSTALLATION_LABEL: &str = "crawl.example.com/installation";
 /// Label a pod released with skip-cleanup carries (instead of [`MANAGED_LABEL`]).
 pub const RELEASED_LABEL: &str = "crawl.example.com/released";
-/// Squid sizes its memory by the descriptor limit; unset it is OOM-killed in containers.
-const MAX_FILEDESCRIPTORS: u32 = 4096;
 
 /// Squid pods through the Kubernetes API.
 pub struct KubernetesProvider {
@@ -524,7 +523,8 @@ mod tests {
             "http_access allow all",
             "via off",
             "forwarded_for delete",
-            "max_filedescriptors 4096",
+            "max_filedescriptors 16384",
+            "http_access deny manager",
         ] {
             assert!(conf.lines().any(|l| l == line), "missing {line:?}");
         }

@@ -15,6 +15,7 @@ mod naming;
 pub mod reason;
 mod spec_hash;
 pub mod squid_auth;
+pub mod squid_limits;
 
 // The providers. Each depends on the shared types above, never on the
 // registry or on another provider.

@@ -22,6 +22,7 @@ use crate::credentials::{ProxyCredentials, htpasswd_line};
 use crate::destinations::{DestinationPolicy, squid_rules};
 use crate::provider::reason::{clip, telling_lines};
 use crate::provider::squid_auth::auth_section;
+use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 
 pub const CONFIG_FILE: &str = "squid.conf";
 pub const PID_FILE: &str = "squid.pid";
@@ -62,8 +63,6 @@ pub fn remove_segments(service: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Squid sizes its memory by the descriptor limit; keep it bounded.
-const MAX_FILEDESCRIPTORS: u32 = 4096;
 /// `squid -k parse` reads a few lines; anything slower is broken.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 
