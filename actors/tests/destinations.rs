@@ -335,7 +335,11 @@ fn embedding_loopback(tag: u8) -> Vec<(&'static str, IpAddr, bool)> {
             ip(format!("2001:0:4136:e378:8000:63bf:80ff:{:02x}fe", 0xff - tag)),
             false,
         ),
-        ("NAT64 local-use", ip(format!("64:ff9b:1::7f00:{tag:02x}01")), false),
+        (
+            "NAT64 local-use",
+            ip(format!("64:ff9b:1::7f00:{tag:02x}01")),
+            false,
+        ),
     ]
 }
 
@@ -557,10 +561,7 @@ async fn squid_refuses_cache_manager_requests() {
         for request in [
             "GET cache_object://203.0.113.9/info HTTP/1.0\r\n\r\n".to_owned(),
             "GET cache_object://203.0.113.9/menu HTTP/1.1\r\nHost: 203.0.113.9\r\n\r\n".to_owned(),
-            format!(
-                "GET cache_object://{}/info HTTP/1.0\r\n\r\n",
-                squid.proxy.ip()
-            ),
+            format!("GET cache_object://{}/info HTTP/1.0\r\n\r\n", squid.proxy.ip()),
         ] {
             let got = ask(squid.proxy, request.clone()).await;
             if status(&got) != "403" {

@@ -101,10 +101,7 @@ mod tests {
         assert_eq!(embedded_ipv4(v6("64:ff9b::7f00:1")), loopback);
         assert_eq!(embedded_ipv4(v6("2002:7f00:1::")), loopback);
         assert_eq!(embedded_ipv4(v6("2002:7f00:1:ffff::1")), loopback);
-        assert_eq!(
-            embedded_ipv4(v6("::0.0.0.2")),
-            Some(Ipv4Addr::new(0, 0, 0, 2))
-        );
+        assert_eq!(embedded_ipv4(v6("::0.0.0.2")), Some(Ipv4Addr::new(0, 0, 0, 2)));
     }
 
     #[test]
@@ -126,9 +123,7 @@ mod tests {
     #[test]
     fn networks_embed_at_each_forms_offset() {
         let loopback: Ipv4Net = "127.0.0.0/8".parse().unwrap();
-        let got: Vec<String> = embedding_networks(loopback)
-            .map(|n| n.to_string())
-            .collect();
+        let got: Vec<String> = embedding_networks(loopback).map(|n| n.to_string()).collect();
         assert_eq!(got, ["::7f00:0/104", "64:ff9b::7f00:0/104", "2002:7f00::/24"]);
         let host: Ipv4Net = "169.254.169.254/32".parse().unwrap();
         let got: Vec<String> = embedding_networks(host).map(|n| n.to_string()).collect();

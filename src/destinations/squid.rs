@@ -9,8 +9,8 @@
 //! IPv4 network also appears in its embedded forms (`127.0.0.0/8` as
 //! `::7f00:0/104`, `64:ff9b::7f00:0/104` and `2002:7f00::/24`), in ACLs of
 //! their own: as in [`DestinationPolicy::check`], an embedding address is
-//! refused when its embedded IPv4 address is, whatever its IPv6 form is
-//! allowed, and `::`/`::1` keep their IPv6 meaning.
+//! refused when its embedded IPv4 address is, even where its IPv6 form is
+//! allowed, and `::` and `::1` keep their IPv6 meaning.
 
 use std::fmt::Write;
 use std::ops::RangeInclusive;
@@ -182,9 +182,7 @@ mod tests {
             "{conf}"
         );
         assert!(
-            conf.contains(
-                "http_access deny epo_default_denied_embedded_dst !epo_own_ipv6_dst\n"
-            ),
+            conf.contains("http_access deny epo_default_denied_embedded_dst !epo_own_ipv6_dst\n"),
             "{conf}"
         );
         // Denies only: the manager first, before anything could allow it.
