@@ -113,11 +113,10 @@ pub fn start_with(
         let data_token = token.clone();
         let stream_token = token.clone();
         let limiter = limiter.clone();
-        // The rate limits, outermost: a flood is refused before it is
-        // authenticated or logged. A stream counts once, when it opens.
-        let limited = |limiter: Limiter| {
-            from_fn(move |req, next| rate_limit::limit(limiter.clone(), req, next))
-        };
+        // The rate limits, outermost on every resource but /healthz: a flood
+        // is refused before it is authenticated or logged. A stream counts
+        // once, when it opens.
+        let (data_limiter, stream_limiter, page_limiter) = (limiter.clone(), limiter.clone(), limiter.clone());
         App::new()
             .service(resource("/healthz", "GET").route(web::get().to(handlers::healthz)))
             // The dashboard's data: authenticated, but neither logged nor
@@ -128,7 +127,9 @@ pub fn start_with(
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(data_token.clone(), req, next)
                     }))
-                    .wrap(limited(limiter.clone()))
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(data_limiter.clone(), req, next)
+                    }))
                     .route(web::get().to(dashboard::data)),
             )
             .service(
@@ -138,13 +139,17 @@ pub fn start_with(
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(stream_token.clone(), req, next)
                     }))
-                    .wrap(limited(limiter.clone()))
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(stream_limiter.clone(), req, next)
+                    }))
                     .route(web::get().to(dashboard_feed::stream)),
             )
             // The page holds no data and asks for the token itself.
             .service(
                 guarded("/dashboard", "GET")
-                    .wrap(limited(limiter.clone()))
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(page_limiter.clone(), req, next)
+                    }))
                     .route(web::get().to(dashboard::page)),
             )
             .service(
@@ -156,7 +161,9 @@ pub fn start_with(
                         middleware::authenticate(token.clone(), req, next)
                     }))
                     .wrap(from_fn(middleware::traced))
-                    .wrap(limited(limiter))
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(limiter.clone(), req, next)
+                    }))
                     .service(guarded(routes::PROXIES, "GET").route(web::get().to(handlers::list_proxies)))
                     .service(guarded(routes::LEASES, "POST").route(web::post().to(handlers::acquire)))
                     .service(guarded(routes::LEASE, "DELETE").route(web::delete().to(handlers::release)))

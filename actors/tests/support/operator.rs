@@ -168,7 +168,7 @@ pub struct OperatorBuilder {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     user: Option<nix::unistd::User>,
-    file_limit: Option<u64>,
+    file_limit: Option<(u64, u64)>,
 }
 
 fn free_addr() -> SocketAddr {
@@ -284,10 +284,10 @@ impl OperatorBuilder {
         self
     }
 
-    /// Starts it under `prlimit --nofile=<n>:<n>` (soft and hard: the
-    /// operator cannot raise it).
-    pub fn file_limit(mut self, n: u64) -> Self {
-        self.file_limit = Some(n);
+    /// Starts it under `prlimit --nofile=<soft>:<hard>` (the operator may
+    /// raise the soft limit up to the hard one).
+    pub fn file_limit(mut self, soft: u64, hard: u64) -> Self {
+        self.file_limit = Some((soft, hard));
         self
     }
 
@@ -299,9 +299,9 @@ impl OperatorBuilder {
         let dir = self.dir.path();
         let mut cmd = match self.file_limit {
             // prlimit execs the binary: the pid stays the operator's.
-            Some(n) => {
+            Some((soft, hard)) => {
                 let mut cmd = Command::new("prlimit");
-                cmd.arg(format!("--nofile={n}:{n}")).arg("--").arg(BIN);
+                cmd.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(BIN);
                 cmd
             }
             None => Command::new(BIN),
