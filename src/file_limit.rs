@@ -36,8 +36,11 @@ pub enum FileLimitError {
 pub fn raise_to_hard_limit() -> Result<FileLimit, FileLimitError> {
     let (was, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(FileLimitError::Read)?;
     if was < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
-            .map_err(|source| FileLimitError::Raise { was, hard, source })?;
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|source| FileLimitError::Raise {
+            was,
+            hard,
+            source,
+        })?;
     }
     Ok(FileLimit {
         was,

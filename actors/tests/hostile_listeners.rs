@@ -74,7 +74,11 @@ async fn list_proxies(addr: SocketAddr) -> Result<u16, String> {
 }
 
 /// A `GET` on `addr` answered within `patience`: its status, or why none came.
-async fn answered(addr: SocketAddr, patience: Duration, call: impl Future<Output = Result<u16, String>>) -> Result<u16, String> {
+async fn answered(
+    addr: SocketAddr,
+    patience: Duration,
+    call: impl Future<Output = Result<u16, String>>,
+) -> Result<u16, String> {
     tokio::time::timeout(patience, call)
         .await
         .unwrap_or_else(|_| Err(format!("{addr}: no answer within {patience:?}")))
@@ -129,7 +133,12 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
             .arg("--nofile=256:4096")
             .arg("--")
             .arg(support::operator::BIN)
-            .args(["forward-proxy", "--listen", &format!("127.0.0.1:{port}"), "--instance-dir"])
+            .args([
+                "forward-proxy",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--instance-dir",
+            ])
             .arg(dir.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -137,9 +146,11 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
             .unwrap(),
     );
     let pid = proxy.0.id();
-    eventually("the forward proxy to listen", Duration::from_secs(30), async || {
-        TcpStream::connect(("127.0.0.1", port)).await.ok()
-    })
+    eventually(
+        "the forward proxy to listen",
+        Duration::from_secs(30),
+        async || TcpStream::connect(("127.0.0.1", port)).await.ok(),
+    )
     .await;
     assert_eq!(file_limits(pid), ("4096".to_owned(), "4096".to_owned()));
 }
@@ -193,7 +204,10 @@ async fn idle_connections_neither_kill_the_operator_nor_starve_its_other_listene
     assert_alive(&operator, "while the flood was timed out");
     // The listeners' caps leave the rest of the process its files.
     let logs = operator.logs();
-    let out_of_files: Vec<&str> = logs.lines().filter(|l| l.contains("Too many open files")).collect();
+    let out_of_files: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("Too many open files"))
+        .collect();
     assert!(
         out_of_files.is_empty(),
         "the process ran out of files {} times:\n{}",
@@ -221,27 +235,31 @@ async fn idle_connections_neither_kill_the_operator_nor_starve_its_other_listene
     drop(more);
     let after = Instant::now();
     operator
-        .eventually("every listener to answer after the flood", Duration::from_secs(60), async || {
-            assert_alive(&operator, "after the flood");
-            let api = answered(discovery, Duration::from_secs(5), list_proxies(discovery)).await?;
-            let scrape = answered(metrics, Duration::from_secs(5), async {
-                support::http::try_request(metrics, "GET", "/metrics")
-                    .await
-                    .map_err(|e| e.to_string())
-            })
-            .await?;
-            let alive = answered(health, Duration::from_secs(5), async {
-                support::http::try_request(health, "GET", "/healthz")
-                    .await
-                    .map_err(|e| e.to_string())
-            })
-            .await?;
-            if (api, scrape, alive) == (200, 200, 200) {
-                Ok(())
-            } else {
-                Err(format!("API {api}, metrics {scrape}, health {alive}"))
-            }
-        })
+        .eventually(
+            "every listener to answer after the flood",
+            Duration::from_secs(60),
+            async || {
+                assert_alive(&operator, "after the flood");
+                let api = answered(discovery, Duration::from_secs(5), list_proxies(discovery)).await?;
+                let scrape = answered(metrics, Duration::from_secs(5), async {
+                    support::http::try_request(metrics, "GET", "/metrics")
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+                let alive = answered(health, Duration::from_secs(5), async {
+                    support::http::try_request(health, "GET", "/healthz")
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+                if (api, scrape, alive) == (200, 200, 200) {
+                    Ok(())
+                } else {
+                    Err(format!("API {api}, metrics {scrape}, health {alive}"))
+                }
+            },
+        )
         .await;
     eprintln!("every listener answered {:?} after the flood", after.elapsed());
     let logs = operator.logs();
@@ -341,9 +359,8 @@ async fn open_stream(from: IpAddr, addr: SocketAddr, token: &str) -> (u16, TcpSt
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::new(from, 0)).unwrap();
     let mut s = socket.connect(addr).await.unwrap();
-    let req = format!(
-        "GET /v1/dashboard/stream HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n"
-    );
+    let req =
+        format!("GET /v1/dashboard/stream HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 4096];
     let got = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf))
@@ -390,9 +407,17 @@ async fn dashboard_endpoints_are_rate_limited_like_the_api() {
             let answers = pipelined(from, api, path, auth, 3000).await;
             for a in &answers {
                 *seen.entry(a.status).or_insert(0) += 1;
-                assert!(a.status == allowed || a.status == 429, "{path}: {} {}", a.status, a.body);
+                assert!(
+                    a.status == allowed || a.status == 429,
+                    "{path}: {} {}",
+                    a.status,
+                    a.body
+                );
             }
-            eprintln!("{path}: round {round} of 3,000 in {:?}: {seen:?}", started.elapsed());
+            eprintln!(
+                "{path}: round {round} of 3,000 in {:?}: {seen:?}",
+                started.elapsed()
+            );
             limited = answers.into_iter().find(|a| a.status == 429);
             if limited.is_some() {
                 break;
@@ -403,7 +428,9 @@ async fn dashboard_endpoints_are_rate_limited_like_the_api() {
         });
         assert!(limited.body.contains("\"rate_limited\""), "{}", limited.body);
         assert!(
-            limited.body.contains("too many requests from this client address"),
+            limited
+                .body
+                .contains("too many requests from this client address"),
             "{}",
             limited.body
         );
@@ -422,15 +449,22 @@ async fn dashboard_endpoints_are_rate_limited_like_the_api() {
     assert_eq!(status, 429, "a fifth stream from one address");
     drop(fifth);
     let r = request_from(mine, api, "GET", "/v1/dashboard", None).await;
-    assert_eq!(r.status, 401, "its other requests are not held back by its streams");
+    assert_eq!(
+        r.status, 401,
+        "its other requests are not held back by its streams"
+    );
     let (status, _other) = open_stream(ip("127.0.0.11"), api, READ_TOKEN).await;
     assert_eq!(status, 200, "another address has slots of its own");
     // A closed stream frees its slot (once the server notices, at its next event).
     streams.pop();
-    eventually("a slot freed by a closed stream", Duration::from_secs(30), async || {
-        let (status, s) = open_stream(mine, api, READ_TOKEN).await;
-        (status == 200).then_some(s)
-    })
+    eventually(
+        "a slot freed by a closed stream",
+        Duration::from_secs(30),
+        async || {
+            let (status, s) = open_stream(mine, api, READ_TOKEN).await;
+            (status == 200).then_some(s)
+        },
+    )
     .await;
     assert!(operator.exited().is_none(), "{}", operator.logs());
 }

@@ -116,7 +116,8 @@ pub fn start_with(
         // The rate limits, outermost on every resource but /healthz: a flood
         // is refused before it is authenticated or logged. A stream counts
         // once, when it opens.
-        let (data_limiter, stream_limiter, page_limiter) = (limiter.clone(), limiter.clone(), limiter.clone());
+        let (data_limiter, stream_limiter, page_limiter) =
+            (limiter.clone(), limiter.clone(), limiter.clone());
         App::new()
             .service(resource("/healthz", "GET").route(web::get().to(handlers::healthz)))
             // The dashboard's data: authenticated, but neither logged nor
