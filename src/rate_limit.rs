@@ -50,6 +50,9 @@ pub enum Scope {
     Global,
     #[error("too many client addresses are busy at once")]
     Clients,
+    /// Open dashboard streams of one client address (counted by the server, not here).
+    #[error("too many dashboard streams are open from this client address; close one")]
+    Streams,
 }
 
 /// `Retry-After` in whole seconds, at least 1.
@@ -85,7 +88,7 @@ impl Bucket {
 
 /// The key a client is counted under: its IPv4 address, or the /64 of its
 /// IPv6 address (one host usually owns a whole /64).
-fn client_key(ip: IpAddr) -> IpAddr {
+pub fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

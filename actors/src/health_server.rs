@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix_web::{App, HttpResponse, HttpServer, dev::Server, get, web};
+use egress_proxies::file_limit;
 use egress_proxies::leader::Tenure;
+use egress_proxies::listener_limits::{Listener, ListenerLimits};
 
 /// Whether the operator is ready (for standalone: started; with leader
 /// election: leading, checked against the tenure at each request so it
@@ -68,12 +70,18 @@ async fn readyz(ready: web::Data<Readiness>) -> HttpResponse {
     }
 }
 
-/// Serves the probes on a bound listener; the server runs when awaited or spawned.
+/// Serves the probes on a bound listener, within [`ListenerLimits`]; the
+/// server runs when awaited or spawned.
 pub fn start(listener: TcpListener, readiness: Readiness) -> std::io::Result<Server> {
     let data = web::Data::new(readiness);
+    let limits = ListenerLimits::of(Listener::Health, file_limit::current());
     Ok(
         HttpServer::new(move || App::new().app_data(data.clone()).service(healthz).service(readyz))
             .workers(1)
+            .max_connections(limits.per_worker(1))
+            .client_request_timeout(limits.request_head_timeout)
+            .keep_alive(limits.keep_alive)
+            .client_disconnect_timeout(limits.disconnect_timeout)
             .disable_signals()
             .listen(listener)?
             .run(),

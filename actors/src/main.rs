@@ -64,9 +64,32 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Logs, and traces when `traces` and the environment ask for them; keep the guard until exit.
+/// Logs, and traces when `traces` and the environment ask for them; keep
+/// the guard until exit. Then, first thing of every long-running command,
+/// the open-file limit is raised.
 fn logging(args: &LoggingArgs, traces: bool) -> Result<TelemetryGuard, ExitCode> {
-    init_logging(args.log_level.as_deref(), args.log_format.into(), traces).map_err(fail)
+    let guard = init_logging(args.log_level.as_deref(), args.log_format.into(), traces).map_err(fail)?;
+    raise_file_limit();
+    Ok(guard)
+}
+
+/// The open-file limit to its hard limit, before any listener, thread or
+/// child (Squid, the built-in proxy inherit it); logged. Failing to raise
+/// it is not fatal: the listeners size their caps from what it is.
+fn raise_file_limit() {
+    match egress_proxies::file_limit::raise_to_hard_limit() {
+        Ok(limit) => tracing::info!(
+            soft = limit.soft,
+            hard = limit.hard,
+            was = limit.was,
+            "open-file limit (RLIMIT_NOFILE)"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            soft = egress_proxies::file_limit::current(),
+            "open-file limit left as it is"
+        ),
+    }
 }
 
 fn print_crd(kind: egress_proxies::resource::CrdKind) -> ExitCode {

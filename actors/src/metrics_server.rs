@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use actix_web::http::header;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, dev::Server, get, web};
+use egress_proxies::file_limit;
+use egress_proxies::listener_limits::{Listener, ListenerLimits};
 use egress_proxies::metrics_access::{Decision, MetricsAccess};
 use egress_proxies::telemetry::metrics::{CONTENT_TYPE, metrics};
 
@@ -57,16 +59,22 @@ async fn scrape(req: HttpRequest, protection: web::Data<Protection>) -> HttpResp
         .body(metrics().encode())
 }
 
-/// Serves the metrics on a bound listener, over TLS when `tls` is given; the
-/// server runs when awaited or spawned.
+/// Serves the metrics on a bound listener, over TLS when `tls` is given,
+/// within [`ListenerLimits`]; the server runs when awaited or spawned.
 pub fn start(
     listener: TcpListener,
     protection: Protection,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<Server> {
     let protection = web::Data::new(protection);
+    let limits = ListenerLimits::of(Listener::Metrics, file_limit::current());
     let server = HttpServer::new(move || App::new().app_data(protection.clone()).service(scrape))
         .workers(1)
+        .max_connections(limits.per_worker(1))
+        .client_request_timeout(limits.request_head_timeout)
+        .keep_alive(limits.keep_alive)
+        .client_disconnect_timeout(limits.disconnect_timeout)
+        .tls_handshake_timeout(limits.tls_handshake_timeout)
         .disable_signals();
     Ok(match tls {
         Some(tls) => server.listen_rustls_0_23(listener, (*tls).clone())?,

@@ -173,8 +173,24 @@ pub async fn wait_for_shutdown() -> std::io::Result<()> {
 pub fn bind(address: egress_proxies::bind_address::BindAddress) -> std::io::Result<Option<TcpListener>> {
     match address {
         egress_proxies::bind_address::BindAddress::Disabled => Ok(None),
-        egress_proxies::bind_address::BindAddress::Listen(addr) => TcpListener::bind(addr)
+        egress_proxies::bind_address::BindAddress::Listen(addr) => listen(addr)
             .map(Some)
             .map_err(|e| std::io::Error::new(e.kind(), format!("listener {addr}: {e}"))),
     }
+}
+
+/// Connections the kernel completes and queues while a listener is at its
+/// connection cap (std's `bind` queues 128; more are refused until one is
+/// accepted, and the client retries after a second or more).
+const ACCEPT_QUEUE: i32 = 1024;
+
+/// A listening socket on `addr` with [`ACCEPT_QUEUE`].
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    // As std's bind: a restarted operator takes its port back at once.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(ACCEPT_QUEUE)?;
+    Ok(socket.into())
 }

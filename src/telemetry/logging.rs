@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::Targets;
+use tracing_subscriber::filter::{FilterExt, Targets};
 use tracing_subscriber::prelude::*;
 
 /// How log lines are written.
@@ -96,6 +96,8 @@ pub fn init_logging(
             .with_filter(spans)
     });
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Accept errors repeat while the process is out of files: once per burst.
+    let filter = filter.and(super::log_bursts::OncePerBurst::default());
     let fmt_layer = if json {
         // The current span's fields (traceID, spanID, proxy) on every line.
         fmt.json()

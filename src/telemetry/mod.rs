@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod history;
+mod log_bursts;
 mod logging;
 pub mod metrics;
 pub mod otel;

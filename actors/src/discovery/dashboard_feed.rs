@@ -17,15 +17,19 @@
 //! One task builds the snapshot once a second, and only while a page
 //! listens, whatever the number of pages; each stream sends the newest
 //! snapshot when its client can take it (a slow reader skips snapshots
-//! rather than queueing them). Streams are few ([`MAX_STREAMS`]) and end
-//! after [`STREAM_LIFETIME`]; the page reconnects.
+//! rather than queueing them). Streams are few ([`MAX_STREAMS`], at most
+//! [`MAX_STREAMS_PER_CLIENT`] of one client address) and end after
+//! [`STREAM_LIFETIME`]; the page reconnects.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::Addr;
 use actix_web::web::Bytes;
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
+use egress_proxies::rate_limit::{Limited, Scope, client_key};
 use egress_proxies::telemetry::history::{self, Sample, history};
 use futures::StreamExt as _;
 use serde::Serialize;
@@ -37,6 +41,11 @@ use crate::lease_store::LeaseStore;
 
 /// Streams open at once; more are refused with 503 until one closes.
 pub const MAX_STREAMS: usize = 32;
+/// Streams one client address (IPv6: its /64) may hold open at once; more
+/// are refused with 429, so no one client takes every slot.
+pub const MAX_STREAMS_PER_CLIENT: usize = 4;
+/// `Retry-After` of a stream refused for its client's open streams.
+const STREAM_RETRY: Duration = Duration::from_secs(5);
 /// A stream ends after this (the page opens the next): a forgotten tab or
 /// a client that stopped reading does not hold a slot for ever.
 pub const STREAM_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -48,6 +57,43 @@ const PERIOD: Duration = Duration::from_secs(1);
 pub struct Feed {
     snapshots: watch::Sender<Bytes>,
     slots: Arc<Semaphore>,
+    /// Open streams per client key.
+    per_client: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One client's share of the streams: counted while held.
+struct ClientSlot {
+    client: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl ClientSlot {
+    /// A slot of `client`'s, unless it holds [`MAX_STREAMS_PER_CLIENT`].
+    fn take(open: &Arc<Mutex<HashMap<IpAddr, usize>>>, client: IpAddr) -> Option<Self> {
+        let client = client_key(client);
+        let mut counts = open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(client).or_default();
+        if *count >= MAX_STREAMS_PER_CLIENT {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            client,
+            open: open.clone(),
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut counts = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.client);
+            }
+        }
+    }
 }
 
 impl Feed {
@@ -79,6 +125,7 @@ impl Feed {
         Self {
             snapshots,
             slots: Arc::new(Semaphore::new(MAX_STREAMS)),
+            per_client: Arc::default(),
         }
     }
 }
@@ -105,6 +152,7 @@ struct Stream {
     until: tokio::time::Instant,
     /// Frees the slot when the stream is dropped (client gone or lifetime over).
     _slot: OwnedSemaphorePermit,
+    _client_slot: ClientSlot,
 }
 
 impl Stream {
@@ -128,9 +176,18 @@ impl Stream {
 }
 
 pub async fn stream(
+    req: HttpRequest,
     feed: web::Data<Feed>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
+    // The peer address, as the rate limits count it.
+    let client = req
+        .peer_addr()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+    let client_slot = ClientSlot::take(&feed.per_client, client).ok_or(ApiError::RateLimited(Limited {
+        scope: Scope::Streams,
+        retry_after: STREAM_RETRY,
+    }))?;
     let slot = feed.slots.clone().try_acquire_owned().map_err(|_| {
         ApiError::Unavailable(format!(
             "{MAX_STREAMS} dashboard streams are open, the most this server keeps; close a dashboard tab or try later"
@@ -154,6 +211,7 @@ pub async fn stream(
         last_sample,
         until: tokio::time::Instant::now() + STREAM_LIFETIME,
         _slot: slot,
+        _client_slot: client_slot,
     };
     let body = futures::stream::iter(first.map(Ok)).chain(futures::stream::unfold(rest, Stream::next));
     Ok(HttpResponse::Ok()

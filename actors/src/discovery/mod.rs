@@ -19,6 +19,8 @@ use actix::Addr;
 use actix_web::dev::Server;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpResponse, HttpServer, web};
+use egress_proxies::file_limit;
+use egress_proxies::listener_limits::{Listener, ListenerLimits};
 use egress_proxies::rate_limit::RateLimits;
 
 use crate::lease_store::LeaseStore;
@@ -61,7 +63,8 @@ fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
     }))
 }
 
-/// Serves the discovery API on a bound listener, behind `tokens`.
+/// Serves the discovery API on a bound listener, behind `tokens`, within
+/// [`ListenerLimits`].
 pub fn start(listener: TcpListener, store: Addr<LeaseStore>, tokens: Tokens) -> std::io::Result<Server> {
     start_with(listener, store, tokens, Limiter::new(RateLimits::default()))
 }
@@ -82,6 +85,9 @@ pub fn start_with(
              anyone who can reach it can lease proxies"
         );
     }
+    let limits = ListenerLimits::of(Listener::Discovery, file_limit::current());
+    let workers = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+    tracing::debug!(%addr, max_connections = limits.max_connections, workers, "discovery API limits");
     let token = tokens;
     let feed = web::Data::new(dashboard_feed::Feed::start(store.clone()));
     let store = web::Data::new(store);
@@ -107,6 +113,11 @@ pub fn start_with(
         let data_token = token.clone();
         let stream_token = token.clone();
         let limiter = limiter.clone();
+        // The rate limits, outermost on every resource but /healthz: a flood
+        // is refused before it is authenticated or logged. A stream counts
+        // once, when it opens.
+        let (data_limiter, stream_limiter, page_limiter) =
+            (limiter.clone(), limiter.clone(), limiter.clone());
         App::new()
             .service(resource("/healthz", "GET").route(web::get().to(handlers::healthz)))
             // The dashboard's data: authenticated, but neither logged nor
@@ -117,6 +128,9 @@ pub fn start_with(
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(data_token.clone(), req, next)
                     }))
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(data_limiter.clone(), req, next)
+                    }))
                     .route(web::get().to(dashboard::data)),
             )
             .service(
@@ -126,10 +140,19 @@ pub fn start_with(
                     .wrap(from_fn(move |req, next| {
                         middleware::authenticate(stream_token.clone(), req, next)
                     }))
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(stream_limiter.clone(), req, next)
+                    }))
                     .route(web::get().to(dashboard_feed::stream)),
             )
             // The page holds no data and asks for the token itself.
-            .service(guarded("/dashboard", "GET").route(web::get().to(dashboard::page)))
+            .service(
+                guarded("/dashboard", "GET")
+                    .wrap(from_fn(move |req, next| {
+                        rate_limit::limit(page_limiter.clone(), req, next)
+                    }))
+                    .route(web::get().to(dashboard::page)),
+            )
             .service(
                 web::scope("")
                     .app_data(store.clone())
@@ -139,7 +162,6 @@ pub fn start_with(
                         middleware::authenticate(token.clone(), req, next)
                     }))
                     .wrap(from_fn(middleware::traced))
-                    // Outermost: a flood is refused before it is authenticated or logged.
                     .wrap(from_fn(move |req, next| {
                         rate_limit::limit(limiter.clone(), req, next)
                     }))
@@ -152,6 +174,11 @@ pub fn start_with(
                     .default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::NotFound) })),
             )
     })
+    .workers(workers)
+    .max_connections(limits.per_worker(workers))
+    .client_request_timeout(limits.request_head_timeout)
+    .keep_alive(limits.keep_alive)
+    .client_disconnect_timeout(limits.disconnect_timeout)
     .disable_signals()
     .listen(listener)?
     .run();

@@ -168,6 +168,7 @@ pub struct OperatorBuilder {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     user: Option<nix::unistd::User>,
+    file_limit: Option<(u64, u64)>,
 }
 
 fn free_addr() -> SocketAddr {
@@ -190,6 +191,7 @@ impl OperatorBuilder {
             args: Vec::new(),
             env: Vec::new(),
             user: None,
+            file_limit: None,
         }
     }
 
@@ -282,13 +284,28 @@ impl OperatorBuilder {
         self
     }
 
+    /// Starts it under `prlimit --nofile=<soft>:<hard>` (the operator may
+    /// raise the soft limit up to the hard one).
+    pub fn file_limit(mut self, soft: u64, hard: u64) -> Self {
+        self.file_limit = Some((soft, hard));
+        self
+    }
+
     fn address(addr: Option<SocketAddr>) -> String {
         addr.map_or_else(|| "0".to_owned(), |a| a.to_string())
     }
 
     fn command(&self) -> Command {
         let dir = self.dir.path();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.file_limit {
+            // prlimit execs the binary: the pid stays the operator's.
+            Some((soft, hard)) => {
+                let mut cmd = Command::new("prlimit");
+                cmd.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(BIN);
+                cmd
+            }
+            None => Command::new(BIN),
+        };
         match &self.mode {
             Mode::Standalone { config } => {
                 let config = config.clone().unwrap_or_else(|| {
