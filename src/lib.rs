@@ -31,6 +31,7 @@ pub mod credentials;
 pub mod destinations;
 pub mod forward_proxy;
 pub mod gc;
+pub mod guarded_listener;
 pub mod health;
 pub mod installation;
 pub mod leader;
