@@ -112,7 +112,8 @@ pub struct ConnectionLimitArgs {
 
 impl ConnectionLimitArgs {
     pub fn settings(&self) -> ListenerSettings {
-        let mut settings = ListenerSettings::for_file_limit(egress_proxies::forward_proxy::FDS_PER_CONNECTION);
+        let mut settings =
+            ListenerSettings::for_file_limit(egress_proxies::forward_proxy::FDS_PER_CONNECTION);
         if let Some(max) = self.max_connections {
             settings.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
         }

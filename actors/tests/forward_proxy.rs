@@ -80,12 +80,18 @@ impl Proxy {
     }
 
     fn authorization(&self) -> String {
-        format!("Proxy-Authorization: {}\r\n", self.credentials.basic_authorization())
+        format!(
+            "Proxy-Authorization: {}\r\n",
+            self.credentials.basic_authorization()
+        )
     }
 
     fn assert_alive(&mut self, when: &str) {
         if let Some(status) = self.process.0.try_wait().unwrap() {
-            panic!("the proxy exited {when}: {status}; its log ends:\n{}", self.log_tail());
+            panic!(
+                "the proxy exited {when}: {status}; its log ends:\n{}",
+                self.log_tail()
+            );
         }
     }
 
@@ -120,7 +126,8 @@ async fn read_response(stream: &mut TcpStream) -> (String, Vec<u8>) {
         .lines()
         .find_map(|l| {
             let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
         })
         .unwrap_or(0);
     let mut body = vec![0u8; length];
@@ -253,7 +260,8 @@ async fn bytes_after_a_plain_request_are_parsed_never_relayed() {
         "a second request on the kept-alive connection: {head:?}"
     );
 
-    let smtp = "EHLO attacker.example\r\nMAIL FROM:<spam@attacker.example>\r\nRCPT TO:<victim@example.com>\r\n\r\n";
+    let smtp =
+        "EHLO attacker.example\r\nMAIL FROM:<spam@attacker.example>\r\nRCPT TO:<victim@example.com>\r\n\r\n";
     let (head, _) = exchange(&mut client, smtp).await;
     assert!(head.starts_with("HTTP/1.1 400"), "SMTP bytes answered {head:?}");
     // The connection is closed after the 400.
@@ -423,7 +431,11 @@ async fn tunnels_chunked_and_large_bodies_pass() {
     let expected: Vec<u8> = (0..LARGE).map(pattern).collect();
     for kind in ["chunked", "length"] {
         let got = curl(&proxy, &[&format!("http://{target}/{kind}/{LARGE}")]).await;
-        assert!(got == expected, "{kind} download: {} bytes, not the pattern", got.len());
+        assert!(
+            got == expected,
+            "{kind} download: {} bytes, not the pattern",
+            got.len()
+        );
     }
 
     let dir = tempfile::tempdir().unwrap();
@@ -441,9 +453,21 @@ async fn tunnels_chunked_and_large_bodies_pass() {
         ],
     )
     .await;
-    assert!(echoed == expected, "chunked upload echoed: {} bytes", echoed.len());
-    let echoed = curl(&proxy, &["--data-binary", &data, &format!("http://{target}/echo")]).await;
-    assert!(echoed == expected, "Content-Length upload echoed: {} bytes", echoed.len());
+    assert!(
+        echoed == expected,
+        "chunked upload echoed: {} bytes",
+        echoed.len()
+    );
+    let echoed = curl(
+        &proxy,
+        &["--data-binary", &data, &format!("http://{target}/echo")],
+    )
+    .await;
+    assert!(
+        echoed == expected,
+        "Content-Length upload echoed: {} bytes",
+        echoed.len()
+    );
 
     // Several requests on one kept-alive curl connection, one target pool.
     let urls: Vec<String> = (0..5).map(|i| format!("http://{target}/length/{i}")).collect();
@@ -463,7 +487,11 @@ async fn silent_connections_and_stalled_tunnels_are_closed_after_their_timeouts(
     let mut rest = Vec::new();
     let closed = tokio::time::timeout(ANSWER_WITHIN, silent.read_to_end(&mut rest)).await;
     assert!(closed.is_ok(), "a silent connection stays open");
-    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
 
     // A target that accepts and says nothing: the tunnel carries nothing.
     let quiet = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -486,7 +514,11 @@ async fn silent_connections_and_stalled_tunnels_are_closed_after_their_timeouts(
     let opened = Instant::now();
     let closed = tokio::time::timeout(ANSWER_WITHIN, tunnel.read_to_end(&mut rest)).await;
     assert!(closed.is_ok(), "a stalled tunnel stays open");
-    assert!(opened.elapsed() >= Duration::from_millis(1900), "{:?}", opened.elapsed());
+    assert!(
+        opened.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        opened.elapsed()
+    );
     held.abort();
 }
 
@@ -502,7 +534,8 @@ async fn requests_without_credentials_get_407() {
     )
     .await;
     assert!(
-        head.starts_with("HTTP/1.1 407") && head.contains("Proxy-Authenticate: Basic realm=\"egress-proxies\""),
+        head.starts_with("HTTP/1.1 407")
+            && head.contains("Proxy-Authenticate: Basic realm=\"egress-proxies\""),
         "{head:?}"
     );
     // The connection stays usable: the credentials on the next request.

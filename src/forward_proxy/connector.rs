@@ -27,9 +27,21 @@ impl CheckedConnector {
     /// A checked connection to `host:port`, with Nagle off: the proxy
     /// writes whole heads and body pieces, and small responses must not
     /// wait for an ACK.
-    pub async fn connect(&self, host: &str, port: u16, tunnel: bool) -> Result<TcpStream, CheckedConnectError> {
-        let stream =
-            connect_checked_from(&self.destinations, host, port, tunnel, self.timeout, self.outgoing).await?;
+    pub async fn connect(
+        &self,
+        host: &str,
+        port: u16,
+        tunnel: bool,
+    ) -> Result<TcpStream, CheckedConnectError> {
+        let stream = connect_checked_from(
+            &self.destinations,
+            host,
+            port,
+            tunnel,
+            self.timeout,
+            self.outgoing,
+        )
+        .await?;
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an upstream connection");
         }

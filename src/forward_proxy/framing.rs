@@ -73,7 +73,11 @@ impl FramingTracker {
                 State::Stopped => return,
                 State::Body(left) => {
                     let n = skip(left, bytes.len());
-                    self.state = if n as u64 == left { State::Head } else { State::Body(left - n as u64) };
+                    self.state = if n as u64 == left {
+                        State::Head
+                    } else {
+                        State::Body(left - n as u64)
+                    };
                     n
                 }
                 State::ChunkData(left) => {
@@ -88,7 +92,11 @@ impl FramingTracker {
                 State::ChunkEnd(left) => {
                     let n = skip(u64::from(left), bytes.len());
                     let left = left - n as u8;
-                    self.state = if left == 0 { State::ChunkSize } else { State::ChunkEnd(left) };
+                    self.state = if left == 0 {
+                        State::ChunkSize
+                    } else {
+                        State::ChunkEnd(left)
+                    };
                     n
                 }
                 State::Head => self.head(bytes),
@@ -134,7 +142,11 @@ impl FramingTracker {
 
     fn judged(&mut self, used: usize, verdict: Verdict, next: State) -> usize {
         self.verdicts.push_back(verdict);
-        self.state = if verdict == Verdict::Clear { next } else { State::Stopped };
+        self.state = if verdict == Verdict::Clear {
+            next
+        } else {
+            State::Stopped
+        };
         used
     }
 
@@ -263,7 +275,10 @@ impl Verdicts {
     /// The verdict on the next request; `None` when the guard could not
     /// follow the connection that far.
     pub fn next(&self) -> Option<Verdict> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).next_verdict()
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .next_verdict()
     }
 }
 
@@ -280,7 +295,11 @@ impl<IO> FramingGuard<IO> {
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         let new = &buf.filled()[before..];
@@ -349,7 +368,13 @@ mod tests {
         let mut stream = GET.to_vec();
         // A body that looks like a request with ambiguous framing must be skipped.
         let body = b"GET http://a/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
-        stream.extend_from_slice(format!("POST http://a/ HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes());
+        stream.extend_from_slice(
+            format!(
+                "POST http://a/ HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
         stream.extend_from_slice(body);
         stream.extend_from_slice(GET);
         assert_eq!(every_split(&stream), [Verdict::Clear; 3]);
@@ -380,7 +405,10 @@ mod tests {
                 "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
                 "conflicting Content-Length headers",
             ),
-            ("POST http://a/ HTTP/1.1\r\nContent-Length: +3\r\n\r\n", "an invalid Content-Length"),
+            (
+                "POST http://a/ HTTP/1.1\r\nContent-Length: +3\r\n\r\n",
+                "an invalid Content-Length",
+            ),
             (
                 "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
                 "a transfer coding other than a single chunked",

@@ -89,19 +89,27 @@ pub async fn serve_from(
         auth,
         outgoing,
     };
-    serve_with(listener, options, ListenerSettings::for_file_limit(FDS_PER_CONNECTION)).await
+    serve_with(
+        listener,
+        options,
+        ListenerSettings::for_file_limit(FDS_PER_CONNECTION),
+    )
+    .await
 }
 
 /// [`serve`] with explicit listener settings. Never ends by itself: accept
 /// errors are waited out (the `io::Result` is for callers' `select!`s).
-pub async fn serve_with(listener: TcpListener, options: Options, settings: ListenerSettings) -> io::Result<()> {
+pub async fn serve_with(
+    listener: TcpListener,
+    options: Options,
+    settings: ListenerSettings,
+) -> io::Result<()> {
     let proxy = Arc::new(Proxy::new(options, &settings));
     let max = settings.max_connections;
     match serve_connections(listener, max, "forward-proxy", move |stream, peer, slot| {
         proxy.clone().serve_client(stream, peer, slot)
     })
-    .await
-    {}
+    .await {}
 }
 
 /// The proxy's shared state: its rules, its HTTP server settings and its
@@ -151,7 +159,10 @@ impl Proxy {
             tracing::debug!(%peer, error = %e, "TCP_NODELAY not set on a client connection");
         }
         let verdicts = Verdicts::default();
-        let io = TokioIo::new(FramingGuard::new(Tracked::new(stream, slot.clone()), verdicts.clone()));
+        let io = TokioIo::new(FramingGuard::new(
+            Tracked::new(stream, slot.clone()),
+            verdicts.clone(),
+        ));
         let service = {
             let (proxy, slot) = (self.clone(), slot.clone());
             service_fn(move |request| {
@@ -181,7 +192,12 @@ impl Proxy {
     }
 
     /// Answers one request.
-    async fn handle(&self, request: Request<Incoming>, slot: Arc<Slot>, verdicts: &Verdicts) -> Response<ProxyBody> {
+    async fn handle(
+        &self,
+        request: Request<Incoming>,
+        slot: Arc<Slot>,
+        verdicts: &Verdicts,
+    ) -> Response<ProxyBody> {
         let in_flight = slot.in_flight();
         match verdicts.next() {
             Some(Verdict::Clear) => {}

@@ -138,7 +138,12 @@ mod tests {
                 port: 8443
             })
         );
-        for bad in ["example.com", "http://example.com:443", "user@example.com:443", "/path"] {
+        for bad in [
+            "example.com",
+            "http://example.com:443",
+            "user@example.com:443",
+            "/path",
+        ] {
             assert_eq!(
                 target_of(&Method::CONNECT, &uri(bad)),
                 Err(TargetError::ConnectTarget),
@@ -173,7 +178,10 @@ mod tests {
 
     #[test]
     fn other_request_targets_are_refused() {
-        assert_eq!(target_of(&Method::GET, &uri("/path")), Err(TargetError::NotAbsolute));
+        assert_eq!(
+            target_of(&Method::GET, &uri("/path")),
+            Err(TargetError::NotAbsolute)
+        );
         assert_eq!(
             target_of(&Method::GET, &uri("https://example.com/")),
             Err(TargetError::Scheme)

@@ -32,8 +32,12 @@ impl Bursts {
     /// Counts one occurrence at `now`; `Some(n)` when it is to be logged,
     /// `n` being how many went unlogged since the last report.
     pub fn occurred(&mut self, now: Instant) -> Option<u64> {
-        let new_burst = self.last.is_none_or(|last| now.duration_since(last) >= self.quiet);
-        let overdue = self.reported.is_some_and(|at| now.duration_since(at) >= REPORT_EVERY);
+        let new_burst = self
+            .last
+            .is_none_or(|last| now.duration_since(last) >= self.quiet);
+        let overdue = self
+            .reported
+            .is_some_and(|at| now.duration_since(at) >= REPORT_EVERY);
         self.last = Some(now);
         if new_burst || overdue {
             self.reported = Some(now);

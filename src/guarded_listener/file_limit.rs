@@ -12,7 +12,9 @@ pub const MAX_CONNECTIONS: usize = 65_536;
 /// needing up to `fds_per_connection` descriptors; at least 1.
 pub fn connection_cap(soft: u64, fds_per_connection: u64) -> usize {
     let room = soft.saturating_sub(RESERVED_FDS) / fds_per_connection.max(1);
-    usize::try_from(room).unwrap_or(usize::MAX).clamp(1, MAX_CONNECTIONS)
+    usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .clamp(1, MAX_CONNECTIONS)
 }
 
 /// The process's soft `RLIMIT_NOFILE` now (1024, Linux's usual default,

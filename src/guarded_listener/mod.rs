@@ -99,7 +99,9 @@ where
             }
             if let Some(unlogged) = full.occurred(Instant::now()) {
                 tracing::warn!(
-                    listener = name, max_connections, more_since_last_report = unlogged,
+                    listener = name,
+                    max_connections,
+                    more_since_last_report = unlogged,
                     "connection cap reached; closing the longest-idle connections to make room"
                 );
             }
@@ -123,7 +125,12 @@ where
                     slots.evict_longest_idle();
                 }
                 drop(permit);
-                tokio::time::sleep(if exhausted { EXHAUSTED_BACKOFF } else { ERROR_BACKOFF }).await;
+                tokio::time::sleep(if exhausted {
+                    EXHAUSTED_BACKOFF
+                } else {
+                    ERROR_BACKOFF
+                })
+                .await;
                 continue;
             }
         };
@@ -148,9 +155,14 @@ mod tests {
     #[test]
     fn descriptor_and_memory_errors_count_as_exhaustion() {
         for errno in [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM] {
-            assert!(is_exhaustion(&io::Error::from_raw_os_error(errno as i32)), "{errno}");
+            assert!(
+                is_exhaustion(&io::Error::from_raw_os_error(errno as i32)),
+                "{errno}"
+            );
         }
-        assert!(!is_exhaustion(&io::Error::from_raw_os_error(Errno::ECONNABORTED as i32)));
+        assert!(!is_exhaustion(&io::Error::from_raw_os_error(
+            Errno::ECONNABORTED as i32
+        )));
         assert!(!is_exhaustion(&io::Error::other("not an OS error")));
     }
 }

@@ -170,7 +170,8 @@ impl Slot {
     /// in `phase` (any phase when `None`).
     pub async fn stalled(&self, timeout: Duration, phase: Option<Phase>) {
         loop {
-            let last = self.slots.epoch + Duration::from_millis(self.state.last_activity_ms.load(Ordering::Relaxed));
+            let last =
+                self.slots.epoch + Duration::from_millis(self.state.last_activity_ms.load(Ordering::Relaxed));
             let deadline = last + timeout;
             let now = Instant::now();
             if now >= deadline {
@@ -231,14 +232,21 @@ mod tests {
         assert!(slots.try_reserve().is_none(), "the cap holds");
 
         assert!(slots.evict_longest_idle());
-        tokio::time::timeout(Duration::from_secs(1), first.evicted()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), first.evicted())
+            .await
+            .unwrap();
         // Asked once: the next eviction picks another connection.
         assert!(slots.evict_longest_idle());
-        tokio::time::timeout(Duration::from_secs(1), second.evicted()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), second.evicted())
+            .await
+            .unwrap();
         assert!(!slots.evict_longest_idle(), "only a busy connection is left");
 
         drop(first);
-        assert!(slots.try_reserve().is_some(), "a closed connection gives its room back");
+        assert!(
+            slots.try_reserve().is_some(),
+            "a closed connection gives its room back"
+        );
         assert_eq!(slots.open(), 2);
     }
 
@@ -251,7 +259,9 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         first.touch();
         assert!(slots.evict_longest_idle());
-        tokio::time::timeout(Duration::from_secs(1), second.evicted()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), second.evicted())
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
@@ -261,16 +271,26 @@ mod tests {
         let request = slot.in_flight();
         let timeout = Duration::from_millis(500);
         // Waiting for a response head is not a stalled relay, however long.
-        let not_relaying = tokio::time::timeout(Duration::from_millis(1500), slot.stalled(timeout, Some(Phase::Relaying)));
+        let not_relaying = tokio::time::timeout(
+            Duration::from_millis(1500),
+            slot.stalled(timeout, Some(Phase::Relaying)),
+        );
         assert!(not_relaying.await.is_err(), "stalled while not relaying");
 
         request.relaying();
         slot.touch();
         let touched = Instant::now();
-        tokio::time::timeout(Duration::from_secs(30), slot.stalled(timeout, Some(Phase::Relaying)))
-            .await
-            .expect("a relay without bytes stalls");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            slot.stalled(timeout, Some(Phase::Relaying)),
+        )
+        .await
+        .expect("a relay without bytes stalls");
         // Activity is kept in whole milliseconds.
-        assert!(touched.elapsed() + Duration::from_millis(2) >= timeout, "stalled after {:?}", touched.elapsed());
+        assert!(
+            touched.elapsed() + Duration::from_millis(2) >= timeout,
+            "stalled after {:?}",
+            touched.elapsed()
+        );
     }
 }
