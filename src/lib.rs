@@ -32,6 +32,7 @@ pub mod destinations;
 pub mod file_limit;
 pub mod forward_proxy;
 pub mod gc;
+pub mod guarded_listener;
 pub mod health;
 pub mod installation;
 pub mod leader;

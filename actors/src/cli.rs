@@ -8,6 +8,7 @@ use egress_proxies::bind_address::BindAddress;
 use egress_proxies::destinations::{
     DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr,
 };
+use egress_proxies::guarded_listener::ListenerSettings;
 use egress_proxies::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 
@@ -87,7 +88,47 @@ pub enum Command {
         /// The source address of connections to destinations (of its IP family).
         #[arg(long)]
         outgoing_address: Option<std::net::IpAddr>,
+        #[command(flatten)]
+        limits: ConnectionLimitArgs,
     },
+}
+
+/// How the built-in proxy limits its client connections (docs/standalone.md).
+#[derive(Args, Debug, Clone)]
+pub struct ConnectionLimitArgs {
+    /// At most this many client connections at a time; at the cap the
+    /// longest-idle one is closed for a new one [default: what the file
+    /// limit allows, 3 descriptors each]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+    /// A complete request head must arrive within this after the connection
+    /// opens or the previous response ends (so also the keep-alive idle timeout).
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
+    /// A request or tunnel that moves no byte either way for this long is ended.
+    #[arg(long, default_value = "5m", value_parser = parse_positive_duration)]
+    pub idle_timeout: Duration,
+}
+
+impl ConnectionLimitArgs {
+    pub fn settings(&self) -> ListenerSettings {
+        let mut settings =
+            ListenerSettings::for_file_limit(egress_proxies::forward_proxy::FDS_PER_CONNECTION);
+        if let Some(max) = self.max_connections {
+            settings.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
+        }
+        settings.header_read_timeout = self.header_read_timeout;
+        settings.idle_timeout = self.idle_timeout;
+        settings
+    }
+}
+
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be longer than zero".to_owned()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The built-in proxy's destination rules. Without any, it refuses what

@@ -45,14 +45,19 @@ fn main() -> ExitCode {
             destinations,
             credentials_file,
             outgoing_address,
+            limits,
         }) => forward_proxy(
             &cli.logging,
             listen,
             &instance_dir,
             pid_file.as_deref(),
-            destinations.policy(),
+            egress_proxies::forward_proxy::Options {
+                destinations: destinations.policy().into(),
+                auth: None,
+                outgoing: outgoing_address,
+            },
             credentials_file.as_deref(),
-            outgoing_address,
+            &limits,
         ),
         Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
@@ -190,27 +195,33 @@ fn forward_proxy(
     listen: std::net::SocketAddr,
     instance_dir: &Path,
     pid_file: Option<&Path>,
-    destinations: egress_proxies::destinations::DestinationPolicy,
+    mut options: egress_proxies::forward_proxy::Options,
     credentials_file: Option<&Path>,
-    outgoing_address: Option<std::net::IpAddr>,
+    limits: &cli::ConnectionLimitArgs,
 ) -> ExitCode {
     // A helper process of the local provider: no traces of its own.
     let _telemetry = match logging(log, false) {
         Ok(guard) => guard,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // One worker per core: hyper's connections and the upstream pool spread over them.
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
-    let auth = match credentials_file.map(egress_proxies::credentials::read_credentials_file) {
+    options.auth = match credentials_file.map(egress_proxies::credentials::read_credentials_file) {
         Some(Ok(credentials)) => Some(egress_proxies::credentials::BasicAuthorization::of(&credentials)),
         Some(Err(e)) => return fail(e),
         None => None,
     };
+    // Sized to the file limit as it is now, after any raise at start.
+    let settings = limits.settings();
     tracing::info!(
-        %listen, instance = %instance_dir.display(), authenticated = auth.is_some(),
-        outgoing_address = outgoing_address.map(tracing::field::display), "built-in forward proxy starting"
+        %listen, instance = %instance_dir.display(), authenticated = options.auth.is_some(),
+        outgoing_address = options.outgoing.map(tracing::field::display),
+        max_connections = settings.max_connections,
+        header_read_timeout = ?settings.header_read_timeout, idle_timeout = ?settings.idle_timeout,
+        "built-in forward proxy starting"
     );
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen).await?;
@@ -219,7 +230,7 @@ fn forward_proxy(
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            served = egress_proxies::forward_proxy::serve_from(listener, destinations.into(), auth, outgoing_address) => served,
+            served = egress_proxies::forward_proxy::serve_with(listener, options, settings) => served,
             _ = term.recv() => Ok(()),
         }
     });

@@ -1,0 +1,56 @@
+//! The proxy's own answers: refusals and failures, each with an empty body.
+
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use hyper_util::client::legacy;
+
+use super::body::ProxyBody;
+use crate::destinations::CheckedConnectError;
+use crate::guarded_listener::InFlight;
+
+/// A 407's `Proxy-Authenticate` challenge, naming the proxy's realm.
+const CHALLENGE: &str = "Basic realm=\"egress-proxies\"";
+
+/// An empty answer; `close` ends the connection after it (the client's
+/// next bytes cannot be trusted to start a request, or are a tunnel's).
+pub fn answer(status: StatusCode, close: bool, request: InFlight) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::empty(Some(request)));
+    *response.status_mut() = status;
+    if close {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// 407 with the `Proxy-Authenticate` challenge.
+pub fn authentication_required(close: bool, request: InFlight) -> Response<ProxyBody> {
+    let mut response = answer(StatusCode::PROXY_AUTHENTICATION_REQUIRED, close, request);
+    response
+        .headers_mut()
+        .insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
+    response
+}
+
+/// 403 for a refused destination, 504 when connecting timed out, 502 when
+/// it could not be reached.
+pub fn status_of_connect_error(e: &CheckedConnectError) -> StatusCode {
+    match e {
+        CheckedConnectError::Refused { .. } => StatusCode::FORBIDDEN,
+        CheckedConnectError::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    }
+}
+
+/// The connect error inside a client error, if it is one.
+pub fn connect_error_in(e: &legacy::Error) -> Option<&CheckedConnectError> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(connect) = cause.downcast_ref::<CheckedConnectError>() {
+            return Some(connect);
+        }
+        source = cause.source();
+    }
+    None
+}

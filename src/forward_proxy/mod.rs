@@ -1,0 +1,229 @@
+//! The built-in forward HTTP proxy, on hyper: `CONNECT host:port` tunnels
+//! and absolute-form requests (`GET http://host/path`). The local provider
+//! runs it as a process of its own (`forward-proxy`) when Squid is not
+//! installed; it is also the forwarding core other listeners reuse.
+//!
+//! Per client connection, one request at a time with HTTP/1.1 framing and
+//! keep-alive; a tunnel only after `CONNECT` (after any other request the
+//! next bytes are parsed as the next request, never relayed raw). A
+//! request goes on with `Host` taken from its URL (RFC 9112 §3.2.2) and
+//! without hop-by-hop headers; one with ambiguous framing (see `framing`)
+//! is refused with 400 before anything is sent. Upstream connections are
+//! pooled and kept alive. Like the Squid config the operator generates, it
+//! adds no `Via` or `X-Forwarded-For`, so targets see a plain client.
+//! Given credentials, it demands them in `Proxy-Authorization` (Basic) on
+//! every request (407 with `Proxy-Authenticate` without); every
+//! destination passes the provider's destination rules (`destinations`):
+//! 403 refused, 502 unreachable, 504 timed out. Given an outgoing address,
+//! it connects to destinations from it. Connections are accepted through
+//! `guarded_listener`: capped to the file limit, idle ones evicted at the
+//! cap, timeouts on heads, idle keep-alive connections and stalled relays.
+
+mod answers;
+mod body;
+mod connector;
+mod forward;
+mod framing;
+mod request;
+mod tunnel;
+
+use std::convert::Infallible;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::credentials::BasicAuthorization;
+use crate::destinations::DestinationPolicy;
+use crate::guarded_listener::{ListenerSettings, Phase, Slot, Tracked, serve_connections};
+use answers::{answer, authentication_required};
+use body::ProxyBody;
+use connector::CheckedConnector;
+use framing::{FramingGuard, MAX_HEAD, Verdict, Verdicts};
+use request::{Target, target_of};
+
+/// Descriptors one client connection may need: its own, its upstream's,
+/// and one idle in the upstream pool.
+pub const FDS_PER_CONNECTION: u64 = 3;
+/// Time allowed to connect to a destination.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// An idle pooled upstream connection is closed after this.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the proxy enforces.
+pub struct Options {
+    pub destinations: Arc<DestinationPolicy>,
+    /// Every request must present these.
+    pub auth: Option<BasicAuthorization>,
+    /// Destinations are reached from this address (those of its family).
+    pub outgoing: Option<IpAddr>,
+}
+
+/// Serves until the process ends. With `auth`, every request must present it.
+pub async fn serve(
+    listener: TcpListener,
+    destinations: Arc<DestinationPolicy>,
+    auth: Option<BasicAuthorization>,
+) -> io::Result<()> {
+    serve_from(listener, destinations, auth, None).await
+}
+
+/// [`serve`], connecting to destinations from `outgoing` (those of its IP
+/// family; see [`crate::destinations::connect_checked_from`]).
+pub async fn serve_from(
+    listener: TcpListener,
+    destinations: Arc<DestinationPolicy>,
+    auth: Option<BasicAuthorization>,
+    outgoing: Option<IpAddr>,
+) -> io::Result<()> {
+    let options = Options {
+        destinations,
+        auth,
+        outgoing,
+    };
+    serve_with(
+        listener,
+        options,
+        ListenerSettings::for_file_limit(FDS_PER_CONNECTION),
+    )
+    .await
+}
+
+/// [`serve`] with explicit listener settings. Never ends by itself: accept
+/// errors are waited out (the `io::Result` is for callers' `select!`s).
+pub async fn serve_with(
+    listener: TcpListener,
+    options: Options,
+    settings: ListenerSettings,
+) -> io::Result<()> {
+    let proxy = Arc::new(Proxy::new(options, &settings));
+    let max = settings.max_connections;
+    match serve_connections(listener, max, "forward-proxy", move |stream, peer, slot| {
+        proxy.clone().serve_client(stream, peer, slot)
+    })
+    .await {}
+}
+
+/// The proxy's shared state: its rules, its HTTP server settings and its
+/// pooled client.
+struct Proxy {
+    connector: CheckedConnector,
+    client: Client<CheckedConnector, Incoming>,
+    server: http1::Builder,
+    auth: Option<BasicAuthorization>,
+    idle_timeout: Duration,
+}
+
+impl Proxy {
+    fn new(options: Options, settings: &ListenerSettings) -> Self {
+        let connector = CheckedConnector {
+            destinations: options.destinations,
+            outgoing: options.outgoing,
+            timeout: CONNECT_TIMEOUT,
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(settings.max_connections)
+            .http1_title_case_headers(true)
+            // `request` sets Host from the URL itself.
+            .set_host(false)
+            .build(connector.clone());
+        let mut server = http1::Builder::new();
+        server
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_read_timeout)
+            .keep_alive(true)
+            .title_case_headers(true)
+            .max_buf_size(MAX_HEAD);
+        Self {
+            connector,
+            client,
+            server,
+            auth: options.auth,
+            idle_timeout: settings.idle_timeout,
+        }
+    }
+
+    /// Serves one client connection until it closes, is evicted, or stalls.
+    async fn serve_client(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, slot: Arc<Slot>) {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "TCP_NODELAY not set on a client connection");
+        }
+        let verdicts = Verdicts::default();
+        let io = TokioIo::new(FramingGuard::new(
+            Tracked::new(stream, slot.clone()),
+            verdicts.clone(),
+        ));
+        let service = {
+            let (proxy, slot) = (self.clone(), slot.clone());
+            service_fn(move |request| {
+                let (proxy, slot, verdicts) = (proxy.clone(), slot.clone(), verdicts.clone());
+                async move { Ok::<_, Infallible>(proxy.handle(request, slot, &verdicts).await) }
+            })
+        };
+        let connection = self.server.serve_connection(io, service).with_upgrades();
+        tokio::pin!(connection);
+        let ended = tokio::select! {
+            ended = connection.as_mut() => ended,
+            () = slot.evicted() => {
+                tracing::debug!(%peer, "idle connection closed to make room");
+                if slot.phase() == Phase::Idle {
+                    return;
+                }
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+            () = slot.stalled(self.idle_timeout, Some(Phase::Relaying)) => {
+                return tracing::debug!(%peer, "nothing relayed for the idle timeout; connection closed");
+            }
+        };
+        if let Err(e) = ended {
+            tracing::debug!(%peer, error = %e, "client connection ended with an error");
+        }
+    }
+
+    /// Answers one request.
+    async fn handle(
+        &self,
+        request: Request<Incoming>,
+        slot: Arc<Slot>,
+        verdicts: &Verdicts,
+    ) -> Response<ProxyBody> {
+        let in_flight = slot.in_flight();
+        match verdicts.next() {
+            Some(Verdict::Clear) => {}
+            Some(Verdict::Ambiguous(why)) => {
+                tracing::debug!(why, "request with ambiguous framing refused");
+                return answer(StatusCode::BAD_REQUEST, true, in_flight);
+            }
+            None => {
+                tracing::debug!("request on a connection whose framing was lost refused");
+                return answer(StatusCode::BAD_REQUEST, true, in_flight);
+            }
+        }
+        let tunnel = request.method() == http::Method::CONNECT;
+        if let Some(auth) = &self.auth {
+            let presented = request.headers().get(header::PROXY_AUTHORIZATION);
+            if !presented.is_some_and(|value| auth.admits(value.as_bytes())) {
+                return authentication_required(tunnel, in_flight);
+            }
+        }
+        match target_of(request.method(), request.uri()) {
+            Ok(Target::Forward { uri, host }) => self.forward(request, uri, host, in_flight).await,
+            Ok(Target::Tunnel { host, port }) => self.tunnel(request, &host, port, in_flight).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "request refused");
+                answer(StatusCode::BAD_REQUEST, tunnel, in_flight)
+            }
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! How many connections fit in the process's file limit.
+
+use nix::sys::resource::{Resource, getrlimit};
+
+/// Descriptors kept for everything but connections: the listener, the
+/// runtime's epoll and wakers, standard streams, log files, name lookups.
+pub const RESERVED_FDS: u64 = 32;
+/// Never more connections than this, whatever the limit (each costs memory).
+pub const MAX_CONNECTIONS: usize = 65_536;
+
+/// The connection cap for a soft file limit of `soft`, each connection
+/// needing up to `fds_per_connection` descriptors; at least 1.
+pub fn connection_cap(soft: u64, fds_per_connection: u64) -> usize {
+    let room = soft.saturating_sub(RESERVED_FDS) / fds_per_connection.max(1);
+    usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .clamp(1, MAX_CONNECTIONS)
+}
+
+/// The process's soft `RLIMIT_NOFILE` now (1024, Linux's usual default,
+/// when it cannot be read).
+pub fn soft_file_limit() -> u64 {
+    getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_leaves_the_reserve_and_divides_the_rest() {
+        assert_eq!(connection_cap(256, 3), 74);
+        assert_eq!(connection_cap(1024, 3), 330);
+        assert_eq!(connection_cap(1 << 20, 3), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(u64::MAX, 3), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(10, 3), 1, "always room for one");
+    }
+}
