@@ -128,6 +128,7 @@ struct Life {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
+    egress_proxies::tls::ensure_crypto_provider();
     let providers = "providers:\n  - {name: local, type: local, local: {implementation: builtin, \
                      destinations: {allow: [127.0.0.0/8]}, outgoingAddresses: [127.0.9.0/29]}}\n";
     let dir = OperatorDir::new(providers);

@@ -578,4 +578,87 @@ mod tests {
         note_creates(&mut status, None, true, Some(1), at(2));
         assert_eq!(failure(&status), ("False".into(), "Created".into()));
     }
+
+    #[test]
+    fn an_address_a_member_was_blocked_on_is_quarantined_and_handed_to_the_members() {
+        let p = pool(2, json!({"rotation": {"afterBlockedTargets": 1}}));
+        let on = |mut m: Proxy, address: &str| {
+            m.status.get_or_insert_default().outgoing_address = Some(address.to_owned());
+            m
+        };
+        let members = vec![
+            on(stored(&p, "aaaaa", 0, true), "127.0.0.2"),
+            on(stored(&p, "bbbbb", 0, true), "127.0.0.3"),
+            on(stored(&p, "ccccc", 5, true), "127.0.0.4"),
+        ];
+        let blocked: HashMap<ObjectKey, LeaseFigures> = [(
+            ObjectKey::new("ns", "eu-aaaaa"),
+            LeaseFigures {
+                known: true,
+                blocked_targets: 1,
+                ..Default::default()
+            },
+        )]
+        .into();
+        // The successor (ccccc) is Ready: aaaaa retires, its address is quarantined.
+        let s = step(&p, &members, &blocked, inputs(at(10)), &mut window()).unwrap();
+        assert_eq!(s.retire.len(), 1);
+        let q = &s.status.quarantined_addresses;
+        assert_eq!(q.len(), 1, "{q:?}");
+        assert_eq!(
+            (q[0].address.as_str(), q[0].member.as_str(), q[0].until.0),
+            ("127.0.0.2", "eu-aaaaa", at(610))
+        );
+        let annotated: Vec<&str> = s.annotate.iter().map(|(k, _, _)| k.name.as_str()).collect();
+        assert_eq!(annotated, ["eu-bbbbb", "eu-ccccc"], "not the retiring one");
+        assert_eq!(s.annotate[0].2, format!("127.0.0.2={}", at(610)));
+        let condition = s
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::pool::ADDRESSES_AVAILABLE)
+            .unwrap();
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Quarantined"));
+
+        // Next turn: it is retiring; the quarantine stays as it was, members
+        // carrying it are not written again, a new member is made with it.
+        let mut after = members.clone();
+        after[0]
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(RETIRING_ANNOTATION.into(), s.retire[0].2.clone());
+        for m in after.iter_mut().skip(1) {
+            m.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(QUARANTINED_ADDRESSES_ANNOTATION.into(), s.annotate[0].2.clone());
+        }
+        after.remove(2);
+        let mut p2 = p.clone();
+        p2.status = Some(s.status.clone());
+        let s2 = step(&p2, &after, &blocked, inputs(at(20)), &mut window()).unwrap();
+        assert_eq!(s2.status.quarantined_addresses, s.status.quarantined_addresses);
+        assert!(s2.annotate.is_empty(), "{:?}", s2.annotate);
+        assert_eq!(s2.create.len(), 1);
+        let made = &s2.create[0].metadata.annotations.as_ref().unwrap()[QUARANTINED_ADDRESSES_ANNOTATION];
+        assert_eq!(made, &s.annotate[0].2);
+
+        // A new member given the quarantined address (none other was free): exhausted.
+        after.push(on(stored(&p, "ddddd", 20, true), "127.0.0.2"));
+        let s3 = step(&p2, &after, &blocked, inputs(at(30)), &mut window()).unwrap();
+        let condition = s3
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::pool::ADDRESSES_AVAILABLE)
+            .unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "AddressesExhausted"),
+            "{}",
+            condition.message
+        );
+        assert!(condition.message.contains("eu-ddddd from 127.0.0.2"), "{}", condition.message);
+    }
 }
