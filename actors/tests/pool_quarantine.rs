@@ -94,7 +94,9 @@ async fn crawl(api: String, client_no: usize, site: SocketAddr, seen: Seen, bloc
             .unwrap();
         let outcome = match via.get(format!("http://{site}/")).send().await {
             Ok(r) if r.status() == 403 => {
-                seen.lock().unwrap().push((member.clone(), BANNED.parse().unwrap()));
+                seen.lock()
+                    .unwrap()
+                    .push((member.clone(), BANNED.parse().unwrap()));
                 *blocked.lock().unwrap() += 1;
                 "blocked"
             }
@@ -154,7 +156,9 @@ async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
         let ready = dir
             .proxies()
             .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(egress_proxies::resource::Phase::Ready))
+            .filter(|p| {
+                p.status.as_ref().and_then(|s| s.phase) == Some(egress_proxies::resource::Phase::Ready)
+            })
             .count();
         (ready == 3).then_some(())
     })
@@ -173,7 +177,9 @@ async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
     while Instant::now() < end {
         let now = jiff::Timestamp::now();
         for p in dir.proxies() {
-            let Some(name) = p.metadata.name.clone() else { continue };
+            let Some(name) = p.metadata.name.clone() else {
+                continue;
+            };
             let life = lives.entry(name).or_default();
             life.created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
             life.last_seen = Some(now);
@@ -225,7 +231,9 @@ async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
         .iter()
         .filter_map(|(name, life)| {
             let created = life.created?;
-            let gone = life.last_seen.filter(|seen| now.duration_since(*seen).as_secs() > 1);
+            let gone = life
+                .last_seen
+                .filter(|seen| now.duration_since(*seen).as_secs() > 1);
             let until = life.retiring.or(gone).unwrap_or(now);
             let lived = until.duration_since(created).unsigned_abs();
             (lived > limit).then(|| format!("{name}: {}s", lived.as_secs()))
@@ -236,7 +244,12 @@ async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
         lives.len(),
         lives
             .iter()
-            .map(|(n, l)| (n, l.created.zip(l.retiring.or(l.last_seen)).map(|(c, e)| e.duration_since(c).as_secs())))
+            .map(|(n, l)| (
+                n,
+                l.created
+                    .zip(l.retiring.or(l.last_seen))
+                    .map(|(c, e)| e.duration_since(c).as_secs())
+            ))
             .collect::<Vec<_>>()
     );
     assert!(

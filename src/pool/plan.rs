@@ -514,7 +514,11 @@ mod tests {
         assert_eq!(p.retire, [("old".to_owned(), RetireReason::Age)]);
         assert_eq!(p.served, Some(RetireReason::Age));
         let p = plan(&s, &members, 0, p.served, at(47));
-        assert_eq!(p.retire, [("b1".to_owned(), RetireReason::Blocked)], "then blocks again");
+        assert_eq!(
+            p.retire,
+            [("b1".to_owned(), RetireReason::Blocked)],
+            "then blocks again"
+        );
     }
 
     #[test]
@@ -642,10 +646,7 @@ mod tests {
             // The old order (most urgent first, always): a steady stream of
             // blocked members keeps an aged one far past its maxAge.
             let (late, replacement) = simulate(3, 2, 255, 7, false);
-            assert!(
-                late.iter().any(|l| *l > 2 * 4 * replacement),
-                "{late:?}"
-            );
+            assert!(late.iter().any(|l| *l > 2 * 4 * replacement), "{late:?}");
         }
     }
 }

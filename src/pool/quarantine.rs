@@ -186,7 +186,9 @@ pub fn note_condition(
         .filter(|m| !m.retiring)
         .filter_map(|m| {
             let address = m.address?.to_string();
-            let entry = entries.iter().find(|e| e.address == address && e.member != m.member)?;
+            let entry = entries
+                .iter()
+                .find(|e| e.address == address && e.member != m.member)?;
             Some((m, entry))
         })
         .collect();
@@ -215,7 +217,15 @@ pub fn note_condition(
             ),
         ),
     };
-    set_condition(conditions, ADDRESSES_AVAILABLE, status, reason, &message, generation, Time(now));
+    set_condition(
+        conditions,
+        ADDRESSES_AVAILABLE,
+        status,
+        reason,
+        &message,
+        generation,
+        Time(now),
+    );
 }
 
 #[cfg(test)]
@@ -240,13 +250,22 @@ mod tests {
     fn a_block_quarantines_its_address_for_the_rest_and_a_later_one_extends_it() {
         let q = quarantine(&[], &[blocked("eu-a", "127.0.0.2", 10)], REST, at(10));
         assert_eq!(q.len(), 1);
-        assert_eq!((q[0].address.as_str(), q[0].member.as_str()), ("127.0.0.2", "eu-a"));
+        assert_eq!(
+            (q[0].address.as_str(), q[0].member.as_str()),
+            ("127.0.0.2", "eu-a")
+        );
         assert_eq!((q[0].since.0, q[0].until.0), (at(10), at(610)));
         // The same retirement seen again changes nothing; a later block extends.
-        assert_eq!(quarantine(&q, &[blocked("eu-a", "127.0.0.2", 10)], REST, at(20)), q);
+        assert_eq!(
+            quarantine(&q, &[blocked("eu-a", "127.0.0.2", 10)], REST, at(20)),
+            q
+        );
         let later = quarantine(&q, &[blocked("eu-b", "127.0.0.2", 100)], REST, at(100));
         assert_eq!((later[0].member.as_str(), later[0].until.0), ("eu-b", at(700)));
-        assert_eq!(quarantine(&later, &[blocked("eu-a", "127.0.0.2", 10)], REST, at(101)), later);
+        assert_eq!(
+            quarantine(&later, &[blocked("eu-a", "127.0.0.2", 10)], REST, at(101)),
+            later
+        );
         // Over at its end.
         assert!(quarantine(&later, &[], REST, at(700)).is_empty());
     }
@@ -254,7 +273,13 @@ mod tests {
     #[test]
     fn entries_are_bounded_keeping_the_latest() {
         let many: Vec<BlockedOn> = (0..MAX_QUARANTINED + 10)
-            .map(|i| blocked(&format!("m{i}"), &format!("10.0.{}.{}", i / 200, i % 200), i as i64))
+            .map(|i| {
+                blocked(
+                    &format!("m{i}"),
+                    &format!("10.0.{}.{}", i / 200, i % 200),
+                    i as i64,
+                )
+            })
             .collect();
         let q = quarantine(&[], &many, REST, at(300));
         assert_eq!(q.len(), MAX_QUARANTINED);
@@ -290,7 +315,10 @@ mod tests {
     #[test]
     fn a_member_missing_a_running_quarantine_gets_the_annotation_again() {
         let pool_member = |value: Option<String>| {
-            let mut p = Proxy::new("eu-x", serde_json::from_value(serde_json::json!({"mode": "Managed", "provider": "local"})).unwrap());
+            let mut p = Proxy::new(
+                "eu-x",
+                serde_json::from_value(serde_json::json!({"mode": "Managed", "provider": "local"})).unwrap(),
+            );
             if let Some(v) = value {
                 p.metadata.annotations = Some([(QUARANTINED_ADDRESSES_ANNOTATION.to_owned(), v)].into());
             }
@@ -304,7 +332,10 @@ mod tests {
         assert!(quarantined_of(&current, at(600)).is_empty(), "over");
         let extended = quarantine(&q, &[blocked("b", "127.0.0.2", 50)], REST, at(50));
         assert!(annotation_stale(&current, &extended, at(50)), "ends later now");
-        assert!(!annotation_stale(&pool_member(None), &[], at(1)), "nothing to carry");
+        assert!(
+            !annotation_stale(&pool_member(None), &[], at(1)),
+            "nothing to carry"
+        );
     }
 
     #[test]
@@ -334,7 +365,13 @@ mod tests {
             (conditions[0].status.as_str(), conditions[0].reason.as_str()),
             ("True", "Quarantined")
         );
-        assert!(conditions[0].message.starts_with("1 outgoing address(es) quarantined"), "{}", conditions[0].message);
+        assert!(
+            conditions[0]
+                .message
+                .starts_with("1 outgoing address(es) quarantined"),
+            "{}",
+            conditions[0].message
+        );
 
         note_condition(
             &mut conditions,
@@ -353,7 +390,13 @@ mod tests {
             "{message}"
         );
 
-        note_condition(&mut conditions, &[], &[leaving("eu-c", "127.0.0.2")], None, at(700));
+        note_condition(
+            &mut conditions,
+            &[],
+            &[leaving("eu-c", "127.0.0.2")],
+            None,
+            at(700),
+        );
         assert_eq!(
             (conditions[0].status.as_str(), conditions[0].reason.as_str()),
             ("True", "NoneQuarantined")

@@ -11,8 +11,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::autoscale::{Bounds, Demand, ScaleDownWindow, recommended_replicas};
-use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
 use super::members::parse_retiring;
+use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
 use super::plan::{Plan, RetireReason, Settings, plan};
 use super::quarantine::{BlockedOn, Leaving, annotation_stale, annotation_value, note_condition, quarantine};
 use crate::resource::{
@@ -188,7 +188,12 @@ pub fn step(
             })
         })
         .collect();
-    let quarantined = quarantine(&previous.quarantined_addresses, &blocked, inputs.blocked_rest, now);
+    let quarantined = quarantine(
+        &previous.quarantined_addresses,
+        &blocked,
+        inputs.blocked_rest,
+        now,
+    );
     let annotation = annotation_value(&quarantined, now);
 
     let by_name = |name: &str| live.iter().find(|m| m.metadata.name.as_deref() == Some(name));
@@ -211,8 +216,14 @@ pub fn step(
     };
     // Members that may still create an instance (a new one, or a
     // replacement for a lost one) carry the quarantine as it is now.
-    let retired_names: std::collections::HashSet<String> = retire.iter().map(|(name, _)| name.clone()).collect();
-    let retiring_now = |m: &Proxy| m.metadata.name.as_ref().is_some_and(|n| retired_names.contains(n));
+    let retired_names: std::collections::HashSet<String> =
+        retire.iter().map(|(name, _)| name.clone()).collect();
+    let retiring_now = |m: &Proxy| {
+        m.metadata
+            .name
+            .as_ref()
+            .is_some_and(|n| retired_names.contains(n))
+    };
     for m in &live {
         if !is_retiring(m) && !retiring_now(m) && annotation_stale(m, &quarantined, now) {
             out.annotate
@@ -618,7 +629,10 @@ mod tests {
             .iter()
             .find(|c| c.type_ == crate::pool::ADDRESSES_AVAILABLE)
             .unwrap();
-        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Quarantined"));
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Quarantined")
+        );
 
         // Next turn: it is retiring; the quarantine stays as it was, members
         // carrying it are not written again, a new member is made with it.
@@ -659,6 +673,10 @@ mod tests {
             "{}",
             condition.message
         );
-        assert!(condition.message.contains("eu-ddddd from 127.0.0.2"), "{}", condition.message);
+        assert!(
+            condition.message.contains("eu-ddddd from 127.0.0.2"),
+            "{}",
+            condition.message
+        );
     }
 }

@@ -503,7 +503,8 @@ impl Step<'_> {
                         self.draft.clear_replacement();
                     }
                 }
-                self.draft.running(&ip.to_string(), port, instance.outgoing_address);
+                self.draft
+                    .running(&ip.to_string(), port, instance.outgoing_address);
                 self.serve(Some(credentials.clone()));
                 Ok(Next::Resync)
             }

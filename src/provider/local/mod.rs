@@ -427,14 +427,15 @@ impl Provider for LocalProvider {
         {
             let _picking = self.picking.lock().unwrap_or_else(|p| p.into_inner());
             let now = jiff::Timestamp::now();
-            let picked = outgoing::pick(&self.outgoing, &self.instances_dir, &req.quarantined, now).map_err(|e| {
-                let class = match e {
-                    outgoing::OutgoingError::Exhausted { .. } => ErrorClass::QuotaExceeded,
-                    outgoing::OutgoingError::NotLocal { .. } => ErrorClass::Permanent,
-                    outgoing::OutgoingError::Read { .. } => ErrorClass::Transient,
-                };
-                self.error(class, Op::Create, Some(id.as_str()), e)
-            })?;
+            let picked =
+                outgoing::pick(&self.outgoing, &self.instances_dir, &req.quarantined, now).map_err(|e| {
+                    let class = match e {
+                        outgoing::OutgoingError::Exhausted { .. } => ErrorClass::QuotaExceeded,
+                        outgoing::OutgoingError::NotLocal { .. } => ErrorClass::Permanent,
+                        outgoing::OutgoingError::Read { .. } => ErrorClass::Transient,
+                    };
+                    self.error(class, Op::Create, Some(id.as_str()), e)
+                })?;
             if let Some(until) = picked.and_then(|p| p.quarantined_until) {
                 tracing::warn!(
                     provider = %self.name, providerID = %id,

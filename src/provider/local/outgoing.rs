@@ -63,7 +63,8 @@ pub fn pick(
         return Ok(None);
     }
     let held = held(instances_dir)?;
-    let picked = choose(networks, &held, quarantined, now).ok_or(OutgoingError::Exhausted { held: held.len() })?;
+    let picked =
+        choose(networks, &held, quarantined, now).ok_or(OutgoingError::Exhausted { held: held.len() })?;
     let address = picked.address;
     // Binding is what the proxy does before each connection: fail the
     // create now, in words, rather than every fetch later.
@@ -143,14 +144,26 @@ mod tests {
         let held: HashSet<IpAddr> = ["127.0.5.1", "127.0.5.3"].map(ip).into();
         let banned = [quarantined("127.0.5.2", 600), quarantined("127.0.5.4", 500)];
         let picked = choose(&networks, &held, &banned, at(0)).unwrap();
-        assert_eq!(picked, Picked { address: ip("127.0.5.5"), quarantined_until: None });
+        assert_eq!(
+            picked,
+            Picked {
+                address: ip("127.0.5.5"),
+                quarantined_until: None
+            }
+        );
         // Every other address held: the one whose quarantine ends first.
         let all_but_banned: HashSet<IpAddr> = networks[0]
             .addresses()
             .filter(|a| !banned.iter().any(|b| b.address == *a))
             .collect();
         let picked = choose(&networks, &all_but_banned, &banned, at(0)).unwrap();
-        assert_eq!(picked, Picked { address: ip("127.0.5.4"), quarantined_until: Some(at(500)) });
+        assert_eq!(
+            picked,
+            Picked {
+                address: ip("127.0.5.4"),
+                quarantined_until: Some(at(500))
+            }
+        );
         // An ended quarantine is no quarantine.
         let picked = choose(&networks, &held, &banned, at(600)).unwrap();
         assert_eq!(picked.address, ip("127.0.5.2"));
@@ -163,6 +176,9 @@ mod tests {
     fn addresses_outside_the_list_are_never_given() {
         let networks: Vec<OutgoingNetwork> = vec!["127.0.6.1".parse().unwrap()];
         let held: HashSet<IpAddr> = [ip("127.0.6.1")].into();
-        assert_eq!(choose(&networks, &held, &[quarantined("127.0.7.1", 9)], at(0)), None);
+        assert_eq!(
+            choose(&networks, &held, &[quarantined("127.0.7.1", 9)], at(0)),
+            None
+        );
     }
 }
