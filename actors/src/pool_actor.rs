@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::pool::{Inputs, ScaleDownWindow, invalid_spec_status, note_creates, step};
-use egress_proxies::resource::{ProxyPool, ProxyPoolStatus, RETIRING_ANNOTATION};
+use egress_proxies::pool::{Inputs, Memory, invalid_spec_status, note_creates, step};
+use egress_proxies::resource::{
+    ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
+};
 use egress_proxies::store::{ObjectKey, PoolStore, ProxyStore, StoreError};
 use egress_proxies::telemetry::events::{
     PoolMemberCreated, PoolMemberDeleted, PoolMemberRetiring, PoolRemoved, PoolTurnCompleted,
@@ -39,6 +41,9 @@ pub struct PoolTiming {
     pub scale_down_delay: Duration,
     /// `--max-leases-per-proxy` (0: unlimited).
     pub leases_per_proxy: u32,
+    /// The lease store's rest after a `blocked` report: how long an
+    /// address a member was blocked on is quarantined.
+    pub blocked_rest: Duration,
 }
 
 /// How often each pool looks at its members.
@@ -51,6 +56,7 @@ impl PoolTiming {
             interval: TURN_INTERVAL,
             scale_down_delay: settings.pool_scale_down_delay,
             leases_per_proxy: settings.leases.capacity,
+            blocked_rest: settings.leases.blocked_cooldown,
         }
     }
 }
@@ -76,9 +82,10 @@ pub struct PoolActor {
     denied: u64,
     /// What the lease store was last told.
     reported: Option<PoolReport>,
-    /// The autoscaler's recent recommendations (empty after a restart: it
-    /// then watches a whole scale-down delay before shrinking).
-    window: Arc<Mutex<ScaleDownWindow>>,
+    /// The autoscaler's recent recommendations and the rotation's turns
+    /// (empty after a restart: the autoscaler then watches a whole
+    /// scale-down delay before shrinking).
+    memory: Arc<Mutex<Memory>>,
 }
 
 /// What one turn saw and decided, for the pool's metrics and the dashboard.
@@ -111,7 +118,7 @@ impl PoolActor {
             gone: false,
             denied: 0,
             reported: None,
-            window: Arc::new(Mutex::new(ScaleDownWindow::new(delay, jiff::Timestamp::now()))),
+            memory: Arc::new(Mutex::new(Memory::new(delay, jiff::Timestamp::now()))),
         }
     }
 
@@ -120,11 +127,11 @@ impl PoolActor {
         if std::mem::replace(&mut self.busy, true) {
             return;
         }
-        let (key, pool_ctx, window) = (self.key.clone(), self.ctx.clone(), self.window.clone());
+        let (key, pool_ctx, memory) = (self.key.clone(), self.ctx.clone(), self.memory.clone());
         ctx.spawn(
             async move {
                 let mut turned = Turned::default();
-                let result = one_turn(&key, &pool_ctx, &window, &mut turned).await;
+                let result = one_turn(&key, &pool_ctx, &memory, &mut turned).await;
                 (turned, result)
             }
             .into_actor(self)
@@ -189,7 +196,7 @@ impl PoolActor {
 async fn one_turn(
     key: &ObjectKey,
     ctx: &PoolContext,
-    window: &Mutex<ScaleDownWindow>,
+    memory: &Mutex<Memory>,
     turned: &mut Turned,
 ) -> Result<(), PoolError> {
     let Some(pool) = ctx.pools.get_pool(key).await? else {
@@ -217,11 +224,12 @@ async fn one_turn(
     let inputs = Inputs {
         leases_per_proxy: ctx.timing.leases_per_proxy,
         denied: figures.denied,
+        blocked_rest: ctx.timing.blocked_rest,
         now,
     };
     let decided = {
-        let mut window = window.lock().unwrap_or_else(|p| p.into_inner());
-        step(&pool, &members, &figures.members, inputs, &mut window)
+        let mut memory = memory.lock().unwrap_or_else(|p| p.into_inner());
+        step(&pool, &members, &figures.members, inputs, &mut memory)
     };
     let mut decided = match decided {
         Ok(decided) => decided,
@@ -269,6 +277,18 @@ async fn one_turn(
         ctx.pools
             .publish_pool_event(key, &pool_uid, (member, uid), "MemberRetiring", &note)
             .await;
+    }
+    // Before creates: a member waiting for an address gets the quarantine
+    // before its next try.
+    for (member, uid, value) in &decided.annotate {
+        match ctx
+            .proxies
+            .set_annotation(member, uid, QUARANTINED_ADDRESSES_ANNOTATION, Some(value))
+            .await
+        {
+            Ok(()) | Err(StoreError::Gone { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     let mut failed_create = None;
     for member in &decided.create {

@@ -154,6 +154,7 @@ async fn refuses_and_passes_by_class(implementation: LocalImplementation, tag: u
         port: 3128,
         // Destinations alone: credentials have tests of their own.
         credentials: None,
+        quarantined: Vec::new(),
     };
     let id = p.create(&req).await.unwrap();
     let instance = eventually("the proxy to run", Duration::from_secs(20), async || {

@@ -32,6 +32,7 @@ fn request(uid: &str, port: u16) -> CreateRequest {
         placement: Placement::default(),
         port,
         credentials: None,
+        quarantined: Vec::new(),
     }
 }
 

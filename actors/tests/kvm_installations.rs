@@ -149,6 +149,7 @@ impl Installation {
             },
             port: 3128,
             credentials: None,
+            quarantined: Vec::new(),
         }
     }
 

@@ -45,6 +45,7 @@ fn request(uid: &str) -> CreateRequest {
         placement: Placement::default(),
         port: 3128,
         credentials: None,
+        quarantined: Vec::new(),
     }
 }
 

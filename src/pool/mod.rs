@@ -5,6 +5,7 @@
 mod autoscale;
 mod members;
 mod plan;
+mod quarantine;
 mod step;
 
 pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, ScaleDownWindow, recommended_replicas};
@@ -13,4 +14,5 @@ pub use members::{
     template_hash,
 };
 pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};
-pub use step::{Inputs, Step, invalid_spec_status, is_retiring, note_creates, step};
+pub use quarantine::{ADDRESSES_AVAILABLE, MAX_QUARANTINED, parse_annotation, quarantined_of};
+pub use step::{Inputs, Memory, Step, invalid_spec_status, is_retiring, note_creates, step};

@@ -6,6 +6,11 @@
 //! first (within `maxSurge`), an old proxy is retired only while enough
 //! Ready members remain (`replicas - maxUnavailable`), and a retired proxy
 //! is deleted only when its last lease ended or the drain timeout passed.
+//!
+//! Every reason keeps moving: when a successor lets one due member retire,
+//! the reasons take turns (the one after the reason served last, each
+//! reason's oldest member first), so a stream of blocks cannot keep a
+//! member past its `maxAge` for longer than one replacement.
 
 use std::time::Duration;
 
@@ -116,6 +121,10 @@ pub struct Plan {
     pub delete: Vec<String>,
     /// Members being replaced: retiring, or due and waiting for a successor.
     pub rotating: u32,
+    /// The reason of the last Ready member retired because a successor was
+    /// Ready (its turn was taken); `None` when none was. The next plan
+    /// starts with the reason after it.
+    pub served: Option<RetireReason>,
 }
 
 impl Settings {
@@ -148,8 +157,16 @@ impl Settings {
 }
 
 /// Plans one step for `members` under `settings` at `now`; `deleting`
-/// members are on their way out but still hold their instances.
-pub fn plan(settings: &Settings, members: &[Member], deleting: usize, now: Timestamp) -> Plan {
+/// members are on their way out but still hold their instances; `served`
+/// is the reason whose turn was taken last (the previous plan's
+/// [`Plan::served`], `None` after a start).
+pub fn plan(
+    settings: &Settings,
+    members: &[Member],
+    deleting: usize,
+    served: Option<RetireReason>,
+    now: Timestamp,
+) -> Plan {
     let mut plan = Plan::default();
     let (retiring, mut active): (Vec<&Member>, Vec<&Member>) =
         members.iter().partition(|m| m.retiring.is_some());
@@ -165,12 +182,12 @@ pub fn plan(settings: &Settings, members: &[Member], deleting: usize, now: Times
         }
     }
 
-    // Most urgent first: the order of `RetireReason`, then the oldest.
-    let mut due: Vec<(&Member, RetireReason)> = active
+    // The reasons take turns, each its oldest first.
+    let due: Vec<(&Member, RetireReason)> = active
         .iter()
         .filter_map(|m| settings.due(m, now).map(|r| (*m, r)))
         .collect();
-    due.sort_by_key(|(m, r)| (*r, m.created, m.name.clone()));
+    let due = taking_turns(due, served);
 
     let desired = settings.replicas as usize;
     let mut ready = active.iter().filter(|m| m.ready).count();
@@ -202,8 +219,11 @@ pub fn plan(settings: &Settings, members: &[Member], deleting: usize, now: Times
     let floor = desired.saturating_sub(settings.max_unavailable as usize);
     let mut waiting = 0;
     for (m, reason) in due {
-        if !m.ready || ready > floor {
+        if !m.ready {
             retire(m, reason, &mut active, &mut ready);
+        } else if ready > floor {
+            retire(m, reason, &mut active, &mut ready);
+            plan.served = Some(reason);
         } else {
             waiting += 1;
         }
@@ -227,6 +247,36 @@ pub fn plan(settings: &Settings, members: &[Member], deleting: usize, now: Times
             .count()
         + waiting) as u32;
     plan
+}
+
+/// `due` in the order members are replaced: reason by reason in the order
+/// of [`RetireReason::ALL`] (most urgent first), starting with the one after
+/// `served`, one member of each reason in its turn, each reason's oldest
+/// first. A reason with members waiting is never passed over twice in a row.
+fn taking_turns(
+    mut due: Vec<(&Member, RetireReason)>,
+    served: Option<RetireReason>,
+) -> Vec<(&Member, RetireReason)> {
+    due.sort_by_key(|(m, r)| (*r, m.created, m.name.clone()));
+    let mut queues: Vec<std::collections::VecDeque<(&Member, RetireReason)>> =
+        RetireReason::ALL.iter().map(|_| Default::default()).collect();
+    for (m, r) in due {
+        let at = RetireReason::ALL.iter().position(|x| *x == r).unwrap_or_default();
+        queues[at].push_back((m, r));
+    }
+    let start = served
+        .and_then(|s| RetireReason::ALL.iter().position(|x| *x == s))
+        .map_or(0, |at| at + 1);
+    let mut order = Vec::new();
+    let mut turn = start;
+    let reasons = queues.len();
+    while queues.iter().any(|q| !q.is_empty()) {
+        if let Some(next) = queues[turn % reasons].pop_front() {
+            order.push(next);
+        }
+        turn += 1;
+    }
+    order
 }
 
 #[cfg(test)]
@@ -273,10 +323,10 @@ mod tests {
 
     #[test]
     fn an_empty_pool_is_filled_and_a_full_one_left_alone() {
-        let p = plan(&settings(3), &[], 0, at(0));
+        let p = plan(&settings(3), &[], 0, None, at(0));
         assert_eq!((p.create, p.retire.len(), p.delete.len()), (3, 0, 0));
         let full: Vec<Member> = ["a", "b", "c"].iter().map(|n| member(n, 0, true)).collect();
-        assert_eq!(plan(&settings(3), &full, 0, at(10)), Plan::default());
+        assert_eq!(plan(&settings(3), &full, 0, None, at(10)), Plan::default());
     }
 
     #[test]
@@ -286,7 +336,7 @@ mod tests {
             member("sick", 5, false),
             member("new", 9, true),
         ];
-        let p = plan(&settings(1), &members, 0, at(10));
+        let p = plan(&settings(1), &members, 0, None, at(10));
         assert_eq!(names(&p.retire), ["sick", "old"]);
         assert!(p.retire.iter().all(|(_, r)| *r == RetireReason::ScaleDown));
         assert_eq!((p.create, p.rotating), (0, 0));
@@ -297,15 +347,15 @@ mod tests {
         let mut members = vec![member("a", 0, true), member("b", 0, true)];
         members[0].blocked_targets = 5;
         // Step 1: a successor, nobody retired (maxUnavailable 0).
-        let p = plan(&settings(2), &members, 0, at(10));
+        let p = plan(&settings(2), &members, 0, None, at(10));
         assert_eq!((p.create, p.retire.len(), p.rotating), (1, 0, 1));
         // Step 2: the successor exists but is not Ready yet: wait.
         members.push(member("c", 10, false));
-        let p = plan(&settings(2), &members, 0, at(11));
+        let p = plan(&settings(2), &members, 0, None, at(11));
         assert_eq!((p.create, p.retire.len()), (0, 0));
         // Step 3: Ready: now the blocked one retires.
         members[2].ready = true;
-        let p = plan(&settings(2), &members, 0, at(12));
+        let p = plan(&settings(2), &members, 0, None, at(12));
         assert_eq!(p.retire, vec![("a".to_owned(), RetireReason::Blocked)]);
         assert_eq!(p.create, 0);
     }
@@ -320,15 +370,15 @@ mod tests {
         members[0].leases = 2;
         members[1].retiring = members[0].retiring;
         let s = settings(1);
-        let p = plan(&s, &members, 0, at(200));
+        let p = plan(&s, &members, 0, None, at(200));
         assert!(
             p.delete.is_empty(),
             "b has no lease, but the lease store has not taken it out yet"
         );
         members[1].drained = true;
-        let p = plan(&s, &members, 0, at(200));
+        let p = plan(&s, &members, 0, None, at(200));
         assert_eq!(p.delete, vec!["b".to_owned()], "drained: b; a still has leases");
-        let p = plan(&s, &members, 0, at(100 + 600));
+        let p = plan(&s, &members, 0, None, at(100 + 600));
         assert_eq!(
             p.delete,
             vec!["a".to_owned(), "b".to_owned()],
@@ -345,7 +395,7 @@ mod tests {
         let mut made = 0;
         // Each step: the planner's actions are applied, new members turn Ready.
         for now in 10..30 {
-            let p = plan(&s, &members, 0, at(now));
+            let p = plan(&s, &members, 0, None, at(now));
             assert!(
                 members.len() <= 3 + 1,
                 "surge respected: {} members",
@@ -386,7 +436,7 @@ mod tests {
         s.max_unavailable = 1;
         s.max_age = Some(Duration::from_secs(60));
         let mut members = vec![member("a", 0, true), member("b", 0, true)];
-        let p = plan(&s, &members, 0, at(61));
+        let p = plan(&s, &members, 0, None, at(61));
         assert_eq!(names(&p.retire), ["a"], "one may be missing");
         assert_eq!(p.create, 0, "no instance beyond replicas while it drains");
         members[0].retiring = Some(Retiring {
@@ -394,7 +444,7 @@ mod tests {
             reason: RetireReason::Age,
         });
         members[0].leases = 1;
-        let p = plan(&s, &members, 0, at(62));
+        let p = plan(&s, &members, 0, None, at(62));
         assert_eq!(
             (p.create, p.retire.len(), p.delete.len()),
             (0, 0, 0),
@@ -402,22 +452,22 @@ mod tests {
         );
         members[0].leases = 0;
         members[0].drained = true;
-        let p = plan(&s, &members, 0, at(63));
+        let p = plan(&s, &members, 0, None, at(63));
         assert_eq!(p.delete, ["a"]);
         assert_eq!(p.create, 0, "its instance is still being torn down");
         members.remove(0);
-        let p = plan(&s, &members, 1, at(64));
+        let p = plan(&s, &members, 1, None, at(64));
         assert_eq!(p.create, 0, "a member being deleted still counts");
-        let p = plan(&s, &members, 0, at(65));
+        let p = plan(&s, &members, 0, None, at(65));
         assert_eq!(p.create, 1, "its successor once it is gone");
     }
 
     #[test]
     fn a_member_not_ready_past_the_deadline_is_replaced() {
         let members = vec![member("a", 0, false), member("b", 0, true)];
-        let p = plan(&settings(2), &members, 0, at(599));
+        let p = plan(&settings(2), &members, 0, None, at(599));
         assert!(p.retire.is_empty(), "still within the deadline");
-        let p = plan(&settings(2), &members, 0, at(600));
+        let p = plan(&settings(2), &members, 0, None, at(600));
         assert_eq!(p.retire, vec![("a".to_owned(), RetireReason::Unready)]);
         assert_eq!(p.create, 1);
     }
@@ -426,7 +476,7 @@ mod tests {
     fn a_due_member_that_is_not_ready_goes_at_once() {
         let mut members = vec![member("a", 0, false), member("b", 0, true)];
         members[0].blocked_targets = 9;
-        let p = plan(&settings(2), &members, 0, at(10));
+        let p = plan(&settings(2), &members, 0, None, at(10));
         assert_eq!(names(&p.retire), ["a"]);
         assert_eq!(p.create, 1, "within the surge of one");
     }
@@ -440,5 +490,163 @@ mod tests {
             RetireReason::ALL.windows(2).all(|w| w[0] < w[1]),
             "most urgent first, each once"
         );
+    }
+
+    #[test]
+    fn an_aged_member_takes_its_turn_after_a_blocked_one() {
+        let mut s = settings(3);
+        s.after_blocked_targets = Some(1);
+        s.max_age = Some(Duration::from_secs(30));
+        let mut members = vec![
+            member("old", 0, true),
+            member("b1", 20, true),
+            member("b2", 25, true),
+            member("next", 40, true),
+        ];
+        members[1].blocked_targets = 1;
+        members[2].blocked_targets = 1;
+        // A successor is Ready: one may retire. Blocks first after a start...
+        let p = plan(&s, &members, 0, None, at(45));
+        assert_eq!(p.retire, [("b1".to_owned(), RetireReason::Blocked)]);
+        assert_eq!(p.served, Some(RetireReason::Blocked));
+        // ...then the aged member, though another block waits.
+        let p = plan(&s, &members, 0, p.served, at(46));
+        assert_eq!(p.retire, [("old".to_owned(), RetireReason::Age)]);
+        assert_eq!(p.served, Some(RetireReason::Age));
+        let p = plan(&s, &members, 0, p.served, at(47));
+        assert_eq!(
+            p.retire,
+            [("b1".to_owned(), RetireReason::Blocked)],
+            "then blocks again"
+        );
+    }
+
+    #[test]
+    fn turns_cycle_through_the_reasons_waiting_and_skip_the_others() {
+        let mut members = vec![
+            member("e", 0, true),
+            member("b", 1, true),
+            member("a1", 2, true),
+            member("a2", 3, true),
+        ];
+        members[0].errors = 9;
+        members[1].blocked_targets = 9;
+        let reasons = [
+            RetireReason::Errors,
+            RetireReason::Blocked,
+            RetireReason::Age,
+            RetireReason::Age,
+        ];
+        let due: Vec<(&Member, RetireReason)> = members.iter().zip(reasons).collect();
+        let order = |served| {
+            taking_turns(due.clone(), served)
+                .iter()
+                .map(|(m, _)| m.name.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(None), ["b", "e", "a1", "a2"]);
+        assert_eq!(order(Some(RetireReason::Blocked)), ["e", "a1", "b", "a2"]);
+        assert_eq!(order(Some(RetireReason::Age)), ["b", "e", "a1", "a2"]);
+    }
+
+    mod under_a_stream_of_blocks {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// One simulated pool: every turn (a second) plans, applies the
+        /// plan, and lets members become Ready `ready_after` turns after
+        /// their creation; a retired member drains by the next turn. A
+        /// member made on a banned address (`banned` in 256) is blocked as
+        /// soon as it serves. Returns, per member that came due for age,
+        /// how long after `maxAge` it retired, and the number of turns one
+        /// replacement takes at most.
+        fn simulate(replicas: u32, ready_after: i64, banned: u8, seed: u64, fair: bool) -> (Vec<i64>, i64) {
+            const MAX_AGE: i64 = 30;
+            const TURNS: i64 = 400;
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut s = settings(replicas);
+            s.after_blocked_targets = Some(1);
+            s.max_age = Some(Duration::from_secs(MAX_AGE as u64));
+            let mut members: Vec<Member> = Vec::new();
+            let mut ready_at = std::collections::HashMap::new();
+            let mut doomed = std::collections::HashSet::new();
+            let mut late = Vec::new();
+            let mut served = None;
+            let mut made = 0;
+            for now in 0..TURNS {
+                let p = plan(&s, &members, 0, if fair { served } else { None }, at(now));
+                served = p.served.or(served);
+                members.retain(|m| !p.delete.contains(&m.name));
+                for (name, reason) in &p.retire {
+                    let m = members.iter_mut().find(|m| &m.name == name).unwrap();
+                    m.retiring = Some(Retiring {
+                        since: at(now),
+                        reason: *reason,
+                    });
+                    let due_at = m.created.as_second() - 1_700_000_000 + MAX_AGE;
+                    if due_at <= now {
+                        late.push(now - due_at);
+                    }
+                }
+                for _ in 0..p.create {
+                    made += 1;
+                    let name = format!("m{made}");
+                    ready_at.insert(name.clone(), now + ready_after);
+                    // The first members leave from good addresses and age.
+                    if made > replicas && rng.u8(..) < banned {
+                        doomed.insert(name.clone());
+                    }
+                    members.push(member(&name, now, false));
+                }
+                for m in members.iter_mut() {
+                    if ready_at.get(&m.name).is_some_and(|r| *r <= now + 1) {
+                        m.ready = true;
+                        m.unready_since = None;
+                    }
+                    if m.ready && doomed.contains(&m.name) {
+                        m.blocked_targets = 1;
+                    }
+                    m.drained = m.retiring.is_some();
+                }
+            }
+            // Members still serving that came due for age long ago count too.
+            for m in members.iter().filter(|m| m.retiring.is_none()) {
+                let due_at = m.created.as_second() - 1_700_000_000 + MAX_AGE;
+                if due_at <= TURNS {
+                    late.push(TURNS - due_at);
+                }
+            }
+            // Created, Ready, the old one retired, drained and deleted.
+            (late, ready_after + 3)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            /// However many members are made on banned addresses, a member
+            /// due for age waits for at most one blocked one per aged member
+            /// ahead of it: those made together at the start all come due
+            /// at once.
+            #[test]
+            fn no_member_outlives_max_age_by_more_than_its_turns(
+                replicas in 1u32..=4,
+                ready_after in 1i64..=3,
+                banned in 64u8..=255,
+                seed in any::<u64>(),
+            ) {
+                let (late, replacement) = simulate(replicas, ready_after, banned, seed, true);
+                let bound = 2 * (i64::from(replicas) + 1) * replacement;
+                prop_assert!(late.iter().all(|l| *l <= bound), "late {late:?}, bound {bound}");
+            }
+        }
+
+        #[test]
+        fn without_turns_blocks_starve_ages() {
+            // The old order (most urgent first, always): a steady stream of
+            // blocked members keeps an aged one far past its maxAge.
+            let (late, replacement) = simulate(3, 2, 255, 7, false);
+            assert!(late.iter().any(|l| *l > 2 * 4 * replacement), "{late:?}");
+        }
     }
 }

@@ -1,17 +1,24 @@
 //! One turn of a pool's control loop, free of I/O: from the pool, its
 //! members as stored and the lease store's figures, what to write — the
 //! members to make, the annotations that retire members, the members to
-//! delete, and the pool's status. The PoolActor reads, calls this, writes.
+//! delete, the quarantine annotations to refresh, and the pool's status.
+//! The PoolActor reads, calls this, writes.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::autoscale::{Bounds, Demand, ScaleDownWindow, recommended_replicas};
+use super::members::parse_retiring;
 use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
 use super::plan::{Plan, RetireReason, Settings, plan};
-use crate::resource::{POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, RETIRING_ANNOTATION, set_condition};
+use super::quarantine::{BlockedOn, Leaving, annotation_stale, annotation_value, note_condition, quarantine};
+use crate::resource::{
+    POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
+    set_condition,
+};
 use crate::store::ObjectKey;
 
 /// What the operator knows besides the pool and its members.
@@ -21,7 +28,30 @@ pub struct Inputs {
     pub leases_per_proxy: u32,
     /// Acquires for the pool refused for lack of capacity since the last turn.
     pub denied: u32,
+    /// How long a proxy rests for a target after a `blocked` report: an
+    /// address a member was blocked on is quarantined this long.
+    pub blocked_rest: Duration,
     pub now: Timestamp,
+}
+
+/// What a pool's loop remembers between turns. Lost on a restart: the
+/// autoscaler then watches a whole delay before shrinking, and the
+/// rotation's turns start again with the most urgent reason.
+#[derive(Clone, Debug)]
+pub struct Memory {
+    /// The autoscaler's recent recommendations.
+    pub window: ScaleDownWindow,
+    /// The reason whose turn was taken last ([`super::Plan::served`]).
+    pub served: Option<RetireReason>,
+}
+
+impl Memory {
+    pub fn new(scale_down_delay: Duration, now: Timestamp) -> Self {
+        Self {
+            window: ScaleDownWindow::new(scale_down_delay, now),
+            served: None,
+        }
+    }
 }
 
 /// What one turn decided.
@@ -33,17 +63,20 @@ pub struct Step {
     pub retire: Vec<(ObjectKey, String, String, RetireReason)>,
     /// Members to delete: key and incarnation.
     pub delete: Vec<(ObjectKey, String)>,
+    /// Members whose quarantine annotation is behind the pool's: key,
+    /// incarnation, the annotation's value.
+    pub annotate: Vec<(ObjectKey, String, String)>,
     pub status: ProxyPoolStatus,
 }
 
 /// The turn for `pool` with `members` (as stored) and their lease `figures`;
-/// an autoscaled pool's recent recommendations are kept in `window`.
+/// what a turn remembers for the next is kept in `memory`.
 pub fn step(
     pool: &ProxyPool,
     members: &[Proxy],
     figures: &HashMap<ObjectKey, LeaseFigures>,
     inputs: Inputs,
-    window: &mut ScaleDownWindow,
+    memory: &mut Memory,
 ) -> Result<Step, Vec<String>> {
     pool.spec.validate()?;
     let spec = &pool.spec;
@@ -85,7 +118,7 @@ pub fn step(
                 per_proxy: inputs.leases_per_proxy,
             };
             let recommended = recommended_replicas(bounds, current, demand);
-            let floor = window.record(recommended, now);
+            let floor = memory.window.record(recommended, now);
             // Shrink only on figures for every member: right after a restart
             // the lease store may not know them yet, and 0 leases would be a guess.
             let all_known = live.iter().all(|m| figures_of(m).known);
@@ -116,16 +149,87 @@ pub fn step(
         retire,
         delete,
         rotating,
-    } = plan(&settings, &planned_members, members.len() - live.len(), now);
+        served,
+    } = plan(
+        &settings,
+        &planned_members,
+        members.len() - live.len(),
+        memory.served,
+        now,
+    );
+    memory.served = served.or(memory.served);
+
+    // Addresses members were blocked on: those retiring for blocks (from
+    // their annotation, so a turn that failed after writing it loses
+    // nothing) and those retired now.
+    let outgoing = |m: &Proxy| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.outgoing_address.as_deref())
+            .and_then(|a| a.parse().ok())
+    };
+    let retired_for_blocks = members.iter().filter_map(|m| {
+        let value = m.metadata.annotations.as_ref()?.get(RETIRING_ANNOTATION)?;
+        let retiring = parse_retiring(value, now);
+        (retiring.reason == RetireReason::Blocked).then_some((m, retiring.since))
+    });
+    let retired_now = retire
+        .iter()
+        .filter(|(_, reason)| *reason == RetireReason::Blocked)
+        .filter_map(|(name, _)| live.iter().find(|m| m.metadata.name.as_deref() == Some(name)))
+        .map(|m| (*m, now));
+    let blocked: Vec<BlockedOn> = retired_for_blocks
+        .chain(retired_now)
+        .filter_map(|(m, since)| {
+            Some(BlockedOn {
+                member: m.metadata.name.clone()?,
+                address: outgoing(m)?,
+                since,
+            })
+        })
+        .collect();
+    let quarantined = quarantine(
+        &previous.quarantined_addresses,
+        &blocked,
+        inputs.blocked_rest,
+        now,
+    );
+    let annotation = annotation_value(&quarantined, now);
 
     let by_name = |name: &str| live.iter().find(|m| m.metadata.name.as_deref() == Some(name));
     let incarnation = |m: &Proxy| m.metadata.uid.clone().unwrap_or_default();
     let mut out = Step {
         create: (0..create)
-            .map(|_| new_member(pool, &random_suffix(), &hash))
+            .map(|_| {
+                let mut member = new_member(pool, &random_suffix(), &hash);
+                if !annotation.is_empty() {
+                    member
+                        .metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(QUARANTINED_ADDRESSES_ANNOTATION.to_owned(), annotation.clone());
+                }
+                member
+            })
             .collect(),
         ..Default::default()
     };
+    // Members that may still create an instance (a new one, or a
+    // replacement for a lost one) carry the quarantine as it is now.
+    let retired_names: std::collections::HashSet<String> =
+        retire.iter().map(|(name, _)| name.clone()).collect();
+    let retiring_now = |m: &Proxy| {
+        m.metadata
+            .name
+            .as_ref()
+            .is_some_and(|n| retired_names.contains(n))
+    };
+    for m in &live {
+        if !is_retiring(m) && !retiring_now(m) && annotation_stale(m, &quarantined, now) {
+            out.annotate
+                .push((ObjectKey::of(m), incarnation(m), annotation.clone()));
+        }
+    }
     for (name, reason) in retire {
         if let Some(m) = by_name(&name) {
             out.retire.push((
@@ -190,6 +294,16 @@ pub fn step(
         generation,
         time,
     );
+    let leaving: Vec<Leaving> = live
+        .iter()
+        .map(|m| Leaving {
+            member: m.metadata.name.clone().unwrap_or_default(),
+            retiring: is_retiring(m) || retiring_now(m),
+            address: outgoing(m),
+        })
+        .collect();
+    note_condition(&mut status.conditions, &quarantined, &leaving, generation, now);
+    status.quarantined_addresses = quarantined;
     out.status = status;
     Ok(out)
 }
@@ -287,12 +401,13 @@ mod tests {
         Inputs {
             leases_per_proxy: 4,
             denied: 0,
+            blocked_rest: Duration::from_secs(600),
             now,
         }
     }
 
-    fn window() -> ScaleDownWindow {
-        ScaleDownWindow::new(std::time::Duration::from_secs(60), at(0))
+    fn window() -> Memory {
+        Memory::new(std::time::Duration::from_secs(60), at(0))
     }
 
     /// A stored member: created at `created`, Ready or not.
@@ -473,5 +588,95 @@ mod tests {
         assert_eq!(failure(&status).0, "True", "nothing created yet");
         note_creates(&mut status, None, true, Some(1), at(2));
         assert_eq!(failure(&status), ("False".into(), "Created".into()));
+    }
+
+    #[test]
+    fn an_address_a_member_was_blocked_on_is_quarantined_and_handed_to_the_members() {
+        let p = pool(2, json!({"rotation": {"afterBlockedTargets": 1}}));
+        let on = |mut m: Proxy, address: &str| {
+            m.status.get_or_insert_default().outgoing_address = Some(address.to_owned());
+            m
+        };
+        let members = vec![
+            on(stored(&p, "aaaaa", 0, true), "127.0.0.2"),
+            on(stored(&p, "bbbbb", 0, true), "127.0.0.3"),
+            on(stored(&p, "ccccc", 5, true), "127.0.0.4"),
+        ];
+        let blocked: HashMap<ObjectKey, LeaseFigures> = [(
+            ObjectKey::new("ns", "eu-aaaaa"),
+            LeaseFigures {
+                known: true,
+                blocked_targets: 1,
+                ..Default::default()
+            },
+        )]
+        .into();
+        // The successor (ccccc) is Ready: aaaaa retires, its address is quarantined.
+        let s = step(&p, &members, &blocked, inputs(at(10)), &mut window()).unwrap();
+        assert_eq!(s.retire.len(), 1);
+        let q = &s.status.quarantined_addresses;
+        assert_eq!(q.len(), 1, "{q:?}");
+        assert_eq!(
+            (q[0].address.as_str(), q[0].member.as_str(), q[0].until.0),
+            ("127.0.0.2", "eu-aaaaa", at(610))
+        );
+        let annotated: Vec<&str> = s.annotate.iter().map(|(k, _, _)| k.name.as_str()).collect();
+        assert_eq!(annotated, ["eu-bbbbb", "eu-ccccc"], "not the retiring one");
+        assert_eq!(s.annotate[0].2, format!("127.0.0.2={}", at(610)));
+        let condition = s
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::pool::ADDRESSES_AVAILABLE)
+            .unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Quarantined")
+        );
+
+        // Next turn: it is retiring; the quarantine stays as it was, members
+        // carrying it are not written again, a new member is made with it.
+        let mut after = members.clone();
+        after[0]
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(RETIRING_ANNOTATION.into(), s.retire[0].2.clone());
+        for m in after.iter_mut().skip(1) {
+            m.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(QUARANTINED_ADDRESSES_ANNOTATION.into(), s.annotate[0].2.clone());
+        }
+        after.remove(2);
+        let mut p2 = p.clone();
+        p2.status = Some(s.status.clone());
+        let s2 = step(&p2, &after, &blocked, inputs(at(20)), &mut window()).unwrap();
+        assert_eq!(s2.status.quarantined_addresses, s.status.quarantined_addresses);
+        assert!(s2.annotate.is_empty(), "{:?}", s2.annotate);
+        assert_eq!(s2.create.len(), 1);
+        let made = &s2.create[0].metadata.annotations.as_ref().unwrap()[QUARANTINED_ADDRESSES_ANNOTATION];
+        assert_eq!(made, &s.annotate[0].2);
+
+        // A new member given the quarantined address (none other was free): exhausted.
+        after.push(on(stored(&p, "ddddd", 20, true), "127.0.0.2"));
+        let s3 = step(&p2, &after, &blocked, inputs(at(30)), &mut window()).unwrap();
+        let condition = s3
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::pool::ADDRESSES_AVAILABLE)
+            .unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "AddressesExhausted"),
+            "{}",
+            condition.message
+        );
+        assert!(
+            condition.message.contains("eu-ddddd from 127.0.0.2"),
+            "{}",
+            condition.message
+        );
     }
 }

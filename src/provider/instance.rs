@@ -58,6 +58,9 @@ pub struct Instance {
     pub ip: Option<IpAddr>,
     /// The port clients use, when the provider chose it (else the spec's port).
     pub port: Option<u16>,
+    /// The source address destinations see, when the provider chose it
+    /// from a configured list (`local`: `outgoingAddresses`).
+    pub outgoing_address: Option<IpAddr>,
     /// Who it belongs to, from its tags.
     pub owner: Ownership,
     /// When the instance was created, from the provider (GC grace period).
@@ -138,6 +141,17 @@ pub struct CreateRequest {
     /// What clients must present (Basic proxy authentication); providers
     /// configure the proxy to demand it.
     pub credentials: Option<ProxyCredentials>,
+    /// Outgoing addresses targets blocked (the Proxy's pool quarantined
+    /// them): a provider choosing from a list of addresses gives none of
+    /// them while another is free.
+    pub quarantined: Vec<QuarantinedAddress>,
+}
+
+/// An outgoing address not to be given while another is free, until `until`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuarantinedAddress {
+    pub address: IpAddr,
+    pub until: Timestamp,
 }
 
 #[cfg(test)]

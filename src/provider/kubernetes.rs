@@ -214,6 +214,7 @@ impl KubernetesProvider {
                 .flatten(),
             ip: if state == InstanceState::Running { ip } else { None },
             port: None,
+            outgoing_address: None,
             owner: {
                 let label = |name: &str| pod.metadata.labels.as_ref().and_then(|l| l.get(name)).cloned();
                 Ownership {

@@ -33,7 +33,9 @@ mod traced;
 use async_trait::async_trait;
 
 pub use error::{ErrorClass, Op, ProviderError};
-pub use instance::{CloudInitBytes, CreateRequest, Instance, InstanceState, Ownership, ProviderId};
+pub use instance::{
+    CloudInitBytes, CreateRequest, Instance, InstanceState, Ownership, ProviderId, QuarantinedAddress,
+};
 pub use instrumented::Instrumented;
 pub use local::LocalProvider;
 pub use naming::{INSTANCE_NAME_PREFIX, InstanceName, instance_name};

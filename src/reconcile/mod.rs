@@ -414,6 +414,7 @@ impl Step<'_> {
             placement,
             port: proxy.spec.port,
             credentials: Some(credentials),
+            quarantined: crate::pool::quarantined_of(proxy, (ctx.now)()),
         };
         let id = provider.create(&request).await?;
         tracing::info!(proxy = %key, providerID = %id, provider = %provider_name, "instance created");
@@ -502,7 +503,8 @@ impl Step<'_> {
                         self.draft.clear_replacement();
                     }
                 }
-                self.draft.running(&ip.to_string(), port);
+                self.draft
+                    .running(&ip.to_string(), port, instance.outgoing_address);
                 self.serve(Some(credentials.clone()));
                 Ok(Next::Resync)
             }

@@ -104,6 +104,7 @@ impl StatusDraft {
         self.status.provider_id = None;
         self.status.ip = None;
         self.status.endpoint = None;
+        self.status.outgoing_address = None;
         self.status.health = None;
         self.status
             .conditions
@@ -187,11 +188,13 @@ impl StatusDraft {
         self.instance_condition(false, phase.as_str(), message);
     }
 
-    /// The instance runs at `ip:port`. Health verdicts own Ready/Unhealthy,
-    /// so those phases are kept.
-    pub fn running(&mut self, ip: &str, port: u16) {
+    /// The instance runs at `ip:port`, connecting out from `outgoing` when
+    /// the provider chose that. Health verdicts own Ready/Unhealthy, so
+    /// those phases are kept.
+    pub fn running(&mut self, ip: &str, port: u16, outgoing: Option<IpAddr>) {
         self.status.ip = Some(ip.to_owned());
         self.status.endpoint = Some(endpoint(ip, port));
+        self.status.outgoing_address = outgoing.map(|a| a.to_string());
         self.serving("Running", "instance is running");
     }
 

@@ -21,6 +21,11 @@ pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "crawl.example.com/pool-template
 /// its leases are not renewed; it is deleted once its last lease ends or
 /// the pool's drain timeout passes.
 pub const RETIRING_ANNOTATION: &str = "crawl.example.com/retiring";
+/// Annotation on a pool's Proxy: the outgoing addresses its pool has
+/// quarantined (members were blocked on them), as
+/// `<address>=<RFC 3339 until>,...`. A provider choosing from a list of
+/// addresses gives the proxy's instance none of them while another is free.
+pub const QUARANTINED_ADDRESSES_ANNOTATION: &str = "crawl.example.com/quarantined-addresses";
 
 /// Default time a retiring proxy's leases get to end.
 pub const DEFAULT_DRAIN_TIMEOUT: &str = "10m";
@@ -239,7 +244,26 @@ pub struct ProxyPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_time: Option<Time>,
     /// `Ready` (all desired members Ready), `Progressing` (rotations or
-    /// scaling under way).
+    /// scaling under way), `AddressesAvailable` (once an address was
+    /// quarantined: whether new members still get unquarantined ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Outgoing addresses members were blocked on, given to no new member
+    /// while another address is free until the blocked rest ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined_addresses: Vec<QuarantinedAddress>,
+}
+
+/// An outgoing address a member was blocked on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantinedAddress {
+    /// The address targets saw the blocked member come from.
+    pub address: String,
+    /// The member that was blocked on it (the latest one).
+    pub member: String,
+    /// When that member was retired for blocks.
+    pub since: Time,
+    /// The end of the quarantine: `since` plus the blocked rest.
+    pub until: Time,
 }

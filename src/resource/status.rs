@@ -20,6 +20,10 @@ pub struct ProxyStatus {
     /// `host:port` clients use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// The source address destinations see, when the provider chose it
+    /// (the `local` provider's `outgoingAddresses`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outgoing_address: Option<String>,
     /// Human-readable explanation of the phase (always set for `Failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

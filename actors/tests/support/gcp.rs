@@ -82,5 +82,6 @@ pub fn request(uid: &str) -> CreateRequest {
         },
         port: 3128,
         credentials: None,
+        quarantined: Vec::new(),
     }
 }

@@ -206,6 +206,7 @@ pub fn create_request(uid: &str, zone: &str) -> CreateRequest {
         },
         port: 3128,
         credentials: None,
+        quarantined: Vec::new(),
     }
 }
 

@@ -330,6 +330,7 @@ impl ScriptedProvider {
             state,
             ip: (state == InstanceState::Running).then_some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
             port: Some(sim.spec_port),
+            outgoing_address: None,
             owner: egress_proxies::provider::Ownership {
                 uid: Some(sim.uid.clone()),
                 namespace: Some(sim.namespace.clone()),

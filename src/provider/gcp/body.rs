@@ -132,6 +132,7 @@ mod tests {
             },
             port: 3128,
             credentials: None,
+            quarantined: Vec::new(),
         }
     }
 

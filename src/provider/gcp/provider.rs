@@ -172,6 +172,7 @@ pub fn instance_of(id: ProviderId, vm: &Value) -> Instance {
         reason,
         ip,
         port: None,
+        outgoing_address: None,
         owner: owner_of(vm),
         created_at: vm
             .get("creationTimestamp")

@@ -181,6 +181,7 @@ impl KvmProvider {
             reason: observed.reason,
             ip: observed.ip,
             port: None,
+            outgoing_address: None,
             owner: observed
                 .metadata
                 .as_ref()
@@ -365,6 +366,7 @@ impl Provider for KvmProvider {
                     state,
                     ip: None,
                     port: None,
+                    outgoing_address: None,
                     owner: meta.ownership(),
                     created_at: Some(meta.created_at),
                 });

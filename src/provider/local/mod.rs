@@ -189,6 +189,7 @@ impl LocalProvider {
             state,
             ip: (state == InstanceState::Running).then_some(ip),
             port: Some(record.port),
+            outgoing_address: record.outgoing_address,
             owner: Ownership {
                 uid: Some(record.uid.clone()),
                 namespace: record.namespace.clone(),
@@ -425,14 +426,25 @@ impl Provider for LocalProvider {
         };
         {
             let _picking = self.picking.lock().unwrap_or_else(|p| p.into_inner());
-            let outgoing = outgoing::pick(&self.outgoing, &self.instances_dir).map_err(|e| {
-                let class = match e {
-                    outgoing::OutgoingError::Exhausted { .. } => ErrorClass::QuotaExceeded,
-                    outgoing::OutgoingError::NotLocal { .. } => ErrorClass::Permanent,
-                    outgoing::OutgoingError::Read { .. } => ErrorClass::Transient,
-                };
-                self.error(class, Op::Create, Some(id.as_str()), e)
-            })?;
+            let now = jiff::Timestamp::now();
+            let picked =
+                outgoing::pick(&self.outgoing, &self.instances_dir, &req.quarantined, now).map_err(|e| {
+                    let class = match e {
+                        outgoing::OutgoingError::Exhausted { .. } => ErrorClass::QuotaExceeded,
+                        outgoing::OutgoingError::NotLocal { .. } => ErrorClass::Permanent,
+                        outgoing::OutgoingError::Read { .. } => ErrorClass::Transient,
+                    };
+                    self.error(class, Op::Create, Some(id.as_str()), e)
+                })?;
+            if let Some(until) = picked.and_then(|p| p.quarantined_until) {
+                tracing::warn!(
+                    provider = %self.name, providerID = %id,
+                    outgoing_address = picked.map(|p| tracing::field::display(p.address)),
+                    quarantined_until = %until, quarantined = req.quarantined.len(),
+                    "every free outgoing address is quarantined; giving the one blocked longest ago"
+                );
+            }
+            let outgoing = picked.map(|p| p.address);
             let record = InstanceRecord::new(
                 req,
                 port,
