@@ -93,8 +93,11 @@ impl Default for State {
     }
 }
 
-/// Metadata the server owns: never part of what a manager changed.
-const SERVER_OWNED: [&str; 6] = [
+/// Metadata the server owns (or that names the object): never part of what
+/// a manager changed.
+const SERVER_OWNED: [&str; 8] = [
+    "name",
+    "namespace",
     "resourceVersion",
     "managedFields",
     "uid",
@@ -125,6 +128,7 @@ fn changed_fields(before: &Value, after: &Value, top: bool) -> Option<Value> {
                     }
                     Some(old) if old == value => None,
                     Some(old) => changed_fields(old, value, false),
+                    None if value.is_object() => changed_fields(&json!({}), value, false).or(Some(json!({}))),
                     None => Some(json!({})),
                 };
                 if let Some(c) = changed {
