@@ -22,7 +22,7 @@ use egress_proxies::leader::{
 };
 use egress_proxies::provider::{BuildContext, Providers};
 use egress_proxies::store::kubernetes::KubeStore;
-use egress_proxies::store::lease_checkpoint::CheckpointJournal;
+use egress_proxies::store::lease_checkpoint::{CheckpointJournal, Writer};
 use egress_proxies::store::{PoolStore, ProxyStore, installation};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
@@ -70,6 +70,8 @@ pub enum OperatorError {
     Kube(#[from] kube::Error),
     #[error("leadership lost ({0}); stopping so the pod restarts as a follower")]
     LeadershipLost(&'static str),
+    #[error("stepped down: {0}; stopping so the pod restarts as a follower")]
+    SteppedDown(String),
     #[error(transparent)]
     Leases(#[from] egress_proxies::lease::JournalError),
     #[error(transparent)]
@@ -211,9 +213,18 @@ async fn operate(
     };
     tracing::info!(%installation, "installation");
     let mut settings = options.settings;
-    settings.lease_journal = Some(Box::new(
-        CheckpointJournal::open(client.clone(), &lease_namespace, settings.tenure.clone()).await?,
-    ));
+    let journal = CheckpointJournal::open(
+        client.clone(),
+        &lease_namespace,
+        Writer {
+            identity: identity.clone(),
+            tenure: settings.tenure.clone(),
+            give_up_after: timings.renew_deadline,
+        },
+    )
+    .await?;
+    let unwritable = journal.unwritable();
+    settings.lease_journal = Some(Box::new(journal));
     let (store, events) = KubeStore::new(
         client.clone(),
         options.proxy_namespace.clone(),
@@ -252,7 +263,7 @@ async fn operate(
 
     let outcome = match &mut elector {
         None => shutdown.await.map_err(OperatorError::from),
-        Some(elector) => keep_leading(elector, &tenure, shutdown).await,
+        Some(elector) => keep_leading(elector, &tenure, unwritable, shutdown).await,
     };
     // Before the release lands a follower may act: stop acting first.
     tenure.end();
@@ -262,8 +273,9 @@ async fn operate(
     }
     .emit();
     readiness.set(false);
+    // After a shutdown or a step-down another replica may take over at once.
     if let Some(elector) = &elector
-        && outcome.is_ok()
+        && matches!(outcome, Ok(()) | Err(OperatorError::SteppedDown(_)))
         && let Err(e) = elector.release().await
     {
         tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
@@ -292,10 +304,13 @@ fn pool_context(store: &Arc<KubeStore>, settings: &system::Settings) -> PoolCont
 /// Renews the Lease until shutdown (Ok), or until the tenure ends without a
 /// successful renew or another candidate holds the Lease (Err). The tenure
 /// deadline is raced against the renew in flight, so a hanging request
-/// cannot keep this replica acting past it.
+/// cannot keep this replica acting past it. A leader whose lease checkpoint
+/// stays unwritable (`unwritable`) steps down (Err, and the Lease is
+/// released) instead of holding the Lease while refusing every grant.
 async fn keep_leading(
     elector: &mut LeaderElector,
     tenure: &Tenure,
+    mut unwritable: tokio::sync::watch::Receiver<Option<String>>,
     mut shutdown: std::pin::Pin<&mut impl Future<Output = std::io::Result<()>>>,
 ) -> Result<(), OperatorError> {
     let retry = elector.timings().retry_period;
@@ -313,6 +328,11 @@ async fn keep_leading(
         tokio::select! {
             r = &mut shutdown => return r.map_err(OperatorError::from),
             _ = tokio::time::sleep_until(deadline) => return Err(lapsed("renew deadline passed")),
+            why = stuck(&mut unwritable) => {
+                tenure.end();
+                tracing::error!(identity, reason = %why, "stepping down: releasing the leader Lease");
+                return Err(OperatorError::SteppedDown(why));
+            }
             _ = tokio::time::sleep(retry) => {}
         }
         let attempt = tokio::select! {
@@ -329,6 +349,14 @@ async fn keep_leading(
             }
             Err(e) => tracing::warn!(error = %e, "renewing the leader Lease failed"),
         }
+    }
+}
+
+/// Resolves with the reason once the checkpoint is unwritable; never if its writer is gone.
+async fn stuck(unwritable: &mut tokio::sync::watch::Receiver<Option<String>>) -> String {
+    match unwritable.wait_for(Option::is_some).await {
+        Ok(why) => why.clone().unwrap_or_default(),
+        Err(_) => std::future::pending().await,
     }
 }
 

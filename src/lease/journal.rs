@@ -111,9 +111,6 @@ pub enum JournalError {
     Corrupt { what: &'static str, value: String },
     #[error("lease checkpoint {name}: {message}")]
     Checkpoint { name: String, message: String },
-    /// Another replica wrote the checkpoint: this one no longer leads.
-    #[error("lease checkpoint {name} was written by another replica; this one no longer leads")]
-    Deposed { name: String },
     #[error("lease checkpoint not written within {0:?}")]
     Timeout(std::time::Duration),
     /// This replica's leadership ended: it writes nothing more.

@@ -14,7 +14,6 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
@@ -26,6 +25,7 @@ use crate::credentials::ProxyCredentials;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
+use crate::store::watch_retry::WatchRetry;
 use crate::store::{
     CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret,
 };
@@ -165,13 +165,17 @@ impl KubeStore {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };
-        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        let mut retry = WatchRetry::default();
         let mut known = Relisted::default();
         let send = |event| {
             // No receiver: the system is shutting down.
             let _ = events.send(event);
         };
         while let Some(item) = stream.next().await {
+            if item.is_ok() {
+                retry.succeeded();
+            }
             match item {
                 Ok(Event::Apply(p)) => {
                     let key = crate::store::pool_key(&p);
@@ -192,22 +196,25 @@ impl KubeStore {
                 Ok(Event::InitDone) => known.relist_done().into_iter().for_each(|key| {
                     send(StoreEvent::Removed(key));
                 }),
-                Err(e) => tracing::warn!(error = %e, "watching ProxyPools failed; retrying with backoff"),
+                Err(e) => retry.wait_after(&e, "ProxyPools").await,
             }
         }
     }
 
     /// Watches Proxies until the stream ends; every change becomes an event.
     /// The watcher re-lists and resumes by itself after errors and 410s,
-    /// backing off while the API server does not answer. A re-list is
+    /// pausing as [`WatchRetry`] says (at most 2 s while the API server does
+    /// not answer, none before the re-list a 410 calls for). A re-list is
     /// compared with what was known: a Proxy deleted during the gap (its
     /// deletion never seen as an event) is removed all the same.
     pub async fn watch_proxies(self: Arc<Self>) {
-        let mut stream = watcher(self.all_proxies(), watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let mut stream = watcher(self.all_proxies(), watcher::Config::default()).boxed();
+        let mut retry = WatchRetry::default();
         let mut known = Relisted::default();
         while let Some(item) = stream.next().await {
+            if item.is_ok() {
+                retry.succeeded();
+            }
             match item {
                 Ok(Event::Apply(p)) => {
                     let key = ObjectKey::of(&p);
@@ -235,7 +242,7 @@ impl KubeStore {
                         self.emit(StoreEvent::Removed(key));
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "watching Proxies failed; retrying with backoff"),
+                Err(e) => retry.wait_after(&e, "Proxies").await,
             }
         }
     }
@@ -247,9 +254,13 @@ impl KubeStore {
             None => Api::all(self.client.clone()),
         };
         let config = watcher::Config::default().labels(&format!("{CLOUD_INIT_LABEL}=true"));
-        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher(api, config).boxed();
+        let mut retry = WatchRetry::default();
         let mut known = Relisted::default();
         while let Some(item) = stream.next().await {
+            if item.is_ok() {
+                retry.succeeded();
+            }
             let secret = match item {
                 Ok(Event::Apply(s)) => s,
                 Ok(Event::Delete(s)) => {
@@ -274,7 +285,7 @@ impl KubeStore {
                     continue;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "watching cloud-init Secrets failed; retrying with backoff");
+                    retry.wait_after(&e, "cloud-init Secrets").await;
                     continue;
                 }
             };

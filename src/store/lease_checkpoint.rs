@@ -9,18 +9,32 @@
 //! store, one round at a time and no more often than every
 //! [`MIN_ROUND_INTERVAL`]. A change is answered only once the round holding
 //! it is written ([`Durable::Later`]), so a leader that dies forgets
-//! nothing it answered. Every write names the shard's resourceVersion: a replica whose
-//! shard another replica wrote in the meantime has been deposed, and its
-//! pending grants fail instead of landing.
+//! nothing it answered.
+//!
+//! Every write names the shard's resourceVersion. When another client
+//! changed the shard meanwhile (a `kubectl label`, a GitOps tool, an
+//! admission controller, an earlier leader's late write), the write meets a
+//! 409: the shard is read again and written again with this leader's leases
+//! over it, keeping what others set ([`checkpoint_shard`]); an Event on the
+//! ConfigMap and `egress_proxies_lease_checkpoint_conflicts_total` name the
+//! writer. Only the leader writes, and only while its tenure lasts, so the
+//! leases it holds in memory are the truth. A new leader writes every shard
+//! once as it starts: an earlier leader's write still in flight then meets
+//! a 409 instead of landing over it (or lands first and is overwritten).
+//! Every [`REFRESH_EVERY`] the shards are written again (no-op writes when
+//! nobody touched them), so a foreign change to the leases does not stay.
+//! Changes that cannot be written for `give_up_after` (the renew deadline)
+//! make [`CheckpointJournal::unwritable`] say so: the leader steps down
+//! rather than hold the Lease while refusing every grant.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::{Api, PostParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use tokio::sync::{Notify, watch};
 
 use crate::leader::Tenure;
@@ -28,19 +42,25 @@ use crate::lease::journal::{
     Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
 use crate::store::ObjectKey;
+use crate::store::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
+use crate::telemetry::events::CheckpointConflict;
 
 /// ConfigMaps the state is spread over.
 pub const SHARDS: usize = 16;
 /// Name prefix of the shards (`egress-proxies-leases-07`).
 pub const NAME_PREFIX: &str = "egress-proxies-leases-";
-/// The data key holding a shard's JSON.
-const DATA_KEY: &str = "leases.json";
 /// Rounds of writes are at least this far apart (bounds the API write rate).
 pub const MIN_ROUND_INTERVAL: Duration = Duration::from_millis(100);
+/// Every shard is written again this often (a no-op unless someone changed it).
+pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
 /// A failed round is retried after this long.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// The longest a shard write may take (less when the tenure ends sooner).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Re-reads after conflicts within one shard write before the round fails.
+const CONFLICT_RETRIES: usize = 5;
+/// The Event reason of a conflict.
+pub const CONFLICT_REASON: &str = "LeaseCheckpointConflict";
 
 /// The shard of a proxy: FNV-1a of its key, stable across versions and
 /// machines (a new leader must write an entry where the old one did).
@@ -57,27 +77,39 @@ fn shard_name(index: usize) -> String {
     format!("{NAME_PREFIX}{index:02}")
 }
 
+/// Who writes the checkpoint, and for how long.
+pub struct Writer {
+    /// This replica's identity, named in every shard it writes.
+    pub identity: String,
+    /// With leader election: nothing is written once it lapses, and no
+    /// write is allowed to outlast it.
+    pub tenure: Option<Tenure>,
+    /// Changes unwritten this long make [`CheckpointJournal::unwritable`]
+    /// say why (the renew deadline).
+    pub give_up_after: Duration,
+}
+
 /// What the writer task and the journal share.
 struct Shared {
     state: Mutex<State>,
     wake: Notify,
     /// The newest generation written, or why writing stopped.
     written: watch::Sender<Written>,
+    /// Set once changes stayed unwritten for `give_up_after`.
+    unwritable: watch::Sender<Option<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 enum Written {
     Upto(u64),
-    /// Another replica wrote this shard: nothing more will be written.
-    Deposed(String),
     /// This replica's leadership ended: nothing more will be written.
     Ended,
 }
 
 struct State {
     shards: Vec<JournalState>,
-    /// The resourceVersion each shard was last read or written at.
-    versions: Vec<Option<String>>,
+    /// Each shard as last read or written (None: not there).
+    objects: Vec<Option<ConfigMap>>,
     dirty: BTreeSet<usize>,
     generation: u64,
 }
@@ -91,61 +123,67 @@ pub struct CheckpointJournal {
 impl CheckpointJournal {
     /// Reads the checkpoint in `namespace` and starts the writer (on the
     /// current Tokio runtime). Call once this replica leads.
-    /// With `tenure` (leader election), nothing is written once it lapses,
-    /// and no write is allowed to outlast it.
-    pub async fn open(
-        client: kube::Client,
-        namespace: &str,
-        tenure: Option<Tenure>,
-    ) -> Result<Self, JournalError> {
-        let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+    pub async fn open(client: kube::Client, namespace: &str, writer: Writer) -> Result<Self, JournalError> {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let mut shards = Vec::with_capacity(SHARDS);
-        let mut versions = Vec::with_capacity(SHARDS);
+        let mut objects = Vec::with_capacity(SHARDS);
         for index in 0..SHARDS {
             let name = shard_name(index);
             let failed = |message: String| JournalError::Checkpoint {
                 name: name.clone(),
                 message,
             };
-            match api.get_opt(&name).await.map_err(|e| failed(e.to_string()))? {
-                Some(cm) => {
-                    let text = cm
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get(DATA_KEY))
-                        .map(String::as_str)
-                        .unwrap_or("{}");
-                    let shard: JournalState = serde_json::from_str(text)
-                        .map_err(|e| failed(format!("unreadable checkpoint: {e}")))?;
-                    shards.push(shard);
-                    versions.push(cm.metadata.resource_version);
-                }
-                None => {
-                    shards.push(JournalState::default());
-                    versions.push(None);
-                }
-            }
+            let found = api.get_opt(&name).await.map_err(|e| failed(e.to_string()))?;
+            let shard = match &found {
+                Some(cm) => serde_json::from_str(checkpoint_shard::leases_json(cm))
+                    .map_err(|e| failed(format!("unreadable checkpoint: {e}")))?,
+                None => JournalState::default(),
+            };
+            shards.push(shard);
+            objects.push(found);
         }
         let mut snapshot = LeaseSnapshot::default();
         for shard in &shards {
             shard.clone().into_snapshot(&mut snapshot)?;
         }
-        let (written, _) = watch::channel(Written::Upto(0));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 shards,
-                versions,
-                dirty: BTreeSet::new(),
+                objects,
+                // The first round claims every shard (see the module's docs).
+                dirty: (0..SHARDS).collect(),
                 generation: 0,
             }),
             wake: Notify::new(),
-            written,
+            written: watch::channel(Written::Upto(0)).0,
+            unwritable: watch::channel(None).0,
         });
-        tokio::spawn(writer(shared.clone(), api, tenure));
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: FIELD_MANAGER.to_owned(),
+                instance: Some(writer.identity.clone()),
+            },
+        );
+        let task = WriterTask {
+            shared: shared.clone(),
+            api,
+            recorder,
+            namespace: namespace.to_owned(),
+            writer,
+        };
+        tokio::spawn(task.run());
+        shared.wake.notify_one();
         Ok(Self {
             shared,
             loaded: Some(snapshot),
         })
+    }
+
+    /// Becomes `Some(why)` once changes have stayed unwritten for the
+    /// writer's `give_up_after`.
+    pub fn unwritable(&self) -> watch::Receiver<Option<String>> {
+        self.shared.unwritable.subscribe()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -160,10 +198,8 @@ impl LeaseJournal for CheckpointJournal {
     }
 
     fn record(&mut self, changes: &[LeaseChange]) -> Result<Durable, JournalError> {
-        match &*self.shared.written.borrow() {
-            Written::Deposed(name) => return Err(JournalError::Deposed { name: name.clone() }),
-            Written::Ended => return Err(JournalError::NotLeading),
-            Written::Upto(_) => {}
+        if *self.shared.written.borrow() == Written::Ended {
+            return Err(JournalError::NotLeading);
         }
         let generation = {
             let mut state = self.state();
@@ -194,13 +230,12 @@ impl LeaseJournal for CheckpointJournal {
             let outcome = written
                 .wait_for(|w| match w {
                     Written::Upto(done) => *done >= generation,
-                    Written::Deposed(_) | Written::Ended => true,
+                    Written::Ended => true,
                 })
                 .await
                 .map(|w| w.clone());
             match outcome {
                 Ok(Written::Upto(_)) => Ok(()),
-                Ok(Written::Deposed(name)) => Err(JournalError::Deposed { name }),
                 Ok(Written::Ended) => Err(JournalError::NotLeading),
                 Err(_) => Err(JournalError::Checkpoint {
                     name: NAME_PREFIX.trim_end_matches('-').to_owned(),
@@ -224,120 +259,175 @@ impl LeaseJournal for CheckpointJournal {
     }
 }
 
-/// Writes dirty shards, a round at a time, until deposed or no longer leading.
-async fn writer(shared: Arc<Shared>, api: Api<ConfigMap>, tenure: Option<Tenure>) {
-    loop {
-        shared.wake.notified().await;
+/// The task writing dirty shards, a round at a time, until leadership ends.
+struct WriterTask {
+    shared: Arc<Shared>,
+    api: Api<ConfigMap>,
+    recorder: Recorder,
+    namespace: String,
+    writer: Writer,
+}
+
+impl WriterTask {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn run(self) {
+        // Since when changes have waited for a round that keeps failing.
+        let mut failing_since: Option<Instant> = None;
+        let start = tokio::time::Instant::now() + REFRESH_EVERY;
+        let mut refresh = tokio::time::interval_at(start, REFRESH_EVERY);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let (generation, round) = {
-                let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
-                let dirty = std::mem::take(&mut state.dirty);
-                let round: Vec<(usize, String, Option<String>)> = dirty
-                    .into_iter()
-                    .map(|i| {
-                        let json = serde_json::to_string(&state.shards[i]).unwrap_or_else(|_| "{}".into());
-                        (i, json, state.versions[i].clone())
-                    })
-                    .collect();
-                (state.generation, round)
-            };
-            if round.is_empty() {
-                break;
+            tokio::select! {
+                () = self.shared.wake.notified() => {}
+                _ = refresh.tick() => self.state().dirty.extend(0..SHARDS),
             }
-            let mut failed = Vec::new();
-            for (index, json, version) in round {
-                // A write may not land after the tenure: the next leader
-                // reads the checkpoint only once this one has stopped.
-                let budget = match &tenure {
-                    None => WRITE_TIMEOUT,
-                    Some(t) => match t
-                        .until()
-                        .and_then(|u| u.checked_duration_since(std::time::Instant::now()))
-                    {
-                        Some(left) if t.is_leading() => left.min(WRITE_TIMEOUT),
-                        _ => {
-                            tracing::info!("leadership ended; the lease checkpoint is no longer written");
-                            shared.written.send_replace(Written::Ended);
-                            return;
-                        }
-                    },
+            loop {
+                let (generation, round) = {
+                    let mut state = self.state();
+                    let dirty = std::mem::take(&mut state.dirty);
+                    let round: Vec<(usize, String)> = dirty
+                        .into_iter()
+                        .map(|i| {
+                            let json = serde_json::to_string(&state.shards[i]).unwrap_or_else(|_| "{}".into());
+                            (i, json)
+                        })
+                        .collect();
+                    (state.generation, round)
                 };
-                let written = tokio::time::timeout(budget, write_shard(&api, index, json, version))
-                    .await
-                    .unwrap_or(Err(WriteError::TimedOut(budget)));
-                match written {
-                    Ok(version) => {
-                        let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
-                        state.versions[index] = version;
-                    }
-                    Err(WriteError::Conflict) => {
-                        let name = shard_name(index);
-                        tracing::error!(checkpoint = %name, "lease checkpoint written by another replica; no longer writing");
-                        shared.written.send_replace(Written::Deposed(name));
+                if round.is_empty() {
+                    break;
+                }
+                let mut failed = Vec::new();
+                for (index, json) in round {
+                    let Some(budget) = self.budget() else {
+                        tracing::info!("leadership ended; the lease checkpoint is no longer written");
+                        self.shared.written.send_replace(Written::Ended);
                         return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(checkpoint = %shard_name(index), error = %e, "writing the lease checkpoint failed; retrying");
-                        failed.push(index);
+                    };
+                    let written = tokio::time::timeout(budget, self.write_shard(index, &json))
+                        .await
+                        .unwrap_or(Err(WriteError::TimedOut(budget)));
+                    match written {
+                        Ok(cm) => self.state().objects[index] = Some(cm),
+                        Err(e) => {
+                            tracing::warn!(checkpoint = %shard_name(index), error = %e, "writing the lease checkpoint failed; retrying");
+                            failed.push(index);
+                        }
                     }
                 }
+                if failed.is_empty() {
+                    failing_since = None;
+                    self.shared.written.send_replace(Written::Upto(generation));
+                    tokio::time::sleep(MIN_ROUND_INTERVAL).await;
+                } else {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.writer.give_up_after && self.shared.unwritable.borrow().is_none() {
+                        let why = format!(
+                            "the lease checkpoint could not be written for {:?}",
+                            self.writer.give_up_after
+                        );
+                        tracing::error!("{why}");
+                        self.shared.unwritable.send_replace(Some(why));
+                    }
+                    self.state().dirty.extend(failed);
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
             }
-            if failed.is_empty() {
-                shared.written.send_replace(Written::Upto(generation));
-                tokio::time::sleep(MIN_ROUND_INTERVAL).await;
-            } else {
-                shared
-                    .state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .dirty
-                    .extend(failed);
-                tokio::time::sleep(RETRY_AFTER).await;
+        }
+    }
+
+    /// How long the next write may take; None once the tenure is over.
+    fn budget(&self) -> Option<Duration> {
+        let most = WRITE_TIMEOUT.min(self.writer.give_up_after.max(MIN_ROUND_INTERVAL));
+        let Some(tenure) = &self.writer.tenure else {
+            return Some(most);
+        };
+        // A write may not land after the tenure: the next leader reads the
+        // checkpoint only once this one has stopped.
+        let left = tenure.until()?.checked_duration_since(Instant::now())?;
+        tenure.is_leading().then(|| left.min(most))
+    }
+
+    /// Writes one shard over the version last read or written; on a
+    /// conflict reads it again, names who changed it, and writes over that.
+    async fn write_shard(&self, index: usize, json: &str) -> Result<ConfigMap, WriteError> {
+        let name = shard_name(index);
+        let me = self.writer.identity.as_str();
+        let mut base = self.state().objects[index].clone();
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        for _ in 0..CONFLICT_RETRIES {
+            let cm = checkpoint_shard::desired(&name, base.as_ref(), json, me);
+            let result = match cm.metadata.resource_version {
+                Some(_) => self.api.replace(&name, &params, &cm).await,
+                None => self.api.create(&params, &cm).await,
+            };
+            match result {
+                Ok(written) => return Ok(written),
+                // 409: changed (or created) meanwhile; 404: deleted meanwhile.
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    let current = self.api.get_opt(&name).await.map_err(WriteError::Api)?;
+                    self.report_conflict(&name, base.as_ref(), current.as_ref());
+                    base = current;
+                }
+                Err(e) => return Err(WriteError::Api(e)),
             }
+        }
+        Err(WriteError::KeptChanging(CONFLICT_RETRIES))
+    }
+
+    /// Logs, counts and publishes (an Event on the ConfigMap) who changed a shard.
+    fn report_conflict(&self, name: &str, before: Option<&ConfigMap>, now: Option<&ConfigMap>) {
+        let cause = checkpoint_shard::who_changed(now, &self.writer.identity);
+        let replaced = before.map(checkpoint_shard::leases_json) != now.map(checkpoint_shard::leases_json);
+        CheckpointConflict {
+            shard: name,
+            reason: cause.reason(),
+            writer: &cause.writer(),
+            leases_changed: replaced,
+        }
+        .emit();
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: CONFLICT_REASON.to_owned(),
+            note: Some(checkpoint_shard::conflict_note(name, &cause, replaced)),
+            action: "WriteLeaseCheckpoint".to_owned(),
+            secondary: None,
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("ConfigMap".to_owned()),
+            name: Some(name.to_owned()),
+            namespace: Some(self.namespace.clone()),
+            uid: now.and_then(|c| c.metadata.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let recorder = self.recorder.clone();
+        // Off the write path: a slow Event must not delay the grants waiting on this round.
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::debug!(error = %e, "publishing the checkpoint conflict Event failed");
+            }
+        });
+        if matches!(cause, ConflictCause::Deleted) {
+            tracing::warn!(checkpoint = name, "a lease checkpoint shard was deleted; writing it again");
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 enum WriteError {
-    /// The shard changed since this replica last read or wrote it.
-    #[error("conflict")]
-    Conflict,
     #[error(transparent)]
     Api(kube::Error),
+    #[error("the shard was changed by others {0} times in a row")]
+    KeptChanging(usize),
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
-}
-
-/// Creates or replaces one shard, guarded by its resourceVersion.
-async fn write_shard(
-    api: &Api<ConfigMap>,
-    index: usize,
-    json: String,
-    version: Option<String>,
-) -> Result<Option<String>, WriteError> {
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(shard_name(index)),
-            resource_version: version.clone(),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_owned(),
-                "egress-proxies-operator".to_owned(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(DATA_KEY.to_owned(), json)])),
-        ..ConfigMap::default()
-    };
-    let result = match version {
-        Some(_) => api.replace(&shard_name(index), &PostParams::default(), &cm).await,
-        None => api.create(&PostParams::default(), &cm).await,
-    };
-    match result {
-        Ok(written) => Ok(written.metadata.resource_version),
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(WriteError::Conflict),
-        Err(e) => Err(WriteError::Api(e)),
-    }
 }
 
 #[cfg(test)]

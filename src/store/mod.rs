@@ -14,6 +14,8 @@ pub mod installation;
 mod key;
 pub mod kubernetes;
 pub mod lease_checkpoint;
+mod checkpoint_shard;
+pub mod watch_retry;
 mod pools;
 
 use std::collections::HashSet;

@@ -331,6 +331,37 @@ impl LeadershipChanged<'_> {
     }
 }
 
+/// A lease checkpoint shard was changed by someone else since the leader
+/// wrote it; the leader read it again and wrote its leases over it.
+pub struct CheckpointConflict<'a> {
+    /// The ConfigMap (`egress-proxies-leases-07`): logged, not a label.
+    pub shard: &'a str,
+    /// `other_replica`, `other_client`, `deleted` or `unknown`: the label.
+    pub reason: &'static str,
+    /// Who it was (a replica's identity, a field manager): logged, not a label.
+    pub writer: &'a str,
+    /// Whether the shard's leases differed from what the leader last wrote.
+    pub leases_changed: bool,
+}
+
+impl CheckpointConflict<'_> {
+    pub fn emit(self) {
+        tracing::warn!(
+            checkpoint = self.shard,
+            reason = self.reason,
+            writer = self.writer,
+            leasesChanged = self.leases_changed,
+            "lease checkpoint changed by another writer; writing this leader's leases over it"
+        );
+        metrics()
+            .lease_checkpoint_conflicts
+            .get_or_create(&ReasonLabel {
+                reason: self.reason.to_owned(),
+            })
+            .inc();
+    }
+}
+
 /// A supervised actor is being restarted by its supervisor.
 pub struct ActorRestarted<'a> {
     /// Actor kind: `proxy`, `kvm_host`, ...

@@ -127,6 +127,7 @@ pub struct Metrics {
     pub leases_granted: Counter,
     pub leases_denied: Family<ReasonLabel, Counter>,
     pub leases_expired: Counter,
+    pub lease_checkpoint_conflicts: Family<ReasonLabel, Counter>,
     pub actor_restarts: Family<ActorLabel, Counter>,
     pub kvm_host_connected: Family<HostLabel, Gauge>,
     pub libvirt_call_duration: Histograms<RpcLabel>,
@@ -169,6 +170,7 @@ impl Metrics {
             leases_granted: Counter::default(),
             leases_denied: Family::default(),
             leases_expired: Counter::default(),
+            lease_checkpoint_conflicts: Family::default(),
             actor_restarts: Family::default(),
             kvm_host_connected: Family::default(),
             libvirt_call_duration: Family::new_with_constructor(latency),
@@ -245,6 +247,11 @@ impl Metrics {
             "leases_expired",
             "Leases that reached their TTL unreleased",
             m.leases_expired.clone(),
+        );
+        registry.register(
+            "lease_checkpoint_conflicts",
+            "Lease checkpoint writes that met another writer's change, by who it was (other_replica, other_client, deleted, unknown)",
+            m.lease_checkpoint_conflicts.clone(),
         );
         registry.register(
             "actor_restarts",

@@ -22,9 +22,24 @@
 //! [`FakeApiServer::resume`] — then they are answered as if the packets had
 //! finally arrived (a stale write then meets its 409).
 //!
+//! An outage: [`FakeApiServer::go_down`] stops serving on one address
+//! (connections refused, open ones and their watches cut) and
+//! [`FakeApiServer::come_back`] serves there again as a restarted API
+//! server does: its watch cache starts afresh, so a watch resumed from a
+//! version before the restart answers `410 Expired` and the client lists
+//! again.
+//!
+//! `managedFields`: every write records its field manager (the request's
+//! `fieldManager`, else the User-Agent up to the first `/`) with operation
+//! `Update`, the time and the fields it changed; clients cannot set them.
+//! Simplified: a manager's fields are not taken away from the others.
+//! A denying validating admission webhook can be installed per resource
+//! and name prefix ([`State::deny`]): writes answer `403` as the API
+//! server's do.
+//!
 //! Not modelled (no real API server can run here): schema validation and
-//! defaulting, admission, RBAC, server-side apply, strategic merge beyond a
-//! JSON merge, foreground deletion, pods that actually run.
+//! defaulting, other admission, RBAC, server-side apply, strategic merge
+//! beyond a JSON merge, foreground deletion, pods that actually run.
 
 mod kinds;
 mod reviews;
@@ -43,7 +58,7 @@ use tokio::sync::{mpsc, watch};
 pub use kinds::{KINDS, Kind};
 pub use reviews::Reviews;
 pub use selector::Selector;
-pub use state::{ApiError, State, Watcher};
+pub use state::{ApiError, Denial, State, Watcher};
 
 /// One request a client made with the kubeconfig's token (the operator's
 /// requests, as opposed to a test's own unauthenticated client).
@@ -71,6 +86,8 @@ pub struct FakeApiServer {
     stalled: Arc<watch::Sender<bool>>,
     /// Known tokens and grants for TokenReview and SubjectAccessReview.
     pub reviews: Arc<Mutex<Reviews>>,
+    /// The HTTP server on this address, while it serves.
+    running: Arc<Mutex<Option<actix_web::dev::ServerHandle>>>,
 }
 
 impl FakeApiServer {
@@ -84,6 +101,7 @@ impl FakeApiServer {
             bookmark_every: Duration::from_secs(1),
             stalled: Arc::new(watch::Sender::new(false)),
             reviews: Arc::default(),
+            running: Arc::default(),
         };
         fake.serve(listener)
     }
@@ -95,6 +113,7 @@ impl FakeApiServer {
         let link = Self {
             addr: listener.local_addr()?,
             stalled: Arc::new(watch::Sender::new(false)),
+            running: Arc::default(),
             ..self.clone()
         };
         link.serve(listener)
@@ -109,6 +128,35 @@ impl FakeApiServer {
     /// Heals the cut: everything held is answered now, in no promised order.
     pub fn resume(&self) {
         self.stalled.send_replace(false);
+    }
+
+    /// Stops serving on this address, as an API server that goes down:
+    /// new connections are refused, open ones (watches too) are cut. Other
+    /// [`link`](Self::link)s keep serving the same objects.
+    pub async fn go_down(&self) {
+        let handle = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle {
+            handle.stop(false).await;
+        }
+    }
+
+    /// Serves on this address again, as a restarted API server: the watch
+    /// history starts afresh, so resuming a watch from a version before the
+    /// restart answers `410 Expired`.
+    pub async fn come_back(&self) -> std::io::Result<()> {
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(self.addr) {
+                Ok(l) => break l,
+                Err(e) if tries >= 100 => return Err(e),
+                Err(_) => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        self.lock().compact();
+        self.clone().serve(listener).map(|_| ())
     }
 
     /// Waits while this address is stalled.
@@ -126,6 +174,7 @@ impl FakeApiServer {
                 .disable_signals()
                 .listen(listener)?
                 .run();
+        *fake.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(server.handle());
         actix_rt::spawn(server);
         Ok(fake)
     }
@@ -146,6 +195,13 @@ impl FakeApiServer {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, with writes recorded as made by `manager`.
+    fn lock_as(&self, manager: &str) -> std::sync::MutexGuard<'_, State> {
+        let mut state = self.lock();
+        manager.clone_into(&mut state.manager);
+        state
     }
 }
 
@@ -282,6 +338,14 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
     };
     let method = req.method().as_str();
+    let manager = param("fieldManager").unwrap_or_else(|| {
+        let agent = req
+            .headers()
+            .get("user-agent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown");
+        agent.split('/').next().unwrap_or(agent).to_owned()
+    });
     let watching = param("watch").is_some_and(|w| w == "true" || w == "1");
     let authorised =
         req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token");
@@ -333,12 +397,12 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
         }
         ("GET", Some(name)) => respond(fake.lock().get(target.kind, &namespace, name), 200),
         ("POST", None) => match parse_body() {
-            Ok(v) => respond(fake.lock().create(target.kind, &namespace, v), 201),
+            Ok(v) => respond(fake.lock_as(&manager).create(target.kind, &namespace, v), 201),
             Err(e) => respond(Err(e), 200),
         },
         ("PUT", Some(name)) => match parse_body() {
             Ok(v) => respond(
-                fake.lock()
+                fake.lock_as(&manager)
                     .replace(target.kind, &namespace, name, v, target.status),
                 200,
             ),
@@ -366,7 +430,7 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             }
             match parse_body() {
                 Ok(v) => respond(
-                    fake.lock()
+                    fake.lock_as(&manager)
                         .patch(target.kind, &namespace, name, &content_type, v, target.status),
                     200,
                 ),
@@ -378,7 +442,11 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             if let Some(policy) = param("propagationPolicy") {
                 options["propagationPolicy"] = json!(policy);
             }
-            respond(fake.lock().delete(target.kind, &namespace, name, &options), 200)
+            respond(
+                fake.lock_as(&manager)
+                    .delete(target.kind, &namespace, name, &options),
+                200,
+            )
         }
         _ => HttpResponse::MethodNotAllowed().json(
             ApiError::new(

@@ -52,6 +52,19 @@ pub struct Watcher {
     pub tx: mpsc::UnboundedSender<Value>,
 }
 
+/// A validating admission webhook that denies every write (create,
+/// update, patch, delete) of the objects it matches.
+#[derive(Clone, Debug)]
+pub struct Denial {
+    /// The webhook's name, as the error names it.
+    pub webhook: String,
+    /// The resource's plural (`configmaps`).
+    pub resource: String,
+    /// Objects whose name starts with this.
+    pub name_prefix: String,
+    pub message: String,
+}
+
 /// Everything the server holds.
 pub struct State {
     rv: u64,
@@ -60,6 +73,10 @@ pub struct State {
     /// Events kept for watch resumption; older versions answer 410 Gone.
     pub history_limit: usize,
     watchers: Vec<Watcher>,
+    /// The field manager of the write being made: the request's
+    /// `fieldManager`, else its User-Agent up to the first `/` (set per request).
+    pub manager: String,
+    denials: Vec<Denial>,
 }
 
 impl Default for State {
@@ -70,6 +87,66 @@ impl Default for State {
             history: VecDeque::new(),
             history_limit: 1000,
             watchers: Vec::new(),
+            manager: "unknown".to_owned(),
+            denials: Vec::new(),
+        }
+    }
+}
+
+/// Metadata the server owns (or that names the object): never part of what
+/// a manager changed.
+const SERVER_OWNED: [&str; 8] = [
+    "name",
+    "namespace",
+    "resourceVersion",
+    "managedFields",
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "deletionTimestamp",
+];
+
+/// The fields `after` sets differently from `before`, as a FieldsV1 set
+/// (`{"f:metadata":{"f:labels":{"f:team":{}}}}`); None when nothing differs.
+fn changed_fields(before: &Value, after: &Value, top: bool) -> Option<Value> {
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            let mut out = serde_json::Map::new();
+            for (key, value) in a {
+                if top && matches!(key.as_str(), "apiVersion" | "kind") {
+                    continue;
+                }
+                let changed = match b.get(key) {
+                    _ if key == "metadata" && top => {
+                        let mut old = b.get(key).cloned().unwrap_or(json!({}));
+                        let mut new = value.clone();
+                        for field in SERVER_OWNED {
+                            old.as_object_mut().map(|o| o.remove(field));
+                            new.as_object_mut().map(|o| o.remove(field));
+                        }
+                        changed_fields(&old, &new, false)
+                    }
+                    Some(old) if old == value => None,
+                    Some(old) => changed_fields(old, value, false),
+                    None if value.is_object() => changed_fields(&json!({}), value, false).or(Some(json!({}))),
+                    None => Some(json!({})),
+                };
+                if let Some(c) = changed {
+                    out.insert(format!("f:{key}"), c);
+                }
+            }
+            (!out.is_empty()).then_some(Value::Object(out))
+        }
+        (b, a) if b == a => None,
+        _ => Some(json!({})),
+    }
+}
+
+/// Deep union of two FieldsV1 sets.
+fn union(into: &mut Value, more: &Value) {
+    if let (Some(into), Some(more)) = (into.as_object_mut(), more.as_object()) {
+        for (key, value) in more {
+            union(into.entry(key.clone()).or_insert_with(|| json!({})), value);
         }
     }
 }
@@ -169,6 +246,62 @@ impl State {
         });
     }
 
+    /// Installs a denying admission webhook (see [`Denial`]).
+    pub fn deny(&mut self, denial: Denial) {
+        self.denials.push(denial);
+    }
+
+    /// Removes every denying webhook.
+    pub fn allow_all(&mut self) {
+        self.denials.clear();
+    }
+
+    /// A write of `name` is refused by a webhook, as the API server says it.
+    fn admit(&self, kind: usize, name: &str) -> Result<(), ApiError> {
+        match self
+            .denials
+            .iter()
+            .find(|d| d.resource == KINDS[kind].plural && name.starts_with(&d.name_prefix))
+        {
+            Some(d) => Err(ApiError::new(
+                403,
+                "Forbidden",
+                format!("admission webhook {:?} denied the request: {}", d.webhook, d.message),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Records the write of `next` over `before` (None: created) in
+    /// `next`'s managedFields: the current manager's Update entry gets the
+    /// fields this write changed and the time. Simplified: fields are not
+    /// taken away from other managers.
+    fn manage(&self, before: Option<&Value>, next: &mut Value, subresource: Option<&str>) {
+        let mut entries: Vec<Value> = before
+            .and_then(|b| meta(b)["managedFields"].as_array().cloned())
+            .unwrap_or_default();
+        let changed = changed_fields(before.unwrap_or(&json!({})), next, true).unwrap_or(json!({}));
+        let api_version = next["apiVersion"].clone();
+        let position = entries.iter().position(|e| {
+            e["manager"].as_str() == Some(self.manager.as_str())
+                && e["operation"] == "Update"
+                && e["subresource"].as_str() == subresource
+        });
+        let entry = match position {
+            Some(i) => &mut entries[i],
+            None => {
+                entries.push(json!({"manager": self.manager, "operation": "Update", "apiVersion": api_version, "fieldsType": "FieldsV1", "fieldsV1": {}}));
+                entries.last_mut().expect("just pushed")
+            }
+        };
+        union(&mut entry["fieldsV1"], &changed);
+        entry["time"] = json!(now());
+        if let Some(sub) = subresource {
+            entry["subresource"] = json!(sub);
+        }
+        next["metadata"]["managedFields"] = json!(entries);
+    }
+
     pub fn get(&self, kind: usize, ns: &str, name: &str) -> Result<Value, ApiError> {
         self.objects
             .get(&(kind, ns.to_owned(), name.to_owned()))
@@ -227,6 +360,7 @@ impl State {
                 "the namespace of the object does not match the namespace on the request",
             ));
         }
+        self.admit(kind, &name)?;
         let key = (kind, ns.to_owned(), name.clone());
         if self.objects.contains_key(&key) {
             return Err(ApiError::new(
@@ -261,6 +395,7 @@ impl State {
         body["metadata"] = m;
         body["apiVersion"] = json!(k.api_version());
         body["kind"] = json!(k.kind);
+        self.manage(None, &mut body, None);
         self.objects.insert(key, body.clone());
         self.emit(kind, "ADDED", body.clone());
         Ok(body)
@@ -339,9 +474,18 @@ impl State {
             merged["metadata"]["generation"] = json!(generation);
         }
         merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+        // Server-owned here: a write that leaves them out (or sends them back) keeps them.
+        match current["metadata"].get("managedFields") {
+            Some(v) => merged["metadata"]["managedFields"] = v.clone(),
+            None => {
+                merged["metadata"].as_object_mut().map(|o| o.remove("managedFields"));
+            }
+        }
+        self.admit(kind, name)?;
         if merged == current {
             return Ok(current); // no-op writes do not change the resourceVersion
         }
+        self.manage(Some(&current), &mut merged, status_only.then_some("status"));
         let rv = self.bump();
         merged["metadata"]["resourceVersion"] = json!(rv.to_string());
         if deleting && finalizers(&merged).is_empty() {
@@ -441,6 +585,7 @@ impl State {
     pub fn delete(&mut self, kind: usize, ns: &str, name: &str, options: &Value) -> Result<Value, ApiError> {
         let key = (kind, ns.to_owned(), name.to_owned());
         let mut current = self.get(kind, ns, name)?;
+        self.admit(kind, name)?;
         let preconditions = &options["preconditions"];
         let orphan = match options["propagationPolicy"].as_str() {
             None | Some("Background") => false,

@@ -534,3 +534,158 @@ async fn the_scale_subresource_reads_and_writes_spec_replicas() {
     let err = proxies(&client(&fake).await).get_scale("x").await.unwrap_err();
     assert_eq!(code(err), 404);
 }
+
+#[actix_rt::test]
+async fn an_outage_refuses_and_cuts_connections_and_the_restart_expires_old_versions() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    let a = api
+        .create(&PostParams::default(), &proxy("a", json!({})))
+        .await
+        .unwrap();
+    let mut watch = api
+        .watch(&WatchParams::default().timeout(60), &a.metadata.resource_version.clone().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    // Another path to the same server (another API server replica) stays up.
+    let other = fake.link().unwrap();
+    let other_api = proxies(&client(&other).await);
+
+    fake.go_down().await;
+    let cut = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("an open watch is cut when the server goes down");
+    assert!(!matches!(cut, Some(Ok(_))), "no event, the stream ends or fails: {cut:?}");
+    assert!(
+        tokio::net::TcpStream::connect(fake.addr).await.is_err(),
+        "connections are refused while down"
+    );
+    assert!(api.get("a").await.is_err());
+    // Changes made meanwhile through another path.
+    other_api.delete("a", &DeleteParams::default()).await.unwrap();
+
+    fake.come_back().await.unwrap();
+    let fresh = proxies(&client(&fake).await);
+    assert!(fresh.get_opt("a").await.unwrap().is_none(), "the objects are the server's");
+    // Resuming from before the restart is Expired; a list goes on.
+    let mut resumed = fresh
+        .watch(&WatchParams::default().timeout(5), &a.metadata.resource_version.clone().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    match resumed.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+    let list = fresh.list(&ListParams::default()).await.unwrap();
+    assert!(list.items.is_empty());
+    // A watch from the version the list returned is fine.
+    let from = list.metadata.resource_version.unwrap();
+    let mut live = fresh
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await
+        .unwrap()
+        .boxed();
+    fresh
+        .create(&PostParams::default(), &proxy("b", json!({})))
+        .await
+        .unwrap();
+    let next = live.try_next().await.unwrap().unwrap();
+    assert!(matches!(next, WatchEvent::Added(o) if o.metadata.name.as_deref() == Some("b")));
+}
+
+#[actix_rt::test]
+async fn managed_fields_name_each_writer_and_clients_cannot_set_them() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let fake = FakeApiServer::start().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client(&fake).await, "ns");
+    let mut cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "c", "managedFields": [{"manager": "forged", "operation": "Update"}]},
+        "data": {"k": "v"}
+    }))
+    .unwrap();
+    let by_operator = PostParams {
+        field_manager: Some("operator".into()),
+        ..PostParams::default()
+    };
+    let made = api.create(&by_operator, &cm).await.unwrap();
+    let managers = |c: &ConfigMap| -> Vec<String> {
+        c.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|e| e.manager.clone().unwrap())
+            .collect()
+    };
+    assert_eq!(managers(&made), ["operator"]);
+    let entry = &made.metadata.managed_fields.as_ref().unwrap()[0];
+    assert_eq!(entry.operation.as_deref(), Some("Update"));
+    assert!(entry.time.is_some());
+    assert_eq!(
+        entry.fields_v1.as_ref().unwrap().0,
+        json!({"f:data": {"f:k": {}}})
+    );
+
+    // `kubectl label` patches with its own field manager.
+    let labelled = api
+        .patch(
+            "c",
+            &PatchParams {
+                field_manager: Some("kubectl-label".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "crawl"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(managers(&labelled), ["operator", "kubectl-label"]);
+    let label_entry = &labelled.metadata.managed_fields.as_ref().unwrap()[1];
+    assert_eq!(
+        label_entry.fields_v1.as_ref().unwrap().0,
+        json!({"f:metadata": {"f:labels": {"f:team": {}}}})
+    );
+    // A replace that leaves managedFields out (or sends its own) keeps the server's.
+    cm = labelled.clone();
+    cm.metadata.managed_fields = None;
+    let unchanged = api.replace("c", &by_operator, &cm).await.unwrap();
+    assert_eq!(unchanged.metadata.resource_version, labelled.metadata.resource_version, "a no-op");
+    assert_eq!(managers(&unchanged), ["operator", "kubectl-label"]);
+    // Without a fieldManager the User-Agent names the writer.
+    cm.data = Some([("k".to_owned(), "w".to_owned())].into());
+    let anonymous = api.replace("c", &PostParams::default(), &cm).await.unwrap();
+    assert_eq!(managers(&anonymous).len(), 3, "{:?}", managers(&anonymous));
+}
+
+#[actix_rt::test]
+async fn a_denying_admission_webhook_refuses_writes_of_what_it_matches() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let fake = FakeApiServer::start().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client(&fake).await, "ns");
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
+    };
+    api.create(&PostParams::default(), &cm("held-1")).await.unwrap();
+    fake.state.lock().unwrap().deny(fake_apiserver::Denial {
+        webhook: "policy.example.com".into(),
+        resource: "configmaps".into(),
+        name_prefix: "held-".into(),
+        message: "frozen".into(),
+    });
+    let refused = api.create(&PostParams::default(), &cm("held-2")).await.unwrap_err();
+    let kube::Error::Api(status) = refused else {
+        panic!("not an API error")
+    };
+    assert_eq!(status.code, 403);
+    assert_eq!(
+        status.message,
+        r#"admission webhook "policy.example.com" denied the request: frozen"#
+    );
+    let current = api.get("held-1").await.unwrap();
+    assert_eq!(code(api.replace("held-1", &PostParams::default(), &current).await.unwrap_err()), 403);
+    assert_eq!(code(api.delete("held-1", &DeleteParams::default()).await.unwrap_err()), 403);
+    // Reads and other names pass.
+    api.create(&PostParams::default(), &cm("other")).await.unwrap();
+    fake.state.lock().unwrap().allow_all();
+    api.create(&PostParams::default(), &cm("held-2")).await.unwrap();
+}
