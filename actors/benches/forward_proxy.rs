@@ -31,6 +31,7 @@ use egress_proxies::credentials::{ProxyCredentials, htpasswd_line, write_credent
 use egress_proxies::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, squid_rules};
 use egress_proxies::provider::squid_auth::auth_section;
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 mod common;
@@ -60,18 +61,52 @@ struct Started {
     squid_service: Option<String>,
 }
 
-/// Kills what this run started and removes its directory; the handler of
-/// SIGINT, SIGTERM and SIGHUP (the default ones would leave them behind).
-fn clean_up_after_signal() {
+/// Kills what this run started, removes its directory and exits; the
+/// handler of SIGINT, SIGTERM and SIGHUP (the default ones would leave them
+/// behind). Exits holding the lock, so the main thread cannot end the
+/// process meanwhile with an exit code of its own.
+fn clean_up_after_signal() -> ! {
     let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
-    for pid in started.pids.drain(..) {
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    // Asked first, so Squid reaps its helpers; killed and reaped after the deadline.
+    let pids: Vec<Pid> = started.pids.drain(..).map(|p| Pid::from_raw(p as i32)).collect();
+    for pid in &pids {
+        let _ = kill(*pid, Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + STOP_DEADLINE;
+    let mut running = pids;
+    while !running.is_empty() && Instant::now() < deadline {
+        running.retain(|pid| {
+            matches!(
+                waitpid(*pid, Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::StillAlive)
+            )
+        });
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for pid in running {
+        let _ = kill(pid, Signal::SIGKILL);
+        let _ = waitpid(pid, None);
     }
     if let Some(dir) = started.dir.take() {
         let _ = std::fs::remove_dir_all(dir);
     }
     if let Some(service) = started.squid_service.take() {
         remove_squid_segments(&service);
+    }
+    reap_orphans();
+    std::process::exit(130)
+}
+
+/// Reaps Squid's helpers, left to this process (the subreaper) when Squid ends.
+fn reap_orphans() {
+    let deadline = Instant::now() + STOP_DEADLINE;
+    while Instant::now() < deadline {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(50)),
+            Ok(_) => {}
+            // ECHILD: none left.
+            Err(_) => return,
+        }
     }
 }
 
@@ -96,7 +131,6 @@ fn watch_signals() {
             }
             eprintln!("\ninterrupted: stopping every process this benchmark started");
             clean_up_after_signal();
-            std::process::exit(130);
         });
     });
 }
@@ -457,7 +491,9 @@ impl Bench {
     /// false leaves out `-P` (to see the proxies refuse).
     fn ab(&self, via: Via, path: &str, requests: usize, with_credentials: bool) -> Result<AbResult, String> {
         let mut cmd = Command::new(&self.ab);
+        // -q: no progress lines; -r: a socket error counts as a failed request instead of ending ab.
         cmd.arg("-k")
+            .arg("-q")
             .arg("-r")
             .args(["-c", &self.concurrency.min(requests).to_string()])
             .args(["-n", &requests.to_string()])
@@ -768,9 +804,12 @@ fn summary(samples: &[Sample], rounds: usize) -> Report {
 }
 
 fn main() -> ExitCode {
+    // Squid's helpers outlive Squid briefly; as their subreaper this process reaps them.
+    let _ = nix::sys::prctl::set_child_subreaper(true);
     watch_signals();
     let check = std::env::args().any(|a| a == "--check");
     let outcome = run();
+    reap_orphans();
     match outcome {
         Ok(met) if met || !check => ExitCode::SUCCESS,
         Ok(_) => {
