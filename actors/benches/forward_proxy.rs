@@ -9,7 +9,7 @@
 //! requests/s on small responses, ≥ 3× its throughput on 1 MiB ones).
 //!
 //!   cargo bench -p egress-proxies-operator --bench forward_proxy -- [--rounds 3]
-//!       [--small-requests 50000] [--large-requests 2000] [--concurrency 64]
+//!       [--small-requests 20000] [--large-requests 1000] [--concurrency 64]
 //!       [--binary PATH] [--check]
 //!
 //! `--binary` measures another build of the operator (default: the one
@@ -626,10 +626,10 @@ fn run() -> Result<bool, String> {
     let rounds: usize = arg("--rounds").and_then(|v| v.parse().ok()).unwrap_or(3);
     let small_requests: usize = arg("--small-requests")
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50_000);
+        .unwrap_or(20_000);
     let large_requests: usize = arg("--large-requests")
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2_000);
+        .unwrap_or(1_000);
     let concurrency: usize = arg("--concurrency").and_then(|v| v.parse().ok()).unwrap_or(64);
     let binary = arg("--binary")
         .map(PathBuf::from)
