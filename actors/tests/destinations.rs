@@ -485,6 +485,7 @@ impl LocalSquid {
             placement: Placement::default(),
             port: 3128,
             credentials: None,
+            quarantined: Vec::new(),
         };
         let id = provider.create(&req).await.unwrap();
         let instance = eventually("squid to run", Duration::from_secs(30), async || {
