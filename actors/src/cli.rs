@@ -89,7 +89,7 @@ pub enum Command {
         #[arg(long)]
         outgoing_address: Option<std::net::IpAddr>,
         #[command(flatten)]
-        limits: ConnectionLimitArgs,
+        limits: Box<ConnectionLimitArgs>,
     },
 }
 

@@ -1,6 +1,5 @@
-//! How many connections fit in the process's file limit.
-
-use nix::sys::resource::{Resource, getrlimit};
+//! How many connections fit in the process's file limit (read with
+//! [`crate::file_limit::current`]).
 
 /// Descriptors kept for everything but connections: the listener, the
 /// runtime's epoll and wakers, standard streams, log files, name lookups.
@@ -15,12 +14,6 @@ pub fn connection_cap(soft: u64, fds_per_connection: u64) -> usize {
     usize::try_from(room)
         .unwrap_or(usize::MAX)
         .clamp(1, MAX_CONNECTIONS)
-}
-
-/// The process's soft `RLIMIT_NOFILE` now (1024, Linux's usual default,
-/// when it cannot be read).
-pub fn soft_file_limit() -> u64 {
-    getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft)
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 pub use bursts::Bursts;
-pub use file_limit::{MAX_CONNECTIONS, RESERVED_FDS, connection_cap, soft_file_limit};
+pub use file_limit::{MAX_CONNECTIONS, RESERVED_FDS, connection_cap};
 pub use slots::{ConnectionSlots, InFlight, Phase, Slot};
 pub use tracked::Tracked;
 
@@ -67,7 +67,7 @@ impl ListenerSettings {
     /// `fds_per_connection` descriptors.
     pub fn for_file_limit(fds_per_connection: u64) -> Self {
         Self {
-            max_connections: connection_cap(soft_file_limit(), fds_per_connection),
+            max_connections: connection_cap(crate::file_limit::current(), fds_per_connection),
             header_read_timeout: Self::DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,
         }

@@ -523,7 +523,7 @@ mod tests {
 
     #[test]
     fn turns_cycle_through_the_reasons_waiting_and_skip_the_others() {
-        let mut members = vec![
+        let mut members = [
             member("e", 0, true),
             member("b", 1, true),
             member("a1", 2, true),
