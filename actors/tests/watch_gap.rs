@@ -175,9 +175,8 @@ async fn a_proxy_deleted_while_the_watch_was_down_is_forgotten_and_the_watch_bac
 /// Asks `api` for a lease on the proxy whose attribute `name` is `proxy`
 /// (a new target each time: a grant rests no other). Some(status, body).
 async fn lease_on(api: SocketAddr, proxy: &str, attempt: usize) -> Option<(u16, String)> {
-    let body = format!(
-        r#"{{"target":"t{attempt}.example","selector":{{"name":"{proxy}"}},"ttlSeconds":60}}"#
-    );
+    let body =
+        format!(r#"{{"target":"t{attempt}.example","selector":{{"name":"{proxy}"}},"ttlSeconds":60}}"#);
     tokio::time::timeout(
         Duration::from_secs(3),
         support::http::request(api, "POST", "/v1/leases", &[], Some(&body)),

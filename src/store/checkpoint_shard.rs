@@ -143,7 +143,9 @@ mod tests {
         ManagedFieldsEntry {
             manager: Some(manager.to_owned()),
             operation: Some("Update".to_owned()),
-            time: Some(Time(jiff::Timestamp::from_second(1_900_000_000 + second).unwrap())),
+            time: Some(Time(
+                jiff::Timestamp::from_second(1_900_000_000 + second).unwrap(),
+            )),
             ..ManagedFieldsEntry::default()
         }
     }
@@ -175,8 +177,17 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert("notes".into(), "keep me".into());
-        let ours = desired("egress-proxies-leases-03", Some(&theirs), r#"{"leases":{"a":1}}"#, "me");
-        assert_eq!(ours.metadata.resource_version.as_deref(), Some("42"), "guarded by the version read");
+        let ours = desired(
+            "egress-proxies-leases-03",
+            Some(&theirs),
+            r#"{"leases":{"a":1}}"#,
+            "me",
+        );
+        assert_eq!(
+            ours.metadata.resource_version.as_deref(),
+            Some("42"),
+            "guarded by the version read"
+        );
         assert_eq!(ours.metadata.managed_fields, None);
         let labels = ours.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["team"], "crawl");
@@ -192,16 +203,28 @@ mod tests {
     #[test]
     fn the_writer_is_named_by_the_annotation_then_the_latest_foreign_manager() {
         let late = shard("old-leader", vec![entry(FIELD_MANAGER, 5)]);
-        assert_eq!(who_changed(Some(&late), "me"), ConflictCause::Replica("old-leader".into()));
+        assert_eq!(
+            who_changed(Some(&late), "me"),
+            ConflictCause::Replica("old-leader".into())
+        );
         let labelled = shard(
             "me",
-            vec![entry(FIELD_MANAGER, 5), entry("kubectl-label", 9), entry("argocd-controller", 7)],
+            vec![
+                entry(FIELD_MANAGER, 5),
+                entry("kubectl-label", 9),
+                entry("argocd-controller", 7),
+            ],
         );
         let cause = who_changed(Some(&labelled), "me");
         assert_eq!(cause, ConflictCause::Client("kubectl-label".into()));
         assert_eq!(cause.reason(), "other_client");
-        assert!(conflict_note("egress-proxies-leases-03", &cause, false).contains("field manager kubectl-label"));
-        assert_eq!(who_changed(Some(&shard("me", vec![entry(FIELD_MANAGER, 5)])), "me"), ConflictCause::Unknown);
+        assert!(
+            conflict_note("egress-proxies-leases-03", &cause, false).contains("field manager kubectl-label")
+        );
+        assert_eq!(
+            who_changed(Some(&shard("me", vec![entry(FIELD_MANAGER, 5)])), "me"),
+            ConflictCause::Unknown
+        );
         assert_eq!(who_changed(None, "me"), ConflictCause::Deleted);
         assert_eq!(ConflictCause::Deleted.reason(), "deleted");
     }

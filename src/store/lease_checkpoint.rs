@@ -291,7 +291,8 @@ impl WriterTask {
                     let round: Vec<(usize, String)> = dirty
                         .into_iter()
                         .map(|i| {
-                            let json = serde_json::to_string(&state.shards[i]).unwrap_or_else(|_| "{}".into());
+                            let json =
+                                serde_json::to_string(&state.shards[i]).unwrap_or_else(|_| "{}".into());
                             (i, json)
                         })
                         .collect();
@@ -324,7 +325,9 @@ impl WriterTask {
                     tokio::time::sleep(MIN_ROUND_INTERVAL).await;
                 } else {
                     let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.writer.give_up_after && self.shared.unwritable.borrow().is_none() {
+                    if since.elapsed() >= self.writer.give_up_after
+                        && self.shared.unwritable.borrow().is_none()
+                    {
                         let why = format!(
                             "the lease checkpoint could not be written for {:?}",
                             self.writer.give_up_after
@@ -415,7 +418,10 @@ impl WriterTask {
             }
         });
         if matches!(cause, ConflictCause::Deleted) {
-            tracing::warn!(checkpoint = name, "a lease checkpoint shard was deleted; writing it again");
+            tracing::warn!(
+                checkpoint = name,
+                "a lease checkpoint shard was deleted; writing it again"
+            );
         }
     }
 }

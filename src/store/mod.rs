@@ -8,15 +8,15 @@
 //! it, and writes name the UID they expect so a write meant for an old
 //! incarnation never lands on a new one.
 
+mod checkpoint_shard;
 pub mod credentials_secret;
 pub mod embedded;
 pub mod installation;
 mod key;
 pub mod kubernetes;
 pub mod lease_checkpoint;
-mod checkpoint_shard;
-pub mod watch_retry;
 mod pools;
+pub mod watch_retry;
 
 use std::collections::HashSet;
 

@@ -73,9 +73,7 @@ pub struct WatchRetry {
 }
 
 fn doubled(first: Duration, cap: Duration, failures: u32) -> Duration {
-    first
-        .saturating_mul(1u32 << failures.min(16))
-        .min(cap)
+    first.saturating_mul(1u32 << failures.min(16)).min(cap)
 }
 
 impl WatchRetry {
@@ -167,7 +165,10 @@ mod tests {
             Duration::from_millis(800)
         );
         let later = now + RELIST_AGAIN_AFTER;
-        assert_eq!(retry.pause_after(WatchFailure::Expired, later, 0.5), Duration::ZERO);
+        assert_eq!(
+            retry.pause_after(WatchFailure::Expired, later, 0.5),
+            Duration::ZERO
+        );
     }
 
     #[test]
@@ -192,9 +193,7 @@ mod tests {
 
     #[test]
     fn errors_are_told_apart_by_what_the_server_said() {
-        let status = |code: u16| {
-            kube::core::Status::failure("x", "Expired").with_code(code)
-        };
+        let status = |code: u16| kube::core::Status::failure("x", "Expired").with_code(code);
         assert_eq!(
             WatchFailure::of(&watcher::Error::WatchError(Box::new(status(410)))),
             WatchFailure::Expired

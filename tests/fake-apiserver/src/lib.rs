@@ -430,8 +430,14 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             }
             match parse_body() {
                 Ok(v) => respond(
-                    fake.lock_as(&manager)
-                        .patch(target.kind, &namespace, name, &content_type, v, target.status),
+                    fake.lock_as(&manager).patch(
+                        target.kind,
+                        &namespace,
+                        name,
+                        &content_type,
+                        v,
+                        target.status,
+                    ),
                     200,
                 ),
                 Err(e) => respond(Err(e), 200),

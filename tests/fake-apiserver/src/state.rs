@@ -266,7 +266,10 @@ impl State {
             Some(d) => Err(ApiError::new(
                 403,
                 "Forbidden",
-                format!("admission webhook {:?} denied the request: {}", d.webhook, d.message),
+                format!(
+                    "admission webhook {:?} denied the request: {}",
+                    d.webhook, d.message
+                ),
             )),
             None => Ok(()),
         }
@@ -478,7 +481,9 @@ impl State {
         match current["metadata"].get("managedFields") {
             Some(v) => merged["metadata"]["managedFields"] = v.clone(),
             None => {
-                merged["metadata"].as_object_mut().map(|o| o.remove("managedFields"));
+                merged["metadata"]
+                    .as_object_mut()
+                    .map(|o| o.remove("managedFields"));
             }
         }
         self.admit(kind, name)?;

@@ -544,7 +544,10 @@ async fn an_outage_refuses_and_cuts_connections_and_the_restart_expires_old_vers
         .await
         .unwrap();
     let mut watch = api
-        .watch(&WatchParams::default().timeout(60), &a.metadata.resource_version.clone().unwrap())
+        .watch(
+            &WatchParams::default().timeout(60),
+            &a.metadata.resource_version.clone().unwrap(),
+        )
         .await
         .unwrap()
         .boxed();
@@ -556,7 +559,10 @@ async fn an_outage_refuses_and_cuts_connections_and_the_restart_expires_old_vers
     let cut = tokio::time::timeout(Duration::from_secs(10), watch.next())
         .await
         .expect("an open watch is cut when the server goes down");
-    assert!(!matches!(cut, Some(Ok(_))), "no event, the stream ends or fails: {cut:?}");
+    assert!(
+        !matches!(cut, Some(Ok(_))),
+        "no event, the stream ends or fails: {cut:?}"
+    );
     assert!(
         tokio::net::TcpStream::connect(fake.addr).await.is_err(),
         "connections are refused while down"
@@ -567,10 +573,16 @@ async fn an_outage_refuses_and_cuts_connections_and_the_restart_expires_old_vers
 
     fake.come_back().await.unwrap();
     let fresh = proxies(&client(&fake).await);
-    assert!(fresh.get_opt("a").await.unwrap().is_none(), "the objects are the server's");
+    assert!(
+        fresh.get_opt("a").await.unwrap().is_none(),
+        "the objects are the server's"
+    );
     // Resuming from before the restart is Expired; a list goes on.
     let mut resumed = fresh
-        .watch(&WatchParams::default().timeout(5), &a.metadata.resource_version.clone().unwrap())
+        .watch(
+            &WatchParams::default().timeout(5),
+            &a.metadata.resource_version.clone().unwrap(),
+        )
         .await
         .unwrap()
         .boxed();
@@ -649,7 +661,10 @@ async fn managed_fields_name_each_writer_and_clients_cannot_set_them() {
     cm = labelled.clone();
     cm.metadata.managed_fields = None;
     let unchanged = api.replace("c", &by_operator, &cm).await.unwrap();
-    assert_eq!(unchanged.metadata.resource_version, labelled.metadata.resource_version, "a no-op");
+    assert_eq!(
+        unchanged.metadata.resource_version, labelled.metadata.resource_version,
+        "a no-op"
+    );
     assert_eq!(managers(&unchanged), ["operator", "kubectl-label"]);
     // Without a fieldManager the User-Agent names the writer.
     cm.data = Some([("k".to_owned(), "w".to_owned())].into());
@@ -672,7 +687,10 @@ async fn a_denying_admission_webhook_refuses_writes_of_what_it_matches() {
         name_prefix: "held-".into(),
         message: "frozen".into(),
     });
-    let refused = api.create(&PostParams::default(), &cm("held-2")).await.unwrap_err();
+    let refused = api
+        .create(&PostParams::default(), &cm("held-2"))
+        .await
+        .unwrap_err();
     let kube::Error::Api(status) = refused else {
         panic!("not an API error")
     };
@@ -682,8 +700,18 @@ async fn a_denying_admission_webhook_refuses_writes_of_what_it_matches() {
         r#"admission webhook "policy.example.com" denied the request: frozen"#
     );
     let current = api.get("held-1").await.unwrap();
-    assert_eq!(code(api.replace("held-1", &PostParams::default(), &current).await.unwrap_err()), 403);
-    assert_eq!(code(api.delete("held-1", &DeleteParams::default()).await.unwrap_err()), 403);
+    assert_eq!(
+        code(
+            api.replace("held-1", &PostParams::default(), &current)
+                .await
+                .unwrap_err()
+        ),
+        403
+    );
+    assert_eq!(
+        code(api.delete("held-1", &DeleteParams::default()).await.unwrap_err()),
+        403
+    );
     // Reads and other names pass.
     api.create(&PostParams::default(), &cm("other")).await.unwrap();
     fake.state.lock().unwrap().allow_all();
