@@ -472,7 +472,20 @@ struct Events {
 
 impl Events {
     async fn open(api: &str, token: &str) -> Result<Self, (u16, String)> {
-        let response = reqwest::Client::new()
+        Self::open_from(api, token, None).await
+    }
+
+    /// [`Events::open`] from the loopback address `from` (a client of its
+    /// own: each client may hold only a few streams).
+    async fn open_from(
+        api: &str,
+        token: &str,
+        from: Option<std::net::IpAddr>,
+    ) -> Result<Self, (u16, String)> {
+        let response = reqwest::Client::builder()
+            .local_address(from)
+            .build()
+            .unwrap()
             .get(format!("http://{api}/v1/dashboard/stream"))
             .bearer_auth(token)
             .send()
@@ -607,12 +620,20 @@ async fn the_stream_pushes_snapshots_and_history_to_a_bounded_number_of_listener
         "{history}"
     );
 
-    // A bounded number of streams: the 33rd is refused, and a closed one frees its slot.
+    // A bounded number of streams: the 33rd is refused, and a closed one
+    // frees its slot. Each comes from an address of its own, since one
+    // client may hold only 4 (`hostile_listeners.rs`).
+    let client = |n: u8| Some(std::net::IpAddr::from([127, 0, 7, n]));
     let mut open = vec![events, late];
     while open.len() < 32 {
-        open.push(Events::open(&api, READ_TOKEN).await.expect("a slot"));
+        let n = u8::try_from(open.len()).unwrap();
+        open.push(
+            Events::open_from(&api, READ_TOKEN, client(n))
+                .await
+                .expect("a slot"),
+        );
     }
-    let Err((status, body)) = Events::open(&api, READ_TOKEN).await else {
+    let Err((status, body)) = Events::open_from(&api, READ_TOKEN, client(100)).await else {
         panic!("a 33rd stream was accepted")
     };
     assert_eq!(status, 503, "{body}");
@@ -625,7 +646,7 @@ async fn the_stream_pushes_snapshots_and_history_to_a_bounded_number_of_listener
         "the closed stream's slot to be free",
         Duration::from_secs(10),
         async || {
-            Events::open(&api, READ_TOKEN)
+            Events::open_from(&api, READ_TOKEN, client(101))
                 .await
                 .map(|_| ())
                 .map_err(|(status, body)| format!("{status} {body}"))
