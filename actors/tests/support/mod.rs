@@ -6,6 +6,7 @@
 )]
 
 pub mod address_bed;
+pub mod doc_blocks;
 pub mod gcp;
 pub mod http;
 pub mod kvm_bed;

@@ -1,0 +1,208 @@
+//! The shell blocks of the user docs (README.md, CHANGELOG.md, docs/**/*.md),
+//! each with what its page says about running it.
+//!
+//! A shell block is a fenced block whose info string is `sh`, `bash`,
+//! `shell` or `console` (in a `console` block, lines starting with `$ ` are
+//! the commands, the rest is output). The line just before its fence (blank
+//! lines between are allowed) is a marker:
+//!
+//! ```text
+//! <!-- doc-test: standalone -->              run, in page order, against the quickstart
+//! <!-- doc-test: standalone background -->   started and left running for the rest of the page
+//! <!-- doc-test: kubernetes -->              run, in page order, against the fake cluster
+//! <!-- doc-test: kubernetes background -->
+//! <!-- doc-test: skip: needs a real GCP project -->   not run; the reason is required
+//! ```
+//!
+//! A block without a marker, or with one that does not parse, fails the doc
+//! test: every command a user is shown is either run or says why it cannot be.
+
+use std::path::{Path, PathBuf};
+
+/// Where a block runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bed {
+    Standalone,
+    Kubernetes,
+}
+
+/// What the marker before a block says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Marker {
+    /// Run in page order; `background`: started and left running until the
+    /// page's blocks are done.
+    Run { bed: Bed, background: bool },
+    /// Not run, for the reason given (a real cloud, cluster or KVM host).
+    Skip { reason: String },
+}
+
+/// One shell block of one page.
+#[derive(Clone, Debug)]
+pub struct ShellBlock {
+    pub file: PathBuf,
+    /// 1-based line of the opening fence.
+    pub line: usize,
+    /// The info string: `sh`, `bash`, `shell` or `console`.
+    pub lang: String,
+    /// `None`: no marker; `Some(Err)`: a marker that does not parse.
+    pub marker: Option<Result<Marker, String>>,
+    pub code: String,
+}
+
+impl ShellBlock {
+    /// `file:line`, relative to the repository root, for failure messages.
+    pub fn place(&self) -> String {
+        let file = self.file.strip_prefix(repo_root()).unwrap_or(&self.file);
+        format!("{}:{}", file.display(), self.line)
+    }
+
+    /// The commands of the block: a `console` block's `$ ` lines (with
+    /// their `\` continuations), every line of the others.
+    pub fn commands(&self) -> String {
+        if self.lang != "console" {
+            return self.code.clone();
+        }
+        let mut out = String::new();
+        let mut continuing = false;
+        for line in self.code.lines() {
+            if let Some(command) = line.strip_prefix("$ ") {
+                out.push_str(command);
+                out.push('\n');
+                continuing = command.trim_end().ends_with('\\');
+            } else if continuing {
+                out.push_str(line);
+                out.push('\n');
+                continuing = line.trim_end().ends_with('\\');
+            }
+        }
+        out
+    }
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("actors/ lives in the repository root")
+        .to_path_buf()
+}
+
+/// README.md, CHANGELOG.md (when present) and every Markdown file under docs/,
+/// in a stable order.
+pub fn user_docs() -> Vec<PathBuf> {
+    let root = repo_root();
+    let mut docs = vec![root.join("README.md")];
+    if root.join("CHANGELOG.md").exists() {
+        docs.push(root.join("CHANGELOG.md"));
+    }
+    let mut under_docs = Vec::new();
+    collect_markdown(&root.join("docs"), &mut under_docs);
+    under_docs.sort();
+    docs.extend(under_docs);
+    docs
+}
+
+fn collect_markdown(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("docs/ is readable") {
+        let path = entry.expect("a docs entry").path();
+        if path.is_dir() {
+            collect_markdown(&path, out);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            out.push(path);
+        }
+    }
+}
+
+const SHELL: &[&str] = &["sh", "bash", "shell", "console"];
+
+/// The shell blocks of one page, in order.
+pub fn shell_blocks(file: &Path) -> Vec<ShellBlock> {
+    let text = std::fs::read_to_string(file).expect("a readable doc");
+    parse_shell_blocks(file, &text)
+}
+
+/// Every shell block of every user doc.
+pub fn all_shell_blocks() -> Vec<ShellBlock> {
+    user_docs().iter().flat_map(|f| shell_blocks(f)).collect()
+}
+
+pub fn parse_shell_blocks(file: &Path, text: &str) -> Vec<ShellBlock> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut blocks = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let trimmed = lines[i].trim_start();
+        let Some(fence) = ["```", "~~~"].into_iter().find(|f| trimmed.starts_with(f)) else {
+            i += 1;
+            continue;
+        };
+        let indent = lines[i].len() - trimmed.len();
+        let lang = trimmed.trim_start_matches(fence.chars().next().unwrap_or('`'));
+        let lang = lang.split_whitespace().next().unwrap_or("").to_owned();
+        let open = i;
+        let mut code = String::new();
+        i += 1;
+        while i < lines.len() && !lines[i].trim_start().starts_with(fence) {
+            let line = lines[i];
+            // Blocks inside list items are indented like their fence.
+            code.push_str(line.get(indent.min(leading_spaces(line))..).unwrap_or(""));
+            code.push('\n');
+            i += 1;
+        }
+        i += 1;
+        if SHELL.contains(&lang.as_str()) {
+            blocks.push(ShellBlock {
+                file: file.to_path_buf(),
+                line: open + 1,
+                lang,
+                marker: marker_before(&lines, open),
+                code,
+            });
+        }
+    }
+    blocks
+}
+
+fn leading_spaces(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+fn marker_before(lines: &[&str], fence: usize) -> Option<Result<Marker, String>> {
+    let previous = lines[..fence].iter().rev().find(|l| !l.trim().is_empty())?;
+    let inner = previous.trim().strip_prefix("<!--")?.strip_suffix("-->")?.trim();
+    let spec = inner.strip_prefix("doc-test:")?.trim();
+    Some(parse_marker(spec))
+}
+
+/// Parses what follows `doc-test:` in a marker.
+pub fn parse_marker(spec: &str) -> Result<Marker, String> {
+    if let Some(reason) = spec.strip_prefix("skip:") {
+        let reason = reason.trim();
+        return if reason.is_empty() {
+            Err("`skip:` needs a reason (what the block needs that the tests do not have)".into())
+        } else {
+            Ok(Marker::Skip {
+                reason: reason.to_owned(),
+            })
+        };
+    }
+    let mut words = spec.split_whitespace();
+    let bed = match words.next() {
+        Some("standalone") => Bed::Standalone,
+        Some("kubernetes") => Bed::Kubernetes,
+        other => {
+            return Err(format!(
+                "`{}`: expected `standalone`, `kubernetes` or `skip: <reason>`",
+                other.unwrap_or("")
+            ));
+        }
+    };
+    let background = match words.next() {
+        None => false,
+        Some("background") => true,
+        Some(other) => return Err(format!("`{other}`: the only modifier is `background`")),
+    };
+    if let Some(extra) = words.next() {
+        return Err(format!("`{extra}`: unexpected after the modifier"));
+    }
+    Ok(Marker::Run { bed, background })
+}
