@@ -3,7 +3,9 @@
 #  - alerts.yaml passes `promtool check rules`, and its unit tests
 #    (alerts_test.yaml) pass `promtool test rules`;
 #  - every alert has a severity, a summary, a description and a runbook_url
-#    whose anchor is a runbook in docs/operations.md, and the unit tests have,
+#    whose anchor is a runbook (a `##` section) in docs/runbooks.md, every
+#    runbook named after an alert is one alerts.yaml defines, and the unit
+#    tests have,
 #    for every alert, a case where it fires and one where it stays silent;
 #  - prometheusrule.yaml carries exactly alerts.yaml's groups;
 #  - the ServiceMonitor and PodMonitor select the operator's Service and pods
@@ -47,20 +49,20 @@ def check(ok, message):
 def load_all(path):
     return [d for d in yaml.safe_load_all(open(path)) if d]
 
-RUNBOOKS = "https://github.com/egress-proxies/egress-proxies-operator/blob/main/docs/operations.md#"
+RUNBOOKS = "https://github.com/egress-proxies/egress-proxies-operator/blob/main/docs/runbooks.md#"
 SEVERITIES = {"critical", "warning"}
 
-# --- the runbooks: `###` headings under "## Alerts and runbooks" -----------
+# --- the runbooks: the `##` sections of docs/runbooks.md -------------------
 def slug(heading):
     # GitHub's anchors: lower case, punctuation dropped, spaces to hyphens.
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-runbooks, section = set(), False
-for line in open("docs/operations.md"):
-    if line.startswith("## "):
-        section = line.strip() == "## Alerts and runbooks"
-    elif section and line.startswith("### "):
-        runbooks.add(slug(line[4:]))
-check(runbooks, "docs/operations.md has no `## Alerts and runbooks` section with `###` runbooks")
+runbooks, fenced = set(), False
+for line in open("docs/runbooks.md"):
+    if line.startswith("```"):
+        fenced = not fenced
+    elif not fenced and line.startswith("## "):
+        runbooks.add(slug(line[3:]))
+check(runbooks, "docs/runbooks.md has no `##` runbooks")
 
 # --- alerts.yaml ------------------------------------------------------------
 alerts_doc = yaml.safe_load(open(f"{kit}/alerts.yaml"))
@@ -82,13 +84,12 @@ for group in groups:
         if check(url.startswith(RUNBOOKS), f"alert {name}: runbook_url {url!r} does not start with {RUNBOOKS}"):
             anchor = url[len(RUNBOOKS):]
             check(anchor in runbooks,
-                  f"alert {name}: runbook_url anchor #{anchor} is not a `###` runbook under "
-                  f"`## Alerts and runbooks` in docs/operations.md")
+                  f"alert {name}: runbook_url anchor #{anchor} is not a `##` runbook in docs/runbooks.md")
 check(alerts, "alerts.yaml defines no alert")
 alert_slugs = {slug(n) for n in alerts}
 for anchor in sorted(runbooks):
     if anchor.startswith("egressproxies"):
-        check(anchor in alert_slugs, f"docs/operations.md has a runbook #{anchor} for an alert alerts.yaml does not define")
+        check(anchor in alert_slugs, f"docs/runbooks.md has a runbook #{anchor} for an alert alerts.yaml does not define")
 
 # --- the unit tests: every alert fires somewhere and stays silent somewhere --
 tests = yaml.safe_load(open(f"{kit}/alerts_test.yaml"))

@@ -1,5 +1,5 @@
 //! The libvirt domain of one proxy VM, as XML
-//! (docs/kvm-provider.md#the-domain).
+//! (docs/kvm-internals.md#the-domain).
 //!
 //! q35; the overlay on virtio (`vda`) and the seed as a read-only SATA cdrom,
 //! both `type="file"` with the volumes' paths — AppArmor's helper

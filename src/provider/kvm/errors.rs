@@ -1,4 +1,4 @@
-//! libvirt errors onto the provider taxonomy (docs/kvm-provider.md#errors):
+//! libvirt errors onto the provider taxonomy (docs/kvm-internals.md#errors):
 //! "no such domain / volume / pool" is NotFound where something is looked up;
 //! invalid XML or arguments and unsupported configurations are Permanent;
 //! everything else the daemon reports (busy, internal, operation failed) and

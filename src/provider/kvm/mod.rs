@@ -1,4 +1,4 @@
-//! The kvm provider's building blocks (contract: docs/kvm-provider.md):
+//! The kvm provider's building blocks (contract: docs/kvm-internals.md):
 //! domain and volume XML, the operator's metadata element, the NoCloud seed
 //! ISO, providerIDs and libvirt error classification. Pure functions; the SSH
 //! link and the libvirt calls live beside them, as do the requests a host's

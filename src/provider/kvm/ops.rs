@@ -1,5 +1,5 @@
 //! The kvm provider's operations on one host's libvirt session
-//! (docs/kvm-provider.md#operations). Every step tolerates an earlier attempt
+//! (docs/kvm-internals.md#operations). Every step tolerates an earlier attempt
 //! having got that far, so a create interrupted anywhere is finished by the
 //! next one.
 

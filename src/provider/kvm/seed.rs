@@ -1,4 +1,4 @@
-//! The NoCloud seed ISO (docs/kvm-provider.md#the-seed-iso): the small disk
+//! The NoCloud seed ISO (docs/kvm-internals.md#the-seed-iso): the small disk
 //! cloud-init reads `user-data`, `meta-data` and `vendor-data` from on an
 //! instance's first boot.
 //!
