@@ -4,11 +4,40 @@
 //!   (`support::doc_blocks`);
 //! - every relative link between them resolves, `#anchors` included, by
 //!   GitHub's heading slugs;
-//! - the `standalone` blocks run as a user would run them: the README's
-//!   quickstart is started as its background block says, then every page's
-//!   blocks run in page order against it, each page in one shell session;
-//!   no example leaves a Proxy `Failed`; the README's documented way to stop
-//!   the quickstart leaves no process behind.
+//! - the `standalone` blocks run as a user would run them, against the
+//!   README's quickstart.
+//!
+//! How the standalone blocks run:
+//!
+//! - In a copy of the repository (without `.git` and build output) in a
+//!   temporary directory, with a clean environment (`PATH`, `HOME`,
+//!   `TMPDIR`, `LANG`): nothing of the test runner's (a `DISCOVERY_TOKEN`,
+//!   say) changes what a block does.
+//! - `cargo run [--release] [-q] -- ARGS` is the operator binary the tests
+//!   built, with ARGS (a `cargo` first on `PATH`; any other cargo command
+//!   fails the block), and `egress-proxies-operator` is that binary too.
+//!   `bash tests/system-packages.sh build` runs as written: where the tests
+//!   were built, the packages it checks for are installed and it does nothing.
+//! - The README's first `standalone background` block is the quickstart: it
+//!   is started first, in a shell of its own, and the blocks wait until it
+//!   serves `/healthz` and its Managed proxies are Ready. It listens where it
+//!   is shipped to (127.0.0.1:8081, :8090, :8082); no other test uses those
+//!   ports, and this one test runs every page, one after another.
+//! - Then each page's `standalone` blocks run in page order, README first,
+//!   in one `bash -euo pipefail` session per page starting in the copy's
+//!   root: a block sees the variables and working directory the page's
+//!   earlier blocks left. A block that fails, or runs over a minute, fails
+//!   the test naming its `file:line`, with its stdout and stderr. Of a
+//!   `console` block only the `$ ` lines run.
+//! - Other `background` blocks start in a shell of their own in the copy's
+//!   root and are stopped when their page's blocks are done; one that ended
+//!   with an error by then fails the test.
+//! - After each page, once the operator has read the manifests again, no
+//!   Proxy may be `Failed`.
+//! - Last, the `standalone teardown` blocks run (the README's: how to stop
+//!   the quickstart's proxies), the quickstart gets Ctrl-C (SIGINT), and no
+//!   process may be left: none under the temporary directory, none that
+//!   `tests/leftover-processes.sh` would find, nothing on the three ports.
 
 mod support;
 
@@ -58,7 +87,9 @@ fn relative_links_between_docs_resolve() {
         let text = std::fs::read_to_string(&doc).unwrap();
         for (line, target) in links(&text) {
             let place = format!("{}:{line}", doc.strip_prefix(&root).unwrap().display());
-            let (path, anchor) = target.split_once('#').map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
+            let (path, anchor) = target
+                .split_once('#')
+                .map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
             let file = if path.is_empty() {
                 doc.clone()
             } else {
@@ -77,10 +108,14 @@ fn relative_links_between_docs_resolve() {
                     .entry(file.clone())
                     .or_insert_with(|| anchors(&std::fs::read_to_string(&file).unwrap_or_default()));
                 if !known.contains(anchor) {
-                    broken.push(format!("{place}: `{target}`: no heading or anchor `#{anchor}` there"));
+                    broken.push(format!(
+                        "{place}: `{target}`: no heading or anchor `#{anchor}` there"
+                    ));
                 }
             } else if !is_line_anchor(anchor) {
-                broken.push(format!("{place}: `{target}`: only `#L<n>` anchors point into a non-Markdown file"));
+                broken.push(format!(
+                    "{place}: `{target}`: only `#L<n>` anchors point into a non-Markdown file"
+                ));
             }
         }
     }
@@ -133,9 +168,9 @@ fn links(text: &str) -> Vec<(usize, String)> {
             rest = &after[end..];
         }
         for target in targets {
-            let scheme = target
-                .split_once(':')
-                .is_some_and(|(s, _)| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c)));
+            let scheme = target.split_once(':').is_some_and(|(s, _)| {
+                !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+            });
             if !target.is_empty() && !scheme {
                 found.push((n + 1, target));
             }
@@ -149,7 +184,10 @@ fn without_code_spans(line: &str) -> String {
 }
 
 fn is_line_anchor(anchor: &str) -> bool {
-    let line = |s: &str| s.strip_prefix('L').is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+    let line = |s: &str| {
+        s.strip_prefix('L')
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
     match anchor.split_once('-') {
         Some((from, to)) => line(from) && line(to),
         None => line(anchor),
@@ -188,7 +226,11 @@ fn anchors(text: &str) -> BTreeSet<String> {
         }
         let base = slug(trimmed[hashes..].trim().trim_end_matches('#').trim());
         let repeats = seen.entry(base.clone()).or_insert(0);
-        anchors.insert(if *repeats == 0 { base.clone() } else { format!("{base}-{repeats}") });
+        anchors.insert(if *repeats == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{repeats}")
+        });
         *repeats += 1;
     }
     anchors
@@ -204,7 +246,10 @@ fn slug(heading: &str) -> String {
     while let Some(open) = rest.find('[') {
         text.push_str(&rest[..open]);
         let after = &rest[open + 1..];
-        match after.split_once("](").and_then(|(inner, tail)| Some((inner, tail.split_once(')')?.1))) {
+        match after
+            .split_once("](")
+            .and_then(|(inner, tail)| Some((inner, tail.split_once(')')?.1)))
+        {
             Some((inner, tail)) => {
                 text.push_str(inner);
                 rest = tail;
@@ -236,7 +281,9 @@ fn slugs_are_githubs() {
         anchors,
         ["a", "a-1", "b", "x"].into_iter().map(String::from).collect()
     );
-    let found = links("[a](x.md#y) `[b](no.md)` [c](https://e.org) ![d](p.png)\n[r]: ../z.md\n```\n[e](no.md)\n```\n");
+    let found = links(
+        "[a](x.md#y) `[b](no.md)` [c](https://e.org) ![d](p.png)\n[r]: ../z.md\n```\n[e](no.md)\n```\n",
+    );
     assert_eq!(
         found,
         vec![(1, "x.md#y".into()), (1, "p.png".into()), (2, "../z.md".into())]
@@ -435,7 +482,7 @@ struct Session {
 
 impl Session {
     fn start(ws: &Workspace, page: &str) -> Self {
-        let log = ws.path().join(format!("run/{page}.session"));
+        let log = ws.path().join(format!("run/{}.session", page.replace('/', "-")));
         let file = std::fs::File::create(&log).unwrap();
         let mut child = ws
             .bash(&["-s"])
@@ -524,23 +571,31 @@ fn port_is_free(addr: SocketAddr) -> bool {
 /// The quickstart's listen addresses, read from its configuration.
 fn quickstart_addresses(config: &Path) -> Vec<SocketAddr> {
     let text = std::fs::read_to_string(config).unwrap();
-    let addresses: Vec<SocketAddr> = ["healthProbeBindAddress", "discoveryBindAddress", "metricsBindAddress"]
-        .iter()
-        .map(|key| {
-            let line = text
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}:")))
-                .unwrap_or_else(|| panic!("{} sets {key}", config.display()));
-            line.trim().trim_matches('"').parse().unwrap()
-        })
-        .collect();
+    let addresses: Vec<SocketAddr> = [
+        "healthProbeBindAddress",
+        "discoveryBindAddress",
+        "metricsBindAddress",
+    ]
+    .iter()
+    .map(|key| {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .unwrap_or_else(|| panic!("{} sets {key}", config.display()));
+        line.trim().trim_matches('"').parse().unwrap()
+    })
+    .collect();
     addresses
 }
 
 /// What a block with a marker is, for the runner.
 fn standalone(block: &ShellBlock) -> Option<Marker> {
     match &block.marker {
-        Some(Ok(marker @ Marker::Run { bed: Bed::Standalone, .. }))
+        Some(Ok(
+            marker @ Marker::Run {
+                bed: Bed::Standalone, ..
+            },
+        ))
         | Some(Ok(marker @ Marker::Teardown { bed: Bed::Standalone })) => Some(marker.clone()),
         _ => None,
     }
@@ -585,13 +640,25 @@ async fn standalone_blocks_run_against_the_quickstart() {
                 .unwrap()
                 .display()
                 .to_string();
-            (page, doc_blocks::shell_blocks(doc).into_iter().filter(|b| standalone(b).is_some()).collect())
+            (
+                page,
+                doc_blocks::shell_blocks(doc)
+                    .into_iter()
+                    .filter(|b| standalone(b).is_some())
+                    .collect(),
+            )
         })
         .collect();
     let readme = &pages[0].1;
     let quickstart = readme
         .iter()
-        .position(|b| standalone(b) == Some(Marker::Run { bed: Bed::Standalone, background: true }))
+        .position(|b| {
+            standalone(b)
+                == Some(Marker::Run {
+                    bed: Bed::Standalone,
+                    background: true,
+                })
+        })
         .expect("README.md has a `standalone background` block: the quickstart");
 
     // The quickstart, as the README starts it; it runs until the end.
@@ -614,7 +681,10 @@ async fn standalone_blocks_run_against_the_quickstart() {
                 return Err(format!("nothing listens on {health} yet"));
             }
             let proxies = ws.proxies()?;
-            let managed: Vec<_> = proxies.iter().filter(|p| p["spec"]["mode"] == "Managed").collect();
+            let managed: Vec<_> = proxies
+                .iter()
+                .filter(|p| p["spec"]["mode"] == "Managed")
+                .collect();
             let ready = managed.iter().all(|p| p["status"]["phase"] == "Ready");
             if !managed.is_empty() && ready {
                 Ok(())
@@ -636,7 +706,9 @@ async fn standalone_blocks_run_against_the_quickstart() {
             n += 1;
             match standalone(block) {
                 Some(Marker::Teardown { .. }) => teardown.push((page.clone(), block.clone())),
-                Some(Marker::Run { background: true, .. }) => background.push(start_background(&ws, block, n)),
+                Some(Marker::Run { background: true, .. }) => {
+                    background.push(start_background(&ws, block, n))
+                }
                 _ => {
                     let session = session.get_or_insert_with(|| Session::start(&ws, page));
                     session.run(&ws, block, n).await;
@@ -684,7 +756,10 @@ async fn standalone_blocks_run_against_the_quickstart() {
     operator.interrupt().await;
     drop(operator);
     for addr in &addresses {
-        assert!(port_is_free(*addr), "{addr} is still in use after the quickstart stopped");
+        assert!(
+            port_is_free(*addr),
+            "{addr} is still in use after the quickstart stopped"
+        );
     }
     let left = processes_under(ws.path());
     let leftover = Command::new("bash")
@@ -708,9 +783,12 @@ async fn assert_nothing_failed(ws: &Workspace, page: &str) {
         Duration::from_secs(30),
         async || {
             let proxies = ws.proxies()?;
-            let settling = proxies
-                .iter()
-                .any(|p| matches!(p["status"]["phase"].as_str(), None | Some("Pending" | "Provisioning")));
+            let settling = proxies.iter().any(|p| {
+                matches!(
+                    p["status"]["phase"].as_str(),
+                    None | Some("Pending" | "Provisioning")
+                )
+            });
             if settling {
                 Err(format!("{:?}", phases(&proxies)))
             } else {
@@ -720,7 +798,11 @@ async fn assert_nothing_failed(ws: &Workspace, page: &str) {
     )
     .await;
     let failed = failed(&proxies);
-    assert!(failed.is_empty(), "after the blocks of {page}, Proxies are Failed:\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "after the blocks of {page}, Proxies are Failed:\n{}",
+        failed.join("\n")
+    );
 }
 
 fn phases(proxies: &[serde_json::Value]) -> BTreeMap<String, String> {
@@ -759,9 +841,7 @@ mod doc_blocks_parsing {
         );
         assert_eq!(
             parse_marker("standalone teardown"),
-            Ok(Marker::Teardown {
-                bed: Bed::Standalone
-            })
+            Ok(Marker::Teardown { bed: Bed::Standalone })
         );
         assert_eq!(
             parse_marker("skip: needs a GCP project"),

@@ -202,10 +202,20 @@ pub fn parse_marker(spec: &str) -> Result<Marker, String> {
         }
     };
     let marker = match words.next() {
-        None => Marker::Run { bed, background: false },
-        Some("background") => Marker::Run { bed, background: true },
+        None => Marker::Run {
+            bed,
+            background: false,
+        },
+        Some("background") => Marker::Run {
+            bed,
+            background: true,
+        },
         Some("teardown") => Marker::Teardown { bed },
-        Some(other) => return Err(format!("`{other}`: the modifiers are `background` and `teardown`")),
+        Some(other) => {
+            return Err(format!(
+                "`{other}`: the modifiers are `background` and `teardown`"
+            ));
+        }
     };
     if let Some(extra) = words.next() {
         return Err(format!("`{extra}`: unexpected after the modifier"));
