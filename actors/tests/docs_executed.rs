@@ -145,7 +145,7 @@ fn links(text: &str) -> Vec<(usize, String)> {
         if let Some(rest) = prose.trim_start().strip_prefix('[')
             && let Some((_, after)) = rest.split_once("]:")
         {
-            targets.push(after.trim().split_whitespace().next().unwrap_or("").to_owned());
+            targets.push(after.split_whitespace().next().unwrap_or("").to_owned());
         }
         let mut rest = prose.as_str();
         while let Some(at) = rest.find("](") {
@@ -465,6 +465,7 @@ fn start_background(ws: &Workspace, block: &ShellBlock, n: usize) -> Group {
         .stderr(std::fs::File::create(&err).unwrap())
         .spawn()
         .unwrap();
+    eprintln!("started {}", block.place());
     Group {
         child,
         place: block.place(),
@@ -543,6 +544,7 @@ impl Session {
             },
         )
         .await;
+        eprintln!("ran {}", block.place());
     }
 
     /// Ends the session (end of input) and checks it exits cleanly.
@@ -664,6 +666,10 @@ async fn standalone_blocks_run_against_the_quickstart() {
     // The quickstart, as the README starts it; it runs until the end.
     let mut n = 0;
     let mut operator = start_background(&ws, &readme[quickstart], n);
+    let _on_failure = StopProxiesOnFailure {
+        ws: &ws,
+        quickstart: operator.child.id(),
+    };
     let (out, err) = (operator.out.clone(), operator.err.clone());
     support::eventually_explained(
         "the quickstart to serve /healthz and bring its Managed proxies to Ready",
@@ -718,6 +724,10 @@ async fn standalone_blocks_run_against_the_quickstart() {
         if let Some(session) = session {
             session.finish().await;
         }
+        if !blocks.is_empty() {
+            assert_nothing_failed(&ws, page).await;
+        }
+        // Stopped only now: they have had the settling time to fail.
         for mut block in background {
             if let Some(status) = block.child.try_wait().unwrap() {
                 assert!(
@@ -728,9 +738,6 @@ async fn standalone_blocks_run_against_the_quickstart() {
                 );
             }
             drop(block);
-        }
-        if !blocks.is_empty() {
-            assert_nothing_failed(&ws, page).await;
         }
     }
 
@@ -772,6 +779,37 @@ async fn standalone_blocks_run_against_the_quickstart() {
         "the documented way to stop the quickstart left processes {left:?}:\n{}",
         String::from_utf8_lossy(&leftover.stderr)
     );
+}
+
+/// When the run fails half-way, stops the quickstart's proxies the way the
+/// README does (their manifests deleted while the operator runs) before
+/// they are killed with the rest, so that none leaves its files behind
+/// (Squid's, run as root, are outside the temporary directory).
+struct StopProxiesOnFailure<'a> {
+    ws: &'a Workspace,
+    /// The quickstart's shell.
+    quickstart: u32,
+}
+
+impl Drop for StopProxiesOnFailure<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let manifests = self.ws.repo().join("config/standalone/proxies");
+        for manifest in std::fs::read_dir(manifests).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(manifest.path());
+        }
+        // Not `eventually`: this runs in `Drop`, during a panic.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let running = || !support::process::is_gone(i32::try_from(self.quickstart).unwrap_or(0)).0;
+        while running() && std::time::Instant::now() < deadline {
+            if self.ws.proxies().is_ok_and(|p| p.is_empty()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// After a page: once the operator has read what the page changed (two
