@@ -382,7 +382,7 @@ while [ "$#" -gt 0 ] && [ "$1" != -- ]; do
   esac
 done
 [ "$#" -gt 0 ] && shift
-exec @BIN@ "$@"
+exec "@BIN@" "$@"
 "#;
 
 fn copy_tree(from: &Path, to: &Path) {
