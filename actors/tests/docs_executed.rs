@@ -303,7 +303,8 @@ struct Workspace {
 impl Workspace {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        copy_tree(&doc_blocks::repo_root(), &dir.path().join("repo"));
+        let root = doc_blocks::repo_root();
+        copy_tree(&root, &root, &dir.path().join("repo"));
         for sub in ["bin", "home", "tmp", "run"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
@@ -385,16 +386,22 @@ done
 exec "@BIN@" "$@"
 "#;
 
-fn copy_tree(from: &Path, to: &Path) {
+/// What the copy of the repository leaves out: git's data, build output,
+/// and the state of a quickstart run in this checkout (its Proxies and
+/// their processes are someone else's).
+const NOT_COPIED: &[&str] = &[".git", "target", "config/standalone/state"];
+
+/// Copies the repository at `root`, from its directory `from`, to `to`.
+fn copy_tree(root: &Path, from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap().flatten() {
         let name = entry.file_name();
-        if name == ".git" || name == "target" {
+        if NOT_COPIED.iter().any(|skip| entry.path() == root.join(skip)) {
             continue;
         }
         let kind = entry.file_type().unwrap();
         if kind.is_dir() {
-            copy_tree(&entry.path(), &to.join(&name));
+            copy_tree(root, &entry.path(), &to.join(&name));
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(entry.path()).unwrap(), to.join(&name)).unwrap();
         } else {
