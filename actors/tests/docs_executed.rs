@@ -551,6 +551,7 @@ impl Session {
             },
         )
         .await;
+        check_sample_output(block, &std::fs::read_to_string(&out).unwrap_or_default());
         eprintln!("ran {}", block.place());
     }
 
@@ -571,6 +572,25 @@ impl Session {
             self.group.output()
         );
     }
+}
+
+/// A `console` block's sample output is what a run prints, as far as a
+/// run repeats: as many lines, and the same first line (a table's header,
+/// a one-line answer), spaces aside. Ages, ports and generated names vary.
+fn check_sample_output(block: &ShellBlock, printed: &str) {
+    let sample = block.sample_output();
+    if sample.is_empty() {
+        return;
+    }
+    let words = |line: &str| line.split_whitespace().collect::<Vec<_>>().join(" ");
+    let printed: Vec<&str> = printed.lines().collect();
+    assert!(
+        printed.len() == sample.len() && words(printed[0]) == words(&sample[0]),
+        "the sample output at {} is not what a run prints:\n--- the page shows:\n{}\n--- a run printed:\n{}",
+        block.place(),
+        sample.join("\n"),
+        printed.join("\n")
+    );
 }
 
 fn port_is_free(addr: SocketAddr) -> bool {
@@ -898,6 +918,14 @@ mod doc_blocks_parsing {
         assert!(parse_marker("cluster").is_err());
         assert!(parse_marker("standalone twice").is_err());
         assert!(parse_marker("standalone background teardown").is_err());
+    }
+
+    #[test]
+    fn a_console_blocks_sample_output_is_its_other_lines() {
+        let text = "<!-- doc-test: standalone -->\n```console\n$ a \\\n  --b\nout 1\nout 2\n$ c\n```\n";
+        let blocks = parse_shell_blocks(Path::new("x.md"), text);
+        assert_eq!(blocks[0].commands(), "a \\\n  --b\nc\n");
+        assert_eq!(blocks[0].sample_output(), vec!["out 1", "out 2"]);
     }
 
     #[test]

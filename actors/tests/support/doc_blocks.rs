@@ -82,6 +82,26 @@ impl ShellBlock {
         }
         out
     }
+
+    /// The output a `console` block shows: its lines that are not commands
+    /// (nothing for other blocks).
+    pub fn sample_output(&self) -> Vec<String> {
+        if self.lang != "console" {
+            return Vec::new();
+        }
+        let mut output = Vec::new();
+        let mut continuing = false;
+        for line in self.code.lines() {
+            if let Some(command) = line.strip_prefix("$ ") {
+                continuing = command.trim_end().ends_with('\\');
+            } else if continuing {
+                continuing = line.trim_end().ends_with('\\');
+            } else {
+                output.push(line.to_owned());
+            }
+        }
+        output
+    }
 }
 
 pub fn repo_root() -> PathBuf {
