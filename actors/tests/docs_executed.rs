@@ -28,7 +28,8 @@
 //!   root: a block sees the variables and working directory the page's
 //!   earlier blocks left. A block that fails, or runs over a minute, fails
 //!   the test naming its `file:line`, with its stdout and stderr. Of a
-//!   `console` block only the `$ ` lines run.
+//!   `console` block only the `$ ` lines run, and the output it shows must
+//!   have as many lines as the run printed and the same first line.
 //! - Other `background` blocks start in a shell of their own in the copy's
 //!   root and are stopped when their page's blocks are done; one that ended
 //!   with an error by then fails the test.
