@@ -9,7 +9,8 @@ set -euo pipefail
 build=(pkg-config libssl-dev libvirt-dev git)
 # prometheus: for /usr/bin/promtool (tests/monitoring.sh); its daemon is never
 # started (policy-rc.d below, and stopped if it runs anyway).
-test_extra=(squid iproute2 xorriso openssl chromium chromium-driver python3-venv bubblewrap prometheus)
+# curl: the tests and the docs' examples (actors/tests/docs_executed.rs runs them).
+test_extra=(squid iproute2 xorriso openssl chromium chromium-driver python3-venv bubblewrap prometheus curl)
 
 case "${1:-build}" in
   build) wanted=("${build[@]}") ;;

@@ -11,6 +11,7 @@
 //! <!-- doc-test: standalone background -->   started and left running for the rest of the page
 //! <!-- doc-test: kubernetes -->              run, in page order, against the fake cluster
 //! <!-- doc-test: kubernetes background -->
+//! <!-- doc-test: standalone teardown -->     run after every page's blocks: undoes what the page started
 //! <!-- doc-test: skip: needs a real GCP project -->   not run; the reason is required
 //! ```
 //!
@@ -32,6 +33,10 @@ pub enum Marker {
     /// Run in page order; `background`: started and left running until the
     /// page's blocks are done.
     Run { bed: Bed, background: bool },
+    /// Run after the blocks of every page (in page order): how a page's
+    /// background is stopped and cleaned up — an uninstall, say — which
+    /// would pull the bed from under the pages that follow it.
+    Teardown { bed: Bed },
     /// Not run, for the reason given (a real cloud, cluster or KVM host).
     Skip { reason: String },
 }
@@ -76,6 +81,26 @@ impl ShellBlock {
             }
         }
         out
+    }
+
+    /// The output a `console` block shows: its lines that are not commands
+    /// (nothing for other blocks).
+    pub fn sample_output(&self) -> Vec<String> {
+        if self.lang != "console" {
+            return Vec::new();
+        }
+        let mut output = Vec::new();
+        let mut continuing = false;
+        for line in self.code.lines() {
+            if let Some(command) = line.strip_prefix("$ ") {
+                continuing = command.trim_end().ends_with('\\');
+            } else if continuing {
+                continuing = line.trim_end().ends_with('\\');
+            } else {
+                output.push(line.to_owned());
+            }
+        }
+        output
     }
 }
 
@@ -196,13 +221,24 @@ pub fn parse_marker(spec: &str) -> Result<Marker, String> {
             ));
         }
     };
-    let background = match words.next() {
-        None => false,
-        Some("background") => true,
-        Some(other) => return Err(format!("`{other}`: the only modifier is `background`")),
+    let marker = match words.next() {
+        None => Marker::Run {
+            bed,
+            background: false,
+        },
+        Some("background") => Marker::Run {
+            bed,
+            background: true,
+        },
+        Some("teardown") => Marker::Teardown { bed },
+        Some(other) => {
+            return Err(format!(
+                "`{other}`: the modifiers are `background` and `teardown`"
+            ));
+        }
     };
     if let Some(extra) = words.next() {
         return Err(format!("`{extra}`: unexpected after the modifier"));
     }
-    Ok(Marker::Run { bed, background })
+    Ok(marker)
 }
