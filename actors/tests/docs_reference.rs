@@ -866,3 +866,235 @@ fn unknown_fields_are_found_at_any_depth() {
     unknown_fields(&schema, &object, "", &mut out);
     assert_eq!(out, ["unknown field `spec.b`", "unknown field `spec.l[1].y`"]);
 }
+
+/// The fields `validate-config` accepts in the object at `pointer` (a JSON
+/// pointer into `config`), read from its refusal of an unknown one (`None`
+/// where any key goes, such as a map of named images).
+fn accepted_fields(config: &Value, pointer: &str) -> Option<Vec<String>> {
+    let mut probe = config.clone();
+    probe
+        .pointer_mut(pointer)?
+        .as_object_mut()?
+        .insert("zzzUnknown".into(), Value::Bool(true));
+    let yaml = serde_json::to_string(&probe).expect("JSON is YAML");
+    let problems = match ProvidersConfig::parse(&yaml, "probe") {
+        Ok(_) => return None,
+        Err(e) => e.problems(),
+    };
+    let list = problems
+        .iter()
+        .find_map(|p| {
+            p.split_once("unknown field `zzzUnknown`, expected one of ")
+                .map(|(_, l)| l.to_owned())
+        })
+        .or_else(|| {
+            problems.iter().find_map(|p| {
+                p.split_once("unknown field `zzzUnknown`, expected ")
+                    .map(|(_, l)| l.to_owned())
+            })
+        })?;
+    Some(
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|f| *f != "zzzUnknown")
+            .map(String::from)
+            .collect(),
+    )
+}
+
+/// Every object of `value` with its JSON pointer.
+fn objects(value: &Value, pointer: String, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            out.push(pointer.clone());
+            for (key, child) in map {
+                objects(
+                    child,
+                    format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                objects(item, format!("{pointer}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// docs/configuration.md calls `config/providers.yaml` "a full sample with
+/// every optional field": each object in it shows, set or in a comment
+/// (`# field: default`) within its provider's entry, every field its type
+/// accepts.
+#[test]
+fn the_full_providers_sample_shows_every_field() {
+    let text = std::fs::read_to_string(repo_root().join("config/providers.yaml")).expect("the sample");
+    let mut config: Value = serde_saphyr::from_str(&text).expect("the sample is YAML");
+    // An entry's text: from its `- name:` line to the next one.
+    let entries: Vec<&str> = text.split("\n  - name:").skip(1).collect();
+    for entry in config["providers"].as_array_mut().into_iter().flatten() {
+        let kind = entry["type"].as_str().unwrap_or("").to_owned();
+        if entry[&kind].is_null() {
+            entry[&kind] = serde_json::json!({});
+        }
+    }
+    let mut pointers = Vec::new();
+    objects(&config, String::new(), &mut pointers);
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    // Below a provider entry (whose one block is named by its type).
+    for pointer in pointers.into_iter().filter(|p| p.split('/').count() > 3) {
+        let Some(fields) = accepted_fields(&config, &pointer) else {
+            continue;
+        };
+        checked += 1;
+        let index: usize = pointer
+            .split('/')
+            .nth(2)
+            .and_then(|i| i.parse().ok())
+            .expect("an entry index");
+        let entry_text = entries.get(index).copied().unwrap_or("");
+        let present = config
+            .pointer(&pointer)
+            .and_then(Value::as_object)
+            .expect("an object");
+        let commented = |field: &str| {
+            entry_text
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix('#'))
+                .any(|l| l.trim_start().starts_with(&format!("{field}:")))
+        };
+        missing.extend(
+            fields
+                .iter()
+                .filter(|f| !present.contains_key(*f) && !commented(f))
+                .map(|f| format!("config/providers.yaml: `{f}` in {pointer}")),
+        );
+    }
+    assert!(checked >= 6, "only {checked} objects of the sample probed");
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md calls config/providers.yaml a sample with every optional field; it lacks:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn wrong_command_lines_are_told_apart_from_right_ones() {
+    let cli = cli();
+    let check = |line: &str| -> Vec<String> {
+        command_lines::invocations(&command_lines::words(line))
+            .iter()
+            .flat_map(|args| command_lines::problems(&cli, args))
+            .collect()
+    };
+    for right in [
+        "egress-proxies-operator run --providers-config providers.yaml --leader-elect",
+        "egress-proxies-operator --leader-elect --lease-duration=3s",
+        "cargo run --release -q -- get pools -o wide --config config/standalone/quickstart.yaml",
+        "cargo run -q -- crd proxypools > deploy/crd/proxypools.yaml",
+        "egress-proxies-operator standalone --log-format text --config \"$config\"",
+        "egress-proxies-operator run ...",
+        "cargo run -q -- --version",
+    ] {
+        assert_eq!(check(right), Vec::<String>::new(), "{right}");
+    }
+    for (wrong, expected) in [
+        (
+            "egress-proxies-operator run --leader-election",
+            "`--leader-election` is not a flag of `egress-proxies-operator run`",
+        ),
+        (
+            "egress-proxies-operator crd pools",
+            "`egress-proxies-operator crd`: `pools` is not one of proxies, proxypools",
+        ),
+        (
+            "egress-proxies-operator validate providers.yaml",
+            "`validate` is not a subcommand of `egress-proxies-operator`",
+        ),
+        (
+            "cargo run -- get proxies --config c.yaml -x",
+            "`-x` is not a flag of `egress-proxies-operator get`",
+        ),
+        (
+            "egress-proxies-operator standalone --providers-config p.yaml",
+            "`--providers-config` is not a flag of `egress-proxies-operator standalone`",
+        ),
+    ] {
+        assert_eq!(check(wrong), [expected.to_owned()], "{wrong}");
+    }
+}
+
+#[test]
+fn configuration_fragments_are_checked_inside_an_entry_of_their_type() {
+    let problems = |yaml: &str| {
+        let document: Value = serde_saphyr::from_str(yaml).unwrap();
+        config_problems(&document, yaml, "t.md:1")
+    };
+    assert_eq!(
+        problems("local:\n  outgoingAddresses: [127.0.1.0/29]\n"),
+        Some(vec![])
+    );
+    assert_eq!(problems("destinations:\n  allow: [8443]\n"), Some(vec![]));
+    assert_eq!(
+        problems("gcp:\n  network: global/networks/default\n"),
+        Some(vec![]),
+        "a required field left out"
+    );
+    let found = problems("local:\n  outgoingAdresses: [127.0.1.0/29]\n").unwrap();
+    assert!(
+        found.len() == 1 && found[0].contains("unknown field `outgoingAdresses`"),
+        "{found:?}"
+    );
+    let found = problems("destinations:\n  alow: [8443]\n").unwrap();
+    assert!(found.len() == 1 && found[0].contains("alow"), "{found:?}");
+    let found = problems("providers:\n  - name: x\n    type: lokal\n").unwrap();
+    assert!(
+        found.len() == 1 && found[0].contains("not a provider type"),
+        "{found:?}"
+    );
+    assert_eq!(
+        problems("kind: Kustomization\nresources: [a.yaml]\n"),
+        None,
+        "not a configuration"
+    );
+}
+
+#[test]
+fn crd_examples_are_refused_for_what_the_api_server_refuses() {
+    let [(_, proxy), _] = schemas();
+    let object = |spec: Value| {
+        serde_json::json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "p"}, "spec": spec})
+    };
+    let ok = object(serde_json::json!({"mode": "Managed", "provider": "local", "placement": {"image": "i"}}));
+    assert_eq!(rejections(&proxy, &ok, false), Vec::<String>::new());
+    let unknown =
+        object(serde_json::json!({"mode": "Managed", "provider": "local", "placement": {"imag": "i"}}));
+    assert_eq!(
+        rejections(&proxy, &unknown, false),
+        ["unknown field `spec.placement.imag`"]
+    );
+    let rule = object(serde_json::json!({"mode": "External"}));
+    let found = rejections(&proxy, &rule, false);
+    assert!(
+        found
+            .iter()
+            .any(|r| r.contains("endpoint is required when mode is External")),
+        "{found:?}"
+    );
+    assert_eq!(
+        rejections(&proxy, &rule, true),
+        Vec::<String>::new(),
+        "a part of a spec is not held to its rules"
+    );
+    let bad_enum = object(serde_json::json!({"mode": "Sometimes"}));
+    assert!(
+        rejections(&proxy, &bad_enum, true)
+            .iter()
+            .any(|r| r.contains("Sometimes"))
+    );
+}

@@ -101,7 +101,7 @@ fn is_assignment(word: &str) -> bool {
 
 /// A word that stands for something the reader fills in.
 fn placeholder(word: &str) -> bool {
-    word.contains("...") || word.contains('…') || word.starts_with('<') || word.starts_with('$')
+    word.contains("...") || word.contains('…') || word.starts_with(['<', '[', '$'])
 }
 
 /// What `args` names that the CLI does not have.
@@ -129,6 +129,10 @@ pub fn problems(cli: &Command, args: &[String]) -> Vec<String> {
                 Some(arg) => Some((arg, inline)),
                 None => {
                     problems.push(format!("`--{name}` is not a flag of `{path}`"));
+                    // Whether it would take the next word is unknown: one that is no flag is taken as its value.
+                    if !inline && args.get(i).is_some_and(|next| !next.starts_with('-')) {
+                        i += 1;
+                    }
                     None
                 }
             }
@@ -152,7 +156,9 @@ pub fn problems(cli: &Command, args: &[String]) -> Vec<String> {
             let slots: Vec<&Arg> = cmd.get_positionals().collect();
             match slots.get(positional) {
                 None if cmd.has_subcommands() && positional == 0 => {
+                    // The rest belongs to a subcommand that does not exist.
                     problems.push(format!("`{word}` is not a subcommand of `{path}`"));
+                    break;
                 }
                 None => problems.push(format!("`{path}` takes no argument `{word}`")),
                 Some(slot) => {
