@@ -306,10 +306,10 @@ fn config_problems(document: &Value, text: &str, at: &str) -> Option<Vec<String>
             .map(|p| format!("{p} (checked as part of a provider entry)"))
             .collect()
     };
-    if let [(kind, block)] = map.iter().collect::<Vec<_>>()[..] {
-        if PROVIDER_TYPES.contains(&kind.as_str()) {
-            return Some(partial(entry_problems(kind, block)));
-        }
+    if let [(kind, block)] = map.iter().collect::<Vec<_>>()[..]
+        && PROVIDER_TYPES.contains(&kind.as_str())
+    {
+        return Some(partial(entry_problems(kind, block)));
     }
     // Fields of a provider type's block: each top-level key is one the type knows.
     let knows = |kind: &str, key: &str| -> bool {
@@ -364,6 +364,145 @@ fn configuration_examples_parse_with_the_operators_parsers() {
         "only {checked} configuration examples: is the check reading the docs?"
     );
     fail_on("configuration examples", &wrong);
+}
+
+/// The fields a parser accepts, read from its refusal of an unknown one
+/// (serde: "unknown field `x`, expected one of `a`, `b`"; serde-saphyr
+/// leaves out the backticks of the list).
+fn fields_in(problem: &str) -> Option<Vec<String>> {
+    let (_, list) = problem.split_once("unknown field `zzzUnknown`, expected ")?;
+    let list = list.lines().next().unwrap_or("");
+    if list.contains('`') {
+        return Some(list.split('`').skip(1).step_by(2).map(String::from).collect());
+    }
+    // serde-saphyr's wording: `expected one of a, b, c`.
+    let list = list.strip_prefix("one of ").unwrap_or(list);
+    Some(list.split(',').map(|f| f.trim().to_owned()).collect())
+}
+
+/// The fields of a provider type's block.
+fn block_fields(kind: &str) -> Vec<String> {
+    entry_problems(kind, &serde_json::json!({"zzzUnknown": true}))
+        .iter()
+        .find_map(|p| fields_in(p))
+        .unwrap_or_else(|| panic!("no field list in the refusal of an unknown {kind} field"))
+}
+
+/// A minimal standalone configuration plus `extra` lines, loaded from
+/// `dir` (relative paths resolve against it, so loads from one directory
+/// compare equal).
+fn load_standalone(dir: &std::path::Path, extra: &str) -> Result<StandaloneConfig, String> {
+    let file = dir.join("standalone.yaml");
+    std::fs::write(
+        &file,
+        format!("providersConfig: p.yaml\nmanifests: m\nstateDir: s\n{extra}"),
+    )
+    .expect("a writable temporary file");
+    StandaloneConfig::load(&file).map_err(|e| e.to_string())
+}
+
+/// The settings a documented default stands for: the one code span of a
+/// cell, or a bare number; nothing for prose (`none`, `required`).
+fn documented_default(cell: &str, k: usize) -> Option<String> {
+    let spans = markdown::code_spans(cell);
+    let bare: String = cell.split_whitespace().collect();
+    let joined: String = spans
+        .iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(",");
+    if !spans.is_empty() && bare == joined {
+        return spans.get(k).map(|s| (*s).to_owned());
+    }
+    cell.trim().parse::<u64>().ok().map(|n| n.to_string())
+}
+
+/// Tables of configuration fields (a `field` column) name fields the
+/// parser accepts: under a heading naming a provider type, that type's
+/// block; in docs/standalone.md's Configuration, the standalone
+/// configuration, whose documented defaults are also what it loads when
+/// the field is left out.
+#[test]
+fn field_tables_name_fields_the_parsers_accept() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let load_standalone = |extra: &str| load_standalone(dir.path(), extra);
+    let standalone_fields = match load_standalone("zzzUnknown: true\n") {
+        Err(e) => fields_in(&e).expect("the refusal lists the fields"),
+        Ok(_) => panic!("an unknown standalone field is accepted"),
+    };
+    let standalone_base = load_standalone("").expect("a minimal standalone configuration");
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for page in user_docs() {
+        let mut columns: Vec<String> = Vec::new();
+        let mut last_row = 0;
+        for (line, cells) in &page.rows {
+            if *line != last_row + 1 {
+                columns = cells.iter().map(|c| c.to_lowercase()).collect();
+                last_row = *line;
+                continue;
+            }
+            last_row = *line;
+            if columns.first().map(String::as_str) != Some("field") {
+                continue;
+            }
+            let heading = page.heading_above(*line);
+            let standalone = page.path.ends_with("docs/standalone.md") && heading == "Configuration";
+            let kind = markdown::code_spans(heading)
+                .first()
+                .copied()
+                .filter(|k| PROVIDER_TYPES.contains(k));
+            let (what, fields) = match (standalone, kind) {
+                (true, _) => (
+                    "the standalone configuration".to_owned(),
+                    standalone_fields.clone(),
+                ),
+                (false, Some(kind)) => (format!("a `{kind}` block"), block_fields(kind)),
+                _ => continue,
+            };
+            let default_cell = columns
+                .iter()
+                .position(|c| c == "default")
+                .and_then(|i| cells.get(i));
+            let names = markdown::code_spans(&cells[0]);
+            for (k, name) in names.iter().enumerate() {
+                let field = name.split(['.', '[', ':']).next().unwrap_or(name);
+                if field.is_empty() || field.starts_with('<') {
+                    continue;
+                }
+                checked += 1;
+                if !fields.iter().any(|f| f == field) {
+                    wrong.push(format!(
+                        "{}: `{field}` is no field of {what}",
+                        place(&page, *line)
+                    ));
+                    continue;
+                }
+                let Some(value) = default_cell
+                    .and_then(|c| documented_default(c, k))
+                    .filter(|_| standalone)
+                else {
+                    continue;
+                };
+                match load_standalone(&format!("{field}: {value}\n")) {
+                    Ok(set) if set == standalone_base => {}
+                    Ok(_) => wrong.push(format!(
+                        "{}: `{field}` is documented to default to `{value}`, but leaving it out is not the same",
+                        place(&page, *line)
+                    )),
+                    Err(e) => wrong.push(format!(
+                        "{}: `{field}`'s documented default `{value}` does not load: {e}",
+                        place(&page, *line)
+                    )),
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 30,
+        "only {checked} fields in tables: is the check reading the docs?"
+    );
+    fail_on("configuration field tables", &wrong);
 }
 
 /// The committed CRDs by kind.

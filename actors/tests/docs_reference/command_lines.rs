@@ -84,10 +84,11 @@ pub fn invocations(words: &[String]) -> Vec<Vec<String>> {
         }
         if first == BINARY || first.ends_with(&format!("/{BINARY}")) {
             found.push(rest);
-        } else if first == "cargo" && rest.first().is_some_and(|w| w == "run") {
-            if let Some(dash) = rest.iter().position(|w| w == "--") {
-                found.push(rest[dash + 1..].to_vec());
-            }
+        } else if first == "cargo"
+            && rest.first().is_some_and(|w| w == "run")
+            && let Some(dash) = rest.iter().position(|w| w == "--")
+        {
+            found.push(rest[dash + 1..].to_vec());
         }
     }
     found
@@ -146,12 +147,13 @@ pub fn problems(cli: &Command, args: &[String]) -> Vec<String> {
                 }
             }
         } else {
-            if positional == 0 && cmd.has_subcommands() {
-                if let Some(sub) = cmd.find_subcommand(word) {
-                    path = format!("{path} {}", sub.get_name());
-                    cmd = sub;
-                    continue;
-                }
+            if positional == 0
+                && cmd.has_subcommands()
+                && let Some(sub) = cmd.find_subcommand(word)
+            {
+                path = format!("{path} {}", sub.get_name());
+                cmd = sub;
+                continue;
             }
             let slots: Vec<&Arg> = cmd.get_positionals().collect();
             match slots.get(positional) {
@@ -173,10 +175,11 @@ pub fn problems(cli: &Command, args: &[String]) -> Vec<String> {
             continue;
         };
         // A flag that takes a value takes the next word unless it came inline.
-        if let Some((arg, inline)) = arg {
-            if arg.get_action().takes_values() && !inline {
-                i += 1;
-            }
+        if let Some((arg, inline)) = arg
+            && arg.get_action().takes_values()
+            && !inline
+        {
+            i += 1;
         }
     }
     problems

@@ -29,6 +29,19 @@ pub struct Page {
     pub spans: Vec<(usize, String)>,
     /// Table rows outside code blocks: (line, cells as written).
     pub rows: Vec<(usize, Vec<String>)>,
+    /// Headings: (line, text without the `#`s).
+    pub headings: Vec<(usize, String)>,
+}
+
+impl Page {
+    /// The text of the last heading above `line`.
+    pub fn heading_above(&self, line: usize) -> &str {
+        self.headings
+            .iter()
+            .rev()
+            .find(|(at, _)| *at < line)
+            .map_or("", |(_, text)| text.as_str())
+    }
 }
 
 pub fn repo_root() -> PathBuf {
@@ -76,6 +89,7 @@ pub fn parse(path: PathBuf, text: &str) -> Page {
         blocks: Vec::new(),
         spans: Vec::new(),
         rows: Vec::new(),
+        headings: Vec::new(),
     };
     let mut i = 0;
     while i < lines.len() {
@@ -101,6 +115,10 @@ pub fn parse(path: PathBuf, text: &str) -> Page {
         }
         for span in code_spans(lines[i]) {
             page.spans.push((i + 1, span.to_owned()));
+        }
+        if trimmed.starts_with('#') {
+            page.headings
+                .push((i + 1, trimmed.trim_start_matches('#').trim().to_owned()));
         }
         if trimmed.starts_with('|') {
             page.rows.push((i + 1, cells(trimmed)));
