@@ -11,17 +11,29 @@
 mod cli_doc;
 #[path = "docs_reference/command_lines.rs"]
 mod command_lines;
+#[path = "docs_reference/config_facts.rs"]
+mod config_facts;
 #[path = "docs_reference/crd_doc.rs"]
 mod crd_doc;
+#[path = "docs_reference/crd_facts.rs"]
+mod crd_facts;
 #[path = "docs_reference/markdown.rs"]
 mod markdown;
+#[path = "docs_reference/metric_names.rs"]
+mod metric_names;
 
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use egress_proxies::config::{ProvidersConfig, StandaloneConfig};
+use config_facts::{
+    PROVIDER_TYPES, accepted_fields, block_fields, config_problems, documented_default, fields_in,
+    load_standalone, objects,
+};
+use crd_facts::{field_path, rejections, span_names};
+use egress_proxies::config::StandaloneConfig;
 use egress_proxies_operator::cli::Cli;
 use markdown::{Page, repo_root, user_docs};
+use metric_names::{metric_names, registered_metrics, sample_names};
 use serde_json::Value;
 
 const REGENERATE: &str = "EPO_BLESS_DOCS=1 cargo test -p egress-proxies-operator --test docs_reference";
@@ -265,65 +277,6 @@ fn yaml_blocks(page: &Page) -> impl Iterator<Item = &markdown::CodeBlock> {
     page.blocks.iter().filter(|b| b.lang == "yaml" || b.lang == "yml")
 }
 
-const PROVIDER_TYPES: [&str; 4] = ["kubernetes", "gcp", "kvm", "local"];
-
-/// Problems `validate-config` reports for one provider entry of type `kind`.
-fn entry_problems(kind: &str, block: &Value) -> Vec<String> {
-    let entry = serde_json::json!({"providers": [{"name": "example", "type": kind, kind: block}]});
-    let yaml = serde_json::to_string(&entry).expect("JSON is YAML");
-    match ProvidersConfig::parse(&yaml, "example") {
-        Ok(_) => Vec::new(),
-        Err(e) => e.problems(),
-    }
-}
-
-/// What is wrong with a providers configuration example. A whole file (a
-/// top-level `providers:`) or a list of entries is parsed as
-/// `validate-config` parses it; a part of one provider's block (a
-/// top-level `local:`, or fields of a provider type such as
-/// `destinations:`) is parsed inside an entry of that type, its problems
-/// counted except fields it leaves out.
-fn config_problems(document: &Value, text: &str, at: &str) -> Option<Vec<String>> {
-    let whole = |yaml: &str| match ProvidersConfig::parse(yaml, at) {
-        Ok(_) => Vec::new(),
-        Err(e) => e.problems(),
-    };
-    if document.get("providers").is_some() {
-        return Some(whole(text));
-    }
-    if let Some(entries) = document
-        .as_array()
-        .filter(|a| a.iter().all(|e| e.get("type").is_some()))
-    {
-        let wrapped = serde_json::json!({"providers": entries});
-        return Some(whole(&serde_json::to_string(&wrapped).expect("JSON is YAML")));
-    }
-    let map = document.as_object()?;
-    let partial = |problems: Vec<String>| -> Vec<String> {
-        problems
-            .into_iter()
-            .filter(|p| !p.contains("missing field") && !p.contains("is required"))
-            .map(|p| format!("{p} (checked as part of a provider entry)"))
-            .collect()
-    };
-    if let [(kind, block)] = map.iter().collect::<Vec<_>>()[..]
-        && PROVIDER_TYPES.contains(&kind.as_str())
-    {
-        return Some(partial(entry_problems(kind, block)));
-    }
-    // Fields of a provider type's block: each top-level key is one the type knows.
-    let knows = |kind: &str, key: &str| -> bool {
-        let probe = serde_json::json!({ key: map[key] });
-        !entry_problems(kind, &probe)
-            .iter()
-            .any(|p| p.contains(&format!("unknown field `{key}`")))
-    };
-    PROVIDER_TYPES
-        .into_iter()
-        .find(|kind| map.keys().all(|key| knows(kind, key.as_str())))
-        .map(|kind| partial(entry_problems(kind, document)))
-}
-
 /// Providers configuration examples parse with `ProvidersConfig::parse`,
 /// what `validate-config` runs; standalone configurations (a top-level
 /// `providersConfig:`) load with `StandaloneConfig::load`, what
@@ -364,57 +317,6 @@ fn configuration_examples_parse_with_the_operators_parsers() {
         "only {checked} configuration examples: is the check reading the docs?"
     );
     fail_on("configuration examples", &wrong);
-}
-
-/// The fields a parser accepts, read from its refusal of an unknown one
-/// (serde: "unknown field `x`, expected one of `a`, `b`"; serde-saphyr
-/// leaves out the backticks of the list).
-fn fields_in(problem: &str) -> Option<Vec<String>> {
-    let (_, list) = problem.split_once("unknown field `zzzUnknown`, expected ")?;
-    let list = list.lines().next().unwrap_or("");
-    if list.contains('`') {
-        return Some(list.split('`').skip(1).step_by(2).map(String::from).collect());
-    }
-    // serde-saphyr's wording: `expected one of a, b, c`.
-    let list = list.strip_prefix("one of ").unwrap_or(list);
-    Some(list.split(',').map(|f| f.trim().to_owned()).collect())
-}
-
-/// The fields of a provider type's block.
-fn block_fields(kind: &str) -> Vec<String> {
-    entry_problems(kind, &serde_json::json!({"zzzUnknown": true}))
-        .iter()
-        .find_map(|p| fields_in(p))
-        .unwrap_or_else(|| panic!("no field list in the refusal of an unknown {kind} field"))
-}
-
-/// A minimal standalone configuration plus `extra` lines, loaded from
-/// `dir` (relative paths resolve against it, so loads from one directory
-/// compare equal).
-fn load_standalone(dir: &std::path::Path, extra: &str) -> Result<StandaloneConfig, String> {
-    let file = dir.join("standalone.yaml");
-    std::fs::write(
-        &file,
-        format!("providersConfig: p.yaml\nmanifests: m\nstateDir: s\n{extra}"),
-    )
-    .expect("a writable temporary file");
-    StandaloneConfig::load(&file).map_err(|e| e.to_string())
-}
-
-/// The settings a documented default stands for: the one code span of a
-/// cell, or a bare number; nothing for prose (`none`, `required`).
-fn documented_default(cell: &str, k: usize) -> Option<String> {
-    let spans = markdown::code_spans(cell);
-    let bare: String = cell.split_whitespace().collect();
-    let joined: String = spans
-        .iter()
-        .map(|s| format!("`{s}`"))
-        .collect::<Vec<_>>()
-        .join(",");
-    if !spans.is_empty() && bare == joined {
-        return spans.get(k).map(|s| (*s).to_owned());
-    }
-    cell.trim().parse::<u64>().ok().map(|n| n.to_string())
 }
 
 /// Tables of configuration fields (a `field` column) name fields the
@@ -516,72 +418,6 @@ fn schemas() -> [(&'static str, Value); 2] {
     ]
 }
 
-/// Fields the schema does not have: the API server prunes them (or, with
-/// strict field validation, refuses the object), so an example showing one
-/// shows a setting that does nothing.
-fn unknown_fields(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
-    match value {
-        Value::Object(map) => {
-            if schema["x-kubernetes-preserve-unknown-fields"] == true {
-                return;
-            }
-            if let Some(values) = schema.get("additionalProperties") {
-                for (key, child) in map {
-                    unknown_fields(values, child, &format!("{path}.{key}"), out);
-                }
-                return;
-            }
-            for (key, child) in map {
-                let child_path = if path.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{path}.{key}")
-                };
-                match schema["properties"].get(key) {
-                    Some(child_schema) => unknown_fields(child_schema, child, &child_path, out),
-                    None if path.is_empty() && ["apiVersion", "kind", "metadata"].contains(&key.as_str()) => {
-                    }
-                    None => out.push(format!("unknown field `{child_path}`")),
-                }
-            }
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                unknown_fields(&schema["items"], item, &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// What the API server would say about `object`: unknown fields, schema
-/// violations (types, enums, required fields, bounds) and failed CEL
-/// rules. For a part of an object (`partial`), fields it leaves out and
-/// the rules that need them do not count.
-fn rejections(schema: &Value, object: &Value, partial: bool) -> Vec<String> {
-    let mut out = Vec::new();
-    unknown_fields(schema, object, "", &mut out);
-    let validator = jsonschema::options()
-        .with_draft(jsonschema::Draft::Draft4)
-        .build(schema)
-        .expect("the CRD schema compiles");
-    out.extend(
-        validator
-            .iter_errors(object)
-            .map(|e| format!("{}: {e}", e.instance_path()))
-            .filter(|e| !(partial && e.contains("is a required property"))),
-    );
-    if !partial {
-        out.extend(
-            kube_cel::Validator::new()
-                .validate(schema, object, None)
-                .into_iter()
-                .map(|e| e.to_string()),
-        );
-    }
-    out
-}
-
 /// YAML files in the repository that are examples too.
 const EXAMPLE_MANIFESTS: [&str; 2] = ["deploy/samples", "config/standalone/proxies"];
 
@@ -672,76 +508,6 @@ fn proxy_and_pool_examples_fit_the_crd_schemas() {
     fail_on("Proxy/ProxyPool examples", &wrong);
 }
 
-/// An inline span that may be a field path, in the schema's notation:
-/// `spec.placement.image`, `.status.phase`, `status.conditions[0].type`
-/// (indices become `[]`), `healthCheck.interval`.
-fn field_path(span: &str) -> Option<String> {
-    let path = span.strip_prefix('.').unwrap_or(span);
-    if !path.contains('.') {
-        return None;
-    }
-    let mut clean = String::new();
-    let mut chars = path.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '[' => {
-                chars.by_ref().take_while(|&c| c != ']').for_each(drop);
-                clean.push_str("[]");
-            }
-            c if c.is_ascii_alphanumeric() || c == '.' || c == '_' => clean.push(c),
-            _ => return None,
-        }
-    }
-    Some(clean)
-}
-
-/// Names of tracing spans (`status.patch`, `health.probe`): they look like
-/// field paths and are not.
-fn span_names() -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let mut files = Vec::new();
-    for dir in ["src", "actors/src"] {
-        rust_files(&repo_root().join(dir), &mut files);
-    }
-    for file in files {
-        let text = std::fs::read_to_string(&file).expect("a readable source file");
-        for (marker, reach) in [("instrument(name = \"", 0), ("span!(", 300)] {
-            for (at, _) in text.match_indices(marker) {
-                let after = &text[at + marker.len()..];
-                let window = if reach == 0 {
-                    after
-                        .split('"')
-                        .next()
-                        .map(|n| format!("\"{n}\""))
-                        .unwrap_or_default()
-                } else {
-                    after.chars().take(reach).collect()
-                };
-                names.extend(
-                    window
-                        .split('"')
-                        .skip(1)
-                        .step_by(2)
-                        .filter(|n| n.contains('.'))
-                        .map(String::from),
-                );
-            }
-        }
-    }
-    names
-}
-
-fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("a source directory") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// Every inline field path of the docs names a field of the Proxy or
 /// ProxyPool CRD: a full path (`spec.…`, `status.…`) as it is, a path
 /// starting at one of their object fields (`placement.image`) under
@@ -797,115 +563,6 @@ fn field_paths_named_in_the_docs_exist_in_the_crds() {
     fail_on("field paths", &wrong);
 }
 
-/// The metric families `src/telemetry/metrics.rs` registers, by name,
-/// with their type. Read from its `register` calls: a family shows in the
-/// encoded registry only once it has a sample, and most have labels none
-/// of which is set before the operator runs. The families that do show are
-/// compared with what is read, so the reading cannot drift from the code.
-fn registered_metrics() -> Vec<(String, String)> {
-    let source =
-        std::fs::read_to_string(repo_root().join("src/telemetry/metrics.rs")).expect("the metrics source");
-    let kind_of_field = |field: &str| {
-        let declaration = source
-            .lines()
-            .map(str::trim)
-            .find_map(|l| l.strip_prefix(&format!("pub {field}: ")))
-            .unwrap_or("");
-        ["Histogram", "Counter", "Gauge"]
-            .into_iter()
-            .find(|t| declaration.contains(t))
-            .map_or("unknown", |t| {
-                if t == "Histogram" {
-                    "histogram"
-                } else if t == "Counter" {
-                    "counter"
-                } else {
-                    "gauge"
-                }
-            })
-    };
-    let mut families = Vec::new();
-    for call in source.split("registry.register").skip(1) {
-        let call = call.split(");").next().unwrap_or("");
-        let Some(name) = call.split('"').nth(1) else {
-            continue;
-        };
-        let unit = call
-            .split("Unit::")
-            .nth(1)
-            .map(|u| {
-                format!(
-                    "_{}",
-                    u.split(|c: char| !c.is_alphanumeric())
-                        .next()
-                        .unwrap_or("")
-                        .to_lowercase()
-                )
-            })
-            .unwrap_or_default();
-        let field = call
-            .split("m.")
-            .nth(1)
-            .and_then(|f| f.split('.').next())
-            .unwrap_or("");
-        families.push((
-            format!("egress_proxies_{name}{unit}"),
-            kind_of_field(field).to_owned(),
-        ));
-    }
-    let encoded = egress_proxies::telemetry::metrics().encode();
-    for (name, kind) in encoded
-        .lines()
-        .filter_map(|line| line.strip_prefix("# TYPE egress_proxies_"))
-        .filter_map(|rest| rest.split_once(' '))
-    {
-        let family = (format!("egress_proxies_{name}"), kind.to_owned());
-        assert!(
-            families.contains(&family),
-            "{family:?} is registered but not read from the source: {families:?}"
-        );
-    }
-    families
-}
-
-/// The sample names a family of this type exposes.
-fn sample_names(family: &str, kind: &str) -> Vec<String> {
-    let suffixes: &[&str] = match kind {
-        "counter" => &["_total", "_created"],
-        "histogram" => &["_bucket", "_sum", "_count", "_created"],
-        "info" => &["_info"],
-        _ => &[""],
-    };
-    suffixes.iter().map(|s| format!("{family}{s}")).collect()
-}
-
-/// The `egress_proxies_*` metric names in a text, each with its 1-based
-/// line; `true` when it is a prefix (`egress_proxies_pool_*`). Rust paths
-/// (`egress_proxies_operator::access`) and dictionary keys
-/// (`meta["egress_proxies_skip"]`) are not metrics.
-fn metric_names(text: &str) -> Vec<(usize, String, bool)> {
-    let mut found = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let mut from = 0;
-        while let Some(at) = line[from..].find("egress_proxies_").map(|i| i + from) {
-            let end = line[at..]
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .map_or(line.len(), |i| i + at);
-            from = end;
-            let name = &line[at..end];
-            let before = &line[..at];
-            let after = &line[end..];
-            let word_start = !before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
-            if !word_start || after.starts_with("::") || before.ends_with("[\"") || before.ends_with("['") {
-                continue;
-            }
-            let prefix = name.ends_with('_') || after.starts_with('*');
-            found.push((n + 1, name.trim_end_matches('_').to_owned(), prefix));
-        }
-    }
-    found
-}
-
 fn monitoring_files() -> Vec<std::path::PathBuf> {
     let dir = repo_root().join("deploy/monitoring");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
@@ -957,111 +614,6 @@ fn metric_names_in_the_docs_and_dashboards_are_registered() {
         "only {checked} metric names found: is the check reading the files?"
     );
     fail_on("metric names", &wrong);
-}
-
-#[test]
-fn metric_names_are_found_but_not_rust_paths_or_keys() {
-    let text = "rate(egress_proxies_gc_sweeps_total[5m]) and `egress_proxies_provider_*`\n\
-                `egress_proxies_operator::access` meta[\"egress_proxies_skip\"]";
-    assert_eq!(
-        metric_names(text),
-        [
-            (1, "egress_proxies_gc_sweeps_total".to_owned(), false),
-            (1, "egress_proxies_provider".to_owned(), true),
-        ]
-    );
-    assert!(
-        sample_names("egress_proxies_probes", "counter").contains(&"egress_proxies_probes_total".to_owned())
-    );
-}
-
-#[test]
-fn field_paths_are_recognised() {
-    assert_eq!(
-        field_path("spec.placement.image").as_deref(),
-        Some("spec.placement.image")
-    );
-    assert_eq!(
-        field_path(".status.conditions[0].type").as_deref(),
-        Some("status.conditions[].type")
-    );
-    assert_eq!(
-        field_path("healthCheck.interval").as_deref(),
-        Some("healthCheck.interval")
-    );
-    assert_eq!(field_path("spec"), None);
-    assert_eq!(field_path("spec.replicas: 3"), None);
-}
-
-#[test]
-fn unknown_fields_are_found_at_any_depth() {
-    let schema: Value = serde_json::json!({"properties": {"spec": {"properties": {
-        "a": {"type": "string"},
-        "m": {"type": "object", "additionalProperties": {"type": "string"}},
-        "l": {"type": "array", "items": {"properties": {"x": {"type": "string"}}}}}}}});
-    let object = serde_json::json!({"apiVersion": "v", "kind": "K", "metadata": {"name": "n"},
-        "spec": {"a": "1", "b": 2, "m": {"any": "ok"}, "l": [{"x": "1"}, {"y": "2"}]}});
-    let mut out = Vec::new();
-    unknown_fields(&schema, &object, "", &mut out);
-    assert_eq!(out, ["unknown field `spec.b`", "unknown field `spec.l[1].y`"]);
-}
-
-/// The fields `validate-config` accepts in the object at `pointer` (a JSON
-/// pointer into `config`), read from its refusal of an unknown one (`None`
-/// where any key goes, such as a map of named images).
-fn accepted_fields(config: &Value, pointer: &str) -> Option<Vec<String>> {
-    let mut probe = config.clone();
-    probe
-        .pointer_mut(pointer)?
-        .as_object_mut()?
-        .insert("zzzUnknown".into(), Value::Bool(true));
-    let yaml = serde_json::to_string(&probe).expect("JSON is YAML");
-    let problems = match ProvidersConfig::parse(&yaml, "probe") {
-        Ok(_) => return None,
-        Err(e) => e.problems(),
-    };
-    let list = problems
-        .iter()
-        .find_map(|p| {
-            p.split_once("unknown field `zzzUnknown`, expected one of ")
-                .map(|(_, l)| l.to_owned())
-        })
-        .or_else(|| {
-            problems.iter().find_map(|p| {
-                p.split_once("unknown field `zzzUnknown`, expected ")
-                    .map(|(_, l)| l.to_owned())
-            })
-        })?;
-    Some(
-        list.split('`')
-            .skip(1)
-            .step_by(2)
-            .filter(|f| *f != "zzzUnknown")
-            .map(String::from)
-            .collect(),
-    )
-}
-
-/// Every object of `value` with its JSON pointer.
-fn objects(value: &Value, pointer: String, out: &mut Vec<String>) {
-    match value {
-        Value::Object(map) => {
-            out.push(pointer.clone());
-            for (key, child) in map {
-                objects(
-                    child,
-                    format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1")),
-                    out,
-                );
-            }
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                objects(item, format!("{pointer}/{i}"), out);
-            }
-        }
-        _ => {}
-    }
 }
 
 /// docs/configuration.md calls `config/providers.yaml` "a full sample with
@@ -1165,41 +717,6 @@ fn wrong_command_lines_are_told_apart_from_right_ones() {
     ] {
         assert_eq!(check(wrong), [expected.to_owned()], "{wrong}");
     }
-}
-
-#[test]
-fn configuration_fragments_are_checked_inside_an_entry_of_their_type() {
-    let problems = |yaml: &str| {
-        let document: Value = serde_saphyr::from_str(yaml).unwrap();
-        config_problems(&document, yaml, "t.md:1")
-    };
-    assert_eq!(
-        problems("local:\n  outgoingAddresses: [127.0.1.0/29]\n"),
-        Some(vec![])
-    );
-    assert_eq!(problems("destinations:\n  allow: [8443]\n"), Some(vec![]));
-    assert_eq!(
-        problems("gcp:\n  network: global/networks/default\n"),
-        Some(vec![]),
-        "a required field left out"
-    );
-    let found = problems("local:\n  outgoingAdresses: [127.0.1.0/29]\n").unwrap();
-    assert!(
-        found.len() == 1 && found[0].contains("unknown field `outgoingAdresses`"),
-        "{found:?}"
-    );
-    let found = problems("destinations:\n  alow: [8443]\n").unwrap();
-    assert!(found.len() == 1 && found[0].contains("alow"), "{found:?}");
-    let found = problems("providers:\n  - name: x\n    type: lokal\n").unwrap();
-    assert!(
-        found.len() == 1 && found[0].contains("not a provider type"),
-        "{found:?}"
-    );
-    assert_eq!(
-        problems("kind: Kustomization\nresources: [a.yaml]\n"),
-        None,
-        "not a configuration"
-    );
 }
 
 #[test]
