@@ -668,7 +668,8 @@ fn the_full_providers_sample_shows_every_field() {
     assert!(checked >= 6, "only {checked} objects of the sample probed");
     assert!(
         missing.is_empty(),
-        "docs/configuration.md calls config/providers.yaml a sample with every optional field; it lacks:\n{}",
+        "config/providers.yaml is the sample with every optional field (its header, docs/configuration.md); \
+         add these, commented out with their defaults:\n{}",
         missing.join("\n")
     );
 }
