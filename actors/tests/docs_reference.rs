@@ -1,8 +1,21 @@
 //! The generated references (docs/reference/) are current, and the facts
-//! the docs state are true of the code: command lines name subcommands and
-//! flags the CLI has, configuration examples parse with the operator's own
-//! parsers, Proxy and ProxyPool examples and field paths fit the CRD
-//! schemas, and metric names are metrics the operator registers.
+//! the docs (README.md, CHANGELOG.md, docs/**/*.md) state are true of the
+//! code:
+//!
+//! - command lines (`egress-proxies-operator …`, `cargo run … -- …`, in
+//!   code blocks and inline code) name subcommands, flags and values the
+//!   CLI has; flag tables give each flag's environment variable and default;
+//! - configuration examples parse with the operator's own parsers (a whole
+//!   providers file as `validate-config` reads it; a part of one provider's
+//!   block inside an entry of its type, fields it leaves out excused);
+//!   field tables name fields the parsers accept; the standalone table's
+//!   defaults are what loading leaves out; `config/providers.yaml` shows
+//!   every field;
+//! - Proxy and ProxyPool examples (and the samples in `deploy/samples/`,
+//!   `config/standalone/proxies/`) fit the CRD schemas as the API server
+//!   checks them, unknown fields refused; field paths named inline exist;
+//! - `egress_proxies_*` names in the docs and `deploy/monitoring/` are
+//!   metrics the operator registers.
 //!
 //! Each failure names the file and line of the wrong fact. The references
 //! are rewritten, instead of compared, with `EPO_BLESS_DOCS=1`.
