@@ -768,3 +768,96 @@ fn crd_examples_are_refused_for_what_the_api_server_refuses() {
             .any(|r| r.contains("Sometimes"))
     );
 }
+
+/// The header lines `kubectl get` prints for a CRD: NAME and the printer
+/// columns (those of priority 1 with `-o wide`), each with or without a
+/// NAMESPACE column first (`-A`).
+fn kubectl_headers(crd: &Value) -> Vec<Vec<String>> {
+    let columns = crd_doc::version(crd)["additionalPrinterColumns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut headers = Vec::new();
+    for wide in [false, true] {
+        let mut header = vec!["NAME".to_owned()];
+        header.extend(
+            columns
+                .iter()
+                .filter(|c| wide || c["priority"].as_u64().unwrap_or(0) == 0)
+                .map(|c| c["name"].as_str().unwrap_or("?").to_uppercase()),
+        );
+        headers.push(header);
+    }
+    with_namespace(headers)
+}
+
+fn with_namespace(headers: Vec<Vec<String>>) -> Vec<Vec<String>> {
+    let mut all = headers.clone();
+    all.extend(
+        headers
+            .into_iter()
+            .map(|h| std::iter::once("NAMESPACE".to_owned()).chain(h).collect()),
+    );
+    all
+}
+
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(String::from).collect()
+}
+
+/// Sample output of `kubectl get px|pp` and `egress-proxies-operator get
+/// proxies|pools` in the docs has the columns they print: a header line
+/// starting `NAME MODE` (proxies) or `NAME DESIRED` (pools) is one of
+/// kubectl's (the CRD's printer columns) or the standalone table's.
+#[test]
+fn sample_tables_have_the_columns_the_commands_print() {
+    use egress_proxies::resource::{pool_table, proxy_table};
+    let now = jiff::Timestamp::now();
+    let first_line = |table: String| words(table.lines().next().unwrap_or(""));
+    let mut proxies = kubectl_headers(&crd("deploy/crd/proxies.yaml"));
+    proxies.extend(with_namespace(vec![
+        first_line(proxy_table(&[], now, false)),
+        first_line(proxy_table(&[], now, true)),
+    ]));
+    let mut pools = kubectl_headers(&crd("deploy/crd/proxypools.yaml"));
+    pools.extend(with_namespace(vec![first_line(pool_table(&[], now))]));
+    // kubectl's and the standalone table agree where they should: one list each.
+    for headers in [&mut proxies, &mut pools] {
+        headers.sort();
+        headers.dedup();
+    }
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for page in user_docs() {
+        for block in page.blocks.iter().filter(|b| SHELL.contains(&b.lang.as_str())) {
+            for (line, text) in &block.lines {
+                let header = words(text);
+                let names: Vec<&str> = header
+                    .iter()
+                    .map(String::as_str)
+                    .skip_while(|w| *w == "NAMESPACE")
+                    .collect();
+                let (kind, valid) = match names.get(..2) {
+                    Some(["NAME", "MODE"]) => ("proxies", &proxies),
+                    Some(["NAME", "DESIRED"]) => ("pools", &pools),
+                    _ => continue,
+                };
+                checked += 1;
+                if !valid.contains(&header) {
+                    let shown: Vec<String> = valid.iter().map(|h| h.join(" ")).collect();
+                    wrong.push(format!(
+                        "{}: `{}` are not the columns listing {kind} prints; one of:\n    {}",
+                        place(&page, *line),
+                        header.join(" "),
+                        shown.join("\n    ")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 3,
+        "only {checked} sample tables found: is the check reading the docs?"
+    );
+    fail_on("sample tables", &wrong);
+}
