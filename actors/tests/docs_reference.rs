@@ -14,6 +14,8 @@
 //! - Proxy and ProxyPool examples (and the samples in `deploy/samples/`,
 //!   `config/standalone/proxies/`) fit the CRD schemas as the API server
 //!   checks them, unknown fields refused; field paths named inline exist;
+//! - sample `kubectl get px|pp` and `get proxies|pools` output has the
+//!   columns the commands print;
 //! - `egress_proxies_*` names in the docs and `deploy/monitoring/` are
 //!   metrics the operator registers.
 //!
