@@ -1,7 +1,7 @@
 //! The layout the docs describe still holds: each provider depends on the
 //! shared provider types only (never on the registry, the decorators the
-//! registry wraps it in, or another provider), and every source path
-//! docs/ names exists.
+//! registry wraps it in, or another provider), and every repository path
+//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists.
 
 use std::path::{Path, PathBuf};
 
@@ -73,49 +73,138 @@ fn providers_depend_on_the_shared_provider_types_only() {
     );
 }
 
-/// Backticked spans in `text` that name a path into `src/` or `actors/`
-/// (patterns with `…`, `*` or `<…>` in them name no one file).
-fn source_paths(text: &str) -> Vec<&str> {
-    text.split('`')
-        .skip(1)
-        .step_by(2)
-        .filter(|span| span.starts_with("src/") || span.starts_with("actors/"))
-        .filter(|span| !span.contains(|c: char| c.is_whitespace() || "…*<".contains(c)))
+/// Top-level entries of the repository (`src`, `deploy`, `README.md`, ...):
+/// a path the docs name starts with one of them.
+fn top_level() -> Vec<String> {
+    std::fs::read_dir(root())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != ".git" && name != "target")
         .collect()
 }
 
+/// Backticked spans outside code blocks that name a repository path, each
+/// with its 1-based line: a top-level directory, a slash and more
+/// (`deploy/crd/proxies.yaml`, `tests/run.sh`), a `#anchor` or `:line`
+/// suffix dropped. Patterns with `…`, `*`, `<…>`, `{…}` or `$` in them name
+/// no one file.
+fn repository_paths(text: &str, top: &[String]) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut in_block = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if in_block {
+            continue;
+        }
+        for span in line.split('`').skip(1).step_by(2) {
+            if span.contains(|c: char| c.is_whitespace() || "…*<>{}$".contains(c)) {
+                continue;
+            }
+            let path = span.trim_start_matches("./").split('#').next().unwrap_or(span);
+            let path = match path.rsplit_once(':') {
+                Some((file, at)) if at.chars().all(|c| c.is_ascii_digit() || c == '-') => file,
+                _ => path,
+            };
+            let Some((first, rest)) = path.split_once('/') else {
+                continue;
+            };
+            if !rest.is_empty() && top.iter().any(|t| t == first) {
+                found.push((n + 1, path.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+/// README.md, CHANGELOG.md and every Markdown file under docs/.
+fn user_docs() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut docs = Vec::new();
+    walk(&root().join("docs"), &mut docs);
+    docs.sort();
+    docs.extend(
+        ["README.md", "CHANGELOG.md"]
+            .map(|f| root().join(f))
+            .into_iter()
+            .filter(|f| f.exists()),
+    );
+    docs
+}
+
+/// Paths the repository's `.gitignore` keeps out: made at run time (the
+/// quickstart's state directory), so a page may name them though no
+/// checkout has them.
+fn ignored(path: &str) -> bool {
+    let rules = std::fs::read_to_string(root().join(".gitignore")).unwrap_or_default();
+    let path = format!("/{}", path.trim_end_matches('/'));
+    rules
+        .lines()
+        .map(|rule| rule.trim().trim_end_matches('/'))
+        .filter(|rule| !rule.is_empty() && !rule.starts_with('#'))
+        .any(|rule| match rule.strip_prefix('/') {
+            Some(anchored) => path == format!("/{anchored}") || path.starts_with(&format!("/{anchored}/")),
+            None => path.split('/').any(|part| part == rule),
+        })
+}
+
 #[test]
-fn every_source_path_the_docs_name_exists() {
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    docs.push(root().join("README.md"));
+fn every_repository_path_the_docs_name_exists() {
+    let top = top_level();
     let mut missing = Vec::new();
     let mut named = 0;
-    for doc in &docs {
-        let text = std::fs::read_to_string(doc).unwrap();
-        for path in source_paths(&text) {
+    for doc in user_docs() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        let shown = doc.strip_prefix(root()).unwrap().display().to_string();
+        for (line, path) in repository_paths(&text, &top) {
             named += 1;
-            if !root().join(path).exists() {
-                missing.push(format!("{}: `{path}`", doc.display()));
+            if !root().join(&path).exists() && !ignored(&path) {
+                missing.push(format!("{shown}:{line}: `{path}`"));
             }
         }
     }
     assert!(
-        named > 20,
-        "the docs name only {named} source paths: is the check reading them?"
+        named > 50,
+        "the docs name only {named} repository paths: is the check reading them?"
     );
     assert!(
         missing.is_empty(),
-        "docs name paths that do not exist:\n{}",
+        "docs name paths that do not exist (write the path from the repository root):\n{}",
         missing.join("\n")
     );
 }
 
 #[test]
-fn source_paths_are_found_between_backticks() {
-    let text = "see `src/a.rs` and `actors/src/b/` but not `src/a b`, `src/…`, `other/x.rs` or src/c.rs";
-    assert_eq!(source_paths(text), ["src/a.rs", "actors/src/b/"]);
+fn paths_made_at_run_time_are_the_ignored_ones() {
+    assert!(ignored("config/standalone/state/"));
+    assert!(ignored("config/standalone/state/state.db"));
+    assert!(ignored("target/debug/egress-proxies-operator"));
+    assert!(!ignored("config/standalone/proxies/"));
+    assert!(!ignored("tests/semantics.rs"));
+}
+
+#[test]
+fn repository_paths_are_found_between_backticks() {
+    let top = ["src", "deploy", "tests"].map(String::from);
+    let text = "see `src/a.rs:12` and `deploy/crd/#x` but not `src/a b`, `src/…`, `other/x.rs`, `src/`\n\
+                ```sh\ncat `tests/in-a-block.sh`\n```\nor src/c.rs, `./tests/run.sh`";
+    assert_eq!(
+        repository_paths(text, &top),
+        [
+            (1, "src/a.rs".to_owned()),
+            (1, "deploy/crd/".to_owned()),
+            (5, "tests/run.sh".to_owned())
+        ]
+    );
 }

@@ -47,6 +47,7 @@ pub enum Command {
     },
     /// Show stored objects as a table (standalone mode).
     Get {
+        /// What to list.
         #[arg(value_enum)]
         resource: Resource,
         /// The standalone configuration whose state to read.
@@ -70,6 +71,7 @@ pub enum Command {
     /// The built-in forward proxy a local instance runs (started by the local provider).
     #[command(hide = true)]
     ForwardProxy {
+        /// The address and port to listen on.
         #[arg(long)]
         listen: std::net::SocketAddr,
         /// The instance directory (named in its log lines).

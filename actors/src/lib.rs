@@ -14,6 +14,7 @@
 //! defined in its own file (docs/architecture.md#messages).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cli;
 pub mod discovery;
 pub mod gc_sweeper;
 pub mod health_prober;

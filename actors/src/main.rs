@@ -1,8 +1,6 @@
 //! `egress-proxies-operator`: the binary.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
-mod cli;
-
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -10,9 +8,8 @@ use clap::Parser;
 use egress_proxies::config::ProvidersConfig;
 use egress_proxies::resource::{ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table};
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
+use egress_proxies_operator::cli::{self, Cli, Command, LoggingArgs, RunArgs};
 use egress_proxies_operator::{operator, standalone, system};
-
-use cli::{Cli, Command, LoggingArgs, RunArgs};
 
 /// jemalloc instead of the system allocator: thousands of actors and
 /// probes allocate small objects on several threads, where glibc's arenas
