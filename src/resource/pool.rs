@@ -182,8 +182,10 @@ pub struct ProxyTemplate {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Autoscaling {
+    /// The fewest members, also with no demand.
     #[schemars(range(min = 0))]
     pub min_replicas: u32,
+    /// The most members, however high the demand.
     #[schemars(range(min = 1))]
     pub max_replicas: u32,
     /// Share of the pool's lease capacity in use the autoscaler aims for, in percent.

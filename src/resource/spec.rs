@@ -109,12 +109,20 @@ impl Mode {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
+    /// A region; no provider of this version reads it (it still counts as a
+    /// spec change that replaces the instance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// gcp: the Compute Engine zone (required). kvm: the configured host to
+    /// run on (required when the provider has several hosts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// gcp: the machine type, e.g. `e2-small`. kvm: a key of the provider's
+    /// `machineTypes`. Required by both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_type: Option<String>,
+    /// gcp: the boot image (required). kvm: a key of the provider's `images`,
+    /// or an image URL with its sha256 where the provider allows URLs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }
