@@ -37,10 +37,19 @@
 //! and name prefix ([`State::deny`]): writes answer `403` as the API
 //! server's do.
 //!
+//! Discovery and OpenAPI v3 as kubectl reads them (see the `discovery`
+//! module), so the real `kubectl apply` works against it. With
+//! [`FakeApiServer::start_cluster`] it keeps a cluster's rules too: objects
+//! only in namespaces that exist, namespace deletion emptying the namespace,
+//! custom kinds served only while their CRD exists (see [`State::cluster`]).
+//!
 //! Not modelled (no real API server can run here): schema validation and
-//! defaulting, other admission, RBAC, server-side apply, strategic merge
-//! beyond a JSON merge, foreground deletion, pods that actually run.
+//! defaulting (a `fieldValidation` parameter is accepted and not acted on),
+//! other admission, RBAC, server-side apply, strategic merge beyond a JSON
+//! merge, foreground deletion, controllers (no Deployment makes pods), pods
+//! that actually run.
 
+mod discovery;
 mod kinds;
 mod reviews;
 mod selector;
@@ -55,6 +64,7 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+pub use discovery::VERSION;
 pub use kinds::{KINDS, Kind};
 pub use reviews::Reviews;
 pub use selector::Selector;
@@ -93,10 +103,21 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Serves on a loopback port; the server runs on the current actix/tokio runtime.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_with(State::default())
+    }
+
+    /// A server with a whole cluster's rules ([`State::cluster`]): the
+    /// initial namespaces, objects only in namespaces that exist, custom
+    /// kinds only while their CRD exists. What `kubectl apply` meets.
+    pub fn start_cluster() -> std::io::Result<Self> {
+        Self::start_with(State::cluster())
+    }
+
+    fn start_with(state: State) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let fake = Self {
             addr: listener.local_addr()?,
-            state: Arc::new(Mutex::new(State::default())),
+            state: Arc::new(Mutex::new(state)),
             accesses: Arc::new(Mutex::new(Vec::new())),
             bookmark_every: Duration::from_secs(1),
             stalled: Arc::new(watch::Sender::new(false)),
@@ -313,7 +334,13 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
     if let Some(answer) = review(&req, &body, &fake) {
         return answer;
     }
-    let Some(target) = parse_path(req.path()) else {
+    if req.method() == actix_web::http::Method::GET
+        && let Some(answer) = discovery::answer(req.path(), &fake.lock())
+    {
+        return respond(Ok(answer), 200);
+    }
+    let target = parse_path(req.path()).filter(|t| fake.lock().serves(t.kind));
+    let Some(target) = target else {
         return respond(
             Err(ApiError::new(
                 404,
