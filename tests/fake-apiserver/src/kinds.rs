@@ -119,7 +119,3 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<usize> {
         .position(|k| k.group == group && k.version == version && k.plural == plural)
 }
 
-/// The kind named `kind` in `group` (any version).
-pub fn find_kind(group: &str, kind: &str) -> Option<usize> {
-    KINDS.iter().position(|k| k.group == group && k.kind == kind)
-}
