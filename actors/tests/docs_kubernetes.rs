@@ -600,6 +600,7 @@ impl Shell {
         } else {
             self.send(&format!("{marker}source {} </dev/null\n: > {}\n", file.display(), done.display()));
         }
+        eprintln!("running {}{}", block.place(), if background { " (background)" } else { "" });
         let started = Instant::now();
         loop {
             kubelet.tick();

@@ -43,6 +43,9 @@
 //! only in namespaces that exist, namespace deletion emptying the namespace,
 //! custom kinds served only while their CRD exists (see [`State::cluster`]).
 //!
+//! Request bodies in protobuf, as kubectl's typed commands send them, are
+//! decoded for Secrets, ConfigMaps and Namespaces (the `protobuf` module).
+//!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting (a `fieldValidation` parameter is accepted and not acted on),
 //! other admission, RBAC, server-side apply, strategic merge beyond a JSON
@@ -51,6 +54,7 @@
 
 mod discovery;
 mod kinds;
+mod protobuf;
 mod reviews;
 mod selector;
 mod state;
@@ -360,7 +364,15 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
     }
     let params = query(&req);
     let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let protobuf = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(protobuf::CONTENT_TYPE));
     let parse_body = || -> Result<Value, ApiError> {
+        if protobuf {
+            return protobuf::decode(&body);
+        }
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
     };
@@ -475,11 +487,13 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             if let Some(policy) = param("propagationPolicy") {
                 options["propagationPolicy"] = json!(policy);
             }
-            respond(
-                fake.lock_as(&manager)
-                    .delete(target.kind, &namespace, name, &options),
-                200,
-            )
+            let result = fake
+                .lock_as(&manager)
+                .delete(target.kind, &namespace, name, &options);
+            if result.is_ok() && (kind.group, kind.kind) == ("", "Namespace") {
+                namespace_controller(fake.state.clone());
+            }
+            respond(result, 200)
         }
         _ => HttpResponse::MethodNotAllowed().json(
             ApiError::new(
@@ -490,6 +504,21 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .status(),
         ),
     }
+}
+
+/// The namespace controller, after a namespace was deleted: empties
+/// terminating namespaces every half second until none is left.
+fn namespace_controller(state: Arc<Mutex<State>>) {
+    actix_rt::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.empty_terminating_namespaces();
+            if !state.namespaces_terminating() {
+                return;
+            }
+        }
+    });
 }
 
 /// `GET`, `PATCH` (merge) and `PUT` on `.../{name}/scale`.

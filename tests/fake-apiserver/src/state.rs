@@ -225,9 +225,12 @@ impl State {
     /// - an object can only be created in a namespace that exists (`404
     ///   namespaces "x" not found`) and is not being deleted (`403`), as the
     ///   NamespaceLifecycle admission plugin does;
-    /// - deleting a namespace marks it `Terminating` and deletes everything
-    ///   in it (finalizers hold objects as usual); the namespace goes once it
-    ///   is empty;
+    /// - deleting a namespace marks it `Terminating`; soon after, the
+    ///   namespace controller's pass ([`State::empty_terminating_namespaces`],
+    ///   run by the server half a second after the delete and then every
+    ///   half second while any namespace terminates) deletes everything in
+    ///   it (finalizers hold objects as usual); the namespace goes once it is
+    ///   empty;
     /// - a custom kind is served only while its CustomResourceDefinition
     ///   exists (before, its paths answer `404` and discovery omits it);
     ///   deleting the CRD deletes its objects.
@@ -738,8 +741,9 @@ impl State {
         Ok(current)
     }
 
-    /// Marks a namespace Terminating and deletes what it holds; it goes
-    /// once nothing is left in it.
+    /// Marks a namespace Terminating; [`State::empty_terminating_namespaces`]
+    /// deletes what it holds later, as the namespace controller does, and
+    /// it goes once nothing is left in it.
     fn delete_namespace(&mut self, kind: usize, name: &str, mut current: Value) -> Result<Value, ApiError> {
         if meta(&current).get("deletionTimestamp").is_some_and(|d| !d.is_null()) {
             return Ok(current);
@@ -751,17 +755,35 @@ impl State {
         self.objects
             .insert((kind, String::new(), name.to_owned()), current.clone());
         self.emit(kind, "MODIFIED", current.clone());
+        Ok(current)
+    }
+
+    /// The namespace controller's pass: deletes everything in Terminating
+    /// namespaces (finalizers hold objects as usual); empty ones go.
+    pub fn empty_terminating_namespaces(&mut self) {
+        let Some(namespaces) = crate::kinds::find("", "v1", "namespaces") else {
+            return;
+        };
+        let terminating: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|((k, _, _), o)| *k == namespaces && meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null()))
+            .map(|((_, _, name), _)| name.clone())
+            .collect();
         let inside: Vec<Key> = self
             .objects
-            .keys()
-            .filter(|(k, ns, _)| KINDS[*k].namespaced && ns == name)
-            .cloned()
+            .iter()
+            .filter(|((k, ns, _), o)| {
+                KINDS[*k].namespaced
+                    && terminating.contains(ns)
+                    && !meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null())
+            })
+            .map(|(key, _)| key.clone())
             .collect();
         for (k, ns, n) in inside {
             let _ = self.delete(k, &ns, &n, &Value::Null);
         }
         self.finish_namespaces();
-        Ok(self.get(kind, "", name).unwrap_or(current))
     }
 
     /// Deleting a CRD deletes its objects (their finalizers hold them as usual).
@@ -777,6 +799,16 @@ impl State {
         for (k, ns, n) in objects {
             let _ = self.delete(k, &ns, &n, &Value::Null);
         }
+    }
+
+    /// Whether any namespace is being deleted.
+    pub fn namespaces_terminating(&self) -> bool {
+        let Some(namespaces) = crate::kinds::find("", "v1", "namespaces") else {
+            return false;
+        };
+        self.objects
+            .iter()
+            .any(|((k, _, _), o)| *k == namespaces && meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null()))
     }
 
     /// Terminating namespaces with nothing left in them go.

@@ -175,7 +175,15 @@ async fn objects_live_only_in_namespaces_that_exist() {
     assert_eq!(call(&fake, "POST", "/api/v1/namespaces/crawlers/configmaps", Some(held)).await.0, 201);
     let (code, terminating) = call(&fake, "DELETE", "/api/v1/namespaces/crawlers", None).await;
     assert_eq!((code, terminating["status"]["phase"].as_str()), (200, Some("Terminating")));
-    assert_eq!(call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None).await.0, 404);
+    // The namespace controller empties it soon after, not at once (what
+    // `kubectl delete -k` deletes after the namespace is still there).
+    assert_eq!(call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None).await.0, 200);
+    let mut waited = 0;
+    while call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None).await.0 != 404 {
+        assert!(waited < 50, "the namespace's Secret is deleted within 5 s");
+        waited += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (code, status) = call(&fake, "POST", "/api/v1/namespaces/crawlers/secrets", Some(secret)).await;
     assert_eq!((code, status["reason"].as_str()), (403, Some("Forbidden")));
     assert_eq!(call(&fake, "GET", "/api/v1/namespaces/crawlers", None).await.0, 200);
@@ -256,4 +264,38 @@ async fn kubectl_applies_kustomizations() {
     assert!(ok && out.contains("proxy.crawl.example.com/kubernetes-1"), "{out}");
     let (ok, out) = run(&["apply", "-k", "deploy/default"]).await;
     assert!(ok && out.contains("deployment.apps/egress-proxies-operator unchanged"), "{out}");
+}
+
+/// kubectl's typed commands send protobuf: decoded for the kinds they write.
+#[actix_rt::test]
+async fn kubectl_creates_secrets_configmaps_and_namespaces() {
+    let fake = FakeApiServer::start_cluster().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, fake.kubeconfig("default")).unwrap();
+    let run = async |args: &[&str]| {
+        let out = kubectl(&kubeconfig, dir.path(), args).await;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, out) = run(&["-n", "proto", "create", "secret", "generic", "s", "--from-literal=token=abc"]).await;
+    assert!(!ok && out.contains("namespaces \"proto\" not found"), "{out}");
+    let (ok, out) = run(&["create", "namespace", "proto"]).await;
+    assert!(ok, "{out}");
+    let (ok, out) = run(&["-n", "proto", "create", "secret", "generic", "s", "--from-literal=token=abc", "--from-literal=other=x y"]).await;
+    assert!(ok, "{out}");
+    let (ok, out) = run(&["-n", "proto", "create", "configmap", "c", "--from-literal=k=v"]).await;
+    assert!(ok, "{out}");
+    let secret = fake.state.lock().unwrap().get(
+        KINDS.iter().position(|k| k.plural == "secrets").unwrap(),
+        "proto",
+        "s",
+    );
+    let secret = secret.unwrap();
+    assert_eq!(secret["data"], json!({"token": "YWJj", "other": "eCB5"}));
+    assert!(secret.get("type").is_none(), "unset, as kubectl sent it (defaulting is not modelled)");
+    let (ok, out) = run(&["-n", "proto", "get", "configmap", "c", "-o", "jsonpath={.data.k}"]).await;
+    assert_eq!((ok, out.as_str()), (true, "v"));
+    let (_, ns) = call(&fake, "GET", "/api/v1/namespaces/proto", None).await;
+    assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "proto");
 }
