@@ -35,7 +35,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -107,20 +106,24 @@ struct Kubelet {
     /// An image pull that can never succeed: fails the test at once.
     pull_failure: Option<String>,
     started: usize,
-    /// The test's own proxy: its UID once created, and the port its stand-in serves.
-    own_proxy: Option<(String, u16)>,
+    /// The UID of the test's own proxy, once created.
+    own_proxy: Option<String>,
 }
 
 impl Kubelet {
     /// The operator's Deployment: the one whose container runs the operator's image.
     fn deployment(&self) -> Option<Value> {
-        list(&self.fake, "apps", "deployments", None).into_iter().find(|d| {
-            d["spec"]["template"]["spec"]["containers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| image_repository(c["image"].as_str().unwrap_or_default()) == "egress-proxies-operator")
-        })
+        list(&self.fake, "apps", "deployments", None)
+            .into_iter()
+            .find(|d| {
+                d["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| {
+                        image_repository(c["image"].as_str().unwrap_or_default()) == "egress-proxies-operator"
+                    })
+            })
     }
 
     /// One look at the cluster: start, restart or stop the operator; run the own proxy's pod.
@@ -178,11 +181,16 @@ impl Kubelet {
     /// `~/.curlrc`: each Service selecting the operator's pod, by its
     /// in-cluster name, connects to the loopback port behind it.
     fn write_curlrc(&self, ports: &BTreeMap<String, (u16, u16)>) {
-        let Some(deployment) = self.deployment() else { return };
+        let Some(deployment) = self.deployment() else {
+            return;
+        };
         let labels = &deployment["spec"]["template"]["metadata"]["labels"];
         let mut lines = String::new();
         for service in list(&self.fake, "", "services", None) {
-            let selector = service["spec"]["selector"].as_object().cloned().unwrap_or_default();
+            let selector = service["spec"]["selector"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
             if selector.is_empty() || selector.iter().any(|(k, v)| labels[k] != *v) {
                 continue;
             }
@@ -212,7 +220,10 @@ impl Kubelet {
 
     /// What the kubelet would run for the Deployment's pod, or why it cannot.
     fn pod_from(&self, deployment: &Value) -> Result<Pod, Wait> {
-        let ns = deployment["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
+        let ns = deployment["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let spec = &deployment["spec"]["template"]["spec"];
         let container = spec["containers"]
             .as_array()
@@ -221,7 +232,11 @@ impl Kubelet {
         check_pull(container)?;
         let dir = self.root.join(format!("pod-{}", self.started + 1));
         std::fs::create_dir_all(&dir).unwrap();
-        let pod_name = format!("{}-kubelet-{}", deployment["metadata"]["name"].as_str().unwrap_or("pod"), self.started + 1);
+        let pod_name = format!(
+            "{}-kubelet-{}",
+            deployment["metadata"]["name"].as_str().unwrap_or("pod"),
+            self.started + 1
+        );
 
         // Env, in order: `$(VAR)` refers to variables defined before.
         let mut env: Vec<(String, String)> = Vec::new();
@@ -285,7 +300,12 @@ impl Kubelet {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|p| (p["containerPort"].as_u64().unwrap_or(0), p["name"].as_str().unwrap_or_default().to_owned()))
+            .map(|p| {
+                (
+                    p["containerPort"].as_u64().unwrap_or(0),
+                    p["name"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
             .collect();
         let mut ports = BTreeMap::new();
         let mut args = Vec::new();
@@ -300,7 +320,10 @@ impl Kubelet {
         while let Some(arg) = iter.next() {
             let (flag, value) = match arg.split_once('=') {
                 Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-                _ if arg.starts_with("--") && iter.peek().is_some_and(|n| !n.starts_with("--")) && takes_value(arg) => {
+                _ if arg.starts_with("--")
+                    && iter.peek().is_some_and(|n| !n.starts_with("--"))
+                    && takes_value(arg) =>
+                {
                     (arg.clone(), iter.next().cloned())
                 }
                 _ => (arg.clone(), None),
@@ -310,7 +333,10 @@ impl Kubelet {
                 Some(v) if flag.ends_with("-bind-address") && v != "0" => {
                     let container_port: u16 = v.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0);
                     let host = free_port();
-                    let name = named_ports.get(&u64::from(container_port)).cloned().unwrap_or_default();
+                    let name = named_ports
+                        .get(&u64::from(container_port))
+                        .cloned()
+                        .unwrap_or_default();
                     ports.insert(name, (container_port, host));
                     args.push(format!("{flag}=127.0.0.1:{host}"));
                 }
@@ -337,7 +363,12 @@ impl Kubelet {
                 args.push(format!("{flag}=127.0.0.1:{host}"));
             }
         }
-        Ok(Pod { args, env, dir, ports })
+        Ok(Pod {
+            args,
+            env,
+            dir,
+            ports,
+        })
     }
 
     /// An env var's `valueFrom`: `None` for an optional reference that is missing.
@@ -346,10 +377,15 @@ impl Kubelet {
             return match field {
                 "metadata.name" => Ok(Some(pod_name.to_owned())),
                 "metadata.namespace" => Ok(Some(ns.to_owned())),
-                other => Err(Wait::Config(format!("fieldRef {other} is not known to this kubelet"))),
+                other => Err(Wait::Config(format!(
+                    "fieldRef {other} is not known to this kubelet"
+                ))),
             };
         }
-        for (key, plural, what) in [("secretKeyRef", "secrets", "Secret"), ("configMapKeyRef", "configmaps", "ConfigMap")] {
+        for (key, plural, what) in [
+            ("secretKeyRef", "secrets", "Secret"),
+            ("configMapKeyRef", "configmaps", "ConfigMap"),
+        ] {
             let reference = &from[key];
             if reference.is_null() {
                 continue;
@@ -374,12 +410,17 @@ impl Kubelet {
                 ))),
             };
         }
-        Err(Wait::Config(format!("valueFrom {from} is not known to this kubelet")))
+        Err(Wait::Config(format!(
+            "valueFrom {from} is not known to this kubelet"
+        )))
     }
 
     /// The files a volume holds (key → content).
     fn volume_files(&self, volume: &Value, ns: &str) -> Result<BTreeMap<String, Vec<u8>>, Wait> {
-        for (key, plural, name_key) in [("configMap", "configmaps", "name"), ("secret", "secrets", "secretName")] {
+        for (key, plural, name_key) in [
+            ("configMap", "configmaps", "name"),
+            ("secret", "secrets", "secretName"),
+        ] {
             let source = &volume[key];
             if source.is_null() {
                 continue;
@@ -397,15 +438,19 @@ impl Kubelet {
         if volume.get("emptyDir").is_some() {
             return Ok(BTreeMap::new());
         }
-        Err(Wait::Config(format!("volume {volume} is not known to this kubelet")))
+        Err(Wait::Config(format!(
+            "volume {volume} is not known to this kubelet"
+        )))
     }
 
     /// The test's own proxy: a pod of the kubernetes provider whose
     /// container is the built-in forward proxy on loopback.
     fn run_own_pod(&mut self) {
-        let Some((uid, port)) = self.own_proxy.clone() else { return };
+        let Some(uid) = self.own_proxy.clone() else { return };
         for pod in list(&self.fake, "", "pods", Some(CRAWLERS)) {
-            if pod["metadata"]["labels"]["crawl.example.com/uid"] != uid.as_str() || pod["status"]["phase"] == "Running" {
+            if pod["metadata"]["labels"]["crawl.example.com/uid"] != uid.as_str()
+                || pod["status"]["phase"] == "Running"
+            {
                 continue;
             }
             let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
@@ -413,9 +458,15 @@ impl Kubelet {
             let running = json!({"status": {"phase": "Running", "podIP": "127.0.0.1",
                 "conditions": [{"type": "Ready", "status": "True"}]}});
             state
-                .patch(kind("", "pods"), CRAWLERS, &name, "application/merge-patch+json", running, true)
+                .patch(
+                    kind("", "pods"),
+                    CRAWLERS,
+                    &name,
+                    "application/merge-patch+json",
+                    running,
+                    true,
+                )
                 .unwrap();
-            let _ = port;
         }
     }
 
@@ -457,7 +508,13 @@ struct Pod {
 }
 
 fn takes_value(flag: &str) -> bool {
-    !matches!(flag, "--leader-elect" | "--trace-health-probes" | "--insecure-discovery-without-token" | "--gcp-wire-log-full-payloads")
+    !matches!(
+        flag,
+        "--leader-elect"
+            | "--trace-health-probes"
+            | "--insecure-discovery-without-token"
+            | "--gcp-wire-log-full-payloads"
+    )
 }
 
 /// `$(VAR)` references to variables defined before, as Kubernetes expands them.
@@ -482,7 +539,10 @@ fn object_data(object: &Value) -> BTreeMap<String, Vec<u8>> {
         out.insert(key.clone(), bytes);
     }
     for (key, value) in object["stringData"].as_object().into_iter().flatten() {
-        out.insert(key.clone(), value.as_str().unwrap_or_default().as_bytes().to_vec());
+        out.insert(
+            key.clone(),
+            value.as_str().unwrap_or_default().as_bytes().to_vec(),
+        );
     }
     out
 }
@@ -502,9 +562,14 @@ fn check_pull(container: &Value) -> Result<(), Wait> {
     let tag = last.split_once(':').map(|(_, t)| t);
     let policy = container["imagePullPolicy"]
         .as_str()
-        .unwrap_or(if matches!(tag, None | Some("latest")) { "Always" } else { "IfNotPresent" });
+        .unwrap_or(if matches!(tag, None | Some("latest")) {
+            "Always"
+        } else {
+            "IfNotPresent"
+        });
     let first = image.split('/').next().unwrap_or_default();
-    let registry = image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let registry =
+        image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
     if policy == "Always" && !registry {
         return Err(Wait::Pull(format!(
             "ErrImagePull: image {image} (pull policy Always) would be pulled from a registry that does not have it: \
@@ -598,9 +663,17 @@ impl Shell {
             ));
             self.backgrounds.push((block.place(), pid));
         } else {
-            self.send(&format!("{marker}source {} </dev/null\n: > {}\n", file.display(), done.display()));
+            self.send(&format!(
+                "{marker}source {} </dev/null\n: > {}\n",
+                file.display(),
+                done.display()
+            ));
         }
-        eprintln!("running {}{}", block.place(), if background { " (background)" } else { "" });
+        eprintln!(
+            "running {}{}",
+            block.place(),
+            if background { " (background)" } else { "" }
+        );
         let started = Instant::now();
         loop {
             kubelet.tick();
@@ -646,7 +719,11 @@ impl Shell {
     fn finish(mut self) {
         for (place, pid_file) in &self.backgrounds {
             let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
-            assert!(alive(pid), "{place}: the background block stopped before the page ended\n{}", self.output());
+            assert!(
+                alive(pid),
+                "{place}: the background block stopped before the page ended\n{}",
+                self.output()
+            );
         }
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(self.child.0.id() as i32),
@@ -658,7 +735,13 @@ impl Shell {
 
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit(')').next().unwrap_or_default().trim_start().starts_with('Z'))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(false)
 }
 
@@ -678,7 +761,10 @@ fn kubernetes_blocks(file: &Path) -> Vec<(ShellBlock, bool)> {
     shell_blocks(file)
         .into_iter()
         .filter_map(|b| match &b.marker {
-            Some(Ok(Marker::Run { bed: Bed::Kubernetes, background })) => {
+            Some(Ok(Marker::Run {
+                bed: Bed::Kubernetes,
+                background,
+            })) => {
                 let background = *background;
                 Some((b, background))
             }
@@ -693,14 +779,29 @@ async fn no_proxy_failed(page: &str, kubelet: &mut Kubelet) {
     loop {
         kubelet.tick();
         let proxies = list(&kubelet.fake, "crawl.example.com", "proxies", None);
-        let name = |p: &Value| format!("{}/{}", p["metadata"]["namespace"].as_str().unwrap_or(""), p["metadata"]["name"].as_str().unwrap_or(""));
+        let name = |p: &Value| {
+            format!(
+                "{}/{}",
+                p["metadata"]["namespace"].as_str().unwrap_or(""),
+                p["metadata"]["name"].as_str().unwrap_or("")
+            )
+        };
         let failed: Vec<String> = proxies
             .iter()
             .filter(|p| p["status"]["phase"] == "Failed")
             .map(|p| format!("{} ({})", name(p), p["status"]["message"].as_str().unwrap_or("")))
             .collect();
-        assert!(failed.is_empty(), "{page} leaves Proxies Failed: {}\n{}", failed.join("; "), kubelet.explain());
-        let without: Vec<String> = proxies.iter().filter(|p| p["status"]["phase"].is_null()).map(name).collect();
+        assert!(
+            failed.is_empty(),
+            "{page} leaves Proxies Failed: {}\n{}",
+            failed.join("; "),
+            kubelet.explain()
+        );
+        let without: Vec<String> = proxies
+            .iter()
+            .filter(|p| p["status"]["phase"].is_null())
+            .map(name)
+            .collect();
         if without.is_empty() {
             return;
         }
@@ -715,11 +816,16 @@ async fn no_proxy_failed(page: &str, kubelet: &mut Kubelet) {
 }
 
 /// The test's own Ready proxy in the crawler namespace (see the module doc).
-async fn add_own_proxy(kubelet: &mut Kubelet) -> SocketAddr {
+async fn add_own_proxy(kubelet: &mut Kubelet) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(egress_proxies::forward_proxy::serve(listener, support::open_to_loopback(), None));
-    let (target, _) = support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        support::open_to_loopback(),
+        None,
+    ));
+    let (target, _) =
+        support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
     let proxy = json!({
         "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
         "metadata": {"name": "doc-test-ready", "namespace": CRAWLERS},
@@ -734,15 +840,21 @@ async fn add_own_proxy(kubelet: &mut Kubelet) -> SocketAddr {
         .create(kind("crawl.example.com", "proxies"), CRAWLERS, proxy)
         .expect("the crawler namespace and the Proxy CRD exist after install.md");
     let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
-    kubelet.own_proxy = Some((uid, addr.port()));
+    kubelet.own_proxy = Some(uid);
     let started = Instant::now();
     loop {
         kubelet.tick();
-        let phase = get(&kubelet.fake, "crawl.example.com", "proxies", CRAWLERS, "doc-test-ready")
-            .map(|p| p["status"].clone())
-            .unwrap_or_default();
+        let phase = get(
+            &kubelet.fake,
+            "crawl.example.com",
+            "proxies",
+            CRAWLERS,
+            "doc-test-ready",
+        )
+        .map(|p| p["status"].clone())
+        .unwrap_or_default();
         if phase["phase"] == "Ready" {
-            return addr;
+            return;
         }
         assert!(
             started.elapsed() < PHASE_TIMEOUT,
@@ -761,7 +873,12 @@ fn copy_repository(dest: &Path) {
         if name == ".git" || name == "target" {
             continue;
         }
-        let status = Command::new("cp").arg("-a").arg(entry.path()).arg(dest).status().unwrap();
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(entry.path())
+            .arg(dest)
+            .status()
+            .unwrap();
         assert!(status.success(), "copying {}", entry.path().display());
     }
 }
@@ -772,8 +889,15 @@ fn readme_summary_matches_install(install: &[(ShellBlock, bool)]) {
     let install_text: Vec<String> = install.iter().map(|(b, _)| b.commands()).collect();
     let install_text = install_text.join("\n");
     let normal = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
-    let install_lines: Vec<String> = install_text.replace("\\\n", " ").lines().map(|l| normal(l.split(" #").next().unwrap_or(l))).collect();
-    for block in shell_blocks(&readme).into_iter().filter(|b| section_of(b) == "Kubernetes mode") {
+    let install_lines: Vec<String> = install_text
+        .replace("\\\n", " ")
+        .lines()
+        .map(|l| normal(l.split(" #").next().unwrap_or(l)))
+        .collect();
+    for block in shell_blocks(&readme)
+        .into_iter()
+        .filter(|b| section_of(b) == "Kubernetes mode")
+    {
         for line in block.commands().replace("\\\n", " ").lines() {
             let line = normal(line.split(" #").next().unwrap_or(line));
             if line.is_empty() {
@@ -790,10 +914,17 @@ fn readme_summary_matches_install(install: &[(ShellBlock, bool)]) {
 
 #[actix_rt::test]
 async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
-    assert!(Path::new(KUBECTL).exists(), "the doc test needs the real kubectl at {KUBECTL}");
+    assert!(
+        Path::new(KUBECTL).exists(),
+        "the doc test needs the real kubectl at {KUBECTL}"
+    );
     let fake = FakeApiServer::start_cluster().unwrap();
     let scratch = Scratch(tempfile::tempdir().unwrap());
-    let (repo, home, bin) = (scratch.path().join("repo"), scratch.path().join("home"), scratch.path().join("bin"));
+    let (repo, home, bin) = (
+        scratch.path().join("repo"),
+        scratch.path().join("home"),
+        scratch.path().join("bin"),
+    );
     for dir in [&repo, &home, &bin] {
         std::fs::create_dir_all(dir).unwrap();
     }
@@ -825,10 +956,14 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
 
     let install = repo_root().join("docs/install.md");
     let install_blocks = kubernetes_blocks(&install);
-    assert!(!install_blocks.is_empty(), "docs/install.md has kubernetes blocks");
+    assert!(
+        !install_blocks.is_empty(),
+        "docs/install.md has kubernetes blocks"
+    );
     readme_summary_matches_install(&install_blocks);
-    let (uninstall, install_steps): (Vec<_>, Vec<_>) =
-        install_blocks.into_iter().partition(|(b, _)| section_of(b) == "Uninstall");
+    let (uninstall, install_steps): (Vec<_>, Vec<_>) = install_blocks
+        .into_iter()
+        .partition(|(b, _)| section_of(b) == "Uninstall");
 
     // install.md, as a reader follows it.
     let mut shell = Shell::new(scratch.path(), "install", &repo, &env);
@@ -843,10 +978,13 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
     );
     // The image the Deployment runs is the one install.md builds and loads.
     let deployment = kubelet.deployment().unwrap();
-    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap().to_owned();
+    let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let text = std::fs::read_to_string(&install).unwrap();
     assert!(
-        text.contains(&format!("docker build")) && text.matches(image.as_str()).count() >= 2,
+        text.contains("docker build") && text.matches(image.as_str()).count() >= 2,
         "docs/install.md builds and loads {image}, the image the Deployment runs"
     );
     no_proxy_failed("docs/install.md", &mut kubelet).await;
@@ -867,7 +1005,15 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
             shell.run(block, *background, &mut kubelet).await;
         }
         shell.finish();
-        no_proxy_failed(&page.display().to_string(), &mut kubelet).await;
+        no_proxy_failed(
+            &page
+                .strip_prefix(repo_root())
+                .unwrap_or(&page)
+                .display()
+                .to_string(),
+            &mut kubelet,
+        )
+        .await;
     }
 
     // install.md's Uninstall, last: the cluster is left without the install.
@@ -878,11 +1024,14 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
     shell.finish();
     kubelet.tick();
     assert!(kubelet.operator.is_none(), "after the uninstall no operator runs");
-    let left: Vec<String> = [("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions")]
-        .into_iter()
-        .flat_map(|(g, p)| list(&fake, g, p, None))
-        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
-        .filter(|n| !["default", "kube-system", "kube-public", "kube-node-lease", "dev"].contains(&n.as_str()))
-        .collect();
+    let left: Vec<String> = [
+        ("", "namespaces"),
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+    ]
+    .into_iter()
+    .flat_map(|(g, p)| list(&fake, g, p, None))
+    .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+    .filter(|n| !["default", "kube-system", "kube-public", "kube-node-lease", "dev"].contains(&n.as_str()))
+    .collect();
     assert!(left.is_empty(), "the uninstall leaves {left:?}");
 }

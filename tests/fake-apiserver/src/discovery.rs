@@ -95,7 +95,16 @@ fn groups(state: &State) -> Value {
 }
 
 fn resources(state: &State, group: &str, version: &str, kinds: &[&Kind]) -> Value {
-    let verbs = json!(["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]);
+    let verbs = json!([
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch"
+    ]);
     let mut list = Vec::new();
     for k in kinds {
         list.push(json!({
@@ -103,8 +112,10 @@ fn resources(state: &State, group: &str, version: &str, kinds: &[&Kind]) -> Valu
             "kind": k.kind, "verbs": verbs, "shortNames": state.short_names(k),
         }));
         if k.status {
-            list.push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
-                "kind": k.kind, "verbs": ["get", "patch", "update"]}));
+            list.push(
+                json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
+                "kind": k.kind, "verbs": ["get", "patch", "update"]}),
+            );
         }
         if k.scale {
             list.push(json!({"name": format!("{}/scale", k.plural), "singularName": "", "namespaced": k.namespaced,

@@ -98,10 +98,38 @@ pub const KINDS: &[Kind] = &[
     kind(RBAC, "v1", "roles", "Role", true, &[]),
     kind(RBAC, "v1", "rolebindings", "RoleBinding", true, &[]),
     kind(RBAC, "v1", "clusterroles", "ClusterRole", false, &[]),
-    kind(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", false, &[]),
-    kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true, &["netpol"]),
-    custom(with_status(kind("crawl.example.com", "v1alpha1", "proxies", "Proxy", true, &[]))),
-    custom(with_scale(kind("crawl.example.com", "v1alpha1", "proxypools", "ProxyPool", true, &[]))),
+    kind(
+        RBAC,
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+        &[],
+    ),
+    kind(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
+    ),
+    custom(with_status(kind(
+        "crawl.example.com",
+        "v1alpha1",
+        "proxies",
+        "Proxy",
+        true,
+        &[],
+    ))),
+    custom(with_scale(kind(
+        "crawl.example.com",
+        "v1alpha1",
+        "proxypools",
+        "ProxyPool",
+        true,
+        &[],
+    ))),
     with_status(kind(
         "apiextensions.k8s.io",
         "v1",
@@ -118,4 +146,3 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<usize> {
         .iter()
         .position(|k| k.group == group && k.version == version && k.plural == plural)
 }
-

@@ -55,7 +55,10 @@ fn fields(buf: &[u8]) -> Result<Vec<(u64, Field<'_>)>, ApiError> {
             0 => Field::Varint(varint(buf, &mut at)?),
             2 => {
                 let len = usize::try_from(varint(buf, &mut at)?).map_err(|_| invalid("length"))?;
-                let end = at.checked_add(len).filter(|e| *e <= buf.len()).ok_or_else(|| invalid("truncated field"))?;
+                let end = at
+                    .checked_add(len)
+                    .filter(|e| *e <= buf.len())
+                    .ok_or_else(|| invalid("truncated field"))?;
                 let bytes = &buf[at..end];
                 at = end;
                 Field::Bytes(bytes)
@@ -139,7 +142,9 @@ fn object_meta(bytes: &[u8]) -> Result<Value, ApiError> {
 
 /// The JSON object a protobuf request body encodes.
 pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
-    let unknown = body.strip_prefix(MAGIC).ok_or_else(|| invalid("no k8s envelope"))?;
+    let unknown = body
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| invalid("no k8s envelope"))?;
     let (mut api_version, mut kind, mut raw) = (String::new(), String::new(), &[][..]);
     for (number, field) in fields(unknown)? {
         match (number, field) {
@@ -160,7 +165,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
         return Err(ApiError::new(
             415,
             "UnsupportedMediaType",
-            format!("this fake decodes protobuf bodies of Secrets, ConfigMaps and Namespaces only (got {kind}); send JSON"),
+            format!(
+                "this fake decodes protobuf bodies of Secrets, ConfigMaps and Namespaces only (got {kind}); send JSON"
+            ),
         ));
     }
     let mut object = json!({"apiVersion": api_version, "kind": kind});
@@ -171,7 +178,9 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
             ("Secret" | "ConfigMap", 2, Field::Bytes(b)) => first_map.push(entry(b)?),
             ("Secret", 3, Field::Bytes(b)) if !b.is_empty() => object["type"] = json!(text(b)?),
             ("Secret", 4, Field::Bytes(b)) | ("ConfigMap", 3, Field::Bytes(b)) => second_map.push(entry(b)?),
-            ("Secret", 5, Field::Varint(v)) | ("ConfigMap", 4, Field::Varint(v)) => object["immutable"] = json!(v != 0),
+            ("Secret", 5, Field::Varint(v)) | ("ConfigMap", 4, Field::Varint(v)) => {
+                object["immutable"] = json!(v != 0)
+            }
             ("Namespace", 2, Field::Bytes(spec)) => {
                 let finalizers: Result<Vec<Value>, ApiError> = fields(spec)?
                     .into_iter()

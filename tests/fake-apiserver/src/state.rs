@@ -163,6 +163,11 @@ fn labels(obj: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(meta(obj)["labels"].clone()).unwrap_or_default()
 }
 
+/// Whether the object is being deleted (has a deletionTimestamp).
+fn deleting(obj: &Value) -> bool {
+    meta(obj).get("deletionTimestamp").is_some_and(|d| !d.is_null())
+}
+
 fn finalizers(obj: &Value) -> Vec<String> {
     serde_json::from_value(meta(obj)["finalizers"].clone()).unwrap_or_default()
 }
@@ -242,7 +247,9 @@ impl State {
         let kind = crate::kinds::find("", "v1", "namespaces").expect("namespaces are served");
         for name in INITIAL_NAMESPACES {
             let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-            state.create(kind, "", namespace).expect("a fresh state takes its namespaces");
+            state
+                .create(kind, "", namespace)
+                .expect("a fresh state takes its namespaces");
         }
         state
     }
@@ -276,8 +283,12 @@ impl State {
         }
         let namespaces = crate::kinds::find("", "v1", "namespaces").expect("namespaces are served");
         match self.objects.get(&(namespaces, String::new(), ns.to_owned())) {
-            None => Err(ApiError::new(404, "NotFound", format!("namespaces {ns:?} not found"))),
-            Some(n) if meta(n).get("deletionTimestamp").is_some_and(|d| !d.is_null()) => Err(ApiError::new(
+            None => Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("namespaces {ns:?} not found"),
+            )),
+            Some(n) if deleting(n) => Err(ApiError::new(
                 403,
                 "Forbidden",
                 format!("unable to create new content in namespace {ns} because it is being terminated"),
@@ -538,9 +549,7 @@ impl State {
         };
         merged["apiVersion"] = json!(k.api_version());
         merged["kind"] = json!(k.kind);
-        let deleting = meta(&current)
-            .get("deletionTimestamp")
-            .is_some_and(|d| !d.is_null());
+        let deleting = deleting(&current);
         if deleting {
             let before = finalizers(&current);
             if finalizers(&merged).iter().any(|f| !before.contains(f)) {
@@ -718,10 +727,7 @@ impl State {
             self.delete_custom_objects(&current);
         }
         if !finalizers(&current).is_empty() {
-            if meta(&current)
-                .get("deletionTimestamp")
-                .is_some_and(|d| !d.is_null())
-            {
+            if deleting(&current) {
                 return Ok(current);
             }
             let rv = self.bump();
@@ -745,7 +751,7 @@ impl State {
     /// deletes what it holds later, as the namespace controller does, and
     /// it goes once nothing is left in it.
     fn delete_namespace(&mut self, kind: usize, name: &str, mut current: Value) -> Result<Value, ApiError> {
-        if meta(&current).get("deletionTimestamp").is_some_and(|d| !d.is_null()) {
+        if deleting(&current) {
             return Ok(current);
         }
         let rv = self.bump();
@@ -767,17 +773,13 @@ impl State {
         let terminating: Vec<String> = self
             .objects
             .iter()
-            .filter(|((k, _, _), o)| *k == namespaces && meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null()))
+            .filter(|((k, _, _), o)| *k == namespaces && deleting(o))
             .map(|((_, _, name), _)| name.clone())
             .collect();
         let inside: Vec<Key> = self
             .objects
             .iter()
-            .filter(|((k, ns, _), o)| {
-                KINDS[*k].namespaced
-                    && terminating.contains(ns)
-                    && !meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null())
-            })
+            .filter(|((k, ns, _), o)| KINDS[*k].namespaced && terminating.contains(ns) && !deleting(o))
             .map(|(key, _)| key.clone())
             .collect();
         for (k, ns, n) in inside {
@@ -808,7 +810,7 @@ impl State {
         };
         self.objects
             .iter()
-            .any(|((k, _, _), o)| *k == namespaces && meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null()))
+            .any(|((k, _, _), o)| *k == namespaces && deleting(o))
     }
 
     /// Terminating namespaces with nothing left in them go.
@@ -824,7 +826,7 @@ impl State {
             .iter()
             .filter(|((k, _, name), o)| {
                 *k == kind
-                    && meta(o).get("deletionTimestamp").is_some_and(|d| !d.is_null())
+                    && deleting(o)
                     && !self
                         .objects
                         .keys()
@@ -1016,9 +1018,7 @@ fn server_set_on_create(k: &crate::kinds::Kind, name: &str, body: &mut Value) {
         }
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             let now = now();
-            let condition = |type_: &str, reason: &str| {
-                json!({"type": type_, "status": "True", "reason": reason, "lastTransitionTime": now, "message": ""})
-            };
+            let condition = |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "lastTransitionTime": now, "message": ""});
             let stored: Vec<Value> = body["spec"]["versions"]
                 .as_array()
                 .into_iter()

@@ -63,7 +63,15 @@ async fn discovery_and_openapi_describe_what_is_served() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    for want in ["namespaces", "namespaces/status", "secrets", "configmaps", "services", "serviceaccounts", "pods"] {
+    for want in [
+        "namespaces",
+        "namespaces/status",
+        "secrets",
+        "configmaps",
+        "services",
+        "serviceaccounts",
+        "pods",
+    ] {
         assert!(names.contains(&want), "{want} in {names:?}");
     }
     let deployments = call(&fake, "GET", "/apis/apps/v1", None).await.1["resources"]
@@ -73,7 +81,13 @@ async fn discovery_and_openapi_describe_what_is_served() {
         .find(|r| r["name"] == "deployments")
         .cloned()
         .unwrap();
-    assert_eq!((deployments["namespaced"].clone(), deployments["shortNames"].clone()), (json!(true), json!(["deploy"])));
+    assert_eq!(
+        (
+            deployments["namespaced"].clone(),
+            deployments["shortNames"].clone()
+        ),
+        (json!(true), json!(["deploy"]))
+    );
     let (_, groups) = call(&fake, "GET", "/apis", None).await;
     let group_names: Vec<&str> = groups["groups"]
         .as_array()
@@ -81,15 +95,26 @@ async fn discovery_and_openapi_describe_what_is_served() {
         .iter()
         .map(|g| g["name"].as_str().unwrap())
         .collect();
-    for want in ["apps", "rbac.authorization.k8s.io", "networking.k8s.io", "apiextensions.k8s.io"] {
+    for want in [
+        "apps",
+        "rbac.authorization.k8s.io",
+        "networking.k8s.io",
+        "apiextensions.k8s.io",
+    ] {
         assert!(group_names.contains(&want), "{want} in {group_names:?}");
     }
-    assert!(!group_names.contains(&"crawl.example.com"), "no CRD yet: {group_names:?}");
+    assert!(
+        !group_names.contains(&"crawl.example.com"),
+        "no CRD yet: {group_names:?}"
+    );
 
     // OpenAPI v3: an index of group versions, each with the PATCH of every
     // kind and its fieldValidation parameter (what kubectl's validation asks).
     let (_, index) = call(&fake, "GET", "/openapi/v3", None).await;
-    let url = index["paths"]["apis/apps/v1"]["serverRelativeURL"].as_str().unwrap().to_owned();
+    let url = index["paths"]["apis/apps/v1"]["serverRelativeURL"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (code, doc) = call(&fake, "GET", &url, None).await;
     assert_eq!(code, 200);
     let patch = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
@@ -105,10 +130,24 @@ async fn discovery_and_openapi_describe_what_is_served() {
             .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
     );
     let apps_paths = doc["paths"].as_object().unwrap();
-    assert!(apps_paths.keys().all(|k| k.contains("{namespace}")), "apps kinds are namespaced: {apps_paths:?}");
-    let (_, rbac) = call(&fake, "GET", "/openapi/v3/apis/rbac.authorization.k8s.io/v1", None).await;
+    assert!(
+        apps_paths.keys().all(|k| k.contains("{namespace}")),
+        "apps kinds are namespaced: {apps_paths:?}"
+    );
+    let (_, rbac) = call(
+        &fake,
+        "GET",
+        "/openapi/v3/apis/rbac.authorization.k8s.io/v1",
+        None,
+    )
+    .await;
     assert!(rbac["paths"]["/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}"]["patch"].is_object());
-    assert_eq!(call(&fake, "GET", "/openapi/v3/apis/crawl.example.com/v1alpha1", None).await.0, 404);
+    assert_eq!(
+        call(&fake, "GET", "/openapi/v3/apis/crawl.example.com/v1alpha1", None)
+            .await
+            .0,
+        404
+    );
 }
 
 #[actix_rt::test]
@@ -116,13 +155,20 @@ async fn custom_kinds_are_served_only_while_their_crd_exists() {
     let fake = FakeApiServer::start_cluster().unwrap();
     let (code, status) = call(&fake, "POST", PROXIES, Some(proxy("a"))).await;
     assert_eq!((code, status["reason"].as_str()), (404, Some("NotFound")));
-    assert_eq!(call(&fake, "GET", "/apis/crawl.example.com/v1alpha1", None).await.0, 404);
+    assert_eq!(
+        call(&fake, "GET", "/apis/crawl.example.com/v1alpha1", None)
+            .await
+            .0,
+        404
+    );
 
     let (code, stored) = call(&fake, "POST", CRDS, Some(crd())).await;
     assert_eq!(code, 201);
     let conditions = stored["status"]["conditions"].as_array().unwrap();
     assert!(
-        conditions.iter().any(|c| c["type"] == "Established" && c["status"] == "True"),
+        conditions
+            .iter()
+            .any(|c| c["type"] == "Established" && c["status"] == "True"),
         "{conditions:?}"
     );
     assert_eq!(stored["status"]["acceptedNames"]["kind"], "Proxy");
@@ -140,7 +186,13 @@ async fn custom_kinds_are_served_only_while_their_crd_exists() {
     assert_eq!(call(&fake, "POST", PROXIES, Some(proxy("a"))).await.0, 201);
 
     // Deleting the CRD deletes its objects; the kind is no longer served.
-    let (code, _) = call(&fake, "DELETE", &format!("{CRDS}/proxies.crawl.example.com"), None).await;
+    let (code, _) = call(
+        &fake,
+        "DELETE",
+        &format!("{CRDS}/proxies.crawl.example.com"),
+        None,
+    )
+    .await;
     assert_eq!(code, 200);
     assert_eq!(call(&fake, "GET", &format!("{PROXIES}/a"), None).await.0, 404);
     call(&fake, "POST", CRDS, Some(crd())).await;
@@ -155,50 +207,124 @@ async fn custom_kinds_are_served_only_while_their_crd_exists() {
 async fn objects_live_only_in_namespaces_that_exist() {
     let fake = FakeApiServer::start_cluster().unwrap();
     let (_, default) = call(&fake, "GET", "/api/v1/namespaces/default", None).await;
-    assert_eq!(default["metadata"]["labels"]["kubernetes.io/metadata.name"], "default");
+    assert_eq!(
+        default["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "default"
+    );
     assert_eq!(default["status"]["phase"], "Active");
     for ns in ["kube-system", "kube-public", "kube-node-lease"] {
-        assert_eq!(call(&fake, "GET", &format!("/api/v1/namespaces/{ns}"), None).await.0, 200, "{ns}");
+        assert_eq!(
+            call(&fake, "GET", &format!("/api/v1/namespaces/{ns}"), None)
+                .await
+                .0,
+            200,
+            "{ns}"
+        );
     }
 
-    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}});
-    let (code, status) = call(&fake, "POST", "/api/v1/namespaces/crawlers/secrets", Some(secret.clone())).await;
-    assert_eq!((code, status["message"].as_str()), (404, Some("namespaces \"crawlers\" not found")));
+    let secret =
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}});
+    let (code, status) = call(
+        &fake,
+        "POST",
+        "/api/v1/namespaces/crawlers/secrets",
+        Some(secret.clone()),
+    )
+    .await;
+    assert_eq!(
+        (code, status["message"].as_str()),
+        (404, Some("namespaces \"crawlers\" not found"))
+    );
 
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "crawlers"}});
     assert_eq!(call(&fake, "POST", "/api/v1/namespaces", Some(ns)).await.0, 201);
-    assert_eq!(call(&fake, "POST", "/api/v1/namespaces/crawlers/secrets", Some(secret.clone())).await.0, 201);
+    assert_eq!(
+        call(
+            &fake,
+            "POST",
+            "/api/v1/namespaces/crawlers/secrets",
+            Some(secret.clone())
+        )
+        .await
+        .0,
+        201
+    );
 
     // An object with a finalizer holds its namespace in Terminating, where
     // nothing new may be created; removing the finalizer lets both go.
     let held = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "held", "finalizers": ["example.com/hold"]}});
-    assert_eq!(call(&fake, "POST", "/api/v1/namespaces/crawlers/configmaps", Some(held)).await.0, 201);
+    assert_eq!(
+        call(
+            &fake,
+            "POST",
+            "/api/v1/namespaces/crawlers/configmaps",
+            Some(held)
+        )
+        .await
+        .0,
+        201
+    );
     let (code, terminating) = call(&fake, "DELETE", "/api/v1/namespaces/crawlers", None).await;
-    assert_eq!((code, terminating["status"]["phase"].as_str()), (200, Some("Terminating")));
+    assert_eq!(
+        (code, terminating["status"]["phase"].as_str()),
+        (200, Some("Terminating"))
+    );
     // The namespace controller empties it soon after, not at once (what
     // `kubectl delete -k` deletes after the namespace is still there).
-    assert_eq!(call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None).await.0, 200);
+    assert_eq!(
+        call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None)
+            .await
+            .0,
+        200
+    );
     let mut waited = 0;
-    while call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None).await.0 != 404 {
+    while call(&fake, "GET", "/api/v1/namespaces/crawlers/secrets/s", None)
+        .await
+        .0
+        != 404
+    {
         assert!(waited < 50, "the namespace's Secret is deleted within 5 s");
         waited += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (code, status) = call(&fake, "POST", "/api/v1/namespaces/crawlers/secrets", Some(secret)).await;
     assert_eq!((code, status["reason"].as_str()), (403, Some("Forbidden")));
-    assert_eq!(call(&fake, "GET", "/api/v1/namespaces/crawlers", None).await.0, 200);
-    let release = json!({"metadata": {"finalizers": null}});
     assert_eq!(
-        call(&fake, "PATCH", "/api/v1/namespaces/crawlers/configmaps/held", Some(release)).await.0,
+        call(&fake, "GET", "/api/v1/namespaces/crawlers", None).await.0,
         200
     );
-    assert_eq!(call(&fake, "GET", "/api/v1/namespaces/crawlers", None).await.0, 404);
+    let release = json!({"metadata": {"finalizers": null}});
+    assert_eq!(
+        call(
+            &fake,
+            "PATCH",
+            "/api/v1/namespaces/crawlers/configmaps/held",
+            Some(release)
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        call(&fake, "GET", "/api/v1/namespaces/crawlers", None).await.0,
+        404
+    );
 }
 
 #[actix_rt::test]
 async fn without_a_cluster_any_namespace_and_kind_is_served() {
     let fake = FakeApiServer::start().unwrap();
-    assert_eq!(call(&fake, "POST", PROXIES.replace("default", "anywhere").as_str(), Some(proxy("a"))).await.0, 201);
+    assert_eq!(
+        call(
+            &fake,
+            "POST",
+            PROXIES.replace("default", "anywhere").as_str(),
+            Some(proxy("a"))
+        )
+        .await
+        .0,
+        201
+    );
     assert!(KINDS.iter().any(|k| k.custom));
 }
 
@@ -232,13 +358,24 @@ async fn kubectl_applies_kustomizations() {
         let out = kubectl(&kubeconfig, dir.path(), args).await;
         (
             out.status.success(),
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
         )
     };
 
     let (ok, out) = run(&["apply", "-k", "deploy/crd"]).await;
     assert!(ok && out.contains("proxies.crawl.example.com created"), "{out}");
-    let (ok, out) = run(&["wait", "--for", "condition=established", "--timeout=10s", "crd/proxies.crawl.example.com"]).await;
+    let (ok, out) = run(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "--timeout=10s",
+        "crd/proxies.crawl.example.com",
+    ])
+    .await;
     assert!(ok, "{out}");
     let (ok, out) = run(&["apply", "-k", "deploy/crd"]).await;
     assert!(ok && out.contains("proxies.crawl.example.com unchanged"), "{out}");
@@ -246,13 +383,19 @@ async fn kubectl_applies_kustomizations() {
     // The samples before the operator's namespace exists: the server refuses
     // the NetworkPolicy of that namespace.
     let (ok, out) = run(&["apply", "-k", "deploy/samples"]).await;
-    assert!(!ok && out.contains("namespaces \"egress-proxies-system\" not found"), "{out}");
+    assert!(
+        !ok && out.contains("namespaces \"egress-proxies-system\" not found"),
+        "{out}"
+    );
     // A namespace on the command line that contradicts the objects' own.
     let (ok, out) = run(&["apply", "-n", "elsewhere", "-k", "deploy/samples"]).await;
     assert!(!ok && out.contains("does not match the namespace"), "{out}");
 
     let (ok, out) = run(&["apply", "-k", "deploy/default"]).await;
-    assert!(ok && out.contains("deployment.apps/egress-proxies-operator created"), "{out}");
+    assert!(
+        ok && out.contains("deployment.apps/egress-proxies-operator created"),
+        "{out}"
+    );
     // What the refused apply created stays; the rest is created now.
     let (ok, out) = run(&["apply", "-k", "deploy/samples"]).await;
     assert!(
@@ -261,9 +404,15 @@ async fn kubectl_applies_kustomizations() {
         "{out}"
     );
     let (ok, out) = run(&["-n", "crawlers", "get", "px", "-o", "name"]).await;
-    assert!(ok && out.contains("proxy.crawl.example.com/kubernetes-1"), "{out}");
+    assert!(
+        ok && out.contains("proxy.crawl.example.com/kubernetes-1"),
+        "{out}"
+    );
     let (ok, out) = run(&["apply", "-k", "deploy/default"]).await;
-    assert!(ok && out.contains("deployment.apps/egress-proxies-operator unchanged"), "{out}");
+    assert!(
+        ok && out.contains("deployment.apps/egress-proxies-operator unchanged"),
+        "{out}"
+    );
 }
 
 /// kubectl's typed commands send protobuf: decoded for the kinds they write.
@@ -275,14 +424,37 @@ async fn kubectl_creates_secrets_configmaps_and_namespaces() {
     std::fs::write(&kubeconfig, fake.kubeconfig("default")).unwrap();
     let run = async |args: &[&str]| {
         let out = kubectl(&kubeconfig, dir.path(), args).await;
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         (out.status.success(), text)
     };
-    let (ok, out) = run(&["-n", "proto", "create", "secret", "generic", "s", "--from-literal=token=abc"]).await;
+    let (ok, out) = run(&[
+        "-n",
+        "proto",
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "--from-literal=token=abc",
+    ])
+    .await;
     assert!(!ok && out.contains("namespaces \"proto\" not found"), "{out}");
     let (ok, out) = run(&["create", "namespace", "proto"]).await;
     assert!(ok, "{out}");
-    let (ok, out) = run(&["-n", "proto", "create", "secret", "generic", "s", "--from-literal=token=abc", "--from-literal=other=x y"]).await;
+    let (ok, out) = run(&[
+        "-n",
+        "proto",
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "--from-literal=token=abc",
+        "--from-literal=other=x y",
+    ])
+    .await;
     assert!(ok, "{out}");
     let (ok, out) = run(&["-n", "proto", "create", "configmap", "c", "--from-literal=k=v"]).await;
     assert!(ok, "{out}");
@@ -293,7 +465,10 @@ async fn kubectl_creates_secrets_configmaps_and_namespaces() {
     );
     let secret = secret.unwrap();
     assert_eq!(secret["data"], json!({"token": "YWJj", "other": "eCB5"}));
-    assert!(secret.get("type").is_none(), "unset, as kubectl sent it (defaulting is not modelled)");
+    assert!(
+        secret.get("type").is_none(),
+        "unset, as kubectl sent it (defaulting is not modelled)"
+    );
     let (ok, out) = run(&["-n", "proto", "get", "configmap", "c", "-o", "jsonpath={.data.k}"]).await;
     assert_eq!((ok, out.as_str()), (true, "v"));
     let (_, ns) = call(&fake, "GET", "/api/v1/namespaces/proto", None).await;
