@@ -9,8 +9,10 @@
 //! The OpenAPI documents describe each kind's PATCH operation, with its
 //! `x-kubernetes-group-version-kind` and the `fieldValidation` parameter
 //! (so kubectl leaves field validation to the server), but carry no schemas:
-//! this fake does not validate fields. `/openapi/v2` is not served; kubectl
-//! only asks for it when v3 does not answer.
+//! this fake does not validate fields. `/openapi/v2` is not served: kubectl
+//! asks for it only when v3 does not answer or a kind's PATCH lacks the
+//! `fieldValidation` parameter (then it validates on the client); with
+//! neither, `kubectl apply` stops with "failed to download openapi".
 
 use serde_json::{Value, json};
 
