@@ -21,7 +21,12 @@
 //!   as temporary directories, and only its listen addresses moved to free
 //!   loopback ports; an image that would be pulled from a registry that
 //!   does not have it fails the test. It restarts the operator when the
-//!   pod template changes and stops it when the Deployment goes;
+//!   pod template changes and stops it when the Deployment goes. Its
+//!   substitutions, each said where it is made: one replica of the
+//!   Deployment's two (the one that leads; the other would only wait); a
+//!   kubeconfig for the service account; mount paths (and the default
+//!   `--state-dir` under the `/tmp` volume) rewritten into the pod's
+//!   directory; listen addresses on loopback;
 //! - cluster DNS for the operator's Services: `~/.curlrc` maps each
 //!   `<service>.<namespace>.svc:<port>` to the loopback port behind it, so
 //!   the docs' curl commands keep the in-cluster URL;
@@ -30,6 +35,8 @@
 //!   install.md the test adds one Proxy of its own, health-checked against a
 //!   loopback target, whose pod it runs (the built-in forward proxy
 //!   standing in for Squid): the Ready proxy a crawler's lease gets.
+//!
+//! README's Kubernetes summary must repeat install.md's commands.
 
 mod support;
 
@@ -865,6 +872,118 @@ async fn add_own_proxy(kubelet: &mut Kubelet) {
     }
 }
 
+/// The label crawler pods carry (install.md, clients.md).
+const CRAWLER_LABEL: (&str, &str) = ("crawl.example.com/proxy-client", "true");
+
+/// Whether `selector` (matchLabels only; empty matches all) matches `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    assert!(
+        selector.get("matchExpressions").is_none(),
+        "this check reads matchLabels only: {selector}"
+    );
+    selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels[k] == *v)
+}
+
+/// Whether the cluster's NetworkPolicies let a pod with `from_labels` in
+/// namespace `from_ns` reach TCP `port` of a pod with `labels` in `ns`, as a
+/// network plugin enforcing them would: allowed when no policy selects the
+/// target for ingress, else when a rule of one that does admits the peer.
+fn admitted(
+    fake: &FakeApiServer,
+    from_ns: &str,
+    from_labels: &Value,
+    ns: &str,
+    labels: &Value,
+    port: u64,
+) -> bool {
+    let ns_labels = get(fake, "", "namespaces", "", from_ns)
+        .map(|n| n["metadata"]["labels"].clone())
+        .unwrap_or_default();
+    let policies: Vec<Value> = list(fake, "networking.k8s.io", "networkpolicies", Some(ns))
+        .into_iter()
+        .filter(|p| selects(&p["spec"]["podSelector"], labels))
+        .filter(|p| {
+            p["spec"]["policyTypes"]
+                .as_array()
+                .is_none_or(|t| t.iter().any(|t| t == "Ingress"))
+        })
+        .collect();
+    policies.is_empty()
+        || policies.iter().any(|policy| {
+            policy["spec"]["ingress"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|rule| {
+                    let peer = rule["from"].as_array().is_none_or(|peers| {
+                        peers.iter().any(|peer| {
+                            let in_ns = match peer.get("namespaceSelector") {
+                                Some(selector) => selects(selector, &ns_labels),
+                                None => from_ns == ns,
+                            };
+                            in_ns && peer.get("podSelector").is_none_or(|s| selects(s, from_labels))
+                        })
+                    });
+                    let on_port = rule["ports"]
+                        .as_array()
+                        .is_none_or(|ports| ports.iter().any(|p| p["port"].as_u64() == Some(port)));
+                    peer && on_port
+                })
+        })
+}
+
+/// A crawler pod as install.md and clients.md describe it (the label, in
+/// the namespace `crawlers`) reaches the lease API and a Squid pod; one
+/// without the label reaches neither, so the label is what the docs must say.
+fn crawler_pods_are_admitted(kubelet: &Kubelet) {
+    let (key, value) = CRAWLER_LABEL;
+    for page in ["docs/install.md", "docs/clients.md"] {
+        let text = std::fs::read_to_string(repo_root().join(page)).unwrap();
+        assert!(
+            text.contains(&format!("{key}: \"{value}\"")),
+            "{page} names the crawler label {key}: \"{value}\""
+        );
+    }
+    let fake = &kubelet.fake;
+    let crawler = json!({ key: value, "app": "crawler" });
+    let stranger = json!({"app": "crawler"});
+    let deployment = kubelet.deployment().expect("the operator's Deployment");
+    let operator_ns = deployment["metadata"]["namespace"].as_str().unwrap_or_default();
+    let operator_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let discovery_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "discovery")
+        .and_then(|p| p["containerPort"].as_u64())
+        .expect("the container's discovery port");
+    let squid = list(fake, "", "pods", Some(CRAWLERS))
+        .into_iter()
+        .next()
+        .expect("a Squid pod of the samples in crawlers");
+    let squid_port = squid["spec"]["containers"][0]["ports"][0]["containerPort"]
+        .as_u64()
+        .unwrap_or(3128);
+    let squid_labels = &squid["metadata"]["labels"];
+    for (what, ns, labels, port) in [
+        ("the lease API", operator_ns, operator_labels, discovery_port),
+        ("a Squid pod", CRAWLERS, squid_labels, squid_port),
+    ] {
+        assert!(
+            admitted(fake, CRAWLERS, &crawler, ns, labels, port),
+            "a labelled crawler pod reaches {what}"
+        );
+        assert!(
+            !admitted(fake, CRAWLERS, &stranger, ns, labels, port),
+            "the NetworkPolicies keep an unlabelled pod from {what}"
+        );
+    }
+}
+
 /// Copies the repository (without .git) to `dest`.
 fn copy_repository(dest: &Path) {
     let root = repo_root();
@@ -988,6 +1107,7 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
         "docs/install.md builds and loads {image}, the image the Deployment runs"
     );
     no_proxy_failed("docs/install.md", &mut kubelet).await;
+    crawler_pods_are_admitted(&kubelet);
     add_own_proxy(&mut kubelet).await;
 
     // Every other page.
