@@ -48,8 +48,9 @@
 //!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting (a `fieldValidation` parameter is accepted and not acted on),
-//! other admission, RBAC, server-side apply, strategic merge beyond a JSON
-//! merge, foreground deletion, controllers (no Deployment makes pods), pods
+//! other admission, RBAC, server-side apply, the schema's patch strategies
+//! (strategic merge patch reads merge keys from kubectl's directives: the
+//! `strategic` module), foreground deletion, controllers (no Deployment makes pods), pods
 //! that actually run.
 
 mod discovery;
@@ -58,6 +59,7 @@ mod protobuf;
 mod reviews;
 mod selector;
 mod state;
+mod strategic;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};

@@ -651,7 +651,11 @@ impl State {
                         "strategic merge patch is not supported for custom resources",
                     ));
                 }
-                json_patch::merge(&mut next, &patch);
+                if content_type.starts_with("application/strategic") {
+                    crate::strategic::apply(&mut next, &patch);
+                } else {
+                    json_patch::merge(&mut next, &patch);
+                }
             }
             "application/json-patch+json" => {
                 let ops: json_patch::Patch = serde_json::from_value(patch)

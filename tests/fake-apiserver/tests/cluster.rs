@@ -413,6 +413,56 @@ async fn kubectl_applies_kustomizations() {
         ok && out.contains("deployment.apps/egress-proxies-operator unchanged"),
         "{out}"
     );
+
+    // An upgrade: a new image tag and one more env var. kubectl sends a
+    // strategic merge patch; the container keeps everything else.
+    let (ok, rendered) = run(&["kustomize", "deploy/default"]).await;
+    assert!(ok, "{rendered}");
+    let upgraded = rendered
+        .replace(
+            "image: egress-proxies-operator:0.1.0",
+            "image: egress-proxies-operator:9.9.9",
+        )
+        .replacen(
+            "        env:\n",
+            "        env:\n        - name: EXTRA\n          value: \"1\"\n",
+            1,
+        );
+    assert!(
+        upgraded.contains("9.9.9") && upgraded.contains("EXTRA"),
+        "{upgraded}"
+    );
+    let file = dir.path().join("upgraded.yaml");
+    std::fs::write(&file, upgraded).unwrap();
+    let (ok, out) = run(&["apply", "-f", file.to_str().unwrap()]).await;
+    assert!(
+        ok && out.contains("deployment.apps/egress-proxies-operator configured"),
+        "{out}"
+    );
+    let deployments = KINDS.iter().position(|k| k.plural == "deployments").unwrap();
+    let stored = fake
+        .state
+        .lock()
+        .unwrap()
+        .get(deployments, "egress-proxies-system", "egress-proxies-operator")
+        .unwrap();
+    let container = &stored["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        container["image"].as_str().unwrap().ends_with(":9.9.9"),
+        "{container}"
+    );
+    assert_eq!(container["args"][0], "run", "{container}");
+    let env: Vec<&str> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(env[..2], ["EXTRA", "DISCOVERY_TOKEN"], "{env:?}");
+    assert!(
+        !stored.to_string().contains("$setElementOrder"),
+        "directives are not stored"
+    );
 }
 
 /// kubectl's typed commands send protobuf: decoded for the kinds they write.
