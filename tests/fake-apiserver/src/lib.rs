@@ -37,14 +37,29 @@
 //! and name prefix ([`State::deny`]): writes answer `403` as the API
 //! server's do.
 //!
+//! Discovery and OpenAPI v3 as kubectl reads them (see the `discovery`
+//! module), so the real `kubectl apply` works against it. With
+//! [`FakeApiServer::start_cluster`] it keeps a cluster's rules too: objects
+//! only in namespaces that exist, namespace deletion emptying the namespace,
+//! custom kinds served only while their CRD exists (see [`State::cluster`]).
+//!
+//! Request bodies in protobuf, as kubectl's typed commands send them, are
+//! decoded for Secrets, ConfigMaps and Namespaces (the `protobuf` module).
+//!
 //! Not modelled (no real API server can run here): schema validation and
-//! defaulting, other admission, RBAC, server-side apply, strategic merge
-//! beyond a JSON merge, foreground deletion, pods that actually run.
+//! defaulting (a `fieldValidation` parameter is accepted and not acted on),
+//! other admission, RBAC, server-side apply, the schema's patch strategies
+//! (strategic merge patch reads merge keys from kubectl's directives: the
+//! `strategic` module), foreground deletion, controllers (no Deployment makes pods), pods
+//! that actually run.
 
+mod discovery;
 mod kinds;
+mod protobuf;
 mod reviews;
 mod selector;
 mod state;
+mod strategic;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
@@ -55,6 +70,7 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+pub use discovery::VERSION;
 pub use kinds::{KINDS, Kind};
 pub use reviews::Reviews;
 pub use selector::Selector;
@@ -93,10 +109,21 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Serves on a loopback port; the server runs on the current actix/tokio runtime.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_with(State::default())
+    }
+
+    /// A server with a whole cluster's rules ([`State::cluster`]): the
+    /// initial namespaces, objects only in namespaces that exist, custom
+    /// kinds only while their CRD exists. What `kubectl apply` meets.
+    pub fn start_cluster() -> std::io::Result<Self> {
+        Self::start_with(State::cluster())
+    }
+
+    fn start_with(state: State) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let fake = Self {
             addr: listener.local_addr()?,
-            state: Arc::new(Mutex::new(State::default())),
+            state: Arc::new(Mutex::new(state)),
             accesses: Arc::new(Mutex::new(Vec::new())),
             bookmark_every: Duration::from_secs(1),
             stalled: Arc::new(watch::Sender::new(false)),
@@ -313,7 +340,13 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
     if let Some(answer) = review(&req, &body, &fake) {
         return answer;
     }
-    let Some(target) = parse_path(req.path()) else {
+    if req.method() == actix_web::http::Method::GET
+        && let Some(answer) = discovery::answer(req.path(), &fake.lock())
+    {
+        return respond(Ok(answer), 200);
+    }
+    let target = parse_path(req.path()).filter(|t| fake.lock().serves(t.kind));
+    let Some(target) = target else {
         return respond(
             Err(ApiError::new(
                 404,
@@ -333,7 +366,15 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
     }
     let params = query(&req);
     let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let protobuf = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(protobuf::CONTENT_TYPE));
     let parse_body = || -> Result<Value, ApiError> {
+        if protobuf {
+            return protobuf::decode(&body);
+        }
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
     };
@@ -448,11 +489,13 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             if let Some(policy) = param("propagationPolicy") {
                 options["propagationPolicy"] = json!(policy);
             }
-            respond(
-                fake.lock_as(&manager)
-                    .delete(target.kind, &namespace, name, &options),
-                200,
-            )
+            let result = fake
+                .lock_as(&manager)
+                .delete(target.kind, &namespace, name, &options);
+            if result.is_ok() && (kind.group, kind.kind) == ("", "Namespace") {
+                namespace_controller(fake.state.clone());
+            }
+            respond(result, 200)
         }
         _ => HttpResponse::MethodNotAllowed().json(
             ApiError::new(
@@ -463,6 +506,21 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .status(),
         ),
     }
+}
+
+/// The namespace controller, after a namespace was deleted: empties
+/// terminating namespaces every half second until none is left.
+fn namespace_controller(state: Arc<Mutex<State>>) {
+    actix_rt::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.empty_terminating_namespaces();
+            if !state.namespaces_terminating() {
+                return;
+            }
+        }
+    });
 }
 
 /// `GET`, `PATCH` (merge) and `PUT` on `.../{name}/scale`.

@@ -77,6 +77,9 @@ pub struct State {
     /// `fieldManager`, else its User-Agent up to the first `/` (set per request).
     pub manager: String,
     denials: Vec<Denial>,
+    /// A whole cluster's rules (see [`State::cluster`]); off, any namespace
+    /// may be used without creating it and custom kinds are always served.
+    cluster: bool,
 }
 
 impl Default for State {
@@ -89,6 +92,7 @@ impl Default for State {
             watchers: Vec::new(),
             manager: "unknown".to_owned(),
             denials: Vec::new(),
+            cluster: false,
         }
     }
 }
@@ -159,6 +163,11 @@ fn labels(obj: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(meta(obj)["labels"].clone()).unwrap_or_default()
 }
 
+/// Whether the object is being deleted (has a deletionTimestamp).
+fn deleting(obj: &Value) -> bool {
+    meta(obj).get("deletionTimestamp").is_some_and(|d| !d.is_null())
+}
+
 fn finalizers(obj: &Value) -> Vec<String> {
     serde_json::from_value(meta(obj)["finalizers"].clone()).unwrap_or_default()
 }
@@ -208,7 +217,86 @@ pub fn parse_fields(text: &str) -> Result<Vec<(String, String)>, ApiError> {
         .collect()
 }
 
+/// The namespaces every cluster starts with.
+const INITIAL_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// The namespace finalizer the API server holds while it empties one.
+const NAMESPACE_FINALIZER: &str = "kubernetes";
+
 impl State {
+    /// A state with a cluster's rules, as a real API server has them:
+    /// - the namespaces `default`, `kube-system`, `kube-public` and
+    ///   `kube-node-lease` exist;
+    /// - an object can only be created in a namespace that exists (`404
+    ///   namespaces "x" not found`) and is not being deleted (`403`), as the
+    ///   NamespaceLifecycle admission plugin does;
+    /// - deleting a namespace marks it `Terminating`; soon after, the
+    ///   namespace controller's pass ([`State::empty_terminating_namespaces`],
+    ///   run by the server half a second after the delete and then every
+    ///   half second while any namespace terminates) deletes everything in
+    ///   it (finalizers hold objects as usual); the namespace goes once it is
+    ///   empty;
+    /// - a custom kind is served only while its CustomResourceDefinition
+    ///   exists (before, its paths answer `404` and discovery omits it);
+    ///   deleting the CRD deletes its objects.
+    pub fn cluster() -> Self {
+        let mut state = Self {
+            cluster: true,
+            ..Self::default()
+        };
+        let kind = crate::kinds::find("", "v1", "namespaces").expect("namespaces are served");
+        for name in INITIAL_NAMESPACES {
+            let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+            state
+                .create(kind, "", namespace)
+                .expect("a fresh state takes its namespaces");
+        }
+        state
+    }
+
+    /// Whether the kind at `kind` is served now (custom kinds in a cluster:
+    /// only while their CRD exists).
+    pub fn serves(&self, kind: usize) -> bool {
+        !self.cluster || !KINDS[kind].custom || self.crd(&KINDS[kind]).is_some()
+    }
+
+    /// The CRD defining a custom kind, when it exists.
+    fn crd(&self, k: &crate::kinds::Kind) -> Option<&Value> {
+        let crds = crate::kinds::find("apiextensions.k8s.io", "v1", "customresourcedefinitions")?;
+        self.objects.get(&(crds, String::new(), k.crd_name()))
+    }
+
+    /// The short names discovery announces: a custom kind's come from its CRD.
+    pub fn short_names(&self, k: &crate::kinds::Kind) -> Vec<String> {
+        if !k.custom {
+            return k.short_names.iter().map(|s| (*s).to_owned()).collect();
+        }
+        self.crd(k)
+            .and_then(|crd| serde_json::from_value(crd["spec"]["names"]["shortNames"].clone()).ok())
+            .unwrap_or_default()
+    }
+
+    /// NamespaceLifecycle: new objects only in namespaces that exist and are not going.
+    fn admit_namespace(&self, kind: usize, ns: &str) -> Result<(), ApiError> {
+        if !self.cluster || !KINDS[kind].namespaced {
+            return Ok(());
+        }
+        let namespaces = crate::kinds::find("", "v1", "namespaces").expect("namespaces are served");
+        match self.objects.get(&(namespaces, String::new(), ns.to_owned())) {
+            None => Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("namespaces {ns:?} not found"),
+            )),
+            Some(n) if deleting(n) => Err(ApiError::new(
+                403,
+                "Forbidden",
+                format!("unable to create new content in namespace {ns} because it is being terminated"),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
     pub fn resource_version(&self) -> u64 {
         self.rv
     }
@@ -364,6 +452,7 @@ impl State {
             ));
         }
         self.admit(kind, &name)?;
+        self.admit_namespace(kind, ns)?;
         let key = (kind, ns.to_owned(), name.clone());
         if self.objects.contains_key(&key) {
             return Err(ApiError::new(
@@ -398,6 +487,7 @@ impl State {
         body["metadata"] = m;
         body["apiVersion"] = json!(k.api_version());
         body["kind"] = json!(k.kind);
+        server_set_on_create(k, &name, &mut body);
         self.manage(None, &mut body, None);
         self.objects.insert(key, body.clone());
         self.emit(kind, "ADDED", body.clone());
@@ -459,9 +549,7 @@ impl State {
         };
         merged["apiVersion"] = json!(k.api_version());
         merged["kind"] = json!(k.kind);
-        let deleting = meta(&current)
-            .get("deletionTimestamp")
-            .is_some_and(|d| !d.is_null());
+        let deleting = deleting(&current);
         if deleting {
             let before = finalizers(&current);
             if finalizers(&merged).iter().any(|f| !before.contains(f)) {
@@ -497,6 +585,7 @@ impl State {
             self.objects.remove(&key);
             self.emit(kind, "DELETED", merged.clone());
             self.collect_dependents(&merged);
+            self.finish_namespaces();
         } else {
             self.objects.insert(key, merged.clone());
             self.emit(kind, "MODIFIED", merged.clone());
@@ -562,7 +651,11 @@ impl State {
                         "strategic merge patch is not supported for custom resources",
                     ));
                 }
-                json_patch::merge(&mut next, &patch);
+                if content_type.starts_with("application/strategic") {
+                    crate::strategic::apply(&mut next, &patch);
+                } else {
+                    json_patch::merge(&mut next, &patch);
+                }
             }
             "application/json-patch+json" => {
                 let ops: json_patch::Patch = serde_json::from_value(patch)
@@ -631,11 +724,14 @@ impl State {
         if orphan {
             self.orphan_dependents(meta(&current)["uid"].as_str().unwrap_or_default());
         }
+        if self.cluster && (KINDS[kind].group, KINDS[kind].kind) == ("", "Namespace") {
+            return self.delete_namespace(kind, name, current);
+        }
+        if self.cluster && KINDS[kind].kind == "CustomResourceDefinition" {
+            self.delete_custom_objects(&current);
+        }
         if !finalizers(&current).is_empty() {
-            if meta(&current)
-                .get("deletionTimestamp")
-                .is_some_and(|d| !d.is_null())
-            {
+            if deleting(&current) {
                 return Ok(current);
             }
             let rv = self.bump();
@@ -651,7 +747,104 @@ impl State {
         self.objects.remove(&key);
         self.emit(kind, "DELETED", current.clone());
         self.collect_dependents(&current);
+        self.finish_namespaces();
         Ok(current)
+    }
+
+    /// Marks a namespace Terminating; [`State::empty_terminating_namespaces`]
+    /// deletes what it holds later, as the namespace controller does, and
+    /// it goes once nothing is left in it.
+    fn delete_namespace(&mut self, kind: usize, name: &str, mut current: Value) -> Result<Value, ApiError> {
+        if deleting(&current) {
+            return Ok(current);
+        }
+        let rv = self.bump();
+        current["metadata"]["deletionTimestamp"] = json!(now());
+        current["metadata"]["resourceVersion"] = json!(rv.to_string());
+        current["status"]["phase"] = json!("Terminating");
+        self.objects
+            .insert((kind, String::new(), name.to_owned()), current.clone());
+        self.emit(kind, "MODIFIED", current.clone());
+        Ok(current)
+    }
+
+    /// The namespace controller's pass: deletes everything in Terminating
+    /// namespaces (finalizers hold objects as usual); empty ones go.
+    pub fn empty_terminating_namespaces(&mut self) {
+        let Some(namespaces) = crate::kinds::find("", "v1", "namespaces") else {
+            return;
+        };
+        let terminating: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|((k, _, _), o)| *k == namespaces && deleting(o))
+            .map(|((_, _, name), _)| name.clone())
+            .collect();
+        let inside: Vec<Key> = self
+            .objects
+            .iter()
+            .filter(|((k, ns, _), o)| KINDS[*k].namespaced && terminating.contains(ns) && !deleting(o))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (k, ns, n) in inside {
+            let _ = self.delete(k, &ns, &n, &Value::Null);
+        }
+        self.finish_namespaces();
+    }
+
+    /// Deleting a CRD deletes its objects (their finalizers hold them as usual).
+    fn delete_custom_objects(&mut self, crd: &Value) {
+        let group = crd["spec"]["group"].as_str().unwrap_or_default();
+        let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or_default();
+        let objects: Vec<Key> = self
+            .objects
+            .keys()
+            .filter(|(k, _, _)| KINDS[*k].custom && KINDS[*k].group == group && KINDS[*k].plural == plural)
+            .cloned()
+            .collect();
+        for (k, ns, n) in objects {
+            let _ = self.delete(k, &ns, &n, &Value::Null);
+        }
+    }
+
+    /// Whether any namespace is being deleted.
+    pub fn namespaces_terminating(&self) -> bool {
+        let Some(namespaces) = crate::kinds::find("", "v1", "namespaces") else {
+            return false;
+        };
+        self.objects
+            .iter()
+            .any(|((k, _, _), o)| *k == namespaces && deleting(o))
+    }
+
+    /// Terminating namespaces with nothing left in them go.
+    fn finish_namespaces(&mut self) {
+        if !self.cluster {
+            return;
+        }
+        let Some(kind) = crate::kinds::find("", "v1", "namespaces") else {
+            return;
+        };
+        let done: Vec<Key> = self
+            .objects
+            .iter()
+            .filter(|((k, _, name), o)| {
+                *k == kind
+                    && deleting(o)
+                    && !self
+                        .objects
+                        .keys()
+                        .any(|(k2, ns, _)| KINDS[*k2].namespaced && ns == name)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in done {
+            if let Some(mut gone) = self.objects.remove(&key) {
+                let rv = self.bump();
+                gone["metadata"]["resourceVersion"] = json!(rv.to_string());
+                self.emit(kind, "DELETED", gone);
+            }
+        }
     }
 
     /// The garbage collector, run at once when `gone` leaves storage: a
@@ -815,6 +1008,36 @@ fn scale_of(obj: &Value) -> Value {
             "selector": obj["status"]["selector"].as_str().unwrap_or_default()
         }
     })
+}
+
+/// What the API server itself sets on a new object of some kinds: a
+/// Namespace's name label, finalizer and phase; a CRD's accepted names and
+/// Established condition (at once: no controller runs here).
+fn server_set_on_create(k: &crate::kinds::Kind, name: &str, body: &mut Value) {
+    match (k.group, k.kind) {
+        ("", "Namespace") => {
+            body["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
+            body["spec"]["finalizers"] = json!([NAMESPACE_FINALIZER]);
+            body["status"] = json!({"phase": "Active"});
+        }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            let now = now();
+            let condition = |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "lastTransitionTime": now, "message": ""});
+            let stored: Vec<Value> = body["spec"]["versions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|v| v["storage"] == true)
+                .map(|v| v["name"].clone())
+                .collect();
+            body["status"] = json!({
+                "acceptedNames": body["spec"]["names"],
+                "conditions": [condition("NamesAccepted", "NoConflicts"), condition("Established", "InitialNamesAccepted")],
+                "storedVersions": stored,
+            });
+        }
+        _ => {}
+    }
 }
 
 fn not_found(kind: usize, name: &str) -> ApiError {
