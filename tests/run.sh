@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/system-packages.sh test
 bash tests/manifests.sh
+# The real kubectl the Kubernetes doc test and the fake API server's tests drive (manifests.sh made sure of one).
+export EPO_KUBECTL; EPO_KUBECTL=$(command -v kubectl)
+# A pyenv shim needs pyenv's environment, which the tests clear: take the program it runs.
+case $EPO_KUBECTL in */shims/kubectl) EPO_KUBECTL=$(pyenv which kubectl) ;; esac
 bash tests/monitoring.sh
 bash tests/unused-dependencies.sh
 # The OpenAPI fuzzer of actors/tests/openapi_fuzz.rs (a virtual environment, reused).

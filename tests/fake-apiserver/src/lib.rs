@@ -568,10 +568,31 @@ fn watch(
     params: &[(String, String)],
 ) -> HttpResponse {
     let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let from = param("resourceVersion")
-        .filter(|v| !v.is_empty() && v != "0")
-        .map(|v| v.parse::<u64>().unwrap_or(0));
     let bookmarks = param("allowWatchBookmarks").is_some_and(|v| v == "true");
+    // A streaming list (client-go's WatchList, on by default in newer
+    // kubectl): the current objects as ADDED, then a bookmark annotated
+    // `k8s.io/initial-events-end`, then the watch goes on. The API server
+    // demands `resourceVersionMatch=NotOlderThan` and bookmarks with it.
+    let initial_events = param("sendInitialEvents").is_some_and(|v| v == "true");
+    if initial_events {
+        let refusal = if param("resourceVersionMatch").as_deref() != Some("NotOlderThan") {
+            Some(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )
+        } else if !bookmarks {
+            Some(
+                "allowWatchBookmarks: Required: sendInitialEvents requires setting allowWatchBookmarks to true",
+            )
+        } else {
+            None
+        };
+        if let Some(message) = refusal {
+            return respond(Err(ApiError::new(422, "Invalid", message.to_owned())), 200);
+        }
+    }
+    let from = param("resourceVersion")
+        .filter(|v| !v.is_empty() && v != "0" && !initial_events)
+        .map(|v| v.parse::<u64>().unwrap_or(0));
     let timeout = Duration::from_secs(
         param("timeoutSeconds")
             .and_then(|t| t.parse().ok())
@@ -579,6 +600,7 @@ fn watch(
     );
     let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Result<Bytes, actix_web::Error>>();
+    let initial_end = tx.clone();
     let watcher = Watcher {
         kind,
         namespace: namespace.map(str::to_owned),
@@ -586,15 +608,26 @@ fn watch(
         fields,
         tx,
     };
-    if let Err(e) = fake.lock().watch(watcher, from) {
-        // Kubernetes reports an expired version as an ERROR event on a 200 stream.
-        let line = format!("{}\n", json!({"type": "ERROR", "object": e.status()}));
-        return HttpResponse::Ok().content_type("application/json").body(line);
-    }
-    let state = fake.state.clone();
-    let every = fake.bookmark_every;
     let api_version = KINDS[kind].api_version();
     let kind_name = KINDS[kind].kind;
+    {
+        let mut state = fake.lock();
+        if let Err(e) = state.watch(watcher, from) {
+            // Kubernetes reports an expired version as an ERROR event on a 200 stream.
+            let line = format!("{}\n", json!({"type": "ERROR", "object": e.status()}));
+            return HttpResponse::Ok().content_type("application/json").body(line);
+        }
+        if initial_events {
+            // Queued under the same lock as the ADDED events: nothing slips between.
+            let rv = state.resource_version().to_string();
+            let _ = initial_end.send(json!({"type": "BOOKMARK", "object": {
+                "apiVersion": api_version, "kind": kind_name,
+                "metadata": {"resourceVersion": rv, "annotations": {"k8s.io/initial-events-end": "true"}}}}));
+        }
+    }
+    drop(initial_end);
+    let state = fake.state.clone();
+    let every = fake.bookmark_every;
     let stalled = fake.stalled.clone();
     actix_rt::spawn(async move {
         let deadline = tokio::time::sleep(timeout);

@@ -328,8 +328,20 @@ async fn without_a_cluster_any_namespace_and_kind_is_served() {
     assert!(KINDS.iter().any(|k| k.custom));
 }
 
+/// The real kubectl: `EPO_KUBECTL` (tests/run.sh sets it), else the first
+/// `kubectl` on `PATH`.
+fn kubectl_path() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("EPO_KUBECTL") {
+        return path.into();
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join("kubectl"))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_default()
+}
+
 async fn kubectl(fake_kubeconfig: &Path, home: &Path, args: &[&str]) -> std::process::Output {
-    let mut command = tokio::process::Command::new("/usr/bin/kubectl");
+    let mut command = tokio::process::Command::new(kubectl_path());
     command
         .args(args)
         .env_clear()
@@ -347,9 +359,10 @@ async fn kubectl(fake_kubeconfig: &Path, home: &Path, args: &[&str]) -> std::pro
 /// one that does not exist by the server.
 #[actix_rt::test]
 async fn kubectl_applies_kustomizations() {
-    if !Path::new("/usr/bin/kubectl").exists() {
-        panic!("this test needs kubectl at /usr/bin/kubectl (tests/system-packages.sh installs it)");
-    }
+    assert!(
+        kubectl_path().is_file(),
+        "this test needs the real kubectl on PATH or in EPO_KUBECTL (tests/manifests.sh installs it)"
+    );
     let fake = FakeApiServer::start_cluster().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");

@@ -717,3 +717,56 @@ async fn a_denying_admission_webhook_refuses_writes_of_what_it_matches() {
     fake.state.lock().unwrap().allow_all();
     api.create(&PostParams::default(), &cm("held-2")).await.unwrap();
 }
+
+/// A streaming list (`sendInitialEvents`, what newer kubectl and client-go
+/// send): the objects as ADDED, then a bookmark marking their end, then the
+/// watch goes on; without `resourceVersionMatch=NotOlderThan` it is refused.
+#[actix_rt::test]
+async fn streaming_list_ends_its_initial_events_with_a_bookmark() {
+    let fake = FakeApiServer::start().unwrap();
+    let api = proxies(&client(&fake).await);
+    for name in ["a", "b"] {
+        api.create(&PostParams::default(), &proxy(name, json!({})))
+            .await
+            .unwrap();
+    }
+    let mut streaming = WatchParams::default().timeout(5);
+    streaming.send_initial_events = true;
+    streaming.bookmarks = true;
+    let mut stream = api.watch(&streaming, "").await.unwrap().boxed();
+    let mut added = Vec::new();
+    let end = loop {
+        match stream.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(o) => added.push(o.metadata.name.unwrap()),
+            WatchEvent::Bookmark(b) => break b,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(added, ["a", "b"]);
+    assert_eq!(
+        end.metadata
+            .annotations
+            .get("k8s.io/initial-events-end")
+            .map(String::as_str),
+        Some("true")
+    );
+    api.create(&PostParams::default(), &proxy("c", json!({})))
+        .await
+        .unwrap();
+    let next = stream.try_next().await.unwrap().unwrap();
+    assert!(matches!(next, WatchEvent::Added(o) if o.metadata.name.as_deref() == Some("c")));
+
+    // The API server demands resourceVersionMatch=NotOlderThan with it
+    // (kube always sends it: asked over a plain connection).
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(fake.addr).unwrap();
+    write!(
+        conn,
+        "GET /apis/crawl.example.com/v1alpha1/namespaces/ns/proxies?watch=true&sendInitialEvents=true&allowWatchBookmarks=true HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 422"), "{answer}");
+    assert!(answer.contains("NotOlderThan"), "{answer}");
+}
