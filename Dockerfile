@@ -2,7 +2,7 @@
 # The operator image: a release build on Debian 12, run as uid 65532 with
 # only libvirt's client library (kvm provider) and CA certificates.
 #
-#   docker build --build-arg EPO_GIT_COMMIT=$(git rev-parse HEAD) -t egress-proxies-operator:dev .
+#   docker build --build-arg EPO_GIT_COMMIT=$(git rev-parse HEAD) -t egress-proxies-operator:0.1.0 .
 #
 # EPO_GIT_COMMIT is what `--version` prints (the build context has no .git).
 
