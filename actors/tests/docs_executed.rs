@@ -123,24 +123,32 @@ fn relative_links_between_docs_resolve() {
     assert!(broken.is_empty(), "broken relative links:\n{}", broken.join("\n"));
 }
 
-/// The relative link targets of a Markdown text, with their 1-based lines:
-/// inline links and images `[text](target)` and reference definitions
-/// `[name]: target`, outside code blocks and code spans.
-fn links(text: &str) -> Vec<(usize, String)> {
-    let mut found = Vec::new();
+/// The lines of a Markdown text outside fenced code blocks, with their
+/// 0-based numbers.
+fn prose_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     let mut fence: Option<&str> = None;
-    for (n, line) in text.lines().enumerate() {
+    text.lines().enumerate().filter(move |(_, line)| {
         let trimmed = line.trim_start();
         if let Some(f) = fence {
             if trimmed.starts_with(f) {
                 fence = None;
             }
-            continue;
+            return false;
         }
         if let Some(f) = ["```", "~~~"].into_iter().find(|f| trimmed.starts_with(f)) {
             fence = Some(f);
-            continue;
+            return false;
         }
+        true
+    })
+}
+
+/// The relative link targets of a Markdown text, with their 1-based lines:
+/// inline links and images `[text](target)` and reference definitions
+/// `[name]: target`, outside code blocks and code spans.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in prose_lines(text) {
         let prose = without_code_spans(line);
         let mut targets = Vec::new();
         if let Some(rest) = prose.trim_start().strip_prefix('[')
@@ -200,19 +208,7 @@ fn is_line_anchor(anchor: &str) -> bool {
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut anchors = BTreeSet::new();
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    let mut fence: Option<&str> = None;
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if let Some(f) = fence {
-            if trimmed.starts_with(f) {
-                fence = None;
-            }
-            continue;
-        }
-        if let Some(f) = ["```", "~~~"].into_iter().find(|f| trimmed.starts_with(f)) {
-            fence = Some(f);
-            continue;
-        }
+    for (_, line) in prose_lines(text) {
         for attr in ["id=\"", "name=\""] {
             for (at, _) in line.match_indices(&format!("<a {attr}")) {
                 let value = &line[at + 3 + attr.len()..];
@@ -221,6 +217,7 @@ fn anchors(text: &str) -> BTreeSet<String> {
                 }
             }
         }
+        let trimmed = line.trim_start();
         let hashes = trimmed.chars().take_while(|&c| c == '#').count();
         if !(1..=6).contains(&hashes) || !trimmed[hashes..].starts_with(' ') {
             continue;

@@ -32,6 +32,9 @@ mod config_facts;
 mod crd_doc;
 #[path = "docs_reference/crd_facts.rs"]
 mod crd_facts;
+#[path = "support/doc_blocks.rs"]
+#[allow(dead_code, reason = "the shell-block parts serve the doc runners")]
+mod doc_blocks;
 #[path = "docs_reference/markdown.rs"]
 mod markdown;
 #[path = "docs_reference/metric_names.rs"]

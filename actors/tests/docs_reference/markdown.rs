@@ -1,7 +1,7 @@
 //! The parts of a Markdown page the fact checks read: fenced code blocks,
 //! inline code spans and table rows, each with the line it starts on.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// One fenced code block.
 pub struct CodeBlock {
@@ -44,24 +44,13 @@ impl Page {
     }
 }
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("actors/ lives in the repository root")
-        .to_path_buf()
-}
+pub use super::doc_blocks::repo_root;
 
 /// README.md, CHANGELOG.md (when present) and every Markdown file under
-/// docs/, in a stable order.
+/// docs/, in a stable order (the pages the doc runners read).
 pub fn user_docs() -> Vec<Page> {
     let root = repo_root();
-    let mut files = vec![root.join("README.md"), root.join("CHANGELOG.md")];
-    files.retain(|f| f.exists());
-    let mut under_docs = Vec::new();
-    collect_markdown(&root.join("docs"), &mut under_docs);
-    under_docs.sort();
-    files.extend(under_docs);
-    files
+    super::doc_blocks::user_docs()
         .iter()
         .map(|file| {
             let text = std::fs::read_to_string(file).expect("a readable doc");
@@ -69,17 +58,6 @@ pub fn user_docs() -> Vec<Page> {
             parse(path, &text)
         })
         .collect()
-}
-
-fn collect_markdown(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("docs/ is readable") {
-        let path = entry.expect("a docs entry").path();
-        if path.is_dir() {
-            collect_markdown(&path, out);
-        } else if path.extension().is_some_and(|e| e == "md") {
-            out.push(path);
-        }
-    }
 }
 
 pub fn parse(path: PathBuf, text: &str) -> Page {
