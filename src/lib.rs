@@ -31,6 +31,7 @@ pub mod credentials;
 pub mod destinations;
 pub mod file_limit;
 pub mod forward_proxy;
+pub mod gateway;
 pub mod gc;
 pub mod guarded_listener;
 pub mod health;

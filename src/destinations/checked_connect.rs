@@ -101,6 +101,52 @@ pub async fn connect_checked_from(
         })?
 }
 
+/// Whether `host:port` may be reached at all: its name resolved and at
+/// least one address allowed (the gateway asks before it takes a lease;
+/// the leased proxy checks again when it connects).
+pub async fn check_destination(
+    policy: &DestinationPolicy,
+    host: &str,
+    port: u16,
+    tunnel: bool,
+    timeout: Duration,
+) -> Result<(), CheckedConnectError> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let attempt = async {
+        let addresses = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|source| CheckedConnectError::Resolve {
+                host: host.to_owned(),
+                source,
+            })?;
+        let mut refused = None;
+        for address in addresses {
+            match policy.check(address.ip(), port, tunnel) {
+                Ok(()) => return Ok(()),
+                Err(refusal) => {
+                    refused.get_or_insert(refusal);
+                }
+            }
+        }
+        Err(match refused {
+            Some(refusal) => CheckedConnectError::Refused {
+                host: host.to_owned(),
+                port,
+                refusal,
+            },
+            None => CheckedConnectError::NoAddress {
+                host: host.to_owned(),
+            },
+        })
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| CheckedConnectError::TimedOut {
+            host: host.to_owned(),
+            port,
+        })?
+}
+
 /// Connects to `address`, bound first to `from` when it is of the same family.
 async fn connect(address: SocketAddr, from: Option<IpAddr>) -> io::Result<TcpStream> {
     let Some(source) = from.filter(|f| f.is_ipv4() == address.is_ipv4()) else {

@@ -14,6 +14,9 @@ use crate::guarded_listener::InFlight;
 pub struct ProxyBody {
     upstream: Option<Incoming>,
     _request: Option<InFlight>,
+    /// Dropped with the body: the gateway's lease, released once the
+    /// response is sent (or the client went away).
+    _held: Option<Box<dyn Send + Sync>>,
 }
 
 impl ProxyBody {
@@ -23,7 +26,14 @@ impl ProxyBody {
         Self {
             upstream: Some(upstream),
             _request: Some(request),
+            _held: None,
         }
+    }
+
+    /// The body, keeping `held` alive until it is dropped.
+    pub fn holding(mut self, held: Box<dyn Send + Sync>) -> Self {
+        self._held = Some(held);
+        self
     }
 
     /// No body.
@@ -31,6 +41,7 @@ impl ProxyBody {
         Self {
             upstream: None,
             _request: request,
+            _held: None,
         }
     }
 }

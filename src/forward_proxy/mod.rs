@@ -19,13 +19,14 @@
 //! `guarded_listener`: capped to the file limit, idle ones evicted at the
 //! cap, timeouts on heads, idle keep-alive connections and stalled relays.
 
-mod answers;
-mod body;
+// Shared with the gateway (`crate::gateway`), which relays through leased proxies.
+pub(crate) mod answers;
+pub(crate) mod body;
 mod connector;
 mod forward;
-mod framing;
-mod request;
-mod tunnel;
+pub(crate) mod framing;
+pub(crate) mod request;
+pub(crate) mod tunnel;
 
 use std::convert::Infallible;
 use std::io;

@@ -6,6 +6,8 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::ext::ReasonPhrase;
 use hyper_util::rt::TokioIo;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::Proxy;
 use super::answers::{answer, status_of_connect_error};
@@ -23,38 +25,57 @@ impl Proxy {
         port: u16,
         in_flight: InFlight,
     ) -> Response<ProxyBody> {
-        let mut upstream = match self.connector.connect(host, port, true).await {
+        let upstream = match self.connector.connect(host, port, true).await {
             Ok(upstream) => upstream,
             Err(e) => {
                 tracing::info!(error = %e, "destination not reached");
                 return answer(status_of_connect_error(&e), true, in_flight);
             }
         };
-        let upgrade = hyper::upgrade::on(request);
-        let idle_timeout = self.idle_timeout;
-        tokio::spawn(async move {
-            in_flight.relaying();
-            let client = match upgrade.await {
-                Ok(client) => client,
-                Err(e) => return tracing::debug!(error = %e, "CONNECT's connection not handed over"),
-            };
-            let mut client = TokioIo::new(client);
-            tokio::select! {
-                relayed = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUFFER, RELAY_BUFFER) => {
-                    if let Err(e) = relayed {
-                        tracing::debug!(error = %e, "tunnel ended with an error");
-                    }
-                }
-                () = in_flight.slot().stalled(idle_timeout, Some(Phase::Relaying)) => {
-                    tracing::debug!("tunnel idle for the idle timeout; closed");
+        splice(hyper::upgrade::on(request), upstream, in_flight, self.idle_timeout, None);
+        established()
+    }
+}
+
+/// The `200 Connection established` that opens a tunnel.
+pub fn established() -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::empty(None));
+    *response.status_mut() = StatusCode::OK;
+    response
+        .extensions_mut()
+        .insert(ReasonPhrase::from_static(b"Connection established"));
+    response
+}
+
+/// Relays bytes between the client's connection (once hyper hands it over
+/// after the `200`) and `upstream` until either side closes or nothing
+/// moves for `idle_timeout`; `held` (a gateway's lease) is dropped then.
+pub fn splice<U>(
+    upgrade: hyper::upgrade::OnUpgrade,
+    mut upstream: U,
+    in_flight: InFlight,
+    idle_timeout: Duration,
+    held: Option<Box<dyn Send + Sync>>,
+) where
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _held = held;
+        in_flight.relaying();
+        let client = match upgrade.await {
+            Ok(client) => client,
+            Err(e) => return tracing::debug!(error = %e, "CONNECT's connection not handed over"),
+        };
+        let mut client = TokioIo::new(client);
+        tokio::select! {
+            relayed = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUFFER, RELAY_BUFFER) => {
+                if let Err(e) = relayed {
+                    tracing::debug!(error = %e, "tunnel ended with an error");
                 }
             }
-        });
-        let mut response = Response::new(ProxyBody::empty(None));
-        *response.status_mut() = StatusCode::OK;
-        response
-            .extensions_mut()
-            .insert(ReasonPhrase::from_static(b"Connection established"));
-        response
-    }
+            () = in_flight.slot().stalled(idle_timeout, Some(Phase::Relaying)) => {
+                tracing::debug!("tunnel idle for the idle timeout; closed");
+            }
+        }
+    });
 }

@@ -1,0 +1,210 @@
+//! The gateway: one forward-proxy endpoint for crawlers that cannot speak
+//! the lease API. Each absolute-form request or `CONNECT` tunnel takes a
+//! lease for its host from the same lease book as the API (so API leases
+//! and gateway traffic never overbook a proxy), goes on through the leased
+//! proxy with that proxy's credentials (crawlers never see them), and
+//! gives the lease back when it ends. This module holds the pure
+//! decisions: who is admitted, what a request's lease target is, how each
+//! failure is answered; `serve` holds the listener. The lease store
+//! itself is reached through [`Leases`] (the actors implement it).
+
+mod serve;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+
+use data_encoding::BASE64;
+use http::StatusCode;
+use subtle::ConstantTimeEq;
+
+use crate::credentials::ProxyCredentials;
+use crate::forward_proxy::request::TargetError;
+
+pub use serve::{FDS_PER_CONNECTION, Options, serve};
+
+/// Response header naming why the gateway answered a request itself.
+pub const REASON_HEADER: &str = "egress-gateway-error";
+/// Seconds a client is told to wait after a `503`: about how long a
+/// busy proxy takes to free up for short requests.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+/// `client` recorded on the gateway's leases.
+pub const LEASE_CLIENT: &str = "gateway";
+
+/// A proxy the gateway leased for one request or tunnel.
+pub struct Upstream {
+    pub lease_id: String,
+    /// The proxy's name, for logs.
+    pub proxy: String,
+    /// Where the proxy listens (`http://host:port`).
+    pub url: String,
+    pub credentials: Option<ProxyCredentials>,
+}
+
+/// The lease store, in process.
+pub trait Leases: Send + Sync + 'static {
+    /// A lease on the best proxy for `target` (normalized), or why not.
+    fn acquire(&self, target: String)
+    -> Pin<Box<dyn Future<Output = Result<Upstream, GatewayError>> + Send>>;
+    /// Gives a lease back (fire and forget: a lost release expires anyway).
+    fn release(&self, lease_id: String);
+}
+
+/// Everything the gateway refuses or fails at, each answered with its own
+/// status and a machine-readable reason ([`REASON_HEADER`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("proxy authentication required: present a crawler token as the proxy password (any username)")]
+    AuthenticationRequired,
+    #[error("request with ambiguous framing refused: {0}")]
+    Framing(&'static str),
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error("{0:?} is not a host the gateway can lease a proxy for")]
+    BadHost(String),
+    #[error("destination refused: {0}")]
+    DestinationRefused(String),
+    #[error("destination not resolved: {0}")]
+    DestinationUnresolved(String),
+    #[error("no proxy is available for {target:?} (all busy, resting or not ready)")]
+    NoProxy { target: String },
+    #[error("the lease store cannot lease now: {0}")]
+    LeaseStore(String),
+    #[error("upstream proxy {proxy}: {why}")]
+    Upstream { proxy: String, why: String },
+    #[error("no response from upstream proxy {proxy} within the idle timeout")]
+    TimedOut { proxy: String },
+    /// At start: the gateway would be an open proxy on a reachable address.
+    #[error(
+        "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind gatewayBindAddress to a loopback address"
+    )]
+    OpenOnReachableAddress(SocketAddr),
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::AuthenticationRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            Self::Framing(_) | Self::Target(_) | Self::BadHost(_) => StatusCode::BAD_REQUEST,
+            Self::DestinationRefused(_) => StatusCode::FORBIDDEN,
+            Self::DestinationUnresolved(_) | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::NoProxy { .. } | Self::LeaseStore(_) | Self::OpenOnReachableAddress(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The [`REASON_HEADER`] value.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::AuthenticationRequired => "authentication_required",
+            Self::Framing(_) => "ambiguous_framing",
+            Self::Target(_) | Self::BadHost(_) => "bad_request",
+            Self::DestinationRefused(_) => "destination_refused",
+            Self::DestinationUnresolved(_) => "destination_unresolved",
+            Self::NoProxy { .. } => "no_capacity",
+            Self::LeaseStore(_) | Self::OpenOnReachableAddress(_) => "unavailable",
+            Self::Upstream { .. } => "upstream_failed",
+            Self::TimedOut { .. } => "upstream_timeout",
+        }
+    }
+
+    /// `Retry-After` seconds: only when waiting helps.
+    pub fn retry_after(&self) -> Option<u32> {
+        matches!(self, Self::NoProxy { .. } | Self::LeaseStore(_)).then_some(RETRY_AFTER_SECONDS)
+    }
+}
+
+/// Refuses to start an open proxy anywhere but on loopback.
+pub fn check_exposure(addr: SocketAddr, token_required: bool) -> Result<(), GatewayError> {
+    if token_required || addr.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(GatewayError::OpenOnReachableAddress(addr))
+    }
+}
+
+/// The password of a `Proxy-Authorization: Basic` value (the username is
+/// free: crawlers often need one to send a password at all).
+pub fn presented_password(header: &[u8]) -> Option<Vec<u8>> {
+    let header = header.trim_ascii();
+    let space = header.iter().position(|b| *b == b' ')?;
+    let (scheme, token) = header.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return None;
+    }
+    let decoded = BASE64.decode(token.trim_ascii()).ok()?;
+    let colon = decoded.iter().position(|b| *b == b':')?;
+    Some(decoded[colon + 1..].to_vec())
+}
+
+/// Whether a request presenting `header` may use the gateway guarded by
+/// `token` (none: everyone). Compared in constant time.
+pub fn admits(token: Option<&str>, header: Option<&[u8]>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    header
+        .and_then(presented_password)
+        .is_some_and(|password| bool::from(password.as_slice().ct_eq(token.as_bytes())))
+}
+
+/// The lease target of a request for `host` (a name, an IPv4 address or a
+/// bracketed IPv6 one): what an API client would pass as `target`.
+pub fn lease_target(host: &str) -> Result<String, GatewayError> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    crate::lease::input::normalize_target(bare).map_err(|_| GatewayError::BadHost(host.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn basic(pair: &str) -> Vec<u8> {
+        format!("Basic {}", BASE64.encode(pair.as_bytes())).into_bytes()
+    }
+
+    #[test]
+    fn the_password_is_the_token_and_any_username_goes() {
+        assert!(admits(Some("s3cret"), Some(&basic("crawler:s3cret"))));
+        assert!(admits(Some("s3cret"), Some(&basic(":s3cret"))));
+        assert!(admits(Some("a:b"), Some(&basic("user:a:b"))));
+        assert!(!admits(Some("s3cret"), Some(&basic("s3cret:wrong"))));
+        assert!(!admits(Some("s3cret"), Some(&basic("s3cret"))));
+        assert!(!admits(Some("s3cret"), Some(b"Bearer s3cret")));
+        assert!(!admits(Some("s3cret"), Some(b"Basic !!!")));
+        assert!(!admits(Some("s3cret"), None));
+        assert!(admits(None, None));
+    }
+
+    #[test]
+    fn an_open_gateway_starts_only_on_loopback() {
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        assert!(check_exposure(at("127.0.0.1:8888"), false).is_ok());
+        assert!(check_exposure(at("[::1]:8888"), false).is_ok());
+        assert!(check_exposure(at("0.0.0.0:8888"), true).is_ok());
+        let err = check_exposure(at("0.0.0.0:8888"), false).unwrap_err();
+        assert!(err.to_string().contains("DISCOVERY_TOKEN"), "{err}");
+        assert!(check_exposure(at("10.0.0.5:8888"), false).is_err());
+    }
+
+    #[test]
+    fn lease_targets_are_the_api_s_targets() {
+        assert_eq!(lease_target("Example.COM").unwrap(), "example.com");
+        assert_eq!(lease_target("127.0.0.1").unwrap(), "127.0.0.1");
+        assert_eq!(lease_target("[::1]").unwrap(), "::1");
+        assert!(lease_target("bad host").is_err());
+    }
+
+    #[test]
+    fn each_failure_has_its_status_and_reason() {
+        let none = GatewayError::NoProxy { target: "a".into() };
+        assert_eq!((none.status().as_u16(), none.reason()), (503, "no_capacity"));
+        assert_eq!(none.retry_after(), Some(RETRY_AFTER_SECONDS));
+        let refused = GatewayError::DestinationRefused("x".into());
+        assert_eq!((refused.status().as_u16(), refused.reason()), (403, "destination_refused"));
+        assert_eq!(refused.retry_after(), None);
+        assert_eq!(GatewayError::AuthenticationRequired.status().as_u16(), 407);
+    }
+}
