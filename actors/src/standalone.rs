@@ -38,6 +38,8 @@ pub enum StandaloneError {
     Prober(#[from] egress_proxies::health::ProberError),
     #[error(transparent)]
     Leases(egress_proxies::lease::JournalError),
+    #[error(transparent)]
+    Gateway(#[from] egress_proxies::gateway::GatewayError),
 }
 
 /// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
@@ -69,6 +71,15 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         crate::system::bind(config.health_probe_bind_address).map_err(StandaloneError::Listen)?;
     let metrics_listener =
         crate::system::bind(config.metrics_bind_address).map_err(StandaloneError::Listen)?;
+    let gateway_listener =
+        crate::system::bind(config.gateway_bind_address).map_err(StandaloneError::Listen)?;
+    // Standalone serves on loopback by default: a token is optional.
+    let tokens = crate::discovery::Tokens::from_env().map_err(StandaloneError::Tokens)?;
+    if let Some(listener) = &gateway_listener {
+        // Before anything starts: never an open proxy on a reachable address.
+        let addr = listener.local_addr().map_err(StandaloneError::Listen)?;
+        egress_proxies::gateway::check_exposure(addr, !tokens.is_open())?;
+    }
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
     let installation = store.installation_id(config.installation_id.as_ref())?;
     let store = Arc::new(store);
@@ -84,8 +95,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
         pool_scale_down_delay: config.pool_scale_down_delay,
-        // Standalone serves on loopback by default: a token is optional.
-        discovery_tokens: crate::discovery::Tokens::from_env().map_err(StandaloneError::Tokens)?,
+        discovery_tokens: tokens.clone(),
         lease_journal: Some(Box::new(
             LeaseLog::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),
@@ -109,6 +119,14 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             discovery_listener,
         )
         .map_err(StandaloneError::System)?;
+        if let Some(listener) = gateway_listener {
+            crate::gateway::start(
+                listener,
+                running.leases.clone(),
+                &tokens,
+                &config.gateway_destinations,
+            )?;
+        }
         if let Some(pool_events) = store.pool_events() {
             let pools = crate::pool_actor::PoolContext {
                 pools: store.clone(),

@@ -25,6 +25,11 @@ pub struct StandaloneConfig {
     pub metrics_bind_address: BindAddress,
     /// The discovery and lease API.
     pub discovery_bind_address: BindAddress,
+    /// The gateway (docs/gateway.md); off when absent.
+    pub gateway_bind_address: BindAddress,
+    /// Where the gateway may send requests: the same rules and defaults as
+    /// a provider's `destinations`.
+    pub gateway_destinations: crate::destinations::DestinationRules,
     /// Rest of a proxy for a target after a lease on it is released.
     pub lease_cooldown: Duration,
     /// Upper bound of a lease's TTL.
@@ -64,6 +69,10 @@ struct Raw {
     discovery_bind_address: String,
     #[serde(default = "default_metrics")]
     metrics_bind_address: String,
+    #[serde(default = "default_metrics")]
+    gateway_bind_address: String,
+    #[serde(default)]
+    gateway_destinations: crate::destinations::DestinationRules,
     #[serde(default = "default_cooldown")]
     lease_cooldown: String,
     #[serde(default = "default_max_ttl")]
@@ -102,7 +111,8 @@ fn default_workers() -> usize {
     64
 }
 
-/// Off unless asked for (the quickstart asks for 127.0.0.1:8082).
+/// Off unless asked for (the quickstart asks for 127.0.0.1:8082 for
+/// metrics, 127.0.0.1:8888 for the gateway).
 fn default_metrics() -> String {
     "0".into()
 }
@@ -170,6 +180,10 @@ impl StandaloneConfig {
             .discovery_bind_address
             .parse()
             .map_err(|e| invalid(format!("discoveryBindAddress: {e}")))?;
+        let gateway_bind_address = raw
+            .gateway_bind_address
+            .parse()
+            .map_err(|e| invalid(format!("gatewayBindAddress: {e}")))?;
         let duration = |field: &str, value: &str| {
             humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?}: {e}")))
         };
@@ -206,6 +220,8 @@ impl StandaloneConfig {
             gc_grace_period,
             pool_scale_down_delay,
             discovery_bind_address,
+            gateway_bind_address,
+            gateway_destinations: raw.gateway_destinations,
             lease_cooldown,
             max_lease_ttl,
             max_leases_per_proxy: raw.max_leases_per_proxy,

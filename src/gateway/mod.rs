@@ -79,6 +79,9 @@ pub enum GatewayError {
         "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind gatewayBindAddress to a loopback address"
     )]
     OpenOnReachableAddress(SocketAddr),
+    /// At start: the listener could not be set up.
+    #[error("gateway listener: {0}")]
+    Listener(#[from] std::io::Error),
 }
 
 impl GatewayError {
@@ -88,7 +91,10 @@ impl GatewayError {
             Self::Framing(_) | Self::Target(_) | Self::BadHost(_) => StatusCode::BAD_REQUEST,
             Self::DestinationRefused(_) => StatusCode::FORBIDDEN,
             Self::DestinationUnresolved(_) | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            Self::NoProxy { .. } | Self::LeaseStore(_) | Self::OpenOnReachableAddress(_) => {
+            Self::NoProxy { .. }
+            | Self::LeaseStore(_)
+            | Self::OpenOnReachableAddress(_)
+            | Self::Listener(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -104,7 +110,7 @@ impl GatewayError {
             Self::DestinationRefused(_) => "destination_refused",
             Self::DestinationUnresolved(_) => "destination_unresolved",
             Self::NoProxy { .. } => "no_capacity",
-            Self::LeaseStore(_) | Self::OpenOnReachableAddress(_) => "unavailable",
+            Self::LeaseStore(_) | Self::OpenOnReachableAddress(_) | Self::Listener(_) => "unavailable",
             Self::Upstream { .. } => "upstream_failed",
             Self::TimedOut { .. } => "upstream_timeout",
         }

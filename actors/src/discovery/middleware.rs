@@ -64,6 +64,11 @@ impl Tokens {
     pub fn is_open(&self) -> bool {
         self.crawler.is_none()
     }
+
+    /// The crawler token (the gateway takes it as the proxy password).
+    pub fn crawler_token(&self) -> Option<Arc<String>> {
+        self.crawler.clone()
+    }
 }
 
 /// Constant time: a comparison must not reveal how much of a guess was right.
