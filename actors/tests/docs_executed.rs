@@ -21,7 +21,7 @@
 //! - The README's first `standalone background` block is the quickstart: it
 //!   is started first, in a shell of its own, and the blocks wait until it
 //!   serves `/healthz` and its Managed proxies are Ready. It listens where it
-//!   is shipped to (127.0.0.1:8081, :8090, :8082); no other test uses those
+//!   is shipped to (127.0.0.1:8081, :8090, :8082, the gateway's :8888); no other test uses those
 //!   ports, and this one test runs every page, one after another.
 //! - Then each page's `standalone` blocks run in page order, README first,
 //!   in one `bash -euo pipefail` session per page starting in the copy's
@@ -38,7 +38,7 @@
 //! - Last, the `standalone teardown` blocks run (the README's: how to stop
 //!   the quickstart's proxies), the quickstart gets Ctrl-C (SIGINT), and no
 //!   process may be left: none under the temporary directory, none that
-//!   `tests/leftover-processes.sh` would find, nothing on the three ports.
+//!   `tests/leftover-processes.sh` would find, nothing on the four ports.
 
 mod support;
 
@@ -602,6 +602,7 @@ fn quickstart_addresses(config: &Path) -> Vec<SocketAddr> {
         "healthProbeBindAddress",
         "discoveryBindAddress",
         "metricsBindAddress",
+        "gatewayBindAddress",
     ]
     .iter()
     .map(|key| {

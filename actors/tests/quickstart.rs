@@ -2,7 +2,8 @@
 //! private directory (mode 0700, like a home directory), with Squid
 //! installed — once as the user running the tests (root in CI, where Squid
 //! drops to its own user) and once as a regular user. Both Managed proxies
-//! reach Ready offline, a crawler leases one and fetches through it, and
+//! reach Ready offline, a crawler leases one and fetches through it (and
+//! through the gateway, which leases for it), and
 //! deleting the manifests leaves no process and no file behind.
 
 mod support;
@@ -29,6 +30,8 @@ struct Quickstart {
     own: String,
     api: std::net::SocketAddr,
     metrics: std::net::SocketAddr,
+    /// The gateway (open: the quickstart sets no token, and it is on loopback).
+    gateway: std::net::SocketAddr,
     /// Who runs the operator; `None`: whoever runs the tests.
     user: Option<User>,
 }
@@ -45,6 +48,7 @@ impl Quickstart {
         let own = format!("127.0.0.1:{}", free_port());
         let api: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let gateway: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         for file in ["proxies/local.yaml", "proxies/external.yaml"] {
             let path = root.join(file);
             let text = std::fs::read_to_string(&path).unwrap();
@@ -52,13 +56,14 @@ impl Quickstart {
             std::fs::write(&path, text.replace("127.0.0.1:8081", &own)).unwrap();
         }
         let quickstart = std::fs::read_to_string(format!("{shipped}/quickstart.yaml")).unwrap();
-        for shipped_addr in ["127.0.0.1:8081", "127.0.0.1:8090", "127.0.0.1:8082"] {
+        for shipped_addr in ["127.0.0.1:8081", "127.0.0.1:8090", "127.0.0.1:8082", "127.0.0.1:8888"] {
             assert!(quickstart.contains(shipped_addr), "{shipped_addr}");
         }
         let quickstart = quickstart
             .replace("127.0.0.1:8081", &own)
             .replace("127.0.0.1:8090", &api.to_string())
-            .replace("127.0.0.1:8082", &metrics.to_string());
+            .replace("127.0.0.1:8082", &metrics.to_string())
+            .replace("127.0.0.1:8888", &gateway.to_string());
         let config = root.join("quickstart.yaml");
         std::fs::write(&config, quickstart).unwrap();
         std::fs::write(root.join("operator.log"), "").unwrap();
@@ -72,6 +77,7 @@ impl Quickstart {
             own,
             api,
             metrics,
+            gateway,
             user,
             dir,
         }
@@ -253,6 +259,9 @@ async fn run_quickstart(qs: Quickstart) {
         answer.starts_with("HTTP/1.1 200"),
         "through the leased proxy: {answer}"
     );
+    // The same fetch through the gateway: it leases the other proxy itself.
+    let answer = get_through(qs.gateway, &healthz, None).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "through the gateway: {answer}");
     // The password is handed out by leases only.
     let (_, listing) = support::http::request(qs.api, "GET", "/v1/proxies", &[], None).await;
     let (_, dashboard) = support::http::request(qs.api, "GET", "/v1/dashboard", &[], None).await;
