@@ -88,4 +88,3 @@ pub fn start(
     });
     Ok(())
 }
-

@@ -43,14 +43,21 @@ async fn api(operator: &OperatorProcess, method: &str, path: &str, body: Option<
 async fn active_leases(operator: &OperatorProcess) -> u64 {
     let (status, list) = api(operator, "GET", "/v1/proxies", None).await;
     assert_eq!(status, 200, "{list}");
-    list.as_array().unwrap().iter().map(|p| p["activeLeases"].as_u64().unwrap()).sum()
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["activeLeases"].as_u64().unwrap())
+        .sum()
 }
 
 /// Runs a client; its stdout (the test fails on a failed start).
 async fn run(program: &str, args: &[&str]) -> (bool, String, String) {
     let out = tokio::time::timeout(
         Duration::from_secs(30),
-        tokio::process::Command::new(program).args(args).kill_on_drop(true).output(),
+        tokio::process::Command::new(program)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
     )
     .await
     .unwrap_or_else(|_| panic!("{program} {args:?} did not finish in 30 s"))
@@ -64,7 +71,18 @@ async fn run(program: &str, args: &[&str]) -> (bool, String, String) {
 
 /// `curl -x proxy url`: the status and the response head (`-D -`).
 async fn curl(proxy: &str, url: &str, extra: &[&str]) -> (u16, String) {
-    let mut args = vec!["-s", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}", "-x", proxy, url];
+    let mut args = vec![
+        "-s",
+        "-o",
+        "/dev/null",
+        "-D",
+        "-",
+        "-w",
+        "%{http_code}",
+        "-x",
+        proxy,
+        url,
+    ];
     args.extend_from_slice(extra);
     let (_, out, err) = run("curl", &args).await;
     let status = out
@@ -83,7 +101,10 @@ fn pem(der: &[u8]) -> String {
         .chunks(64)
         .map(|c| std::str::from_utf8(c).unwrap())
         .collect();
-    format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", lines.join("\n"))
+    format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    )
 }
 
 /// Opens a tunnel through the gateway and keeps it open; the status line.
@@ -91,7 +112,8 @@ async fn hold_tunnel(gateway: SocketAddr, target: &str) -> (tokio::net::TcpStrea
     use base64::Engine;
     let mut s = tokio::net::TcpStream::connect(gateway).await.unwrap();
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("crawler:{TOKEN}"));
-    let head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n");
+    let head =
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n");
     s.write_all(head.as_bytes()).await.unwrap();
     let mut got = Vec::new();
     let mut byte = [0u8; 1];
@@ -138,12 +160,14 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
     let tls_page = format!("https://localhost:{}/page", tls_site.port());
     // The proxy turns Ready before its health verdict reaches the book.
     operator
-        .eventually("a gateway request served", Duration::from_secs(30), async || {
-            match curl(&proxy, &page, &[]).await {
+        .eventually(
+            "a gateway request served",
+            Duration::from_secs(30),
+            async || match curl(&proxy, &page, &[]).await {
                 (204, _) => Ok(()),
                 (status, head) => Err(format!("{status}: {head}")),
-            }
-        })
+            },
+        )
         .await;
 
     // curl: http and https (TLS end to end, the gateway only splices).
@@ -157,15 +181,21 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
     );
     let (ok, out, err) = run("python3", &["-c", &script]).await;
     assert!(ok, "python requests failed: {out} {err}");
-    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["204", "204"], "{err}");
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["204", "204"],
+        "{err}"
+    );
     // Every lease went back after its request.
     operator
-        .eventually("the gateway's leases released", Duration::from_secs(10), async || {
-            match active_leases(&operator).await {
+        .eventually(
+            "the gateway's leases released",
+            Duration::from_secs(10),
+            async || match active_leases(&operator).await {
                 0 => Ok(()),
                 n => Err(format!("{n} active")),
-            }
-        })
+            },
+        )
         .await;
 
     // No credentials, a wrong password: 407 with the challenge.
@@ -180,7 +210,10 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
     // A refused destination (the metadata address): 403, and no lease taken.
     let (status, head) = curl(&proxy, "http://169.254.169.254/latest/meta-data/", &[]).await;
     assert_eq!(status, 403, "{head}");
-    assert!(head.contains("egress-gateway-error: destination_refused"), "{head}");
+    assert!(
+        head.contains("egress-gateway-error: destination_refused"),
+        "{head}"
+    );
     assert_eq!(active_leases(&operator).await, 0);
 
     // An API lease fills the proxy: the gateway answers 503 with Retry-After.
@@ -199,18 +232,32 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
     let (tunnel, line) = hold_tunnel(gateway, &format!("localhost:{}", tls_site.port())).await;
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
     assert_eq!(active_leases(&operator).await, 1);
-    let (status, body) = api(&operator, "POST", "/v1/leases", Some(r#"{"target":"other.example"}"#)).await;
+    let (status, body) = api(
+        &operator,
+        "POST",
+        "/v1/leases",
+        Some(r#"{"target":"other.example"}"#),
+    )
+    .await;
     assert_eq!(status, 503, "the gateway's lease counts against capacity: {body}");
     drop(tunnel);
     operator
-        .eventually("the tunnel's lease released", Duration::from_secs(10), async || {
-            match active_leases(&operator).await {
+        .eventually(
+            "the tunnel's lease released",
+            Duration::from_secs(10),
+            async || match active_leases(&operator).await {
                 0 => Ok(()),
                 n => Err(format!("{n} active")),
-            }
-        })
+            },
+        )
         .await;
-    let (status, body) = api(&operator, "POST", "/v1/leases", Some(r#"{"target":"other.example"}"#)).await;
+    let (status, body) = api(
+        &operator,
+        "POST",
+        "/v1/leases",
+        Some(r#"{"target":"other.example"}"#),
+    )
+    .await;
     assert_eq!(status, 201, "{body}");
 
     let logs = operator.logs();
@@ -233,7 +280,9 @@ async fn an_open_gateway_on_a_reachable_address_refuses_to_start() {
         .setting("gatewayBindAddress", &format!("\"0.0.0.0:{}\"", free_port()))
         .spawn();
     let status = operator
-        .eventually("the operator to exit", Duration::from_secs(30), async || operator.exited())
+        .eventually("the operator to exit", Duration::from_secs(30), async || {
+            operator.exited()
+        })
         .await;
     assert!(!status.success());
     let logs = operator.logs();

@@ -56,7 +56,12 @@ impl Quickstart {
             std::fs::write(&path, text.replace("127.0.0.1:8081", &own)).unwrap();
         }
         let quickstart = std::fs::read_to_string(format!("{shipped}/quickstart.yaml")).unwrap();
-        for shipped_addr in ["127.0.0.1:8081", "127.0.0.1:8090", "127.0.0.1:8082", "127.0.0.1:8888"] {
+        for shipped_addr in [
+            "127.0.0.1:8081",
+            "127.0.0.1:8090",
+            "127.0.0.1:8082",
+            "127.0.0.1:8888",
+        ] {
             assert!(quickstart.contains(shipped_addr), "{shipped_addr}");
         }
         let quickstart = quickstart
@@ -261,7 +266,10 @@ async fn run_quickstart(qs: Quickstart) {
     );
     // The same fetch through the gateway: it leases the other proxy itself.
     let answer = get_through(qs.gateway, &healthz, None).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "through the gateway: {answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "through the gateway: {answer}"
+    );
     // The password is handed out by leases only.
     let (_, listing) = support::http::request(qs.api, "GET", "/v1/proxies", &[], None).await;
     let (_, dashboard) = support::http::request(qs.api, "GET", "/v1/dashboard", &[], None).await;

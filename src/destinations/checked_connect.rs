@@ -113,12 +113,13 @@ pub async fn check_destination(
 ) -> Result<(), CheckedConnectError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let attempt = async {
-        let addresses = tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|source| CheckedConnectError::Resolve {
-                host: host.to_owned(),
-                source,
-            })?;
+        let addresses =
+            tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|source| CheckedConnectError::Resolve {
+                    host: host.to_owned(),
+                    source,
+                })?;
         let mut refused = None;
         for address in addresses {
             match policy.check(address.ip(), port, tunnel) {

@@ -32,7 +32,13 @@ impl Proxy {
                 return answer(status_of_connect_error(&e), true, in_flight);
             }
         };
-        splice(hyper::upgrade::on(request), upstream, in_flight, self.idle_timeout, None);
+        splice(
+            hyper::upgrade::on(request),
+            upstream,
+            in_flight,
+            self.idle_timeout,
+            None,
+        );
         established()
     }
 }

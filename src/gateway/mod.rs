@@ -94,9 +94,7 @@ impl GatewayError {
             Self::NoProxy { .. }
             | Self::LeaseStore(_)
             | Self::OpenOnReachableAddress(_)
-            | Self::Listener(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            | Self::Listener(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -209,7 +207,10 @@ mod tests {
         assert_eq!((none.status().as_u16(), none.reason()), (503, "no_capacity"));
         assert_eq!(none.retry_after(), Some(RETRY_AFTER_SECONDS));
         let refused = GatewayError::DestinationRefused("x".into());
-        assert_eq!((refused.status().as_u16(), refused.reason()), (403, "destination_refused"));
+        assert_eq!(
+            (refused.status().as_u16(), refused.reason()),
+            (403, "destination_refused")
+        );
         assert_eq!(refused.retry_after(), None);
         assert_eq!(GatewayError::AuthenticationRequired.status().as_u16(), 407);
     }

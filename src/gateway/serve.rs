@@ -43,9 +43,12 @@ pub struct Options {
 /// Serves until the process ends; accept errors are waited out.
 pub async fn serve(listener: TcpListener, options: Options, settings: ListenerSettings) -> io::Result<()> {
     let gateway = Arc::new(Gateway::new(options, &settings));
-    match serve_connections(listener, settings.max_connections, "gateway", move |stream, peer, slot| {
-        gateway.clone().serve_client(stream, peer, slot)
-    })
+    match serve_connections(
+        listener,
+        settings.max_connections,
+        "gateway",
+        move |stream, peer, slot| gateway.clone().serve_client(stream, peer, slot),
+    )
     .await {}
 }
 
@@ -176,7 +179,13 @@ impl Gateway {
                 let upgrade = hyper::upgrade::on(request);
                 match self.tunnel(&host, port, &upstream, &slot).await {
                     Ok(upstream_io) => {
-                        splice(upgrade, upstream_io, in_flight, self.idle_timeout, Some(Box::new(held)));
+                        splice(
+                            upgrade,
+                            upstream_io,
+                            in_flight,
+                            self.idle_timeout,
+                            Some(Box::new(held)),
+                        );
                         established()
                     }
                     Err(e) => refusal(&e, peer, tunnel, in_flight),
@@ -224,7 +233,9 @@ impl Gateway {
             }
         };
         match response.status() {
-            StatusCode::SWITCHING_PROTOCOLS => Err(upstream_failed(upstream, &"it switched protocols unasked")),
+            StatusCode::SWITCHING_PROTOCOLS => {
+                Err(upstream_failed(upstream, &"it switched protocols unasked"))
+            }
             // The upstream refused its own credentials: the crawler can do nothing about it.
             StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
                 Err(upstream_failed(upstream, &"it refused its credentials (407)"))
@@ -291,7 +302,11 @@ where
         .url
         .parse()
         .map_err(|e| upstream_failed(upstream, &format!("its URL does not parse: {e}")))?;
-    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    let host = uri
+        .host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     let port = uri.port_u16().unwrap_or(80);
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
         .await
