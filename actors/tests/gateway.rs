@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::operator::{OperatorDir, OperatorProcess};
 use support::process::{free_port, health_target};
-use support::target_server::{http_target, https_target};
+use support::target_server::{Behaviour, http_target_with, https_target};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "gw-test-t0ken-9f3c";
@@ -150,7 +150,7 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
         .start()
         .await;
     operator.wait_ready(1).await;
-    let site = http_target().await;
+    let (site, seen) = http_target_with(Behaviour::Status(204)).await;
     let (tls_site, cert) = https_target().await;
     let ca = dir.path().join("target-ca.pem");
     std::fs::write(&ca, pem(&cert)).unwrap();
@@ -259,6 +259,15 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
     )
     .await;
     assert_eq!(status, 201, "{body}");
+
+    // Neither the crawler's token nor any proxy credential reaches the site.
+    let heads = seen.lock().unwrap().join("\n");
+    assert!(heads.contains("GET /page"), "{heads}");
+    assert!(!heads.contains(TOKEN), "{heads}");
+    assert!(
+        !heads.to_ascii_lowercase().contains("proxy-authorization"),
+        "{heads}"
+    );
 
     let logs = operator.logs();
     assert!(logs.contains("gateway listening"), "{logs}");

@@ -166,6 +166,29 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_destination_is_checked_without_connecting() {
+        let timeout = Duration::from_secs(5);
+        let err = check_destination(&DestinationPolicy::default(), "127.0.0.1", 80, false, timeout)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CheckedConnectError::Refused { .. }), "{err}");
+        let rules: super::super::DestinationRules =
+            serde_json::from_str(r#"{"allow":["127.0.0.0/8"]}"#).unwrap();
+        let policy = DestinationPolicy::new(&rules, &[]);
+        // Nothing listens on port 9: only the rules are asked.
+        check_destination(&policy, "localhost", 9, false, timeout)
+            .await
+            .unwrap();
+        let err = check_destination(&policy, "127.0.0.1", 8443, true, timeout)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CheckedConnectError::Refused { .. }),
+            "CONNECT only to 443: {err}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_name_resolving_to_a_denied_address_is_refused_without_connecting() {
         // Something listens, so only the check stands between it and a connection.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

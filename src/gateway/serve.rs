@@ -338,7 +338,12 @@ fn upstream_failed(upstream: &Upstream, why: &dyn std::fmt::Display) -> GatewayE
 /// The gateway's own answer to a failure: its status, the reason header,
 /// `Retry-After` when waiting helps, logged without any credential.
 fn refusal(e: &GatewayError, peer: SocketAddr, tunnel: bool, in_flight: InFlight) -> Response<ProxyBody> {
-    tracing::info!(%peer, status = e.status().as_u16(), reason = e.reason(), error = %e, "gateway request not served");
+    // No capacity is routine for a busy fleet (as for the API's no_capacity): not worth INFO.
+    if matches!(e, GatewayError::NoProxy { .. }) {
+        tracing::debug!(%peer, status = 503, reason = e.reason(), error = %e, "gateway request not served");
+    } else {
+        tracing::info!(%peer, status = e.status().as_u16(), reason = e.reason(), error = %e, "gateway request not served");
+    }
     if matches!(e, GatewayError::AuthenticationRequired) {
         return authentication_required(tunnel, in_flight);
     }
