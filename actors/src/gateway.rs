@@ -16,6 +16,12 @@ use egress_proxies::lease::{AcquireError, AcquireRequest};
 use crate::discovery::Tokens;
 use crate::lease_store::{Acquire, LeaseStore, Release};
 
+/// Asked for every gateway lease; the book caps it at `maxLeaseTtl`. A
+/// tunnel lasts as long as the crawler keeps it open, and its lease must
+/// not lapse under it (that would overbook the proxy); the gateway
+/// releases it the moment the request or tunnel ends.
+const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// The lease store as the gateway sees it.
 struct StoreLeases(Addr<LeaseStore>);
 
@@ -27,7 +33,7 @@ impl Leases for StoreLeases {
         let request = AcquireRequest {
             target,
             selector: Default::default(),
-            ttl: None,
+            ttl: Some(LEASE_TTL),
             client: Some(LEASE_CLIENT.to_owned()),
         };
         let asked = self.0.send(Acquire(request));
