@@ -22,13 +22,13 @@
 // Shared with the gateway (`crate::gateway`), which relays through leased proxies.
 pub(crate) mod answers;
 pub(crate) mod body;
+pub(crate) mod client_connection;
 mod connector;
 mod forward;
 pub(crate) mod framing;
 pub(crate) mod request;
 pub(crate) mod tunnel;
 
-use std::convert::Infallible;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -37,18 +37,17 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::credentials::BasicAuthorization;
 use crate::destinations::DestinationPolicy;
-use crate::guarded_listener::{ListenerSettings, Phase, Slot, Tracked, serve_connections};
+use crate::guarded_listener::{ListenerSettings, Slot, serve_connections};
 use answers::{answer, authentication_required};
 use body::ProxyBody;
 use connector::CheckedConnector;
-use framing::{FramingGuard, MAX_HEAD, Verdict, Verdicts};
+use framing::{Verdict, Verdicts};
 use request::{Target, target_of};
 
 /// Descriptors one client connection may need: its own, its upstream's,
@@ -138,17 +137,10 @@ impl Proxy {
             // `request` sets Host from the URL itself.
             .set_host(false)
             .build(connector.clone());
-        let mut server = http1::Builder::new();
-        server
-            .timer(TokioTimer::new())
-            .header_read_timeout(settings.header_read_timeout)
-            .keep_alive(true)
-            .title_case_headers(true)
-            .max_buf_size(MAX_HEAD);
         Self {
             connector,
             client,
-            server,
+            server: client_connection::server(settings),
             auth: options.auth,
             idle_timeout: settings.idle_timeout,
         }
@@ -156,40 +148,12 @@ impl Proxy {
 
     /// Serves one client connection until it closes, is evicted, or stalls.
     async fn serve_client(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, slot: Arc<Slot>) {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "TCP_NODELAY not set on a client connection");
-        }
-        let verdicts = Verdicts::default();
-        let io = TokioIo::new(FramingGuard::new(
-            Tracked::new(stream, slot.clone()),
-            verdicts.clone(),
-        ));
-        let service = {
-            let (proxy, slot) = (self.clone(), slot.clone());
-            service_fn(move |request| {
-                let (proxy, slot, verdicts) = (proxy.clone(), slot.clone(), verdicts.clone());
-                async move { Ok::<_, Infallible>(proxy.handle(request, slot, &verdicts).await) }
-            })
+        let proxy = self.clone();
+        let handle = move |request, slot, verdicts: Verdicts| {
+            let proxy = proxy.clone();
+            async move { proxy.handle(request, slot, &verdicts).await }
         };
-        let connection = self.server.serve_connection(io, service).with_upgrades();
-        tokio::pin!(connection);
-        let ended = tokio::select! {
-            ended = connection.as_mut() => ended,
-            () = slot.evicted() => {
-                tracing::debug!(%peer, "idle connection closed to make room");
-                if slot.phase() == Phase::Idle {
-                    return;
-                }
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-            () = slot.stalled(self.idle_timeout, Some(Phase::Relaying)) => {
-                return tracing::debug!(%peer, "nothing relayed for the idle timeout; connection closed");
-            }
-        };
-        if let Err(e) = ended {
-            tracing::debug!(%peer, error = %e, "client connection ended with an error");
-        }
+        client_connection::serve(&self.server, stream, peer, slot, self.idle_timeout, handle).await;
     }
 
     /// Answers one request.

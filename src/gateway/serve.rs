@@ -2,7 +2,6 @@
 //! framing guard, hop-by-hop rewriting, answers, the tunnel splice) with a
 //! leased upstream proxy as the next hop instead of the destination.
 
-use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,18 +12,18 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1 as client;
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{GatewayError, Leases, REASON_HEADER, Upstream, admits, lease_target};
 use crate::destinations::{CheckedConnectError, DestinationPolicy, check_destination};
 use crate::forward_proxy::answers::{answer, authentication_required};
 use crate::forward_proxy::body::ProxyBody;
-use crate::forward_proxy::framing::{FramingGuard, MAX_HEAD, Verdict, Verdicts};
+use crate::forward_proxy::client_connection;
+use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::request::{Target, drop_hop_by_hop, forwarded_headers, target_of};
 use crate::forward_proxy::tunnel::{established, splice};
-use crate::guarded_listener::{InFlight, ListenerSettings, Phase, Slot, Tracked, serve_connections};
+use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
 
 /// Descriptors one client connection may need: its own and its upstream's.
 pub const FDS_PER_CONNECTION: u64 = 2;
@@ -72,53 +71,21 @@ struct Gateway {
 
 impl Gateway {
     fn new(options: Options, settings: &ListenerSettings) -> Self {
-        let mut server = http1::Builder::new();
-        server
-            .timer(TokioTimer::new())
-            .header_read_timeout(settings.header_read_timeout)
-            .keep_alive(true)
-            .title_case_headers(true)
-            .max_buf_size(MAX_HEAD);
         Self {
             options,
-            server,
+            server: client_connection::server(settings),
             idle_timeout: settings.idle_timeout,
         }
     }
 
     /// Serves one client connection, as the built-in forward proxy does.
     async fn serve_client(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, slot: Arc<Slot>) {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "TCP_NODELAY not set on a gateway client connection");
-        }
-        let verdicts = Verdicts::default();
-        let io = TokioIo::new(FramingGuard::new(
-            Tracked::new(stream, slot.clone()),
-            verdicts.clone(),
-        ));
-        let service = {
-            let (gateway, slot) = (self.clone(), slot.clone());
-            service_fn(move |request| {
-                let (gateway, slot, verdicts) = (gateway.clone(), slot.clone(), verdicts.clone());
-                async move { Ok::<_, Infallible>(gateway.handle(request, peer, slot, &verdicts).await) }
-            })
+        let gateway = self.clone();
+        let handle = move |request, slot, verdicts: Verdicts| {
+            let gateway = gateway.clone();
+            async move { gateway.handle(request, peer, slot, &verdicts).await }
         };
-        let connection = self.server.serve_connection(io, service).with_upgrades();
-        tokio::pin!(connection);
-        let ended = tokio::select! {
-            ended = connection.as_mut() => ended,
-            () = slot.evicted() => {
-                if slot.phase() == Phase::Idle {
-                    return;
-                }
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-            () = slot.stalled(self.idle_timeout, Some(Phase::Relaying)) => return,
-        };
-        if let Err(e) = ended {
-            tracing::debug!(%peer, error = %e, "gateway client connection ended with an error");
-        }
+        client_connection::serve(&self.server, stream, peer, slot, self.idle_timeout, handle).await;
     }
 
     async fn handle(
