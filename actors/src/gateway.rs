@@ -8,7 +8,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use actix::Addr;
-use egress_proxies::destinations::{DestinationPolicy, DestinationRules};
+use egress_proxies::config::GatewaySettings;
+use egress_proxies::destinations::DestinationPolicy;
 use egress_proxies::gateway::{self, GatewayError, LEASE_CLIENT, Leases, Options, Upstream};
 use egress_proxies::guarded_listener::ListenerSettings;
 use egress_proxies::lease::{AcquireError, AcquireRequest};
@@ -66,7 +67,7 @@ pub fn start(
     listener: std::net::TcpListener,
     store: Addr<LeaseStore>,
     tokens: &Tokens,
-    destinations: &DestinationRules,
+    settings: &GatewaySettings,
 ) -> Result<(), GatewayError> {
     let addr = listener.local_addr()?;
     let token = tokens.crawler_token();
@@ -82,7 +83,7 @@ pub fn start(
         );
     }
     let options = Options {
-        destinations: Arc::new(DestinationPolicy::new(destinations, &[])),
+        destinations: Arc::new(DestinationPolicy::new(&settings.destinations, &[])),
         token,
         leases: Arc::new(StoreLeases(store)),
     };

@@ -143,7 +143,7 @@ async fn crawlers_fetch_through_the_gateway_on_the_shared_lease_book() {
         .standalone()
         .discovery()
         .setting("gatewayBindAddress", &format!("\"{gateway}\""))
-        .setting("gatewayDestinations", DESTINATIONS)
+        .setting("gateway", &format!("{{destinations: {DESTINATIONS}}}"))
         .setting("maxLeasesPerProxy", "1")
         .setting("leaseCooldown", "0s")
         .env("DISCOVERY_TOKEN", TOKEN)

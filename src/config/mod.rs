@@ -9,6 +9,7 @@
 //!     kvm: { ... }            # the block named after the type
 //! ```
 
+mod gateway;
 mod gcp;
 mod kubernetes;
 mod kvm;
@@ -23,6 +24,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use gateway::{BODY_SCAN_LIMIT, BlockRule, GatewaySettings, GatewaySettingsError};
 pub use gcp::GcpConfig;
 pub use kubernetes::{DEFAULT_SQUID_IMAGE, KubernetesConfig};
 pub use kvm::{

@@ -11,7 +11,7 @@ use crate::bind_address::BindAddress;
 use crate::installation::InstallationId;
 
 /// Settings of `egress-proxies-operator standalone`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StandaloneConfig {
     /// Providers configuration file.
     pub providers_config: PathBuf,
@@ -27,9 +27,8 @@ pub struct StandaloneConfig {
     pub discovery_bind_address: BindAddress,
     /// The gateway (docs/gateway.md); off when absent.
     pub gateway_bind_address: BindAddress,
-    /// Where the gateway may send requests: the same rules and defaults as
-    /// a provider's `destinations`.
-    pub gateway_destinations: crate::destinations::DestinationRules,
+    /// The gateway's behaviour (the `gateway:` block).
+    pub gateway: super::GatewaySettings,
     /// Rest of a proxy for a target after a lease on it is released.
     pub lease_cooldown: Duration,
     /// Upper bound of a lease's TTL.
@@ -72,7 +71,7 @@ struct Raw {
     #[serde(default = "default_metrics")]
     gateway_bind_address: String,
     #[serde(default)]
-    gateway_destinations: crate::destinations::DestinationRules,
+    gateway: super::gateway::RawGatewaySettings,
     #[serde(default = "default_cooldown")]
     lease_cooldown: String,
     #[serde(default = "default_max_ttl")]
@@ -184,6 +183,7 @@ impl StandaloneConfig {
             .gateway_bind_address
             .parse()
             .map_err(|e| invalid(format!("gatewayBindAddress: {e}")))?;
+        let gateway = super::GatewaySettings::from_raw(raw.gateway).map_err(|e| invalid(e.to_string()))?;
         let duration = |field: &str, value: &str| {
             humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?}: {e}")))
         };
@@ -221,7 +221,7 @@ impl StandaloneConfig {
             pool_scale_down_delay,
             discovery_bind_address,
             gateway_bind_address,
-            gateway_destinations: raw.gateway_destinations,
+            gateway,
             lease_cooldown,
             max_lease_ttl,
             max_leases_per_proxy: raw.max_leases_per_proxy,
