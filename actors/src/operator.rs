@@ -82,8 +82,12 @@ pub enum OperatorError {
     Installation(#[from] installation::InstallationRecordError),
     #[error("metrics listener: {0}")]
     MetricsCert(#[from] egress_proxies::serving_cert::ServingCertError),
-    #[error("--gateway-config: {0}")]
-    GatewayConfig(#[from] egress_proxies::config::GatewaySettingsError),
+    #[error("--gateway-config {path}: {source}")]
+    GatewayConfig {
+        path: String,
+        #[source]
+        source: egress_proxies::config::GatewaySettingsError,
+    },
     #[error(transparent)]
     Gateway(#[from] egress_proxies::gateway::GatewayError),
 }
@@ -118,7 +122,10 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
 /// fail the start.
 fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
     let settings = match &options.gateway_config {
-        Some(path) => GatewaySettings::load(path)?,
+        Some(path) => GatewaySettings::load(path).map_err(|source| OperatorError::GatewayConfig {
+            path: path.display().to_string(),
+            source,
+        })?,
         None => GatewaySettings::default(),
     };
     let Some(listener) = system::bind(options.gateway_bind_address)? else {
