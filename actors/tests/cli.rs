@@ -225,7 +225,7 @@ fn run_refuses_gateway_settings_it_cannot_use() {
     };
     let stderr = run(Some("tries: 0\n"), Some("t0ken"), "127.0.0.1:0");
     assert!(
-        stderr.contains("--gateway-config") && stderr.contains("gateway.tries"),
+        stderr.contains("--gateway-config") && stderr.contains("tries: 0"),
         "{stderr}"
     );
     let stderr = run(Some("destinatons: {}\n"), Some("t0ken"), "127.0.0.1:0");

@@ -114,7 +114,7 @@ pub enum GatewayError {
     TimedOut { proxy: String },
     /// At start: the gateway would be an open proxy on a reachable address.
     #[error(
-        "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind gatewayBindAddress to a loopback address"
+        "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind the gateway (gatewayBindAddress, --gateway-bind-address) to a loopback address"
     )]
     OpenOnReachableAddress(SocketAddr),
     /// At start: the listener could not be set up.
