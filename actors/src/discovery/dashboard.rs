@@ -45,6 +45,9 @@ struct ProxyRow {
     url: Option<String>,
     active_leases: u32,
     attributes: BTreeMap<String, String>,
+    /// Targets it was reported blocked by, and its reported errors.
+    blocked_targets: u32,
+    errors: u32,
 }
 
 /// One ProxyPool as its PoolActor last saw it: the figures of the status
@@ -182,6 +185,8 @@ pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
             url: v.availability.url.clone(),
             active_leases: v.active_leases,
             attributes: v.availability.attributes.clone(),
+            blocked_targets: v.blocked_targets,
+            errors: v.errors,
         })
         .collect();
     proxies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

@@ -1,0 +1,392 @@
+//! The gateway choosing, keeping and leaving proxies, through the real
+//! binary in standalone mode with local built-in proxies, each leaving from
+//! an outgoing address of its own on loopback (so the site can tell them
+//! apart):
+//! - a sticky session keeps one proxy for 50 requests, moves to one other
+//!   proxy when that one is killed, and stays there;
+//! - 8 clients fetching while a proxy is killed see no failed request;
+//! - a site that answers 403 to one proxy's address: the proxy is reported
+//!   blocked for it and not chosen for it again, and no request the client
+//!   sees fails;
+//! - with `maxLeasesPerProxy: 1` and 3 proxies, no more than 3 tunnels are
+//!   open at the site at any instant, while 8 clients keep asking.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::operator::{OperatorDir, OperatorProcess};
+use support::process::{free_port, health_target, instance_pid};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const TOKEN: &str = "gw-failover-t0ken-51ab";
+const DESTINATIONS: &str = "{allow: [127.0.0.0/8, 1024-65535]}";
+
+fn provider(network: &str) -> String {
+    format!(
+        "providers:\n  - {{name: local, type: local, local: {{implementation: builtin, \
+         destinations: {{allow: [127.0.0.0/8, 1024-65535]}}, outgoingAddresses: [{network}]}}}}\n"
+    )
+}
+
+/// What the site saw: requests per source address, connections open now
+/// and at most.
+#[derive(Default)]
+struct SiteLog {
+    by_source: Mutex<BTreeMap<IpAddr, usize>>,
+    open: AtomicUsize,
+    most_open: AtomicUsize,
+}
+
+/// A loopback site answering each request with 200 (403 to `blocked`),
+/// one request per connection; connections that send nothing (tunnels
+/// held open) are counted while open.
+async fn site(blocked: Option<IpAddr>) -> (SocketAddr, Arc<SiteLog>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Arc::new(SiteLog::default());
+    let seen = log.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, peer)) = listener.accept().await {
+            let log = seen.clone();
+            tokio::spawn(async move {
+                let now = log.open.fetch_add(1, Ordering::SeqCst) + 1;
+                log.most_open.fetch_max(now, Ordering::SeqCst);
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => {
+                            log.open.fetch_sub(1, Ordering::SeqCst);
+                            return;
+                        }
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                *log.by_source.lock().unwrap().entry(peer.ip()).or_default() += 1;
+                let answer: &[u8] = if Some(peer.ip()) == blocked {
+                    b"HTTP/1.1 403 Forbidden\r\nContent-Length: 7\r\nConnection: close\r\n\r\nblocked"
+                } else {
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+                };
+                let _ = s.write_all(answer).await;
+                let _ = s.shutdown().await;
+                log.open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, log)
+}
+
+fn basic(user: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{TOKEN}"))
+}
+
+/// One plain-HTTP GET through the gateway: the status and the lowercase head.
+async fn fetch(gateway: SocketAddr, site: SocketAddr, user: &str) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect(gateway).await.map_err(|e| e.to_string())?;
+    let head = format!(
+        "GET http://{site}/page HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\nConnection: close\r\n\r\n",
+        basic(user)
+    );
+    s.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer in 30 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line: {text:?}"))?;
+    Ok((status, text))
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map(str::trim)
+}
+
+struct Fleet {
+    dir: OperatorDir,
+    operator: OperatorProcess,
+    gateway: SocketAddr,
+}
+
+impl Fleet {
+    /// `count` local proxies behind a gateway with `gateway` settings.
+    async fn start(count: usize, network: &str, capacity: u32, gateway: &str) -> Self {
+        let dir = OperatorDir::new(&provider(network));
+        let health = health_target();
+        for i in 0..count {
+            dir.write_manifest(
+                &format!("p{i}"),
+                &format!(
+                    "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: p{i}, namespace: crawl}}\n\
+                     spec: {{mode: Managed, provider: local, healthCheck: {{url: \"{health}\", interval: 1s}}}}\n"
+                ),
+            );
+        }
+        let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let operator = dir
+            .standalone()
+            .discovery()
+            .setting("gatewayBindAddress", &format!("\"{address}\""))
+            .setting("gateway", &format!("{{destinations: {DESTINATIONS}, {gateway}}}"))
+            .setting("maxLeasesPerProxy", &capacity.to_string())
+            .setting("leaseCooldown", "0s")
+            .env("DISCOVERY_TOKEN", TOKEN)
+            .start()
+            .await;
+        operator.wait_ready(count).await;
+        Self {
+            dir,
+            operator,
+            gateway: address,
+        }
+    }
+
+    /// The proxies as the lease book sees them (the dashboard's rows:
+    /// leases, blocks and errors reported).
+    async fn proxies(&self) -> Vec<Value> {
+        let auth = format!("Bearer {TOKEN}");
+        let (status, text) = support::http::request(
+            self.operator.discovery(),
+            "GET",
+            "/v1/dashboard",
+            &[("Authorization", &auth)],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["proxies"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// SIGKILLs the process of the proxy named `crawl/<name>`.
+    async fn kill(&self, proxy: &str) {
+        let name = proxy.rsplit('/').next().unwrap();
+        let url = self
+            .proxies()
+            .await
+            .into_iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["url"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no proxy {proxy}"));
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .trim_end_matches('/')
+            .parse()
+            .unwrap();
+        let instances = self.dir.state().join("local/local/instances");
+        let instance = std::fs::read_dir(&instances)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|dir| {
+                std::fs::read(dir.join("instance.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                    .is_some_and(|r| r["port"].as_u64() == Some(u64::from(port)))
+            })
+            .unwrap_or_else(|| panic!("no instance listens on {port}"));
+        let pid = instance_pid(&instance).expect("the proxy's process runs");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
+    let fleet = Fleet::start(3, "127.0.6.0/29", 0, "sessionLifetime: 10m").await;
+    let (site, log) = site(None).await;
+    let user = "spider-session-s1";
+    let mut served_by = HashMap::<String, usize>::new();
+    for _ in 0..50 {
+        let (status, head) = fetch(fleet.gateway, site, user).await.unwrap();
+        assert_eq!(status, 200, "{head}");
+        *served_by
+            .entry(header(&head, "egress-gateway-proxy").unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(served_by.len(), 1, "one proxy for the session: {served_by:?}");
+    let first = served_by.keys().next().unwrap().clone();
+    {
+        let sources = log.by_source.lock().unwrap();
+        assert_eq!(sources.len(), 1, "the site saw one source address: {sources:?}");
+    }
+    // Another session goes its own way, by the book's choice (not pinned).
+    let (status, _) = fetch(fleet.gateway, site, "spider-session-s2").await.unwrap();
+    assert_eq!(status, 200);
+
+    fleet.kill(&first).await;
+    let mut after = Vec::new();
+    for _ in 0..30 {
+        let (status, head) = fetch(fleet.gateway, site, user).await.unwrap();
+        assert_eq!(status, 200, "no request fails when its proxy dies: {head}");
+        after.push((
+            header(&head, "egress-gateway-proxy").unwrap().to_owned(),
+            header(&head, "egress-gateway-session-moved-from").is_some(),
+        ));
+    }
+    let second = after[0].0.clone();
+    assert_ne!(second, first, "the session moved");
+    assert!(after[0].1, "the first answer after the move says so");
+    assert!(
+        after.iter().all(|(proxy, _)| *proxy == second),
+        "it stays on the one it moved to: {after:?}"
+    );
+    assert!(
+        after[1..].iter().all(|(_, moved)| !moved),
+        "it moved once: {after:?}"
+    );
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_proxy_killed_under_eight_clients_costs_no_request() {
+    let fleet = Fleet::start(3, "127.0.7.0/29", 1, "capacityWait: 10s").await;
+    let (site, log) = site(None).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for c in 0..8 {
+        let (stop, gateway) = (stop.clone(), fleet.gateway);
+        clients.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                match fetch(gateway, site, &format!("client{c}")).await {
+                    Ok((200, _)) => ok += 1,
+                    Ok((status, head)) => failed.push(format!("{status}: {head}")),
+                    Err(e) => failed.push(e),
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let victim = fleet.proxies().await[0]["name"].as_str().unwrap().to_owned();
+    fleet.kill(&format!("crawl/{victim}")).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for client in clients {
+        let (o, f) = client.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        ok + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(ok > 50, "the clients kept fetching: {ok}");
+    let victim_errors = fleet
+        .proxies()
+        .await
+        .into_iter()
+        .find(|p| p["name"] == victim.as_str())
+        .map(|p| p["errors"].as_u64().unwrap_or(0));
+    assert!(
+        victim_errors.unwrap_or(0) >= 1,
+        "the dead proxy was reported: {victim_errors:?}"
+    );
+    assert!(log.by_source.lock().unwrap().len() >= 2);
+    let logs = fleet.operator.logs();
+    assert!(!logs.contains(TOKEN), "the token reached the log");
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_proxy_the_site_blocks_is_learnt_and_no_request_fails() {
+    // Two proxies, leaving from 127.0.8.1 and 127.0.8.2; the site blocks the first address.
+    let fleet = Fleet::start(2, "127.0.8.0/30", 0, "blocks: [{status: [403]}]").await;
+    let blocked: IpAddr = "127.0.8.1".parse().unwrap();
+    let (site, log) = site(Some(blocked)).await;
+    for i in 0..20 {
+        let (status, head) = fetch(fleet.gateway, site, "spider").await.unwrap();
+        assert_eq!(status, 200, "request {i}: {head}");
+        assert!(header(&head, "egress-gateway-blocked").is_none());
+    }
+    let sources = log.by_source.lock().unwrap().clone();
+    // Never leased for the site, the blocked proxy is tried once (its
+    // request then goes to the other), and never again for this site.
+    assert_eq!(sources.get(&blocked).copied(), Some(1), "{sources:?}");
+    let proxies = fleet.proxies().await;
+    let blocked_targets: u64 = proxies
+        .iter()
+        .map(|p| p["blockedTargets"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(blocked_targets, 1, "the block was reported: {proxies:?}");
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn capacity_bounds_the_tunnels_open_upstream() {
+    let fleet = Fleet::start(3, "127.0.9.0/29", 1, "capacityWait: 20s").await;
+    let (site, log) = site(None).await;
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let gateway = fleet.gateway;
+        clients.push(tokio::spawn(async move {
+            let mut opened = 0;
+            for _ in 0..3 {
+                let mut s = TcpStream::connect(gateway).await.unwrap();
+                let head = format!(
+                    "CONNECT {site} HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+                    basic("tunneler")
+                );
+                s.write_all(head.as_bytes()).await.unwrap();
+                let mut got = Vec::new();
+                let mut byte = [0u8; 1];
+                while !got.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).await.unwrap() == 0 {
+                        break;
+                    }
+                    got.push(byte[0]);
+                }
+                let line = String::from_utf8_lossy(&got).into_owned();
+                assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+                // Held open a while, then one request inside: the site ends
+                // the connection (and counts it closed) before the client
+                // sees the end and the gateway gives the lease back.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                s.write_all(format!("GET /page HTTP/1.1\r\nHost: {site}\r\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
+                let mut answer = Vec::new();
+                s.read_to_end(&mut answer).await.unwrap();
+                assert!(
+                    answer.starts_with(b"HTTP/1.1 200"),
+                    "{}",
+                    String::from_utf8_lossy(&answer)
+                );
+                opened += 1;
+            }
+            opened
+        }));
+    }
+    let mut opened = 0;
+    for client in clients {
+        opened += client.await.unwrap();
+    }
+    assert_eq!(opened, 24, "every tunnel opened in the end");
+    let most = log.most_open.load(Ordering::SeqCst);
+    assert!(most <= 3, "{most} tunnels were open at the site at once");
+    assert!(most >= 2, "the proxies were used side by side: {most}");
+    fleet.operator.stop().await;
+}
