@@ -235,7 +235,16 @@ async fn operator_with_gateway(
         .proxy("p1")
         .and_then(|p| p.status)
         .and_then(|s| s.outgoing_address);
-    assert_eq!(outgoing.as_deref(), Some(OUTGOING), "the proxy's outgoing address");
+    assert_eq!(
+        outgoing.as_deref(),
+        Some(OUTGOING),
+        "the proxy's outgoing address"
+    );
+    operator
+        .eventually("the gateway to listen", PATIENCE, async || {
+            TcpStream::connect(gateway).await
+        })
+        .await;
     // The proxy turns Ready before its health verdict reaches the book.
     operator
         .eventually("a gateway request served", PATIENCE, async || {
@@ -248,8 +257,14 @@ async fn operator_with_gateway(
 
 async fn api(operator: &OperatorProcess, path: &str) -> Value {
     let auth = format!("Bearer {TOKEN}");
-    let (status, text) =
-        support::http::request(operator.discovery(), "GET", path, &[("Authorization", &auth)], None).await;
+    let (status, text) = support::http::request(
+        operator.discovery(),
+        "GET",
+        path,
+        &[("Authorization", &auth)],
+        None,
+    )
+    .await;
     assert_eq!(status, 200, "GET {path}: {text}");
     serde_json::from_str(&text).unwrap()
 }
@@ -279,12 +294,14 @@ async fn leases_granted(operator: &OperatorProcess) -> f64 {
 
 async fn all_leases_released(operator: &OperatorProcess) {
     operator
-        .eventually("every gateway lease released", Duration::from_secs(15), async || {
-            match active_leases(operator).await {
+        .eventually(
+            "every gateway lease released",
+            Duration::from_secs(15),
+            async || match active_leases(operator).await {
                 0 => Ok(()),
                 n => Err(format!("{n} active")),
-            }
-        })
+            },
+        )
         .await;
 }
 
@@ -300,7 +317,10 @@ fn assert_alive(operator: &OperatorProcess, when: &str) {
 fn assert_token_not_logged(operator: &OperatorProcess) {
     let logs = operator.logs();
     assert!(!logs.contains(TOKEN), "the token reached the log");
-    assert!(!logs.contains(&basic("crawler", TOKEN)), "the credentials reached the log");
+    assert!(
+        !logs.contains(&basic("crawler", TOKEN)),
+        "the credentials reached the log"
+    );
 }
 
 // ------------------------------------------------------ raw HTTP exchanges
@@ -380,7 +400,8 @@ async fn fetch(gateway: SocketAddr, authorization: Option<&str>, site: SocketAdd
     let auth = authorization
         .map(|a| format!("Proxy-Authorization: {a}\r\n"))
         .unwrap_or_default();
-    let request = format!("GET http://{site}{path} HTTP/1.1\r\nHost: {site}\r\n{auth}Connection: close\r\n\r\n");
+    let request =
+        format!("GET http://{site}{path} HTTP/1.1\r\nHost: {site}\r\n{auth}Connection: close\r\n\r\n");
     exchange(gateway, request.as_bytes()).await
 }
 
@@ -523,7 +544,11 @@ async fn curl_requests_and_scrapy_fetch_http_and_https_pages_through_the_gateway
     let (status, body) = curl(&proxy, &page("/curl"), &[], &home).await;
     assert_eq!((status, body.contains(&marker("/curl"))), (200, true), "{body}");
     let (status, body) = curl(&proxy, &tls_page("/curl-tls"), &["--cacert", &ca], &home).await;
-    assert_eq!((status, body.contains(&marker("/curl-tls"))), (200, true), "{body}");
+    assert_eq!(
+        (status, body.contains(&marker("/curl-tls"))),
+        (200, true),
+        "{body}"
+    );
 
     // Python requests, as a crawler script would use it.
     let script = format!(
@@ -551,13 +576,7 @@ async fn curl_requests_and_scrapy_fetch_http_and_https_pages_through_the_gateway
     for mode in ["meta", "env"] {
         let (http_path, tls_path) = (format!("/scrapy-{mode}"), format!("/scrapy-{mode}-tls"));
         let urls = [page(&http_path), tls_page(&tls_path)];
-        let (ok, out, err) = run(
-            &python,
-            &[&spider, mode, &proxy, &urls[0], &urls[1]],
-            &[],
-            &home,
-        )
-        .await;
+        let (ok, out, err) = run(&python, &[&spider, mode, &proxy, &urls[0], &urls[1]], &[], &home).await;
         assert!(ok, "scrapy ({mode}) failed: {out}\n{err}");
         let results: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
             .unwrap_or_else(|e| panic!("scrapy ({mode}) printed no results ({e}): {out}\n{err}"));
@@ -580,8 +599,18 @@ async fn curl_requests_and_scrapy_fetch_http_and_https_pages_through_the_gateway
     for path in ["/curl", "/requests", "/scrapy-meta", "/scrapy-env"] {
         assert_eq!(site.visits_to(path).len(), 1, "{path}: {:?}", site.visits());
     }
-    for path in ["/curl-tls", "/requests-tls", "/scrapy-meta-tls", "/scrapy-env-tls"] {
-        assert_eq!(tls_site.visits_to(path).len(), 1, "{path}: {:?}", tls_site.visits());
+    for path in [
+        "/curl-tls",
+        "/requests-tls",
+        "/scrapy-meta-tls",
+        "/scrapy-env-tls",
+    ] {
+        assert_eq!(
+            tls_site.visits_to(path).len(),
+            1,
+            "{path}: {:?}",
+            tls_site.visits()
+        );
     }
     site.assert_only_proxied_and_clean();
     tls_site.assert_only_proxied_and_clean();
@@ -634,8 +663,7 @@ async fn headless_chromium_loads_pages_through_a_gateway_open_to_its_client_netw
     // From the client network, no credentials are needed.
     let got = fetch(gateway, None, site.addr, "/no-credentials").await;
     assert_eq!(
-        got.status,
-        200,
+        got.status, 200,
         "a request from 127.0.0.0/8 without credentials (clientNetworks): {got:?}"
     );
 
@@ -682,7 +710,8 @@ async fn hostile_clients_are_refused_and_the_gateway_keeps_serving() {
     let got = fetch(gateway, None, site.addr, "/no-credentials").await;
     assert_eq!(got.status, 407, "{got:?}");
     assert!(
-        got.head.contains("proxy-authenticate: basic realm=\"egress-proxies\""),
+        got.head
+            .contains("proxy-authenticate: basic realm=\"egress-proxies\""),
         "{got:?}"
     );
     let connect = format!(
@@ -744,14 +773,26 @@ async fn hostile_clients_are_refused_and_the_gateway_keeps_serving() {
         "a".repeat(100 * 1024)
     );
     let got = exchange(gateway, big.as_bytes()).await;
-    eprintln!("a 100 KiB header got: {:?}", got.head.lines().next());
+    eprintln!("a 100 KiB header got: {:?}", got.head);
     assert!(
         (400..500).contains(&got.status),
         "a 100 KiB header: {} {:?}",
         got.status,
         got.head
     );
-    assert!(got.closed, "the connection stays open after an oversized head: {got:?}");
+    assert!(
+        got.closed,
+        "the connection stays open after an oversized head: {got:?}"
+    );
+    // Too many header fields (300 small ones): a 4xx too.
+    let many: String = (0..300).map(|i| format!("X-Field-{i}: {i}\r\n")).collect();
+    let crowded = format!(
+        "GET http://{0}/crowded HTTP/1.1\r\nHost: {0}\r\nProxy-Authorization: {auth}\r\n{many}\r\n",
+        site.addr
+    );
+    let got = exchange(gateway, crowded.as_bytes()).await;
+    eprintln!("300 header fields got: {:?}", got.head.lines().next());
+    assert!((400..500).contains(&got.status), "300 header fields: {got:?}");
     still_serves("an oversized head").await;
 
     // Smuggling: Content-Length and Transfer-Encoding together, a request hidden in the body.
@@ -779,7 +820,14 @@ async fn hostile_clients_are_refused_and_the_gateway_keeps_serving() {
     assert_eq!(got.status, 400, "two Content-Lengths: {got:?}");
     still_serves("smuggling attempts").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    for path in ["/front", "/smuggled", "/oversized", "/no-credentials", "/bad-credentials"] {
+    for path in [
+        "/front",
+        "/smuggled",
+        "/oversized",
+        "/crowded",
+        "/no-credentials",
+        "/bad-credentials",
+    ] {
         assert!(
             site.visits_to(path).is_empty(),
             "{path} reached the site: {:?}",
@@ -881,7 +929,10 @@ async fn two_thousand_idle_connections_under_a_file_limit_of_1024_do_not_starve_
             closed += 1;
         }
     }
-    eprintln!("{closed} of {} idle connections were closed by the gateway", idle.len());
+    eprintln!(
+        "{closed} of {} idle connections were closed by the gateway",
+        idle.len()
+    );
     assert!(closed > 0, "no idle connection was evicted");
     assert!(peak <= 1024, "the operator held {peak} files");
     let logs = operator.logs();
