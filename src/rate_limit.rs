@@ -101,15 +101,23 @@ pub fn client_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The buckets.
+/// The buckets, per client key (an address by default; the gateway counts
+/// its crawlers by client name).
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct RateLimiter<K = IpAddr> {
     limits: RateLimits,
     global: Bucket,
-    clients: HashMap<IpAddr, Bucket>,
+    clients: HashMap<K, Bucket>,
 }
 
-impl RateLimiter {
+impl RateLimiter<IpAddr> {
+    /// Counts one request of `client`, or says how long it must wait.
+    pub fn check(&mut self, client: IpAddr, now: Instant) -> Result<(), Limited> {
+        self.check_key(client_key(client), now)
+    }
+}
+
+impl<K: std::hash::Hash + Eq> RateLimiter<K> {
     pub fn new(limits: RateLimits, now: Instant) -> Self {
         Self {
             limits,
@@ -123,10 +131,10 @@ impl RateLimiter {
         self.clients.len()
     }
 
-    /// Counts one request of `client`, or says how long it must wait.
-    pub fn check(&mut self, client: IpAddr, now: Instant) -> Result<(), Limited> {
+    /// Counts one request of the client counted under `key`, or says how
+    /// long it must wait.
+    pub fn check_key(&mut self, key: K, now: Instant) -> Result<(), Limited> {
         let l = self.limits;
-        let key = client_key(client);
         if !self.clients.contains_key(&key) && self.clients.len() >= l.max_clients {
             self.forget_idle(now)?;
         }

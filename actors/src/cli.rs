@@ -244,6 +244,18 @@ pub struct RunArgs {
     #[arg(long, env = "DISCOVERY_BIND_ADDRESS", default_value = ":8090")]
     pub discovery_bind_address: BindAddress,
 
+    /// The gateway's listener (docs/gateway.md): one forward-proxy endpoint
+    /// that leases a proxy per request (`0` disables it). Crawlers present
+    /// `DISCOVERY_TOKEN` as the proxy password; without a token it serves
+    /// on loopback only.
+    #[arg(long, env = "GATEWAY_BIND_ADDRESS", default_value = "0")]
+    pub gateway_bind_address: BindAddress,
+
+    /// The gateway's settings (YAML: destinations and the rest, as in
+    /// docs/gateway.md); without it, the defaults.
+    #[arg(long, env = "GATEWAY_CONFIG")]
+    pub gateway_config: Option<PathBuf>,
+
     /// Serve the discovery API without `DISCOVERY_TOKEN` (anyone who reaches
     /// it may lease proxies). Without this flag the operator refuses to
     /// start with the API enabled and no token.
@@ -390,6 +402,31 @@ mod tests {
             BindAddress::Listen("127.0.0.1:9000".parse().unwrap())
         );
         assert_eq!(cli.run.gc_interval, Duration::from_secs(600));
+        assert_eq!(cli.run.gateway_bind_address, BindAddress::Disabled);
+        assert!(cli.run.gateway_config.is_none());
+    }
+
+    #[test]
+    fn the_gateway_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "run",
+            "--gateway-bind-address=:8888",
+            "--gateway-config",
+            "/etc/proxy-operator/gateway.yaml",
+        ])
+        .unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("run parses as Run");
+        };
+        assert_eq!(
+            run.gateway_bind_address,
+            BindAddress::Listen("0.0.0.0:8888".parse().unwrap())
+        );
+        assert_eq!(
+            run.gateway_config.as_deref(),
+            Some(std::path::Path::new("/etc/proxy-operator/gateway.yaml"))
+        );
     }
 
     #[test]

@@ -6,57 +6,80 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::Addr;
 use egress_proxies::config::GatewaySettings;
 use egress_proxies::destinations::DestinationPolicy;
-use egress_proxies::gateway::{self, GatewayError, LEASE_CLIENT, Leases, Options, Upstream};
+use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream};
 use egress_proxies::guarded_listener::ListenerSettings;
-use egress_proxies::lease::{AcquireError, AcquireRequest};
+use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;
-use crate::lease_store::{Acquire, LeaseStore, Release};
+use crate::lease_store::{Acquire, LeaseStore, Release, Renew, Report};
 
 /// Asked for every gateway lease; the book caps it at `maxLeaseTtl`. A
-/// tunnel lasts as long as the crawler keeps it open, and its lease must
-/// not lapse under it (that would overbook the proxy); the gateway
-/// releases it the moment the request or tunnel ends.
-const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// tunnel's lease is renewed while it stays open, and every lease is
+/// released the moment its request or tunnel ends.
+const LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// The lease store as the gateway sees it.
+/// The lease store as the gateway sees it. Every call goes through one
+/// mailbox, in the order made.
 struct StoreLeases(Addr<LeaseStore>);
 
+fn restarting(e: actix::MailboxError) -> GatewayError {
+    GatewayError::LeaseStore(format!("the lease store is restarting ({e})"))
+}
+
 impl Leases for StoreLeases {
-    fn acquire(
-        &self,
-        target: String,
-    ) -> Pin<Box<dyn Future<Output = Result<Upstream, GatewayError>> + Send>> {
+    fn acquire(&self, ask: Ask) -> Pin<Box<dyn Future<Output = Result<Upstream, GatewayError>> + Send>> {
         let request = AcquireRequest {
-            target,
-            selector: Default::default(),
+            target: ask.target,
+            selector: ask.selector,
             ttl: Some(LEASE_TTL),
-            client: Some(LEASE_CLIENT.to_owned()),
+            client: Some(ask.client),
+            prefer: ask.prefer,
         };
         let asked = self.0.send(Acquire(request));
         Box::pin(async move {
-            let grant = asked
-                .await
-                .map_err(|e| GatewayError::LeaseStore(format!("the lease store is restarting ({e})")))?
-                .map_err(|e| match e {
-                    AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
-                    other => GatewayError::LeaseStore(other.to_string()),
-                })?;
+            let grant = asked.await.map_err(restarting)?.map_err(|e| match e {
+                AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
+                other => GatewayError::LeaseStore(other.to_string()),
+            })?;
             Ok(Upstream {
                 lease_id: grant.id,
-                proxy: grant.proxy.to_string(),
+                proxy: grant.proxy,
                 url: grant.url,
                 credentials: grant.credentials,
+                ttl: grant.ttl,
             })
         })
     }
 
     fn release(&self, lease_id: String) {
         self.0.do_send(Release(lease_id));
+    }
+
+    fn report(&self, lease_id: String, outcome: Outcome, detail: String) {
+        self.0.do_send(Report {
+            id: lease_id,
+            outcome,
+            detail: Some(detail),
+        });
+    }
+
+    fn renew(&self, lease_id: String) -> Pin<Box<dyn Future<Output = Result<(), GatewayError>> + Send>> {
+        let asked = self.0.send(Renew {
+            id: lease_id,
+            ttl: None,
+        });
+        Box::pin(async move {
+            asked
+                .await
+                .map_err(restarting)?
+                .map(|_| ())
+                .map_err(|e| GatewayError::LeaseStore(e.to_string()))
+        })
     }
 }
 
@@ -84,6 +107,7 @@ pub fn start(
     }
     let options = Options {
         destinations: Arc::new(DestinationPolicy::new(&settings.destinations, &[])),
+        settings: settings.clone(),
         token,
         leases: Arc::new(StoreLeases(store)),
     };

@@ -266,6 +266,8 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         metrics_secure: args.metrics_secure,
         metrics_cert_dir: args.metrics_cert_dir.clone(),
         discovery_bind_address: args.discovery_bind_address,
+        gateway_bind_address: args.gateway_bind_address,
+        gateway_config: args.gateway_config.clone(),
         leader_elect: args.leader_elect,
         lease_duration: args.lease_duration,
         proxy_namespace: args.proxy_namespace.clone(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::bind_address::BindAddress;
-use egress_proxies::config::ProvidersConfig;
+use egress_proxies::config::{GatewaySettings, ProvidersConfig};
 use egress_proxies::health::Prober;
 use egress_proxies::installation::InstallationId;
 use egress_proxies::leader::{
@@ -44,6 +44,10 @@ pub struct Options {
     pub metrics_secure: bool,
     pub metrics_cert_dir: Option<PathBuf>,
     pub discovery_bind_address: BindAddress,
+    /// The gateway (docs/gateway.md), served by the leader like the discovery API.
+    pub gateway_bind_address: BindAddress,
+    /// `--gateway-config`: the gateway's settings file (default settings without).
+    pub gateway_config: Option<PathBuf>,
     pub leader_elect: bool,
     pub lease_duration: Duration,
     pub proxy_namespace: Option<String>,
@@ -78,6 +82,20 @@ pub enum OperatorError {
     Installation(#[from] installation::InstallationRecordError),
     #[error("metrics listener: {0}")]
     MetricsCert(#[from] egress_proxies::serving_cert::ServingCertError),
+    #[error("--gateway-config {path}: {source}")]
+    GatewayConfig {
+        path: String,
+        #[source]
+        source: egress_proxies::config::GatewaySettingsError,
+    },
+    #[error(transparent)]
+    Gateway(#[from] egress_proxies::gateway::GatewayError),
+}
+
+/// The gateway as `run` sets it up before anything starts.
+struct Gateway {
+    listener: TcpListener,
+    settings: GatewaySettings,
 }
 
 /// Runs until SIGTERM (Ok) or a lost leadership (Err).
@@ -87,6 +105,7 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
     let health_listener = system::bind(options.health_probe_bind_address)?;
     let metrics_listener = system::bind(options.metrics_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
+    let gateway = gateway(&options)?;
     System::new().block_on(operate(
         options,
         providers_config,
@@ -94,7 +113,27 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
         health_listener,
         metrics_listener,
         discovery_listener,
+        gateway,
     ))
+}
+
+/// The gateway's settings and listener, checked before any actor exists: a
+/// bad settings file, a taken port or an open proxy on a reachable address
+/// fail the start.
+fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
+    let settings = match &options.gateway_config {
+        Some(path) => GatewaySettings::load(path).map_err(|source| OperatorError::GatewayConfig {
+            path: path.display().to_string(),
+            source,
+        })?,
+        None => GatewaySettings::default(),
+    };
+    let Some(listener) = system::bind(options.gateway_bind_address)? else {
+        return Ok(None);
+    };
+    let token = options.settings.discovery_tokens.crawler_token();
+    egress_proxies::gateway::check_exposure(listener.local_addr()?, token.is_some())?;
+    Ok(Some(Gateway { listener, settings }))
 }
 
 async fn operate(
@@ -104,6 +143,7 @@ async fn operate(
     health_listener: Option<TcpListener>,
     metrics_listener: Option<TcpListener>,
     discovery_listener: Option<TcpListener>,
+    gateway: Option<Gateway>,
 ) -> Result<(), OperatorError> {
     let client = kube::Client::try_default().await?;
     let build = BuildContext {
@@ -237,6 +277,7 @@ async fn operate(
     let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
     actix::spawn(store.clone().watch_pools(pool_events));
     let pools = pool_context(&store, &settings);
+    let tokens = settings.discovery_tokens.clone();
     let running = system::start(
         store,
         events,
@@ -246,6 +287,13 @@ async fn operate(
         installation,
         discovery_listener,
     )?;
+    // Like the discovery API, only the leader serves it: its lease store is
+    // the book (a replica whose tenure lapsed answers 503 `unavailable`
+    // until it exits), and only the leader is ready, so the Service routes
+    // crawlers to it.
+    if let Some(Gateway { listener, settings }) = gateway {
+        crate::gateway::start(listener, running.leases.clone(), &tokens, &settings)?;
+    }
     PoolRegistry::new(PoolContext {
         leases: Some(running.leases.clone()),
         ..pools

@@ -189,3 +189,74 @@ fn version_names_the_commit() {
         "{stdout}"
     );
 }
+
+/// `run` with the gateway: a settings file it cannot use, or an open
+/// gateway on a reachable address, stops the start before any connection to
+/// the API server, naming the problem.
+#[test]
+fn run_refuses_gateway_settings_it_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), "providers: []\n").unwrap();
+    let run = |gateway_yaml: Option<&str>, token: Option<&str>, bind: &str| {
+        let mut cmd = operator();
+        cmd.env_clear()
+            .args(["run", "--log-format", "text", "--providers-config"])
+            .arg(dir.path().join("p.yaml"))
+            .args([
+                "--health-probe-bind-address=0",
+                "--metrics-bind-address=0",
+                "--discovery-bind-address=0",
+            ])
+            .arg(format!("--gateway-bind-address={bind}"))
+            // Nowhere: the start must fail before it is asked.
+            .env("KUBECONFIG", dir.path().join("absent.kubeconfig"));
+        if let Some(text) = gateway_yaml {
+            std::fs::write(dir.path().join("gateway.yaml"), text).unwrap();
+            cmd.arg("--gateway-config").arg(dir.path().join("gateway.yaml"));
+        }
+        if let Some(token) = token {
+            cmd.env("DISCOVERY_TOKEN", token);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stderr
+    };
+    let stderr = run(Some("tries: 0\n"), Some("t0ken"), "127.0.0.1:0");
+    assert!(
+        stderr.contains("--gateway-config") && stderr.contains("tries: 0"),
+        "{stderr}"
+    );
+    let stderr = run(Some("destinatons: {}\n"), Some("t0ken"), "127.0.0.1:0");
+    assert!(
+        stderr.contains("--gateway-config") && stderr.contains("destinatons"),
+        "{stderr}"
+    );
+    std::fs::remove_file(dir.path().join("gateway.yaml")).unwrap();
+    let mut cmd = operator();
+    let out = cmd
+        .env_clear()
+        .args(["run", "--gateway-bind-address=127.0.0.1:0", "--gateway-config"])
+        .arg(dir.path().join("gateway.yaml"))
+        .args(["--providers-config"])
+        .arg(dir.path().join("p.yaml"))
+        .args([
+            "--health-probe-bind-address=0",
+            "--metrics-bind-address=0",
+            "--discovery-bind-address=0",
+        ])
+        .env("DISCOVERY_TOKEN", "t0ken")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && stderr.contains("--gateway-config")
+            && stderr.contains("gateway.yaml"),
+        "{stderr}"
+    );
+    // No token: never an open proxy on a reachable address.
+    let stderr = run(None, None, "0.0.0.0:0");
+    assert!(stderr.contains("DISCOVERY_TOKEN"), "{stderr}");
+}

@@ -18,18 +18,21 @@
 //!   Deployment exists it runs the real binary with the container's args
 //!   and env (Secret and ConfigMap references resolved from the fake, as
 //!   the kubelet does; a Secret never created fails the test), its volumes
-//!   as temporary directories, and only its listen addresses moved to free
-//!   loopback ports; an image that would be pulled from a registry that
+//!   as temporary directories, and only its listen addresses moved to a
+//!   loopback address of its own; an image that would be pulled from a registry that
 //!   does not have it fails the test. It restarts the operator when the
 //!   pod template changes and stops it when the Deployment goes. Its
 //!   substitutions, each said where it is made: one replica of the
 //!   Deployment's two (the one that leads; the other would only wait); a
 //!   kubeconfig for the service account; mount paths (and the default
 //!   `--state-dir` under the `/tmp` volume) rewritten into the pod's
-//!   directory; listen addresses on loopback;
+//!   directory; listen addresses on a loopback address of the pod's own
+//!   (its "pod IP", `127.x.y.z`), each on its container port;
 //! - cluster DNS for the operator's Services: `~/.curlrc` maps each
-//!   `<service>.<namespace>.svc:<port>` to the loopback port behind it, so
-//!   the docs' curl commands keep the in-cluster URL;
+//!   `<service>.<namespace>.svc:<port>` to the pod address and port behind
+//!   it (`connect-to`), and resolves the name to the pod address
+//!   (`resolve`, which curl applies to a proxy's name too: `-x`), so the
+//!   docs' curl commands keep the in-cluster URL;
 //! - the Internet: the sample proxies' default health check
 //!   (`https://www.gstatic.com/generate_204`) cannot pass here, so after
 //!   install.md the test adds one Proxy of its own, health-checked against a
@@ -42,6 +45,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,7 +55,7 @@ use fake_apiserver::{FakeApiServer, KINDS, Selector};
 use serde_json::{Value, json};
 use support::doc_blocks::{Bed, Marker, ShellBlock, repo_root, shell_blocks, user_docs};
 use support::operator::BIN;
-use support::process::{Killed, free_port, reap_under};
+use support::process::{Killed, reap_under};
 
 /// The real kubectl: `EPO_KUBECTL` (tests/run.sh sets it to the one
 /// tests/manifests.sh makes sure of), else the first `kubectl` on `PATH`.
@@ -199,7 +203,7 @@ impl Kubelet {
 
     /// `~/.curlrc`: each Service selecting the operator's pod, by its
     /// in-cluster name, connects to the loopback port behind it.
-    fn write_curlrc(&self, ports: &BTreeMap<String, (u16, u16)>) {
+    fn write_curlrc(&self, ports: &BTreeMap<String, (u16, SocketAddr)>) {
         let Some(deployment) = self.deployment() else {
             return;
         };
@@ -227,9 +231,19 @@ impl Kubelet {
                 if let Some((_, (_, host))) = found {
                     for domain in ["svc", "svc.cluster.local"] {
                         lines.push_str(&format!(
-                            "connect-to = \"{name}.{ns}.{domain}:{}:127.0.0.1:{host}\"\n",
-                            port["port"]
+                            "connect-to = \"{name}.{ns}.{domain}:{}:{}:{}\"\n",
+                            port["port"],
+                            host.ip(),
+                            host.port()
                         ));
+                        // A proxy's name (`-x`) is resolved, never connected-to.
+                        if port["port"].as_u64() == Some(u64::from(host.port())) {
+                            lines.push_str(&format!(
+                                "resolve = \"{name}.{ns}.{domain}:{}:{}\"\n",
+                                port["port"],
+                                host.ip()
+                            ));
+                        }
                     }
                 }
             }
@@ -313,8 +327,9 @@ impl Kubelet {
         };
 
         // Args: `$(VAR)` expanded; mount paths rewritten; listen addresses
-        // moved to free loopback ports (the container ports behind them
-        // are remembered for the Services).
+        // moved to the pod's own loopback address, each on its port (the
+        // ports are remembered by name for the Services).
+        let pod_ip = pod_ip();
         let named_ports: BTreeMap<u64, String> = container["ports"]
             .as_array()
             .into_iter()
@@ -351,13 +366,13 @@ impl Kubelet {
             match value {
                 Some(v) if flag.ends_with("-bind-address") && v != "0" => {
                     let container_port: u16 = v.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                    let host = free_port();
+                    let host = SocketAddr::new(pod_ip, container_port);
                     let name = named_ports
                         .get(&u64::from(container_port))
                         .cloned()
                         .unwrap_or_default();
                     ports.insert(name, (container_port, host));
-                    args.push(format!("{flag}=127.0.0.1:{host}"));
+                    args.push(format!("{flag}={host}"));
                 }
                 Some(v) => args.push(format!("{flag}={}", rewrite(&v))),
                 None => args.push(rewrite(&flag)),
@@ -376,10 +391,10 @@ impl Kubelet {
             ("--discovery-bind-address", 8090),
         ] {
             if !given.iter().any(|a| a.starts_with(flag)) {
-                let host = free_port();
+                let host = SocketAddr::new(pod_ip, port);
                 let name = named_ports.get(&u64::from(port)).cloned().unwrap_or_default();
                 ports.insert(name, (port, host));
-                args.push(format!("{flag}=127.0.0.1:{host}"));
+                args.push(format!("{flag}={host}"));
             }
         }
         Ok(Pod {
@@ -522,8 +537,24 @@ struct Pod {
     args: Vec<String>,
     env: Vec<(String, String)>,
     dir: PathBuf,
-    /// Container port name → (container port, loopback port).
-    ports: BTreeMap<String, (u16, u16)>,
+    /// Container port name → (container port, where it listens).
+    ports: BTreeMap<String, (u16, SocketAddr)>,
+}
+
+/// A loopback address of a pod's own, as a pod has its own IP: the
+/// operator's listeners keep their container ports on it. Checked free on
+/// the ports the operator listens on.
+fn pod_ip() -> IpAddr {
+    loop {
+        let bytes = uuid::Uuid::new_v4().into_bytes();
+        let ip = IpAddr::from([127, bytes[0].max(1), bytes[1], bytes[2].clamp(2, 254)]);
+        if [8080u16, 8081, 8090, 8888]
+            .iter()
+            .all(|port| std::net::TcpListener::bind(SocketAddr::new(ip, *port)).is_ok())
+        {
+            return ip;
+        }
+    }
 }
 
 fn takes_value(flag: &str) -> bool {
@@ -949,8 +980,9 @@ fn admitted(
 }
 
 /// A crawler pod as install.md and clients.md describe it (the label, in
-/// the namespace `crawlers`) reaches the lease API and a Squid pod; one
-/// without the label reaches neither, so the label is what the docs must say.
+/// the namespace `crawlers`) reaches the lease API, the gateway and a Squid
+/// pod; one without the label reaches none, so the label is what the docs
+/// must say.
 fn crawler_pods_are_admitted(kubelet: &Kubelet) {
     let (key, value) = CRAWLER_LABEL;
     for page in ["docs/install.md", "docs/clients.md"] {
@@ -966,13 +998,16 @@ fn crawler_pods_are_admitted(kubelet: &Kubelet) {
     let deployment = kubelet.deployment().expect("the operator's Deployment");
     let operator_ns = deployment["metadata"]["namespace"].as_str().unwrap_or_default();
     let operator_labels = &deployment["spec"]["template"]["metadata"]["labels"];
-    let discovery_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "discovery")
-        .and_then(|p| p["containerPort"].as_u64())
-        .expect("the container's discovery port");
+    let container_port = |name: &str| {
+        deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap_or_else(|| panic!("the container's {name} port"))
+    };
+    let (discovery_port, gateway_port) = (container_port("discovery"), container_port("gateway"));
     let squid = list(fake, "", "pods", Some(CRAWLERS))
         .into_iter()
         .next()
@@ -983,6 +1018,7 @@ fn crawler_pods_are_admitted(kubelet: &Kubelet) {
     let squid_labels = &squid["metadata"]["labels"];
     for (what, ns, labels, port) in [
         ("the lease API", operator_ns, operator_labels, discovery_port),
+        ("the gateway", operator_ns, operator_labels, gateway_port),
         ("a Squid pod", CRAWLERS, squid_labels, squid_port),
     ] {
         assert!(

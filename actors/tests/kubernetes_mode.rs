@@ -821,3 +821,206 @@ async fn a_pool_owns_its_members_follows_its_scale_and_goes_with_them() {
     .await;
     support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
 }
+
+const GATEWAY_TOKEN: &str = "k8s-gw-t0ken-51d2";
+
+/// A request through the gateway `gateway` with the crawler token; its
+/// status line and head, or `None` when nothing is answered within `wait`.
+async fn through_gateway(
+    gateway: std::net::SocketAddr,
+    head: &str,
+    wait: Duration,
+) -> (tokio::net::TcpStream, Option<String>) {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(gateway).await.unwrap();
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("crawler:{GATEWAY_TOKEN}"));
+    let head = head.replace(
+        "\r\n\r\n",
+        &format!("\r\nProxy-Authorization: Basic {auth}\r\n\r\n"),
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let read = async {
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                break;
+            }
+            got.push(byte[0]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let answer = tokio::time::timeout(wait, read).await.ok();
+    (s, answer)
+}
+
+/// The leases the leader's checkpoint holds, as the cluster stores them.
+async fn checkpointed_leases(client: &kube::Client) -> String {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "crawl");
+    maps.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|m| {
+            m.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("egress-proxies-leases-"))
+        })
+        .filter_map(|m| m.data.and_then(|d| d.get("leases.json").cloned()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The gateway in Kubernetes mode: the leader serves it from its lease
+/// book (a gateway lease is checkpointed into the cluster like an API
+/// lease and counts on the proxy while its tunnel is open); a follower
+/// serves nothing (it has no book) until it takes over.
+#[actix_rt::test]
+async fn the_gateway_leases_from_the_leaders_book() {
+    let provider = "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8, 1024-65535]}}}\n";
+    let bed = Bed::new(provider).await;
+    bed.dir.write(
+        "gateway.yaml",
+        "destinations: {allow: [127.0.0.0/8, 1024-65535]}\n",
+    );
+    let config = bed.dir.path().join("gateway.yaml");
+    let gateways = [
+        std::net::SocketAddr::from(([127, 0, 0, 1], support::process::free_port())),
+        std::net::SocketAddr::from(([127, 0, 0, 1], support::process::free_port())),
+    ];
+    let start = async |name: &str, gateway: std::net::SocketAddr| {
+        bed.operator(name)
+            .discovery()
+            .env("DISCOVERY_TOKEN", GATEWAY_TOKEN)
+            .args([
+                "--leader-elect",
+                "--lease-duration",
+                "3s",
+                "--lease-cooldown",
+                "100ms",
+            ])
+            .arg("--gateway-config")
+            .arg(&config)
+            .arg(format!("--gateway-bind-address={gateway}"))
+            .start()
+            .await
+    };
+    let mut operators = vec![start("a", gateways[0]).await, start("b", gateways[1]).await];
+    let leader = eventually("a leader", WAIT, async || {
+        let (ra, rb) = (ready(&operators[0]).await, ready(&operators[1]).await);
+        if ra || rb { Some(usize::from(rb)) } else { None }
+    })
+    .await;
+    let (leader_gw, follower_gw) = (gateways[leader], gateways[1 - leader]);
+    let follower = operators.remove(1 - leader);
+    let leader = operators.remove(0);
+    assert!(
+        leader.logs().contains("gateway listening"),
+        "the leader serves the gateway\n{}",
+        leader.logs()
+    );
+    bed.apply("m", managed(&bed.target), json!({})).await;
+    bed.phase("m", "Ready").await;
+    let target = bed
+        .target
+        .trim_start_matches("http://")
+        .trim_end_matches("/generate_204")
+        .to_owned();
+
+    // A plain request: fetched through the leased proxy (once the lease
+    // store has heard that the proxy is Ready: 503 no_capacity until then).
+    let get = format!(
+        "GET {} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n",
+        bed.target
+    );
+    leader
+        .eventually("a fetch through the leader's gateway", WAIT, async || {
+            let (_, answer) = through_gateway(leader_gw, &get, WAIT).await;
+            let answer = answer.expect("the leader's gateway answers");
+            if answer.starts_with("HTTP/1.1 204") {
+                Ok(())
+            } else {
+                assert!(answer.contains("no_capacity"), "{answer}");
+                Err(answer)
+            }
+        })
+        .await;
+
+    // A tunnel holds its lease while open: the leader's book counts it and
+    // its checkpoint in the cluster holds it, taken for the gateway.
+    let active = async || {
+        let (status, body) = support::http::request(
+            leader.discovery(),
+            "GET",
+            "/v1/proxies",
+            &[("Authorization", &format!("Bearer {GATEWAY_TOKEN}"))],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let list: Value = serde_json::from_str(&body).unwrap();
+        list.as_array().unwrap()[0]["activeLeases"].as_u64().unwrap()
+    };
+    // (the fetch's release left the proxy resting for the target: briefly)
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (tunnel, answer) = through_gateway(
+        leader_gw,
+        &format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"),
+        WAIT,
+    )
+    .await;
+    let answer = answer.expect("the leader's gateway answers the CONNECT");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(active().await, 1, "the open tunnel holds a lease");
+    eventually("the gateway's lease in the checkpoint", WAIT, async || {
+        checkpointed_leases(&bed.client)
+            .await
+            .contains("\"gateway\"")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        !checkpointed_leases(&bed.client).await.contains(GATEWAY_TOKEN),
+        "the token is not in the checkpoint"
+    );
+    drop(tunnel);
+    eventually("the tunnel's lease released", WAIT, async || {
+        (active().await == 0).then_some(())
+    })
+    .await;
+
+    // A follower has no book: it serves nothing, not even a refusal (its
+    // port only queues connections; the Service does not route to it, as
+    // it is not ready).
+    let (queued, answer) = through_gateway(follower_gw, &get, Duration::from_secs(2)).await;
+    assert_eq!(answer, None, "a follower's gateway answers nothing");
+    assert!(!ready(&follower).await);
+    drop(queued);
+    for log in [leader.logs(), follower.logs()] {
+        assert!(!log.contains(GATEWAY_TOKEN), "the token is never logged");
+    }
+
+    // Once it leads, it serves the gateway from the book it took over.
+    drop(leader);
+    eventually_explained(
+        "the follower to take over",
+        WAIT,
+        || bed.dir.logs(),
+        async || ready(&follower).await.then_some(()),
+    )
+    .await;
+    let fetched = eventually_explained(
+        "a fetch through the new leader's gateway",
+        WAIT,
+        || bed.dir.logs(),
+        async || {
+            let (_, answer) = through_gateway(follower_gw, &get, Duration::from_secs(5)).await;
+            answer.filter(|a| a.starts_with("HTTP/1.1 204"))
+        },
+    )
+    .await;
+    assert!(fetched.starts_with("HTTP/1.1 204"));
+}

@@ -145,6 +145,11 @@ impl GatewaySettings {
         })?;
         Self::from_yaml(&text).map_err(|e| match e {
             GatewaySettingsError::Parse(m) => GatewaySettingsError::Parse(format!("{}: {m}", path.display())),
+            // The file holds the block's fields at its top level.
+            GatewaySettingsError::Invalid { field, message } => GatewaySettingsError::Invalid {
+                field: field.strip_prefix("gateway.").unwrap_or(&field).to_owned(),
+                message,
+            },
             other => other,
         })
     }

@@ -21,6 +21,20 @@ pub fn answer(status: StatusCode, close: bool, request: InFlight) -> Response<Pr
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
+    // RFC 9209: says the failure is the proxy's answer, not the site's (a
+    // gateway in front tries another proxy on seeing it).
+    let error = match status {
+        StatusCode::BAD_GATEWAY => Some("destination_unavailable"),
+        StatusCode::GATEWAY_TIMEOUT => Some("connection_timeout"),
+        s if s.is_server_error() => Some("proxy_internal_error"),
+        _ => None,
+    };
+    if let Some(error) = error {
+        let value = format!("egress-proxies; error={error}");
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert("proxy-status", value);
+        }
+    }
     response
 }
 

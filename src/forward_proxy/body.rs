@@ -1,21 +1,27 @@
-//! The body of a response the proxy sends a client: the upstream's, or
-//! none (the proxy's own answers). It carries the request's [`InFlight`]
-//! mark, so the connection counts as idle only once the body is sent.
+//! The body of a message a proxy listener sends on: the upstream's (or the
+//! client's) streamed, bytes it read ahead (a request body kept whole for a
+//! retry, a response's beginning looked at for block markers) followed by
+//! the rest, or none (the proxy's own answers). A response body carries the
+//! request's [`InFlight`] mark, so the connection counts as idle only once
+//! the body is sent.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::guarded_listener::InFlight;
 
 pub struct ProxyBody {
-    upstream: Option<Incoming>,
+    /// Sent first, when there.
+    read_ahead: Option<Bytes>,
+    /// Streamed after `read_ahead`.
+    rest: Option<Incoming>,
     _request: Option<InFlight>,
-    /// Dropped with the body: the gateway's lease, released once the
-    /// response is sent (or the client went away).
+    /// Dropped with the body: the gateway's lease and access record, ended
+    /// once the response is sent (or the client went away).
     _held: Option<Box<dyn Send + Sync>>,
 }
 
@@ -23,9 +29,18 @@ impl ProxyBody {
     /// The upstream's body, relayed.
     pub fn relayed(upstream: Incoming, request: InFlight) -> Self {
         request.relaying();
+        Self::read_ahead(Bytes::new(), Some(upstream), Some(request))
+    }
+
+    /// `bytes` already read, then `rest` (none: `bytes` is the whole body).
+    pub fn read_ahead(bytes: Bytes, rest: Option<Incoming>, request: Option<InFlight>) -> Self {
+        if let Some(request) = &request {
+            request.relaying();
+        }
         Self {
-            upstream: Some(upstream),
-            _request: Some(request),
+            read_ahead: (!bytes.is_empty()).then_some(bytes),
+            rest,
+            _request: request,
             _held: None,
         }
     }
@@ -39,7 +54,8 @@ impl ProxyBody {
     /// No body.
     pub fn empty(request: Option<InFlight>) -> Self {
         Self {
-            upstream: None,
+            read_ahead: None,
+            rest: None,
             _request: request,
             _held: None,
         }
@@ -54,19 +70,48 @@ impl Body for ProxyBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.upstream.as_mut() {
+        if let Some(bytes) = self.read_ahead.take() {
+            return Poll::Ready(Some(Ok(Frame::data(bytes))));
+        }
+        match self.rest.as_mut() {
             Some(body) => Pin::new(body).poll_frame(cx),
             None => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.upstream.as_ref().is_none_or(Body::is_end_stream)
+        self.read_ahead.is_none() && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.upstream
+        let ahead = self.read_ahead.as_ref().map_or(0, |b| b.len() as u64);
+        let mut hint = self
+            .rest
             .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        hint.set_lower(hint.lower() + ahead);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + ahead);
+        }
+        hint
     }
+}
+
+/// Reads `body` until it ends or `limit` bytes are read: the bytes, and
+/// whether the body ended within them (else the rest is still in `body`).
+pub async fn read_up_to(body: &mut Incoming, limit: usize) -> Result<(Bytes, bool), hyper::Error> {
+    let mut read = BytesMut::new();
+    while read.len() < limit {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await;
+        match frame {
+            None => return Ok((read.freeze(), true)),
+            Some(frame) => {
+                // Trailers are not kept: proxies in front of crawlers do not relay them.
+                if let Ok(data) = frame?.into_data() {
+                    read.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+    Ok((read.freeze(), body.is_end_stream()))
 }

@@ -8,7 +8,11 @@
 //! failure is answered; `serve` holds the listener. The lease store
 //! itself is reached through [`Leases`] (the actors implement it).
 
+mod access;
+mod blocks;
 mod serve;
+mod sessions;
+pub mod username;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,34 +24,64 @@ use subtle::ConstantTimeEq;
 
 use crate::credentials::ProxyCredentials;
 use crate::forward_proxy::request::TargetError;
+use crate::lease::Outcome;
+use crate::store::ObjectKey;
 
+pub use access::{Exchange, ExchangeOutcome};
+pub use blocks::{BlockRules, HeadVerdict};
 pub use serve::{FDS_PER_CONNECTION, Options, serve};
+pub use sessions::{SessionKey, Sessions};
+pub use username::{Parameters, UsernameError};
 
 /// Response header naming why the gateway answered a request itself.
 pub const REASON_HEADER: &str = "egress-gateway-error";
 /// Seconds a client is told to wait after a `503`: about how long a
 /// busy proxy takes to free up for short requests.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
-/// `client` recorded on the gateway's leases.
-pub const LEASE_CLIENT: &str = "gateway";
+/// Response headers naming the proxy that served a request or tunnel, its
+/// lease (for reports through the lease API), a sticky session's move and
+/// a learnt block.
+pub const PROXY_HEADER: &str = "egress-gateway-proxy";
+pub const LEASE_HEADER: &str = "egress-gateway-lease";
+pub const SESSION_MOVED_HEADER: &str = "egress-gateway-session-moved-from";
+pub const BLOCKED_HEADER: &str = "egress-gateway-blocked";
 
-/// A proxy the gateway leased for one request or tunnel.
+/// What one try of a request asks the lease store for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// The lease target (normalized host).
+    pub target: String,
+    pub selector: std::collections::BTreeMap<String, String>,
+    /// `client` recorded on the lease: `gateway` or `gateway/<client>`.
+    pub client: String,
+    /// A sticky session's proxy, granted if still eligible.
+    pub prefer: Option<ObjectKey>,
+}
+
+/// A proxy the gateway leased for one try of a request or tunnel.
 pub struct Upstream {
     pub lease_id: String,
-    /// The proxy's name, for logs.
-    pub proxy: String,
+    pub proxy: ObjectKey,
     /// Where the proxy listens (`http://host:port`).
     pub url: String,
     pub credentials: Option<ProxyCredentials>,
+    /// How long the lease lasts unless renewed.
+    pub ttl: std::time::Duration,
 }
 
-/// The lease store, in process.
+type Answer<T> = Pin<Box<dyn Future<Output = Result<T, GatewayError>> + Send>>;
+
+/// The lease store, in process. Calls from one gateway task reach the store
+/// in the order made (a report is counted before the next acquire).
 pub trait Leases: Send + Sync + 'static {
-    /// A lease on the best proxy for `target` (normalized), or why not.
-    fn acquire(&self, target: String)
-    -> Pin<Box<dyn Future<Output = Result<Upstream, GatewayError>> + Send>>;
+    /// A lease on the best proxy for the ask, or why not.
+    fn acquire(&self, ask: Ask) -> Answer<Upstream>;
     /// Gives a lease back (fire and forget: a lost release expires anyway).
     fn release(&self, lease_id: String);
+    /// Reports how the proxy did (fire and forget, like a crawler's report).
+    fn report(&self, lease_id: String, outcome: Outcome, detail: String);
+    /// Extends a lease by its TTL.
+    fn renew(&self, lease_id: String) -> Answer<()>;
 }
 
 /// Everything the gateway refuses or fails at, each answered with its own
@@ -60,6 +94,10 @@ pub enum GatewayError {
     Framing(&'static str),
     #[error(transparent)]
     Target(#[from] TargetError),
+    #[error(transparent)]
+    Username(#[from] UsernameError),
+    #[error("too many requests from client {client:?}; retry in {retry_after}s")]
+    RateLimited { client: String, retry_after: u32 },
     #[error("{0:?} is not a host the gateway can lease a proxy for")]
     BadHost(String),
     #[error("destination refused: {0}")]
@@ -76,7 +114,7 @@ pub enum GatewayError {
     TimedOut { proxy: String },
     /// At start: the gateway would be an open proxy on a reachable address.
     #[error(
-        "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind gatewayBindAddress to a loopback address"
+        "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind the gateway (gatewayBindAddress, --gateway-bind-address) to a loopback address"
     )]
     OpenOnReachableAddress(SocketAddr),
     /// At start: the listener could not be set up.
@@ -88,7 +126,10 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::AuthenticationRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Self::Framing(_) | Self::Target(_) | Self::BadHost(_) => StatusCode::BAD_REQUEST,
+            Self::Framing(_) | Self::Target(_) | Self::BadHost(_) | Self::Username(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::DestinationRefused(_) => StatusCode::FORBIDDEN,
             Self::DestinationUnresolved(_) | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::NoProxy { .. }
@@ -105,6 +146,8 @@ impl GatewayError {
             Self::AuthenticationRequired => "authentication_required",
             Self::Framing(_) => "ambiguous_framing",
             Self::Target(_) | Self::BadHost(_) => "bad_request",
+            Self::Username(_) => "bad_username",
+            Self::RateLimited { .. } => "rate_limited",
             Self::DestinationRefused(_) => "destination_refused",
             Self::DestinationUnresolved(_) => "destination_unresolved",
             Self::NoProxy { .. } => "no_capacity",
@@ -116,7 +159,11 @@ impl GatewayError {
 
     /// `Retry-After` seconds: only when waiting helps.
     pub fn retry_after(&self) -> Option<u32> {
-        matches!(self, Self::NoProxy { .. } | Self::LeaseStore(_)).then_some(RETRY_AFTER_SECONDS)
+        match self {
+            Self::NoProxy { .. } | Self::LeaseStore(_) => Some(RETRY_AFTER_SECONDS),
+            Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
     }
 }
 
@@ -129,9 +176,8 @@ pub fn check_exposure(addr: SocketAddr, token_required: bool) -> Result<(), Gate
     }
 }
 
-/// The password of a `Proxy-Authorization: Basic` value (the username is
-/// free: crawlers often need one to send a password at all).
-pub fn presented_password(header: &[u8]) -> Option<Vec<u8>> {
+/// The username and password of a `Proxy-Authorization: Basic` value.
+pub fn basic_credentials(header: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     let header = header.trim_ascii();
     let space = header.iter().position(|b| *b == b' ')?;
     let (scheme, token) = header.split_at(space);
@@ -140,7 +186,7 @@ pub fn presented_password(header: &[u8]) -> Option<Vec<u8>> {
     }
     let decoded = BASE64.decode(token.trim_ascii()).ok()?;
     let colon = decoded.iter().position(|b| *b == b':')?;
-    Some(decoded[colon + 1..].to_vec())
+    Some((decoded[..colon].to_vec(), decoded[colon + 1..].to_vec()))
 }
 
 /// Whether a request presenting `header` may use the gateway guarded by
@@ -150,8 +196,8 @@ pub fn admits(token: Option<&str>, header: Option<&[u8]>) -> bool {
         return true;
     };
     header
-        .and_then(presented_password)
-        .is_some_and(|password| bool::from(password.as_slice().ct_eq(token.as_bytes())))
+        .and_then(basic_credentials)
+        .is_some_and(|(_, password)| bool::from(password.as_slice().ct_eq(token.as_bytes())))
 }
 
 /// The lease target of a request for `host` (a name, an IPv4 address or a

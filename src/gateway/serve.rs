@@ -1,37 +1,52 @@
 //! The gateway's listener: the built-in forward proxy's server side (the
 //! framing guard, hop-by-hop rewriting, answers, the tunnel splice) with a
-//! leased upstream proxy as the next hop instead of the destination.
+//! leased upstream proxy as the next hop instead of the destination, tried
+//! again on another proxy when one fails or is blocked.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1 as client;
-use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{GatewayError, Leases, REASON_HEADER, Upstream, admits, lease_target};
+use super::access::{Counted, Exchange, ExchangeOutcome, Transferred};
+use super::blocks::{BlockRules, HeadVerdict};
+use super::sessions::{SessionKey, Sessions};
+use super::{
+    Ask, BLOCKED_HEADER, GatewayError, LEASE_HEADER, Leases, PROXY_HEADER, REASON_HEADER,
+    SESSION_MOVED_HEADER, Upstream, admits, basic_credentials, lease_target, username,
+};
+use crate::config::{BODY_SCAN_LIMIT, GatewaySettings};
 use crate::destinations::{CheckedConnectError, DestinationPolicy, check_destination};
 use crate::forward_proxy::answers::{answer, authentication_required};
-use crate::forward_proxy::body::ProxyBody;
+use crate::forward_proxy::body::{ProxyBody, read_up_to};
 use crate::forward_proxy::client_connection;
 use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::request::{Target, drop_hop_by_hop, forwarded_headers, target_of};
 use crate::forward_proxy::tunnel::{established, splice};
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
+use crate::lease::{GATEWAY_CLIENT, Outcome};
+use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};
 
 /// Descriptors one client connection may need: its own and its upstream's.
 pub const FDS_PER_CONNECTION: u64 = 2;
 /// Time allowed to resolve a destination, and to connect to an upstream proxy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// First pause between asks for a free proxy, and the longest.
+const CAPACITY_POLL: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(200));
+/// Rate-limited clients tracked at once.
+const MAX_LIMITED_CLIENTS: usize = 10_000;
 
 /// What the gateway enforces and where it leases.
 pub struct Options {
+    pub settings: GatewaySettings,
     pub destinations: Arc<DestinationPolicy>,
     /// The crawler token, presented as the proxy password; none: no auth
     /// (the caller binds loopback only, see [`super::check_exposure`]).
@@ -51,30 +66,98 @@ pub async fn serve(listener: TcpListener, options: Options, settings: ListenerSe
     .await {}
 }
 
-/// A lease held for one request or tunnel, given back when dropped.
+/// A lease held for one try, given back when dropped; a tunnel's is
+/// renewed meanwhile.
 struct Held {
     lease_id: String,
     leases: Arc<dyn Leases>,
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Held {
+    fn new(upstream: &Upstream, leases: &Arc<dyn Leases>) -> Self {
+        Self {
+            lease_id: upstream.lease_id.clone(),
+            leases: leases.clone(),
+            renewal: None,
+        }
+    }
+
+    /// Renews the lease at half its TTL for as long as it is held: a
+    /// tunnel lasts as long as its crawler keeps it open.
+    fn renewed(mut self, ttl: Duration) -> Self {
+        let (id, leases) = (self.lease_id.clone(), self.leases.clone());
+        let every = (ttl / 2).max(Duration::from_secs(1));
+        self.renewal = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = leases.renew(id.clone()).await {
+                    tracing::warn!(error = %e, "a tunnel's lease could not be renewed; its proxy may be leased again");
+                }
+            }
+        }));
+        self
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
         self.leases.release(std::mem::take(&mut self.lease_id));
     }
 }
 
+/// Why one try failed: the proxy itself (reported `error` at once), or
+/// the proxy's own answer about the destination (reported only if another
+/// proxy then serves the request: a site down for every proxy must not
+/// rest the fleet).
+enum TryFailure {
+    Proxy(GatewayError),
+    Destination(GatewayError),
+}
+
+/// What one request asks for, whatever proxy serves it.
+struct Wanted {
+    ask: Ask,
+    session: Option<(SessionKey, Duration)>,
+}
+
 struct Gateway {
     options: Options,
-    server: http1::Builder,
+    blocks: BlockRules,
+    sessions: Mutex<Sessions>,
+    limiter: Option<Mutex<RateLimiter<String>>>,
+    server: hyper::server::conn::http1::Builder,
     idle_timeout: Duration,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded state stays consistent across a panic elsewhere.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Gateway {
     fn new(options: Options, settings: &ListenerSettings) -> Self {
+        let s = &options.settings;
+        let limiter = (s.rate_per_client > 0.0).then(|| {
+            let limits = RateLimits {
+                per_client: s.rate_per_client,
+                per_client_burst: s.burst_per_client,
+                global: f64::INFINITY,
+                global_burst: f64::INFINITY,
+                max_clients: MAX_LIMITED_CLIENTS,
+            };
+            Mutex::new(RateLimiter::new(limits, Instant::now()))
+        });
         Self {
-            options,
+            blocks: BlockRules::new(s.blocks.clone()),
+            sessions: Mutex::new(Sessions::new(s.max_sessions)),
+            limiter,
             server: client_connection::server(settings),
             idle_timeout: settings.idle_timeout,
+            options,
         }
     }
 
@@ -97,23 +180,22 @@ impl Gateway {
     ) -> Response<ProxyBody> {
         let in_flight = slot.in_flight();
         let tunnel = request.method() == Method::CONNECT;
+        let mut exchange = Exchange::new(peer, tunnel);
         let refused = match verdicts.next() {
             Some(Verdict::Clear) => None,
             Some(Verdict::Ambiguous(why)) => Some(GatewayError::Framing(why)),
             None => Some(GatewayError::Framing("the connection's framing was lost")),
         };
         if let Some(e) = refused {
-            return refusal(&e, peer, true, in_flight);
+            return refusal(&e, &mut exchange, true, in_flight);
         }
-        let token = self.options.token.as_deref().map(String::as_str);
-        let presented = request.headers().get(header::PROXY_AUTHORIZATION);
-        if !admits(token, presented.map(HeaderValue::as_bytes)) {
-            tracing::info!(%peer, "gateway request without valid proxy credentials refused (407)");
-            return authentication_required(tunnel, in_flight);
-        }
+        let wanted = match self.admit(&request, peer, &mut exchange) {
+            Ok(wanted) => wanted,
+            Err(e) => return refusal(&e, &mut exchange, tunnel, in_flight),
+        };
         let target = match target_of(request.method(), request.uri()) {
             Ok(target) => target,
-            Err(e) => return refusal(&e.into(), peer, tunnel, in_flight),
+            Err(e) => return refusal(&e.into(), &mut exchange, tunnel, in_flight),
         };
         let (host, port) = match &target {
             Target::Tunnel { host, port } => (host.clone(), *port),
@@ -123,133 +205,455 @@ impl Gateway {
             ),
         };
         // Checked before a lease is taken: a refused destination costs no proxy.
-        let upstream = match self.lease_for(&host, port, tunnel).await {
-            Ok(upstream) => upstream,
-            Err(e) => return refusal(&e, peer, tunnel, in_flight),
+        let wanted = match self.check_destination(&host, port, tunnel, wanted).await {
+            Ok(wanted) => wanted,
+            Err(e) => return refusal(&e, &mut exchange, tunnel, in_flight),
         };
-        let held = Held {
-            lease_id: upstream.lease_id.clone(),
-            leases: self.options.leases.clone(),
-        };
-        tracing::debug!(%peer, %host, port, proxy = %upstream.proxy, tunnel, "gateway request leased a proxy");
+        exchange.target = wanted.ask.target.clone();
         match target {
-            Target::Forward { uri, host } => match self.forward(request, uri, host, &upstream, &slot).await {
-                Ok(response) => {
-                    let (mut parts, body) = response.into_parts();
-                    drop_hop_by_hop(&mut parts.headers);
-                    let body = ProxyBody::relayed(body, in_flight).holding(Box::new(held));
-                    Response::from_parts(parts, body)
-                }
-                Err(e) => refusal(&e, peer, tunnel, in_flight),
-            },
+            Target::Forward { uri, host } => {
+                self.forward(request, uri, host, wanted, exchange, in_flight, &slot)
+                    .await
+            }
             Target::Tunnel { host, port } => {
-                let upgrade = hyper::upgrade::on(request);
-                match self.tunnel(&host, port, &upstream, &slot).await {
-                    Ok(upstream_io) => {
-                        splice(
-                            upgrade,
-                            upstream_io,
-                            in_flight,
-                            self.idle_timeout,
-                            Some(Box::new(held)),
-                        );
-                        established()
-                    }
-                    Err(e) => refusal(&e, peer, tunnel, in_flight),
-                }
+                self.tunnel(request, &host, port, wanted, exchange, in_flight, &slot)
+                    .await
             }
         }
     }
 
-    /// The destination checked against the rules, then a lease for its host.
-    async fn lease_for(&self, host: &str, port: u16, tunnel: bool) -> Result<Upstream, GatewayError> {
-        let target = lease_target(host)?;
+    /// Credentials (or a client network), the username's parameters and
+    /// the client's rate: what the request may ask for.
+    fn admit(
+        &self,
+        request: &Request<Incoming>,
+        peer: SocketAddr,
+        exchange: &mut Exchange,
+    ) -> Result<Wanted, GatewayError> {
+        let settings = &self.options.settings;
+        let presented = request.headers().get(header::PROXY_AUTHORIZATION);
+        let from_client_network = settings.client_networks.iter().any(|n| n.contains(&peer.ip()));
+        let token = self.options.token.as_deref().map(String::as_str);
+        if !from_client_network && !admits(token, presented.map(HeaderValue::as_bytes)) {
+            return Err(GatewayError::AuthenticationRequired);
+        }
+        let user = presented
+            .and_then(|h| basic_credentials(h.as_bytes()))
+            .map(|(user, _)| String::from_utf8_lossy(&user).into_owned())
+            .unwrap_or_default();
+        let params = username::parse(&user)?;
+        exchange.client = params.client.clone();
+        if let Some(limiter) = &self.limiter {
+            let key = params.client.clone().unwrap_or_else(|| peer.ip().to_string());
+            locked(limiter)
+                .check_key(key.clone(), Instant::now())
+                .map_err(|limited| GatewayError::RateLimited {
+                    client: key,
+                    retry_after: u32::try_from(retry_after_secs(limited.retry_after)).unwrap_or(u32::MAX),
+                })?;
+        }
+        let lifetime = params
+            .lifetime
+            .unwrap_or(settings.session_lifetime)
+            .min(settings.max_session_lifetime);
+        let client_name = params.client.clone().unwrap_or_default();
+        Ok(Wanted {
+            session: params.session.map(|id| ((client_name, id), lifetime)),
+            ask: Ask {
+                target: String::new(),
+                selector: params.selector,
+                client: match &params.client {
+                    Some(client) => format!("{GATEWAY_CLIENT}/{client}"),
+                    None => GATEWAY_CLIENT.to_owned(),
+                },
+                prefer: None,
+            },
+        })
+    }
+
+    /// The destination checked against the rules; the lease target set.
+    async fn check_destination(
+        &self,
+        host: &str,
+        port: u16,
+        tunnel: bool,
+        mut wanted: Wanted,
+    ) -> Result<Wanted, GatewayError> {
+        wanted.ask.target = lease_target(host)?;
         check_destination(&self.options.destinations, host, port, tunnel, CONNECT_TIMEOUT)
             .await
             .map_err(|e| match e {
                 CheckedConnectError::Refused { .. } => GatewayError::DestinationRefused(e.to_string()),
                 other => GatewayError::DestinationUnresolved(other.to_string()),
             })?;
-        self.options.leases.acquire(target).await
+        Ok(wanted)
     }
 
-    /// Sends an absolute-form request on through the leased proxy.
+    /// A lease for one try: the session's proxy while it stays eligible,
+    /// waiting for a free proxy until `until`.
+    async fn lease(
+        &self,
+        wanted: &mut Wanted,
+        exchange: &mut Exchange,
+        until: Instant,
+    ) -> Result<(Upstream, Held), GatewayError> {
+        if let Some((key, _)) = &wanted.session {
+            wanted.ask.prefer = locked(&self.sessions).proxy_of(key, Instant::now());
+        }
+        let mut pause = CAPACITY_POLL.0;
+        let upstream = loop {
+            match self.options.leases.acquire(wanted.ask.clone()).await {
+                Err(GatewayError::NoProxy { .. }) if Instant::now() + pause < until => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(CAPACITY_POLL.1);
+                }
+                other => break other?,
+            }
+        };
+        if let Some((key, lifetime)) = &wanted.session {
+            let moved = locked(&self.sessions).left_through(key, &upstream.proxy, *lifetime, Instant::now());
+            exchange.session_moved |= moved.is_some();
+        }
+        exchange.tries += 1;
+        exchange.proxy = Some(upstream.proxy.clone());
+        let held = Held::new(&upstream, &self.options.leases);
+        Ok((upstream, held))
+    }
+
+    /// Reports a try's failure as `error` (now, or later for pending ones).
+    fn report_failure(&self, lease_id: &str, why: &GatewayError) {
+        self.options
+            .leases
+            .report(lease_id.to_owned(), Outcome::Error, format!("gateway: {why}"));
+    }
+
+    /// Sends an absolute-form request on through leased proxies, trying
+    /// another when one fails or is blocked (if its body can be sent again).
+    #[expect(clippy::too_many_arguments, reason = "one request's parts, passed once")]
     async fn forward(
         &self,
         request: Request<Incoming>,
         uri: Uri,
         host: HeaderValue,
-        upstream: &Upstream,
+        mut wanted: Wanted,
+        mut exchange: Exchange,
+        in_flight: InFlight,
         slot: &Slot,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        let (mut parts, body) = request.into_parts();
+    ) -> Response<ProxyBody> {
+        let settings = &self.options.settings;
+        let (mut parts, mut body) = request.into_parts();
         // hyper let through only `chunked` (the guard refused any other coding).
         let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
         // Drops the crawler's Proxy-Authorization (its token) among the hop-by-hop headers.
         forwarded_headers(&mut parts.headers, host, chunked);
-        authorize(&mut parts.headers, upstream);
-        parts.uri = uri;
-        parts.version = Version::HTTP_11;
-        parts.extensions = http::Extensions::new();
-        let mut sender = open(upstream).await?;
-        let sent = sender.send_request(Request::from_parts(parts, body));
-        let response = tokio::select! {
-            received = sent => received.map_err(|e| upstream_failed(upstream, &e))?,
-            () = slot.stalled(self.idle_timeout, None) => {
-                return Err(GatewayError::TimedOut { proxy: upstream.proxy.clone() });
+        // A body within the bound is read whole, so that it can be sent again.
+        let kept = match body.size_hint().exact() {
+            Some(size) if size <= settings.retry_body_limit && !chunked => {
+                let limit = usize::try_from(size).unwrap_or(usize::MAX);
+                match tokio::time::timeout(self.idle_timeout, read_up_to(&mut body, limit)).await {
+                    Ok(Ok((bytes, true))) => Some(bytes),
+                    _ => {
+                        let e = GatewayError::Framing("the request body did not arrive whole");
+                        return refusal(&e, &mut exchange, true, in_flight);
+                    }
+                }
             }
+            _ => None,
         };
-        match response.status() {
-            StatusCode::SWITCHING_PROTOCOLS => {
-                Err(upstream_failed(upstream, &"it switched protocols unasked"))
+        exchange.transferred.up.fetch_add(
+            kept.as_ref().map_or(0, |b| b.len() as u64),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let mut streamed = kept.is_none().then_some(body);
+        let tries = if kept.is_some() { settings.tries } else { 1 };
+        let deadline = Instant::now() + settings.deadline;
+        let mut pending: Vec<(String, GatewayError)> = Vec::new();
+        let mut last = None;
+        for attempt in 1..=tries {
+            let until = deadline.min(Instant::now() + settings.capacity_wait);
+            let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
+                Ok(leased) => leased,
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            };
+            let body = match &kept {
+                Some(bytes) => ProxyBody::read_ahead(bytes.clone(), None, None),
+                None => ProxyBody::read_ahead(Bytes::new(), streamed.take(), None),
+            };
+            let mut upstream_request = Request::new(body);
+            *upstream_request.method_mut() = parts.method.clone();
+            *upstream_request.uri_mut() = uri.clone();
+            *upstream_request.version_mut() = Version::HTTP_11;
+            *upstream_request.headers_mut() = parts.headers.clone();
+            authorize(upstream_request.headers_mut(), &upstream);
+            let sent = self.send(&upstream, upstream_request, &exchange.transferred, slot);
+            let response = match tokio::time::timeout_at(deadline.into(), sent).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(TryFailure::Proxy(e))) => {
+                    self.report_failure(&upstream.lease_id, &e);
+                    exchange.failed_over += 1;
+                    last = Some(e);
+                    continue;
+                }
+                Ok(Err(TryFailure::Destination(e))) => {
+                    pending.push((upstream.lease_id.clone(), e));
+                    continue;
+                }
+                Err(_) => {
+                    last = Some(GatewayError::TimedOut {
+                        proxy: upstream.proxy.to_string(),
+                    });
+                    break;
+                }
+            };
+            let (mut head, mut rest) = response.into_parts();
+            let status = head.status.as_u16();
+            let (read, ended, blocked) = match self.blocks.on_head(&wanted.ask.target, status) {
+                HeadVerdict::NotBlocked => (Bytes::new(), false, false),
+                HeadVerdict::Blocked => (Bytes::new(), false, true),
+                HeadVerdict::LookAtBody => {
+                    match tokio::time::timeout_at(deadline.into(), read_up_to(&mut rest, BODY_SCAN_LIMIT))
+                        .await
+                    {
+                        Ok(Ok((read, ended))) => {
+                            let blocked = self.blocks.on_body(&wanted.ask.target, status, &read);
+                            (read, ended, blocked)
+                        }
+                        _ => {
+                            let e = GatewayError::Upstream {
+                                proxy: upstream.proxy.to_string(),
+                                why: "the response body did not arrive".into(),
+                            };
+                            pending.push((upstream.lease_id.clone(), e));
+                            continue;
+                        }
+                    }
+                }
+            };
+            if blocked {
+                exchange.blocked += 1;
+                self.options.leases.report(
+                    upstream.lease_id.clone(),
+                    Outcome::Blocked,
+                    format!(
+                        "gateway: {status} from {} matched a block rule",
+                        wanted.ask.target
+                    ),
+                );
+                if settings.retry_on_block && attempt < tries && Instant::now() < deadline {
+                    continue;
+                }
             }
-            // The upstream refused its own credentials: the crawler can do nothing about it.
-            StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
-                Err(upstream_failed(upstream, &"it refused its credentials (407)"))
+            // Served: the proxies that failed where this one answered are to blame.
+            for (lease_id, e) in pending.drain(..) {
+                self.report_failure(&lease_id, &e);
+                exchange.failed_over += 1;
             }
-            _ => Ok(response),
+            drop_hop_by_hop(&mut head.headers);
+            describe(&mut head.headers, &upstream, &exchange, blocked);
+            exchange.status = status;
+            exchange.outcome = if blocked {
+                ExchangeOutcome::Blocked
+            } else {
+                ExchangeOutcome::Served
+            };
+            let rest = (!ended).then_some(rest);
+            let body = ProxyBody::read_ahead(read, rest, Some(in_flight)).holding(Box::new((held, exchange)));
+            return Response::from_parts(head, body);
         }
+        let e = last
+            .or_else(|| pending.pop().map(|(_, e)| e))
+            .unwrap_or(GatewayError::NoProxy {
+                target: wanted.ask.target.clone(),
+            });
+        refusal(&e, &mut exchange, false, in_flight)
     }
 
-    /// Opens a tunnel through the leased proxy (its own `CONNECT`); the
-    /// caller answers `200` and splices the client's bytes to it.
+    /// One try of a plain-HTTP request on one leased proxy: its response
+    /// head, or why not.
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        request: Request<ProxyBody>,
+        transferred: &Arc<Transferred>,
+        slot: &Slot,
+    ) -> Result<Response<Incoming>, TryFailure> {
+        let mut sender = open(upstream, transferred).await.map_err(TryFailure::Proxy)?;
+        let response = tokio::select! {
+            received = sender.send_request(request) => {
+                received.map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?
+            }
+            () = slot.stalled(self.idle_timeout, None) => {
+                return Err(TryFailure::Destination(GatewayError::TimedOut { proxy: upstream.proxy.to_string() }));
+            }
+        };
+        let status = response.status();
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(TryFailure::Proxy(upstream_failed(
+                upstream,
+                &"it switched protocols unasked",
+            )));
+        }
+        // The upstream refused its own credentials: the crawler can do nothing about it.
+        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+            return Err(TryFailure::Proxy(upstream_failed(
+                upstream,
+                &"it refused its credentials (407)",
+            )));
+        }
+        if status.is_server_error() && answered_by_the_proxy(response.headers()) {
+            let why = format!("it answered {status} itself");
+            return Err(TryFailure::Destination(upstream_failed(upstream, &why)));
+        }
+        Ok(response)
+    }
+
+    /// Opens a tunnel through leased proxies (their own `CONNECT`), trying
+    /// another when one fails, then answers `200` and splices.
+    #[expect(clippy::too_many_arguments, reason = "one request's parts, passed once")]
     async fn tunnel(
+        &self,
+        request: Request<Incoming>,
+        host: &str,
+        port: u16,
+        mut wanted: Wanted,
+        mut exchange: Exchange,
+        in_flight: InFlight,
+        slot: &Slot,
+    ) -> Response<ProxyBody> {
+        let settings = &self.options.settings;
+        let deadline = Instant::now() + settings.deadline;
+        let mut pending: Vec<(String, GatewayError)> = Vec::new();
+        let mut last = None;
+        for _ in 0..settings.tries {
+            let until = deadline.min(Instant::now() + settings.capacity_wait);
+            let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
+                Ok(leased) => leased,
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            };
+            let opened = self.connect_through(host, port, &upstream, &exchange.transferred, slot);
+            match tokio::time::timeout_at(deadline.into(), opened).await {
+                Ok(Ok(upstream_io)) => {
+                    for (lease_id, e) in pending.drain(..) {
+                        self.report_failure(&lease_id, &e);
+                        exchange.failed_over += 1;
+                    }
+                    let mut response = established();
+                    describe(response.headers_mut(), &upstream, &exchange, false);
+                    exchange.status = 200;
+                    exchange.outcome = ExchangeOutcome::Served;
+                    let held = held.renewed(upstream.ttl);
+                    let upgrade = hyper::upgrade::on(request);
+                    splice(
+                        upgrade,
+                        upstream_io,
+                        in_flight,
+                        self.idle_timeout,
+                        Some(Box::new((held, exchange))),
+                    );
+                    return response;
+                }
+                Ok(Err(TryFailure::Proxy(e))) => {
+                    self.report_failure(&upstream.lease_id, &e);
+                    exchange.failed_over += 1;
+                    last = Some(e);
+                }
+                Ok(Err(TryFailure::Destination(e))) => pending.push((upstream.lease_id.clone(), e)),
+                Err(_) => {
+                    last = Some(GatewayError::TimedOut {
+                        proxy: upstream.proxy.to_string(),
+                    });
+                    break;
+                }
+            }
+        }
+        let e = last
+            .or_else(|| pending.pop().map(|(_, e)| e))
+            .unwrap_or(GatewayError::NoProxy {
+                target: wanted.ask.target.clone(),
+            });
+        refusal(&e, &mut exchange, true, in_flight)
+    }
+
+    /// One try of a tunnel: the leased proxy's own `CONNECT`.
+    async fn connect_through(
         &self,
         host: &str,
         port: u16,
         upstream: &Upstream,
+        transferred: &Arc<Transferred>,
         slot: &Slot,
-    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, GatewayError> {
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, TryFailure> {
         let authority = format!("{host}:{port}");
         let mut connect = Request::builder()
             .method(Method::CONNECT)
             .uri(authority.as_str())
             .body(ProxyBody::empty(None))
-            .map_err(|e| upstream_failed(upstream, &e))?;
+            .map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?;
         if let Ok(value) = HeaderValue::from_str(&authority) {
             connect.headers_mut().insert(header::HOST, value);
         }
         authorize(connect.headers_mut(), upstream);
-        let mut sender = open(upstream).await?;
+        let mut sender = open(upstream, transferred).await.map_err(TryFailure::Proxy)?;
         let response = tokio::select! {
-            received = sender.send_request(connect) => received.map_err(|e| upstream_failed(upstream, &e))?,
+            received = sender.send_request(connect) => {
+                received.map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?
+            }
             () = slot.stalled(self.idle_timeout, None) => {
-                return Err(GatewayError::TimedOut { proxy: upstream.proxy.clone() });
+                return Err(TryFailure::Destination(GatewayError::TimedOut { proxy: upstream.proxy.to_string() }));
             }
         };
-        if response.status() != StatusCode::OK {
-            let why = format!("it answered {} to CONNECT {authority}", response.status());
-            return Err(upstream_failed(upstream, &why));
+        match response.status() {
+            StatusCode::OK => {}
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+                return Err(TryFailure::Proxy(upstream_failed(
+                    upstream,
+                    &"it refused its credentials (407)",
+                )));
+            }
+            status => {
+                let why = format!("it answered {status} to CONNECT {authority}");
+                return Err(TryFailure::Destination(upstream_failed(upstream, &why)));
+            }
         }
         let upstream_io = hyper::upgrade::on(response)
             .await
-            .map_err(|e| upstream_failed(upstream, &e))?;
+            .map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?;
         Ok(TokioIo::new(upstream_io))
     }
 }
 
+/// Whether a 5xx is the proxy's own answer (Squid's error pages carry
+/// `X-Squid-Error`; RFC 9209 proxies, the built-in one included, send
+/// `Proxy-Status`) rather than the site's.
+fn answered_by_the_proxy(headers: &HeaderMap) -> bool {
+    headers.contains_key("x-squid-error") || headers.contains_key("proxy-status")
+}
+
+/// The headers that tell the crawler which proxy and lease served it.
+fn describe(headers: &mut HeaderMap, upstream: &Upstream, exchange: &Exchange, blocked: bool) {
+    let mut set = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    set(PROXY_HEADER, &upstream.proxy.to_string());
+    set(LEASE_HEADER, &upstream.lease_id);
+    if exchange.session_moved {
+        set(SESSION_MOVED_HEADER, "true");
+    }
+    if blocked {
+        set(BLOCKED_HEADER, "true");
+    }
+}
+
 /// Adds the leased proxy's credentials (never the crawler's).
-fn authorize(headers: &mut http::HeaderMap, upstream: &Upstream) {
+fn authorize(headers: &mut HeaderMap, upstream: &Upstream) {
     if let Some(credentials) = &upstream.credentials
         && let Ok(value) = HeaderValue::from_str(&credentials.basic_authorization())
     {
@@ -257,9 +661,12 @@ fn authorize(headers: &mut http::HeaderMap, upstream: &Upstream) {
     }
 }
 
-/// A fresh HTTP/1 connection to the leased proxy (one per request or
-/// tunnel: the lease is per request, so there is nothing to pool yet).
-async fn open<B>(upstream: &Upstream) -> Result<client::SendRequest<B>, GatewayError>
+/// A fresh HTTP/1 connection to the leased proxy (one per try: each try
+/// holds its own lease).
+async fn open<B>(
+    upstream: &Upstream,
+    transferred: &Arc<Transferred>,
+) -> Result<client::SendRequest<B>, GatewayError>
 where
     B: Body + Send + 'static,
     B::Data: Send,
@@ -282,6 +689,7 @@ where
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "TCP_NODELAY not set on an upstream proxy connection");
     }
+    let stream = Counted::new(stream, transferred.clone());
     let (sender, connection) = client::Builder::new()
         .title_case_headers(true)
         .handshake(TokioIo::new(stream))
@@ -297,19 +705,30 @@ where
 
 fn upstream_failed(upstream: &Upstream, why: &dyn std::fmt::Display) -> GatewayError {
     GatewayError::Upstream {
-        proxy: upstream.proxy.clone(),
+        proxy: upstream.proxy.to_string(),
         why: why.to_string(),
     }
 }
 
 /// The gateway's own answer to a failure: its status, the reason header,
-/// `Retry-After` when waiting helps, logged without any credential.
-fn refusal(e: &GatewayError, peer: SocketAddr, tunnel: bool, in_flight: InFlight) -> Response<ProxyBody> {
-    // No capacity is routine for a busy fleet (as for the API's no_capacity): not worth INFO.
-    if matches!(e, GatewayError::NoProxy { .. }) {
-        tracing::debug!(%peer, status = 503, reason = e.reason(), error = %e, "gateway request not served");
+/// `Retry-After` when waiting helps; the exchange records it.
+fn refusal(
+    e: &GatewayError,
+    exchange: &mut Exchange,
+    tunnel: bool,
+    in_flight: InFlight,
+) -> Response<ProxyBody> {
+    exchange.refused(e.status().as_u16(), e.reason());
+    // No capacity and refused credentials are routine: the access line says enough.
+    if matches!(
+        e,
+        GatewayError::NoProxy { .. }
+            | GatewayError::AuthenticationRequired
+            | GatewayError::RateLimited { .. }
+    ) {
+        tracing::debug!(peer = %exchange.peer, status = e.status().as_u16(), reason = e.reason(), error = %e, "gateway request not served");
     } else {
-        tracing::info!(%peer, status = e.status().as_u16(), reason = e.reason(), error = %e, "gateway request not served");
+        tracing::info!(peer = %exchange.peer, status = e.status().as_u16(), reason = e.reason(), error = %e, "gateway request not served");
     }
     if matches!(e, GatewayError::AuthenticationRequired) {
         return authentication_required(tunnel, in_flight);

@@ -399,6 +399,13 @@ impl LeaseBook {
     /// than the index, that list is walked instead.
     fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
+        if let Some(id) = req.prefer.as_ref().and_then(|key| self.ids.get(key)).copied()
+            && self.proxies.get(&id).is_some_and(|e| e.indexed.is_some())
+            && self.matches(id, &req.selector)
+            && !target.is_some_and(|t| t.resting(id, now))
+        {
+            return Some(id);
+        }
         let rank = |id: ProxyId| {
             let entry = &self.proxies[&id];
             let last = target.and_then(|t| t.last_leased(id));

@@ -78,6 +78,10 @@ pub enum InputError {
     },
     #[error("detail is {0} characters; at most {MAX_DETAIL_CHARS} are allowed")]
     LongDetail(usize),
+    #[error(
+        "client names `gateway` and `gateway/...` are the gateway's own (its leases are released when the operator restarts)"
+    )]
+    ReservedClient,
     #[error("client is {0} characters; at most {MAX_CLIENT_CHARS} are allowed")]
     LongClient(usize),
     #[error("ttlSeconds must be between 1 and {MAX_TTL_SECONDS} (got {0})")]
@@ -210,6 +214,7 @@ pub fn check_detail(detail: Option<&str>) -> Result<(), InputError> {
 pub fn check_client(client: Option<&str>) -> Result<(), InputError> {
     match client.map(|c| c.chars().count()) {
         Some(n) if n > MAX_CLIENT_CHARS => Err(InputError::LongClient(n)),
+        _ if client.is_some_and(super::is_gateway_client) => Err(InputError::ReservedClient),
         _ => Ok(()),
     }
 }
@@ -315,6 +320,9 @@ mod tests {
             Err(InputError::LongDetail(1025))
         );
         assert!(check_client(Some(&"c".repeat(129))).is_err());
+        assert!(check_client(Some("gateway")).is_err());
+        assert!(check_client(Some("gateway/spider")).is_err());
+        assert!(check_client(Some("gateways")).is_ok());
         assert_eq!(check_ttl(Some(0)), Err(InputError::BadTtl(0)));
         assert!(check_ttl(Some(MAX_TTL_SECONDS)).is_ok());
         assert!(check_ttl(Some(MAX_TTL_SECONDS + 1)).is_err());

@@ -85,6 +85,17 @@ impl Availability {
     }
 }
 
+/// `client` of the gateway's leases (`gateway`, or `gateway/<client>` with
+/// the crawler's client name): reserved, refused from API clients.
+pub const GATEWAY_CLIENT: &str = "gateway";
+
+/// Whether `client` names a lease of the gateway.
+pub fn is_gateway_client(client: &str) -> bool {
+    client
+        .strip_prefix(GATEWAY_CLIENT)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// A request for a lease.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AcquireRequest {
@@ -95,6 +106,9 @@ pub struct AcquireRequest {
     pub ttl: Option<Duration>,
     /// Free-form name of the client, for listings and logs.
     pub client: Option<String>,
+    /// A proxy to grant if it is eligible (a sticky session's); otherwise
+    /// the best one, as without.
+    pub prefer: Option<ObjectKey>,
 }
 
 /// A granted lease.

@@ -904,3 +904,21 @@ fn a_tally_whose_proxy_never_returns_is_forgotten_after_the_grace() {
         "the journal is told to forget it"
     );
 }
+
+#[test]
+fn the_gateway_s_leases_end_with_the_process_that_held_them() {
+    let t0 = Instant::now();
+    let mut old = LeaseBook::new(settings(1));
+    old.upsert(proxy("a", true, 10, &[]), t0);
+    old.upsert(proxy("b", true, 20, &[]), t0);
+    let by = |client: &str| AcquireRequest {
+        client: Some(client.into()),
+        ..req("t")
+    };
+    let api = old.acquire(&by("spider"), t0).unwrap();
+    let gateway = old.acquire(&by("gateway/spider"), t0).unwrap();
+    let book = restarted(&mut old, t0, 1);
+    assert_eq!(book.active_leases(), 1, "only the API's lease is restored");
+    assert!(book.snapshot(t0).leases.iter().all(|l| l.id != gateway.id));
+    assert!(book.snapshot(t0).leases.iter().any(|l| l.id == api.id));
+}

@@ -133,6 +133,7 @@ pub async fn acquire(
         selector: body.selector,
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
+        prefer: None,
     };
     let grant = store
         .send(Acquire(request))

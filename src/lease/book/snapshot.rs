@@ -92,6 +92,15 @@ impl LeaseBook {
             let Some(expires) = at(lease.expires) else {
                 continue;
             };
+            // A gateway lease belonged to a connection of the process that
+            // wrote it, gone with that process: its proxy is free again.
+            if lease
+                .client
+                .as_deref()
+                .is_some_and(super::super::is_gateway_client)
+            {
+                continue;
+            }
             let proxy = self.placeholder(&lease.proxy);
             self.expiry.insert((expires, lease.id.clone()));
             self.targets.entry(lease.target.clone()).or_default().refs += 1;

@@ -197,3 +197,35 @@ fn a_hot_target_never_walks_past_its_resting_proxies() {
     assert_eq!(grant.proxy.name, "p0");
     assert!(book.last_walk <= 2, "walked {}", book.last_walk);
 }
+
+#[test]
+fn a_preferred_proxy_is_granted_only_while_eligible() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    for i in 0..4 {
+        book.upsert(availability(i, true, i as u64), t0);
+    }
+    let prefer = |name: &str, geo: Option<&str>| AcquireRequest {
+        prefer: Some(ObjectKey::new("ns", name)),
+        ..ask("t", geo)
+    };
+    // Not the best (p0 is faster), but eligible: granted.
+    let sticky = book.acquire(&prefer("p3", None), t0).unwrap();
+    assert_eq!(sticky.proxy.name, "p3");
+    // Full (capacity 1): the best other proxy instead.
+    assert_eq!(book.acquire(&prefer("p3", None), t0).unwrap().proxy.name, "p0");
+    book.release(&sticky.id, t0);
+    // Resting for the target after its release: another one.
+    assert_ne!(book.acquire(&prefer("p3", None), t0).unwrap().proxy.name, "p3");
+    // Not matching the selector (p3 is "us"): never granted against it.
+    let eu = book.acquire(&prefer("p3", Some("eu")), t0).unwrap();
+    assert_eq!(eu.proxy.name, "p2");
+    // Not ready (after every rest is over): the best other one.
+    let later = t0 + Duration::from_secs(3600);
+    book.sweep(later);
+    let later = later + Duration::from_secs(3600); // the expired leases' rests too
+    book.upsert(availability(3, false, 3), later);
+    assert_ne!(book.acquire(&prefer("p3", None), later).unwrap().proxy.name, "p3");
+    // Unknown: the best one.
+    assert!(book.acquire(&prefer("nope", None), later).is_ok());
+}

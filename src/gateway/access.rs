@@ -1,0 +1,167 @@
+//! One record per gateway request or tunnel: who asked for what, which
+//! proxy served it after how many tries, how it ended, bytes and duration.
+//! Written as one access line (target `egress_proxies::gateway::access`)
+//! when the exchange ends — when its response body or tunnel is done — and
+//! never with a credential in it.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::store::ObjectKey;
+
+/// How an exchange ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExchangeOutcome {
+    /// Still running (the record is dropped before an outcome only when
+    /// the task serving it was cancelled: the client went away).
+    Unfinished,
+    /// The response (or tunnel) came from a leased proxy.
+    Served,
+    /// Served, but the response was a block the gateway recognised (no
+    /// try left, or retries on block are off).
+    Blocked,
+    /// The gateway answered itself; the reason header's value.
+    Refused(&'static str),
+}
+
+impl ExchangeOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unfinished => "client_gone",
+            Self::Served => "served",
+            Self::Blocked => "blocked",
+            Self::Refused(reason) => reason,
+        }
+    }
+}
+
+/// Bytes moved, shared with the body or tunnel that moves them.
+#[derive(Debug, Default)]
+pub struct Transferred {
+    /// From the crawler towards the site.
+    pub up: AtomicU64,
+    /// From the site towards the crawler.
+    pub down: AtomicU64,
+}
+
+/// The record of one request or tunnel.
+pub struct Exchange {
+    pub peer: SocketAddr,
+    /// The username's client name, if any.
+    pub client: Option<String>,
+    pub tunnel: bool,
+    pub target: String,
+    pub started: Instant,
+    /// Leases taken (tries), and the proxies that failed or were blocked.
+    pub tries: u32,
+    pub failed_over: u32,
+    pub blocked: u32,
+    /// The proxy that served it (the last one tried).
+    pub proxy: Option<ObjectKey>,
+    pub session_moved: bool,
+    pub status: u16,
+    pub outcome: ExchangeOutcome,
+    pub transferred: Arc<Transferred>,
+}
+
+impl Exchange {
+    pub fn new(peer: SocketAddr, tunnel: bool) -> Self {
+        Self {
+            peer,
+            client: None,
+            tunnel,
+            target: String::new(),
+            started: Instant::now(),
+            tries: 0,
+            failed_over: 0,
+            blocked: 0,
+            proxy: None,
+            session_moved: false,
+            status: 0,
+            outcome: ExchangeOutcome::Unfinished,
+            transferred: Arc::default(),
+        }
+    }
+
+    /// Ends with the gateway's own answer.
+    pub fn refused(&mut self, status: u16, reason: &'static str) {
+        self.status = status;
+        self.outcome = ExchangeOutcome::Refused(reason);
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let proxy = self.proxy.as_ref().map(ToString::to_string);
+        tracing::info!(
+            target: "egress_proxies::gateway::access",
+            peer = %self.peer,
+            client = self.client.as_deref().unwrap_or("-"),
+            kind = if self.tunnel { "tunnel" } else { "http" },
+            target = %self.target,
+            proxy = proxy.as_deref().unwrap_or("-"),
+            tries = self.tries,
+            failed_over = self.failed_over,
+            blocked = self.blocked,
+            session_moved = self.session_moved,
+            status = self.status,
+            outcome = self.outcome.label(),
+            bytes_up = self.transferred.up.load(Ordering::Relaxed),
+            bytes_down = self.transferred.down.load(Ordering::Relaxed),
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            "gateway exchange"
+        );
+    }
+}
+
+/// An upstream connection counting what it reads (down) and writes (up).
+pub struct Counted<IO> {
+    inner: IO,
+    transferred: Arc<Transferred>,
+}
+
+impl<IO> Counted<IO> {
+    pub fn new(inner: IO, transferred: Arc<Transferred>) -> Self {
+        Self { inner, transferred }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        this.transferred.down.fetch_add(read as u64, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.transferred.up.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
