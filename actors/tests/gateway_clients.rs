@@ -416,6 +416,17 @@ async fn assert_still_serves(gateway: SocketAddr, site: &Site, path: &str, after
     .unwrap_or_else(|_| panic!("no answer within {PATIENCE:?} after {after}"));
     assert_eq!(got.status, 200, "a well-formed request after {after}: {got:?}");
     assert!(got.body.contains(&marker(path)), "after {after}: {got:?}");
+    // The client is told which proxy served it, by name only.
+    let named = got
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("egress-gateway-proxy:"))
+        .map(str::trim);
+    assert!(named.is_some_and(|p| p.ends_with("p1")), "after {after}: {got:?}");
+    assert!(
+        !got.head.contains("127.0.9."),
+        "the proxy's address reached the client: {got:?}"
+    );
     let visits = site.visits_to(path);
     assert_eq!(visits.len(), 1, "after {after}: {visits:?}");
     assert_eq!(visits[0].peer.to_string(), OUTGOING, "after {after}");
