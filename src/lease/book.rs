@@ -399,10 +399,14 @@ impl LeaseBook {
     /// than the index, that list is walked instead.
     fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
+        // A sticky session's proxy: its rest after the session's own last
+        // request does not count (that rest spreads a target over proxies,
+        // which a session asks not to), a block for the target does.
         if let Some(id) = req.prefer.as_ref().and_then(|key| self.ids.get(key)).copied()
-            && self.proxies.get(&id).is_some_and(|e| e.indexed.is_some())
+            && self.proxies.get(&id).is_some_and(|e| {
+                e.indexed.is_some() && !e.blocked_targets.contains(&target_digest(&req.target))
+            })
             && self.matches(id, &req.selector)
-            && !target.is_some_and(|t| t.resting(id, now))
         {
             return Some(id);
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::*;
-use crate::lease::{AcquireError, LeaseSettings};
+use crate::lease::{AcquireError, LeaseSettings, Outcome};
 
 fn settings(capacity: u32) -> LeaseSettings {
     LeaseSettings {
@@ -215,7 +215,12 @@ fn a_preferred_proxy_is_granted_only_while_eligible() {
     // Full (capacity 1): the best other proxy instead.
     assert_eq!(book.acquire(&prefer("p3", None), t0).unwrap().proxy.name, "p0");
     book.release(&sticky.id, t0);
-    // Resting for the target after its release: another one.
+    // Resting for the target after its own release: still the session's.
+    let again = book.acquire(&prefer("p3", None), t0).unwrap();
+    assert_eq!(again.proxy.name, "p3");
+    // Blocked for the target: never again for it.
+    book.report(&again.id, Outcome::Blocked, None, t0).unwrap();
+    book.release(&again.id, t0);
     assert_ne!(book.acquire(&prefer("p3", None), t0).unwrap().proxy.name, "p3");
     // Not matching the selector (p3 is "us"): never granted against it.
     let eu = book.acquire(&prefer("p3", Some("eu")), t0).unwrap();
