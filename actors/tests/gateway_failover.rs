@@ -9,7 +9,11 @@
 //!   blocked for it and not chosen for it again, and no request the client
 //!   sees fails;
 //! - with `maxLeasesPerProxy: 1` and 3 proxies, no more than 3 tunnels are
-//!   open at the site at any instant, while 8 clients keep asking.
+//!   open at the site at any instant, while 8 clients keep asking;
+//! - a username that does not parse is a 400, a client over its rate a 429
+//!   with `Retry-After` (others keep theirs), and an operator killed under
+//!   an open tunnel leaves no lease behind: restarted, its proxy serves at
+//!   once.
 
 mod support;
 
@@ -121,6 +125,7 @@ struct Fleet {
     dir: OperatorDir,
     operator: OperatorProcess,
     gateway: SocketAddr,
+    settings: (u32, String),
 }
 
 impl Fleet {
@@ -138,22 +143,50 @@ impl Fleet {
             );
         }
         let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let operator = dir
-            .standalone()
-            .discovery()
-            .setting("gatewayBindAddress", &format!("\"{address}\""))
-            .setting("gateway", &format!("{{destinations: {DESTINATIONS}, {gateway}}}"))
-            .setting("maxLeasesPerProxy", &capacity.to_string())
-            .setting("leaseCooldown", "0s")
-            .env("DISCOVERY_TOKEN", TOKEN)
-            .start()
-            .await;
+        let settings = (capacity, gateway.to_owned());
+        let operator = Self::operator(&dir, address, &settings).await;
         operator.wait_ready(count).await;
         Self {
             dir,
             operator,
             gateway: address,
+            settings,
         }
+    }
+
+    async fn operator(
+        dir: &OperatorDir,
+        gateway: SocketAddr,
+        (capacity, settings): &(u32, String),
+    ) -> OperatorProcess {
+        dir.standalone()
+            .discovery()
+            .setting("gatewayBindAddress", &format!("\"{gateway}\""))
+            .setting(
+                "gateway",
+                &format!("{{destinations: {DESTINATIONS}, {settings}}}"),
+            )
+            .setting("maxLeasesPerProxy", &capacity.to_string())
+            .setting("leaseCooldown", "0s")
+            .env("DISCOVERY_TOKEN", TOKEN)
+            .start()
+            .await
+    }
+
+    /// SIGKILLs the operator and starts another on the same state.
+    async fn restart(&mut self) {
+        let pid = self.operator.pid();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        self.operator
+            .eventually("the operator to die", Duration::from_secs(10), async || {
+                self.operator.exited().ok_or("running")
+            })
+            .await;
+        self.operator = Self::operator(&self.dir, self.gateway, &self.settings).await;
     }
 
     /// The proxies as the lease book sees them (the dashboard's rows:
@@ -388,5 +421,66 @@ async fn capacity_bounds_the_tunnels_open_upstream() {
     let most = log.most_open.load(Ordering::SeqCst);
     assert!(most <= 3, "{most} tunnels were open at the site at once");
     assert!(most >= 2, "the proxies were used side by side: {most}");
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn refusals_of_its_own_and_a_restart_that_frees_the_gateway_s_proxies() {
+    let mut fleet = Fleet::start(
+        1,
+        "127.0.10.0/30",
+        1,
+        "rateLimit: {perClient: 1, burst: 2}, capacityWait: 1s",
+    )
+    .await;
+    let (site, _) = site(None).await;
+    // A username that does not parse: 400, naming why.
+    let (status, head) = fetch(fleet.gateway, site, "spider-sesstime-0").await.unwrap();
+    assert_eq!(status, 400, "{head}");
+    assert_eq!(header(&head, "egress-gateway-error"), Some("bad_username"));
+    // Two requests in a burst, the third waits for the client's rate.
+    for _ in 0..2 {
+        assert_eq!(fetch(fleet.gateway, site, "limited").await.unwrap().0, 200);
+    }
+    let (status, head) = fetch(fleet.gateway, site, "limited").await.unwrap();
+    assert_eq!(status, 429, "{head}");
+    assert_eq!(header(&head, "egress-gateway-error"), Some("rate_limited"));
+    assert_eq!(header(&head, "retry-after"), Some("1"));
+    assert_eq!(
+        fetch(fleet.gateway, site, "other").await.unwrap().0,
+        200,
+        "another client has its own rate"
+    );
+
+    // A tunnel holds the one proxy; the operator is killed under it.
+    let mut tunnel = TcpStream::connect(fleet.gateway).await.unwrap();
+    let head = format!(
+        "CONNECT {site} HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+        basic("holder")
+    );
+    tunnel.write_all(head.as_bytes()).await.unwrap();
+    let mut reply = [0u8; 12];
+    tunnel.read_exact(&mut reply).await.unwrap();
+    assert_eq!(&reply, b"HTTP/1.1 200");
+    assert_eq!(fleet.proxies().await[0]["activeLeases"], 1);
+    let (status, head) = fetch(fleet.gateway, site, "waiting").await.unwrap();
+    assert_eq!(status, 503, "the proxy is full: {head}");
+    assert_eq!(header(&head, "egress-gateway-error"), Some("no_capacity"));
+    fleet.restart().await;
+    fleet.operator.wait_ready(1).await;
+    // The lease the dead process held for its tunnel is not restored: the
+    // proxy serves at once, not after maxLeaseTtl.
+    let listed = fleet
+        .operator
+        .eventually(
+            "the proxy back in the lease book",
+            Duration::from_secs(30),
+            async || fleet.proxies().await.into_iter().next().ok_or("not listed"),
+        )
+        .await;
+    assert_eq!(listed["activeLeases"], 0, "{listed}");
+    let (status, head) = fetch(fleet.gateway, site, "after").await.unwrap();
+    assert_eq!(status, 200, "{head}");
+    drop(tunnel);
     fleet.operator.stop().await;
 }
