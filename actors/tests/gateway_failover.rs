@@ -421,6 +421,46 @@ async fn capacity_bounds_the_tunnels_open_upstream() {
     let most = log.most_open.load(Ordering::SeqCst);
     assert!(most <= 3, "{most} tunnels were open at the site at once");
     assert!(most >= 2, "the proxies were used side by side: {most}");
+
+    // The 200 names the proxy and the lease: the crawler reports a block
+    // seen inside the tunnel after closing it.
+    let mut s = TcpStream::connect(fleet.gateway).await.unwrap();
+    let head = format!(
+        "CONNECT {site} HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+        basic("tunneler")
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.unwrap(), 1);
+        got.push(byte[0]);
+    }
+    let reply = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let proxy = header(&reply, "egress-gateway-proxy")
+        .expect("the proxy named")
+        .to_owned();
+    let lease = header(&reply, "egress-gateway-lease")
+        .expect("the lease named")
+        .to_owned();
+    drop(s);
+    let auth = format!("Bearer {TOKEN}");
+    let (status, body) = support::http::request(
+        fleet.operator.discovery(),
+        "POST",
+        &format!("/v1/leases/{lease}/report"),
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        Some(r#"{"outcome":"blocked","detail":"captcha inside the tunnel"}"#),
+    )
+    .await;
+    assert!((200..300).contains(&status), "{status}: {body}");
+    let reported = fleet
+        .proxies()
+        .await
+        .into_iter()
+        .find(|p| format!("crawl/{}", p["name"].as_str().unwrap()) == proxy)
+        .unwrap();
+    assert_eq!(reported["blockedTargets"], 1, "{reported}");
     fleet.operator.stop().await;
 }
 

@@ -68,3 +68,34 @@ pub fn connect_error_in(e: &legacy::Error) -> Option<&CheckedConnectError> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guarded_listener::ConnectionSlots;
+
+    #[test]
+    fn the_proxy_s_own_failures_say_so_with_proxy_status() {
+        let slots = ConnectionSlots::new(1);
+        let slot = slots.admit(slots.try_reserve().unwrap());
+        let status_of = |status: StatusCode| {
+            answer(status, false, slot.in_flight())
+                .headers()
+                .get("proxy-status")
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            status_of(StatusCode::BAD_GATEWAY).as_deref(),
+            Some("egress-proxies; error=destination_unavailable")
+        );
+        assert_eq!(
+            status_of(StatusCode::GATEWAY_TIMEOUT).as_deref(),
+            Some("egress-proxies; error=connection_timeout")
+        );
+        assert_eq!(
+            status_of(StatusCode::FORBIDDEN),
+            None,
+            "a refusal is not a failure"
+        );
+    }
+}
