@@ -26,6 +26,7 @@ pub(crate) mod client_connection;
 mod connector;
 mod forward;
 pub(crate) mod framing;
+mod relay;
 pub(crate) mod request;
 pub(crate) mod tunnel;
 

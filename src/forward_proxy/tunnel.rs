@@ -14,9 +14,6 @@ use super::answers::{answer, status_of_connect_error};
 use super::body::ProxyBody;
 use crate::guarded_listener::{InFlight, Phase};
 
-/// Buffer per direction.
-const RELAY_BUFFER: usize = 16 * 1024;
-
 impl Proxy {
     pub(super) async fn tunnel(
         &self,
@@ -74,7 +71,7 @@ pub fn splice<U>(
         };
         let mut client = TokioIo::new(client);
         tokio::select! {
-            relayed = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUFFER, RELAY_BUFFER) => {
+            relayed = super::relay::relay(&mut client, &mut upstream) => {
                 if let Err(e) = relayed {
                     tracing::debug!(error = %e, "tunnel ended with an error");
                 }
