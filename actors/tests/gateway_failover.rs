@@ -3,7 +3,8 @@
 //! an outgoing address of its own on loopback (so the site can tell them
 //! apart):
 //! - a sticky session keeps one proxy for 50 requests, moves to one other
-//!   proxy when that one is killed, and stays there;
+//!   proxy when that one is killed (its first request there a POST whose
+//!   body is sent again whole), and stays there;
 //! - 8 clients fetching while a proxy is killed see no failed request;
 //! - a site that answers 403 to one proxy's address: the proxy is reported
 //!   blocked for it and not chosen for it again, and no request the client
@@ -44,6 +45,8 @@ fn provider(network: &str) -> String {
 #[derive(Default)]
 struct SiteLog {
     by_source: Mutex<BTreeMap<IpAddr, usize>>,
+    /// Request bodies received (by `Content-Length`).
+    bodies: Mutex<Vec<Vec<u8>>>,
     open: AtomicUsize,
     most_open: AtomicUsize,
 }
@@ -74,6 +77,25 @@ async fn site(blocked: Option<IpAddr>) -> (SocketAddr, Arc<SiteLog>) {
                     }
                 }
                 *log.by_source.lock().unwrap().entry(peer.ip()).or_default() += 1;
+                let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                let length = String::from_utf8_lossy(&got[..head_end])
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap())
+                    })
+                    .unwrap_or(0);
+                let mut body = got[head_end..].to_vec();
+                while body.len() < length {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => body.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if length > 0 {
+                    log.bodies.lock().unwrap().push(body);
+                }
                 let answer: &[u8] = if Some(peer.ip()) == blocked {
                     b"HTTP/1.1 403 Forbidden\r\nContent-Length: 7\r\nConnection: close\r\n\r\nblocked"
                 } else {
@@ -95,12 +117,29 @@ fn basic(user: &str) -> String {
 
 /// One plain-HTTP GET through the gateway: the status and the lowercase head.
 async fn fetch(gateway: SocketAddr, site: SocketAddr, user: &str) -> Result<(u16, String), String> {
+    send(gateway, site, user, None).await
+}
+
+/// A GET, or a POST of `body`, through the gateway.
+async fn send(
+    gateway: SocketAddr,
+    site: SocketAddr,
+    user: &str,
+    body: Option<&[u8]>,
+) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect(gateway).await.map_err(|e| e.to_string())?;
+    let (method, length) = match body {
+        Some(b) => ("POST", format!("Content-Length: {}\r\n", b.len())),
+        None => ("GET", String::new()),
+    };
     let head = format!(
-        "GET http://{site}/page HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\nConnection: close\r\n\r\n",
+        "{method} http://{site}/page HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\n{length}Connection: close\r\n\r\n",
         basic(user)
     );
     s.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    if let Some(body) = body {
+        s.write_all(body).await.map_err(|e| e.to_string())?;
+    }
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut answer))
         .await
@@ -266,6 +305,23 @@ async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
     assert_eq!(status, 200);
 
     fleet.kill(&first).await;
+    // The first request after: a POST, tried on the dead proxy, then sent
+    // again (its body fits retryBodyLimit) on the one the session moves to.
+    let form: Vec<u8> = (0..20_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let (status, head) = send(fleet.gateway, site, user, Some(&form)).await.unwrap();
+    assert_eq!(status, 200, "{head}\n{}", fleet.operator.logs());
+    assert_eq!(
+        header(&head, "egress-gateway-session-moved-from"),
+        Some("true"),
+        "{head}"
+    );
+    assert_eq!(
+        log.bodies.lock().unwrap().as_slice(),
+        [form],
+        "the body arrived whole, once"
+    );
+    let moved_to = header(&head, "egress-gateway-proxy").unwrap().to_owned();
+    assert_ne!(moved_to, first, "the session moved");
     let mut after = Vec::new();
     for _ in 0..30 {
         let (status, head) = fetch(fleet.gateway, site, user).await.unwrap();
@@ -275,16 +331,9 @@ async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
             header(&head, "egress-gateway-session-moved-from").is_some(),
         ));
     }
-    let second = after[0].0.clone();
-    assert_ne!(second, first, "the session moved");
-    assert!(after[0].1, "the first answer after the move says so");
     assert!(
-        after.iter().all(|(proxy, _)| *proxy == second),
-        "it stays on the one it moved to: {after:?}"
-    );
-    assert!(
-        after[1..].iter().all(|(_, moved)| !moved),
-        "it moved once: {after:?}"
+        after.iter().all(|(proxy, moved)| *proxy == moved_to && !moved),
+        "it stays on the one it moved to, moving once: {after:?}"
     );
     fleet.operator.stop().await;
 }

@@ -89,10 +89,11 @@ impl Body for ProxyBody {
             .rest
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        hint.set_lower(hint.lower() + ahead);
+        // Upper first: a lower bound above the upper one panics.
         if let Some(upper) = hint.upper() {
             hint.set_upper(upper + ahead);
         }
+        hint.set_lower(hint.lower() + ahead);
         hint
     }
 }
@@ -114,4 +115,17 @@ pub async fn read_up_to(body: &mut Incoming, limit: usize) -> Result<(Bytes, boo
         }
     }
     Ok((read.freeze(), body.is_end_stream()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_ahead_bytes_are_counted_in_the_size() {
+        let body = ProxyBody::read_ahead(Bytes::from_static(b"hello"), None, None);
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert!(!body.is_end_stream());
+        assert_eq!(ProxyBody::empty(None).size_hint().exact(), Some(0));
+    }
 }
