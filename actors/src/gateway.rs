@@ -96,7 +96,6 @@ pub fn start(
     let token = tokens.crawler_token();
     gateway::check_exposure(addr, token.is_some())?;
     listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
     if token.is_some() {
         tracing::info!(%addr, "gateway listening; crawlers present DISCOVERY_TOKEN as the proxy password");
     } else {
@@ -112,10 +111,32 @@ pub fn start(
         leases: Arc::new(StoreLeases(store)),
     };
     let settings = ListenerSettings::for_file_limit(gateway::FDS_PER_CONNECTION);
-    actix::spawn(async move {
+    let threads = gateway_threads()?;
+    threads.spawn(async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(e) => return tracing::error!(error = %e, "gateway listener could not be set up"),
+        };
         if let Err(e) = gateway::serve(listener, options, settings).await {
             tracing::error!(error = %e, "gateway stopped");
         }
     });
     Ok(())
+}
+
+/// The gateway's own threads: one per core the process may use (at most
+/// 8), apart from the actors' thread, which every actor shares. They live
+/// as long as the process.
+fn gateway_threads() -> Result<&'static tokio::runtime::Runtime, GatewayError> {
+    static THREADS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(threads) = THREADS.get() {
+        return Ok(threads);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.clamp(1, 8))
+        .thread_name("gateway")
+        .enable_all()
+        .build()?;
+    Ok(THREADS.get_or_init(|| runtime))
 }
