@@ -948,4 +948,106 @@ mod tests {
         PoolRemoved { pool }.emit();
         assert_eq!(series(pool), Vec::<String>::new());
     }
+
+    /// The scrape's lines that contain every one of `needles`.
+    fn lines_with(needles: &[&str]) -> Vec<String> {
+        metrics()
+            .encode()
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn gateway_events_record_their_series_and_a_gone_proxy_s_go_with_it() {
+        // The registry is the process's: a proxy and an outcome no other test uses.
+        let proxy = "events-test/gw-1";
+        let outcome = "events_test_outcome";
+        GatewayExchangeStarted { tunnel: true }.emit();
+        let span = tracing::Span::none();
+        for attempt in [1, 2] {
+            GatewayLeaseTaken {
+                span: &span,
+                tunnel: true,
+                proxy,
+                attempt,
+                waited: Duration::ZERO,
+                sessions: Some(3),
+            }
+            .emit();
+        }
+        let error = "connection refused";
+        GatewayTryFailed {
+            proxy,
+            scope: "proxy",
+            reason: "upstream_failed",
+            error: &error,
+        }
+        .emit();
+        GatewayBlocked {
+            target: "shop.example",
+            proxy,
+            status: 403,
+        }
+        .emit();
+        GatewayExchangeEnded {
+            peer: "127.0.0.1:5000".parse().unwrap(),
+            client: Some("crawler-a".into()),
+            tunnel: true,
+            target: "shop.example".into(),
+            proxy: Some(proxy.into()),
+            tries: 2,
+            failed_over: 1,
+            blocked: 1,
+            session_moved: true,
+            status: 200,
+            outcome,
+            bytes_up: 120,
+            bytes_down: 4096,
+            duration: Duration::from_millis(1500),
+        }
+        .emit();
+        assert_eq!(
+            lines_with(&["egress_proxies_gateway_requests_total{", outcome]),
+            [format!("egress_proxies_gateway_requests_total{{kind=\"tunnel\",outcome=\"{outcome}\"}} 1")]
+        );
+        assert_eq!(
+            lines_with(&["gateway_upstream_failures_total{", proxy]),
+            [format!(
+                "egress_proxies_gateway_upstream_failures_total{{proxy=\"{proxy}\",scope=\"proxy\",reason=\"upstream_failed\"}} 1"
+            )]
+        );
+        assert_eq!(
+            lines_with(&["gateway_blocks_total{", proxy]),
+            [format!("egress_proxies_gateway_blocks_total{{proxy=\"{proxy}\"}} 1")]
+        );
+        // Shared by every test's tunnels: at least this one's.
+        let value = |needle: &str| -> f64 {
+            lines_with(&[needle])
+                .first()
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no {needle}"))
+        };
+        assert!(value("egress_proxies_gateway_tries_total{kind=\"tunnel\"}") >= 2.0);
+        assert!(value("egress_proxies_gateway_retries_total{kind=\"tunnel\"}") >= 1.0);
+        assert!(value("egress_proxies_gateway_transferred_bytes_total{kind=\"tunnel\",direction=\"down\"}") >= 4096.0);
+        assert!(value("egress_proxies_gateway_request_duration_seconds_count{kind=\"tunnel\"}") >= 1.0);
+        assert!(value("egress_proxies_gateway_request_duration_seconds_bucket{le=\"1.024\",kind=\"tunnel\"}") >= 0.0);
+        assert!(value("egress_proxies_gateway_session_moves_total") >= 1.0);
+        assert!(value("egress_proxies_gateway_requests_open{kind=\"tunnel\"}") >= 0.0);
+        let recent = gateway_stats().summary().recent;
+        assert!(
+            recent.iter().any(|e| e.outcome == outcome && e.client.as_deref() == Some("crawler-a")),
+            "{recent:?}"
+        );
+
+        ProxyPhaseChanged {
+            proxy,
+            from: Some("Ready"),
+            to: None,
+        }
+        .emit();
+        assert_eq!(lines_with(&[proxy]), Vec::<String>::new(), "the gone proxy's series are removed");
+    }
 }
