@@ -416,15 +416,22 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "204", "through the gateway");
     }
-    wait_js(&driver, "the gateway's requests counted", &gateway_kpi("requests"), |v| {
-        *v == json!("3")
-    })
+    wait_js(
+        &driver,
+        "the gateway's requests counted",
+        &gateway_kpi("requests"),
+        |v| *v == json!("3"),
+    )
     .await;
     assert_eq!(driver.script(&gateway_kpi("served")).await, json!("3"));
     let recent = "return [...document.querySelectorAll('#gateway-recent tbody tr[data-outcome]')]\
         .map(r => [r.dataset.outcome, r.dataset.target])";
     wait_js(&driver, "the gateway's latest exchanges", recent, |v| {
-        *v == json!([["served", "127.0.0.1"], ["served", "127.0.0.1"], ["served", "127.0.0.1"]])
+        *v == json!([
+            ["served", "127.0.0.1"],
+            ["served", "127.0.0.1"],
+            ["served", "127.0.0.1"]
+        ])
     })
     .await;
     // The history arrives over the stream and is drawn: a sample that saw

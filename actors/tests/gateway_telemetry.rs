@@ -24,7 +24,16 @@ const PROVIDER: &str = "providers:\n  - {name: local, type: local, local: {imple
 /// `curl -x proxy url` and extra arguments: the status and response head.
 async fn curl(proxy: &str, url: &str, extra: &[&str]) -> (u16, String) {
     let mut args = vec![
-        "-s", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}", "-x", proxy, url,
+        "-s",
+        "-o",
+        "/dev/null",
+        "-D",
+        "-",
+        "-w",
+        "%{http_code}",
+        "-x",
+        proxy,
+        url,
     ];
     args.extend_from_slice(extra);
     let out = tokio::time::timeout(
@@ -106,20 +115,30 @@ async fn the_gateway_s_traffic_shows_in_metrics_access_lines_and_spans() {
     let proxy = format!("http://crawler:{TOKEN}@{gateway}");
     let page = format!("http://{site}/page");
     operator
-        .eventually("a gateway request served", Duration::from_secs(30), async || {
-            match curl(&proxy, &page, &[]).await {
+        .eventually(
+            "a gateway request served",
+            Duration::from_secs(30),
+            async || match curl(&proxy, &page, &[]).await {
                 (204, _) => Ok(()),
                 (status, head) => Err(format!("{status}: {head}")),
-            }
-        })
+            },
+        )
         .await;
-    let served_before = value(&operator, "egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"served\"}").await;
+    let served_before = value(
+        &operator,
+        "egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"served\"}",
+    )
+    .await;
 
     // Plain requests, one tunnel, a refusal and a block (both proxies blocked: tries 2).
     for _ in 0..4 {
         assert_eq!(curl(&proxy, &page, &[]).await.0, 204);
     }
-    assert_eq!(curl(&proxy, &page, &["-p"]).await.0, 204, "through a CONNECT tunnel");
+    assert_eq!(
+        curl(&proxy, &page, &["-p"]).await.0,
+        204,
+        "through a CONNECT tunnel"
+    );
     assert_eq!(curl(&format!("http://{gateway}"), &page, &[]).await.0, 407);
     let blocked = format!("http://localhost:{}/shop", blocking.port());
     let (status, head) = curl(&proxy, &blocked, &[]).await;
@@ -127,24 +146,44 @@ async fn the_gateway_s_traffic_shows_in_metrics_access_lines_and_spans() {
     assert!(head.contains("egress-gateway-blocked: true"), "{head}");
 
     let series = [
-        ("egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"served\"}", served_before + 4.0),
-        ("egress_proxies_gateway_requests_total{kind=\"tunnel\",outcome=\"served\"}", 1.0),
-        ("egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"authentication_required\"}", 1.0),
-        ("egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"blocked\"}", 1.0),
+        (
+            "egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"served\"}",
+            served_before + 4.0,
+        ),
+        (
+            "egress_proxies_gateway_requests_total{kind=\"tunnel\",outcome=\"served\"}",
+            1.0,
+        ),
+        (
+            "egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"authentication_required\"}",
+            1.0,
+        ),
+        (
+            "egress_proxies_gateway_requests_total{kind=\"http\",outcome=\"blocked\"}",
+            1.0,
+        ),
         ("egress_proxies_gateway_tries_total{kind=\"tunnel\"}", 1.0),
         ("egress_proxies_gateway_retries_total{kind=\"http\"}", 1.0),
         ("egress_proxies_gateway_blocks_total{proxy=\"crawl/p1\"}", 1.0),
         ("egress_proxies_gateway_blocks_total{proxy=\"crawl/p2\"}", 1.0),
         ("egress_proxies_gateway_requests_open{kind=\"http\"}", 0.0),
         ("egress_proxies_gateway_requests_open{kind=\"tunnel\"}", 0.0),
-        ("egress_proxies_gateway_request_duration_seconds_count{kind=\"tunnel\"}", 1.0),
+        (
+            "egress_proxies_gateway_request_duration_seconds_count{kind=\"tunnel\"}",
+            1.0,
+        ),
     ];
     let text = scrape(operator.metrics()).await;
     for (name, want) in series {
         assert_eq!(value(&operator, name).await, want, "{name} in\n{text}");
     }
     assert!(
-        value(&operator, "egress_proxies_gateway_transferred_bytes_total{kind=\"tunnel\",direction=\"down\"}").await > 0.0,
+        value(
+            &operator,
+            "egress_proxies_gateway_transferred_bytes_total{kind=\"tunnel\",direction=\"down\"}"
+        )
+        .await
+            > 0.0,
         "{text}"
     );
     assert!(
@@ -158,27 +197,40 @@ async fn the_gateway_s_traffic_shows_in_metrics_access_lines_and_spans() {
     drop(external);
     let failures = "egress_proxies_gateway_upstream_failures_total{proxy=\"crawl/p2\",scope=\"proxy\",reason=\"upstream_failed\"}";
     operator
-        .eventually("a try on the dead proxy counted", Duration::from_secs(15), async || {
-            let (status, head) = curl(&proxy, &page, &[]).await;
-            assert_eq!(status, 204, "served after failing over: {head}");
-            match value(&operator, failures).await {
-                n if n >= 1.0 => Ok(()),
-                _ => Err("no failure counted yet"),
-            }
-        })
+        .eventually(
+            "a try on the dead proxy counted",
+            Duration::from_secs(15),
+            async || {
+                let (status, head) = curl(&proxy, &page, &[]).await;
+                assert_eq!(status, 204, "served after failing over: {head}");
+                match value(&operator, failures).await {
+                    n if n >= 1.0 => Ok(()),
+                    _ => Err("no failure counted yet"),
+                }
+            },
+        )
         .await;
     assert!(value(&operator, "egress_proxies_gateway_retries_total{kind=\"http\"}").await >= 2.0);
 
     // One access line per exchange, with the outcome; never the token.
     let logs = operator.logs();
-    let access: Vec<&str> = logs.lines().filter(|l| l.contains("gateway exchange") && l.contains("outcome")).collect();
+    let access: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("gateway exchange") && l.contains("outcome"))
+        .collect();
     assert!(access.len() >= 8, "{logs}");
     for outcome in ["served", "blocked", "authentication_required"] {
-        assert!(access.iter().any(|l| l.contains(outcome)), "no {outcome} line in {access:#?}");
+        assert!(
+            access.iter().any(|l| l.contains(outcome)),
+            "no {outcome} line in {access:#?}"
+        );
     }
     assert!(!logs.contains(TOKEN), "the token reached the log");
     // The spans, printed by the console exporter: each exchange with its tries.
     for span in ["gateway exchange", "gateway try"] {
-        assert!(logs.contains(&format!("Name         : {span}")), "no {span} span in {logs}");
+        assert!(
+            logs.contains(&format!("Name         : {span}")),
+            "no {span} span in {logs}"
+        );
     }
 }

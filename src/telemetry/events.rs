@@ -11,8 +11,9 @@ use super::history::history;
 use super::label_budget::proxy_labels;
 use super::metrics::{
     ActorLabel, GatewayBytesLabels, GatewayFailureLabels, GatewayKindLabel, GatewayOutcomeLabels,
-    GatewayProxyLabel, HandshakeLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels,
-    ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
+    GatewayProxyLabel, HandshakeLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels,
+    ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel,
+    RpcLabel, metrics,
 };
 use crate::gc::{SweepError, SweepReport};
 use crate::pool::RetireReason;
@@ -1010,7 +1011,9 @@ mod tests {
         .emit();
         assert_eq!(
             lines_with(&["egress_proxies_gateway_requests_total{", outcome]),
-            [format!("egress_proxies_gateway_requests_total{{kind=\"tunnel\",outcome=\"{outcome}\"}} 1")]
+            [format!(
+                "egress_proxies_gateway_requests_total{{kind=\"tunnel\",outcome=\"{outcome}\"}} 1"
+            )]
         );
         assert_eq!(
             lines_with(&["gateway_upstream_failures_total{", proxy]),
@@ -1020,7 +1023,9 @@ mod tests {
         );
         assert_eq!(
             lines_with(&["gateway_blocks_total{", proxy]),
-            [format!("egress_proxies_gateway_blocks_total{{proxy=\"{proxy}\"}} 1")]
+            [format!(
+                "egress_proxies_gateway_blocks_total{{proxy=\"{proxy}\"}} 1"
+            )]
         );
         // Shared by every test's tunnels: at least this one's.
         let value = |needle: &str| -> f64 {
@@ -1031,14 +1036,22 @@ mod tests {
         };
         assert!(value("egress_proxies_gateway_tries_total{kind=\"tunnel\"}") >= 2.0);
         assert!(value("egress_proxies_gateway_retries_total{kind=\"tunnel\"}") >= 1.0);
-        assert!(value("egress_proxies_gateway_transferred_bytes_total{kind=\"tunnel\",direction=\"down\"}") >= 4096.0);
+        assert!(
+            value("egress_proxies_gateway_transferred_bytes_total{kind=\"tunnel\",direction=\"down\"}")
+                >= 4096.0
+        );
         assert!(value("egress_proxies_gateway_request_duration_seconds_count{kind=\"tunnel\"}") >= 1.0);
-        assert!(value("egress_proxies_gateway_request_duration_seconds_bucket{le=\"1.024\",kind=\"tunnel\"}") >= 0.0);
+        assert!(
+            value("egress_proxies_gateway_request_duration_seconds_bucket{le=\"1.024\",kind=\"tunnel\"}")
+                >= 0.0
+        );
         assert!(value("egress_proxies_gateway_session_moves_total") >= 1.0);
         assert!(value("egress_proxies_gateway_requests_open{kind=\"tunnel\"}") >= 0.0);
         let recent = gateway_stats().summary().recent;
         assert!(
-            recent.iter().any(|e| e.outcome == outcome && e.client.as_deref() == Some("crawler-a")),
+            recent
+                .iter()
+                .any(|e| e.outcome == outcome && e.client.as_deref() == Some("crawler-a")),
             "{recent:?}"
         );
 
@@ -1048,6 +1061,10 @@ mod tests {
             to: None,
         }
         .emit();
-        assert_eq!(lines_with(&[proxy]), Vec::<String>::new(), "the gone proxy's series are removed");
+        assert_eq!(
+            lines_with(&[proxy]),
+            Vec::<String>::new(),
+            "the gone proxy's series are removed"
+        );
     }
 }

@@ -76,7 +76,8 @@ impl GatewayStats {
     }
 
     pub fn note_ended(&self, exchange: RecentExchange, served: bool, bytes: (u64, u64)) {
-        self.open(exchange.kind == "tunnel").fetch_sub(1, Ordering::Relaxed);
+        self.open(exchange.kind == "tunnel")
+            .fetch_sub(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.served.fetch_add(u64::from(served), Ordering::Relaxed);
         self.bytes_up.fetch_add(bytes.0, Ordering::Relaxed);
@@ -113,7 +114,11 @@ impl GatewayStats {
     }
 
     fn open(&self, tunnel: bool) -> &AtomicI64 {
-        if tunnel { &self.open_tunnels } else { &self.open_requests }
+        if tunnel {
+            &self.open_tunnels
+        } else {
+            &self.open_requests
+        }
     }
 
     pub fn summary(&self) -> GatewaySummary {
@@ -184,7 +189,10 @@ mod tests {
             (s.requests, s.served, s.open_requests, s.open_tunnels),
             (RECENT as u64 + 1, 11, 0, 1)
         );
-        assert_eq!((s.tries, s.retries, s.failures, s.blocks, s.sessions), (2, 1, 1, 1, 4));
+        assert_eq!(
+            (s.tries, s.retries, s.failures, s.blocks, s.sessions),
+            (2, 1, 1, 1, 4)
+        );
         assert_eq!((s.bytes_up, s.bytes_down), (210, 2100));
         assert_eq!(s.recent.len(), RECENT, "bounded");
         assert_eq!(s.recent[0].target, format!("t{RECENT}"), "newest first");

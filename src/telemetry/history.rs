@@ -235,7 +235,12 @@ mod tests {
         h.note_gateway_block();
         let s = h.close(10_000);
         assert_eq!(
-            (s.gateway_requests, s.gateway_retries, s.gateway_failures, s.gateway_blocks),
+            (
+                s.gateway_requests,
+                s.gateway_retries,
+                s.gateway_failures,
+                s.gateway_blocks
+            ),
             (2, 1, 1, 1)
         );
         assert_eq!(
