@@ -7,7 +7,9 @@
 //! proxy's: a Managed one would be replaced within a second, faster than the
 //! page's poll). A ProxyPool of one member is on the page too: its row shows
 //! what its PoolActor wrote — one wanted, one member, Ready, a lease held
-//! and an acquire refused for want of capacity. A screenshot is
+//! and an acquire refused for want of capacity. The gateway's panel counts
+//! requests sent through the gateway (curl) and lists them, and its chart
+//! gets the samples that saw them. A screenshot is
 //! saved as a test artifact (`$CARGO_TARGET_TMPDIR/dashboard.png`, and to
 //! `EPO_DASHBOARD_SCREENSHOT` when set).
 
@@ -147,9 +149,14 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
              spec:\n  replicas: 1\n  template:\n    spec: {{mode: Managed, provider: local, {check}}}\n"
         ),
     );
+    let gateway = format!("127.0.0.1:{}", free_port());
     let operator = dir
         .standalone()
         .discovery()
+        .setting("gatewayBindAddress", &format!("\"{gateway}\""))
+        .setting("gateway", "{destinations: {allow: [127.0.0.0/8, 1024-65535]}}")
+        // Gateway requests one after another to one host: no rest between them.
+        .setting("leaseCooldown", "0s")
         // One lease per proxy: the pool's capacity is its Ready members.
         .setting("maxLeasesPerProxy", "1")
         .env("DISCOVERY_TOKEN", TOKEN)
@@ -391,6 +398,42 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         ]])
     })
     .await;
+    // The gateway's panel: nothing yet, then the requests sent through it.
+    let gateway_kpi = |key: &str| {
+        format!("return document.querySelector('#gateway-kpis [data-kpi=\"{key}\"] .big')?.textContent")
+    };
+    wait_js(&driver, "the gateway panel", &gateway_kpi("requests"), |v| {
+        *v == json!("0")
+    })
+    .await;
+    let site = health_target();
+    for _ in 0..3 {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x"])
+            .arg(format!("http://crawler:{TOKEN}@{gateway}"))
+            .arg(&site)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "204", "through the gateway");
+    }
+    wait_js(
+        &driver,
+        "the gateway's requests counted",
+        &gateway_kpi("requests"),
+        |v| *v == json!("3"),
+    )
+    .await;
+    assert_eq!(driver.script(&gateway_kpi("served")).await, json!("3"));
+    let recent = "return [...document.querySelectorAll('#gateway-recent tbody tr[data-outcome]')]\
+        .map(r => [r.dataset.outcome, r.dataset.target])";
+    wait_js(&driver, "the gateway's latest exchanges", recent, |v| {
+        *v == json!([
+            ["served", "127.0.0.1"],
+            ["served", "127.0.0.1"],
+            ["served", "127.0.0.1"]
+        ])
+    })
+    .await;
     // The history arrives over the stream and is drawn: a sample that saw
     // the grant and the refusal, the fleet Ready, probes with a latency.
     let totals = "return samples.reduce((t, s) => [t[0] + s.granted, t[1] + s.denied, Math.max(t[2], s.ready), \
@@ -421,9 +464,20 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
             ["chart-fleet", "ready", true],
             ["chart-fleet", "unhealthy", true],
             ["chart-latency", "p50", true],
-            ["chart-latency", "p99", true]
+            ["chart-latency", "p99", true],
+            ["chart-gateway", "requests", true],
+            ["chart-gateway", "retries", true],
+            ["chart-gateway", "failures", true],
+            ["chart-gateway", "blocks", true]
         ])
     );
+    wait_js(
+        &driver,
+        "a sample that saw the gateway's requests",
+        "return samples.reduce((n, s) => n + s.gatewayRequests, 0)",
+        |v| v.as_u64() >= Some(3),
+    )
+    .await;
     let latest = driver
         .script("return document.querySelector('#chart-fleet [data-latest]').textContent")
         .await;

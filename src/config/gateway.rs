@@ -47,6 +47,9 @@ pub struct GatewaySettings {
     pub rate_per_client: f64,
     /// Requests a client may start at once after being idle.
     pub burst_per_client: f64,
+    /// One trace span per request or tunnel (off by default: thousands per
+    /// second; the access line and metrics are always there).
+    pub trace_exchanges: bool,
 }
 
 /// One block rule: a response whose status is one of `status` (and, when
@@ -82,6 +85,7 @@ impl Default for GatewaySettings {
             max_sessions: 100_000,
             rate_per_client: 0.0,
             burst_per_client: 0.0,
+            trace_exchanges: false,
         }
     }
 }
@@ -104,6 +108,7 @@ pub(crate) struct RawGatewaySettings {
     max_session_lifetime: Option<String>,
     max_sessions: Option<usize>,
     rate_limit: Option<RawRateLimit>,
+    trace_exchanges: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -255,6 +260,7 @@ impl GatewaySettings {
             max_sessions: raw.max_sessions.unwrap_or(defaults.max_sessions).max(1),
             rate_per_client,
             burst_per_client,
+            trace_exchanges: raw.trace_exchanges.unwrap_or(defaults.trace_exchanges),
         })
     }
 }
@@ -282,9 +288,10 @@ mod tests {
              deadline: 10s\ncapacityWait: 2s\nretryBodyLimit: 1024\n\
              blocks: [{status: [403, 429], bodyContains: [captcha], targets: ['*.example.com']}]\n\
              retryOnBlock: false\nsessionLifetime: 5m\nmaxSessionLifetime: 1h\nmaxSessions: 10\n\
-             rateLimit: {perClient: 50, burst: 100}\n",
+             rateLimit: {perClient: 50, burst: 100}\ntraceExchanges: true\n",
         )
         .unwrap();
+        assert!(s.trace_exchanges);
         assert_eq!(s.client_networks.len(), 2);
         assert_eq!(
             (s.tries, s.deadline, s.capacity_wait),

@@ -2,7 +2,9 @@
 //! proxy served it after how many tries, how it ended, bytes and duration.
 //! Written as one access line (target `egress_proxies::gateway::access`)
 //! when the exchange ends — when its response body or tunnel is done — and
-//! never with a credential in it.
+//! never with a credential in it, by [`GatewayExchangeEnded`], which also
+//! records the gateway's metrics. With `traceExchanges` each exchange is a
+//! span (`gateway exchange`), its tries child spans.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -12,8 +14,10 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tracing::field::Empty;
 
 use crate::store::ObjectKey;
+use crate::telemetry::events::{GatewayExchangeEnded, GatewayExchangeStarted};
 
 /// How an exchange ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,10 +72,30 @@ pub struct Exchange {
     pub status: u16,
     pub outcome: ExchangeOutcome,
     pub transferred: Arc<Transferred>,
+    /// The exchange's span ([`exchange_span`]); none unless traced.
+    pub span: tracing::Span,
+}
+
+/// The span of one exchange, a root (`traceExchanges`; else none, like
+/// probe spans: thousands per second otherwise). Its fields are recorded
+/// when the exchange ends.
+pub fn exchange_span(trace: bool, tunnel: bool) -> tracing::Span {
+    if !trace {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        parent: None, "gateway exchange", otel.kind = "server",
+        kind = if tunnel { "tunnel" } else { "http" },
+        target = Empty, client = Empty, proxy = Empty, tries = Empty, status = Empty, outcome = Empty,
+        otel.status_code = Empty, traceID = Empty, spanID = Empty,
+    );
+    crate::telemetry::otel::record_ids(&span);
+    span
 }
 
 impl Exchange {
-    pub fn new(peer: SocketAddr, tunnel: bool) -> Self {
+    pub fn new(peer: SocketAddr, tunnel: bool, span: tracing::Span) -> Self {
+        GatewayExchangeStarted { tunnel }.emit();
         Self {
             peer,
             client: None,
@@ -86,6 +110,7 @@ impl Exchange {
             status: 0,
             outcome: ExchangeOutcome::Unfinished,
             transferred: Arc::default(),
+            span,
         }
     }
 
@@ -99,24 +124,38 @@ impl Exchange {
 impl Drop for Exchange {
     fn drop(&mut self) {
         let proxy = self.proxy.as_ref().map(ToString::to_string);
-        tracing::info!(
-            target: "egress_proxies::gateway::access",
-            peer = %self.peer,
-            client = self.client.as_deref().unwrap_or("-"),
-            kind = if self.tunnel { "tunnel" } else { "http" },
-            target = %self.target,
-            proxy = proxy.as_deref().unwrap_or("-"),
-            tries = self.tries,
-            failed_over = self.failed_over,
-            blocked = self.blocked,
-            session_moved = self.session_moved,
-            status = self.status,
-            outcome = self.outcome.label(),
-            bytes_up = self.transferred.up.load(Ordering::Relaxed),
-            bytes_down = self.transferred.down.load(Ordering::Relaxed),
-            duration_ms = self.started.elapsed().as_millis() as u64,
-            "gateway exchange"
-        );
+        let outcome = self.outcome.label();
+        if !self.span.is_disabled() {
+            let span = &self.span;
+            span.record("target", self.target.as_str());
+            span.record("client", self.client.as_deref().unwrap_or("-"));
+            span.record("proxy", proxy.as_deref().unwrap_or("-"));
+            span.record("tries", self.tries);
+            span.record("status", self.status);
+            span.record("outcome", outcome);
+            if !matches!(self.outcome, ExchangeOutcome::Served) {
+                span.record("otel.status_code", "error");
+            }
+        }
+        // The access line inside the span: JSON lines carry its trace ID.
+        let _entered = self.span.enter();
+        GatewayExchangeEnded {
+            peer: self.peer,
+            client: self.client.take(),
+            tunnel: self.tunnel,
+            target: std::mem::take(&mut self.target),
+            proxy,
+            tries: self.tries,
+            failed_over: self.failed_over,
+            blocked: self.blocked,
+            session_moved: self.session_moved,
+            status: self.status,
+            outcome,
+            bytes_up: self.transferred.up.load(Ordering::Relaxed),
+            bytes_down: self.transferred.down.load(Ordering::Relaxed),
+            duration: self.started.elapsed(),
+        }
+        .emit();
     }
 }
 

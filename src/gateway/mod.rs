@@ -27,7 +27,7 @@ use crate::forward_proxy::request::TargetError;
 use crate::lease::Outcome;
 use crate::store::ObjectKey;
 
-pub use access::{Exchange, ExchangeOutcome};
+pub use access::{Exchange, ExchangeOutcome, exchange_span};
 pub use blocks::{BlockRules, HeadVerdict};
 pub use serve::{FDS_PER_CONNECTION, Options, serve};
 pub use sessions::{SessionKey, Sessions};

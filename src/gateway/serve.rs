@@ -16,7 +16,7 @@ use hyper::client::conn::http1 as client;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::access::{Counted, Exchange, ExchangeOutcome, Transferred};
+use super::access::{Counted, Exchange, ExchangeOutcome, Transferred, exchange_span};
 use super::blocks::{BlockRules, HeadVerdict};
 use super::sessions::{SessionKey, Sessions};
 use super::{
@@ -34,6 +34,8 @@ use crate::forward_proxy::tunnel::{established, splice};
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
 use crate::lease::{GATEWAY_CLIENT, Outcome};
 use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};
+use crate::telemetry::events::{GatewayBlocked, GatewayLeaseTaken, GatewayTryFailed};
+use tracing::Instrument;
 
 /// Descriptors one client connection may need: its own and its upstream's.
 pub const FDS_PER_CONNECTION: u64 = 2;
@@ -109,6 +111,10 @@ impl Drop for Held {
     }
 }
 
+/// The `scope` label of a failure reported on a proxy's lease.
+const PROXY_FAILED: &str = "proxy";
+const DESTINATION_FAILED: &str = "destination";
+
 /// Why one try failed: the proxy itself (reported `error` at once), or
 /// the proxy's own answer about the destination (reported only if another
 /// proxy then serves the request: a site down for every proxy must not
@@ -164,9 +170,18 @@ impl Gateway {
     /// Serves one client connection, as the built-in forward proxy does.
     async fn serve_client(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, slot: Arc<Slot>) {
         let gateway = self.clone();
-        let handle = move |request, slot, verdicts: Verdicts| {
+        let handle = move |request: Request<Incoming>, slot, verdicts: Verdicts| {
             let gateway = gateway.clone();
-            async move { gateway.handle(request, peer, slot, &verdicts).await }
+            let span = exchange_span(
+                gateway.options.settings.trace_exchanges,
+                request.method() == Method::CONNECT,
+            );
+            async move {
+                gateway
+                    .handle(request, peer, slot, &verdicts, span.clone())
+                    .instrument(span)
+                    .await
+            }
         };
         client_connection::serve(&self.server, stream, peer, slot, self.idle_timeout, handle).await;
     }
@@ -177,10 +192,11 @@ impl Gateway {
         peer: SocketAddr,
         slot: Arc<Slot>,
         verdicts: &Verdicts,
+        span: tracing::Span,
     ) -> Response<ProxyBody> {
         let in_flight = slot.in_flight();
         let tunnel = request.method() == Method::CONNECT;
-        let mut exchange = Exchange::new(peer, tunnel);
+        let mut exchange = Exchange::new(peer, tunnel, span);
         let refused = match verdicts.next() {
             Some(Verdict::Clear) => None,
             Some(Verdict::Ambiguous(why)) => Some(GatewayError::Framing(why)),
@@ -297,6 +313,7 @@ impl Gateway {
         exchange: &mut Exchange,
         until: Instant,
     ) -> Result<(Upstream, Held), GatewayError> {
+        let asked = Instant::now();
         if let Some((key, _)) = &wanted.session {
             wanted.ask.prefer = locked(&self.sessions).proxy_of(key, Instant::now());
         }
@@ -310,18 +327,39 @@ impl Gateway {
                 other => break other?,
             }
         };
+        let mut sessions = None;
         if let Some((key, lifetime)) = &wanted.session {
-            let moved = locked(&self.sessions).left_through(key, &upstream.proxy, *lifetime, Instant::now());
+            let mut held = locked(&self.sessions);
+            let moved = held.left_through(key, &upstream.proxy, *lifetime, Instant::now());
             exchange.session_moved |= moved.is_some();
+            sessions = Some(held.len());
         }
         exchange.tries += 1;
+        GatewayLeaseTaken {
+            span: &exchange.span,
+            tunnel: exchange.tunnel,
+            proxy: &upstream.proxy.to_string(),
+            attempt: exchange.tries,
+            waited: asked.elapsed(),
+            sessions,
+        }
+        .emit();
         exchange.proxy = Some(upstream.proxy.clone());
         let held = Held::new(&upstream, &self.options.leases);
         Ok((upstream, held))
     }
 
     /// Reports a try's failure as `error` (now, or later for pending ones).
-    fn report_failure(&self, lease_id: &str, why: &GatewayError) {
+    fn report_failure(&self, lease_id: &str, why: &GatewayError, scope: &'static str) {
+        if let GatewayError::Upstream { proxy, .. } | GatewayError::TimedOut { proxy } = why {
+            GatewayTryFailed {
+                proxy,
+                scope,
+                reason: why.reason(),
+                error: why,
+            }
+            .emit();
+        }
         self.options
             .leases
             .report(lease_id.to_owned(), Outcome::Error, format!("gateway: {why}"));
@@ -392,7 +430,7 @@ impl Gateway {
             let response = match tokio::time::timeout_at(deadline.into(), sent).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(TryFailure::Proxy(e))) => {
-                    self.report_failure(&upstream.lease_id, &e);
+                    self.report_failure(&upstream.lease_id, &e, PROXY_FAILED);
                     exchange.failed_over += 1;
                     last = Some(e);
                     continue;
@@ -434,6 +472,12 @@ impl Gateway {
             };
             if blocked {
                 exchange.blocked += 1;
+                GatewayBlocked {
+                    target: &wanted.ask.target,
+                    proxy: &upstream.proxy.to_string(),
+                    status,
+                }
+                .emit();
                 self.options.leases.report(
                     upstream.lease_id.clone(),
                     Outcome::Blocked,
@@ -448,7 +492,7 @@ impl Gateway {
             }
             // Served: the proxies that failed where this one answered are to blame.
             for (lease_id, e) in pending.drain(..) {
-                self.report_failure(&lease_id, &e);
+                self.report_failure(&lease_id, &e, DESTINATION_FAILED);
                 exchange.failed_over += 1;
             }
             drop_hop_by_hop(&mut head.headers);
@@ -540,7 +584,7 @@ impl Gateway {
             match tokio::time::timeout_at(deadline.into(), opened).await {
                 Ok(Ok(upstream_io)) => {
                     for (lease_id, e) in pending.drain(..) {
-                        self.report_failure(&lease_id, &e);
+                        self.report_failure(&lease_id, &e, DESTINATION_FAILED);
                         exchange.failed_over += 1;
                     }
                     let mut response = established();
@@ -559,7 +603,7 @@ impl Gateway {
                     return response;
                 }
                 Ok(Err(TryFailure::Proxy(e))) => {
-                    self.report_failure(&upstream.lease_id, &e);
+                    self.report_failure(&upstream.lease_id, &e, PROXY_FAILED);
                     exchange.failed_over += 1;
                     last = Some(e);
                 }

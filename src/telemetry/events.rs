@@ -3,12 +3,17 @@
 //! records the metrics, so every metric has its log and label values stay
 //! bounded.
 
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::gateway_stats::{RecentExchange, gateway_stats};
 use super::history::history;
+use super::label_budget::proxy_labels;
 use super::metrics::{
-    ActorLabel, HandshakeLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels, ProviderCallLabels,
-    ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel, RpcLabel, metrics,
+    ActorLabel, GatewayBytesLabels, GatewayFailureLabels, GatewayKindLabel, GatewayOutcomeLabels,
+    GatewayProxyLabel, HandshakeLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels,
+    ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel,
+    RpcLabel, metrics,
 };
 use crate::gc::{SweepError, SweepReport};
 use crate::pool::RetireReason;
@@ -145,6 +150,9 @@ impl ProxyPhaseChanged<'_> {
     pub fn emit(self) {
         tracing::trace!(proxy = self.proxy, from = ?self.from, to = ?self.to, "proxy phase");
         history().note_phase(self.from, self.to);
+        if self.from.is_some() && self.to.is_none() {
+            forget_gateway_series(self.proxy);
+        }
         let m = metrics();
         if let Some(from) = self.from {
             m.proxies
@@ -625,6 +633,250 @@ impl PoolRemoved<'_> {
     }
 }
 
+/// The gateway's `kind` label.
+fn kind(tunnel: bool) -> &'static str {
+    if tunnel { "tunnel" } else { "http" }
+}
+
+/// The target of the gateway's access lines (`RUST_LOG=egress_proxies::gateway::access=off` hides them).
+pub const GATEWAY_ACCESS_TARGET: &str = "egress_proxies::gateway::access";
+
+/// A gateway request or tunnel began (its client connection sent a request head).
+pub struct GatewayExchangeStarted {
+    pub tunnel: bool,
+}
+
+impl GatewayExchangeStarted {
+    pub fn emit(self) {
+        metrics()
+            .gateway_requests_open
+            .get_or_create(&GatewayKindLabel {
+                kind: kind(self.tunnel),
+            })
+            .inc();
+        gateway_stats().note_started(self.tunnel);
+    }
+}
+
+/// A gateway request or tunnel ended (its response body or tunnel is
+/// done, or the gateway answered it itself): the access line and its metrics.
+pub struct GatewayExchangeEnded {
+    pub peer: SocketAddr,
+    /// The username's client name, if any.
+    pub client: Option<String>,
+    pub tunnel: bool,
+    /// The lease target (empty when refused before it was known).
+    pub target: String,
+    /// The proxy that served it (the last one tried).
+    pub proxy: Option<String>,
+    pub tries: u32,
+    pub failed_over: u32,
+    pub blocked: u32,
+    pub session_moved: bool,
+    pub status: u16,
+    /// `served`, `blocked`, `client_gone` or the refusal reason.
+    pub outcome: &'static str,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration: Duration,
+}
+
+impl GatewayExchangeEnded {
+    pub fn emit(self) {
+        let kind = kind(self.tunnel);
+        // Never a credential: the client name is the username's `client` parameter.
+        tracing::info!(
+            target: GATEWAY_ACCESS_TARGET,
+            peer = %self.peer,
+            client = self.client.as_deref().unwrap_or("-"),
+            kind,
+            target = %self.target,
+            proxy = self.proxy.as_deref().unwrap_or("-"),
+            tries = self.tries,
+            failed_over = self.failed_over,
+            blocked = self.blocked,
+            session_moved = self.session_moved,
+            status = self.status,
+            outcome = self.outcome,
+            bytes_up = self.bytes_up,
+            bytes_down = self.bytes_down,
+            duration_ms = self.duration.as_millis() as u64,
+            "gateway exchange"
+        );
+        let m = metrics();
+        let by_kind = GatewayKindLabel { kind };
+        m.gateway_requests
+            .get_or_create(&GatewayOutcomeLabels {
+                kind,
+                outcome: self.outcome,
+            })
+            .inc();
+        m.gateway_requests_open.get_or_create(&by_kind).dec();
+        m.gateway_request_duration
+            .get_or_create(&by_kind)
+            .observe(self.duration.as_secs_f64());
+        for (direction, bytes) in [("up", self.bytes_up), ("down", self.bytes_down)] {
+            m.gateway_transferred_bytes
+                .get_or_create(&GatewayBytesLabels { kind, direction })
+                .inc_by(bytes);
+        }
+        if self.session_moved {
+            m.gateway_session_moves.inc();
+        }
+        history().note_gateway_request();
+        let served = matches!(self.outcome, "served" | "blocked");
+        let at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        gateway_stats().note_ended(
+            RecentExchange {
+                at,
+                kind,
+                client: self.client,
+                target: self.target,
+                proxy: self.proxy,
+                tries: self.tries,
+                status: self.status,
+                outcome: self.outcome,
+                duration_ms: self.duration.as_millis() as u64,
+            },
+            served,
+            (self.bytes_up, self.bytes_down),
+        );
+    }
+}
+
+/// The gateway took a lease for one try of a request or tunnel.
+pub struct GatewayLeaseTaken<'a> {
+    /// The exchange's span (none unless `traceExchanges`): the try is a child span.
+    pub span: &'a tracing::Span,
+    pub tunnel: bool,
+    pub proxy: &'a str,
+    /// Which try (1: the first).
+    pub attempt: u32,
+    /// Time spent waiting for a free proxy.
+    pub waited: Duration,
+    /// Sticky sessions remembered, when this try belonged to one.
+    pub sessions: Option<usize>,
+}
+
+impl GatewayLeaseTaken<'_> {
+    pub fn emit(self) {
+        tracing::trace!(proxy = self.proxy, attempt = self.attempt, "gateway lease");
+        if !self.span.is_disabled() {
+            // A child span per try: the trace shows which proxies were tried.
+            let _try = tracing::info_span!(
+                parent: self.span, "gateway try", proxy = self.proxy, attempt = self.attempt,
+                waited_ms = self.waited.as_secs_f64() * 1000.0,
+            );
+        }
+        let m = metrics();
+        let by_kind = GatewayKindLabel {
+            kind: kind(self.tunnel),
+        };
+        m.gateway_tries.get_or_create(&by_kind).inc();
+        let retry = self.attempt > 1;
+        if retry {
+            m.gateway_retries.get_or_create(&by_kind).inc();
+            history().note_gateway_retry();
+        }
+        if let Some(n) = self.sessions {
+            m.gateway_sessions.set(n as i64);
+        }
+        gateway_stats().note_try(retry, self.sessions);
+    }
+}
+
+/// Reasons of [`GatewayTryFailed`] (the label's values).
+pub const GATEWAY_FAILURE_REASONS: [&str; 2] = ["upstream_failed", "upstream_timeout"];
+/// Scopes of [`GatewayTryFailed`].
+pub const GATEWAY_FAILURE_SCOPES: [&str; 2] = ["proxy", "destination"];
+
+/// A gateway try failed and the failure was reported on the proxy's lease:
+/// at once when the proxy itself failed (`proxy`), or, when it answered
+/// for the site (`destination`), once another proxy served the request.
+pub struct GatewayTryFailed<'a> {
+    pub proxy: &'a str,
+    /// `proxy` or `destination`.
+    pub scope: &'static str,
+    /// `upstream_failed` or `upstream_timeout` (anything else counts as `upstream_failed`).
+    pub reason: &'static str,
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl GatewayTryFailed<'_> {
+    pub fn emit(self) {
+        // In the exchange's span (when traced): an event of its trace.
+        tracing::info!(
+            proxy = self.proxy,
+            scope = self.scope,
+            reason = self.reason,
+            error = %self.error,
+            "gateway try failed; reported on the proxy's lease"
+        );
+        let reason = GATEWAY_FAILURE_REASONS
+            .into_iter()
+            .find(|r| *r == self.reason)
+            .unwrap_or(GATEWAY_FAILURE_REASONS[0]);
+        metrics()
+            .gateway_upstream_failures
+            .get_or_create(&GatewayFailureLabels {
+                proxy: proxy_labels().label(self.proxy),
+                scope: self.scope,
+                reason,
+            })
+            .inc();
+        history().note_gateway_failure();
+        gateway_stats().note_failure();
+    }
+}
+
+/// A gateway response matched a block rule (reported `blocked` on its lease).
+pub struct GatewayBlocked<'a> {
+    pub target: &'a str,
+    pub proxy: &'a str,
+    pub status: u16,
+}
+
+impl GatewayBlocked<'_> {
+    pub fn emit(self) {
+        tracing::info!(
+            target = self.target,
+            proxy = self.proxy,
+            status = self.status,
+            "gateway response matched a block rule; reported on the proxy's lease"
+        );
+        metrics()
+            .gateway_blocks
+            .get_or_create(&GatewayProxyLabel {
+                proxy: proxy_labels().label(self.proxy),
+            })
+            .inc();
+        history().note_gateway_block();
+        gateway_stats().note_block();
+    }
+}
+
+/// A proxy is gone: its gateway series go with it and free their label.
+fn forget_gateway_series(proxy: &str) {
+    if !proxy_labels().forget(proxy) {
+        return;
+    }
+    let m = metrics();
+    for scope in GATEWAY_FAILURE_SCOPES {
+        for reason in GATEWAY_FAILURE_REASONS {
+            m.gateway_upstream_failures.remove(&GatewayFailureLabels {
+                proxy: proxy.to_owned(),
+                scope,
+                reason,
+            });
+        }
+    }
+    m.gateway_blocks.remove(&GatewayProxyLabel {
+        proxy: proxy.to_owned(),
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -696,5 +948,123 @@ mod tests {
 
         PoolRemoved { pool }.emit();
         assert_eq!(series(pool), Vec::<String>::new());
+    }
+
+    /// The scrape's lines that contain every one of `needles`.
+    fn lines_with(needles: &[&str]) -> Vec<String> {
+        metrics()
+            .encode()
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn gateway_events_record_their_series_and_a_gone_proxy_s_go_with_it() {
+        // The registry is the process's: a proxy and an outcome no other test uses.
+        let proxy = "events-test/gw-1";
+        let outcome = "events_test_outcome";
+        GatewayExchangeStarted { tunnel: true }.emit();
+        let span = tracing::Span::none();
+        for attempt in [1, 2] {
+            GatewayLeaseTaken {
+                span: &span,
+                tunnel: true,
+                proxy,
+                attempt,
+                waited: Duration::ZERO,
+                sessions: Some(3),
+            }
+            .emit();
+        }
+        let error = "connection refused";
+        GatewayTryFailed {
+            proxy,
+            scope: "proxy",
+            reason: "upstream_failed",
+            error: &error,
+        }
+        .emit();
+        GatewayBlocked {
+            target: "shop.example",
+            proxy,
+            status: 403,
+        }
+        .emit();
+        GatewayExchangeEnded {
+            peer: "127.0.0.1:5000".parse().unwrap(),
+            client: Some("crawler-a".into()),
+            tunnel: true,
+            target: "shop.example".into(),
+            proxy: Some(proxy.into()),
+            tries: 2,
+            failed_over: 1,
+            blocked: 1,
+            session_moved: true,
+            status: 200,
+            outcome,
+            bytes_up: 120,
+            bytes_down: 4096,
+            duration: Duration::from_millis(1500),
+        }
+        .emit();
+        assert_eq!(
+            lines_with(&["egress_proxies_gateway_requests_total{", outcome]),
+            [format!(
+                "egress_proxies_gateway_requests_total{{kind=\"tunnel\",outcome=\"{outcome}\"}} 1"
+            )]
+        );
+        assert_eq!(
+            lines_with(&["gateway_upstream_failures_total{", proxy]),
+            [format!(
+                "egress_proxies_gateway_upstream_failures_total{{proxy=\"{proxy}\",scope=\"proxy\",reason=\"upstream_failed\"}} 1"
+            )]
+        );
+        assert_eq!(
+            lines_with(&["gateway_blocks_total{", proxy]),
+            [format!(
+                "egress_proxies_gateway_blocks_total{{proxy=\"{proxy}\"}} 1"
+            )]
+        );
+        // Shared by every test's tunnels: at least this one's.
+        let value = |needle: &str| -> f64 {
+            lines_with(&[needle])
+                .first()
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no {needle}"))
+        };
+        assert!(value("egress_proxies_gateway_tries_total{kind=\"tunnel\"}") >= 2.0);
+        assert!(value("egress_proxies_gateway_retries_total{kind=\"tunnel\"}") >= 1.0);
+        assert!(
+            value("egress_proxies_gateway_transferred_bytes_total{kind=\"tunnel\",direction=\"down\"}")
+                >= 4096.0
+        );
+        assert!(value("egress_proxies_gateway_request_duration_seconds_count{kind=\"tunnel\"}") >= 1.0);
+        assert!(
+            value("egress_proxies_gateway_request_duration_seconds_bucket{le=\"1.024\",kind=\"tunnel\"}")
+                >= 0.0
+        );
+        assert!(value("egress_proxies_gateway_session_moves_total") >= 1.0);
+        assert!(value("egress_proxies_gateway_requests_open{kind=\"tunnel\"}") >= 0.0);
+        let recent = gateway_stats().summary().recent;
+        assert!(
+            recent
+                .iter()
+                .any(|e| e.outcome == outcome && e.client.as_deref() == Some("crawler-a")),
+            "{recent:?}"
+        );
+
+        ProxyPhaseChanged {
+            proxy,
+            from: Some("Ready"),
+            to: None,
+        }
+        .emit();
+        assert_eq!(
+            lines_with(&[proxy]),
+            Vec::<String>::new(),
+            "the gone proxy's series are removed"
+        );
     }
 }

@@ -46,6 +46,15 @@ pub struct Sample {
     /// Their latency's median and 99th percentile (none: no probe).
     pub probe_p50_ms: Option<f64>,
     pub probe_p99_ms: Option<f64>,
+    /// Gateway requests and tunnels ended in the interval.
+    pub gateway_requests: u64,
+    /// Gateway tries after the first (on another proxy), failures reported
+    /// on a proxy's lease, and responses that matched a block rule.
+    pub gateway_retries: u64,
+    pub gateway_failures: u64,
+    pub gateway_blocks: u64,
+    /// Gateway tunnels open at the interval's end.
+    pub gateway_tunnels: i64,
 }
 
 /// The open interval's counters and the closed samples.
@@ -56,6 +65,10 @@ pub struct History {
     ready: AtomicI64,
     unhealthy: AtomicI64,
     latency: [AtomicU64; BUCKETS],
+    gateway_requests: AtomicU64,
+    gateway_retries: AtomicU64,
+    gateway_failures: AtomicU64,
+    gateway_blocks: AtomicU64,
     samples: Mutex<VecDeque<Sample>>,
     capacity: usize,
 }
@@ -69,6 +82,10 @@ impl History {
             ready: AtomicI64::new(0),
             unhealthy: AtomicI64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
+            gateway_requests: AtomicU64::new(0),
+            gateway_retries: AtomicU64::new(0),
+            gateway_failures: AtomicU64::new(0),
+            gateway_blocks: AtomicU64::new(0),
             samples: Mutex::new(VecDeque::with_capacity(capacity)),
             capacity,
         }
@@ -84,6 +101,22 @@ impl History {
 
     pub fn note_probe(&self, latency: Duration) {
         self.latency[bucket_of(latency)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn note_gateway_request(&self) {
+        self.gateway_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn note_gateway_retry(&self) {
+        self.gateway_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn note_gateway_failure(&self) {
+        self.gateway_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn note_gateway_block(&self) {
+        self.gateway_blocks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A proxy moved between phases (`None`: new or gone), as the proxies gauge.
@@ -117,6 +150,11 @@ impl History {
             probes: counts.iter().sum(),
             probe_p50_ms: quantile(&counts, 0.5),
             probe_p99_ms: quantile(&counts, 0.99),
+            gateway_requests: self.gateway_requests.swap(0, Ordering::Relaxed),
+            gateway_retries: self.gateway_retries.swap(0, Ordering::Relaxed),
+            gateway_failures: self.gateway_failures.swap(0, Ordering::Relaxed),
+            gateway_blocks: self.gateway_blocks.swap(0, Ordering::Relaxed),
+            gateway_tunnels: super::gateway_stats::gateway_stats().open_now().1,
         };
         let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
         if samples.len() == self.capacity {
@@ -190,7 +228,21 @@ mod tests {
             h.note_grant();
         }
         h.note_denial();
+        h.note_gateway_request();
+        h.note_gateway_request();
+        h.note_gateway_retry();
+        h.note_gateway_failure();
+        h.note_gateway_block();
         let s = h.close(10_000);
+        assert_eq!(
+            (
+                s.gateway_requests,
+                s.gateway_retries,
+                s.gateway_failures,
+                s.gateway_blocks
+            ),
+            (2, 1, 1, 1)
+        );
         assert_eq!(
             (s.granted, s.denied, s.proxies, s.ready, s.unhealthy, s.probes),
             (3, 1, 2, 1, 1, 0)

@@ -5,7 +5,10 @@
 //! proxy names or UIDs, only providers, hosts, pools, operations, phases,
 //! classes and reasons. A pool (`namespace/name`) is declared by a person,
 //! like a provider or a KVM host, and its series are removed when the pool
-//! goes; its members are never labels. Metrics are recorded through the events in
+//! goes; its members are never labels. The one exception, the gateway's
+//! per-proxy failures and blocks, names at most [`MAX_PROXY_LABELS`]
+//! proxies (the rest are `other`) and drops a proxy's series when the
+//! proxy goes ([`super::label_budget`]). Metrics are recorded through the events in
 //! [`super::events`], which also write the matching log line.
 
 use std::sync::LazyLock;
@@ -102,6 +105,45 @@ pub struct PoolReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayKindLabel {
+    /// `http` (a plain-HTTP request) or `tunnel` (a `CONNECT`).
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayOutcomeLabels {
+    pub kind: &'static str,
+    /// `served`, `blocked`, `client_gone` or the gateway's refusal reason.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayBytesLabels {
+    pub kind: &'static str,
+    /// `up` (crawler to site) or `down` (site to crawler).
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayFailureLabels {
+    /// The proxy (`namespace/name`), or `other` past [`MAX_PROXY_LABELS`].
+    pub proxy: String,
+    /// `proxy` (the proxy itself failed) or `destination` (the proxy's own
+    /// answer about the site, blamed once another proxy served it).
+    pub scope: &'static str,
+    /// `upstream_failed` or `upstream_timeout`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayProxyLabel {
+    pub proxy: String,
+}
+
+/// Proxies the gateway's per-proxy metrics name at once; the rest are `other`.
+pub const MAX_PROXY_LABELS: usize = 100;
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Latencies from 1 ms to ~65 s.
@@ -147,6 +189,16 @@ pub struct Metrics {
     pub pool_ready_members: Family<PoolLabel, Gauge>,
     pub pool_rotating_members: Family<PoolLabel, Gauge>,
     pub pool_leases_active: Family<PoolLabel, Gauge>,
+    pub gateway_requests: Family<GatewayOutcomeLabels, Counter>,
+    pub gateway_requests_open: Family<GatewayKindLabel, Gauge>,
+    pub gateway_request_duration: Histograms<GatewayKindLabel>,
+    pub gateway_transferred_bytes: Family<GatewayBytesLabels, Counter>,
+    pub gateway_tries: Family<GatewayKindLabel, Counter>,
+    pub gateway_retries: Family<GatewayKindLabel, Counter>,
+    pub gateway_upstream_failures: Family<GatewayFailureLabels, Counter>,
+    pub gateway_blocks: Family<GatewayProxyLabel, Counter>,
+    pub gateway_sessions: Gauge,
+    pub gateway_session_moves: Counter,
 }
 
 impl Metrics {
@@ -190,6 +242,16 @@ impl Metrics {
             pool_ready_members: Family::default(),
             pool_rotating_members: Family::default(),
             pool_leases_active: Family::default(),
+            gateway_requests: Family::default(),
+            gateway_requests_open: Family::default(),
+            gateway_request_duration: Family::new_with_constructor(latency),
+            gateway_transferred_bytes: Family::default(),
+            gateway_tries: Family::default(),
+            gateway_retries: Family::default(),
+            gateway_upstream_failures: Family::default(),
+            gateway_blocks: Family::default(),
+            gateway_sessions: Gauge::default(),
+            gateway_session_moves: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -352,6 +414,60 @@ impl Metrics {
             "pool_leases_active",
             "Leases held on a pool's members",
             m.pool_leases_active.clone(),
+        );
+        registry.register(
+            "gateway_requests",
+            "Gateway requests (kind http) and tunnels (kind tunnel) ended, by outcome \
+             (served, blocked, client_gone, or the gateway's refusal reason)",
+            m.gateway_requests.clone(),
+        );
+        registry.register(
+            "gateway_requests_open",
+            "Gateway requests and tunnels in progress (a tunnel until it closes), by kind",
+            m.gateway_requests_open.clone(),
+        );
+        registry.register_with_unit(
+            "gateway_request_duration",
+            "Duration of gateway requests (until the response body ends) and tunnels, by kind",
+            Unit::Seconds,
+            m.gateway_request_duration.clone(),
+        );
+        registry.register_with_unit(
+            "gateway_transferred",
+            "Bytes the gateway moved, by kind and direction (up: crawler to site, down: site to crawler)",
+            Unit::Bytes,
+            m.gateway_transferred_bytes.clone(),
+        );
+        registry.register(
+            "gateway_tries",
+            "Leases the gateway took for requests and tunnels (one per try), by kind",
+            m.gateway_tries.clone(),
+        );
+        registry.register(
+            "gateway_retries",
+            "Gateway tries after a request's or tunnel's first, on another proxy, by kind",
+            m.gateway_retries.clone(),
+        );
+        registry.register(
+            "gateway_upstream_failures",
+            "Gateway tries that failed and were reported on the proxy's lease, by proxy (at most 100, \
+             then other), scope (proxy, destination) and reason (upstream_failed, upstream_timeout)",
+            m.gateway_upstream_failures.clone(),
+        );
+        registry.register(
+            "gateway_blocks",
+            "Gateway responses that matched a block rule, by proxy (at most 100, then other)",
+            m.gateway_blocks.clone(),
+        );
+        registry.register(
+            "gateway_sessions",
+            "Sticky gateway sessions remembered",
+            m.gateway_sessions.clone(),
+        );
+        registry.register(
+            "gateway_session_moves",
+            "Sticky gateway sessions that moved to another proxy (theirs was no longer leasable)",
+            m.gateway_session_moves.clone(),
         );
         registry.register(
             "build_info",

@@ -3,7 +3,9 @@
 //! and records its metrics, so the two never drift apart.
 
 pub mod events;
+pub mod gateway_stats;
 pub mod history;
+pub mod label_budget;
 mod log_bursts;
 mod logging;
 pub mod metrics;

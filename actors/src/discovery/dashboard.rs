@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use actix::Addr;
 use actix_web::{HttpResponse, web};
 use data_encoding::BASE64;
+use egress_proxies::telemetry::gateway_stats::{GatewaySummary, gateway_stats};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -28,6 +29,8 @@ pub struct Dashboard {
     phases: BTreeMap<String, usize>,
     leases: LeaseSummary,
     pools: Vec<PoolRow>,
+    /// This process's gateway traffic (all zero without a gateway).
+    gateway: GatewaySummary,
     kvm_hosts: Vec<HostRow>,
     images: Vec<ImageInfo>,
     actors: Vec<ActorInfo>,
@@ -225,6 +228,7 @@ pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
                 .collect(),
         },
         pools: pool_rows(leases.pools),
+        gateway: gateway_stats().summary(),
         kvm_hosts,
         images: supervision::images(),
         actors,
