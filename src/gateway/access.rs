@@ -159,15 +159,31 @@ impl Drop for Exchange {
     }
 }
 
+/// Where a connection's bytes are counted: the exchange using it now (a
+/// pooled connection serves one exchange after another).
+pub type Meter = Arc<std::sync::Mutex<Arc<Transferred>>>;
+
+/// A meter counting into `transferred`.
+pub fn meter(transferred: &Arc<Transferred>) -> Meter {
+    Arc::new(std::sync::Mutex::new(transferred.clone()))
+}
+
+fn counted(meter: &Meter) -> Arc<Transferred> {
+    meter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
 /// An upstream connection counting what it reads (down) and writes (up).
 pub struct Counted<IO> {
     inner: IO,
-    transferred: Arc<Transferred>,
+    meter: Meter,
 }
 
 impl<IO> Counted<IO> {
-    pub fn new(inner: IO, transferred: Arc<Transferred>) -> Self {
-        Self { inner, transferred }
+    pub fn new(inner: IO, meter: Meter) -> Self {
+        Self { inner, meter }
     }
 }
 
@@ -181,7 +197,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         let read = buf.filled().len() - before;
-        this.transferred.down.fetch_add(read as u64, Ordering::Relaxed);
+        if read > 0 {
+            counted(&this.meter)
+                .down
+                .fetch_add(read as u64, Ordering::Relaxed);
+        }
         polled
     }
 }
@@ -191,7 +211,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = polled {
-            this.transferred.up.fetch_add(n as u64, Ordering::Relaxed);
+            counted(&this.meter).up.fetch_add(n as u64, Ordering::Relaxed);
         }
         polled
     }

@@ -12,6 +12,7 @@ mod access;
 mod blocks;
 mod serve;
 mod sessions;
+mod upstream;
 pub mod username;
 
 use std::future::Future;

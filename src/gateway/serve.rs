@@ -12,13 +12,13 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
-use hyper::client::conn::http1 as client;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::access::{Counted, Exchange, ExchangeOutcome, Transferred, exchange_span};
+use super::access::{Exchange, ExchangeOutcome, Transferred, exchange_span, meter};
 use super::blocks::{BlockRules, HeadVerdict};
 use super::sessions::{SessionKey, Sessions};
+use super::upstream::{Connection, UpstreamPool, authorize, open, upstream_failed};
 use super::{
     Ask, BLOCKED_HEADER, GatewayError, LEASE_HEADER, Leases, PROXY_HEADER, REASON_HEADER,
     SESSION_MOVED_HEADER, Upstream, admits, basic_credentials, lease_target, username,
@@ -135,6 +135,7 @@ struct Gateway {
     blocks: BlockRules,
     sessions: Mutex<Sessions>,
     limiter: Option<Mutex<RateLimiter<String>>>,
+    pool: Arc<UpstreamPool>,
     server: hyper::server::conn::http1::Builder,
     idle_timeout: Duration,
 }
@@ -161,6 +162,7 @@ impl Gateway {
             blocks: BlockRules::new(s.blocks.clone()),
             sessions: Mutex::new(Sessions::new(s.max_sessions)),
             limiter,
+            pool: Arc::default(),
             server: client_connection::server(settings),
             idle_timeout: settings.idle_timeout,
             options,
@@ -416,19 +418,16 @@ impl Gateway {
                     break;
                 }
             };
-            let body = match &kept {
-                Some(bytes) => ProxyBody::read_ahead(bytes.clone(), None, None),
-                None => ProxyBody::read_ahead(Bytes::new(), streamed.take(), None),
-            };
-            let mut upstream_request = Request::new(body);
-            *upstream_request.method_mut() = parts.method.clone();
-            *upstream_request.uri_mut() = uri.clone();
-            *upstream_request.version_mut() = Version::HTTP_11;
-            *upstream_request.headers_mut() = parts.headers.clone();
-            authorize(upstream_request.headers_mut(), &upstream);
-            let sent = self.send(&upstream, upstream_request, &exchange.transferred, slot);
-            let response = match tokio::time::timeout_at(deadline.into(), sent).await {
-                Ok(Ok(response)) => response,
+            let sent = self.send(
+                &upstream,
+                &parts,
+                &uri,
+                (kept.as_ref(), &mut streamed),
+                &exchange.transferred,
+                slot,
+            );
+            let (response, connection) = match tokio::time::timeout_at(deadline.into(), sent).await {
+                Ok(Ok(sent)) => sent,
                 Ok(Err(TryFailure::Proxy(e))) => {
                     self.report_failure(&upstream.lease_id, &e, PROXY_FAILED);
                     exchange.failed_over += 1;
@@ -504,7 +503,10 @@ impl Gateway {
                 ExchangeOutcome::Served
             };
             let rest = (!ended).then_some(rest);
-            let body = ProxyBody::read_ahead(read, rest, Some(in_flight)).holding(Box::new((held, exchange)));
+            // Kept for the next request once this response has ended.
+            let kept_alive = GiveBack(Some((self.pool.clone(), upstream.url.clone(), connection)));
+            let body = ProxyBody::read_ahead(read, rest, Some(in_flight))
+                .holding(Box::new((held, exchange, kept_alive)));
             return Response::from_parts(head, body);
         }
         let e = last
@@ -515,22 +517,53 @@ impl Gateway {
         refusal(&e, &mut exchange, false, in_flight)
     }
 
-    /// One try of a plain-HTTP request on one leased proxy: its response
-    /// head, or why not.
+    /// One try of a plain-HTTP request on one leased proxy, on a kept
+    /// connection when its body can be sent again: the response head and
+    /// the connection, or why not.
     async fn send(
         &self,
         upstream: &Upstream,
-        request: Request<ProxyBody>,
+        parts: &http::request::Parts,
+        uri: &Uri,
+        (kept, streamed): (Option<&Bytes>, &mut Option<Incoming>),
         transferred: &Arc<Transferred>,
         slot: &Slot,
-    ) -> Result<Response<Incoming>, TryFailure> {
-        let mut sender = open(upstream, transferred).await.map_err(TryFailure::Proxy)?;
-        let response = tokio::select! {
-            received = sender.send_request(request) => {
-                received.map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?
-            }
-            () = slot.stalled(self.idle_timeout, None) => {
-                return Err(TryFailure::Destination(GatewayError::TimedOut { proxy: upstream.proxy.to_string() }));
+    ) -> Result<(Response<Incoming>, Connection), TryFailure> {
+        let mut pooled = kept.and_then(|_| self.pool.take(&upstream.url));
+        let (response, connection) = loop {
+            let mut connection = match pooled.take() {
+                Some(connection) => {
+                    *connection
+                        .meter
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = transferred.clone();
+                    connection
+                }
+                None => open(upstream, meter(transferred))
+                    .await
+                    .map_err(TryFailure::Proxy)?,
+            };
+            let body = match kept {
+                Some(bytes) => ProxyBody::read_ahead(bytes.clone(), None, None),
+                None => ProxyBody::read_ahead(Bytes::new(), streamed.take(), None),
+            };
+            let mut request = Request::new(body);
+            *request.method_mut() = parts.method.clone();
+            *request.uri_mut() = uri.clone();
+            *request.version_mut() = Version::HTTP_11;
+            *request.headers_mut() = parts.headers.clone();
+            authorize(request.headers_mut(), upstream);
+            let received = tokio::select! {
+                received = connection.sender.send_request(request) => received,
+                () = slot.stalled(self.idle_timeout, None) => {
+                    return Err(TryFailure::Destination(GatewayError::TimedOut { proxy: upstream.proxy.to_string() }));
+                }
+            };
+            match received {
+                Ok(response) => break (response, connection),
+                // A kept connection the proxy closed meanwhile: a new one.
+                Err(_) if connection.reused => continue,
+                Err(e) => return Err(TryFailure::Proxy(upstream_failed(upstream, &e))),
             }
         };
         let status = response.status();
@@ -551,7 +584,7 @@ impl Gateway {
             let why = format!("it answered {status} itself");
             return Err(TryFailure::Destination(upstream_failed(upstream, &why)));
         }
-        Ok(response)
+        Ok((response, connection))
     }
 
     /// Opens a tunnel through leased proxies (their own `CONNECT`), trying
@@ -643,7 +676,9 @@ impl Gateway {
             connect.headers_mut().insert(header::HOST, value);
         }
         authorize(connect.headers_mut(), upstream);
-        let mut sender = open(upstream, transferred).await.map_err(TryFailure::Proxy)?;
+        let Connection { mut sender, .. } = open(upstream, meter(transferred))
+            .await
+            .map_err(TryFailure::Proxy)?;
         let response = tokio::select! {
             received = sender.send_request(connect) => {
                 received.map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?
@@ -672,6 +707,18 @@ impl Gateway {
     }
 }
 
+/// A plain-HTTP exchange's upstream connection, given back to the pool when
+/// its response body is done with.
+struct GiveBack(Option<(Arc<UpstreamPool>, String, Connection)>);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some((pool, url, connection)) = self.0.take() {
+            pool.give_back(url, connection);
+        }
+    }
+}
+
 /// Whether a 5xx is the proxy's own answer (Squid's error pages carry
 /// `X-Squid-Error`; RFC 9209 proxies, the built-in one included, send
 /// `Proxy-Status`) rather than the site's.
@@ -693,64 +740,6 @@ fn describe(headers: &mut HeaderMap, upstream: &Upstream, exchange: &Exchange, b
     }
     if blocked {
         set(BLOCKED_HEADER, "true");
-    }
-}
-
-/// Adds the leased proxy's credentials (never the crawler's).
-fn authorize(headers: &mut HeaderMap, upstream: &Upstream) {
-    if let Some(credentials) = &upstream.credentials
-        && let Ok(value) = HeaderValue::from_str(&credentials.basic_authorization())
-    {
-        headers.insert(header::PROXY_AUTHORIZATION, value);
-    }
-}
-
-/// A fresh HTTP/1 connection to the leased proxy (one per try: each try
-/// holds its own lease).
-async fn open<B>(
-    upstream: &Upstream,
-    transferred: &Arc<Transferred>,
-) -> Result<client::SendRequest<B>, GatewayError>
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let uri: Uri = upstream
-        .url
-        .parse()
-        .map_err(|e| upstream_failed(upstream, &format!("its URL does not parse: {e}")))?;
-    let host = uri
-        .host()
-        .unwrap_or_default()
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    let port = uri.port_u16().unwrap_or(80);
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
-        .await
-        .map_err(|_| upstream_failed(upstream, &"connecting timed out"))?
-        .map_err(|e| upstream_failed(upstream, &e))?;
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "TCP_NODELAY not set on an upstream proxy connection");
-    }
-    let stream = Counted::new(stream, transferred.clone());
-    let (sender, connection) = client::Builder::new()
-        .title_case_headers(true)
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| upstream_failed(upstream, &e))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream proxy connection ended with an error");
-        }
-    });
-    Ok(sender)
-}
-
-fn upstream_failed(upstream: &Upstream, why: &dyn std::fmt::Display) -> GatewayError {
-    GatewayError::Upstream {
-        proxy: upstream.proxy.to_string(),
-        why: why.to_string(),
     }
 }
 
