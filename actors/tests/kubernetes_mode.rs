@@ -978,7 +978,7 @@ async fn the_gateway_leases_from_the_leaders_book() {
     eventually("the gateway's lease in the checkpoint", WAIT, async || {
         checkpointed_leases(&bed.client)
             .await
-            .contains("\"gateway\"")
+            .contains("\"gateway/crawler\"")
             .then_some(())
     })
     .await;

@@ -1,0 +1,126 @@
+//! `CONNECT` through the gateway: the leased proxy's own `CONNECT`, tried on
+//! another proxy until one answers `200`, then the crawler's bytes spliced
+//! to it (TLS passes through untouched).
+
+use super::*;
+
+impl Gateway {
+    /// Opens a tunnel through leased proxies (their own `CONNECT`), trying
+    /// another when one fails, then answers `200` and splices.
+    #[expect(clippy::too_many_arguments, reason = "one request's parts, passed once")]
+    pub(super) async fn tunnel(
+        &self,
+        request: Request<Incoming>,
+        host: &str,
+        port: u16,
+        mut wanted: Wanted,
+        mut exchange: Exchange,
+        in_flight: InFlight,
+        slot: &Slot,
+    ) -> Response<ProxyBody> {
+        let settings = &self.options.settings;
+        let deadline = Instant::now() + settings.deadline;
+        let mut pending: Vec<(String, GatewayError)> = Vec::new();
+        let mut last = None;
+        for _ in 0..settings.tries {
+            let until = deadline.min(Instant::now() + settings.capacity_wait);
+            let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
+                Ok(leased) => leased,
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            };
+            let opened = self.connect_through(host, port, &upstream, &exchange.transferred, slot);
+            match tokio::time::timeout_at(deadline.into(), opened).await {
+                Ok(Ok(upstream_io)) => {
+                    for (lease_id, e) in pending.drain(..) {
+                        self.report_failure(&lease_id, &e, DESTINATION_FAILED);
+                        exchange.failed_over += 1;
+                    }
+                    let mut response = established();
+                    describe(response.headers_mut(), &upstream, &exchange, false);
+                    exchange.status = 200;
+                    exchange.outcome = ExchangeOutcome::Served;
+                    let held = held.renewed(upstream.ttl);
+                    let upgrade = hyper::upgrade::on(request);
+                    splice(
+                        upgrade,
+                        upstream_io,
+                        in_flight,
+                        self.idle_timeout,
+                        Some(Box::new((held, exchange))),
+                    );
+                    return response;
+                }
+                Ok(Err(TryFailure::Proxy(e))) => {
+                    self.report_failure(&upstream.lease_id, &e, PROXY_FAILED);
+                    exchange.failed_over += 1;
+                    last = Some(e);
+                }
+                Ok(Err(TryFailure::Destination(e))) => pending.push((upstream.lease_id.clone(), e)),
+                Err(_) => {
+                    last = Some(GatewayError::TimedOut {
+                        proxy: upstream.proxy.to_string(),
+                    });
+                    break;
+                }
+            }
+        }
+        let e = last
+            .or_else(|| pending.pop().map(|(_, e)| e))
+            .unwrap_or(GatewayError::NoProxy {
+                target: wanted.ask.target.clone(),
+            });
+        refusal(&e, &mut exchange, true, in_flight)
+    }
+
+    /// One try of a tunnel: the leased proxy's own `CONNECT`.
+    async fn connect_through(
+        &self,
+        host: &str,
+        port: u16,
+        upstream: &Upstream,
+        transferred: &Arc<Transferred>,
+        slot: &Slot,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, TryFailure> {
+        let authority = format!("{host}:{port}");
+        let mut connect = Request::builder()
+            .method(Method::CONNECT)
+            .uri(authority.as_str())
+            .body(ProxyBody::empty(None))
+            .map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?;
+        if let Ok(value) = HeaderValue::from_str(&authority) {
+            connect.headers_mut().insert(header::HOST, value);
+        }
+        authorize(connect.headers_mut(), upstream);
+        let Connection { mut sender, .. } = open(upstream, meter(transferred))
+            .await
+            .map_err(TryFailure::Proxy)?;
+        let response = tokio::select! {
+            received = sender.send_request(connect) => {
+                received.map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?
+            }
+            () = slot.stalled(self.idle_timeout, None) => {
+                return Err(TryFailure::Destination(GatewayError::TimedOut { proxy: upstream.proxy.to_string() }));
+            }
+        };
+        match response.status() {
+            StatusCode::OK => {}
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+                return Err(TryFailure::Proxy(upstream_failed(
+                    upstream,
+                    &"it refused its credentials (407)",
+                )));
+            }
+            status => {
+                let why = format!("it answered {status} to CONNECT {authority}");
+                return Err(TryFailure::Destination(upstream_failed(upstream, &why)));
+            }
+        }
+        let upstream_io = hyper::upgrade::on(response)
+            .await
+            .map_err(|e| TryFailure::Proxy(upstream_failed(upstream, &e)))?;
+        Ok(TokioIo::new(upstream_io))
+    }
+}
