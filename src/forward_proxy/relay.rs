@@ -15,7 +15,7 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Largest read at once.
-const READ_SIZE: usize = 16 * 1024;
+const READ_SIZE: usize = 64 * 1024;
 
 /// One direction's state.
 #[derive(Default)]
