@@ -473,10 +473,22 @@ async fn gcp_calls_are_http_client_spans_under_their_provider_call() {
          \x20 placement: {zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}\n\
          \x20 cloudInit: {inline: \"#cloud-config\\n\"}\n",
     );
+    // Until the accepted insert's span is exported: the VM is recorded at
+    // the fake before the operator has read its answer, and a stop in
+    // between would cut the span short.
     operator
-        .eventually("the VM inserted", Duration::from_secs(30), async || {
-            (!fake.state().inserted.is_empty()).then_some(())
-        })
+        .eventually(
+            "the accepted insert exported",
+            Duration::from_secs(30),
+            async || {
+                let exported = received.lock().unwrap().iter().any(|s| {
+                    s.name == "POST"
+                        && attr(s, "url.full").is_some_and(|u| u.ends_with("/instances"))
+                        && attr(s, "http.response.status_code").as_deref() == Some("200")
+                });
+                (!fake.state().inserted.is_empty() && exported).then_some(())
+            },
+        )
         .await;
     operator.stop().await;
     let spans = received.lock().unwrap().clone();
