@@ -45,14 +45,13 @@ impl Gateway {
         let mut streamed = kept.is_none().then_some(body);
         let tries = if kept.is_some() { settings.tries } else { 1 };
         let deadline = Instant::now() + settings.deadline;
-        let mut pending: Vec<(String, GatewayError)> = Vec::new();
-        let mut last = None;
+        let mut failures = Failures::default();
         for attempt in 1..=tries {
             let until = deadline.min(Instant::now() + settings.capacity_wait);
             let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
                 Ok(leased) => leased,
                 Err(e) => {
-                    last = Some(e);
+                    failures.last = Some(e);
                     break;
                 }
             };
@@ -66,18 +65,12 @@ impl Gateway {
             );
             let (response, connection) = match tokio::time::timeout_at(deadline.into(), sent).await {
                 Ok(Ok(sent)) => sent,
-                Ok(Err(TryFailure::Proxy(e))) => {
-                    self.report_failure(&upstream.lease_id, &e, PROXY_FAILED);
-                    exchange.failed_over += 1;
-                    last = Some(e);
-                    continue;
-                }
-                Ok(Err(TryFailure::Destination(e))) => {
-                    pending.push((upstream.lease_id.clone(), e));
+                Ok(Err(failure)) => {
+                    failures.record(self, &upstream.lease_id, failure, &mut exchange);
                     continue;
                 }
                 Err(_) => {
-                    last = Some(GatewayError::TimedOut {
+                    failures.last = Some(GatewayError::TimedOut {
                         proxy: upstream.proxy.to_string(),
                     });
                     break;
@@ -101,7 +94,12 @@ impl Gateway {
                                 proxy: upstream.proxy.to_string(),
                                 why: "the response body did not arrive".into(),
                             };
-                            pending.push((upstream.lease_id.clone(), e));
+                            failures.record(
+                                self,
+                                &upstream.lease_id,
+                                TryFailure::Destination(e),
+                                &mut exchange,
+                            );
                             continue;
                         }
                     }
@@ -127,11 +125,7 @@ impl Gateway {
                     continue;
                 }
             }
-            // Served: the proxies that failed where this one answered are to blame.
-            for (lease_id, e) in pending.drain(..) {
-                self.report_failure(&lease_id, &e, DESTINATION_FAILED);
-                exchange.failed_over += 1;
-            }
+            failures.served(self, &mut exchange);
             drop_hop_by_hop(&mut head.headers);
             describe(&mut head.headers, &upstream, &exchange, blocked);
             exchange.status = status;
@@ -147,11 +141,7 @@ impl Gateway {
                 .holding(Box::new((held, exchange, kept_alive)));
             return Response::from_parts(head, body);
         }
-        let e = last
-            .or_else(|| pending.pop().map(|(_, e)| e))
-            .unwrap_or(GatewayError::NoProxy {
-                target: wanted.ask.target.clone(),
-            });
+        let e = failures.into_error(&wanted.ask.target);
         refusal(&e, &mut exchange, false, in_flight)
     }
 

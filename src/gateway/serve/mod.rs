@@ -127,6 +127,46 @@ enum TryFailure {
     Destination(GatewayError),
 }
 
+/// The failed tries of one request or tunnel, and what to report of them.
+#[derive(Default)]
+struct Failures {
+    /// Destination-level failures, blamed only if another proxy serves.
+    pending: Vec<(String, GatewayError)>,
+    /// The latest failure that ends or was reported at once.
+    last: Option<GatewayError>,
+}
+
+impl Failures {
+    /// A try failed: a proxy-level failure is reported at once.
+    fn record(&mut self, gateway: &Gateway, lease_id: &str, failure: TryFailure, exchange: &mut Exchange) {
+        match failure {
+            TryFailure::Proxy(e) => {
+                gateway.report_failure(lease_id, &e, PROXY_FAILED);
+                exchange.failed_over += 1;
+                self.last = Some(e);
+            }
+            TryFailure::Destination(e) => self.pending.push((lease_id.to_owned(), e)),
+        }
+    }
+
+    /// Served by a later proxy: the ones that failed where it answered are to blame.
+    fn served(&mut self, gateway: &Gateway, exchange: &mut Exchange) {
+        for (lease_id, e) in self.pending.drain(..) {
+            gateway.report_failure(&lease_id, &e, DESTINATION_FAILED);
+            exchange.failed_over += 1;
+        }
+    }
+
+    /// What the crawler is told when no try served it.
+    fn into_error(mut self, target: &str) -> GatewayError {
+        self.last
+            .or_else(|| self.pending.pop().map(|(_, e)| e))
+            .unwrap_or(GatewayError::NoProxy {
+                target: target.to_owned(),
+            })
+    }
+}
+
 /// What one request asks for, whatever proxy serves it.
 struct Wanted {
     ask: Ask,

@@ -20,24 +20,20 @@ impl Gateway {
     ) -> Response<ProxyBody> {
         let settings = &self.options.settings;
         let deadline = Instant::now() + settings.deadline;
-        let mut pending: Vec<(String, GatewayError)> = Vec::new();
-        let mut last = None;
+        let mut failures = Failures::default();
         for _ in 0..settings.tries {
             let until = deadline.min(Instant::now() + settings.capacity_wait);
             let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
                 Ok(leased) => leased,
                 Err(e) => {
-                    last = Some(e);
+                    failures.last = Some(e);
                     break;
                 }
             };
             let opened = self.connect_through(host, port, &upstream, &exchange.transferred, slot);
             match tokio::time::timeout_at(deadline.into(), opened).await {
                 Ok(Ok(upstream_io)) => {
-                    for (lease_id, e) in pending.drain(..) {
-                        self.report_failure(&lease_id, &e, DESTINATION_FAILED);
-                        exchange.failed_over += 1;
-                    }
+                    failures.served(self, &mut exchange);
                     let mut response = established();
                     describe(response.headers_mut(), &upstream, &exchange, false);
                     exchange.status = 200;
@@ -53,25 +49,16 @@ impl Gateway {
                     );
                     return response;
                 }
-                Ok(Err(TryFailure::Proxy(e))) => {
-                    self.report_failure(&upstream.lease_id, &e, PROXY_FAILED);
-                    exchange.failed_over += 1;
-                    last = Some(e);
-                }
-                Ok(Err(TryFailure::Destination(e))) => pending.push((upstream.lease_id.clone(), e)),
+                Ok(Err(failure)) => failures.record(self, &upstream.lease_id, failure, &mut exchange),
                 Err(_) => {
-                    last = Some(GatewayError::TimedOut {
+                    failures.last = Some(GatewayError::TimedOut {
                         proxy: upstream.proxy.to_string(),
                     });
                     break;
                 }
             }
         }
-        let e = last
-            .or_else(|| pending.pop().map(|(_, e)| e))
-            .unwrap_or(GatewayError::NoProxy {
-                target: wanted.ask.target.clone(),
-            });
+        let e = failures.into_error(&wanted.ask.target);
         refusal(&e, &mut exchange, true, in_flight)
     }
 
