@@ -14,9 +14,12 @@
 //!   client pinned to one, with its URL and credentials from the lease API,
 //!   as an API user would), (c) through Squid with every upstream as a
 //!   `round-robin` `cache_peer` and `never_direct allow all` (skipped
-//!   without Squid); then one client alone, (a) against (b): the latency
-//!   the gateway adds without queueing;
-//! - 1 MiB responses inside `CONNECT` tunnels, gateway against straight;
+//!   without Squid), (d) straight through a bare relay: this binary run
+//!   again (`--bare-hop`), one port per upstream, every connection relayed
+//!   by the kernel with nothing parsed or decided (the gateway's own tunnel
+//!   relay), the ceiling any extra hop meets here; then one client alone,
+//!   (a) and (d) against (b): the latency the gateway adds without queueing;
+//! - 1 MiB responses inside `CONNECT` tunnels, gateway and bare relay against straight;
 //! - `--tunnels` (10,000) idle tunnels held through the gateway: the
 //!   operator's RSS growth per tunnel.
 //!
@@ -44,6 +47,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use egress_proxies::forward_proxy::zero_copy;
 use futures::StreamExt as _;
 use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::{Bytes, Incoming};
@@ -618,6 +622,8 @@ enum Case {
     Gateway,
     Straight,
     Rotator,
+    /// Straight, through a relay that only moves bytes: what any extra hop costs.
+    BareHop,
 }
 
 impl Case {
@@ -626,6 +632,7 @@ impl Case {
             Case::Gateway => "gateway",
             Case::Straight => "straight",
             Case::Rotator => "Squid rotator",
+            Case::BareHop => "bare hop",
         }
     }
 }
@@ -654,6 +661,8 @@ struct Bench {
     /// The upstreams as the lease API hands them out.
     upstreams: Vec<Via>,
     rotator: Option<Via>,
+    /// Through the bare relay, one way in per upstream (its credentials).
+    bare_hops: Vec<Via>,
     operator_pid: u32,
     /// The upstreams' processes (for their CPU).
     upstream_pids: Vec<u32>,
@@ -668,6 +677,7 @@ impl Bench {
             Case::Gateway => self.gateway.clone(),
             Case::Straight => self.upstreams[i % self.upstreams.len()].clone(),
             Case::Rotator => self.rotator.clone().unwrap_or_else(|| self.gateway.clone()),
+            Case::BareHop => self.bare_hops[i % self.bare_hops.len()].clone(),
         }
     }
 
@@ -1042,6 +1052,98 @@ fn start_rotator(
     Ok(process)
 }
 
+// -------------------------------------------------------------- bare hop
+
+/// Starts this benchmark's binary again as the bare relay: one loopback
+/// port per upstream, each connection relayed to that upstream.
+fn start_bare_hop(upstreams: &[(SocketAddr, String, String)]) -> Result<(Process, Vec<Via>), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this benchmark's binary: {e}"))?;
+    let mut command = Command::new(exe);
+    command.arg("--bare-hop");
+    let mut ways = Vec::new();
+    for (upstream, user, password) in upstreams {
+        let listen = free_addr();
+        command.arg(format!("{listen}={upstream}"));
+        ways.push(Via {
+            proxy: listen,
+            authorization: Some(basic(user, password)),
+        });
+    }
+    let mut process = Process::spawn(
+        "the bare relay",
+        command.stdout(Stdio::null()).stderr(Stdio::inherit()),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for way in &ways {
+        while std::net::TcpStream::connect_timeout(&way.proxy, Duration::from_millis(200)).is_err() {
+            process.alive()?;
+            if Instant::now() > deadline {
+                return Err(format!("the bare relay does not listen on {}", way.proxy));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok((process, ways))
+}
+
+/// The bare relay's process: each `LISTEN=UPSTREAM` pair's connections
+/// relayed to the upstream by the kernel (the gateway's own tunnel relay,
+/// `zero_copy`), with nothing read, parsed or decided; as many threads as
+/// the gateway has. Runs until killed.
+fn bare_hop_main(pairs: &[String]) -> ExitCode {
+    let parsed: Result<Vec<(SocketAddr, SocketAddr)>, String> = pairs
+        .iter()
+        .map(|pair| {
+            let (listen, upstream) = pair
+                .split_once('=')
+                .ok_or(format!("{pair}: not LISTEN=UPSTREAM"))?;
+            Ok((
+                listen.parse().map_err(|e| format!("{listen}: {e}"))?,
+                upstream.parse().map_err(|e| format!("{upstream}: {e}"))?,
+            ))
+        })
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    let (pairs, runtime) = match (parsed, runtime) {
+        (Ok(pairs), Ok(runtime)) => (pairs, runtime),
+        (Err(e), _) => {
+            eprintln!("bare relay: {e}");
+            return ExitCode::FAILURE;
+        }
+        (_, Err(e)) => {
+            eprintln!("bare relay: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        for (listen, upstream) in pairs {
+            let listener = match TcpListener::bind(listen).await {
+                Ok(listener) => listener,
+                Err(e) => {
+                    eprintln!("bare relay: binding {listen}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    tokio::spawn(async move {
+                        let Ok(upstream) = TcpStream::connect(upstream).await else {
+                            return;
+                        };
+                        let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+                        let end = |socket| zero_copy::End {
+                            socket,
+                            early: Bytes::new(),
+                        };
+                        let _ = zero_copy::relay(end(client), end(upstream), &|_, _| {}).await;
+                    });
+                }
+            });
+        }
+        futures::future::pending::<ExitCode>().await
+    })
+}
+
 // ----------------------------------------------------------------- the run
 
 struct Settings {
@@ -1087,6 +1189,7 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
             Some(squid) => Some(start_rotator(squid, dir, rotator_addr, &found)?),
             None => None,
         };
+        let (mut bare_hop, bare_hops) = start_bare_hop(&found)?;
         let bench = Bench {
             site,
             echo,
@@ -1105,6 +1208,7 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
                 proxy: rotator_addr,
                 authorization: None,
             }),
+            bare_hops,
             operator_pid: operator.pid(),
             upstream_pids: local_proxy_pids(&dir.join("state"))
                 .into_iter()
@@ -1139,7 +1243,7 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
             return Err("the gateway answered a request with a wrong password".to_owned());
         }
 
-        let mut small_cases = vec![Case::Gateway, Case::Straight];
+        let mut small_cases = vec![Case::Gateway, Case::Straight, Case::BareHop];
         if bench.rotator.is_some() {
             small_cases.push(Case::Rotator);
         }
@@ -1153,18 +1257,19 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
                 if let Some(rotator) = rotator.as_mut() {
                     rotator.alive()?;
                 }
+                bare_hop.alive()?;
                 let sample = bench.phase(case, bench.clients, false).await?;
                 print_sample(round, "small", &sample);
                 small.push(sample);
             }
-            for i in 0..2 {
-                let case = [Case::Gateway, Case::Straight][(i + round) % 2];
+            for i in 0..3 {
+                let case = [Case::Gateway, Case::Straight, Case::BareHop][(i + round) % 3];
                 let sample = bench.phase(case, 1, false).await?;
                 print_sample(round, "small, 1 client", &sample);
                 alone.push(sample);
             }
-            for i in 0..2 {
-                let case = [Case::Gateway, Case::Straight][(i + round) % 2];
+            for i in 0..3 {
+                let case = [Case::Gateway, Case::Straight, Case::BareHop][(i + round) % 3];
                 let sample = bench.phase(case, bench.clients, true).await?;
                 print_sample(round, "1 MiB tunnels", &sample);
                 large.push(sample);
@@ -1239,7 +1344,7 @@ fn summary(
         "\n| case | small req/s | p50 ms | p99 ms | operator CPU | upstreams CPU | 1 client p50 ms | 1 client p99 ms | 1 MiB tunnels MB/s |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    let mut cases = vec![Case::Gateway, Case::Straight];
+    let mut cases = vec![Case::Gateway, Case::Straight, Case::BareHop];
     if rotator {
         cases.push(Case::Rotator);
     }
@@ -1304,6 +1409,20 @@ fn summary(
         format!("gateway / straight, 1 MiB tunnel throughput: {ratio:.2} (target >= {LARGE_VS_STRAIGHT})"),
         ratio >= LARGE_VS_STRAIGHT,
     );
+    // Not judged: the ceiling any relaying hop meets on this machine.
+    let mb = |case| of(large, case, |s| s.megabytes);
+    let _ = writeln!(
+        text,
+        "ceiling, a bare relay that only moves bytes (kernel splice): small req/s {:.2} of straight \
+         (the gateway reaches {:.2} of it), 1 MiB tunnels {:.2} of straight (the gateway {:.2} of it), \
+         one client p50 {:+.2} ms, p99 {:+.2} ms",
+        rate(Case::BareHop) / rate(Case::Straight),
+        rate(Case::Gateway) / rate(Case::BareHop),
+        mb(Case::BareHop) / mb(Case::Straight),
+        mb(Case::Gateway) / mb(Case::BareHop),
+        of(alone, Case::BareHop, |s| s.p50) - of(alone, Case::Straight, |s| s.p50),
+        of(alone, Case::BareHop, |s| s.p99) - of(alone, Case::Straight, |s| s.p99),
+    );
     let per = idle.kib_per_tunnel();
     judge(
         &mut text,
@@ -1317,6 +1436,10 @@ fn summary(
 }
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--bare-hop") {
+        return bare_hop_main(&args[at + 1..]);
+    }
     egress_proxies::tls::ensure_crypto_provider();
     let settings = Settings::from_args();
     let check = std::env::args().any(|a| a == "--check");

@@ -292,6 +292,11 @@ impl<IO> FramingGuard<IO> {
     pub fn new(inner: IO, verdicts: Verdicts) -> Self {
         Self { inner, verdicts }
     }
+
+    /// The stream inside, for a tunnel relayed on the socket itself.
+    pub fn into_inner(self) -> IO {
+        self.inner
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {

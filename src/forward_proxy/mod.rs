@@ -29,6 +29,8 @@ pub(crate) mod framing;
 mod relay;
 pub(crate) mod request;
 pub(crate) mod tunnel;
+// Public for the gateway benchmark's bare relay (actors/benches/gateway.rs).
+pub mod zero_copy;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};

@@ -2,17 +2,25 @@
 //! bytes relayed both ways until either side closes or nothing moves for
 //! the idle timeout. Only a `CONNECT` opens one.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::ext::ReasonPhrase;
+use hyper::upgrade::{Parts, Upgraded};
 use hyper_util::rt::TokioIo;
-use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 
 use super::Proxy;
 use super::answers::{answer, status_of_connect_error};
 use super::body::ProxyBody;
-use crate::guarded_listener::{InFlight, Phase};
+use super::framing::FramingGuard;
+use super::relay;
+use super::zero_copy::{self, End, Way};
+use crate::guarded_listener::{InFlight, Phase, Slot, Tracked};
 
 impl Proxy {
     pub(super) async fn tunnel(
@@ -35,6 +43,7 @@ impl Proxy {
             in_flight,
             self.idle_timeout,
             None,
+            None,
         );
         established()
     }
@@ -50,18 +59,42 @@ pub fn established() -> Response<ProxyBody> {
     response
 }
 
+/// Counts a tunnel's bytes as they move: `(way, bytes)`, `Way::Forward`
+/// being from the client towards the target.
+pub type Tally = Arc<dyn Fn(Way, usize) + Send + Sync>;
+
+/// A tunnel's upstream connection, relayed on its socket when it has one.
+pub trait TunnelUpstream: AsyncRead + AsyncWrite + Unpin + Send + 'static + Sized {
+    /// The socket underneath and the bytes already read from it, or the
+    /// connection back when there is no socket to reach.
+    fn into_end(self) -> Result<End, Self>;
+}
+
+impl TunnelUpstream for TcpStream {
+    fn into_end(self) -> Result<End, Self> {
+        Ok(End {
+            socket: self,
+            early: Bytes::new(),
+        })
+    }
+}
+
+/// The client connection's type under hyper, as every proxy listener builds it.
+type ClientIo = TokioIo<FramingGuard<Tracked<TcpStream>>>;
+
 /// Relays bytes between the client's connection (once hyper hands it over
 /// after the `200`) and `upstream` until either side closes or nothing
 /// moves for `idle_timeout`; `held` (a gateway's lease) is dropped then.
-pub fn splice<U>(
+/// Both ends' sockets are relayed by the kernel (`zero_copy`); `tally`
+/// counts the bytes there (a connection without a socket counts its own).
+pub fn splice<U: TunnelUpstream>(
     upgrade: hyper::upgrade::OnUpgrade,
-    mut upstream: U,
+    upstream: U,
     in_flight: InFlight,
     idle_timeout: Duration,
     held: Option<Box<dyn Send + Sync>>,
-) where
-    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+    tally: Option<Tally>,
+) {
     tokio::spawn(async move {
         let _held = held;
         in_flight.relaying();
@@ -69,16 +102,56 @@ pub fn splice<U>(
             Ok(client) => client,
             Err(e) => return tracing::debug!(error = %e, "CONNECT's connection not handed over"),
         };
-        let mut client = TokioIo::new(client);
+        let slot = in_flight.slot().clone();
+        let relayed = relay_ends(client, upstream, &slot, tally);
         tokio::select! {
-            relayed = super::relay::relay(&mut client, &mut upstream) => {
+            relayed = relayed => {
                 if let Err(e) = relayed {
                     tracing::debug!(error = %e, "tunnel ended with an error");
                 }
             }
-            () = in_flight.slot().stalled(idle_timeout, Some(Phase::Relaying)) => {
+            () = slot.stalled(idle_timeout, Some(Phase::Relaying)) => {
                 tracing::debug!("tunnel idle for the idle timeout; closed");
             }
         }
     });
+}
+
+async fn relay_ends<U: TunnelUpstream>(
+    client: Upgraded,
+    upstream: U,
+    slot: &Arc<Slot>,
+    tally: Option<Tally>,
+) -> std::io::Result<()> {
+    let upstream = match upstream.into_end() {
+        Ok(end) => end,
+        Err(mut upstream) => {
+            let mut client = TokioIo::new(client);
+            return relay::relay(&mut Tracked::new(&mut client, slot.clone()), &mut upstream)
+                .await
+                .map(drop);
+        }
+    };
+    match client.downcast::<ClientIo>() {
+        Ok(Parts { io, read_buf, .. }) => {
+            let client = End {
+                socket: io.into_inner().into_inner().into_inner(),
+                early: read_buf,
+            };
+            let moved = |way, n| {
+                slot.touch();
+                if let Some(tally) = &tally {
+                    tally(way, n);
+                }
+            };
+            zero_copy::relay(client, upstream, &moved).await.map(drop)
+        }
+        Err(client) => {
+            // Not a listener's own connection: copied through user space.
+            let mut client = Tracked::new(TokioIo::new(client), slot.clone());
+            client.write_all(&upstream.early).await?;
+            let mut socket = upstream.socket;
+            relay::relay(&mut client, &mut socket).await.map(drop)
+        }
+    }
 }

@@ -185,6 +185,11 @@ impl<IO> Counted<IO> {
     pub fn new(inner: IO, meter: Meter) -> Self {
         Self { inner, meter }
     }
+
+    /// The stream inside, for a tunnel relayed on the socket itself.
+    pub fn into_inner(self) -> IO {
+        self.inner
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {

@@ -17,6 +17,8 @@ use tokio::net::TcpStream;
 use super::access::{Counted, Meter};
 use super::{GatewayError, Upstream};
 use crate::forward_proxy::body::ProxyBody;
+use crate::forward_proxy::tunnel::TunnelUpstream;
+use crate::forward_proxy::zero_copy::End;
 
 /// Time allowed to connect to an upstream proxy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,6 +152,20 @@ pub async fn open(upstream: &Upstream, meter: Meter) -> Result<Connection, Gatew
         meter,
         reused: false,
     })
+}
+
+/// A tunnel through a leased proxy is relayed on the proxy's socket, past
+/// the counting wrapper (the relay counts instead).
+impl TunnelUpstream for TokioIo<hyper::upgrade::Upgraded> {
+    fn into_end(self) -> Result<End, Self> {
+        match self.into_inner().downcast::<TokioIo<Counted<TcpStream>>>() {
+            Ok(parts) => Ok(End {
+                socket: parts.io.into_inner().into_inner(),
+                early: parts.read_buf,
+            }),
+            Err(upgraded) => Err(TokioIo::new(upgraded)),
+        }
+    }
 }
 
 pub fn upstream_failed(upstream: &Upstream, why: &dyn std::fmt::Display) -> GatewayError {

@@ -2,8 +2,9 @@
 //! [`crate::file_limit::current`]).
 
 /// Descriptors kept for everything but connections: the listener, the
-/// runtime's epoll and wakers, standard streams, log files, name lookups.
-pub const RESERVED_FDS: u64 = 32;
+/// runtime's epoll and wakers, standard streams, log files, name lookups
+/// (32), and the pipes tunnels are relayed through (two each).
+pub const RESERVED_FDS: u64 = 32 + 2 * crate::forward_proxy::zero_copy::MAX_PIPES as u64;
 /// Never more connections than this, whatever the limit (each costs memory).
 pub const MAX_CONNECTIONS: usize = 65_536;
 
@@ -22,8 +23,8 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_the_reserve_and_divides_the_rest() {
-        assert_eq!(connection_cap(256, 3), 74);
-        assert_eq!(connection_cap(1024, 3), 330);
+        assert_eq!(connection_cap(256, 3), 53);
+        assert_eq!(connection_cap(1024, 3), 309);
         assert_eq!(connection_cap(1 << 20, 3), MAX_CONNECTIONS);
         assert_eq!(connection_cap(u64::MAX, 3), MAX_CONNECTIONS);
         assert_eq!(connection_cap(10, 3), 1, "always room for one");

@@ -20,6 +20,11 @@ impl<IO> Tracked<IO> {
     pub fn new(inner: IO, slot: Arc<Slot>) -> Self {
         Self { inner, slot }
     }
+
+    /// The stream inside, for a tunnel relayed on the socket itself.
+    pub fn into_inner(self) -> IO {
+        self.inner
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {

@@ -373,6 +373,12 @@ impl LeaseBook {
             credentials: entry.availability.credentials.clone(),
         };
         self.reindex(id, now);
+        // The gateway's leases end with its connections, so with the
+        // process: a restart never restores them, and writing them down
+        // would cost the journal a row per proxied request.
+        if req.client.as_deref().is_some_and(super::is_gateway_client) {
+            return Ok(grant);
+        }
         self.note(LeaseChange::Granted(LeaseRecord {
             id: grant.id.clone(),
             proxy: grant.proxy.clone(),
@@ -561,7 +567,8 @@ impl LeaseBook {
         self.ended
             .insert(id.to_owned(), (grace_until, lease.proxy, lease.target.clone()));
         self.ended_order.push_back((grace_until, id.to_owned()));
-        if let Some(proxy) = self.key_of(lease.proxy) {
+        let journaled = !lease.client.as_deref().is_some_and(super::is_gateway_client);
+        if journaled && let Some(proxy) = self.key_of(lease.proxy) {
             self.note(LeaseChange::Ended(EndedRecord {
                 id: id.to_owned(),
                 proxy,
@@ -579,7 +586,7 @@ impl LeaseBook {
             target.unheld(lease.proxy);
         }
         if cooldown {
-            self.rest_for_target(&lease.target, lease.proxy, now + self.settings.cooldown);
+            self.rest_for_target(&lease.target, lease.proxy, now + self.settings.cooldown, now);
         }
         if let Some(entry) = self.proxies.get_mut(&lease.proxy) {
             entry.active = entry.active.saturating_sub(1);
@@ -671,7 +678,7 @@ impl LeaseBook {
         match outcome {
             Outcome::Ok => {}
             Outcome::Blocked => {
-                self.rest_for_target(&target, proxy, now + self.settings.blocked_cooldown);
+                self.rest_for_target(&target, proxy, now + self.settings.blocked_cooldown, now);
             }
             Outcome::Error => {
                 self.rest_everywhere(proxy, now + self.settings.error_cooldown);
@@ -682,13 +689,17 @@ impl LeaseBook {
     }
 
     /// `proxy` rests for `target` until at least `until`.
-    fn rest_for_target(&mut self, target: &str, proxy: ProxyId, until: Instant) {
+    /// `proxy` rests for `target` until at least `until`; a rest already
+    /// over at `now` (no cooldown) is not worth a journal row.
+    fn rest_for_target(&mut self, target: &str, proxy: ProxyId, until: Instant, now: Instant) {
         let until = self
             .targets
             .entry(target.to_owned())
             .or_default()
             .rest(proxy, until);
-        if let Some(key) = self.key_of(proxy) {
+        if until > now
+            && let Some(key) = self.key_of(proxy)
+        {
             self.note(LeaseChange::TargetRest {
                 target: target.to_owned(),
                 proxy: key,
@@ -778,10 +789,14 @@ impl LeaseBook {
             return Err(RenewError::Retiring(entry.availability.key.clone()));
         }
         let ttl = ttl.unwrap_or(lease.ttl).min(self.settings.max_ttl);
+        let journaled = !lease.client.as_deref().is_some_and(super::is_gateway_client);
         let expires = now + ttl;
         self.expiry.remove(&(lease.expires, id.to_owned()));
         lease.expires = expires;
         self.expiry.insert((expires, id.to_owned()));
+        if !journaled {
+            return Ok(ttl);
+        }
         self.note(LeaseChange::Extended {
             id: id.to_owned(),
             expires: self.wall(expires),

@@ -922,3 +922,56 @@ fn the_gateway_s_leases_end_with_the_process_that_held_them() {
     assert!(book.snapshot(t0).leases.iter().all(|l| l.id != gateway.id));
     assert!(book.snapshot(t0).leases.iter().any(|l| l.id == api.id));
 }
+
+#[test]
+fn the_gateway_s_leases_are_not_journaled_but_their_rests_are() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0));
+    book.journal_changes();
+    book.upsert(proxy("a", true, 10, &[]), t0);
+    book.take_changes();
+    let ask = AcquireRequest {
+        client: Some("gateway/spider".into()),
+        ..req("t")
+    };
+    let lease = book.acquire(&ask, t0).unwrap();
+    book.renew(&lease.id, None, t0).unwrap();
+    assert!(
+        book.take_changes().is_empty(),
+        "a grant and a renewal cost no row"
+    );
+    book.report(&lease.id, Outcome::Blocked, None, t0).unwrap();
+    assert!(book.release(&lease.id, t0));
+    let changes = book.take_changes();
+    assert!(
+        changes
+            .iter()
+            .any(|c| matches!(c, LeaseChange::TargetRest { .. })),
+        "the block's rest outlives the process: {changes:?}"
+    );
+    assert!(
+        !changes
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Granted(_) | LeaseChange::Ended(_))),
+        "{changes:?}"
+    );
+}
+
+#[test]
+fn a_rest_already_over_is_not_journaled() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(LeaseSettings {
+        cooldown: Duration::ZERO,
+        ..settings(0)
+    });
+    book.journal_changes();
+    book.upsert(proxy("a", true, 10, &[]), t0);
+    let lease = book.acquire(&req("t"), t0).unwrap();
+    book.take_changes();
+    assert!(book.release(&lease.id, t0));
+    let changes = book.take_changes();
+    assert!(
+        matches!(changes.as_slice(), [LeaseChange::Ended(_)]),
+        "only the end, no rest that is already over: {changes:?}"
+    );
+}

@@ -5,6 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,8 @@ use crate::forward_proxy::body::{ProxyBody, read_up_to};
 use crate::forward_proxy::client_connection;
 use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::request::{Target, drop_hop_by_hop, forwarded_headers, target_of};
-use crate::forward_proxy::tunnel::{established, splice};
+use crate::forward_proxy::tunnel::{Tally, established, splice};
+use crate::forward_proxy::zero_copy::Way;
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
 use crate::lease::{GATEWAY_CLIENT, Outcome};
 use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};

@@ -40,12 +40,21 @@ impl Gateway {
                     exchange.outcome = ExchangeOutcome::Served;
                     let held = held.renewed(upstream.ttl);
                     let upgrade = hyper::upgrade::on(request);
+                    let transferred = exchange.transferred.clone();
+                    let tally: Tally = Arc::new(move |way, n| {
+                        let counter = match way {
+                            Way::Forward => &transferred.up,
+                            Way::Back => &transferred.down,
+                        };
+                        counter.fetch_add(n as u64, Ordering::Relaxed);
+                    });
                     splice(
                         upgrade,
                         upstream_io,
                         in_flight,
                         self.idle_timeout,
                         Some(Box::new((held, exchange))),
+                        Some(tally),
                     );
                     return response;
                 }

@@ -139,7 +139,7 @@ impl LeaseBook {
         for (target, key, until) in snapshot.target_rests {
             let Some(until) = at(until) else { continue };
             let proxy = self.placeholder(&key);
-            self.rest_for_target(&target, proxy, until);
+            self.rest_for_target(&target, proxy, until, now);
         }
         for (key, until) in snapshot.proxy_rests {
             let Some(until) = at(until) else { continue };
