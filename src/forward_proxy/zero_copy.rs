@@ -343,6 +343,42 @@ mod tests {
             .ok();
     }
 
+    #[tokio::test]
+    async fn without_a_free_pipe_bytes_are_copied_through_a_buffer() {
+        let _turn = POOL_TESTS.lock().await;
+        let mut all = Vec::new();
+        while let Some(pipe) = Pipe::take() {
+            all.push(pipe);
+        }
+        let (mut client, near) = socket_pair().await;
+        let (far, mut site) = socket_pair().await;
+        let relayed = tokio::spawn(async move {
+            let end = |socket| End {
+                socket,
+                early: Bytes::new(),
+            };
+            relay(end(near), end(far), &|_, _| {}).await
+        });
+        let sent: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+        let expected = sent.clone();
+        let writer = tokio::spawn(async move {
+            client.write_all(&sent).await.unwrap();
+            client.shutdown().await.unwrap();
+            client
+        });
+        let mut got = Vec::new();
+        site.read_to_end(&mut got).await.unwrap();
+        assert!(
+            got == expected,
+            "every byte arrived, in order, with no pipe to use"
+        );
+        drop(site);
+        drop(writer.await.unwrap());
+        let (forward, back) = relayed.await.unwrap().unwrap();
+        assert_eq!((forward, back), (1_000_000, 0));
+        drop(all);
+    }
+
     #[test]
     fn past_the_budget_no_pipe_is_made() {
         let _turn = POOL_TESTS.blocking_lock();
