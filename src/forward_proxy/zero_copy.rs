@@ -228,6 +228,19 @@ mod tests {
         (accepted.unwrap().0, connected.unwrap())
     }
 
+    /// Writes `outgoing` and ends its side while reading all that comes.
+    async fn send_and_take(mut stream: TcpStream, outgoing: Vec<u8>) -> Vec<u8> {
+        let (mut r, mut w) = stream.split();
+        let writing = async {
+            w.write_all(&outgoing).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let ((), read) = tokio::join!(writing, r.read_to_end(&mut got));
+        read.unwrap();
+        got
+    }
+
     /// The pool is process-wide: tests that judge it take turns.
     static POOL_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -254,31 +267,8 @@ mod tests {
             })
             .await
         });
-        let (up2, down2) = (up.clone(), down.clone());
-        let client_side = tokio::spawn(async move {
-            let (mut r, mut w) = client.split();
-            let writing = async {
-                w.write_all(&up2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let reading = r.read_to_end(&mut got);
-            let ((), read) = tokio::join!(writing, reading);
-            read.unwrap();
-            got
-        });
-        let site_side = tokio::spawn(async move {
-            let (mut r, mut w) = site.split();
-            let writing = async {
-                w.write_all(&down2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let reading = r.read_to_end(&mut got);
-            let ((), read) = tokio::join!(writing, reading);
-            read.unwrap();
-            got
-        });
+        let client_side = tokio::spawn(send_and_take(client, up.clone()));
+        let site_side = tokio::spawn(send_and_take(site, down.clone()));
         let at_site = site_side.await.unwrap();
         let at_client = client_side.await.unwrap();
         assert_eq!(&at_site[..13], b"client-early:");
