@@ -247,8 +247,8 @@ mod tests {
     #[tokio::test]
     async fn bytes_go_both_ways_whole_early_bytes_first_and_ends_pass_on() {
         let _turn = POOL_TESTS.lock().await;
-        let (mut client, near) = socket_pair().await;
-        let (far, mut site) = socket_pair().await;
+        let (client, near) = socket_pair().await;
+        let (far, site) = socket_pair().await;
         let up: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let down: Vec<u8> = (0..2_000_000u32).map(|i| (i % 241) as u8).collect();
         let counted = std::sync::Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
