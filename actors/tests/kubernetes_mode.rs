@@ -875,8 +875,8 @@ async fn checkpointed_leases(client: &kube::Client) -> String {
 }
 
 /// The gateway in Kubernetes mode: the leader serves it from its lease
-/// book (a gateway lease is checkpointed into the cluster like an API
-/// lease and counts on the proxy while its tunnel is open); a follower
+/// book (a gateway lease counts on the proxy while its tunnel is open, and
+/// is not checkpointed into the cluster, unlike what it leaves behind); a follower
 /// serves nothing (it has no book) until it takes over.
 #[actix_rt::test]
 async fn the_gateway_leases_from_the_leaders_book() {
@@ -901,6 +901,9 @@ async fn the_gateway_leases_from_the_leaders_book() {
                 "3s",
                 "--lease-cooldown",
                 "100ms",
+                // The tunnel's lease and an API lease at once.
+                "--max-leases-per-proxy",
+                "2",
             ])
             .arg("--gateway-config")
             .arg(&config)
@@ -975,17 +978,50 @@ async fn the_gateway_leases_from_the_leaders_book() {
     let answer = answer.expect("the leader's gateway answers the CONNECT");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(active().await, 1, "the open tunnel holds a lease");
-    eventually("the gateway's lease in the checkpoint", WAIT, async || {
+    // The tunnel's lease is not checkpointed: it ends with this process.
+    // An API lease taken after it is, so once that one is in the
+    // checkpoint, the tunnel's would be too if it were written at all.
+    let auth = format!("Bearer {GATEWAY_TOKEN}");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, body) = support::http::request(
+        leader.discovery(),
+        "POST",
+        "/v1/leases",
+        &headers,
+        Some(r#"{"target":"sync.example","client":"spider"}"#),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let api_lease: Value = serde_json::from_str(&body).unwrap();
+    let api_lease = api_lease["id"].as_str().unwrap().to_owned();
+    eventually("the API lease in the checkpoint", WAIT, async || {
         checkpointed_leases(&bed.client)
             .await
-            .contains("\"gateway/crawler\"")
+            .contains(&api_lease)
             .then_some(())
     })
     .await;
+    let checkpoint = checkpointed_leases(&bed.client).await;
     assert!(
-        !checkpointed_leases(&bed.client).await.contains(GATEWAY_TOKEN),
+        !checkpoint.contains("gateway/crawler"),
+        "the gateway's lease is not checkpointed: {checkpoint}"
+    );
+    assert!(
+        !checkpoint.contains(GATEWAY_TOKEN),
         "the token is not in the checkpoint"
     );
+    let (status, body) = support::http::request(
+        leader.discovery(),
+        "DELETE",
+        &format!("/v1/leases/{api_lease}"),
+        &headers,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
     drop(tunnel);
     eventually("the tunnel's lease released", WAIT, async || {
         (active().await == 0).then_some(())
