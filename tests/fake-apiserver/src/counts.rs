@@ -48,7 +48,11 @@ impl RequestCounts {
 
     /// Requests answered with this code.
     pub fn with_code(&self, code: u16) -> u64 {
-        self.0.iter().filter(|(k, _)| k.code == code).map(|(_, n)| n).sum()
+        self.0
+            .iter()
+            .filter(|(k, _)| k.code == code)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     pub fn total(&self) -> u64 {

@@ -163,8 +163,7 @@ impl FakeApiServer {
     /// bulk traffic does not starve leader election; watches are never
     /// refused. Shared by every [`link`](Self::link). Off by default.
     pub fn limit_rate(&self, per_second: f64, burst: u32) {
-        *self.fairness.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Fairness::new(per_second, burst));
+        *self.fairness.lock().unwrap_or_else(|p| p.into_inner()) = Some(Fairness::new(per_second, burst));
     }
 
     /// Serves every request again, however many.
