@@ -46,6 +46,31 @@
 //! Request bodies in protobuf, as kubectl's typed commands send them, are
 //! decoded for Secrets, ConfigMaps and Namespaces (the `protobuf` module).
 //!
+//! API Priority and Fairness, off by default (every request served):
+//! [`FakeApiServer::limit_rate`]`(per_second, burst)` gives each priority
+//! level a token bucket of that size; a request past it is answered `429
+//! Too Many Requests` with `Retry-After` (whole seconds, at least 1) and a
+//! `Status` of reason `TooManyRequests`. Lease requests
+//! (`coordination.k8s.io`) are the leader-election level, with a budget of
+//! their own that bulk traffic cannot spend; watches are long-running and
+//! never refused. Simplified: no queueing before the refusal (the `fairness`
+//! module). Note that kube 5's `Client` retries a `429` by default after its
+//! `Retry-After`; `kube::Config::default_retry = false` shows each answer.
+//!
+//! Every request served is counted by verb, group, resource (with its
+//! subresource, `proxies/status`) and status code, refusals too:
+//! [`FakeApiServer::requests`], and `GET /debug/requests` as JSON
+//! (`{"total", "requests": [{"verb", "group", "resource", "code", "count"}]}`,
+//! read back by [`RequestCounts::from_json`]; that path is never counted,
+//! limited or stalled).
+//!
+//! As a process of its own (the `fake-apiserver` binary, for a benchmark
+//! that must not share the operator's process): `fake-apiserver --listen
+//! 127.0.0.1:PORT [--cluster] [--max-requests-per-second N [--burst M]]
+//! --kubeconfig-out PATH` serves until killed and writes, once listening, a
+//! kubeconfig pointing at itself ([`FakeApiServer::kubeconfig`]; port 0
+//! picks a free port, which the kubeconfig names).
+//!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting (a `fieldValidation` parameter is accepted and not acted on),
 //! other admission, RBAC, server-side apply, the schema's patch strategies
