@@ -46,6 +46,31 @@
 //! Request bodies in protobuf, as kubectl's typed commands send them, are
 //! decoded for Secrets, ConfigMaps and Namespaces (the `protobuf` module).
 //!
+//! API Priority and Fairness, off by default (every request served):
+//! [`FakeApiServer::limit_rate`]`(per_second, burst)` gives each priority
+//! level a token bucket of that size; a request past it is answered `429
+//! Too Many Requests` with `Retry-After` (whole seconds, at least 1) and a
+//! `Status` of reason `TooManyRequests`. Lease requests
+//! (`coordination.k8s.io`) are the leader-election level, with a budget of
+//! their own that bulk traffic cannot spend; watches are long-running and
+//! never refused. Simplified: no queueing before the refusal (the `fairness`
+//! module). Note that kube 5's `Client` retries a `429` by default after its
+//! `Retry-After`; `kube::Config::default_retry = false` shows each answer.
+//!
+//! Every request served is counted by verb, group, resource (with its
+//! subresource, `proxies/status`) and status code, refusals too:
+//! [`FakeApiServer::requests`], and `GET /debug/requests` as JSON
+//! (`{"total", "requests": [{"verb", "group", "resource", "code", "count"}]}`,
+//! read back by [`RequestCounts::from_json`]; that path is never counted,
+//! limited or stalled).
+//!
+//! As a process of its own (the `fake-apiserver` binary, for a benchmark
+//! that must not share the operator's process): `fake-apiserver --listen
+//! 127.0.0.1:PORT [--cluster] [--max-requests-per-second N [--burst M]]
+//! --kubeconfig-out PATH` serves until killed and writes, once listening, a
+//! kubeconfig pointing at itself ([`FakeApiServer::kubeconfig`]; port 0
+//! picks a free port, which the kubeconfig names).
+//!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting (a `fieldValidation` parameter is accepted and not acted on),
 //! other admission, RBAC, server-side apply, the schema's patch strategies
@@ -53,7 +78,9 @@
 //! `strategic` module), foreground deletion, controllers (no Deployment makes pods), pods
 //! that actually run.
 
+mod counts;
 mod discovery;
+mod fairness;
 mod kinds;
 mod protobuf;
 mod reviews;
@@ -61,7 +88,7 @@ mod selector;
 mod state;
 mod strategic;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,7 +97,11 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+use fairness::Fairness;
+
+pub use counts::{RequestCounts, RequestKey};
 pub use discovery::VERSION;
+pub use fairness::Level;
 pub use kinds::{KINDS, Kind};
 pub use reviews::Reviews;
 pub use selector::Selector;
@@ -104,23 +135,39 @@ pub struct FakeApiServer {
     pub reviews: Arc<Mutex<Reviews>>,
     /// The HTTP server on this address, while it serves.
     running: Arc<Mutex<Option<actix_web::dev::ServerHandle>>>,
+    /// The priority levels' budgets; `None` (the default) is unlimited.
+    fairness: Arc<Mutex<Option<Fairness>>>,
+    /// Requests served, by verb, resource and code.
+    counts: Arc<Mutex<RequestCounts>>,
 }
 
 impl FakeApiServer {
     /// Serves on a loopback port; the server runs on the current actix/tokio runtime.
     pub fn start() -> std::io::Result<Self> {
-        Self::start_with(State::default())
+        Self::start_with(State::default(), "127.0.0.1:0")
     }
 
     /// A server with a whole cluster's rules ([`State::cluster`]): the
     /// initial namespaces, objects only in namespaces that exist, custom
     /// kinds only while their CRD exists. What `kubectl apply` meets.
     pub fn start_cluster() -> std::io::Result<Self> {
-        Self::start_with(State::cluster())
+        Self::start_with(State::cluster(), "127.0.0.1:0")
     }
 
-    fn start_with(state: State) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+    /// Serves on a given address (port 0 picks one); `cluster` as in
+    /// [`start_cluster`](Self::start_cluster). For the `fake-apiserver`
+    /// binary, which serves as a process of its own.
+    pub fn start_on(addr: impl ToSocketAddrs, cluster: bool) -> std::io::Result<Self> {
+        let state = if cluster {
+            State::cluster()
+        } else {
+            State::default()
+        };
+        Self::start_with(state, addr)
+    }
+
+    fn start_with(state: State, addr: impl ToSocketAddrs) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr)?;
         let fake = Self {
             addr: listener.local_addr()?,
             state: Arc::new(Mutex::new(state)),
@@ -129,8 +176,30 @@ impl FakeApiServer {
             stalled: Arc::new(watch::Sender::new(false)),
             reviews: Arc::default(),
             running: Arc::default(),
+            fairness: Arc::default(),
+            counts: Arc::default(),
         };
         fake.serve(listener)
+    }
+
+    /// Answers `429 Too Many Requests` with `Retry-After` past `per_second`
+    /// requests a second (bursts of `burst`), as API Priority and Fairness
+    /// does: Lease requests have a budget of their own of the same size, so
+    /// bulk traffic does not starve leader election; watches are never
+    /// refused. Shared by every [`link`](Self::link). Off by default.
+    pub fn limit_rate(&self, per_second: f64, burst: u32) {
+        *self.fairness.lock().unwrap_or_else(|p| p.into_inner()) = Some(Fairness::new(per_second, burst));
+    }
+
+    /// Serves every request again, however many.
+    pub fn unlimit_rate(&self) {
+        *self.fairness.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The requests served so far (on every link), by verb, resource and
+    /// status code; also `GET /debug/requests` as JSON.
+    pub fn requests(&self) -> RequestCounts {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Another loopback address serving the same objects: a separate
@@ -196,7 +265,7 @@ impl FakeApiServer {
         let fake = self;
         let data = web::Data::new(fake.clone());
         let server =
-            HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(route)))
+            HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(admit)))
                 .workers(2)
                 .disable_signals()
                 .listen(listener)?
@@ -289,15 +358,20 @@ fn query(req: &HttpRequest) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The group and resource of a review's path.
+fn review_path(path: &str) -> Option<(&'static str, &'static str)> {
+    match path {
+        "/apis/authentication.k8s.io/v1/tokenreviews" => Some(("authentication.k8s.io", "tokenreviews")),
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
+            Some(("authorization.k8s.io", "subjectaccessreviews"))
+        }
+        _ => None,
+    }
+}
+
 /// Reviews are created and answered, never stored.
 fn review(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer) -> Option<HttpResponse> {
-    let (resource, group) = match req.path() {
-        "/apis/authentication.k8s.io/v1/tokenreviews" => ("tokenreviews", "authentication.k8s.io"),
-        "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
-            ("subjectaccessreviews", "authorization.k8s.io")
-        }
-        _ => return None,
-    };
+    let (group, resource) = review_path(req.path())?;
     if req.method() != actix_web::http::Method::POST {
         return Some(respond(
             Err(ApiError::new(405, "MethodNotAllowed", "create only")),
@@ -333,6 +407,95 @@ fn review(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer) -> Option<HttpR
         _ => reviews.subject_access_review(&body),
     };
     Some(respond(Ok(answer), 201))
+}
+
+/// What a request asks for, as RBAC and the request counters name it.
+struct Asked {
+    verb: &'static str,
+    group: String,
+    /// With `/status` or `/scale` for a subresource; empty for none.
+    resource: String,
+    namespace: Option<String>,
+}
+
+fn asked(req: &HttpRequest) -> Asked {
+    let method = req.method().as_str();
+    if let Some((group, resource)) = review_path(req.path()) {
+        return Asked {
+            verb: "create",
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            namespace: None,
+        };
+    }
+    let watching = query(req)
+        .iter()
+        .any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
+    let target = parse_path(req.path());
+    let named = target.as_ref().is_none_or(|t| t.name.is_some());
+    let verb = match (method, named) {
+        ("GET", false) if watching => "watch",
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => "unknown",
+    };
+    let Some(target) = target else {
+        return Asked {
+            verb,
+            group: String::new(),
+            resource: String::new(),
+            namespace: None,
+        };
+    };
+    let kind = &KINDS[target.kind];
+    let resource = if target.status {
+        format!("{}/status", kind.plural)
+    } else if target.scale {
+        format!("{}/scale", kind.plural)
+    } else {
+        kind.plural.to_owned()
+    };
+    Asked {
+        verb,
+        group: kind.group.to_owned(),
+        resource,
+        namespace: target.namespace,
+    }
+}
+
+/// Every request: the debug counters, then Priority and Fairness, then the
+/// API; counts what was answered.
+async fn admit(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) -> HttpResponse {
+    if req.path() == "/debug/requests" && req.method() == actix_web::http::Method::GET {
+        return HttpResponse::Ok().json(fake.requests().to_json());
+    }
+    FakeApiServer::passable(&fake.stalled).await;
+    let asked = asked(&req);
+    let level = Level::of(&asked.group, &asked.resource, asked.verb);
+    let admitted = match fake.fairness.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        Some(fairness) => fairness.admit(level),
+        None => Ok(()),
+    };
+    let answer = match admitted {
+        Ok(()) => route(req, body, fake.clone()).await,
+        Err(retry_after) => HttpResponse::TooManyRequests()
+            .insert_header(("Retry-After", retry_after.to_string()))
+            .json(fairness::too_many_requests(retry_after)),
+    };
+    fake.counts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .add(RequestKey {
+            verb: asked.verb.to_owned(),
+            group: asked.group,
+            resource: asked.resource,
+            code: answer.status().as_u16(),
+        });
+    answer
 }
 
 async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) -> HttpResponse {
@@ -387,35 +550,16 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .unwrap_or("unknown");
         agent.split('/').next().unwrap_or(agent).to_owned()
     });
-    let watching = param("watch").is_some_and(|w| w == "true" || w == "1");
     let authorised =
         req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token");
-    if authorised {
-        let verb = match (method, &target.name) {
-            ("GET", None) if watching => "watch",
-            ("GET", None) => "list",
-            ("GET", Some(_)) => "get",
-            ("POST", _) => "create",
-            ("PUT", _) => "update",
-            ("PATCH", _) => "patch",
-            ("DELETE", _) => "delete",
-            _ => "unknown",
-        };
-        let resource = if target.status {
-            format!("{}/status", kind.plural)
-        } else if target.scale {
-            format!("{}/scale", kind.plural)
-        } else {
-            kind.plural.to_owned()
-        };
-        if let Ok(mut log) = fake.accesses.lock() {
-            log.push(Access {
-                verb: verb.to_owned(),
-                group: kind.group.to_owned(),
-                resource,
-                namespace: target.namespace.clone(),
-            });
-        }
+    if authorised && let Ok(mut log) = fake.accesses.lock() {
+        let asked = asked(&req);
+        log.push(Access {
+            verb: asked.verb.to_owned(),
+            group: asked.group,
+            resource: asked.resource,
+            namespace: asked.namespace,
+        });
     }
     if target.scale {
         return scale(&req, &body, &fake, &target, &namespace);
