@@ -16,16 +16,8 @@ impl ApiBudget {
     /// `burst` defaults to twice `qps` (client-go's 5/10,
     /// controller-runtime's former 20/30 are of that order), at least 1.
     pub fn new(qps: f64, burst: Option<u32>) -> Self {
-        let burst = burst.unwrap_or_else(|| {
-            // Saturating float-to-int conversion; qps is positive and finite.
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "saturating, qps > 0"
-            )]
-            let twice = (qps * 2.0).ceil() as u32;
-            twice
-        });
+        // `as` saturates: a huge qps gives u32::MAX, never a wrap.
+        let burst = burst.unwrap_or((qps * 2.0).ceil() as u32);
         Self {
             qps,
             burst: burst.max(1),

@@ -121,7 +121,7 @@ where
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .reserve(Instant::now());
-            if !wait.is_zero() {
+            if !wait.is_zero() && what.waits_for_budget() {
                 record_wait(WaitSource::Budget, wait);
                 tokio::time::sleep(wait).await;
             }

@@ -121,6 +121,15 @@ impl ApiRequest {
     pub fn is_watch(&self) -> bool {
         self.verb == Verb::Watch
     }
+
+    /// Waits its turn in the budget: all but watches (long-lived, opened
+    /// rarely) and the leader Lease (`coordination.k8s.io` leases, which
+    /// the operator uses for nothing else), whose renewal must not queue
+    /// behind a start's bulk past its renew deadline. The Lease still
+    /// takes its token.
+    pub fn waits_for_budget(&self) -> bool {
+        !self.is_watch() && self.resource != "leases"
+    }
 }
 
 fn verb(method: &Method, named: bool, watch: bool) -> Verb {
@@ -230,6 +239,21 @@ mod tests {
         for (method, path, verb, resource) in cases {
             assert_eq!(of(method, path), (verb, resource.to_owned()), "{path}");
         }
+    }
+
+    #[test]
+    fn watches_and_the_leader_lease_do_not_wait_for_the_budget() {
+        let waits = |method: Method, path: &str| ApiRequest::of(&method, path).waits_for_budget();
+        assert!(waits(Method::GET, "/apis/crawl.example.com/v1alpha1/proxies"));
+        assert!(waits(Method::POST, "/api/v1/namespaces/d/events"));
+        assert!(!waits(
+            Method::GET,
+            "/apis/crawl.example.com/v1alpha1/proxies?watch=true"
+        ));
+        assert!(!waits(
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/o/leases/op"
+        ));
     }
 
     #[test]
