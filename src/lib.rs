@@ -36,6 +36,7 @@ pub mod gc;
 pub mod guarded_listener;
 pub mod health;
 pub mod installation;
+pub mod kube_client;
 pub mod leader;
 pub mod lease;
 pub mod listener_limits;

@@ -133,6 +133,15 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// Requests a second: a positive, finite number.
+fn parse_qps(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(qps) if qps.is_finite() && qps > 0.0 => Ok(qps),
+        Ok(_) => Err("must be a number above zero".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The built-in proxy's destination rules. Without any, it refuses what
 /// every operator-made proxy refuses by default (docs/security.md).
 #[derive(Args, Debug, Clone)]
@@ -349,6 +358,18 @@ pub struct RunArgs {
     )]
     pub allow_external_endpoint_networks: Vec<IpNet>,
 
+    /// A client-side budget of requests a second to the Kubernetes API
+    /// server (watches are not counted). Off by default: the API server
+    /// shares its capacity by Priority and Fairness, and the operator waits
+    /// out its `429` answers (`Retry-After`).
+    #[arg(long, env = "KUBE_API_QPS", value_parser = parse_qps)]
+    pub kube_api_qps: Option<f64>,
+
+    /// Requests the budget lets through at once after a quiet spell
+    /// (default: twice `--kube-api-qps`).
+    #[arg(long, env = "KUBE_API_BURST", requires = "kube_api_qps", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kube_api_burst: Option<u32>,
+
     /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
     #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]
     pub gcp_wire_log_full_payloads: bool,
@@ -404,6 +425,34 @@ mod tests {
         assert_eq!(cli.run.gc_interval, Duration::from_secs(600));
         assert_eq!(cli.run.gateway_bind_address, BindAddress::Disabled);
         assert!(cli.run.gateway_config.is_none());
+    }
+
+    #[test]
+    fn the_api_budget_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "run",
+            "--kube-api-qps=5",
+            "--kube-api-burst",
+            "10",
+        ])
+        .unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("run parses as Run");
+        };
+        assert_eq!((run.kube_api_qps, run.kube_api_burst), (Some(5.0), Some(10)));
+        let cli = Cli::try_parse_from(["egress-proxies-operator"]).unwrap();
+        assert_eq!((cli.run.kube_api_qps, cli.run.kube_api_burst), (None, None));
+        for bad in [
+            &["--kube-api-qps=0"][..],
+            &["--kube-api-qps=-1"],
+            &["--kube-api-qps=NaN"],
+            &["--kube-api-qps=5", "--kube-api-burst=0"],
+            &["--kube-api-burst=5"],
+        ] {
+            let args = ["egress-proxies-operator"].iter().chain(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} is refused");
+        }
     }
 
     #[test]

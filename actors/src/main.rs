@@ -298,6 +298,9 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             )),
         },
         installation_id: args.installation_id.clone(),
+        kube_api_budget: args
+            .kube_api_qps
+            .map(|qps| egress_proxies::kube_client::ApiBudget::new(qps, args.kube_api_burst)),
     };
     match operator::run(options) {
         Ok(()) => ExitCode::SUCCESS,

@@ -58,6 +58,8 @@ pub struct Options {
     pub settings: system::Settings,
     /// `--installation-id`: overrides the id kept in the cluster.
     pub installation_id: Option<InstallationId>,
+    /// `--kube-api-qps`, `--kube-api-burst`: none by default.
+    pub kube_api_budget: Option<egress_proxies::kube_client::ApiBudget>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,7 +147,10 @@ async fn operate(
     discovery_listener: Option<TcpListener>,
     gateway: Option<Gateway>,
 ) -> Result<(), OperatorError> {
-    let client = kube::Client::try_default().await?;
+    // kube's default client with our layer: 429s waited out, the budget
+    // if asked for, every request counted (docs/kubernetes.md, API budget).
+    let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    let client = egress_proxies::kube_client::client(config, options.kube_api_budget)?;
     let build = BuildContext {
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,

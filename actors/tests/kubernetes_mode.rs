@@ -560,6 +560,19 @@ async fn metrics_are_served_over_https_to_tokens_allowed_get_metrics_only() {
     let (status, body) = scrape(Some("prometheus-token")).await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("egress_proxies_"), "{body}");
+    // The operator's own API requests are counted: its Proxy watch, and
+    // the TokenReviews these scrapes cost.
+    eventually("the operator's API requests counted", WAIT, async || {
+        let (_, body) = scrape(Some("prometheus-token")).await?;
+        let series = "egress_proxies_kube_api_requests_total";
+        (body.contains(&format!(
+            "{series}{{verb=\"watch\",resource=\"proxies\",code=\"200\"}}"
+        )) && body.contains(&format!(
+            "{series}{{verb=\"create\",resource=\"tokenreviews\",code="
+        )))
+        .then_some(())
+    })
+    .await;
     // Plain HTTP gets nothing from the TLS listener.
     let plain = reqwest::get(format!("http://{addr}/metrics")).await;
     assert!(!plain.is_ok_and(|r| r.status().is_success()));

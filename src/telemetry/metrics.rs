@@ -12,6 +12,7 @@
 //! [`super::events`], which also write the matching log line.
 
 use std::sync::LazyLock;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -141,6 +142,23 @@ pub struct GatewayProxyLabel {
     pub proxy: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeApiLabels {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`, `other`.
+    pub verb: &'static str,
+    /// The plural resource name, with a subresource (`proxies/status`);
+    /// `discovery` or `other` ([`crate::kube_client::ApiRequest`]).
+    pub resource: String,
+    /// The HTTP status, or `error` when no answer came.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeWaitLabel {
+    /// `budget`, `retry_after` or `backoff` ([`crate::kube_client::WaitSource`]).
+    pub reason: &'static str,
+}
+
 /// Proxies the gateway's per-proxy metrics name at once; the rest are `other`.
 pub const MAX_PROXY_LABELS: usize = 100;
 
@@ -199,6 +217,8 @@ pub struct Metrics {
     pub gateway_blocks: Family<GatewayProxyLabel, Counter>,
     pub gateway_sessions: Gauge,
     pub gateway_session_moves: Counter,
+    pub kube_api_requests: Family<KubeApiLabels, Counter>,
+    pub kube_api_wait: Family<KubeWaitLabel, Counter<f64, AtomicU64>>,
 }
 
 impl Metrics {
@@ -252,6 +272,8 @@ impl Metrics {
             gateway_blocks: Family::default(),
             gateway_sessions: Gauge::default(),
             gateway_session_moves: Counter::default(),
+            kube_api_requests: Family::default(),
+            kube_api_wait: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -468,6 +490,17 @@ impl Metrics {
             "gateway_session_moves",
             "Sticky gateway sessions that moved to another proxy (theirs was no longer leasable)",
             m.gateway_session_moves.clone(),
+        );
+        registry.register(
+            "kube_api_requests",
+            "Requests to the Kubernetes API server, one per try, by verb, resource and code",
+            m.kube_api_requests.clone(),
+        );
+        registry.register_with_unit(
+            "kube_api_wait",
+            "Time Kubernetes API requests waited before a try, by reason (budget, retry_after, backoff)",
+            Unit::Seconds,
+            m.kube_api_wait.clone(),
         );
         registry.register(
             "build_info",
