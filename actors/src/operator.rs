@@ -150,7 +150,11 @@ async fn operate(
     // kube's default client with our layer: 429s waited out, the budget
     // if asked for, every request counted (docs/kubernetes.md, API budget).
     let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
-    let client = egress_proxies::kube_client::client(config, options.kube_api_budget)?;
+    let client = egress_proxies::kube_client::client(config.clone(), options.kube_api_budget)?;
+    // The leader Lease on a client and connections of its own: a renewal
+    // never queues behind the bulk of a start (a missed renew deadline
+    // would end this replica's leadership).
+    let election_client = egress_proxies::kube_client::client(config, None)?;
     let build = BuildContext {
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,
@@ -208,7 +212,7 @@ async fn operate(
     let timings = Timings::from_lease_duration(options.lease_duration);
     let mut elector = options.leader_elect.then(|| {
         LeaderElector::new(
-            client.clone(),
+            election_client,
             &lease_namespace,
             LEASE_NAME,
             &identity,
