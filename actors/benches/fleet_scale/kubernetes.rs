@@ -54,7 +54,13 @@ struct Fake {
 }
 
 impl Fake {
-    async fn send(&self, verb: &str, group: &str, resource: &str, request: reqwest::RequestBuilder) -> (u16, reqwest::header::HeaderMap, Value) {
+    async fn send(
+        &self,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        request: reqwest::RequestBuilder,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
         let (code, headers, body) = match request.send().await {
             Ok(r) => {
                 let (code, headers) = (r.status().as_u16(), r.headers().clone());
@@ -115,9 +121,7 @@ impl Fake {
     /// The leader Lease's holder and transitions.
     async fn lease(&self) -> Option<(String, u64)> {
         let request = self.http.get(format!("{}{LEASES}/{LEASE}", self.base));
-        let (code, _, lease) = self
-            .send("get", "coordination.k8s.io", "leases", request)
-            .await;
+        let (code, _, lease) = self.send("get", "coordination.k8s.io", "leases", request).await;
         (code == 200).then(|| {
             (
                 lease["spec"]["holderIdentity"].as_str().unwrap_or("").to_owned(),
@@ -162,8 +166,19 @@ fn table(counts: &RequestCounts, per: f64, unit: &str) -> String {
     rows.sort_by(|a, b| b.1.cmp(a.1));
     rows.iter()
         .map(|(k, n)| {
-            let resource = if k.resource.is_empty() { "(discovery)" } else { &k.resource };
-            format!("    {:>8}  {:>9.2} {unit}  {} {} {}", n, **n as f64 / per, k.verb, resource, k.code)
+            let resource = if k.resource.is_empty() {
+                "(discovery)"
+            } else {
+                &k.resource
+            };
+            format!(
+                "    {:>8}  {:>9.2} {unit}  {} {} {}",
+                n,
+                **n as f64 / per,
+                k.verb,
+                resource,
+                k.code
+            )
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -176,7 +191,14 @@ fn fake_binary() -> PathBuf {
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
     let output = Command::new(cargo)
-        .args(["build", "--release", "-p", "fake-apiserver", "--bin", "fake-apiserver"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "fake-apiserver",
+            "--bin",
+            "fake-apiserver",
+        ])
         .args(["--message-format", "json-render-diagnostics"])
         .stderr(Stdio::inherit())
         .output()
@@ -221,7 +243,10 @@ async fn start_fake(dir: &Path, rate: Option<&str>, burst: Option<&str>) -> (Kil
         if let Some(status) = fake.0.try_wait().unwrap() {
             panic!("fake-apiserver exited: {status}");
         }
-        assert!(began.elapsed() < Duration::from_secs(20), "no kubeconfig within 20 s");
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "no kubeconfig within 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let server = text
@@ -256,7 +281,7 @@ struct Operator {
 }
 
 impl Operator {
-    fn start(dir: &Path, server: &str) -> Self {
+    fn start(dir: &Path) -> Self {
         let (health, metrics) = (free_addr(), free_addr());
         let log = dir.join("operator.log");
         let out = std::fs::File::create(&log).unwrap();
@@ -268,7 +293,11 @@ impl Operator {
             .arg("--state-dir")
             .arg(dir.join("state"))
             .args(["--health-probe-bind-address", &health.to_string()])
-            .args(["--metrics-bind-address", &metrics.to_string(), "--metrics-secure=false"])
+            .args([
+                "--metrics-bind-address",
+                &metrics.to_string(),
+                "--metrics-secure=false",
+            ])
             .args(["--discovery-bind-address", "0", "--leader-elect"])
             // The fleet's one forward proxy is on loopback.
             .args(["--allow-external-endpoint-networks", "127.0.0.0/8"])
@@ -282,7 +311,6 @@ impl Operator {
             .stderr(out)
             .spawn()
             .unwrap();
-        debug_assert!(!server.is_empty());
         Self {
             process: Kill(process),
             log,
@@ -301,7 +329,7 @@ impl Operator {
         let said = logs
             .lines()
             .find(|l| LOST.iter().any(|w| l.contains(w)))
-            .map(str::to_owned);
+            .map(plain);
         match (self.process.0.try_wait().ok().flatten(), said) {
             (Some(status), Some(line)) => Some(format!("exited ({status}); log: {line}")),
             (Some(status), None) => Some(format!("exited ({status})")),
@@ -328,6 +356,18 @@ impl Operator {
     }
 }
 
+/// A log line without its colours.
+fn plain(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some((before, after)) = rest.split_once("\x1b[") {
+        out.push_str(before);
+        rest = after.split_once('m').map_or("", |(_, r)| r);
+    }
+    out.push_str(rest);
+    out
+}
+
 fn phase_line(phases: &[(String, usize)]) -> String {
     phases
         .iter()
@@ -349,7 +389,14 @@ pub fn run(proxies: usize, steady: u64) -> ExitCode {
     let timeline = std::env::args().any(|a| a == "--timeline");
     let runtime = crate::common::load_generator_runtime();
     runtime.block_on(async {
-        let scenario = scenario(proxies, steady, deadline, rate.as_deref(), burst.as_deref(), timeline);
+        let scenario = scenario(
+            proxies,
+            steady,
+            deadline,
+            rate.as_deref(),
+            burst.as_deref(),
+            timeline,
+        );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
         // Interrupted, the scenario is dropped: every child with it.
         tokio::select! {
@@ -378,7 +425,8 @@ async fn scenario(
     };
     println!(
         "Kubernetes mode: fake-apiserver (pid {fake_pid}) at {server}{}",
-        rate.map(|r| format!(", 429 past {r} requests/s")).unwrap_or_default()
+        rate.map(|r| format!(", 429 past {r} requests/s"))
+            .unwrap_or_default()
     );
 
     // The cluster as an install leaves it, and the fleet, before the operator.
@@ -394,12 +442,22 @@ async fn scenario(
             .spawn()
             .unwrap(),
     );
-    fake.create("", "namespaces", "/api/v1/namespaces", &json!({"metadata": {"name": NAMESPACE}}))
-        .await;
+    fake.create(
+        "",
+        "namespaces",
+        "/api/v1/namespaces",
+        &json!({"metadata": {"name": NAMESPACE}}),
+    )
+    .await;
     for kind in ["proxies", "proxypools"] {
         let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
-        fake.create("apiextensions.k8s.io", "customresourcedefinitions", path, &crd(kind))
-            .await;
+        fake.create(
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            path,
+            &crd(kind),
+        )
+        .await;
     }
     let created = Instant::now();
     futures::stream::iter(0..proxies)
@@ -421,14 +479,18 @@ async fn scenario(
     let before = fake.counts().await;
     let began = Instant::now();
     let fake_cpu0 = cpu_seconds(fake_pid);
-    let mut operator = Operator::start(dir.path(), &server);
+    let mut operator = Operator::start(dir.path());
     let pid = operator.pid();
     let http = reqwest::Client::new();
     let (mut peak, mut leading_at, mut healthy_at, mut lost) = (0.0f64, None, None, None);
     let mut phases: Vec<(String, usize)> = Vec::new();
     let mut listed = Instant::now();
     let mut first_list = true;
-    let every = if timeline { Duration::from_secs(1) } else { Duration::from_secs(5) };
+    let every = if timeline {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(5)
+    };
     while healthy_at.is_none() {
         peak = peak.max(status_mib(pid, "VmHWM"));
         if let Some(why) = operator.lost() {
@@ -455,7 +517,11 @@ async fn scenario(
             println!(
                 "  {:6.1} s  {}  rss {:6.1} MiB  operator requests {:>7}  fake cpu {:5.1} s  {}",
                 began.elapsed().as_secs_f64(),
-                if leading_at.is_some() { "leading" } else { "waiting" },
+                if leading_at.is_some() {
+                    "leading"
+                } else {
+                    "waiting"
+                },
                 status_mib(pid, "VmRSS"),
                 so_far.total(),
                 cpu_seconds(fake_pid) - fake_cpu0,
@@ -470,6 +536,12 @@ async fn scenario(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    if healthy_at.is_none()
+        && let Some(now) = fake.phases().await
+    {
+        // Where the start stands now, not at the last look.
+        phases = now;
+    }
     let start_counts = minus(&fake.counts().await, &before, &fake.own.lock().unwrap());
     let start_window = began.elapsed();
     let start_own = fake.take_own();
@@ -477,15 +549,18 @@ async fn scenario(
 
     println!();
     match (healthy_at, &lost) {
-        (Some(t), _) => println!("{proxies} Proxies: start → all Ready in the fake {:.1} s", t.as_secs_f64()),
+        (Some(t), _) => println!(
+            "{proxies} Proxies: start → all Ready in the fake {:.1} s",
+            t.as_secs_f64()
+        ),
         (None, Some((t, why))) => println!(
-            "{proxies} Proxies: NOT all Ready — the leader's leadership ended after {:.1} s ({why}); {} Ready then ({})",
+            "{proxies} Proxies: NOT all Ready — the leader's leadership ended after {:.1} s ({why}); {} Ready in the fake at the end ({})",
             t.as_secs_f64(),
             ready(&phases),
             phase_line(&phases)
         ),
         (None, None) => println!(
-            "{proxies} Proxies: NOT all Ready within the {} s deadline: {}",
+            "{proxies} Proxies: NOT all Ready within the {} s deadline; at the end: {}",
             deadline.as_secs(),
             phase_line(&phases)
         ),
