@@ -14,12 +14,32 @@
 //! traffic stays on loopback. `--timeline` prints the phases, CPU and RSS
 //! every half second until all are healthy. `EPO_BENCH_WRAPPER` runs the operator under a
 //! profiler (the figures then include the profiler's own cost).
+//!
+//! `--kubernetes` runs the same fleet in Kubernetes mode instead (the
+//! `kubernetes` module): the project's fake API server as a process of its
+//! own (`fake-apiserver --cluster`, built by this bench unless
+//! `EPO_FAKE_APISERVER` names it), the CRDs and the Proxies created by the
+//! bench before one operator replica starts with `--leader-elect`.
+//!
+//!   cargo bench -p egress-proxies-operator --bench fleet_scale -- --kubernetes --proxies 1000 [--steady 20] [--deadline 300] [--api-rate 50 [--api-burst 50]] [--timeline]
+//!
+//! Reported: start → every Proxy `Ready` in the fake (by a LIST), the time
+//! to leadership, whether the leader ever lost its Lease (its log, its
+//! exit, the Lease's holder), the operator's API requests during the start
+//! by verb, resource and code (the fake's `/debug/requests`, less the
+//! bench's own) and per Proxy, the steady request rate over `--steady`
+//! seconds besides the leader Lease, and peak RSS. `--deadline` bounds the
+//! start: a leader that loses its Lease or a start past it ends the run
+//! with the figures so far (exit status 1). `--api-rate N` has the fake
+//! answer `429` past N requests a second (`--api-burst`: at once).
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "fleet_scale/kubernetes.rs"]
+mod kubernetes;
 use common::{Kill, arg, free_addr, target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
@@ -114,11 +134,14 @@ fn start(config: &std::path::Path, log: &std::path::Path) -> Kill {
     )
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     egress_proxies::tls::ensure_crypto_provider();
     let proxies: usize = arg("--proxies").map(|s| s.parse().unwrap()).unwrap_or(10_000);
     let per_file: usize = arg("--per-file").map(|s| s.parse().unwrap()).unwrap_or(proxies);
     let steady: u64 = arg("--steady").map(|s| s.parse().unwrap()).unwrap_or(20);
+    if std::env::args().any(|a| a == "--kubernetes") {
+        return kubernetes::run(proxies, steady);
+    }
     let dir = tempfile::tempdir().unwrap();
     let (api, metrics) = (free_addr(), free_addr());
     let manifests = dir.path().join("proxies");
@@ -249,4 +272,5 @@ fn main() {
             status_mib(operator.0.id(), "VmHWM")
         );
     });
+    std::process::ExitCode::SUCCESS
 }
