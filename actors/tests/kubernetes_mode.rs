@@ -226,18 +226,36 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         "crawl",
         &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("events.k8s.io", "v1", "Event"), "events"),
     );
-    let reasons: Vec<String> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|e| e.data["reason"].as_str().unwrap_or_default().to_owned())
-        .collect();
+    // (The Event follows the status write: it may come a moment later.)
+    let reasons = eventually("m's Ready Event", WAIT, async || {
+        let reasons: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|e| e.data["regarding"]["name"] == "m")
+            .map(|e| e.data["reason"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        reasons.iter().any(|r| r == "Ready").then_some(reasons)
+    })
+    .await;
     assert!(
         reasons.iter().any(|r| r == "Ready"),
         "Events on phase transitions: {reasons:?}"
     );
+    // External proxies: a refusal is a Warning Event, coming up healthy is
+    // none (the refused ones were applied after `ext` was Ready).
+    let about = |name: &str, items: &[DynamicObject]| {
+        items
+            .iter()
+            .filter(|e| e.data["regarding"]["name"] == name)
+            .map(|e| e.data["reason"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let items = events.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(about("ext-v6", &items), ["Failed"], "the refusal's Warning");
+    assert!(about("ext", &items).is_empty(), "{:?}", about("ext", &items));
 
     // Its credentials: a Secret owned by the Proxy, holding the passwd line.
     let secrets: Api<Secret> = Api::namespaced(bed.client.clone(), "crawl");

@@ -8,7 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::health::Verdict;
 use crate::provider::ProviderId;
-use crate::resource::{HealthStatus, Phase, Proxy, ProxyStatus, ReplacementStatus, condition, set_condition};
+use crate::resource::{
+    HealthStatus, Mode, Phase, Proxy, ProxyStatus, ReplacementStatus, condition, set_condition,
+};
 use crate::store::{ObjectKey, ProxyStore, StoreError};
 
 use super::ReconcileError;
@@ -17,6 +19,8 @@ use super::ReconcileError;
 pub struct StatusDraft {
     original: ProxyStatus,
     status: ProxyStatus,
+    /// Managed: the operator created what serves it.
+    managed: bool,
     uid: String,
     generation: Option<i64>,
     now: fn() -> Timestamp,
@@ -30,6 +34,7 @@ impl StatusDraft {
         Self {
             original,
             status,
+            managed: proxy.spec.mode == Mode::Managed,
             uid: proxy.metadata.uid.clone().unwrap_or_default(),
             generation: proxy.metadata.generation,
             now,
@@ -257,33 +262,50 @@ impl StatusDraft {
         }
         store.write_status(key, &self.uid, &self.status).await?;
         if self.status.phase != self.original.phase {
-            let phase = |p: Option<Phase>| p.map(Phase::as_str).unwrap_or("-");
-            let note = match &self.status.message {
-                Some(m) => format!(
-                    "{} → {}: {m}",
-                    phase(self.original.phase),
-                    phase(self.status.phase)
-                ),
-                None => format!("{} → {}", phase(self.original.phase), phase(self.status.phase)),
-            };
-            let warning = matches!(
-                self.status.phase,
-                Some(Phase::Failed | Phase::Unhealthy | Phase::BackOff)
-            );
-            store
-                .publish_event(key, &self.uid, phase(self.status.phase), &note, warning)
-                .await;
-            tracing::info!(
-                proxy = %key,
-                from = phase(self.original.phase),
-                to = phase(self.status.phase),
-                endpoint = self.status.endpoint.as_deref().unwrap_or(""),
-                message = self.status.message.as_deref().unwrap_or(""),
-                "phase changed"
-            );
+            self.phase_changed(store, key).await;
         }
         Ok(())
     }
+
+    /// Logs a phase change, and records it as an Event when a user would act on it.
+    async fn phase_changed(&self, store: &dyn ProxyStore, key: &ObjectKey) {
+        let phase = |p: Option<Phase>| p.map(Phase::as_str).unwrap_or("-");
+        let note = match &self.status.message {
+            Some(m) => format!(
+                "{} → {}: {m}",
+                phase(self.original.phase),
+                phase(self.status.phase)
+            ),
+            None => format!("{} → {}", phase(self.original.phase), phase(self.status.phase)),
+        };
+        let warning = is_warning(self.status.phase);
+        if worth_an_event(self.original.phase, self.status.phase, self.managed) {
+            store
+                .publish_event(key, &self.uid, phase(self.status.phase), &note, warning)
+                .await;
+        }
+        tracing::info!(
+            proxy = %key,
+            from = phase(self.original.phase),
+            to = phase(self.status.phase),
+            endpoint = self.status.endpoint.as_deref().unwrap_or(""),
+            message = self.status.message.as_deref().unwrap_or(""),
+            "phase changed"
+        );
+    }
+}
+
+fn is_warning(phase: Option<Phase>) -> bool {
+    matches!(phase, Some(Phase::Failed | Phase::Unhealthy | Phase::BackOff))
+}
+
+/// Whether a phase change becomes a Kubernetes Event: every change into or
+/// out of trouble (`Failed`, `Unhealthy`, `BackOff`), and every change of a
+/// Managed proxy (its instance's life); an External proxy's routine steps
+/// (`Pending` → `Running` → `Ready`, `Terminating`) are not, so that a
+/// fleet of them coming up healthy fills no one's event list.
+fn worth_an_event(from: Option<Phase>, to: Option<Phase>, managed: bool) -> bool {
+    managed || is_warning(from) || is_warning(to)
 }
 
 /// `host:port`, with IPv6 addresses in brackets.
@@ -291,5 +313,37 @@ fn endpoint(host: &str, port: u16) -> String {
     match host.parse::<IpAddr>() {
         Ok(IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
         _ => format!("{host}:{port}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_for_trouble_its_end_and_managed_instances() {
+        use Phase::*;
+        // (from, to, managed, an Event?)
+        let table = [
+            (None, Some(Pending), false, false),
+            (Some(Pending), Some(Running), false, false),
+            (Some(Running), Some(Ready), false, false),
+            (Some(Ready), Some(Terminating), false, false),
+            (Some(Ready), Some(Unhealthy), false, true),
+            (Some(Unhealthy), Some(Ready), false, true),
+            (Some(Pending), Some(Failed), false, true),
+            (Some(Failed), Some(Running), false, true),
+            (Some(Running), Some(BackOff), false, true),
+            (Some(Pending), Some(Running), true, true),
+            (Some(Running), Some(Ready), true, true),
+            (Some(Ready), Some(Terminating), true, true),
+        ];
+        for (from, to, managed, expected) in table {
+            assert_eq!(
+                worth_an_event(from, to, managed),
+                expected,
+                "{from:?} → {to:?}, managed {managed}"
+            );
+        }
     }
 }
