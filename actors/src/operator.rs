@@ -283,6 +283,7 @@ async fn operate(
     let store = Arc::new(store);
     actix::spawn(store.clone().watch_proxies());
     actix::spawn(store.clone().watch_secrets());
+    actix::spawn(store.clone().watch_credentials());
     let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
     actix::spawn(store.clone().watch_pools(pool_events));
     let pools = pool_context(&store, &settings);

@@ -485,6 +485,22 @@ async fn the_operator_runs_every_path_against_the_api_server() {
         with_kept,
         "the released instance (skip-cleanup's) is spared"
     );
+    // Every reconcile, finalizer and annotation edit, GC sweep and restart
+    // check read its Proxies from the watch cache: not one GET.
+    let gets: Vec<String> = bed
+        .fake
+        .accesses
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|a| a.verb == "get" && matches!(a.resource.as_str(), "proxies" | "proxypools"))
+        .map(|a| format!("{a:?}"))
+        .collect();
+    assert_eq!(
+        gets,
+        Vec::<String>::new(),
+        "reads of Proxies go to the watch cache"
+    );
     support::rbac::assert_covered(&bed.fake.accesses.lock().unwrap());
 }
 
@@ -509,24 +525,16 @@ async fn an_operator_limited_to_one_namespace_needs_only_the_namespaced_rbac() {
     bed.proxies().delete("m", &DeleteParams::default()).await.unwrap();
     bed.until("deletion", async |o| o.is_none().then_some(()), "m")
         .await;
-    // Two more GC sweeps (each lists Proxies, as the watch did once).
-    // Without --proxy-namespace this fails: Proxies and Secrets are watched
-    // cluster-wide.
-    let proxy_lists = || {
-        bed.fake
-            .accesses
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|a| a.verb == "list" && a.resource == "proxies")
-            .count()
-    };
-    let before = proxy_lists();
+    // Two more GC sweeps (each reads the Proxies from the watch cache and
+    // lists the provider's instances). Without --proxy-namespace this
+    // fails: Proxies and Secrets are watched cluster-wide.
+    let sweeps = || bed.dir.logs().matches("gc.sweep").count();
+    let before = sweeps();
     eventually_explained(
         "two GC sweeps",
         WAIT,
         || bed.dir.logs(),
-        async || (proxy_lists() >= before + 2).then_some(()),
+        async || (sweeps() >= before + 2).then_some(()),
     )
     .await;
     support::rbac::assert_namespaced(&bed.fake.accesses.lock().unwrap(), "crawl");

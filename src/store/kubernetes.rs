@@ -1,11 +1,18 @@
 //! The Kubernetes adapter of the object-store port: Proxies through the API
-//! server. Reads are direct GETs (always the latest version); writes carry a
-//! JSON-patch `test` on the UID — and on the resourceVersion for finalizer
-//! changes, retried on conflict — so another controller's finalizers are
-//! never clobbered and a write never lands on a new incarnation. Status goes
-//! through the status subresource. Cloud-init comes from Secrets labelled
-//! `crawl.example.com/cloud-init: "true"`; only those are watched, and a
-//! rotation re-reconciles the Proxies that use them.
+//! server. Reads come from watch caches ([`WatchCache`]): Proxies,
+//! ProxyPools, the operator's credentials Secrets and the labelled
+//! cloud-init Secrets are each watched once, and a reconcile reads the
+//! object it was woken for from memory, never with a GET. The one read
+//! that still goes to the API server is an External proxy's credentials
+//! Secret (any Secret the user names; the operator does not watch every
+//! Secret), once per reconcile of that Proxy.
+//!
+//! Writes carry a JSON-patch `test` on the UID — and on the resourceVersion
+//! for finalizer and annotation changes, retried on conflict once the cache
+//! shows the newer version — so another controller's finalizers are never
+//! clobbered and a write never lands on a new incarnation. Status goes
+//! through the status subresource. A rotation of a cloud-init Secret
+//! re-reconciles the Proxies that use it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -13,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
@@ -25,10 +32,16 @@ use crate::credentials::ProxyCredentials;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
+use crate::store::watch_cache::WatchCache;
 use crate::store::watch_retry::WatchRetry;
 use crate::store::{
     CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret,
 };
+
+/// How long a read waits for a watch's first list before it fails (and
+/// its reconcile is retried): the API server is down or the operator may
+/// not list that kind.
+const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Attempts of a resourceVersion-guarded write before giving up (Transient).
 const CONFLICT_RETRIES: usize = 5;
@@ -43,6 +56,22 @@ pub struct KubeStore {
     secret_users: Mutex<HashMap<ObjectKey, HashSet<ObjectKey>>>,
     /// Secrets' last seen content, to react to rotations only.
     secret_versions: Mutex<HashMap<ObjectKey, String>>,
+    proxy_cache: WatchCache<Proxy>,
+    pool_cache: WatchCache<ProxyPool>,
+    /// The operator's own credentials Secrets (one per Managed Proxy).
+    credentials_cache: WatchCache<Secret>,
+    /// Secrets labelled for cloud-init.
+    cloud_init_cache: WatchCache<Secret>,
+}
+
+/// Waits for `cache`'s first list, at most [`FIRST_LIST_WAIT`].
+async fn listed<K>(cache: &WatchCache<K>, what: &str) -> Result<(), StoreError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    tokio::time::timeout(FIRST_LIST_WAIT, cache.ready())
+        .await
+        .map_err(|_| StoreError::Backend(format!("the watch of {what} has not listed them yet")))
 }
 
 fn backend(e: kube::Error) -> StoreError {
@@ -73,6 +102,38 @@ struct Relisted {
 }
 
 impl Relisted {
+    /// Follows one watch event; returns the changes to announce (after
+    /// the event has been applied to the cache).
+    fn follow<K>(&mut self, event: &Event<K>, key_of: impl Fn(&K) -> ObjectKey) -> Vec<StoreEvent> {
+        match event {
+            Event::Apply(o) => {
+                let key = key_of(o);
+                self.seen(&key);
+                vec![StoreEvent::Changed(key)]
+            }
+            Event::Delete(o) => {
+                let key = key_of(o);
+                self.gone(&key);
+                vec![StoreEvent::Removed(key)]
+            }
+            Event::Init => {
+                self.relist_started();
+                Vec::new()
+            }
+            Event::InitApply(o) => {
+                self.relisted(&key_of(o));
+                Vec::new()
+            }
+            Event::InitDone => {
+                let relist = self.relist_done();
+                let changed = relist.found.into_iter().map(StoreEvent::Changed);
+                changed
+                    .chain(relist.missing.into_iter().map(StoreEvent::Removed))
+                    .collect()
+            }
+        }
+    }
+
     fn seen(&mut self, key: &ObjectKey) {
         self.known.insert(key.clone());
     }
@@ -89,14 +150,23 @@ impl Relisted {
         self.listing.get_or_insert_with(HashSet::new).insert(key.clone());
     }
 
-    /// The objects known before that the re-list no longer has.
-    fn relist_done(&mut self) -> Vec<ObjectKey> {
+    /// What the re-list found, and the objects known before that it no longer has.
+    fn relist_done(&mut self) -> Relist {
         let listed = self.listing.take().unwrap_or_default();
         let mut missing: Vec<ObjectKey> = self.known.difference(&listed).cloned().collect();
         missing.sort();
+        let mut found: Vec<ObjectKey> = listed.iter().cloned().collect();
+        found.sort();
         self.known = listed;
-        missing
+        Relist { found, missing }
     }
+}
+
+/// The outcome of a (re-)list. Its objects are announced only once the list
+/// is complete: the cache shows a list's objects from its end on.
+struct Relist {
+    found: Vec<ObjectKey>,
+    missing: Vec<ObjectKey>,
 }
 
 /// JSON-pointer escaping of one path segment.
@@ -127,6 +197,10 @@ impl KubeStore {
             recorder,
             secret_users: Mutex::new(HashMap::new()),
             secret_versions: Mutex::new(HashMap::new()),
+            proxy_cache: WatchCache::default(),
+            pool_cache: WatchCache::default(),
+            credentials_cache: WatchCache::default(),
+            cloud_init_cache: WatchCache::default(),
         };
         (store, rx)
     }
@@ -135,15 +209,16 @@ impl KubeStore {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    /// Every Proxy in scope, read from the API server (not a watch cache).
-    async fn list_proxies(&self) -> Result<Vec<Proxy>, StoreError> {
-        let list = self
-            .all_proxies()
-            .list(&ListParams::default())
-            .instrument(api_span("list", "proxies", None))
-            .await
-            .map_err(backend)?;
-        Ok(list.items)
+    /// Every Proxy in scope, as the watch cache shows them.
+    async fn cached_proxies(&self) -> Result<Vec<Arc<Proxy>>, StoreError> {
+        listed(&self.proxy_cache, "Proxies").await?;
+        Ok(self.proxy_cache.all())
+    }
+
+    /// The Proxy at `key` as the watch cache shows it.
+    async fn cached_proxy(&self, key: &ObjectKey) -> Result<Option<Arc<Proxy>>, StoreError> {
+        listed(&self.proxy_cache, "Proxies").await?;
+        Ok(self.proxy_cache.get(key))
     }
 
     fn all_proxies(&self) -> Api<Proxy> {
@@ -157,9 +232,9 @@ impl KubeStore {
         let _ = self.events.send(event);
     }
 
-    /// Watches ProxyPools until the stream ends, sending each change to
-    /// `events` (the pool registry's stream); a re-list removes pools
-    /// deleted while the watch was down, as for Proxies.
+    /// Watches ProxyPools until the stream ends, keeping the pool cache and
+    /// sending each change to `events` (the pool registry's stream); a
+    /// re-list removes pools deleted while the watch was down, as for Proxies.
     pub async fn watch_pools(self: Arc<Self>, events: mpsc::UnboundedSender<StoreEvent>) {
         let api: Api<ProxyPool> = match &self.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
@@ -173,81 +248,83 @@ impl KubeStore {
             let _ = events.send(event);
         };
         while let Some(item) = stream.next().await {
-            if item.is_ok() {
-                retry.succeeded();
-            }
-            match item {
-                Ok(Event::Apply(p)) => {
-                    let key = crate::store::pool_key(&p);
-                    known.seen(&key);
-                    send(StoreEvent::Changed(key));
+            let event = match item {
+                Ok(event) => event,
+                Err(e) => {
+                    retry.wait_after(&e, "ProxyPools").await;
+                    continue;
                 }
-                Ok(Event::InitApply(p)) => {
-                    let key = crate::store::pool_key(&p);
-                    known.relisted(&key);
-                    send(StoreEvent::Changed(key));
-                }
-                Ok(Event::Delete(p)) => {
-                    let key = crate::store::pool_key(&p);
-                    known.gone(&key);
-                    send(StoreEvent::Removed(key));
-                }
-                Ok(Event::Init) => known.relist_started(),
-                Ok(Event::InitDone) => known.relist_done().into_iter().for_each(|key| {
-                    send(StoreEvent::Removed(key));
-                }),
-                Err(e) => retry.wait_after(&e, "ProxyPools").await,
-            }
+            };
+            retry.succeeded();
+            let announce = known.follow(&event, crate::store::pool_key);
+            self.pool_cache.apply(event);
+            announce.into_iter().for_each(send);
         }
     }
 
-    /// Watches Proxies until the stream ends; every change becomes an event.
-    /// The watcher re-lists and resumes by itself after errors and 410s,
-    /// pausing as [`WatchRetry`] says (at most 2 s while the API server does
-    /// not answer, none before the re-list a 410 calls for). A re-list is
-    /// compared with what was known: a Proxy deleted during the gap (its
-    /// deletion never seen as an event) is removed all the same.
+    /// Watches Proxies until the stream ends, keeping the Proxy cache; every
+    /// change becomes an event once the cache shows it. The watcher re-lists
+    /// and resumes by itself after errors and 410s, pausing as [`WatchRetry`]
+    /// says (at most 2 s while the API server does not answer, none before
+    /// the re-list a 410 calls for). A re-list is compared with what was
+    /// known: a Proxy deleted during the gap (its deletion never seen as an
+    /// event) is removed all the same.
     pub async fn watch_proxies(self: Arc<Self>) {
         let mut stream = watcher(self.all_proxies(), watcher::Config::default()).boxed();
         let mut retry = WatchRetry::default();
         let mut known = Relisted::default();
         while let Some(item) = stream.next().await {
-            if item.is_ok() {
-                retry.succeeded();
+            let event = match item {
+                Ok(event) => event,
+                Err(e) => {
+                    retry.wait_after(&e, "Proxies").await;
+                    continue;
+                }
+            };
+            retry.succeeded();
+            match &event {
+                Event::Apply(p) | Event::InitApply(p) => self.remember_secret_use(&ObjectKey::of(p), p),
+                Event::Delete(p) => self.forget_secret_use(&ObjectKey::of(p)),
+                Event::Init | Event::InitDone => {}
             }
-            match item {
-                Ok(Event::Apply(p)) => {
-                    let key = ObjectKey::of(&p);
-                    known.seen(&key);
-                    self.remember_secret_use(&key, &p);
-                    self.emit(StoreEvent::Changed(key));
-                }
-                Ok(Event::InitApply(p)) => {
-                    let key = ObjectKey::of(&p);
-                    known.relisted(&key);
-                    self.remember_secret_use(&key, &p);
-                    self.emit(StoreEvent::Changed(key));
-                }
-                Ok(Event::Delete(p)) => {
-                    let key = ObjectKey::of(&p);
-                    known.gone(&key);
-                    self.forget_secret_use(&key);
-                    self.emit(StoreEvent::Removed(key));
-                }
-                Ok(Event::Init) => known.relist_started(),
-                Ok(Event::InitDone) => {
-                    for key in known.relist_done() {
+            let relisting = matches!(event, Event::InitDone);
+            let announce = known.follow(&event, ObjectKey::of);
+            self.proxy_cache.apply(event);
+            for change in announce {
+                if let StoreEvent::Removed(key) = &change {
+                    if relisting {
                         tracing::info!(proxy = %key, "Proxy deleted while the watch was down");
-                        self.forget_secret_use(&key);
-                        self.emit(StoreEvent::Removed(key));
                     }
+                    self.forget_secret_use(key);
                 }
-                Err(e) => retry.wait_after(&e, "Proxies").await,
+                self.emit(change);
             }
         }
     }
 
-    /// Watches labelled cloud-init Secrets; a content change re-reconciles their users.
+    /// Watches the operator's credentials Secrets into their cache.
+    pub async fn watch_credentials(self: Arc<Self>) {
+        let api: Api<Secret> = match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let label = credentials_secret::CREDENTIALS_LABEL;
+        let config = watcher::Config::default().labels(&format!("{label}=true"));
+        let mut stream = watcher(api, config).boxed();
+        let mut retry = WatchRetry::default();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => {
+                    retry.succeeded();
+                    self.credentials_cache.apply(event);
+                }
+                Err(e) => retry.wait_after(&e, "credentials Secrets").await,
+            }
+        }
+    }
+
+    /// Watches labelled cloud-init Secrets into their cache; a content
+    /// change re-reconciles their users.
     pub async fn watch_secrets(self: Arc<Self>) {
         let api: Api<Secret> = match &self.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
@@ -257,42 +334,47 @@ impl KubeStore {
         let mut stream = watcher(api, config).boxed();
         let mut retry = WatchRetry::default();
         let mut known = Relisted::default();
+        // A list's contents, told once the cache shows them.
+        let mut listing: Vec<(ObjectKey, String)> = Vec::new();
+        let digest = |s: &Secret| serde_json::to_string(&s.data).unwrap_or_default();
         while let Some(item) = stream.next().await {
-            if item.is_ok() {
-                retry.succeeded();
-            }
-            let secret = match item {
-                Ok(Event::Apply(s)) => s,
-                Ok(Event::Delete(s)) => {
-                    let key = secret_key(&s);
-                    known.gone(&key);
-                    self.secret_changed(&key, String::new());
-                    continue;
-                }
-                Ok(Event::InitApply(s)) => {
-                    known.relisted(&secret_key(&s));
-                    s
-                }
-                Ok(Event::Init) => {
-                    known.relist_started();
-                    continue;
-                }
-                Ok(Event::InitDone) => {
-                    // Deleted during the gap: their users must notice.
-                    for key in known.relist_done() {
-                        self.secret_changed(&key, String::new());
-                    }
-                    continue;
-                }
+            let event = match item {
+                Ok(event) => event,
                 Err(e) => {
                     retry.wait_after(&e, "cloud-init Secrets").await;
                     continue;
                 }
             };
-            let key = secret_key(&secret);
-            known.seen(&key);
-            let digest = serde_json::to_string(&secret.data).unwrap_or_default();
-            self.secret_changed(&key, digest);
+            retry.succeeded();
+            let changed: Vec<(ObjectKey, String)> = match &event {
+                Event::Apply(s) => vec![(secret_key(s), digest(s))],
+                Event::Delete(s) => vec![(secret_key(s), String::new())],
+                Event::InitApply(s) => {
+                    listing.push((secret_key(s), digest(s)));
+                    Vec::new()
+                }
+                Event::Init => {
+                    listing.clear();
+                    Vec::new()
+                }
+                Event::InitDone => std::mem::take(&mut listing),
+            };
+            // Deleted during the gap: their users must notice.
+            let gone: Vec<ObjectKey> = known
+                .follow(&event, secret_key)
+                .into_iter()
+                .filter_map(|e| match e {
+                    StoreEvent::Removed(key) => Some(key),
+                    StoreEvent::Changed(_) => None,
+                })
+                .collect();
+            self.cloud_init_cache.apply(event);
+            for (key, digest) in changed {
+                self.secret_changed(&key, digest);
+            }
+            for key in gone {
+                self.secret_changed(&key, String::new());
+            }
         }
     }
 
@@ -348,65 +430,79 @@ impl KubeStore {
         }
     }
 
-    /// Rewrites the finalizer list with a resourceVersion guard, retrying on conflict.
+    /// Edits the Proxy with a resourceVersion guard: `edit` turns the
+    /// current object into JSON-patch operations (none: nothing to do). A
+    /// conflict is retried once the cache shows the version that won.
+    async fn edit_guarded(
+        &self,
+        key: &ObjectKey,
+        uid: &str,
+        edit: impl Fn(&Proxy) -> Vec<serde_json::Value>,
+    ) -> Result<(), StoreError> {
+        let gone = || StoreError::Gone {
+            key: key.clone(),
+            uid: uid.to_owned(),
+        };
+        let api = self.proxies(&key.namespace);
+        for _ in 0..CONFLICT_RETRIES {
+            let current = self
+                .cached_proxy(key)
+                .await?
+                .filter(|p| p.metadata.uid.as_deref() == Some(uid))
+                .ok_or_else(gone)?;
+            let edits = edit(&current);
+            if edits.is_empty() {
+                return Ok(());
+            }
+            let version = current.metadata.resource_version.clone();
+            let mut ops = vec![
+                json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+                json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}),
+            ];
+            ops.extend(edits);
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
+            let ticket = self.proxy_cache.ticket();
+            match api
+                .patch(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .instrument(api_span("patch", "proxies", Some(key)))
+                .await
+            {
+                Ok(written) => {
+                    self.proxy_cache.wrote(ticket, written);
+                    return Ok(());
+                }
+                // Someone else changed the object meanwhile (or it is another
+                // incarnation): retry against what the watch shows next.
+                Err(e) if matches!(api_code(&e), Some(409 | 422)) => {
+                    self.proxy_cache.caught_up(key, version.as_deref()).await;
+                }
+                Err(e) if api_code(&e) == Some(404) => return Err(gone()),
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "{key}: the object kept changing under us; will retry"
+        )))
+    }
+
+    /// Rewrites the finalizer list (guarded as [`Self::edit_guarded`] says).
     async fn edit_finalizers(
         &self,
         key: &ObjectKey,
         uid: &str,
         edit: impl Fn(&mut Vec<String>),
     ) -> Result<(), StoreError> {
-        let api = self.proxies(&key.namespace);
-        for _ in 0..CONFLICT_RETRIES {
-            let Some(current) = api
-                .get_opt(&key.name)
-                .instrument(api_span("get", "proxies", Some(key)))
-                .await
-                .map_err(backend)?
-            else {
-                return Err(StoreError::Gone {
-                    key: key.clone(),
-                    uid: uid.to_owned(),
-                });
-            };
-            if current.metadata.uid.as_deref() != Some(uid) {
-                return Err(StoreError::Gone {
-                    key: key.clone(),
-                    uid: uid.to_owned(),
-                });
-            }
+        self.edit_guarded(key, uid, |current| {
             let before = current.metadata.finalizers.clone().unwrap_or_default();
             let mut after = before.clone();
             edit(&mut after);
             if after == before {
-                return Ok(());
+                return Vec::new();
             }
-            let ops = json!([
-                {"op": "test", "path": "/metadata/uid", "value": uid},
-                {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
-                {"op": "add", "path": "/metadata/finalizers", "value": after},
-            ]);
-            let patch: json_patch::Patch =
-                serde_json::from_value(ops).map_err(|e| StoreError::Backend(e.to_string()))?;
-            match api
-                .patch(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
-                .instrument(api_span("patch", "proxies", Some(key)))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                // Someone else changed the object meanwhile: read again.
-                Err(e) if matches!(api_code(&e), Some(409 | 422)) => continue,
-                Err(e) if api_code(&e) == Some(404) => {
-                    return Err(StoreError::Gone {
-                        key: key.clone(),
-                        uid: uid.to_owned(),
-                    });
-                }
-                Err(e) => return Err(backend(e)),
-            }
-        }
-        Err(StoreError::Backend(format!(
-            "{key}: finalizers kept changing under us; will retry"
-        )))
+            vec![json!({"op": "add", "path": "/metadata/finalizers", "value": after})]
+        })
+        .await
     }
 
     /// A JSON patch guarded by the UID; a failed guard means another incarnation.
@@ -421,6 +517,7 @@ impl KubeStore {
         let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         let api = self.proxies(&key.namespace);
+        let ticket = self.proxy_cache.ticket();
         let result = if status {
             api.patch_status(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .instrument(api_span("patch", "proxies/status", Some(key)))
@@ -431,7 +528,10 @@ impl KubeStore {
                 .await
         };
         match result {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                self.proxy_cache.wrote(ticket, written);
+                Ok(())
+            }
             Err(e) if matches!(api_code(&e), Some(404 | 422)) => Err(StoreError::Gone {
                 key: key.clone(),
                 uid: uid.to_owned(),
@@ -462,11 +562,7 @@ fn api_span(verb: &'static str, resource: &'static str, key: Option<&ObjectKey>)
 #[async_trait]
 impl ProxyStore for KubeStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
-        self.proxies(&key.namespace)
-            .get_opt(&key.name)
-            .instrument(api_span("get", "proxies", Some(key)))
-            .await
-            .map_err(backend)
+        Ok(self.cached_proxy(key).await?.map(|p| p.as_ref().clone()))
     }
 
     async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
@@ -490,21 +586,24 @@ impl ProxyStore for KubeStore {
         name: &str,
         value: Option<&str>,
     ) -> Result<(), StoreError> {
-        let current = self.get(key).await?.ok_or_else(|| StoreError::Gone {
-            key: key.clone(),
-            uid: uid.to_owned(),
-        })?;
-        let annotations = current.metadata.annotations.unwrap_or_default();
         let path = format!("/metadata/annotations/{}", pointer(name));
-        let ops = match (value, annotations.is_empty(), annotations.contains_key(name)) {
-            (Some(v), true, _) => vec![
-                json!({"op": "add", "path": "/metadata/annotations", "value": BTreeMap::from([(name, v)])}),
-            ],
-            (Some(v), false, _) => vec![json!({"op": "add", "path": path, "value": v})],
-            (None, _, true) => vec![json!({"op": "remove", "path": path})],
-            (None, _, false) => return Ok(()),
-        };
-        self.guarded_patch(key, uid, ops, false).await
+        self.edit_guarded(key, uid, |current| {
+            let annotations = current.metadata.annotations.as_ref();
+            let now = annotations.and_then(|a| a.get(name)).map(String::as_str);
+            if now == value {
+                return Vec::new();
+            }
+            match (value, annotations.is_none_or(|a| a.is_empty())) {
+                // The resourceVersion guard keeps a whole-map write from
+                // dropping annotations the cache has not seen yet.
+                (Some(v), true) => vec![
+                    json!({"op": "add", "path": "/metadata/annotations", "value": BTreeMap::from([(name, v)])}),
+                ],
+                (Some(v), false) => vec![json!({"op": "add", "path": path, "value": v})],
+                (None, _) => vec![json!({"op": "remove", "path": path})],
+            }
+        })
+        .await
     }
 
     async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
@@ -526,11 +625,8 @@ impl ProxyStore for KubeStore {
     ) -> Result<ProxyCredentials, StoreError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &key.namespace);
         let name = credentials_secret::credentials_secret_name(uid);
-        let found = api
-            .get_opt(&name)
-            .instrument(api_span("get", "secrets", Some(key)))
-            .await
-            .map_err(backend)?;
+        listed(&self.credentials_cache, "credentials Secrets").await?;
+        let found = self.credentials_cache.get(&ObjectKey::new(&key.namespace, &name));
         if let Some(kept) = found
             .as_ref()
             .and_then(|s| credentials_secret::kept(s, uid, generation))
@@ -540,10 +636,12 @@ impl ProxyStore for KubeStore {
         let unusable = |e: crate::credentials::CredentialsError| StoreError::Backend(e.to_string());
         let fresh = ProxyCredentials::generate().map_err(unusable)?;
         let mut secret = credentials_secret::build(key, uid, generation, &fresh).map_err(unusable)?;
-        // A racing writer makes this fail (conflict or exists); the retry reads theirs.
-        match found {
+        // A racing writer makes this fail (conflict or exists); the retry
+        // reads theirs once the watch has brought it.
+        let ticket = self.credentials_cache.ticket();
+        let written = match found {
             Some(old) => {
-                secret.metadata.resource_version = old.metadata.resource_version;
+                secret.metadata.resource_version = old.metadata.resource_version.clone();
                 api.replace(&name, &PostParams::default(), &secret)
                     .instrument(api_span("replace", "secrets", Some(key)))
                     .await
@@ -555,6 +653,7 @@ impl ProxyStore for KubeStore {
             }
         }
         .map_err(backend)?;
+        self.credentials_cache.wrote(ticket, written);
         Ok(fresh)
     }
 
@@ -590,20 +689,30 @@ impl ProxyStore for KubeStore {
     }
 
     async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let found = api
-            .get_opt(&secret.name)
-            .instrument(api_span("get", "secrets", None))
-            .await
-            .map_err(|e| CloudInitError::Backend {
-                namespace: namespace.to_owned(),
-                name: secret.name.clone(),
-                reason: e.to_string(),
-            })?;
-        let found = found.ok_or_else(|| CloudInitError::SecretNotFound {
+        let failed = |reason: String| CloudInitError::Backend {
             namespace: namespace.to_owned(),
             name: secret.name.clone(),
-        })?;
+            reason,
+        };
+        listed(&self.cloud_init_cache, "cloud-init Secrets")
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let cached = self
+            .cloud_init_cache
+            .get(&ObjectKey::new(namespace, &secret.name));
+        let found = match cached {
+            Some(found) => found.as_ref().clone(),
+            // Not among the labelled ones: read it only to say why.
+            None => Api::<Secret>::namespaced(self.client.clone(), namespace)
+                .get_opt(&secret.name)
+                .instrument(api_span("get", "secrets", None))
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .ok_or_else(|| CloudInitError::SecretNotFound {
+                    namespace: namespace.to_owned(),
+                    name: secret.name.clone(),
+                })?,
+        };
         let labelled = found
             .metadata
             .labels
@@ -632,17 +741,13 @@ impl ProxyStore for KubeStore {
     }
 
     async fn live_uids(&self) -> Result<HashSet<String>, StoreError> {
-        let proxies = self.list_proxies().await?;
-        Ok(proxies.into_iter().filter_map(|p| p.metadata.uid).collect())
+        let proxies = self.cached_proxies().await?;
+        Ok(proxies.iter().filter_map(|p| p.metadata.uid.clone()).collect())
     }
 
     async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
-        Ok(self
-            .list_proxies()
-            .await?
-            .into_iter()
-            .filter_map(|p| Some(ObjectKey::new(p.metadata.namespace?, p.metadata.name?)))
-            .collect())
+        let proxies = self.cached_proxies().await?;
+        Ok(proxies.iter().map(|p| ObjectKey::of(p.as_ref())).collect())
     }
 
     async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
@@ -687,52 +792,50 @@ fn kube_event(reason: &str, note: &str, warning: bool) -> KubeEvent {
 #[async_trait]
 impl PoolStore for KubeStore {
     async fn get_pool(&self, key: &ObjectKey) -> Result<Option<ProxyPool>, StoreError> {
-        Api::<ProxyPool>::namespaced(self.client.clone(), &key.namespace)
-            .get_opt(&key.name)
-            .instrument(api_span("get", "proxypools", Some(key)))
-            .await
-            .map_err(backend)
+        listed(&self.pool_cache, "ProxyPools").await?;
+        Ok(self.pool_cache.get(key).map(|p| p.as_ref().clone()))
     }
 
     async fn pool_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
-        let api: Api<ProxyPool> = match &self.namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
-        let list = api
-            .list(&ListParams::default())
-            .instrument(api_span("list", "proxypools", None))
-            .await
-            .map_err(backend)?;
-        Ok(list.items.iter().map(crate::store::pool_key).collect())
+        listed(&self.pool_cache, "ProxyPools").await?;
+        Ok(self
+            .pool_cache
+            .all()
+            .iter()
+            .map(|p| crate::store::pool_key(p))
+            .collect())
     }
 
     async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
         let key = crate::store::pool_key(pool);
-        let selector = format!("{POOL_LABEL}={}", key.name);
-        let list = self
-            .proxies(&key.namespace)
-            .list(&ListParams::default().labels(&selector))
-            .instrument(api_span("list", "proxies", Some(&key)))
-            .await
-            .map_err(backend)?;
+        let proxies = self.cached_proxies().await?;
         // The label is a hint; the controller reference decides.
-        Ok(list
-            .items
-            .into_iter()
+        Ok(proxies
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+            .filter(|p| {
+                let label = p.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL));
+                label == Some(&key.name)
+            })
             .filter(|p| crate::pool::is_member(p, pool))
+            .map(|p| p.as_ref().clone())
             .collect())
     }
 
     async fn create_member(&self, member: &Proxy) -> Result<(), StoreError> {
         let key = ObjectKey::of(member);
+        // The pool's next turn must count it even before the watch brings it.
+        let ticket = self.proxy_cache.ticket();
         match self
             .proxies(&key.namespace)
             .create(&PostParams::default(), member)
             .instrument(api_span("create", "proxies", Some(&key)))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(created) => {
+                self.proxy_cache.wrote(ticket, created);
+                Ok(())
+            }
             Err(e) if api_code(&e) == Some(409) => Err(StoreError::AlreadyExists(key)),
             Err(e) => Err(backend(e)),
         }
@@ -747,13 +850,20 @@ impl PoolStore for KubeStore {
             }),
             ..Default::default()
         };
+        let ticket = self.proxy_cache.ticket();
         match self
             .proxies(&key.namespace)
             .delete(&key.name, &params)
             .instrument(api_span("delete", "proxies", Some(key)))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(answer) => {
+                // Held by its finalizer: the pool sees it leaving at once.
+                if let Some(deleting) = answer.left() {
+                    self.proxy_cache.wrote(ticket, deleting);
+                }
+                Ok(())
+            }
             Err(e) if matches!(api_code(&e), Some(404 | 409)) => Err(StoreError::Gone {
                 key: key.clone(),
                 uid: uid.to_owned(),
@@ -774,12 +884,16 @@ impl PoolStore for KubeStore {
             {"op": "add", "path": "/status", "value": value},
         ]))
         .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let ticket = self.pool_cache.ticket();
         match Api::<ProxyPool>::namespaced(self.client.clone(), &key.namespace)
             .patch_status(&key.name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .instrument(api_span("patch", "proxypools/status", Some(key)))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                self.pool_cache.wrote(ticket, written);
+                Ok(())
+            }
             Err(e) if matches!(api_code(&e), Some(404 | 422)) => Err(StoreError::Gone {
                 key: key.clone(),
                 uid: uid.to_owned(),
@@ -826,10 +940,12 @@ mod relist_tests {
         known.relist_started();
         known.relisted(&k("a"));
         known.relisted(&k("d"));
-        assert_eq!(known.relist_done(), [k("b")]);
+        let relist = known.relist_done();
+        assert_eq!(relist.missing, [k("b")]);
+        assert_eq!(relist.found, [k("a"), k("d")]);
         // The next re-list starts from what the last one listed.
         known.relist_started();
         known.relisted(&k("d"));
-        assert_eq!(known.relist_done(), [k("a")]);
+        assert_eq!(known.relist_done().missing, [k("a")]);
     }
 }

@@ -16,6 +16,7 @@ mod key;
 pub mod kubernetes;
 pub mod lease_checkpoint;
 mod pools;
+pub mod watch_cache;
 pub mod watch_retry;
 
 use std::collections::HashSet;
