@@ -264,6 +264,7 @@ fn main() {
                         endpoint_policy: None,
                     }),
                     owner: sink.downgrade().recipient(),
+                    recorded: None,
                 });
             }
             // One interval to spread the start times, then measure.

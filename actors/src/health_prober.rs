@@ -17,7 +17,7 @@ use std::time::Duration;
 use actix::WeakRecipient;
 use actix::prelude::*;
 use egress_proxies::health::{
-    HealthState, LatencyRule, ProbeFailure, ProbeResult, ProbeTarget, Prober, Sample,
+    HealthState, LatencyRule, ProbeFailure, ProbeResult, ProbeTarget, Prober, RecordedVerdict, Sample,
 };
 use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
@@ -40,6 +40,11 @@ pub struct Watch {
     /// Weak: the prober must never keep a stopped ProxyActor alive (its
     /// Supervisor would restart it).
     pub owner: WeakRecipient<HealthVerdict>,
+    /// The verdict the proxy's status records for this target: where a
+    /// proxy the prober does not watch yet starts from (after an operator
+    /// restart its probes confirm it and report nothing). Apart from the
+    /// target, so that a status change never re-registers it.
+    pub recorded: Option<RecordedVerdict>,
 }
 
 /// Stop watching a proxy.
@@ -360,12 +365,18 @@ impl Handler<Watch> for HealthProber {
             w.owner = msg.owner;
             return;
         }
+        // A target changed under the prober's eyes is judged afresh: the
+        // recorded verdict is about the old one.
+        let first = !self.watched.contains_key(&msg.key);
         if let Some(old) = self.watched.remove(&msg.key) {
             ctx.cancel_future(old.timer);
         }
         self.next_generation += 1;
         let timer = self.schedule(msg.key.clone(), msg.target.check.interval, ctx);
-        let state = HealthState::new(msg.target.uid.clone());
+        let state = match &msg.recorded {
+            Some(recorded) if first => HealthState::resuming(msg.target.uid.clone(), recorded),
+            _ => HealthState::new(msg.target.uid.clone()),
+        };
         self.watched.insert(
             msg.key,
             Watched {

@@ -148,6 +148,7 @@ pub struct ProxyActor {
 
 impl ProxyActor {
     pub fn new(key: ObjectKey, shared: Arc<ProxyActorShared>) -> Self {
+        let memory = Memory::default().with_verdicts(shared.prober.is_some());
         Self {
             key,
             shared,
@@ -155,7 +156,7 @@ impl ProxyActor {
             counted_phase: None,
             probe_link: None,
             watching: None,
-            memory: Some(Memory::default()),
+            memory: Some(memory),
             pending_verdict: None,
             running: false,
             again: None,
@@ -182,7 +183,10 @@ impl ProxyActor {
         self.running = true;
         let key = self.key.clone();
         let shared = self.shared.clone();
-        let mut memory = self.memory.take().unwrap_or_default();
+        let mut memory = self
+            .memory
+            .take()
+            .unwrap_or_else(|| Memory::default().with_verdicts(self.shared.prober.is_some()));
         let span = match job {
             Job::Reconcile => {
                 let span = tracing::info_span!(
@@ -377,6 +381,7 @@ impl ProxyActor {
                     key: self.key.clone(),
                     target: target.clone(),
                     owner: ctx.address().downgrade().recipient(),
+                    recorded: self.memory.as_ref().and_then(|m| m.recorded.clone()),
                 }),
                 None => prober.do_send(Unwatch {
                     key: self.key.clone(),
@@ -401,6 +406,12 @@ impl ProxyActor {
             self.probe_link = verdict.1.map(Box::new);
         }
         memory.health = Some(verdict.0);
+        if memory.holds_first_status() {
+            // Nothing of the proxy serving is written yet: the reconcile
+            // writes it all with this verdict (and ends the wait's timer).
+            self.start(Job::Reconcile, ctx);
+            return;
+        }
         self.start(Job::Health, ctx);
         if unhealthy {
             // Then a full look: is the instance still there at all?
@@ -440,7 +451,10 @@ impl Supervised for ProxyActor {
         self.pending_verdict = None;
         // The memory may be lost with the job the crash dropped; what the
         // prober and the lease store were told is not.
-        self.memory = Some(Memory::resuming(self.watching.clone(), self.announced.clone()));
+        self.memory = Some(
+            Memory::resuming(self.watching.clone(), self.announced.clone())
+                .with_verdicts(self.shared.prober.is_some()),
+        );
         self.polls.reset();
     }
 }

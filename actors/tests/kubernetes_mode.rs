@@ -1099,3 +1099,158 @@ async fn the_gateway_leases_from_the_leaders_book() {
     .await;
     assert!(fetched.starts_with("HTTP/1.1 204"));
 }
+
+/// Status writes the fake served (`patch proxies/status`, any answer).
+fn status_patches(fake: &FakeApiServer) -> u64 {
+    fake.requests()
+        .0
+        .iter()
+        .filter(|(k, _)| k.verb == "patch" && k.resource == "proxies/status")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// At fleet scale every status write is an API request. External proxies
+/// come up with one status write each (their first status waits for the
+/// first verdict and carries it), and a restarted operator finds every
+/// status right: its probes confirm the recorded verdicts and it writes
+/// nothing, while the proxies stay leasable from the recorded `Ready`.
+#[actix_rt::test]
+async fn external_proxies_come_up_with_one_status_write_each_and_a_restart_writes_none() {
+    const N: usize = 20;
+    const TOKEN: &str = "k8s-fleet-t0ken-39";
+    let bed = Bed::new(LOCAL_PROVIDER).await;
+    // Probes of proxy i fetch /ext-i: the target counts each proxy's probes.
+    let (target, seen) =
+        support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
+    let probes_of = |i: usize| {
+        let path = format!("GET /ext-{i} ");
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.starts_with(&path))
+            .count()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        support::open_to_loopback(),
+        None,
+    ));
+    let start = async |name: &str| {
+        bed.operator(name)
+            .discovery()
+            .env("DISCOVERY_TOKEN", TOKEN)
+            .args(["--allow-external-endpoint-networks", "127.0.0.0/8"])
+            // Each verdict the prober reports is logged.
+            .log_level("info,egress_proxies_operator::health_prober=debug")
+            .start()
+            .await
+    };
+    let statuses = async || -> Vec<Value> {
+        let mut list = bed.proxies().list(&ListParams::default()).await.unwrap().items;
+        list.sort_by_key(|p| p.metadata.name.clone());
+        list.into_iter().map(|p| p.data["status"].clone()).collect()
+    };
+    let all_ready = async |op: &OperatorProcess| {
+        op.eventually(&format!("{N} proxies Ready"), WAIT, async || {
+            let phases: Vec<Value> = statuses().await.iter().map(|s| s["phase"].clone()).collect();
+            (phases.len() == N && phases.iter().all(|p| p == "Ready"))
+                .then_some(())
+                .ok_or(format!("{phases:?}"))
+        })
+        .await
+    };
+    // Two more probes of every proxy from now on, and a moment for what
+    // they might write.
+    let two_more_probe_rounds = async |op: &OperatorProcess| {
+        let before: Vec<usize> = (0..N).map(probes_of).collect();
+        op.eventually("two more probes of every proxy", WAIT, async || {
+            let now: Vec<usize> = (0..N).map(probes_of).collect();
+            now.iter()
+                .zip(&before)
+                .all(|(now, before)| *now >= before + 2)
+                .then_some(())
+                .ok_or(format!("probes {now:?}, before {before:?}"))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+
+    let first = start("first").await;
+    for i in 0..N {
+        bed.apply(
+            &format!("ext-{i}"),
+            json!({"mode": "External", "endpoint": {"host": "127.0.0.1", "port": proxy_port},
+                "healthCheck": {"url": format!("http://{target}/ext-{i}"), "interval": "1s"}}),
+            json!({}),
+        )
+        .await;
+    }
+    all_ready(&first).await;
+    two_more_probe_rounds(&first).await;
+    let recorded = statuses().await;
+    // Every one of them needed a write to be Ready: N writes are one each.
+    assert_eq!(
+        status_patches(&bed.fake),
+        N as u64,
+        "one status write per proxy coming up (no interim Running), none for probes that agree: {recorded:#?}"
+    );
+    for status in &recorded {
+        assert_eq!(status["endpoint"], format!("127.0.0.1:{proxy_port}"), "{status}");
+        assert!(status["health"]["latencyMs"].is_u64(), "{status}");
+        let conditions = status["conditions"].as_array().unwrap();
+        for kind in ["InstanceReady", "Healthy", "Ready"] {
+            assert!(
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == kind && c["status"] == "True"),
+                "{kind}: {status}"
+            );
+        }
+    }
+
+    // A restart (the process killed, as a crash or a failover would): the
+    // same fake, the same objects.
+    let first_logs = first.logs();
+    drop(first);
+    let second = start("second").await;
+    let before = status_patches(&bed.fake);
+    // Leasable at once from the recorded Ready: a lease for each proxy.
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let mut leased = std::collections::BTreeSet::new();
+    for i in 0..N {
+        let body = format!(r#"{{"target":"t{i}.example","client":"spider"}}"#);
+        let lease: Value = second
+            .eventually("a lease from the restarted operator", WAIT, async || {
+                let (status, answer) =
+                    support::http::request(second.discovery(), "POST", "/v1/leases", &headers, Some(&body))
+                        .await;
+                (status == 201)
+                    .then(|| serde_json::from_str::<Value>(&answer).unwrap())
+                    .ok_or(format!("{status} {answer}"))
+            })
+            .await;
+        leased.insert(lease["proxy"]["name"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(leased.len(), N, "every proxy leasable: {leased:?}");
+    two_more_probe_rounds(&second).await;
+    assert_eq!(
+        status_patches(&bed.fake),
+        before,
+        "the restarted operator's probes confirm the recorded verdicts: no status write"
+    );
+    assert_eq!(statuses().await, recorded, "the statuses as they were");
+    // Not even a verdict to record (which could have written the same status).
+    assert!(first_logs.contains("health verdict"), "verdicts are logged");
+    let logs = second.logs();
+    assert!(
+        !logs.contains("health verdict") && !logs.contains("phase changed"),
+        "{logs}"
+    );
+}

@@ -757,3 +757,94 @@ async fn a_deletion_the_provider_refuses_is_retried_and_never_given_up() {
     assert!(d.store.get(&key("a")).await.unwrap().is_none());
     assert!(d.provider.instances().is_empty());
 }
+
+/// An External proxy probed by a health engine: its first status waits for
+/// the first verdict and is then written once, whole; a verdict that does
+/// not come in time leaves it `Running`, as without a prober.
+#[actix_rt::test]
+async fn an_external_proxys_first_status_waits_for_its_first_verdict_but_not_past_due() {
+    use egress_proxies::health::Verdict;
+    use reconcile::Next;
+    let external = |name: &str| -> Proxy {
+        serde_json::from_value(json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": "crawl"},
+            "spec": {"mode": "External", "endpoint": {"host": "127.0.0.1", "port": 3128},
+                // Due after one probe of 1 s + 1 ms, and the slack: 2.001 s.
+                "healthCheck": {"url": "http://127.0.0.1:9/", "interval": "1s", "timeout": "1ms",
+                    "healthyThreshold": 1, "unhealthyThreshold": 1}}
+        }))
+        .unwrap()
+    };
+    let due = Duration::from_millis(2001);
+    let mut d = Direct::new();
+    d.memory = reconcile::Memory::default().with_verdicts(true);
+    d.store
+        .apply(&ManifestSet {
+            proxies: [(key("a"), external("a"))].into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let stored = async |d: &Direct| d.store.get(&key("a")).await.unwrap().unwrap();
+
+    // Served (probed) at once, nothing written; looked at again when due.
+    let Next::After(wait) = d.once().await.unwrap() else {
+        panic!("a held first status is looked at again when its verdict is due");
+    };
+    assert!(wait <= due && wait > due - Duration::from_millis(500), "{wait:?}");
+    assert!(d.memory.serving.is_some() && d.memory.holds_first_status());
+    assert_eq!(stored(&d).await.status, None, "nothing written yet");
+    // Another look meanwhile (an event): still held, for the rest of the wait only.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let Next::After(rest) = d.once().await.unwrap() else {
+        panic!("still held");
+    };
+    assert!(
+        rest < wait - Duration::from_millis(250),
+        "{rest:?} after {wait:?}"
+    );
+    assert_eq!(stored(&d).await.status, None);
+
+    // The verdict: one write with the endpoint, the conditions and the health.
+    let uid = stored(&d).await.metadata.uid.unwrap();
+    d.memory.health = Some(Verdict {
+        uid: uid.clone(),
+        healthy: true,
+        latency: Some(Duration::from_millis(12)),
+        reason: None,
+        consecutive_failures: 0,
+        last_transition: jiff::Timestamp::now(),
+        flipped: true,
+    });
+    assert_eq!(d.once().await.unwrap(), Next::Idle);
+    assert!(!d.memory.holds_first_status());
+    let status = stored(&d).await.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Ready));
+    assert_eq!(status.endpoint.as_deref(), Some("127.0.0.1:3128"));
+    assert_eq!(status.health.as_ref().and_then(|h| h.latency_ms), Some(12));
+    let conditions: Vec<(&str, &str)> = status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), c.status.as_str()))
+        .collect();
+    for expected in [("InstanceReady", "True"), ("Healthy", "True"), ("Ready", "True")] {
+        assert!(conditions.contains(&expected), "{conditions:?}");
+    }
+
+    // No verdict in time: Running, as it always was.
+    let mut d = Direct::new();
+    d.memory = reconcile::Memory::default().with_verdicts(true);
+    d.store
+        .apply(&ManifestSet {
+            proxies: [(key("a"), external("a"))].into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(matches!(d.once().await.unwrap(), Next::After(_)));
+    tokio::time::sleep(due).await;
+    assert_eq!(d.once().await.unwrap(), Next::Idle);
+    assert!(!d.memory.holds_first_status());
+    let status = stored(&d).await.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Running));
+    assert_eq!(status.endpoint.as_deref(), Some("127.0.0.1:3128"));
+}

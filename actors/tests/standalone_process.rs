@@ -269,3 +269,103 @@ fn pids(bed: &Bed) -> Vec<i32> {
     pids.sort();
     pids
 }
+
+/// External proxies come up with one status write each (their first
+/// status waits for the first verdict), and a restarted operator finds
+/// their statuses right: its probes confirm the recorded verdicts, and
+/// nothing is reported or written.
+#[tokio::test]
+async fn external_proxies_come_up_in_one_write_and_a_restart_rewrites_no_status() {
+    const N: usize = 5;
+    let dir = OperatorDir::new(LOCAL_PROVIDER);
+    // Probes of proxy i fetch /ext-i: the target counts each proxy's probes.
+    let (target, seen) =
+        support::target_server::http_target_with(support::target_server::Behaviour::Status(204)).await;
+    let probes_of = |i: usize| {
+        let path = format!("GET /ext-{i} ");
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.starts_with(&path))
+            .count()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    tokio::spawn(egress_proxies::forward_proxy::serve(
+        listener,
+        support::open_to_loopback(),
+        None,
+    ));
+    for i in 0..N {
+        dir.write_manifest(
+            &format!("ext-{i}"),
+            &format!(
+                "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: ext-{i}, namespace: crawl}}\n\
+                 spec: {{mode: External, endpoint: {{host: 127.0.0.1, port: {proxy_port}}}, \
+                 healthCheck: {{url: \"http://{target}/ext-{i}\", interval: 1s}}}}\n"
+            ),
+        );
+    }
+    // Each verdict the prober reports is logged.
+    let start = async |name: &str| {
+        dir.standalone()
+            .name(name)
+            .log_level("info,egress_proxies_operator::health_prober=debug")
+            .log_format("json")
+            .start()
+            .await
+    };
+    let two_more_probe_rounds = async |op: &OperatorProcess| {
+        let before: Vec<usize> = (0..N).map(probes_of).collect();
+        op.eventually("two more probes of every proxy", CONVERGE, async || {
+            let now: Vec<usize> = (0..N).map(probes_of).collect();
+            now.iter()
+                .zip(&before)
+                .all(|(now, before)| *now >= before + 2)
+                .then_some(())
+                .ok_or(format!("probes {now:?}, before {before:?}"))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let statuses = || -> BTreeMap<String, serde_json::Value> {
+        dir.proxies()
+            .into_iter()
+            .map(|p| (p.metadata.name.unwrap(), serde_json::to_value(p.status).unwrap()))
+            .collect()
+    };
+    let phase_changes = |logs: &str| -> Vec<String> {
+        logs.lines()
+            .filter(|l| l.contains("phase changed"))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    let first = start("first").await;
+    first.wait_ready(N).await;
+    two_more_probe_rounds(&first).await;
+    let recorded = statuses();
+    let logs = first.logs();
+    // Every write that changes the phase is logged: one per proxy, straight to Ready.
+    let changes = phase_changes(&logs);
+    assert_eq!(changes.len(), N, "{changes:#?}");
+    assert!(
+        changes.iter().all(|l| l.contains(r#""to":"Ready""#)),
+        "{changes:#?}"
+    );
+    assert_eq!(
+        logs.matches("health verdict").count(),
+        N,
+        "one verdict each\n{logs}"
+    );
+
+    drop(first);
+    let second = start("second").await;
+    two_more_probe_rounds(&second).await;
+    assert_eq!(statuses(), recorded, "the statuses as they were");
+    let logs = second.logs();
+    assert!(
+        !logs.contains("health verdict") && phase_changes(&logs).is_empty(),
+        "the restarted operator's probes confirm the recorded verdicts\n{logs}"
+    );
+}

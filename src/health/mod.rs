@@ -8,4 +8,4 @@ mod verdict;
 
 pub use check::{CheckError, CheckSpec, ProbeTarget};
 pub use probe::{ProbeFailure, ProbeResult, Prober, ProberError};
-pub use verdict::{HealthState, LatencyRule, Sample, Thresholds, Verdict};
+pub use verdict::{HealthState, LatencyRule, RecordedVerdict, Sample, Thresholds, Verdict};

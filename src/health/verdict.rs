@@ -65,6 +65,19 @@ pub struct Verdict {
     pub flipped: bool,
 }
 
+/// A verdict the Proxy's status already records (`status.health`, in force:
+/// the phase agrees and the endpoint is the one probed). A prober that
+/// starts watching the proxy anew (after an operator restart or a leader
+/// change) starts from it, so probes that agree with it report nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedVerdict {
+    pub healthy: bool,
+    /// The latency recorded with a healthy verdict.
+    pub latency: Option<Duration>,
+    pub last_transition: Option<Timestamp>,
+    pub consecutive_failures: u32,
+}
+
 /// Per-proxy threshold state.
 #[derive(Clone, Debug)]
 pub struct HealthState {
@@ -85,6 +98,24 @@ impl HealthState {
             failures: 0,
             reported_latency: None,
             last_transition: None,
+        }
+    }
+
+    /// The state of a prober that last reported `recorded`: a sample that
+    /// agrees with it yields no verdict; a flip (by the thresholds, counted
+    /// afresh) or a material latency change does.
+    pub fn resuming(uid: impl Into<String>, recorded: &RecordedVerdict) -> Self {
+        Self {
+            uid: uid.into(),
+            healthy: Some(recorded.healthy),
+            successes: 0,
+            failures: if recorded.healthy {
+                0
+            } else {
+                recorded.consecutive_failures
+            },
+            reported_latency: recorded.latency.filter(|_| recorded.healthy),
+            last_transition: recorded.last_transition,
         }
     }
 
@@ -268,6 +299,86 @@ mod tests {
             TH,
         );
         assert_eq!(got, vec![(1, true, true), (4, true, false), (6, true, false)]);
+    }
+
+    fn recorded(healthy: bool, latency_ms: Option<u64>) -> RecordedVerdict {
+        RecordedVerdict {
+            healthy,
+            latency: latency_ms.map(Duration::from_millis),
+            last_transition: Some(at(-500)),
+            consecutive_failures: if healthy { 0 } else { 3 },
+        }
+    }
+
+    /// Runs samples from a state resumed from `from`; returns each emitted verdict.
+    fn resumed(from: &RecordedVerdict, samples: &[Sample]) -> Vec<Verdict> {
+        let mut state = HealthState::resuming("u", from);
+        assert_eq!(state.healthy(), Some(from.healthy));
+        samples
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| state.record(s, TH, LatencyRule::default(), at(i as i64)))
+            .collect()
+    }
+
+    #[test]
+    fn a_resumed_state_confirms_the_recorded_verdict_silently() {
+        let brief = |v: &Verdict| (v.healthy, v.flipped, v.latency.map(|l| l.as_millis() as u64));
+        // (healthy, flipped, latency ms) of an emitted verdict.
+        type Brief = (bool, bool, Option<u64>);
+        // (recorded, samples, the verdicts emitted)
+        let cases: Vec<(RecordedVerdict, Vec<Sample>, Vec<Brief>)> = vec![
+            // Healthy at 100 ms, probes agree: nothing to report, however many.
+            (recorded(true, Some(100)), vec![ok(100); 5], vec![]),
+            (recorded(true, Some(100)), vec![ok(140), ok(60), ok(190)], vec![]),
+            // A material latency change is reported at once, as a latency update.
+            (
+                recorded(true, Some(100)),
+                vec![ok(400)],
+                vec![(true, false, Some(400))],
+            ),
+            // Failures short of the threshold say nothing; the threshold flips it.
+            (recorded(true, Some(100)), vec![fail(), fail(), ok(100)], vec![]),
+            (
+                recorded(true, Some(100)),
+                vec![fail(), fail(), fail()],
+                vec![(false, true, None)],
+            ),
+            // Unhealthy, still failing: nothing; healthy threshold successes flip it.
+            (recorded(false, None), vec![fail(); 5], vec![]),
+            (recorded(false, None), vec![ok(10)], vec![]),
+            (
+                recorded(false, None),
+                vec![fail(), ok(10), ok(12)],
+                vec![(true, true, Some(12))],
+            ),
+        ];
+        for (from, samples, want) in cases {
+            let got: Vec<_> = resumed(&from, &samples).iter().map(brief).collect();
+            assert_eq!(got, want, "{from:?} then {samples:?}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_state_keeps_the_recorded_transition_time_until_a_flip() {
+        let from = recorded(true, Some(100));
+        let latency_only = &resumed(&from, &[ok(400)])[0];
+        assert_eq!(
+            latency_only.last_transition,
+            at(-500),
+            "no flip: the recorded time"
+        );
+        let flipped = &resumed(&from, &[fail(), fail(), fail()])[0];
+        assert_eq!(flipped.last_transition, at(2), "a flip: its own time");
+        assert_eq!(flipped.consecutive_failures, 3);
+        // An unhealthy record's failures carry on; samples of another incarnation are dropped.
+        let mut state = HealthState::resuming("u", &recorded(false, None));
+        let mut stale = ok(10);
+        stale.uid = "old-uid".into();
+        for _ in 0..3 {
+            assert_eq!(state.record(&stale, TH, LatencyRule::default(), at(0)), None);
+        }
+        assert_eq!(state.healthy(), Some(false));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! serialises calls per object and owns the timers.
 
 mod endpoint_admission;
+mod first_status;
 mod replacement;
 mod status;
 
@@ -17,7 +18,7 @@ use tracing::Instrument;
 
 use crate::credentials::{CredentialsError, ProxyCredentials, substitute_htpasswd};
 use crate::destinations::DestinationPolicy;
-use crate::health::{CheckSpec, ProbeTarget, Verdict};
+use crate::health::{CheckSpec, ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
 use crate::lease::Availability;
 use crate::provider::{
@@ -31,6 +32,7 @@ use crate::resource::{
 use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
 use crate::telemetry::events::{InstanceLost, InstanceReplaced};
 
+use first_status::{FirstStatus, first_status, first_verdict_due};
 pub use replacement::{Loss, ReplacementBackoff};
 pub use status::StatusDraft;
 
@@ -63,8 +65,18 @@ pub struct Memory {
     /// Shared (the actor, the prober and this hold one copy), and kept
     /// as it is while a reconcile finds it unchanged.
     pub serving: Option<Arc<ProbeTarget>>,
+    /// The verdict the stored status records for what `serving` names,
+    /// when it is in force: where a prober that starts watching the proxy
+    /// anew starts from (after a restart it confirms it, writing nothing).
+    pub recorded: Option<RecordedVerdict>,
     /// What the lease store should know about the proxy, after the last job.
     pub availability: Option<Arc<Availability>>,
+    /// A health engine reports verdicts on what this memory serves (the
+    /// ProxyActor has a prober): a first status may wait for the first one.
+    verdicts: bool,
+    /// Since when the first status of this incarnation (uid) has been held
+    /// back for its first verdict.
+    held: Option<(String, Instant)>,
     /// Deletes refused for good in a row (a Permanent error): how long the
     /// next attempt waits.
     delete_refusals: u32,
@@ -90,6 +102,18 @@ impl Memory {
             availability,
             ..Memory::default()
         }
+    }
+
+    /// Verdicts on the proxies it serves will come (a prober watches them).
+    pub fn with_verdicts(mut self, verdicts: bool) -> Memory {
+        self.verdicts = verdicts;
+        self
+    }
+
+    /// Whether the proxy's first status is held back for its first verdict:
+    /// the verdict is recorded by a full reconcile, which writes it all.
+    pub fn holds_first_status(&self) -> bool {
+        self.held.is_some()
     }
 
     /// How long to wait after one more refused deletion.
@@ -209,6 +233,7 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
     let mut draft = StatusDraft::new(&proxy, ctx.now);
     // Set again below by whatever path finds the proxy serving.
     let served = memory.serving.take();
+    memory.recorded = None;
     let mut step = Step {
         proxy: &proxy,
         ctx,
@@ -265,6 +290,9 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
             let now = availability(&proxy, draft.status(), memory);
             keep_if_same(&mut memory.availability, now);
         }
+    }
+    if !draft.is_held() {
+        memory.held = None;
     }
     if !matches!(result, Ok(Next::Gone)) {
         match draft.write(ctx.store.as_ref(), key).await {
@@ -666,8 +694,34 @@ impl Step<'_> {
             }
             self.draft.external(&endpoint.host, endpoint.port);
             self.serve(credentials);
+            if let FirstStatus::Hold(wait) = self.hold_first_status() {
+                return Ok(Next::After(wait));
+            }
         }
         Ok(Next::Idle)
+    }
+
+    /// Holds an interim first status back for the first verdict (see
+    /// [`first_status`]), and says when to stop waiting.
+    fn hold_first_status(&mut self) -> FirstStatus {
+        let uid = uid(self.proxy);
+        let due = self
+            .memory
+            .serving
+            .as_ref()
+            .filter(|_| self.memory.verdicts)
+            .map(|target| first_verdict_due(&target.check));
+        let known = self.memory.health.as_ref().is_some_and(|v| v.uid == uid);
+        let since = match &self.memory.held {
+            Some((held, since)) if held == uid => *since,
+            _ => Instant::now(),
+        };
+        let decision = first_status(self.draft.first_serving(), due, known, since.elapsed());
+        if let FirstStatus::Hold(_) = decision {
+            self.draft.hold();
+            self.memory.held = Some((uid.to_owned(), since));
+        }
+        decision
     }
 
     /// The proxy serves at the endpoint just recorded: tell the health
@@ -700,6 +754,7 @@ fn serve(
                 credentials,
                 endpoint_policy,
             };
+            memory.recorded = draft.recorded_verdict(&target.endpoint);
             keep_if_same(&mut memory.serving, target);
             if let Some(verdict) = memory.health.as_ref().filter(|v| v.uid == uid(proxy)) {
                 draft.health(verdict);
@@ -731,7 +786,8 @@ pub async fn record_health(
         .serving
         .as_ref()
         .is_some_and(|s| Some(s.uid.as_str()) == proxy.metadata.uid.as_deref());
-    if proxy.metadata.deletion_timestamp.is_some() || !serving {
+    // A held-back first status: the full reconcile the verdict asked for writes it all.
+    if proxy.metadata.deletion_timestamp.is_some() || !serving || memory.holds_first_status() {
         return Ok(());
     }
     let mut draft = StatusDraft::new(&proxy, ctx.now);

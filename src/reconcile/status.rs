@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::health::Verdict;
+use crate::health::{RecordedVerdict, Verdict};
 use crate::provider::ProviderId;
 use crate::resource::{
     HealthStatus, Mode, Phase, Proxy, ProxyStatus, ReplacementStatus, condition, set_condition,
@@ -24,6 +24,8 @@ pub struct StatusDraft {
     uid: String,
     generation: Option<i64>,
     now: fn() -> Timestamp,
+    /// Held back: nothing is written (see [`StatusDraft::hold`]).
+    held: bool,
 }
 
 impl StatusDraft {
@@ -38,6 +40,7 @@ impl StatusDraft {
             uid: proxy.metadata.uid.clone().unwrap_or_default(),
             generation: proxy.metadata.generation,
             now,
+            held: false,
         }
     }
 
@@ -218,6 +221,45 @@ impl StatusDraft {
         self.instance_condition(true, reason, message);
     }
 
+    /// Whether this draft takes a proxy with nothing recorded yet (no
+    /// status, or `Pending` with nothing to say) into `Running`: an interim
+    /// status that the first health verdict supersedes.
+    pub fn first_serving(&self) -> bool {
+        matches!(self.original.phase, None | Some(Phase::Pending))
+            && self.original.message.is_none()
+            && self.status.phase == Some(Phase::Running)
+    }
+
+    /// Writes nothing this time: the stored status stays, and is what
+    /// [`status`](Self::status) reports.
+    pub fn hold(&mut self) {
+        self.status = self.original.clone();
+        self.held = true;
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
+    /// The health verdict the stored status records, when it is in force
+    /// for the proxy probed at `endpoint`: the phase says the same and the
+    /// endpoint is that one (a healthy record also carries its latency).
+    pub fn recorded_verdict(&self, endpoint: &str) -> Option<RecordedVerdict> {
+        let stored = &self.original;
+        let health = stored.health.as_ref()?;
+        let agrees = match stored.phase {
+            Some(Phase::Ready) => health.healthy && health.latency_ms.is_some(),
+            Some(Phase::Unhealthy) => !health.healthy,
+            _ => false,
+        };
+        (agrees && stored.endpoint.as_deref() == Some(endpoint)).then(|| RecordedVerdict {
+            healthy: health.healthy,
+            latency: health.latency_ms.map(std::time::Duration::from_millis),
+            last_transition: health.last_transition.as_ref().map(|t| t.0),
+            consecutive_failures: health.consecutive_failures,
+        })
+    }
+
     /// A permanent error: no retry until the spec or configuration changes.
     pub fn fail(&mut self, message: &str) {
         self.status.phase = Some(Phase::Failed);
@@ -256,6 +298,9 @@ impl StatusDraft {
     /// Writes the status if it changed.
     #[tracing::instrument(name = "status.patch", skip_all)]
     pub async fn write(mut self, store: &dyn ProxyStore, key: &ObjectKey) -> Result<(), StoreError> {
+        if self.held {
+            return Ok(());
+        }
         self.status.observed_generation = self.generation;
         if self.status == self.original {
             return Ok(());
@@ -319,6 +364,124 @@ fn endpoint(host: &str, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn proxy(mode: &str, status: serde_json::Value) -> Proxy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "p", "namespace": "crawl", "uid": "u1", "generation": 1},
+            "spec": {"mode": mode, "endpoint": {"host": "10.0.0.1", "port": 3128}},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    fn at() -> Timestamp {
+        Timestamp::from_second(1_000).unwrap()
+    }
+
+    #[test]
+    fn only_a_proxy_with_nothing_recorded_taken_into_running_is_first_serving() {
+        use serde_json::json;
+        let healthy = json!({"healthy": true, "latencyMs": 20, "consecutiveFailures": 0});
+        // (stored status, first serving?)
+        let table = [
+            (json!(null), true),
+            (json!({"phase": "Pending"}), true),
+            // Something to say that is no longer so: said at once.
+            (
+                json!({"phase": "Pending", "message": "endpoint.credentialsSecretRef: no such Secret (will retry)"}),
+                false,
+            ),
+            (json!({"phase": "Running", "endpoint": "10.0.0.1:3128"}), false),
+            (
+                json!({"phase": "Ready", "endpoint": "10.0.0.1:3128", "health": healthy}),
+                false,
+            ),
+            (json!({"phase": "Failed", "message": "refused"}), false),
+            (json!({"phase": "Terminating"}), false),
+        ];
+        for (stored, want) in table {
+            let mut draft = StatusDraft::new(&proxy("External", stored.clone()), at);
+            draft.external("10.0.0.1", 3128);
+            assert_eq!(draft.first_serving(), want, "{stored}");
+        }
+        // A draft that does not serve is none.
+        let draft = StatusDraft::new(&proxy("External", json!(null)), at);
+        assert!(!draft.first_serving());
+    }
+
+    #[test]
+    fn a_held_draft_reports_and_writes_the_stored_status() {
+        let mut draft = StatusDraft::new(&proxy("External", serde_json::json!(null)), at);
+        draft.external("10.0.0.1", 3128);
+        draft.hold();
+        assert!(draft.is_held());
+        assert_eq!(draft.status(), &ProxyStatus::default());
+    }
+
+    #[test]
+    fn the_recorded_verdict_is_the_stored_one_when_it_is_in_force_at_the_endpoint() {
+        use serde_json::json;
+        let healthy = json!({"healthy": true, "latencyMs": 20, "lastTransition": "2026-01-01T00:00:00Z", "consecutiveFailures": 0});
+        let failing = json!({"healthy": false, "consecutiveFailures": 3});
+        let ready = RecordedVerdict {
+            healthy: true,
+            latency: Some(std::time::Duration::from_millis(20)),
+            last_transition: Some("2026-01-01T00:00:00Z".parse().unwrap()),
+            consecutive_failures: 0,
+        };
+        let unhealthy = RecordedVerdict {
+            healthy: false,
+            latency: None,
+            last_transition: None,
+            consecutive_failures: 3,
+        };
+        let here = "10.0.0.1:3128";
+        // (stored status, recorded verdict)
+        let table = [
+            (
+                json!({"phase": "Ready", "endpoint": here, "health": healthy}),
+                Some(ready),
+            ),
+            (
+                json!({"phase": "Unhealthy", "endpoint": here, "health": failing}),
+                Some(unhealthy),
+            ),
+            // Another endpoint (the spec moved it): judged afresh.
+            (
+                json!({"phase": "Ready", "endpoint": "10.0.0.2:3128", "health": healthy}),
+                None,
+            ),
+            // The phase says otherwise (a failure or a restart left the health behind).
+            (
+                json!({"phase": "Running", "endpoint": here, "health": healthy}),
+                None,
+            ),
+            (
+                json!({"phase": "Failed", "endpoint": here, "health": healthy}),
+                None,
+            ),
+            (
+                json!({"phase": "Ready", "endpoint": here, "health": failing}),
+                None,
+            ),
+            (
+                json!({"phase": "Unhealthy", "endpoint": here, "health": healthy}),
+                None,
+            ),
+            // Healthy without its latency: nothing to measure changes against.
+            (
+                json!({"phase": "Ready", "endpoint": here, "health": {"healthy": true}}),
+                None,
+            ),
+            (json!({"phase": "Ready", "endpoint": here}), None),
+            (json!(null), None),
+        ];
+        for (stored, want) in table {
+            let draft = StatusDraft::new(&proxy("External", stored.clone()), at);
+            assert_eq!(draft.recorded_verdict(here), want, "{stored}");
+        }
+    }
 
     #[test]
     fn events_are_for_trouble_its_end_and_managed_instances() {
