@@ -1,7 +1,8 @@
 //! The Kubernetes client's layer against a real HTTP server on loopback
 //! standing in for the API server: `429` + `Retry-After` waited out, the
 //! retries bounded, watches never retried, the budget spacing requests,
-//! and every try counted in the metrics.
+//! requests in flight bounded (open watches aside), and every try counted
+//! in the metrics.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{ListParams, WatchParams};
 use tokio::net::TcpListener;
@@ -197,4 +198,76 @@ async fn the_budget_spaces_requests_out() {
     let waited = metric("egress_proxies_kube_api_wait_seconds_total{reason=\"budget\"}");
     // 0.2 + 0.4 + … + 1.8 s queued in all.
     assert!(waited >= 8.9, "budget waits counted: {waited}");
+}
+
+/// A stand-in that answers each GET after `delay`, holds watches open, and
+/// records the most GETs it ever had in flight at once.
+async fn slow_server(delay: Duration) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let seen = most.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (now, most) = (now.clone(), most.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let (now, most) = (now.clone(), most.clone());
+                    async move {
+                        if request.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                            std::future::pending::<()>().await;
+                        }
+                        let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(in_flight, Ordering::SeqCst);
+                        tokio::time::sleep(delay).await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, Infallible>(json(
+                            StatusCode::OK,
+                            r#"{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"c","namespace":"t"}}"#
+                                .to_owned(),
+                        ))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn requests_in_flight_are_bounded_and_open_watches_take_no_share() {
+    let (addr, most) = slow_server(Duration::from_millis(50)).await;
+    let client = client(addr, None);
+    // A kind no other test here counts in the (process-wide) metrics.
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), "t");
+    // More open watches than the bound: they must not starve the requests.
+    let watches: Vec<_> = (0..kube_client::layer::MAX_IN_FLIGHT + 6)
+        .map(|_| {
+            let api = api.clone();
+            tokio::spawn(async move { api.watch(&WatchParams::default(), "0").await.map(|_| ()) })
+        })
+        .collect();
+    let gets = (0..300).map(|_| {
+        let api = api.clone();
+        async move { api.get("c").await }
+    });
+    let answers = tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(gets))
+        .await
+        .expect("every request answered while the watches stay open");
+    assert!(answers.iter().all(Result::is_ok));
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        most <= kube_client::layer::MAX_IN_FLIGHT,
+        "{most} requests were in flight at once"
+    );
+    assert!(
+        most >= kube_client::layer::MAX_IN_FLIGHT / 2,
+        "the bound is used: {most}"
+    );
+    watches.iter().for_each(|w| w.abort());
 }

@@ -119,7 +119,16 @@ pub struct ProxyActorShared {
     pub restarts: Arc<AtomicU64>,
     pub prober: Option<Addr<HealthProber>>,
     pub leases: Option<Addr<LeaseStore>>,
+    /// Jobs running at once, across every proxy ([`MAX_RUNNING_JOBS`]).
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// Reconcile and health jobs running at once (controller-runtime's
+/// `MaxConcurrentReconciles`). A start of 10,000 Proxies would otherwise
+/// begin 10,000 reconciles together, each a few kilobytes of future
+/// waiting on the store; waiting here, a job is only its inputs. A job
+/// waiting on a slow provider holds its slot, so the bound is generous.
+pub const MAX_RUNNING_JOBS: usize = 256;
 
 pub struct ProxyActor {
     key: ObjectKey,
@@ -205,19 +214,24 @@ impl ProxyActor {
         };
         let recorded = span.clone();
         let work = async move {
+            // Never closed: the semaphore lives as long as the actors.
+            let _slot = shared.slots.clone().acquire_owned().await.ok();
             let started = Instant::now();
+            // Boxed once it runs: a job still waiting for its slot holds only its inputs.
             let result = match job {
                 Job::Reconcile => {
-                    AssertUnwindSafe(
+                    let run = Box::pin(
                         reconcile::reconcile(&key, &shared.ctx, &mut memory).instrument(span.clone()),
-                    )
-                    .catch_unwind()
-                    .await
+                    );
+                    AssertUnwindSafe(run).catch_unwind().await
                 }
-                Job::Health => AssertUnwindSafe(reconcile::record_health(&key, &shared.ctx, &mut memory))
-                    .catch_unwind()
-                    .await
-                    .map(|r| r.map(|()| Next::Idle)),
+                Job::Health => {
+                    let run = Box::pin(reconcile::record_health(&key, &shared.ctx, &mut memory));
+                    AssertUnwindSafe(run)
+                        .catch_unwind()
+                        .await
+                        .map(|r| r.map(|()| Next::Idle))
+                }
             };
             (result, memory, started.elapsed())
         };

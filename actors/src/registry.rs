@@ -61,6 +61,7 @@ impl ProxyRegistry {
                 restarts: Arc::new(AtomicU64::new(0)),
                 prober,
                 leases: None,
+                slots: Arc::new(tokio::sync::Semaphore::new(crate::proxy_actor::MAX_RUNNING_JOBS)),
             }),
             actors: HashMap::new(),
             resync: false,

@@ -25,6 +25,14 @@ use crate::telemetry::metrics::{KubeApiLabels, KubeWaitLabel, metrics};
 /// reach it again. Its size is kube's own.
 const BUFFER: usize = 1024;
 
+/// Requests in flight at once, watches aside (they stay open). Over plain
+/// HTTP/1.1 each one is a connection of its own with its buffers: a start
+/// of 10,000 Proxies would otherwise open thousands at once and hold their
+/// memory. Over HTTP/2 an API server lets a connection carry 100 to 250
+/// streams; 64 keeps well inside that and still writes thousands of
+/// statuses a second.
+pub const MAX_IN_FLIGHT: usize = 64;
+
 /// A client for `config` with the layer: retries by [`RetryRules::default`],
 /// the budget when one is given. kube's own retry (which would retry
 /// watches too and sleep through any `Retry-After`) is switched off. Call
@@ -44,13 +52,18 @@ struct Shared {
     rules: RetryRules,
     /// One bucket for every request of the client.
     bucket: Option<Mutex<TokenBucket>>,
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl KubeApiLayer {
     pub fn new(budget: Option<ApiBudget>, rules: RetryRules) -> Self {
         let bucket = budget.map(|b| Mutex::new(TokenBucket::new(b, Instant::now())));
         Self {
-            shared: Arc::new(Shared { rules, bucket }),
+            shared: Arc::new(Shared {
+                rules,
+                bucket,
+                in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+            }),
         }
     }
 }
@@ -126,6 +139,11 @@ where
                 tokio::time::sleep(wait).await;
             }
         }
+        let permit = match what.is_watch() {
+            true => None,
+            // Never closed: the semaphore lives as long as the layer.
+            false => shared.in_flight.acquire().await.ok(),
+        };
         let answer = match inner.ready().await?.call(request).await {
             Ok(answer) => answer,
             Err(error) => {
@@ -133,6 +151,7 @@ where
                 return Err(error);
             }
         };
+        drop(permit);
         let status = answer.status();
         count(&what, status.as_str());
         let retry_after = answer

@@ -62,6 +62,10 @@ pub struct KubeStore {
     credentials_cache: WatchCache<Secret>,
     /// Secrets labelled for cloud-init.
     cloud_init_cache: WatchCache<Secret>,
+    /// Writes being built or sent. A start of 10,000 Proxies queues
+    /// thousands of status writes at once; they wait here as the typed
+    /// status, and become JSON only when their turn comes.
+    writing: tokio::sync::Semaphore,
 }
 
 /// Waits for `cache`'s first list, at most [`FIRST_LIST_WAIT`].
@@ -201,12 +205,18 @@ impl KubeStore {
             pool_cache: WatchCache::default(),
             credentials_cache: WatchCache::default(),
             cloud_init_cache: WatchCache::default(),
+            writing: tokio::sync::Semaphore::new(crate::kube_client::layer::MAX_IN_FLIGHT),
         };
         (store, rx)
     }
 
     fn proxies(&self, namespace: &str) -> Api<Proxy> {
         Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// A turn to build and send a write (never refused: the semaphore is never closed).
+    async fn write_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.writing.acquire().await.ok()
     }
 
     /// Every Proxy in scope, as the watch cache shows them.
@@ -444,6 +454,7 @@ impl KubeStore {
             uid: uid.to_owned(),
         };
         let api = self.proxies(&key.namespace);
+        let _turn = self.write_turn().await;
         for _ in 0..CONFLICT_RETRIES {
             let current = self
                 .cached_proxy(key)
@@ -607,6 +618,7 @@ impl ProxyStore for KubeStore {
     }
 
     async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
+        let _turn = self.write_turn().await;
         let value = serde_json::to_value(status).map_err(|e| StoreError::Backend(e.to_string()))?;
         self.guarded_patch(
             key,
@@ -878,6 +890,7 @@ impl PoolStore for KubeStore {
         uid: &str,
         status: &ProxyPoolStatus,
     ) -> Result<(), StoreError> {
+        let _turn = self.write_turn().await;
         let value = serde_json::to_value(status).map_err(|e| StoreError::Backend(e.to_string()))?;
         let patch: json_patch::Patch = serde_json::from_value(json!([
             {"op": "test", "path": "/metadata/uid", "value": uid},
