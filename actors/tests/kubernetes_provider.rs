@@ -171,23 +171,39 @@ async fn pods_are_created_mapped_listed_and_deleted() {
         }
     );
     assert!(i.created_at.is_some());
+    // The provider reads pods from its watch cache: a change shows once
+    // the watch has delivered it.
+    let state_becomes = async |want: InstanceState| {
+        support::eventually(
+            &format!("the instance {want:?}"),
+            Duration::from_secs(10),
+            async || {
+                let i = provider.get(&id).await.unwrap();
+                (i.state == want).then_some(i)
+            },
+        )
+        .await
+    };
     mark(&pods, req.name.as_str(), json!({"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "False"}]})).await;
-    assert_eq!(
-        provider.get(&id).await.unwrap().state,
-        InstanceState::Provisioning,
-        "running but not ready"
-    );
+    for _ in 0..10 {
+        assert_eq!(
+            provider.get(&id).await.unwrap().state,
+            InstanceState::Provisioning,
+            "running but not ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     mark(
         &pods,
         req.name.as_str(),
         json!({"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "True"}]}),
     )
     .await;
-    let running = provider.get(&id).await.unwrap();
+    let running = state_becomes(InstanceState::Running).await;
     assert_eq!(running.state, InstanceState::Running);
     assert_eq!(running.ip.map(|ip| ip.to_string()).as_deref(), Some("10.1.2.3"));
     mark(&pods, req.name.as_str(), json!({"phase": "Failed"})).await;
-    assert_eq!(provider.get(&id).await.unwrap().state, InstanceState::Stopped);
+    state_becomes(InstanceState::Stopped).await;
 
     // Only labelled pods are the operator's.
     let foreign: Pod = serde_json::from_value(
@@ -221,7 +237,16 @@ async fn pods_are_created_mapped_listed_and_deleted() {
 
     provider.delete(&id).await.unwrap();
     provider.delete(&id).await.unwrap();
-    assert_eq!(provider.get(&id).await.unwrap_err().class, ErrorClass::NotFound);
+    // Gone once the watch has delivered the deletion (a pod the cache does
+    // not hold is confirmed with the API server).
+    support::eventually("the deleted pod NotFound", Duration::from_secs(10), async || {
+        provider
+            .get(&id)
+            .await
+            .err()
+            .filter(|e| e.class == ErrorClass::NotFound)
+    })
+    .await;
     let err = provider
         .get(&ProviderId("zones/a/instances/b".into()))
         .await
@@ -286,8 +311,22 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
         })
         .await;
     assert_eq!(status["endpoint"], format!("127.0.0.1:{port}"));
+    // Probed (and reconciled) a while longer while Ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     drop(operator);
-    support::rbac::assert_covered(&fake.accesses.lock().unwrap());
+    let accesses = fake.accesses.lock().unwrap();
+    // Each reconcile read the pod from the watch cache: not one GET.
+    let gets: Vec<String> = accesses
+        .iter()
+        .filter(|a| a.resource == "pods" && a.verb == "get")
+        .map(|a| format!("{a:?}"))
+        .collect();
+    assert_eq!(gets, Vec::<String>::new(), "reads of pods go to the watch cache");
+    assert!(
+        accesses.iter().any(|a| a.resource == "pods" && a.verb == "watch"),
+        "the pods are watched"
+    );
+    support::rbac::assert_covered(&accesses);
 }
 
 /// Runs the pod's container as a container runtime would under the pod's

@@ -3,14 +3,25 @@
 //! environment variable the container writes out at start), so there is
 //! nothing else to create or clean up. Pods share the cluster's egress IP:
 //! this provider is for development, CI and lifecycle testing.
+//!
+//! Pods are read from a watch cache: the managed pods of every namespace
+//! are watched from the provider's first use on, so a reconcile's `get`
+//! and a GC sweep's `list_by_tag` cost no API request. Only a pod the
+//! cache does not hold is read with a GET: a reconcile must tell a
+//! vanished pod from one the watch has not brought yet (or a released
+//! one, which leaves the watch).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 
 use crate::config::KubernetesConfig;
@@ -20,7 +31,10 @@ use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
+use crate::store::ObjectKey;
 use crate::store::credentials_secret::{HTPASSWD_KEY, credentials_secret_name};
+use crate::store::watch_cache::WatchCache;
+use crate::store::watch_retry::WatchRetry;
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";
@@ -31,12 +45,47 @@ pub const INSTALLATION_LABEL: &str = "crawl.example.com/installation";
 /// Label a pod released with skip-cleanup carries (instead of [`MANAGED_LABEL`]).
 pub const RELEASED_LABEL: &str = "crawl.example.com/released";
 
+/// How long a read waits for the pod watch's first list before it fails
+/// (Transient: the reconcile or sweep is retried).
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(60);
+
 /// Squid pods through the Kubernetes API.
 pub struct KubernetesProvider {
     name: String,
     client: kube::Client,
     config: KubernetesConfig,
     destinations: DestinationPolicy,
+    /// The managed pods, fed by a watch started at the first use.
+    cache: Arc<WatchCache<Pod>>,
+    /// The runtime the provider was built on, where its watch runs.
+    runtime: Option<tokio::runtime::Handle>,
+    /// The running watch (stopped with the provider).
+    watch: OnceLock<tokio::task::AbortHandle>,
+}
+
+impl Drop for KubernetesProvider {
+    fn drop(&mut self) {
+        if let Some(watch) = self.watch.get() {
+            watch.abort();
+        }
+    }
+}
+
+/// Watches the managed pods into `cache` until aborted; errors pause as
+/// [`WatchRetry`] says, the watcher re-lists and resumes by itself.
+async fn watch_pods(api: Api<Pod>, cache: Arc<WatchCache<Pod>>) {
+    let config = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    let mut stream = watcher(api, config).boxed();
+    let mut retry = WatchRetry::default();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => {
+                retry.succeeded();
+                cache.apply(event);
+            }
+            Err(e) => retry.wait_after(&e, "managed pods").await,
+        }
+    }
 }
 
 /// The user the Squid container runs as: `proxy` (13) in the Debian and
@@ -178,13 +227,49 @@ pub fn reason_of(pod: &Pod) -> Option<String> {
 }
 
 impl KubernetesProvider {
+    /// The watch of managed pods starts at the first use, on the runtime
+    /// this is called on (if any).
     pub fn new(name: &str, config: KubernetesConfig, client: kube::Client) -> Self {
         Self {
             name: name.to_owned(),
             client,
             destinations: DestinationPolicy::new(&config.destinations, &[]),
             config,
+            cache: Arc::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            watch: OnceLock::new(),
         }
+    }
+
+    /// The pod cache, its watch started if this is the first use.
+    fn watching(&self) -> &WatchCache<Pod> {
+        self.watch.get_or_init(|| {
+            // Every namespace, as the cluster-wide list before it: GC
+            // reports (never reaps) managed pods outside its scope.
+            let watch = watch_pods(Api::all(self.client.clone()), self.cache.clone());
+            match &self.runtime {
+                Some(runtime) => runtime.spawn(watch).abort_handle(),
+                None => tokio::spawn(watch).abort_handle(),
+            }
+        });
+        &self.cache
+    }
+
+    /// The pod cache once its first list is in.
+    async fn listed(&self, op: Op, id: Option<&str>) -> Result<&WatchCache<Pod>, ProviderError> {
+        let cache = self.watching();
+        tokio::time::timeout(FIRST_LIST_WAIT, cache.ready())
+            .await
+            .map_err(|_| {
+                ProviderError::new(
+                    ErrorClass::Transient,
+                    op,
+                    &self.name,
+                    id,
+                    "the watch of managed pods has not listed them yet",
+                )
+            })?;
+        Ok(cache)
     }
 
     /// Denies the cluster's pod and service ranges unless `destinations.allow` lists them.
@@ -332,8 +417,15 @@ impl Provider for KubernetesProvider {
     async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let id = provider_id(&req.namespace, req.name.as_str());
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &req.namespace);
+        // The next `get` finds it even before the watch brings it (a write
+        // before the first list is superseded by it).
+        let cache = self.watching();
+        let ticket = cache.ticket();
         match api.create(&PostParams::default(), &self.pod(req)).await {
-            Ok(_) => Ok(id),
+            Ok(created) => {
+                cache.wrote(ticket, created);
+                Ok(id)
+            }
             // Keyed on the name: a repeat after a crash finds the pod it made.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(id),
             Err(e) => Err(self.error(Op::Create, Some(id.as_str()), e)),
@@ -342,6 +434,14 @@ impl Provider for KubernetesProvider {
 
     async fn get(&self, id: &ProviderId) -> Result<Instance, ProviderError> {
         let (api, name) = self.pod_api(id, Op::Get)?;
+        let cache = self.listed(Op::Get, Some(id.as_str())).await?;
+        let namespace = parse_id(id).map(|(ns, _)| ns).unwrap_or_default();
+        if let Some(pod) = cache.get(&ObjectKey::new(namespace, name)) {
+            return Ok(self.instance(&pod));
+        }
+        // Not among the managed pods the watch has seen: gone (404,
+        // NotFound: the reconcile treats it as vanished), released, or not
+        // delivered yet. Only the API server can tell.
         match api.get(name).await {
             Ok(pod) => Ok(self.instance(&pod)),
             Err(e) => Err(self.error(Op::Get, Some(id.as_str()), e)),
@@ -361,23 +461,40 @@ impl Provider for KubernetesProvider {
         let (api, name) = self.pod_api(id, Op::Release)?;
         // Without the managed label no installation's GC lists the pod.
         let patch = json!({"metadata": {"labels": {MANAGED_LABEL: null, RELEASED_LABEL: "true"}}});
+        let cache = self.watching();
+        // Read back as released until the watch sees it leave.
+        let ticket = cache.ticket();
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(released) => {
+                cache.wrote(ticket, released);
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(self.error(Op::Release, Some(id.as_str()), e)),
         }
     }
 
     async fn list_by_tag(&self) -> Result<Vec<Instance>, ProviderError> {
-        let api: Api<Pod> = Api::all(self.client.clone());
-        let pods = api
-            .list(&ListParams::default().labels(&format!("{MANAGED_LABEL}=true")))
-            .await
-            .map_err(|e| self.error(Op::List, None, e))?;
-        Ok(pods.items.iter().map(|p| self.instance(p)).collect())
+        let cache = self.listed(Op::List, None).await?;
+        // A pod this process just released is still among the written
+        // copies: the label decides.
+        let managed = |p: &Pod| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_LABEL))
+                .map(String::as_str)
+                == Some("true")
+        };
+        Ok(cache
+            .all()
+            .iter()
+            .filter(|p| managed(p))
+            .map(|p| self.instance(p))
+            .collect())
     }
 }
 
