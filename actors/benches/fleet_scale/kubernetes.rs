@@ -736,9 +736,10 @@ async fn retry_after(fake: &Fake) -> bool {
         return false;
     };
     println!(
-        "429 + Retry-After answered to the operator: {}; sent again before the Retry-After was over: {}{}",
+        "429 + Retry-After answered to the operator: {}; sent again before the Retry-After was over: {}, after it: {}{}",
         report.refused,
         report.early,
+        report.on_time,
         if report.in_flight > 0 {
             format!(
                 " (and {} repeats within {} ms on another connection: possibly in flight before the 429 was read, not counted)",

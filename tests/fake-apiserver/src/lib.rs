@@ -70,7 +70,7 @@
 //! remembered with its wait, and the same request sent again before the
 //! wait is over counts as an early retry ([`FakeApiServer::retry_after`],
 //! and the `retryAfter` member of `GET /debug/requests`: `{"refused",
-//! "early", "inFlight", "inFlightMs", "examples"}`, read back by
+//! "early", "onTime", "inFlight", "inFlightMs", "examples"}`, read back by
 //! [`RetryAfterReport::from_json`]).
 //!
 //! As a process of its own (the `fake-apiserver` binary, for a benchmark

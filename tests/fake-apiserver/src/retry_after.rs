@@ -72,6 +72,8 @@ pub struct RetryAfterReport {
     pub refused: u64,
     /// Repeats before their `Retry-After` was over.
     pub early: u64,
+    /// Repeats once it was over: the check saw the retries it passed.
+    pub on_time: u64,
     /// Repeats on another connection within [`IN_FLIGHT`] of the refusal:
     /// possibly sent before the `429` was read, not counted as early.
     pub in_flight: u64,
@@ -80,7 +82,7 @@ pub struct RetryAfterReport {
 }
 
 impl RetryAfterReport {
-    /// `{"refused", "early", "inFlight", "inFlightMs", "examples": [{"request", "retryAfter", "afterMs"}]}`.
+    /// `{"refused", "early", "onTime", "inFlight", "inFlightMs", "examples": [{"request", "retryAfter", "afterMs"}]}`.
     pub fn to_json(&self) -> Value {
         let examples: Vec<Value> = self
             .examples
@@ -88,7 +90,7 @@ impl RetryAfterReport {
             .map(|e| json!({"request": e.request, "retryAfter": e.retry_after, "afterMs": e.after.as_millis() as u64}))
             .collect();
         json!({
-            "refused": self.refused, "early": self.early, "inFlight": self.in_flight,
+            "refused": self.refused, "early": self.early, "onTime": self.on_time, "inFlight": self.in_flight,
             "inFlightMs": IN_FLIGHT.as_millis() as u64, "examples": examples
         })
     }
@@ -106,6 +108,7 @@ impl RetryAfterReport {
         Some(Self {
             refused: value.get("refused")?.as_u64()?,
             early: value.get("early")?.as_u64()?,
+            on_time: value.get("onTime")?.as_u64()?,
             in_flight: value.get("inFlight")?.as_u64()?,
             examples,
         })
@@ -181,7 +184,9 @@ impl RetryAfterCheck {
         }
         // This is the retry: anything later is a request of its own.
         self.open.remove(id);
-        if arrived < open.until() {
+        if arrived >= open.until() {
+            self.report.on_time += 1;
+        } else {
             self.report.early += 1;
             if self.report.examples.len() < EXAMPLES {
                 self.report.examples.push(EarlyRetry {
@@ -263,6 +268,7 @@ mod tests {
         check.note(P.into(), conn(2), t0 + ms(1450), None, t0 + ms(1450));
         let report = check.report();
         assert_eq!((report.refused, report.early, report.in_flight), (2, 1, 0));
+        assert_eq!(report.on_time, 1);
     }
 
     #[test]
@@ -281,6 +287,7 @@ mod tests {
         check.note(P.into(), conn(1), t0 + ms(2001), None, t0 + ms(2001));
         let report = check.report();
         assert_eq!((report.refused, report.early, report.in_flight), (2, 0, 1));
+        assert_eq!(report.on_time, 1);
     }
 
     #[test]
@@ -359,6 +366,8 @@ mod tests {
         check.note(a, conn(1), t0 + ms(1000), None, t0 + ms(1000));
         let report = check.report();
         assert_eq!((report.refused, report.early, report.in_flight), (2, 0, 0));
+        // Only `a` came again, after its wait.
+        assert_eq!(report.on_time, 1);
     }
 
     #[test]
