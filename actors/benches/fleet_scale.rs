@@ -21,7 +21,7 @@
 //! `EPO_FAKE_APISERVER` names it), the CRDs and the Proxies created by the
 //! bench before one operator replica starts with `--leader-elect`.
 //!
-//!   cargo bench -p egress-proxies-operator --bench fleet_scale -- --kubernetes --proxies 1000 [--steady 20] [--deadline 300] [--api-rate 50 [--api-burst 50]] [--timeline]
+//!   cargo bench -p egress-proxies-operator --bench fleet_scale -- --kubernetes --proxies 1000 [--steady 20] [--deadline 300] [--api-rate 50 [--api-burst 50]] [--failover [kill|term|both]] [--timeline]
 //!
 //! Reported: start → every Proxy `Ready` in the fake (by a LIST), the time
 //! to leadership, whether the leader ever lost its Lease (its log, its
@@ -31,7 +31,13 @@
 //! seconds besides the leader Lease, and peak RSS. `--deadline` bounds the
 //! start: a leader that loses its Lease or a start past it ends the run
 //! with the figures so far (exit status 1). `--api-rate N` has the fake
-//! answer `429` past N requests a second (`--api-burst`: at once).
+//! answer `429` past N requests a second (`--api-burst`: at once); every
+//! run ends with the fake's count of the `429`s it answered the operator
+//! and of the requests sent again before their `Retry-After` (any fails
+//! the run). `--failover` then has a standby replica take over from the
+//! leader (SIGKILL, SIGTERM or both in turn: the `failover` module) and
+//! reports the time from winning to its first granted lease and its
+//! writes in its first minute.
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};

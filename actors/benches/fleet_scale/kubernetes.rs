@@ -10,7 +10,10 @@
 //! Its requests are the fake's counts (`GET /debug/requests`) after the
 //! Proxies exist, minus the requests the bench itself sent since (its
 //! LISTs of Proxies and its reads of the leader Lease), which it counts as
-//! it sends them.
+//! it sends them. Whether the operator waited out each `429`'s
+//! `Retry-After` the fake checks itself (`retryAfter` in the same
+//! answer): the run's last figure, and an early retry fails it.
+//! `--failover`: the `failover` module.
 //!
 //! The fake's binary: `EPO_FAKE_APISERVER` if set, else built here with
 //! `cargo build --release -p fake-apiserver --bin fake-apiserver` and its
@@ -24,12 +27,15 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fake_apiserver::{RequestCounts, RequestKey};
+use fake_apiserver::{RequestCounts, RequestKey, RetryAfterReport};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::{BIN, cpu_seconds, metric, scrape, status_mib};
 use crate::common::{Kill, arg, free_addr, target};
+
+#[path = "failover.rs"]
+mod failover;
 
 const NAMESPACE: &str = "fleet";
 const POD: &str = "fleet-operator-0";
@@ -80,7 +86,20 @@ impl Fake {
         (code, headers, body)
     }
 
-    /// Creates, waiting out each `429`'s `Retry-After` (with `--api-rate`).
+    /// From now on `429` past `per_second` requests a second, bursts of
+    /// `burst` (each priority level: the fake's `PUT /debug/rate`).
+    async fn limit_rate(&self, per_second: f64, burst: u32) {
+        let answer = self
+            .http
+            .put(format!("{}/debug/rate", self.base))
+            .json(&json!({"perSecond": per_second, "burst": burst}))
+            .send()
+            .await
+            .expect("the fake answers");
+        assert_eq!(answer.status(), 200, "setting the fake's rate");
+    }
+
+    /// Creates, waiting out each `429`'s `Retry-After`.
     async fn create(&self, group: &str, resource: &str, path: &str, body: &Value) {
         loop {
             let request = self.http.post(format!("{}{path}", self.base)).json(body);
@@ -128,6 +147,17 @@ impl Fake {
                 lease["spec"]["leaseTransitions"].as_u64().unwrap_or(0),
             )
         })
+    }
+
+    /// The fake's check of the operator's retries after `429`s.
+    async fn retry_after(&self) -> Option<RetryAfterReport> {
+        let answer = self
+            .http
+            .get(format!("{}/debug/requests", self.base))
+            .send()
+            .await
+            .ok()?;
+        RetryAfterReport::from_json(&answer.json::<Value>().await.ok()?["retryAfter"])
     }
 
     /// Every request the fake served so far (this read is not counted).
@@ -213,7 +243,7 @@ fn fake_binary() -> PathBuf {
 }
 
 /// Starts the fake and waits for the kubeconfig it writes once serving.
-async fn start_fake(dir: &Path, rate: Option<&str>, burst: Option<&str>) -> (Kill, String) {
+async fn start_fake(dir: &Path) -> (Kill, String) {
     let kubeconfig = dir.join("kubeconfig");
     let log = std::fs::File::create(dir.join("fake-apiserver.log")).unwrap();
     let mut command = Command::new(fake_binary());
@@ -221,12 +251,6 @@ async fn start_fake(dir: &Path, rate: Option<&str>, burst: Option<&str>) -> (Kil
         .args(["--listen", "127.0.0.1:0", "--cluster", "--namespace", NAMESPACE])
         .arg("--kubeconfig-out")
         .arg(&kubeconfig);
-    if let Some(rate) = rate {
-        command.args(["--max-requests-per-second", rate]);
-        if let Some(burst) = burst {
-            command.args(["--burst", burst]);
-        }
-    }
     let mut fake = Kill(
         command
             .stdin(Stdio::null())
@@ -275,37 +299,52 @@ fn proxy(i: usize, proxy_port: u16, target: SocketAddr) -> Value {
 
 struct Operator {
     process: Kill,
+    /// Its `POD_NAME`: its identity in the leader Lease.
+    pod: String,
     log: PathBuf,
     health: SocketAddr,
     metrics: SocketAddr,
+    /// Its discovery (lease) API, when served.
+    discovery: Option<SocketAddr>,
 }
 
 impl Operator {
-    fn start(dir: &Path) -> Self {
+    /// A replica named `pod` with a state directory and log of its own;
+    /// with `discovery`, its lease API there, open without a token (the
+    /// operator refuses to serve it without one unless told so).
+    fn start(dir: &Path, pod: &str, discovery: Option<SocketAddr>) -> Self {
         let (health, metrics) = (free_addr(), free_addr());
-        let log = dir.join("operator.log");
+        let log = dir.join(format!("{pod}.log"));
         let out = std::fs::File::create(&log).unwrap();
         std::fs::write(dir.join("providers.yaml"), "providers: []\n").unwrap();
-        let process = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .arg("run")
             .arg("--providers-config")
             .arg(dir.join("providers.yaml"))
             .arg("--state-dir")
-            .arg(dir.join("state"))
+            .arg(dir.join(format!("{pod}-state")))
             .args(["--health-probe-bind-address", &health.to_string()])
             .args([
                 "--metrics-bind-address",
                 &metrics.to_string(),
                 "--metrics-secure=false",
             ])
-            .args(["--discovery-bind-address", "0", "--leader-elect"])
+            .arg("--leader-elect");
+        match discovery {
+            Some(addr) => command
+                .args(["--discovery-bind-address", &addr.to_string()])
+                .arg("--insecure-discovery-without-token"),
+            None => command.args(["--discovery-bind-address", "0"]),
+        };
+        let process = command
             // The fleet's one forward proxy is on loopback.
             .args(["--allow-external-endpoint-networks", "127.0.0.0/8"])
             .args(["--log-format", "text", "--log-level", "warn"])
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("KUBECONFIG", dir.join("kubeconfig"))
-            .env("POD_NAME", POD)
+            .env("POD_NAME", pod)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -313,9 +352,11 @@ impl Operator {
             .unwrap();
         Self {
             process: Kill(process),
+            pod: pod.to_owned(),
             log,
             health,
             metrics,
+            discovery,
         }
     }
 
@@ -344,6 +385,42 @@ impl Operator {
             .unwrap_or_default()
             .matches("renewing the leader Lease failed")
             .count()
+    }
+
+    /// Its own count of its API requests (`kube_api_requests_total`, one
+    /// per try), as [`RequestCounts`] without groups; empty if unreachable.
+    async fn api_requests(&self, http: &reqwest::Client) -> RequestCounts {
+        let mut counts = RequestCounts::default();
+        let text = scrape(http, self.metrics).await;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("egress_proxies_kube_api_requests_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix("=\"")?.strip_suffix('"'))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let key = RequestKey {
+                verb: label("verb"),
+                group: String::new(),
+                resource: label("resource"),
+                // `error` (no answer) as 0.
+                code: label("code").parse().unwrap_or(0),
+            };
+            *counts.0.entry(key).or_default() += value.parse::<f64>().unwrap_or(0.0) as u64;
+        }
+        counts
+    }
+
+    /// Its `leader` gauge: 1 from the moment its Lease write won.
+    async fn won(&self, http: &reqwest::Client) -> bool {
+        metric(&scrape(http, self.metrics).await, "egress_proxies_leader") == Some(1.0)
     }
 
     async fn leading(&self, http: &reqwest::Client) -> bool {
@@ -381,22 +458,28 @@ fn ready(phases: &[(String, usize)]) -> usize {
 }
 
 /// The whole Kubernetes-mode run; success only if every Proxy became
-/// Ready in the fake and the leader kept its Lease throughout.
+/// Ready in the fake, the leader kept its Lease throughout, every
+/// `--failover` handover granted a lease and left the fleet Ready, and no
+/// request of the operator's came back before its `429`'s `Retry-After`.
 pub fn run(proxies: usize, steady: u64) -> ExitCode {
     let deadline = Duration::from_secs(arg("--deadline").map_or(300, |s| s.parse().unwrap()));
-    let rate = arg("--api-rate");
-    let burst = arg("--api-burst");
+    // A second's budget at once unless told otherwise: Priority and
+    // Fairness queues a request before it refuses it, so a client merely
+    // sending two requests back to back is not refused; a bucket of one
+    // would refuse it, and its whole-second Retry-After would cap such a
+    // client at a request a second.
+    let rate = arg("--api-rate").map(|r| {
+        let per_second: f64 = r.parse().expect("--api-rate: requests a second");
+        let burst = arg("--api-burst").map_or(per_second.ceil() as u32, |b| {
+            b.parse().expect("--api-burst: a whole number")
+        });
+        (per_second, burst)
+    });
     let timeline = std::env::args().any(|a| a == "--timeline");
+    let failover = failover::Leave::from_args();
     let runtime = crate::common::load_generator_runtime();
     runtime.block_on(async {
-        let scenario = scenario(
-            proxies,
-            steady,
-            deadline,
-            rate.as_deref(),
-            burst.as_deref(),
-            timeline,
-        );
+        let scenario = scenario(proxies, steady, deadline, rate, timeline, failover.as_deref());
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
         // Interrupted, the scenario is dropped: every child with it.
         tokio::select! {
@@ -411,23 +494,19 @@ async fn scenario(
     proxies: usize,
     steady: u64,
     deadline: Duration,
-    rate: Option<&str>,
-    burst: Option<&str>,
+    rate: Option<(f64, u32)>,
     timeline: bool,
+    failover: Option<&[failover::Leave]>,
 ) -> ExitCode {
     let dir = tempfile::tempdir().unwrap();
-    let (mut fake_process, server) = start_fake(dir.path(), rate, burst).await;
+    let (mut fake_process, server) = start_fake(dir.path()).await;
     let fake_pid = fake_process.0.id();
     let fake = Fake {
         http: reqwest::Client::new(),
         base: server.clone(),
         own: Arc::default(),
     };
-    println!(
-        "Kubernetes mode: fake-apiserver (pid {fake_pid}) at {server}{}",
-        rate.map(|r| format!(", 429 past {r} requests/s"))
-            .unwrap_or_default()
-    );
+    println!("Kubernetes mode: fake-apiserver (pid {fake_pid}) at {server}");
 
     // The cluster as an install leaves it, and the fleet, before the operator.
     let target = target().await;
@@ -474,12 +553,18 @@ async fn scenario(
         created.elapsed().as_secs_f64(),
         setup.total()
     );
+    // The fleet was there before: a user's `kubectl apply` is a flow of its
+    // own under Priority and Fairness, and long done when the operator starts.
+    if let Some((per_second, burst)) = rate {
+        fake.limit_rate(per_second, burst).await;
+        println!("the fake answers 429 past {per_second} requests/s (bursts of {burst}) from now on");
+    }
 
     // One replica with leader election, from no Lease.
     let before = fake.counts().await;
     let began = Instant::now();
     let fake_cpu0 = cpu_seconds(fake_pid);
-    let mut operator = Operator::start(dir.path());
+    let mut operator = Operator::start(dir.path(), POD, None);
     let pid = operator.pid();
     let http = reqwest::Client::new();
     let (mut peak, mut leading_at, mut healthy_at, mut lost) = (0.0f64, None, None, None);
@@ -624,12 +709,54 @@ async fn scenario(
         "operator peak RSS {peak:.1} MiB; fake-apiserver peak RSS {:.1} MiB",
         status_mib(fake_pid, "VmHWM")
     );
+    let mut ok = healthy_at.is_some() && lost.is_none();
+    match failover {
+        Some(leaves) if ok => {
+            ok = failover::run(&fake, dir.path(), operator, leaves, proxies, deadline).await;
+        }
+        _ => drop(operator),
+    }
+    let honoured = retry_after(&fake).await;
     println!("(logs: {} — removed at the end)", dir.path().display());
-    drop(operator);
     let _ = fake_process.0.kill();
-    if healthy_at.is_some() && lost.is_none() {
+    if ok && honoured {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Prints the `429`s the fake answered the operator's replicas over the
+/// whole run and the requests they sent again before the `Retry-After`
+/// was over (the fake's check, `retryAfter` in `/debug/requests`); true if
+/// there were none.
+async fn retry_after(fake: &Fake) -> bool {
+    let Some(report) = fake.retry_after().await else {
+        println!("429s: the fake's report could not be read");
+        return false;
+    };
+    println!(
+        "429 + Retry-After answered to the operator: {}; sent again before the Retry-After was over: {}, after it: {}{}",
+        report.refused,
+        report.early,
+        report.on_time,
+        if report.in_flight > 0 {
+            format!(
+                " (and {} repeats within {} ms on another connection: possibly in flight before the 429 was read, not counted)",
+                report.in_flight,
+                fake_apiserver::IN_FLIGHT.as_millis()
+            )
+        } else {
+            String::new()
+        }
+    );
+    for early in &report.examples {
+        println!(
+            "    early: {} — {} ms after a 429 with Retry-After {} s",
+            early.request,
+            early.after.as_millis(),
+            early.retry_after
+        );
+    }
+    report.early == 0
 }

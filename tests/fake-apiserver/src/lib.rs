@@ -54,7 +54,8 @@
 //! (`coordination.k8s.io`) are the leader-election level, with a budget of
 //! their own that bulk traffic cannot spend; watches are long-running and
 //! never refused. Simplified: no queueing before the refusal (the `fairness`
-//! module). Note that kube 5's `Client` retries a `429` by default after its
+//! module). Over HTTP, `PUT /debug/rate` `{"perSecond", "burst"}` sets the
+//! same limit at run time (`{"perSecond": null}` lifts it). Note that kube 5's `Client` retries a `429` by default after its
 //! `Retry-After`; `kube::Config::default_retry = false` shows each answer.
 //!
 //! Every request served is counted by verb, group, resource (with its
@@ -63,6 +64,14 @@
 //! (`{"total", "requests": [{"verb", "group", "resource", "code", "count"}]}`,
 //! read back by [`RequestCounts::from_json`]; that path is never counted,
 //! limited or stalled).
+//!
+//! Whether the operator honours `Retry-After` (the `retry_after` module):
+//! each `429` answered to a request with the kubeconfig's token is
+//! remembered with its wait, and the same request sent again before the
+//! wait is over counts as an early retry ([`FakeApiServer::retry_after`],
+//! and the `retryAfter` member of `GET /debug/requests`: `{"refused",
+//! "early", "onTime", "inFlight", "inFlightMs", "examples"}`, read back by
+//! [`RetryAfterReport::from_json`]).
 //!
 //! As a process of its own (the `fake-apiserver` binary, for a benchmark
 //! that must not share the operator's process): `fake-apiserver --listen
@@ -83,6 +92,7 @@ mod discovery;
 mod fairness;
 mod kinds;
 mod protobuf;
+mod retry_after;
 mod reviews;
 mod selector;
 mod state;
@@ -90,7 +100,7 @@ mod strategic;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::web::{self, Bytes};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
@@ -103,6 +113,7 @@ pub use counts::{RequestCounts, RequestKey};
 pub use discovery::VERSION;
 pub use fairness::Level;
 pub use kinds::{KINDS, Kind};
+pub use retry_after::{EarlyRetry, IN_FLIGHT, RetryAfterReport};
 pub use reviews::Reviews;
 pub use selector::Selector;
 pub use state::{ApiError, Denial, State, Watcher};
@@ -139,6 +150,8 @@ pub struct FakeApiServer {
     fairness: Arc<Mutex<Option<Fairness>>>,
     /// Requests served, by verb, resource and code.
     counts: Arc<Mutex<RequestCounts>>,
+    /// Whether the operator waits out each `429`'s `Retry-After`.
+    retries: Arc<Mutex<retry_after::RetryAfterCheck>>,
 }
 
 impl FakeApiServer {
@@ -178,6 +191,7 @@ impl FakeApiServer {
             running: Arc::default(),
             fairness: Arc::default(),
             counts: Arc::default(),
+            retries: Arc::default(),
         };
         fake.serve(listener)
     }
@@ -200,6 +214,14 @@ impl FakeApiServer {
     /// status code; also `GET /debug/requests` as JSON.
     pub fn requests(&self) -> RequestCounts {
         self.counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The `429`s answered to the operator (requests with the
+    /// kubeconfig's token) and the requests it sent again before their
+    /// `Retry-After` was over (see the `retry_after` module); also the
+    /// `retryAfter` member of `GET /debug/requests`.
+    pub fn retry_after(&self) -> RetryAfterReport {
+        self.retries.lock().unwrap_or_else(|p| p.into_inner()).report()
     }
 
     /// Another loopback address serving the same objects: a separate
@@ -378,9 +400,9 @@ fn review(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer) -> Option<HttpR
             200,
         ));
     }
-    let authorised =
-        req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token");
-    if authorised && let Ok(mut log) = fake.accesses.lock() {
+    if authorised(req)
+        && let Ok(mut log) = fake.accesses.lock()
+    {
         log.push(Access {
             verb: "create".into(),
             group: group.into(),
@@ -407,6 +429,12 @@ fn review(req: &HttpRequest, body: &Bytes, fake: &FakeApiServer) -> Option<HttpR
         _ => reviews.subject_access_review(&body),
     };
     Some(respond(Ok(answer), 201))
+}
+
+/// Made with the kubeconfig's token: the operator's request, not a test's
+/// or a benchmark's own.
+fn authorised(req: &HttpRequest) -> bool {
+    req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token")
 }
 
 /// What a request asks for, as RBAC and the request counters name it.
@@ -468,11 +496,19 @@ fn asked(req: &HttpRequest) -> Asked {
 }
 
 /// Every request: the debug counters, then Priority and Fairness, then the
-/// API; counts what was answered.
+/// API; counts what was answered, and for the operator's requests whether
+/// a refused one came back before its `Retry-After`.
 async fn admit(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) -> HttpResponse {
     if req.path() == "/debug/requests" && req.method() == actix_web::http::Method::GET {
-        return HttpResponse::Ok().json(fake.requests().to_json());
+        let mut answer = fake.requests().to_json();
+        answer["retryAfter"] = fake.retry_after().to_json();
+        return HttpResponse::Ok().json(answer);
     }
+    if req.path() == "/debug/rate" && req.method() == actix_web::http::Method::PUT {
+        return set_rate(&fake, &body);
+    }
+    // When the client's request got here, before any stall holds it.
+    let arrived = Instant::now();
     FakeApiServer::passable(&fake.stalled).await;
     let asked = asked(&req);
     let level = Level::of(&asked.group, &asked.resource, asked.verb);
@@ -480,6 +516,16 @@ async fn admit(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
         Some(fairness) => fairness.admit(level),
         None => Ok(()),
     };
+    if authorised(&req) {
+        let id = retry_after::request_id(asked.verb, req.path(), &query(&req), &body);
+        fake.retries.lock().unwrap_or_else(|p| p.into_inner()).note(
+            id,
+            req.peer_addr(),
+            arrived,
+            admitted.err(),
+            Instant::now(),
+        );
+    }
     let answer = match admitted {
         Ok(()) => route(req, body, fake.clone()).await,
         Err(retry_after) => HttpResponse::TooManyRequests()
@@ -496,6 +542,36 @@ async fn admit(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             code: answer.status().as_u16(),
         });
     answer
+}
+
+/// `PUT /debug/rate` `{"perSecond": N, "burst": M}`: [`FakeApiServer::limit_rate`]
+/// from now on (`burst` 1 if not given); `{"perSecond": null}` lifts it.
+/// For a benchmark that fills the fake before the limit applies.
+fn set_rate(fake: &FakeApiServer, body: &[u8]) -> HttpResponse {
+    let Ok(asked) = serde_json::from_slice::<Value>(body) else {
+        return respond(Err(ApiError::new(400, "BadRequest", "a JSON body")), 200);
+    };
+    match asked["perSecond"].as_f64() {
+        Some(per_second) if per_second > 0.0 => {
+            let burst = asked["burst"]
+                .as_u64()
+                .map_or(1, |b| b.clamp(1, u32::MAX.into()) as u32);
+            fake.limit_rate(per_second, burst);
+            HttpResponse::Ok().json(json!({"perSecond": per_second, "burst": burst}))
+        }
+        None if asked["perSecond"].is_null() => {
+            fake.unlimit_rate();
+            HttpResponse::Ok().json(json!({"perSecond": null}))
+        }
+        _ => respond(
+            Err(ApiError::new(
+                400,
+                "BadRequest",
+                "perSecond: a positive number or null",
+            )),
+            200,
+        ),
+    }
 }
 
 async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) -> HttpResponse {
@@ -550,9 +626,9 @@ async fn route(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .unwrap_or("unknown");
         agent.split('/').next().unwrap_or(agent).to_owned()
     });
-    let authorised =
-        req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer fake-token");
-    if authorised && let Ok(mut log) = fake.accesses.lock() {
+    if authorised(&req)
+        && let Ok(mut log) = fake.accesses.lock()
+    {
         let asked = asked(&req);
         log.push(Access {
             verb: asked.verb.to_owned(),

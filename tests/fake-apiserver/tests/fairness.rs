@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fake_apiserver::{FakeApiServer, RequestCounts};
+use fake_apiserver::{FakeApiServer, RequestCounts, RetryAfterReport};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -34,6 +34,15 @@ impl Answer {
 
 /// Sends one request and reads the answer up to the connection's close.
 async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Answer {
+    send(addr, method, path, body, "").await
+}
+
+/// [`call`] with the kubeconfig's token: a request of the operator's.
+async fn call_as_operator(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Answer {
+    send(addr, method, path, body, "Authorization: Bearer fake-token\r\n").await
+}
+
+async fn send(addr: SocketAddr, method: &str, path: &str, body: Option<Value>, headers: &str) -> Answer {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let content_type = if method == "PATCH" {
@@ -42,7 +51,7 @@ async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -
         "application/json"
     };
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: fake\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: fake\r\nConnection: close\r\n{headers}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -172,6 +181,30 @@ async fn past_the_rate_a_request_meets_429_with_retry_after_and_a_status() {
     for _ in 0..20 {
         assert_eq!(call(fake.addr, "GET", CONFIG_MAPS, None).await.code, 200);
     }
+}
+
+#[actix_rt::test]
+async fn the_rate_is_set_and_lifted_over_http() {
+    let fake = FakeApiServer::start().unwrap();
+    let rate = |body: Value| call(fake.addr, "PUT", "/debug/rate", Some(body));
+    let set = rate(json!({"perSecond": 0.5, "burst": 2})).await;
+    assert_eq!(
+        (set.code, &set.body),
+        (200, &json!({"perSecond": 0.5, "burst": 2}))
+    );
+    let codes = async || {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            codes.push(call(fake.addr, "GET", CONFIG_MAPS, None).await.code);
+        }
+        codes
+    };
+    assert_eq!(codes().await, [200, 200, 429]);
+    assert_eq!(rate(json!({"perSecond": 0})).await.code, 400);
+    assert_eq!(rate(json!({"perSecond": null})).await.code, 200);
+    assert_eq!(codes().await, [200, 200, 200]);
+    // The debug paths are neither limited nor counted.
+    assert_eq!(fake.requests().total(), 6);
 }
 
 #[actix_rt::test]
@@ -391,6 +424,46 @@ async fn requests_are_counted_by_verb_resource_and_code() {
     assert_eq!(after.count("list", "configmaps", 200), 2);
     assert_eq!(after.count("list", "configmaps", 429), 1);
     assert_eq!(after.total(), 15);
+}
+
+#[actix_rt::test]
+async fn the_operator_s_retries_before_retry_after_are_counted() {
+    let fake = FakeApiServer::start().unwrap();
+    fake.limit_rate(0.5, 1);
+    let a = format!("{CONFIG_MAPS}/a");
+    assert_eq!(call_as_operator(fake.addr, "GET", &a, None).await.code, 404);
+    let refused = call_as_operator(fake.addr, "GET", &a, None).await;
+    assert_eq!(refused.code, 429);
+    assert_eq!(refused.header("retry-after"), Some("2"));
+    // A test's own client (no token) is not checked, however eager.
+    assert_eq!(call(fake.addr, "GET", &a, None).await.code, 429);
+    // Another request is no retry of this one.
+    let b = call_as_operator(fake.addr, "GET", &format!("{CONFIG_MAPS}/b"), None).await;
+    assert_eq!(b.code, 429);
+    assert_eq!(fake.retry_after().early, 0);
+    // 100 ms later the same request again, on another connection.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let early = call_as_operator(fake.addr, "GET", &a, None).await;
+    assert_eq!(early.code, 429);
+    let report = fake.retry_after();
+    assert_eq!((report.refused, report.early, report.in_flight), (3, 1, 0));
+    assert_eq!(report.examples.len(), 1);
+    assert_eq!(report.examples[0].request, format!("get {a}"));
+    assert_eq!(report.examples[0].retry_after, 2);
+    assert!(report.examples[0].after >= Duration::from_millis(100));
+    // Its own Retry-After waited out, it is served and nothing more counts.
+    let wait: u64 = early.header("retry-after").unwrap().parse().unwrap();
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    assert_eq!(call_as_operator(fake.addr, "GET", &a, None).await.code, 404);
+    assert_eq!((fake.retry_after().early, fake.retry_after().on_time), (1, 1));
+    // The same report over HTTP, beside the counts.
+    let over_http = call(fake.addr, "GET", "/debug/requests", None).await;
+    assert_eq!(
+        RetryAfterReport::from_json(&over_http.body["retryAfter"]),
+        Some(fake.retry_after())
+    );
+    assert_eq!(over_http.body["retryAfter"]["inFlightMs"], 50);
+    assert_eq!(fake.requests().with_code(429), 4);
 }
 
 /// The binary as a child process, killed when dropped.
