@@ -255,73 +255,104 @@ async fn operate(
         options.settings.tenure = Some(tenure.clone());
     }
 
-    // Leases as the previous leader (or this replica before a restart) left them.
-    let installation = match options.installation_id {
-        Some(id) => id,
-        None => installation::from_cluster(client.clone(), &lease_namespace).await?,
-    };
-    tracing::info!(%installation, "installation");
-    let mut settings = options.settings;
-    let journal = CheckpointJournal::open(
-        client.clone(),
-        &lease_namespace,
-        Writer {
-            identity: identity.clone(),
-            tenure: settings.tenure.clone(),
-            give_up_after: timings.renew_deadline,
-        },
-    )
-    .await?;
-    let unwritable = journal.unwritable();
-    settings.lease_journal = Some(Box::new(journal));
-    let (store, events) = KubeStore::new(
-        client.clone(),
-        options.proxy_namespace.clone(),
-        "egress-proxies-operator",
-        Some(identity.clone()),
-    );
-    let store = Arc::new(store);
-    actix::spawn(store.clone().watch_proxies());
-    actix::spawn(store.clone().watch_secrets());
-    actix::spawn(store.clone().watch_credentials());
-    let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
-    actix::spawn(store.clone().watch_pools(pool_events));
-    let pools = pool_context(&store, &settings);
-    let tokens = settings.discovery_tokens.clone();
-    let running = system::start(
-        store,
-        events,
-        providers,
-        prober,
-        settings,
-        installation,
-        discovery_listener,
-    )?;
-    // Like the discovery API, only the leader serves it: its lease store is
-    // the book (a replica whose tenure lapsed answers 503 `unavailable`
-    // until it exits), and only the leader is ready, so the Service routes
-    // crawlers to it.
-    if let Some(Gateway { listener, settings }) = gateway {
-        crate::gateway::start(listener, running.leases.clone(), &tokens, &settings)?;
-    }
-    PoolRegistry::new(PoolContext {
-        leases: Some(running.leases.clone()),
-        ..pools
-    })
-    .run(pool_stream);
-    if elector.is_none() {
-        // Without election this replica acts alone, as the leader would.
-        LeadershipChanged {
-            identity: &identity,
-            leading: true,
+    // The renewals start at once, racing the start below: a start that
+    // waits on a busy API server (429s on its reads) must not cost the
+    // Lease before the first renewal.
+    let electing = elector.is_some();
+    let acting = {
+        let (client, identity, lease_namespace, tenure) = (
+            client.clone(),
+            identity.clone(),
+            lease_namespace.clone(),
+            tenure.clone(),
+        );
+        let readiness = readiness.clone();
+        async move {
+            // Leases as the previous leader (or this replica before a restart) left them.
+            let installation = match options.installation_id {
+                Some(id) => id,
+                None => installation::from_cluster(client.clone(), &lease_namespace).await?,
+            };
+            tracing::info!(%installation, "installation");
+            let mut settings = options.settings;
+            let journal = CheckpointJournal::open(
+                client.clone(),
+                &lease_namespace,
+                Writer {
+                    identity: identity.clone(),
+                    tenure: settings.tenure.clone(),
+                    give_up_after: timings.renew_deadline,
+                },
+            )
+            .await?;
+            let mut unwritable = journal.unwritable();
+            settings.lease_journal = Some(Box::new(journal));
+            let (store, events) = KubeStore::new(
+                client.clone(),
+                options.proxy_namespace.clone(),
+                "egress-proxies-operator",
+                Some(identity.clone()),
+            );
+            let store = Arc::new(store);
+            actix::spawn(store.clone().watch_proxies());
+            actix::spawn(store.clone().watch_secrets());
+            actix::spawn(store.clone().watch_credentials());
+            let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
+            actix::spawn(store.clone().watch_pools(pool_events));
+            let pools = pool_context(&store, &settings);
+            let tokens = settings.discovery_tokens.clone();
+            // Held until this future ends: dropping it stops the probes.
+            let running = system::start(
+                store,
+                events,
+                providers,
+                prober,
+                settings,
+                installation,
+                discovery_listener,
+            )?;
+            // Like the discovery API, only the leader serves it: its lease store is
+            // the book (a replica whose tenure lapsed answers 503 `unavailable`
+            // until it exits), and only the leader is ready, so the Service routes
+            // crawlers to it.
+            if let Some(Gateway { listener, settings }) = gateway {
+                crate::gateway::start(listener, running.leases.clone(), &tokens, &settings)?;
+            }
+            PoolRegistry::new(PoolContext {
+                leases: Some(running.leases.clone()),
+                ..pools
+            })
+            .run(pool_stream);
+            if !electing {
+                // Without election this replica acts alone, as the leader would.
+                LeadershipChanged {
+                    identity: &identity,
+                    leading: true,
+                }
+                .emit();
+            }
+            readiness.set(true);
+            if !electing {
+                return std::future::pending().await;
+            }
+            // A leader whose lease checkpoint stays unwritable steps down
+            // (and releases the Lease) instead of refusing every grant.
+            let why = stuck(&mut unwritable).await;
+            tenure.end();
+            tracing::error!(identity, reason = %why, "stepping down: releasing the leader Lease");
+            drop(running);
+            Err(OperatorError::SteppedDown(why))
         }
-        .emit();
-    }
-    readiness.set(true);
-
-    let outcome = match &mut elector {
-        None => shutdown.await.map_err(OperatorError::from),
-        Some(elector) => keep_leading(elector, &tenure, unwritable, shutdown).await,
+    };
+    let leading = async {
+        match &mut elector {
+            None => shutdown.as_mut().await.map_err(OperatorError::from),
+            Some(elector) => keep_leading(elector, &tenure, shutdown.as_mut()).await,
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = leading => outcome,
+        outcome = acting => outcome,
     };
     // Before the release lands a follower may act: stop acting first.
     tenure.end();
@@ -362,13 +393,10 @@ fn pool_context(store: &Arc<KubeStore>, settings: &system::Settings) -> PoolCont
 /// Renews the Lease until shutdown (Ok), or until the tenure ends without a
 /// successful renew or another candidate holds the Lease (Err). The tenure
 /// deadline is raced against the renew in flight, so a hanging request
-/// cannot keep this replica acting past it. A leader whose lease checkpoint
-/// stays unwritable (`unwritable`) steps down (Err, and the Lease is
-/// released) instead of holding the Lease while refusing every grant.
+/// cannot keep this replica acting past it.
 async fn keep_leading(
     elector: &mut LeaderElector,
     tenure: &Tenure,
-    mut unwritable: tokio::sync::watch::Receiver<Option<String>>,
     mut shutdown: std::pin::Pin<&mut impl Future<Output = std::io::Result<()>>>,
 ) -> Result<(), OperatorError> {
     let retry = elector.timings().retry_period;
@@ -386,11 +414,6 @@ async fn keep_leading(
         tokio::select! {
             r = &mut shutdown => return r.map_err(OperatorError::from),
             _ = tokio::time::sleep_until(deadline) => return Err(lapsed("renew deadline passed")),
-            why = stuck(&mut unwritable) => {
-                tenure.end();
-                tracing::error!(identity, reason = %why, "stepping down: releasing the leader Lease");
-                return Err(OperatorError::SteppedDown(why));
-            }
             _ = tokio::time::sleep(retry) => {}
         }
         let attempt = tokio::select! {

@@ -462,3 +462,61 @@ async fn renew_times_from_a_skewed_clock_neither_hasten_nor_delay_takeover() {
          takeover {after:?} after the last renew (dated ten minutes ahead)"
     );
 }
+
+/// A start held up by a busy API server does not cost the Lease: with the
+/// fake refusing past one request a second (each priority level its own
+/// budget, as API Priority and Fairness has it), the start's reads of the
+/// installation record and the 16 lease checkpoint shards take longer than
+/// the renew deadline (10 s at the default 15 s lease), and the winner
+/// renews all along, becomes ready and stays the leader.
+#[actix_rt::test]
+async fn a_slow_start_keeps_renewing_the_lease() {
+    let bed = Bed::new();
+    bed.fake.limit_rate(1.0, 1);
+    let leader = bed
+        .dir
+        .kubernetes(&bed.fake.kubeconfig("crawl"))
+        .name("slow-start")
+        .discovery()
+        .arg("--leader-elect")
+        .arg("--insecure-discovery-without-token")
+        .env("POD_NAME", "slow-start")
+        .start()
+        .await;
+    // Watched through the fake's own counters: a test client's reads would
+    // spend the Lease's budget.
+    let renewals = || bed.fake.requests().count("update", "leases", 200);
+    let won = support::eventually("the Lease won", Duration::from_secs(30), async || {
+        (bed.fake.requests().count("create", "leases", 201) == 1).then(Instant::now)
+    })
+    .await;
+    let ready_at = support::eventually("the leader ready", Duration::from_secs(90), async || {
+        assert!(
+            leader.exited().is_none(),
+            "the leader exited during its start\n{}",
+            bed.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ready(&leader).await.then(Instant::now)
+    })
+    .await;
+    let start = ready_at - won;
+    let during = renewals();
+    assert!(
+        start > Duration::from_secs(10),
+        "the start took {start:?}: not slower than the renew deadline, so this shows nothing"
+    );
+    // One renewal every 2 s (the retry period), give or take a refusal.
+    assert!(
+        during as f64 >= start.as_secs_f64() / 5.0,
+        "{during} renewals during a start of {start:?}\n{}",
+        bed.logs()
+    );
+    // And it stays the leader past one more renew deadline.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(leader.exited().is_none(), "the leader exited\n{}", bed.logs());
+    assert!(ready(&leader).await, "the leader is not ready\n{}", bed.logs());
+    assert!(renewals() >= during + 3, "renewals stopped\n{}", bed.logs());
+    assert!(!bed.logs().contains("could not renew"), "{}", bed.logs());
+    eprintln!("slow start: ready {start:?} after winning, {during} renewals meanwhile");
+}

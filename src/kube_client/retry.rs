@@ -91,16 +91,19 @@ impl RetryRules {
         }
         // Full backoff halved by jitter: [b/2, b), so that clients refused
         // together do not come back together.
+        let jitter = jitter.clamp(0.0, 1.0);
         let backoff = self
             .first_backoff
             .saturating_mul(1u32.checked_shl(retries).unwrap_or(u32::MAX))
             .min(self.max_backoff)
-            .mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0);
-        // Never sooner than the server asked; never a tight loop when it
-        // says 0.
+            .mul_f64(0.5 + jitter / 2.0);
+        // Never sooner than the server asked, and spread over a quarter of
+        // its delay after that: the requests it refused in one second do
+        // not all return in the same instant to be refused again. Never a
+        // tight loop when it says 0.
         let wait = match server_delay {
             Some(server) if server >= backoff => RetryWait {
-                delay: server,
+                delay: server + server.mul_f64(jitter / 4.0),
                 source: WaitSource::RetryAfter,
             },
             _ => RetryWait {
@@ -150,7 +153,7 @@ mod tests {
     #[test]
     fn retry_after_is_honoured() {
         let rules = RetryRules::default();
-        let wait = rules.decide(&get(), TOO_MANY, Some("7"), 0, Duration::ZERO, 0.3);
+        let wait = rules.decide(&get(), TOO_MANY, Some("7"), 0, Duration::ZERO, 0.0);
         assert_eq!(
             wait,
             Some(RetryWait {
@@ -158,6 +161,14 @@ mod tests {
                 source: WaitSource::RetryAfter
             })
         );
+        // Refused together, back spread over the next quarter of the delay.
+        let spread = |jitter| {
+            rules
+                .decide(&get(), TOO_MANY, Some("4"), 0, Duration::ZERO, jitter)
+                .map(|w| w.delay)
+        };
+        assert_eq!(spread(0.5), Some(Duration::from_millis(4_500)));
+        assert!(spread(0.999_999).is_some_and(|d| d < Duration::from_secs(5)));
         // A refused write was never acted on: it is sent again too.
         assert!(
             rules
