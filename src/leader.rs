@@ -38,8 +38,9 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 
+use crate::resource::ObjectKey;
 use crate::resource::{Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
-use crate::store::{CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError};
+use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
 
 /// How long a leader lasts, renews and waits for the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

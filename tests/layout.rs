@@ -1,7 +1,8 @@
 //! The layout the docs describe still holds: each provider depends on the
 //! shared provider types only (never on the registry, the decorators the
 //! registry wraps it in, or another provider), and every repository path
-//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists.
+//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists; and the
+//! architecture's messages table names every message an actor handles.
 
 use std::path::{Path, PathBuf};
 
@@ -206,5 +207,98 @@ fn repository_paths_are_found_between_backticks() {
             (1, "deploy/crd/".to_owned()),
             (5, "tests/run.sh".to_owned())
         ]
+    );
+}
+
+/// `(actor, message)` for every `impl Handler<Message> for Actor` in the
+/// actors crate outside its test modules (a generic message by its name:
+/// `Call<C>` is `Call`).
+fn handlers() -> Vec<(String, String, PathBuf)> {
+    let mut found = Vec::new();
+    for file in rust_files(&root().join("actors/src")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let production = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (at, _) in production.match_indices("Handler<") {
+            let before = &production[..at];
+            let Some(impl_at) = before.rfind("impl") else {
+                continue;
+            };
+            // `impl Handler<…>` or `impl<C: HostCall> Handler<…>`, nothing else between.
+            let between = &before[impl_at + 4..];
+            if !(between.trim().is_empty()
+                || between.trim_start().starts_with('<') && between.trim_end().ends_with('>'))
+            {
+                continue;
+            }
+            let rest = &production[at + "Handler<".len()..];
+            let message: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let Some(for_at) = rest.find(" for ") else {
+                continue;
+            };
+            let actor: String = rest[for_at + 5..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+                .collect();
+            // The fault-injection macro's `$actor`: its rows name the actors.
+            if !message.is_empty() && !actor.starts_with('$') {
+                found.push((actor, message, file.clone()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_messages_table_names_every_handler() {
+    let text = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let section = text
+        .split("\n## Messages\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/architecture.md has a Messages section");
+    // actor → the names between backticks in its row's `handles` cell.
+    let mut rows: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for line in section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| actor"))
+    {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (Some(actors), Some(handles)) = (cells.get(1), cells.get(3)) else {
+            continue;
+        };
+        let names: Vec<String> = handles
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|n| {
+                n.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .collect();
+        for actor in actors.split(',') {
+            rows.entry(actor.trim().to_owned())
+                .or_default()
+                .extend(names.iter().cloned());
+        }
+    }
+    let handlers = handlers();
+    assert!(
+        handlers.len() >= 30,
+        "found only {} handlers: the scan is broken",
+        handlers.len()
+    );
+    let missing: Vec<String> = handlers
+        .iter()
+        .filter(|(actor, message, _)| !rows.get(actor).is_some_and(|names| names.contains(message)))
+        .map(|(actor, message, file)| format!("{actor} handles {message} ({})", file.display()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md's messages table lacks:\n{}",
+        missing.join("\n")
     );
 }

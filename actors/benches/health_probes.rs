@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::health::{CheckSpec, ProbeTarget, Prober, Thresholds};
-use egress_proxies::store::ObjectKey;
+use egress_proxies::resource::ObjectKey;
+use egress_proxies_operator::health_prober::HealthVerdict;
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads, Watch};
-use egress_proxies_operator::proxy_actor::HealthVerdict;
 
 const TARGET_ROLE: &str = "EPO_BENCH_TARGET";
 

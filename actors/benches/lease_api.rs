@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use egress_proxies::lease::{Availability, LeaseLimits, LeaseSettings};
 use egress_proxies::rate_limit::RateLimits;
-use egress_proxies::store::ObjectKey;
+use egress_proxies::resource::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
 use tokio::net::TcpStream;

@@ -19,7 +19,7 @@ use actix::prelude::*;
 use egress_proxies::health::{
     HealthState, LatencyRule, ProbeFailure, ProbeResult, ProbeTarget, Prober, RecordedVerdict, Sample,
 };
-use egress_proxies::store::ObjectKey;
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use futures::FutureExt;
 use opentelemetry::trace::TraceContextExt;
@@ -28,7 +28,16 @@ use tracing::Instrument;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::proxy_actor::HealthVerdict;
+/// A health verdict for this actor's proxy (sent by the HealthProber to the
+/// watcher named in `Watch`; a notification lives beside its sender).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct HealthVerdict(
+    pub egress_proxies::health::Verdict,
+    /// The `health.probe` span behind it (when probes are traced): the
+    /// reconcile a flip triggers links to it.
+    pub Option<opentelemetry::trace::SpanContext>,
+);
 
 /// Start watching a proxy (or update what is watched).
 #[derive(Message, Debug, Clone)]

@@ -13,8 +13,8 @@ use egress_proxies::lease::{
     LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView, RenewError,
     UnknownLease, is_gateway_client,
 };
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::ProxyPoolStatus;
-use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::LeaseEvent;
 use egress_proxies::telemetry::metrics;
 

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::pool::{Inputs, Memory, invalid_spec_status, note_creates, step};
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::{
     ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
 };
-use egress_proxies::store::{ObjectKey, PoolStore, ProxyStore, StoreError};
+use egress_proxies::store::{PoolStore, ProxyStore, StoreError};
 use egress_proxies::telemetry::events::{
     PoolMemberCreated, PoolMemberDeleted, PoolMemberRetiring, PoolRemoved, PoolTurnCompleted,
 };

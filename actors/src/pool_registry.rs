@@ -7,7 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::store::{ObjectKey, StoreEvent};
+use egress_proxies::resource::ObjectKey;
+use egress_proxies::store::StoreEvent;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::pool_actor::{PoolActor, PoolContext, StopPool, Turn};

@@ -16,15 +16,15 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use egress_proxies::health::ProbeTarget;
 use egress_proxies::provider::ErrorClass;
 use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::Phase;
-use egress_proxies::store::ObjectKey;
 use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
 use tracing::Instrument;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::health_prober::{HealthProber, Unwatch, Watch};
+use crate::health_prober::{HealthProber, HealthVerdict, Unwatch, Watch};
 use crate::lease_store::{LeaseStore, RemoveProxy, UpdateAvailability};
 
 /// Look at the proxy again now (its object changed, or a caller asks).
@@ -36,16 +36,6 @@ pub struct Reconcile;
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub struct Shutdown;
-
-/// A health verdict for this actor's proxy (from the HealthProber).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct HealthVerdict(
-    pub egress_proxies::health::Verdict,
-    /// The `health.probe` span behind it (when probes are traced): the
-    /// reconcile a flip triggers links to it.
-    pub Option<opentelemetry::trace::SpanContext>,
-);
 
 /// How often a ProxyActor looks again.
 #[derive(Clone, Copy, Debug)]

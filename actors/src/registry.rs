@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::reconcile;
-use egress_proxies::store::{ObjectKey, StoreEvent};
+use egress_proxies::resource::ObjectKey;
+use egress_proxies::store::StoreEvent;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::health_prober::HealthProber;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::credentials::ProxyCredentials;
 use egress_proxies::lease::{Availability, LeaseSettings};
-use egress_proxies::store::ObjectKey;
+use egress_proxies::resource::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, ListProxies, UpdateAvailability};
 use serde_json::{Value, json};

@@ -12,7 +12,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::lease::{Availability, Footprint, LeaseLimits, LeaseSettings};
 use egress_proxies::rate_limit::RateLimits;
-use egress_proxies::store::ObjectKey;
+use egress_proxies::resource::ObjectKey;
 use egress_proxies_operator::discovery::{self, Limiter};
 use egress_proxies_operator::lease_store::{GetLeaseFootprint, LeaseStore, UpdateAvailability};
 use serde_json::{Value, json};

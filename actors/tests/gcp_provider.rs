@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use egress_proxies::gc;
 use egress_proxies::provider::{ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers};
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::Proxy;
-use egress_proxies::store::ObjectKey;
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use fake_compute::{FakeCompute, Fault, fingerprint_of};
 use serde_json::{Value, json};

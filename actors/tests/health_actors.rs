@@ -16,9 +16,10 @@ use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::health::Prober;
 use egress_proxies::provider::{LocalProvider, Provider, Providers};
 use egress_proxies::reconcile;
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
-use egress_proxies::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
+use egress_proxies::store::{CloudInitError, ProxyStore, StoreError};
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::registry::ProxyRegistry;
@@ -305,9 +306,9 @@ impl Actor for Verdicts {
     type Context = Context<Self>;
 }
 
-impl Handler<egress_proxies_operator::proxy_actor::HealthVerdict> for Verdicts {
+impl Handler<egress_proxies_operator::health_prober::HealthVerdict> for Verdicts {
     type Result = ();
-    fn handle(&mut self, _: egress_proxies_operator::proxy_actor::HealthVerdict, _: &mut Self::Context) {}
+    fn handle(&mut self, _: egress_proxies_operator::health_prober::HealthVerdict, _: &mut Self::Context) {}
 }
 
 #[actix_rt::test]

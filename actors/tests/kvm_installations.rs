@@ -26,9 +26,10 @@ use egress_proxies::provider::kvm::provider::KvmProvider;
 use egress_proxies::provider::{
     CloudInitBytes, CreateRequest, Instance, Provider, ProviderError, ProviderId, Providers, instance_name,
 };
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::{Placement, Proxy};
+use egress_proxies::store::ProxyStore;
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
-use egress_proxies::store::{ObjectKey, ProxyStore};
 use egress_proxies_operator::kvm::router::runner_factory;
 use serde_json::json;
 use sha2::Digest;

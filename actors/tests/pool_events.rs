@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_proxies::leader::{FencedPools, SystemClock, Tenure};
+use egress_proxies::resource::ObjectKey;
+use egress_proxies::store::PoolStore;
 use egress_proxies::store::kubernetes::KubeStore;
-use egress_proxies::store::{ObjectKey, PoolStore};
 use fake_apiserver::FakeApiServer;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};

@@ -10,11 +10,12 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::provider::{ErrorClass, Op, Provider, Providers, instance_name};
 use egress_proxies::reconcile::{self, ReplacementBackoff};
+use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::{
     FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
+use egress_proxies::store::ProxyStore;
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
-use egress_proxies::store::{ObjectKey, ProxyStore};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::registry::GetRegistryStats;
 use egress_proxies_operator::registry::ProxyRegistry;

@@ -26,7 +26,7 @@ use subtle::ConstantTimeEq;
 use crate::credentials::ProxyCredentials;
 use crate::forward_proxy::request::TargetError;
 use crate::lease::Outcome;
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 pub use access::{Exchange, ExchangeOutcome, exchange_span};
 pub use blocks::{BlockRules, HeadVerdict};

@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 /// A session: the client's name (empty without one) and its id.
 pub type SessionKey = (String, String);

@@ -178,7 +178,7 @@ pub fn upstream_failed(upstream: &Upstream, why: &dyn std::fmt::Display) -> Gate
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ObjectKey;
+    use crate::resource::ObjectKey;
     use http::{Request, Response};
     use http_body::Body as _;
     use std::sync::atomic::{AtomicUsize, Ordering};

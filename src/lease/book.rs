@@ -24,7 +24,7 @@ use super::{
     UnknownLease, target_digest,
 };
 use crate::pool::LeaseFigures;
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 type ProxyId = u32;
 

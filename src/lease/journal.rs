@@ -12,7 +12,7 @@ use jiff::Timestamp;
 
 pub use state::{JournalState, key_string, parse_key, parse_ms};
 
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 /// A held lease as remembered.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::credentials::ProxyCredentials;
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 pub use book::LeaseBook;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
@@ -207,10 +207,9 @@ pub struct PoolFigures {
     pub denied: u32,
 }
 
-/// Distinct blocking targets counted per proxy: the highest rotation
-/// threshold a pool may set, bounded so a crawler reporting endless targets
-/// costs nothing more.
-pub const MAX_BLOCKED_TARGETS: usize = 64;
+/// Distinct blocking targets counted per proxy (the schema's bound on a
+/// pool's rotation threshold).
+pub use crate::resource::MAX_BLOCKED_TARGETS;
 
 /// A target as a blocked tally keeps it: the first 8 bytes of its SHA-256,
 /// so a tally costs 8 bytes per target in memory and in the journal however

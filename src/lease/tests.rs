@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::*;
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 fn settings(capacity: u32) -> LeaseSettings {
     LeaseSettings {

@@ -14,7 +14,7 @@ use crate::resource::{
 /// Characters of a member's name suffix: no vowels (no words), no look-alikes.
 const SUFFIX_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 /// Length of a member's name suffix.
-pub const SUFFIX_LEN: usize = 5;
+const SUFFIX_LEN: usize = crate::resource::MEMBER_SUFFIX_LEN;
 
 /// The template's hash, as the members' annotation carries it: a change of
 /// anything in the template replaces the members.

@@ -15,11 +15,11 @@ use super::members::parse_retiring;
 use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
 use super::plan::{Plan, RetireReason, Settings, plan};
 use super::quarantine::{BlockedOn, Leaving, annotation_stale, annotation_value, note_condition, quarantine};
+use crate::resource::ObjectKey;
 use crate::resource::{
     POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
     set_condition,
 };
-use crate::store::ObjectKey;
 
 /// What the operator knows besides the pool and its members.
 #[derive(Clone, Copy, Debug)]

@@ -31,7 +31,7 @@ use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 use crate::store::credentials_secret::{HTPASSWD_KEY, credentials_secret_name};
 use crate::store::watch_cache::WatchCache;
 use crate::store::watch_retry::WatchRetry;

@@ -25,11 +25,12 @@ use crate::provider::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, Provider, ProviderError, ProviderId,
     Providers, instance_name, spec_hash,
 };
+use crate::resource::ObjectKey;
 use crate::resource::{
     CredentialsSecretRef, FINALIZER, Mode, Phase, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
     SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
-use crate::store::{CloudInitError, ObjectKey, ProxyStore, StoreError};
+use crate::store::{CloudInitError, ProxyStore, StoreError};
 use crate::telemetry::events::{InstanceLost, InstanceReplaced};
 
 use first_status::{FirstStatus, first_status, first_verdict_due};
@@ -503,7 +504,7 @@ impl Step<'_> {
         InstanceLost {
             proxy: &key.to_string(),
             provider: provider.name(),
-            loss,
+            loss: loss.as_str(),
             reason,
             count,
             retry_in: delay,

@@ -8,10 +8,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::health::{RecordedVerdict, Verdict};
 use crate::provider::ProviderId;
+use crate::resource::ObjectKey;
 use crate::resource::{
     HealthStatus, Mode, Phase, Proxy, ProxyStatus, ReplacementStatus, condition, set_condition,
 };
-use crate::store::{ObjectKey, ProxyStore, StoreError};
+use crate::store::{ProxyStore, StoreError};
 
 use super::ReconcileError;
 

@@ -5,6 +5,7 @@
 
 mod conditions;
 mod crd;
+mod key;
 mod listing;
 mod metadata;
 mod pool;
@@ -15,6 +16,7 @@ mod table;
 
 pub use conditions::set_condition;
 pub use crd::{CrdError, CrdKind, crd_yaml, crd_yaml_of};
+pub use key::ObjectKey;
 pub use listing::{ListFormat, ListingError, pool_list, proxy_list};
 pub use metadata::*;
 pub use pool::*;

@@ -82,9 +82,17 @@ pub struct ProxyPoolSpec {
     pub drain_timeout: String,
 }
 
+/// Length of a member's name suffix (`<pool>-<suffix>`).
+pub const MEMBER_SUFFIX_LEN: usize = 5;
+
 /// Longest pool name: a member's name `<pool>-<suffix>` must stay a
 /// Kubernetes object name (63 characters, so it can be a label value too).
-pub const MAX_POOL_NAME_LEN: usize = 63 - 1 - crate::pool::SUFFIX_LEN;
+pub const MAX_POOL_NAME_LEN: usize = 63 - 1 - MEMBER_SUFFIX_LEN;
+
+/// Distinct blocking targets counted per proxy: the highest rotation
+/// threshold a pool may set, bounded so a crawler reporting endless targets
+/// costs nothing more.
+pub const MAX_BLOCKED_TARGETS: usize = 64;
 
 impl ProxyPoolSpec {
     /// How long a retiring member's leases get to end.
@@ -134,11 +142,11 @@ impl ProxyPoolSpec {
         }
         if let Some(r) = &self.rotation {
             if let Some(n) = r.after_blocked_targets
-                && !(1..=crate::lease::MAX_BLOCKED_TARGETS as u32).contains(&n)
+                && !(1..=MAX_BLOCKED_TARGETS as u32).contains(&n)
             {
                 problems.push(format!(
                     "rotation.afterBlockedTargets must be between 1 and {} (got {n})",
-                    crate::lease::MAX_BLOCKED_TARGETS
+                    MAX_BLOCKED_TARGETS
                 ));
             }
             if r.after_errors == Some(0) {

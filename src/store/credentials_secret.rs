@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::credentials::{CredentialsError, ProxyCredentials, htpasswd_line};
 use crate::provider::instance_name;
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 /// Key holding the username.
 pub const USERNAME_KEY: &str = "username";

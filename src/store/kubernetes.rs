@@ -29,14 +29,13 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::credentials::ProxyCredentials;
+use crate::resource::ObjectKey;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
 use crate::store::watch_cache::WatchCache;
 use crate::store::watch_retry::WatchRetry;
-use crate::store::{
-    CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret,
-};
+use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret};
 
 /// How long a read waits for a watch's first list before it fails (and
 /// its reconcile is retried): the API server is down or the operator may

@@ -41,7 +41,7 @@ use crate::leader::Tenure;
 use crate::lease::journal::{
     Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 use crate::store::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
 use crate::telemetry::events::CheckpointConflict;
 

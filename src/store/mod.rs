@@ -12,7 +12,6 @@ mod checkpoint_shard;
 pub mod credentials_secret;
 pub mod embedded;
 pub mod installation;
-mod key;
 pub mod kubernetes;
 pub mod lease_checkpoint;
 mod pools;
@@ -24,9 +23,8 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 
 use crate::credentials::ProxyCredentials;
-use crate::resource::{Proxy, ProxyStatus, SecretKeyRef};
+use crate::resource::{ObjectKey, Proxy, ProxyStatus, SecretKeyRef};
 
-pub use key::ObjectKey;
 pub use pools::{PoolStore, pool_key};
 
 /// Something happened to an object; the receiver re-reads it (level-triggered).

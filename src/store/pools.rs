@@ -6,7 +6,8 @@
 
 use async_trait::async_trait;
 
-use super::{ObjectKey, StoreError};
+use super::StoreError;
+use crate::resource::ObjectKey;
 use crate::resource::{Proxy, ProxyPool, ProxyPoolStatus};
 
 /// The operations a pool's control loop needs from wherever pools are stored.

@@ -26,7 +26,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store, store};
 use kube::runtime::watcher::Event;
 
-use super::ObjectKey;
+use crate::resource::ObjectKey;
 
 /// The longest a written copy is preferred: a watch that has not delivered
 /// it by then is lagging, and the cache is as good as anything we know.

@@ -87,7 +87,9 @@ impl ReconcileCompleted<'_> {
 pub struct InstanceLost<'a> {
     pub proxy: &'a str,
     pub provider: &'a str,
-    pub loss: crate::reconcile::Loss,
+    /// What was lost, as the `reason` label of `replacements_total`
+    /// (`stopped` or `vanished`).
+    pub loss: &'static str,
     /// The provider's explanation (never secrets).
     pub reason: &'a str,
     /// Losses in a row, this one included.
@@ -105,7 +107,7 @@ impl InstanceLost<'_> {
             retryInSeconds = self.retry_in.as_secs(),
             "instance lost; replacing it"
         );
-        replaced(self.provider, self.loss.as_str());
+        replaced(self.provider, self.loss);
     }
 }
 

@@ -16,7 +16,7 @@ use super::{Entry, Lease, LeaseBook, ProxyId, TALLY_GRACE};
 use crate::lease::Availability;
 use crate::lease::MAX_BLOCKED_TARGETS;
 use crate::lease::journal::{EndedRecord, LeaseChange, LeaseRecord, LeaseSnapshot, ProxyTally};
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 impl LeaseBook {
     /// Everything a restarted book must remember, as of `now`.

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::{EndedRecord, JournalError, LeaseChange, LeaseRecord, LeaseSnapshot, ProxyTally};
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 
 /// Held leases, ended leases still taking reports, and rests, as stored
 /// (times in Unix milliseconds, proxies as `namespace/name`).

@@ -11,8 +11,8 @@ use crate::installation::InstallationId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::resource::ObjectKey;
 use crate::resource::{Proxy, ProxyPool};
-use crate::store::ObjectKey;
 
 /// Persistence failed.
 #[derive(Debug, thiserror::Error)]

@@ -15,8 +15,9 @@ use serde_json::Value;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
+use crate::resource::ObjectKey;
 use crate::resource::{API_GROUP, MAX_POOL_NAME_LEN, Proxy, ProxyPool};
-use crate::store::{ObjectKey, pool_key};
+use crate::store::pool_key;
 
 /// API version of Proxy documents.
 const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";

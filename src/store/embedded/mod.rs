@@ -21,11 +21,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::mpsc;
 
 use crate::credentials::ProxyCredentials;
+use crate::resource::ObjectKey;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SPEC_HASH_ANNOTATION,
     SecretKeyRef,
 };
-use crate::store::{CloudInitError, ObjectKey, PoolStore, ProxyStore, StoreError, StoreEvent};
+use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 pub use database::{Database, DatabaseError};
 pub use lease_log::{LEASES_DIR, LeaseLog};

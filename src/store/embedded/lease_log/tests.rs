@@ -4,7 +4,7 @@ use std::io::Write;
 
 use super::*;
 use crate::lease::ProxyTally;
-use crate::store::ObjectKey;
+use crate::resource::ObjectKey;
 use std::fs::OpenOptions;
 
 fn key(name: &str) -> ObjectKey {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::resource::Proxy;
+use super::Proxy;
 
 /// `namespace/name` of a Proxy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
