@@ -279,10 +279,14 @@ fn the_messages_table_names_every_handler() {
                     .collect()
             })
             .collect();
+        // "LeaseStore" or "KeyedRegistry (ProxyRegistry in …)": the leading name.
         for actor in actors.split(',') {
-            rows.entry(actor.trim().to_owned())
-                .or_default()
-                .extend(names.iter().cloned());
+            let actor: String = actor
+                .trim()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            rows.entry(actor).or_default().extend(names.iter().cloned());
         }
     }
     let handlers = handlers();

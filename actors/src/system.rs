@@ -23,7 +23,7 @@ use crate::gc_sweeper::GcSweeper;
 use crate::health_prober::{HealthProber, ProbeThreads};
 use crate::lease_store::LeaseStore;
 use crate::proxy_actor::Timing;
-use crate::registry::ProxyRegistry;
+use crate::proxy_registry::ProxyRegistry;
 use crate::supervision::{self, Node};
 
 /// Settings shared by both modes.

@@ -22,7 +22,7 @@ use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::store::{CloudInitError, ProxyStore, StoreError};
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads};
 use egress_proxies_operator::proxy_actor::Timing;
-use egress_proxies_operator::registry::ProxyRegistry;
+use egress_proxies_operator::proxy_registry::ProxyRegistry;
 use serde_json::json;
 use support::eventually;
 use support::process::Reaper;

@@ -17,8 +17,8 @@ use egress_proxies::resource::{
 use egress_proxies::store::ProxyStore;
 use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::proxy_actor::Timing;
-use egress_proxies_operator::registry::GetRegistryStats;
-use egress_proxies_operator::registry::ProxyRegistry;
+use egress_proxies_operator::proxy_registry::GetRegistryStats;
+use egress_proxies_operator::proxy_registry::ProxyRegistry;
 use serde_json::json;
 use support::eventually;
 use support::scripted_provider::{Call, ScriptedProvider};

@@ -21,7 +21,7 @@ use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::gc_sweeper::SweepNow;
 use egress_proxies_operator::health_prober::GetProberStats;
 use egress_proxies_operator::lease_store::GetLeaseStats;
-use egress_proxies_operator::registry::GetRegistryStats;
+use egress_proxies_operator::proxy_registry::GetRegistryStats;
 use egress_proxies_operator::supervision::{self, fault::Crash};
 use egress_proxies_operator::system::{self, Running, Settings};
 use serde_json::{Value, json};

@@ -22,7 +22,7 @@ macro_rules! crash_on_request {
 }
 
 crash_on_request!(
-    crate::registry::ProxyRegistry,
+    crate::proxy_registry::ProxyRegistry,
     crate::health_prober::HealthProber,
     crate::lease_store::LeaseStore,
     crate::gc_sweeper::GcSweeper,
