@@ -7,6 +7,11 @@
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
+/// Pipes the process keeps alive at once for relaying tunnels by
+/// `splice(2)`, in use or pooled: two descriptors each, which every
+/// listener leaves out of its connection cap.
+pub const MAX_PIPES: usize = 32;
+
 /// The limit before and after the raise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileLimit {

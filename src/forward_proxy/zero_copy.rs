@@ -19,9 +19,9 @@ use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Pipes alive at once, in use or pooled: two descriptors each, kept for
-/// them in the listeners' reserve (`guarded_listener::RESERVED_FDS`).
-pub const MAX_PIPES: usize = 32;
+/// Pipes alive at once, in use or pooled: the process's budget, two
+/// descriptors each, kept for them in the listeners' reserve.
+pub use crate::file_limit::MAX_PIPES;
 /// A pipe holds this much before its reader must drain it (the kernel's
 /// default is 64 KiB; larger takes fewer calls per MiB).
 const PIPE_SIZE: usize = 256 * 1024;

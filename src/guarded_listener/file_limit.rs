@@ -4,7 +4,7 @@
 /// Descriptors kept for everything but connections: the listener, the
 /// runtime's epoll and wakers, standard streams, log files, name lookups
 /// (32), and the pipes tunnels are relayed through (two each).
-pub const RESERVED_FDS: u64 = 32 + 2 * crate::forward_proxy::zero_copy::MAX_PIPES as u64;
+pub const RESERVED_FDS: u64 = 32 + 2 * crate::file_limit::MAX_PIPES as u64;
 /// Never more connections than this, whatever the limit (each costs memory).
 pub const MAX_CONNECTIONS: usize = 65_536;
 
