@@ -9,10 +9,12 @@
 //! ("written") until the watch delivers that very resourceVersion; reads
 //! prefer it meanwhile.
 //!
-//! A written copy must never hide a newer version. It is kept only when no
-//! event for that object arrived while the write was under way (watch
-//! events come in resourceVersion order, so until the watch delivers the
-//! written version nothing newer can come), and dropped at the watch's
+//! A written copy must never hide a newer version. Watch events come in
+//! resourceVersion order, so until the watch delivers the written version
+//! nothing newer can come: the copy is kept unless the written version
+//! itself or a deletion arrived while the write was under way (an older
+//! event may arrive then: the watch delivering a pod's creation after a
+//! patch of it was answered), and dropped at the watch's
 //! delivery of its version, a deletion, the end of a re-list, or after
 //! [`WRITTEN_TTL`] — whichever comes first. Resource versions are compared
 //! only for equality, as Kubernetes asks of clients.
@@ -55,9 +57,51 @@ where
     writer: Writer<K>,
     /// Counts the watch's events; a write's ticket is its value at the start.
     seq: u64,
-    /// The `seq` of the last event for each object.
-    last_event: HashMap<ObjectKey, u64>,
+    /// The last few events for each object.
+    last_event: HashMap<ObjectKey, LastEvents>,
     written: HashMap<ObjectKey, Written<K>>,
+}
+
+/// How many recent events are remembered per object: enough to cover the
+/// few that can arrive while one write is under way.
+const RECENT_EVENTS: usize = 4;
+
+/// The last few events for an object: when each came, and the version it
+/// carried (`None` for a deletion).
+#[derive(Default)]
+struct LastEvents {
+    recent: std::collections::VecDeque<(u64, Option<String>)>,
+    /// The `seq` of the newest event no longer remembered.
+    forgotten: u64,
+}
+
+impl LastEvents {
+    fn push(&mut self, seq: u64, version: Option<String>) {
+        if self.recent.len() == RECENT_EVENTS
+            && let Some((dropped, _)) = self.recent.pop_front()
+        {
+            self.forgotten = dropped;
+        }
+        self.recent.push_back((seq, version));
+    }
+
+    /// Whether a write sent at `ticket` and answered with version
+    /// `written` may be shown. Watch events come in resourceVersion order,
+    /// so events that arrived meanwhile are older than the write as long as
+    /// none of them is the written version itself (or a deletion): the
+    /// watch delivers the creation of an object late, after a patch of it
+    /// was answered. Versions are compared only for equality; when the
+    /// events since the ticket are no longer all remembered, the answer is
+    /// not shown.
+    fn allow(&self, ticket: Ticket, written: Option<&str>) -> bool {
+        if self.forgotten > ticket.0 {
+            return false;
+        }
+        self.recent
+            .iter()
+            .filter(|(seq, _)| *seq > ticket.0)
+            .all(|(_, v)| v.is_some() && written.is_some() && v.as_deref() != written)
+    }
 }
 
 struct Written<K> {
@@ -132,14 +176,15 @@ where
                 {
                     state.written.remove(&key);
                 }
-                state.last_event.insert(key, seq);
+                let version = version(o).map(str::to_owned);
+                state.last_event.entry(key).or_default().push(seq, version);
             }
             Event::Delete(o) => {
                 // Its mark stays (until the next re-list): a write answered
                 // after the deletion must not bring the object back.
                 let key = key_of(o);
                 state.written.remove(&key);
-                state.last_event.insert(key, seq);
+                state.last_event.entry(key).or_default().push(seq, None);
             }
             Event::Init => {}
             // The list holds every write that finished before it began;
@@ -170,8 +215,13 @@ where
     pub fn wrote(&self, ticket: Ticket, object: K) {
         let key = key_of(&object);
         let mut state = self.state();
-        let raced = state.last_event.get(&key).is_some_and(|&seq| seq > ticket.0);
-        if raced {
+        // An event that came while the write was on its way may be newer
+        // than its answer: then the answer must not hide it.
+        let superseded = state
+            .last_event
+            .get(&key)
+            .is_some_and(|last| !last.allow(ticket, version(&object)));
+        if superseded {
             return;
         }
         let mut object = object;
@@ -282,6 +332,26 @@ mod tests {
         cache.apply(Event::Apply(cm("a", "2", "ours")));
         cache.apply(Event::Apply(cm("a", "3", "theirs")));
         cache.wrote(ticket, cm("a", "2", "ours"));
+        assert_eq!(value(&cache, "a").as_deref(), Some("theirs"));
+    }
+
+    #[test]
+    fn an_older_event_arriving_while_a_write_is_under_way_does_not_hide_it() {
+        let cache = listed(&[]);
+        let ticket = cache.ticket();
+        // The watch delivers the object's creation while a patch of it is
+        // answered: the answer is newer.
+        cache.apply(Event::Apply(cm("a", "1", "created")));
+        cache.wrote(ticket, cm("a", "2", "patched"));
+        assert_eq!(value(&cache, "a").as_deref(), Some("patched"));
+        cache.apply(Event::Apply(cm("a", "2", "patched")));
+        assert_eq!(value(&cache, "a").as_deref(), Some("patched"));
+        // More events meanwhile than are remembered: not shown.
+        let ticket = cache.ticket();
+        for v in 3..=7 {
+            cache.apply(Event::Apply(cm("a", &v.to_string(), "theirs")));
+        }
+        cache.wrote(ticket, cm("a", "8", "ours"));
         assert_eq!(value(&cache, "a").as_deref(), Some("theirs"));
     }
 
