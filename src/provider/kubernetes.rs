@@ -18,7 +18,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
@@ -34,7 +33,6 @@ use crate::provider::{
 use crate::resource::ObjectKey;
 use crate::store::credentials_secret::{HTPASSWD_KEY, credentials_secret_name};
 use crate::store::watch_cache::WatchCache;
-use crate::store::watch_retry::WatchRetry;
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";
@@ -71,21 +69,10 @@ impl Drop for KubernetesProvider {
     }
 }
 
-/// Watches the managed pods into `cache` until aborted; errors pause as
-/// [`WatchRetry`] says, the watcher re-lists and resumes by itself.
+/// Watches the managed pods into `cache` until aborted.
 async fn watch_pods(api: Api<Pod>, cache: Arc<WatchCache<Pod>>) {
     let config = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
-    let mut stream = watcher(api, config).boxed();
-    let mut retry = WatchRetry::default();
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(event) => {
-                retry.succeeded();
-                cache.apply(event);
-            }
-            Err(e) => retry.wait_after(&e, "managed pods").await,
-        }
-    }
+    cache.follow(watcher(api, config), "managed pods").await;
 }
 
 /// The user the Squid container runs as: `proxy` (13) in the Debian and

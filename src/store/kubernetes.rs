@@ -319,17 +319,9 @@ impl KubeStore {
         };
         let label = credentials_secret::CREDENTIALS_LABEL;
         let config = watcher::Config::default().labels(&format!("{label}=true"));
-        let mut stream = watcher(api, config).boxed();
-        let mut retry = WatchRetry::default();
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(event) => {
-                    retry.succeeded();
-                    self.credentials_cache.apply(event);
-                }
-                Err(e) => retry.wait_after(&e, "credentials Secrets").await,
-            }
-        }
+        self.credentials_cache
+            .follow(watcher(api, config), "credentials Secrets")
+            .await;
     }
 
     /// Watches labelled cloud-init Secrets into their cache; a content

@@ -23,12 +23,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store, store};
-use kube::runtime::watcher::Event;
+use kube::runtime::watcher::{self, Event};
 
 use crate::resource::ObjectKey;
+use crate::store::watch_retry::WatchRetry;
 
 /// The longest a written copy is preferred: a watch that has not delivered
 /// it by then is lagging, and the cache is as good as anything we know.
@@ -147,6 +149,23 @@ impl<K> WatchCache<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
+    /// Applies a watch's events until it ends; errors pause as
+    /// [`WatchRetry`] says while the watcher re-lists and resumes by itself.
+    /// `what` names the watch in the log.
+    pub async fn follow(&self, watch: impl Stream<Item = Result<Event<K>, watcher::Error>>, what: &str) {
+        let mut watch = std::pin::pin!(watch);
+        let mut retry = WatchRetry::default();
+        while let Some(item) = watch.next().await {
+            match item {
+                Ok(event) => {
+                    retry.succeeded();
+                    self.apply(event);
+                }
+                Err(e) => retry.wait_after(&e, what).await,
+            }
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State<K>> {
         // A panic while holding it cannot leave the maps half-changed in a
         // way that matters more than losing the cache: keep serving.
