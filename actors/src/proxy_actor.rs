@@ -1,7 +1,6 @@
 //! `ProxyActor`: one per Proxy. Runs the reconcile for its object — never two
-//! at once — and schedules the next one: a short backoff while something is
-//! in flight, the resync period once running, exponential backoff on errors,
-//! minutes on quota errors. It registers its proxy with the HealthProber
+//! at once — and sets its one timer for the next as the Proxy's
+//! [`Schedule`](egress_proxies::reconcile::Schedule) says. It registers its proxy with the HealthProber
 //! while the proxy serves, and folds verdicts into the status. A panicking
 //! reconcile panics the actor: its supervisor restarts it, and it resumes
 //! from the stored state, still serving where it served.
@@ -9,13 +8,11 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use egress_proxies::health::ProbeTarget;
-use egress_proxies::provider::ErrorClass;
-use egress_proxies::reconcile::{self, Memory, Next, ReconcileError};
+use egress_proxies::reconcile::{self, Job, Memory, Next, ReconcileError, jobs_for_verdict};
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::Phase;
 use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
@@ -37,65 +34,7 @@ pub struct Reconcile;
 #[rtype(result = "()")]
 pub struct Shutdown;
 
-/// How often a ProxyActor looks again.
-#[derive(Clone, Copy, Debug)]
-pub struct Timing {
-    pub poll_min: Duration,
-    pub poll_max: Duration,
-    pub resync: Duration,
-    pub error_min: Duration,
-    pub error_max: Duration,
-    pub quota_min: Duration,
-    pub quota_max: Duration,
-}
-
-impl Default for Timing {
-    fn default() -> Self {
-        Self {
-            poll_min: Duration::from_millis(500),
-            poll_max: Duration::from_secs(15),
-            resync: Duration::from_secs(30),
-            error_min: Duration::from_secs(1),
-            error_max: Duration::from_secs(300),
-            quota_min: Duration::from_secs(120),
-            quota_max: Duration::from_secs(600),
-        }
-    }
-}
-
-fn backoff(min: Duration, max: Duration) -> ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(min)
-        .with_max_delay(max)
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
-/// An exponential backoff that holds nothing until it is used: of ten
-/// thousand actors, few ever back off.
-#[derive(Default)]
-struct Backoff(Option<Box<ExponentialBackoff>>);
-
-impl Backoff {
-    fn next(&mut self, min: Duration, max: Duration) -> Option<Duration> {
-        self.0.get_or_insert_with(|| Box::new(backoff(min, max))).next()
-    }
-
-    /// Starts again from the shortest delay.
-    fn reset(&mut self) {
-        self.0 = None;
-    }
-}
-
-/// The two kinds of work, serialised per object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Job {
-    /// The full reconcile (provider I/O, timers).
-    Reconcile,
-    /// Only write the latest health verdict into the status.
-    Health,
-}
+pub use egress_proxies::reconcile::Timing;
 
 type JobResult = std::thread::Result<Result<Next, ReconcileError>>;
 
@@ -128,21 +67,25 @@ pub struct ProxyActor {
     /// The phase this proxy is counted under in the proxies-by-phase gauge.
     counted_phase: Option<Phase>,
     /// The probe span whose verdict asked for the next reconcile (linked to it).
-    /// (Boxed, as `pending_verdict`: rarely there, and the actor's context
-    /// is allocated for every proxy.)
+    /// (Boxed: rarely there, and the actor's context is allocated for every proxy.)
     probe_link: Option<Box<opentelemetry::trace::SpanContext>>,
     /// What the prober currently watches for this proxy.
     watching: Option<Arc<ProbeTarget>>,
-    /// Kept between jobs; lent to the running one.
-    memory: Option<Memory>,
-    /// A verdict that arrived while a job held the memory.
-    pending_verdict: Option<Box<HealthVerdict>>,
-    running: bool,
-    again: Option<Job>,
+    work: Work,
+    /// The next reconcile, when the schedule set one.
     timer: Option<SpawnHandle>,
-    polls: Backoff,
-    errors: Backoff,
-    quota: Backoff,
+}
+
+/// Where the actor's work stands.
+enum Work {
+    /// No job runs; the memory waits here for the next.
+    Waiting(Box<Memory>),
+    /// A job runs with the memory. What is asked meanwhile runs after it:
+    /// the strongest job asked for, and the latest verdict.
+    Running {
+        again: Option<Job>,
+        verdict: Option<Box<HealthVerdict>>,
+    },
 }
 
 impl ProxyActor {
@@ -155,37 +98,43 @@ impl ProxyActor {
             counted_phase: None,
             probe_link: None,
             watching: None,
-            memory: Some(memory),
-            pending_verdict: None,
-            running: false,
-            again: None,
+            work: Work::Waiting(Box::new(memory)),
             timer: None,
-            polls: Backoff::default(),
-            errors: Backoff::default(),
-            quota: Backoff::default(),
+        }
+    }
+
+    fn memory(&self) -> Option<&Memory> {
+        match &self.work {
+            Work::Waiting(memory) => Some(memory),
+            Work::Running { .. } => None,
         }
     }
 
     fn start(&mut self, job: Job, ctx: &mut Context<Self>) {
-        if self.running {
-            // Serial per object: remember the strongest request and run it afterwards.
-            if self.again != Some(Job::Reconcile) {
-                self.again = Some(job);
+        let idle = Work::Running {
+            again: None,
+            verdict: None,
+        };
+        let mut memory = match std::mem::replace(&mut self.work, idle) {
+            Work::Waiting(memory) => memory,
+            Work::Running { again, verdict } => {
+                // Serial per object: remember the strongest request and run it afterwards.
+                let again = if again == Some(Job::Reconcile) {
+                    again
+                } else {
+                    Some(job)
+                };
+                self.work = Work::Running { again, verdict };
+                return;
             }
-            return;
-        }
+        };
         if job == Job::Reconcile
             && let Some(timer) = self.timer.take()
         {
             ctx.cancel_future(timer);
         }
-        self.running = true;
         let key = self.key.clone();
         let shared = self.shared.clone();
-        let mut memory = self
-            .memory
-            .take()
-            .unwrap_or_else(|| Memory::default().with_verdicts(self.shared.prober.is_some()));
         let span = match job {
             Job::Reconcile => {
                 let span = tracing::info_span!(
@@ -228,7 +177,6 @@ impl ProxyActor {
         ctx.spawn(
             work.into_actor(self)
                 .map(move |(result, memory, took), actor, ctx| {
-                    actor.memory = Some(memory);
                     if job == Job::Reconcile {
                         let outcome = match &result {
                             Ok(Ok(_)) => "ok".to_owned(),
@@ -254,66 +202,49 @@ impl ProxyActor {
                             }
                         }
                     }
-                    actor.finished(job, result, &recorded, ctx)
+                    actor.finished(job, result, memory, &recorded, ctx)
                 }),
         );
     }
 
     /// `span`: the reconcile's span (none for health jobs), told when the next one is due.
-    fn finished(&mut self, job: Job, result: JobResult, span: &tracing::Span, ctx: &mut Context<Self>) {
-        self.running = false;
-        if let Some(verdict) = self.pending_verdict.take() {
-            self.accept(*verdict, ctx);
-        }
-        let delay = match (job, result) {
+    fn finished(
+        &mut self,
+        job: Job,
+        result: JobResult,
+        mut memory: Box<Memory>,
+        span: &tracing::Span,
+        ctx: &mut Context<Self>,
+    ) {
+        let outcome = match result {
+            Ok(outcome) => outcome,
             // Its supervisor restarts the actor (and logs the panic).
-            (_, Err(panic)) => std::panic::resume_unwind(panic),
-            (Job::Health, Ok(Ok(_))) => None,
-            (Job::Health, Ok(Err(error))) => {
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        let timing = &self.shared.timing;
+        let (mut again, verdict) = match &mut self.work {
+            Work::Running { again, verdict } => (again.take(), verdict.take()),
+            Work::Waiting(_) => (None, None),
+        };
+        let delay = match (job, &outcome) {
+            (Job::Health, Ok(_)) => None,
+            (Job::Health, Err(error)) => {
                 tracing::warn!(proxy = %self.key, error = %error, "recording a health verdict failed; reconciling");
-                self.again = Some(Job::Reconcile);
+                again = Some(Job::Reconcile);
                 None
             }
-            (Job::Reconcile, Ok(Ok(next))) => {
-                self.errors.reset();
-                self.quota.reset();
-                match next {
-                    Next::Poll => self
-                        .polls
-                        .next(self.shared.timing.poll_min, self.shared.timing.poll_max),
-                    Next::Resync => {
-                        self.polls.reset();
-                        Some(self.shared.timing.resync)
-                    }
-                    Next::After(wait) => {
-                        // What follows the wait is new work: poll it closely again.
-                        self.polls.reset();
-                        Some(wait)
-                    }
-                    Next::Idle | Next::Gone => {
-                        self.polls.reset();
-                        None
-                    }
+            (Job::Reconcile, _) => {
+                let delay = memory.schedule.after(&outcome, timing);
+                if let Err(error) = &outcome {
+                    tracing::warn!(
+                        proxy = %self.key, error = %error, class = %error.class(),
+                        retryIn = ?delay, "reconcile failed"
+                    );
                 }
-            }
-            (Job::Reconcile, Ok(Err(error))) => {
-                let delay = match (error.retry_after(), error.class()) {
-                    // Work still under way (an image download): back soon, backoff untouched.
-                    (Some(after), _) => Some(after),
-                    (None, ErrorClass::QuotaExceeded) => self
-                        .quota
-                        .next(self.shared.timing.quota_min, self.shared.timing.quota_max),
-                    (None, _) => self
-                        .errors
-                        .next(self.shared.timing.error_min, self.shared.timing.error_max),
-                };
-                tracing::warn!(
-                    proxy = %self.key, error = %error, class = %error.class(),
-                    retryIn = ?delay, "reconcile failed"
-                );
                 delay
             }
         };
+        self.work = Work::Waiting(memory);
         self.announce();
         if job == Job::Reconcile {
             self.sync_watch(ctx);
@@ -325,14 +256,17 @@ impl ProxyActor {
                 }));
             }
         }
-        if let Some(next) = self.again.take() {
+        if let Some(verdict) = verdict {
+            self.accept(*verdict, ctx);
+        }
+        if let Some(next) = again {
             self.start(next, ctx);
         }
     }
 
     /// Tells the lease store when the proxy's availability changed.
     fn announce(&mut self) {
-        let current = self.memory.as_ref().and_then(|m| m.availability.clone());
+        let current = self.memory().and_then(|m| m.availability.clone());
         let phase = current
             .as_ref()
             .and_then(|a| Phase::ALL.into_iter().find(|p| p.as_str() == a.phase));
@@ -356,7 +290,10 @@ impl ProxyActor {
             "proxy",
             &self.key.to_string(),
             self.counted_phase.map_or("starting", Phase::as_str),
-            usize::from(self.running) + usize::from(self.again.is_some()),
+            match &self.work {
+                Work::Waiting(_) => 0,
+                Work::Running { again, .. } => 1 + usize::from(again.is_some()),
+            },
         );
     }
 
@@ -375,7 +312,7 @@ impl ProxyActor {
 
     /// Keeps the prober's registration in step with where the proxy serves.
     fn sync_watch(&mut self, ctx: &mut Context<Self>) {
-        let wanted = self.memory.as_ref().and_then(|m| m.serving.clone());
+        let wanted = self.memory().and_then(|m| m.serving.clone());
         if wanted == self.watching {
             return;
         }
@@ -385,7 +322,7 @@ impl ProxyActor {
                     key: self.key.clone(),
                     target: target.clone(),
                     owner: ctx.address().downgrade().recipient(),
-                    recorded: self.memory.as_ref().and_then(|m| m.recorded.clone()),
+                    recorded: self.memory().and_then(|m| m.recorded.clone()),
                 }),
                 None => prober.do_send(Unwatch {
                     key: self.key.clone(),
@@ -395,31 +332,27 @@ impl ProxyActor {
         self.watching = wanted;
     }
 
-    /// Takes a verdict into memory and schedules the status update.
+    /// Takes a verdict into memory and runs the jobs it asks for.
     fn accept(&mut self, verdict: HealthVerdict, ctx: &mut Context<Self>) {
-        let Some(memory) = self.memory.as_mut() else {
-            self.pending_verdict = Some(Box::new(verdict));
-            return;
+        let memory = match &mut self.work {
+            Work::Waiting(memory) => memory,
+            Work::Running { verdict: pending, .. } => {
+                *pending = Some(Box::new(verdict));
+                return;
+            }
         };
         let current = memory.serving.as_ref().is_some_and(|s| s.uid == verdict.0.uid);
         if !current {
             return;
         }
-        let unhealthy = !verdict.0.healthy;
-        if unhealthy {
+        let healthy = verdict.0.healthy;
+        if !healthy {
             self.probe_link = verdict.1.map(Box::new);
         }
         memory.health = Some(verdict.0);
-        if memory.holds_first_status() {
-            // Nothing of the proxy serving is written yet: the reconcile
-            // writes it all with this verdict (and ends the wait's timer).
-            self.start(Job::Reconcile, ctx);
-            return;
-        }
-        self.start(Job::Health, ctx);
-        if unhealthy {
-            // Then a full look: is the instance still there at all?
-            self.again = Some(Job::Reconcile);
+        let jobs = jobs_for_verdict(healthy, memory.holds_first_status());
+        for job in jobs {
+            self.start(*job, ctx);
         }
     }
 }
@@ -449,17 +382,13 @@ impl Actor for ProxyActor {
 impl Supervised for ProxyActor {
     fn restarting(&mut self, _: &mut Self::Context) {
         self.shared.restarts.fetch_add(1, Ordering::Relaxed);
-        self.running = false;
-        self.again = None;
         self.timer = None;
-        self.pending_verdict = None;
         // The memory may be lost with the job the crash dropped; what the
         // prober and the lease store were told is not.
-        self.memory = Some(
+        self.work = Work::Waiting(Box::new(
             Memory::resuming(self.watching.clone(), self.announced.clone())
                 .with_verdicts(self.shared.prober.is_some()),
-        );
-        self.polls.reset();
+        ));
     }
 }
 

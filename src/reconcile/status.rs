@@ -24,13 +24,14 @@ pub struct StatusDraft {
     managed: bool,
     uid: String,
     generation: Option<i64>,
-    now: fn() -> Timestamp,
+    /// The reconcile's clock reading (conditions, the replacement record).
+    now: Timestamp,
     /// Held back: nothing is written (see [`StatusDraft::hold`]).
     held: bool,
 }
 
 impl StatusDraft {
-    pub fn new(proxy: &Proxy, now: fn() -> Timestamp) -> Self {
+    pub fn new(proxy: &Proxy, now: Timestamp) -> Self {
         let original = proxy.status.clone().unwrap_or_default();
         let mut status = original.clone();
         status.phase.get_or_insert(Phase::Pending);
@@ -63,7 +64,7 @@ impl StatusDraft {
     }
 
     fn condition(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
-        let now = Time((self.now)());
+        let now = Time(self.now);
         set_condition(
             &mut self.status.conditions,
             type_,
@@ -143,7 +144,7 @@ impl StatusDraft {
         self.status.replacement = Some(ReplacementStatus {
             count,
             reason: reason.to_owned(),
-            lost_at: Time((self.now)()),
+            lost_at: Time(self.now),
             retry_at: Time(retry_at),
             deleting,
         });
@@ -156,7 +157,7 @@ impl StatusDraft {
         let Some(r) = self.status.replacement.clone() else {
             return;
         };
-        let now = (self.now)();
+        let now = self.now;
         let waiting = r.retry_at.0 > now;
         let when = if waiting {
             let wait = jiff::SignedDuration::from_secs(r.retry_at.0.duration_since(now).as_secs().max(1));
@@ -402,18 +403,18 @@ mod tests {
             (json!({"phase": "Terminating"}), false),
         ];
         for (stored, want) in table {
-            let mut draft = StatusDraft::new(&proxy("External", stored.clone()), at);
+            let mut draft = StatusDraft::new(&proxy("External", stored.clone()), at());
             draft.external("10.0.0.1", 3128);
             assert_eq!(draft.first_serving(), want, "{stored}");
         }
         // A draft that does not serve is none.
-        let draft = StatusDraft::new(&proxy("External", json!(null)), at);
+        let draft = StatusDraft::new(&proxy("External", json!(null)), at());
         assert!(!draft.first_serving());
     }
 
     #[test]
     fn a_held_draft_reports_and_writes_the_stored_status() {
-        let mut draft = StatusDraft::new(&proxy("External", serde_json::json!(null)), at);
+        let mut draft = StatusDraft::new(&proxy("External", serde_json::json!(null)), at());
         draft.external("10.0.0.1", 3128);
         draft.hold();
         assert!(draft.is_held());
@@ -479,7 +480,7 @@ mod tests {
             (json!(null), None),
         ];
         for (stored, want) in table {
-            let draft = StatusDraft::new(&proxy("External", stored.clone()), at);
+            let draft = StatusDraft::new(&proxy("External", stored.clone()), at());
             assert_eq!(draft.recorded_verdict(here), want, "{stored}");
         }
     }
