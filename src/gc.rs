@@ -21,6 +21,7 @@ use jiff::Timestamp;
 use crate::installation::InstallationId;
 use crate::provider::{Instance, ProviderId, Providers};
 use crate::store::ProxyStore;
+use crate::telemetry::events::SweepFigures;
 
 /// Whose instances a sweep may reap.
 #[derive(Clone, Debug)]
@@ -94,6 +95,23 @@ pub struct SweepReport {
     pub not_ours: BTreeMap<(String, NotOurs), usize>,
     /// Instances without an installation tag: (provider, id), for a one-time report.
     pub untagged: Vec<(String, ProviderId)>,
+}
+
+impl SweepReport {
+    /// The counts telemetry reports.
+    pub fn figures(&self) -> SweepFigures<'_> {
+        SweepFigures {
+            listed: self.listed,
+            orphans: self.orphans,
+            deleted: self.deleted,
+            failed_deletes: self.failed_deletes,
+            spared_young: self.spared_young,
+            skipped_providers: &self.skipped_providers,
+            leftovers_deleted: self.leftovers_deleted,
+            leftovers_waiting: self.leftovers_waiting,
+            leftover_errors: self.leftover_errors,
+        }
+    }
 }
 
 /// The live Proxy UIDs could not be read; nothing was deleted.

@@ -32,15 +32,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
-
-use crate::resource::ObjectKey;
-use crate::resource::{Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
-use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
 
 /// How long a leader lasts, renews and waits for the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,17 +109,6 @@ impl Tenure {
 
     pub fn is_leading(&self) -> bool {
         self.lock().is_some_and(|until| self.clock.now() < until)
-    }
-
-    /// `Ok` while leading; else the error every fenced store answers with.
-    pub fn fence(&self) -> Result<(), StoreError> {
-        if self.is_leading() {
-            Ok(())
-        } else {
-            Err(StoreError::Backend(
-                "not the leader: its leadership lapsed".to_owned(),
-            ))
-        }
     }
 
     /// The end of the tenure, if any (it may be past).
@@ -424,176 +408,6 @@ impl LeaderElector {
     }
 }
 
-/// A [`ProxyStore`] that answers only while the [`Tenure`] lasts: a leader
-/// whose tenure ran out neither reads nor writes Proxies (reconciles, status,
-/// finalizers, Events, orphan GC all stop at that instant).
-pub struct FencedStore {
-    inner: Arc<dyn ProxyStore>,
-    tenure: Tenure,
-}
-
-impl FencedStore {
-    pub fn new(inner: Arc<dyn ProxyStore>, tenure: Tenure) -> Self {
-        Self { inner, tenure }
-    }
-
-    fn check(&self) -> Result<(), StoreError> {
-        self.tenure.fence()
-    }
-}
-
-#[async_trait]
-impl ProxyStore for FencedStore {
-    async fn get(&self, key: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
-        self.check()?;
-        self.inner.get(key).await
-    }
-
-    async fn add_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.add_finalizer(key, uid).await
-    }
-
-    async fn remove_finalizer(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.remove_finalizer(key, uid).await
-    }
-
-    async fn set_annotation(
-        &self,
-        key: &ObjectKey,
-        uid: &str,
-        name: &str,
-        value: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.set_annotation(key, uid, name, value).await
-    }
-
-    async fn write_status(&self, key: &ObjectKey, uid: &str, status: &ProxyStatus) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.write_status(key, uid, status).await
-    }
-
-    async fn proxy_credentials(
-        &self,
-        key: &ObjectKey,
-        uid: &str,
-        generation: &str,
-    ) -> Result<crate::credentials::ProxyCredentials, StoreError> {
-        self.check()?;
-        self.inner.proxy_credentials(key, uid, generation).await
-    }
-
-    async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
-        if !self.tenure.is_leading() {
-            return Err(CloudInitError::Backend {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                reason: "not the leader: its leadership lapsed".to_owned(),
-            });
-        }
-        self.inner.secret_key(namespace, name, key).await
-    }
-
-    async fn cloud_init(&self, namespace: &str, secret: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
-        if !self.tenure.is_leading() {
-            return Err(CloudInitError::Backend {
-                namespace: namespace.to_owned(),
-                name: secret.name.clone(),
-                reason: "not the leader: its leadership lapsed".to_owned(),
-            });
-        }
-        self.inner.cloud_init(namespace, secret).await
-    }
-
-    async fn live_uids(&self) -> Result<std::collections::HashSet<String>, StoreError> {
-        self.check()?;
-        self.inner.live_uids().await
-    }
-
-    async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
-        self.check()?;
-        self.inner.keys().await
-    }
-
-    async fn publish_event(&self, key: &ObjectKey, uid: &str, reason: &str, note: &str, warning: bool) {
-        if self.tenure.is_leading() {
-            self.inner.publish_event(key, uid, reason, note, warning).await;
-        }
-    }
-}
-
-/// A [`PoolStore`] fenced like [`FencedStore`]: a leader whose tenure ran
-/// out neither makes, retires nor deletes pool members.
-pub struct FencedPools {
-    inner: Arc<dyn PoolStore>,
-    tenure: Tenure,
-}
-
-impl FencedPools {
-    pub fn new(inner: Arc<dyn PoolStore>, tenure: Tenure) -> Self {
-        Self { inner, tenure }
-    }
-
-    fn check(&self) -> Result<(), StoreError> {
-        self.tenure.fence()
-    }
-}
-
-#[async_trait]
-impl PoolStore for FencedPools {
-    async fn get_pool(&self, key: &ObjectKey) -> Result<Option<ProxyPool>, StoreError> {
-        self.check()?;
-        self.inner.get_pool(key).await
-    }
-
-    async fn pool_keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
-        self.check()?;
-        self.inner.pool_keys().await
-    }
-
-    async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
-        self.check()?;
-        self.inner.members(pool).await
-    }
-
-    async fn create_member(&self, member: &Proxy) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.create_member(member).await
-    }
-
-    async fn delete_member(&self, key: &ObjectKey, uid: &str) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.delete_member(key, uid).await
-    }
-
-    async fn write_pool_status(
-        &self,
-        key: &ObjectKey,
-        uid: &str,
-        status: &ProxyPoolStatus,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.write_pool_status(key, uid, status).await
-    }
-
-    async fn publish_pool_event(
-        &self,
-        key: &ObjectKey,
-        uid: &str,
-        member: (&ObjectKey, &str),
-        reason: &str,
-        note: &str,
-    ) {
-        if self.tenure.is_leading() {
-            self.inner
-                .publish_pool_event(key, uid, member, reason, note)
-                .await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -786,75 +600,6 @@ mod tests {
             assert!(stop + (t.lease_duration - t.renew_deadline) <= at);
             clock.advance(stop.saturating_duration_since(clock.now()));
             assert!(!tenure.is_leading(), "stopped at its deadline");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_fenced_store_stops_answering_when_the_tenure_ends() {
-        let clock = FakeClock::new();
-        let tenure = Tenure::new(clock.clone());
-        let inner: Arc<dyn ProxyStore> = Arc::new(Unreachable);
-        let store = FencedStore::new(inner, tenure.clone());
-        let key = ObjectKey::new("ns", "p");
-        assert!(matches!(store.get(&key).await, Err(StoreError::Backend(m)) if m.contains("not the leader")));
-        tenure.extend(clock.now() + Duration::from_secs(1));
-        assert!(matches!(store.get(&key).await, Ok(None)));
-        clock.advance(Duration::from_secs(1));
-        assert!(store.live_uids().await.is_err());
-        assert!(
-            store
-                .write_status(&key, "u", &ProxyStatus::default())
-                .await
-                .is_err()
-        );
-    }
-
-    /// A store with nothing in it.
-    struct Unreachable;
-
-    #[async_trait]
-    impl ProxyStore for Unreachable {
-        async fn get(&self, _: &ObjectKey) -> Result<Option<Proxy>, StoreError> {
-            Ok(None)
-        }
-        async fn add_finalizer(&self, _: &ObjectKey, _: &str) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn remove_finalizer(&self, _: &ObjectKey, _: &str) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn set_annotation(
-            &self,
-            _: &ObjectKey,
-            _: &str,
-            _: &str,
-            _: Option<&str>,
-        ) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn write_status(&self, _: &ObjectKey, _: &str, _: &ProxyStatus) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn proxy_credentials(
-            &self,
-            _: &ObjectKey,
-            _: &str,
-            _: &str,
-        ) -> Result<crate::credentials::ProxyCredentials, StoreError> {
-            Err(StoreError::Backend("unreachable".into()))
-        }
-        async fn secret_key(&self, _: &str, _: &str, _: &str) -> Result<Vec<u8>, CloudInitError> {
-            Ok(Vec::new())
-        }
-        async fn cloud_init(&self, _: &str, _: &SecretKeyRef) -> Result<Vec<u8>, CloudInitError> {
-            Ok(Vec::new())
-        }
-        async fn live_uids(&self) -> Result<std::collections::HashSet<String>, StoreError> {
-            Ok(Default::default())
-        }
-
-        async fn keys(&self) -> Result<Vec<ObjectKey>, StoreError> {
-            Ok(Vec::new())
         }
     }
 }

@@ -96,7 +96,10 @@ impl GcSweeper {
                             );
                         }
                     }
-                    GcSweepCompleted { outcome: Ok(&report) }.emit();
+                    GcSweepCompleted {
+                        outcome: Ok(report.figures()),
+                    }
+                    .emit();
                     Some(report)
                 }
                 Err(e) => {

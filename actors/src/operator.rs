@@ -17,13 +17,11 @@ use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::{GatewaySettings, ProvidersConfig};
 use egress_proxies::health::Prober;
 use egress_proxies::installation::InstallationId;
-use egress_proxies::leader::{
-    Attempt, FencedPools, FencedStore, LeaderElector, SystemClock, Tenure, Timings,
-};
+use egress_proxies::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::provider::{BuildContext, Providers};
 use egress_proxies::store::kubernetes::KubeStore;
 use egress_proxies::store::lease_checkpoint::{CheckpointJournal, Writer};
-use egress_proxies::store::{PoolStore, ProxyStore, installation};
+use egress_proxies::store::{FencedPools, FencedStore, PoolStore, ProxyStore, installation};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};

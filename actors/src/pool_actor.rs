@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::pool::{Inputs, Memory, invalid_spec_status, note_creates, step};
+use egress_proxies::pool::{Inputs, Memory, RetireReason, invalid_spec_status, note_creates, step};
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::{
     ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
@@ -268,7 +268,7 @@ async fn one_turn(
         PoolMemberRetiring {
             pool: &pool_name,
             member: &name,
-            reason: *reason,
+            reason: reason.as_str(),
         }
         .emit();
         let note = format!(
@@ -364,6 +364,7 @@ impl Handler<StopPool> for PoolActor {
         self.gone = true;
         PoolRemoved {
             pool: &self.key.to_string(),
+            retire_reasons: &RetireReason::ALL.map(RetireReason::as_str),
         }
         .emit();
         if let Some(leases) = &self.ctx.leases {

@@ -12,10 +12,11 @@ use actix::prelude::*;
 use egress_proxies::gc::Scope;
 use egress_proxies::health::Prober;
 use egress_proxies::installation::InstallationId;
-use egress_proxies::leader::{FencedStore, Tenure};
+use egress_proxies::leader::Tenure;
 use egress_proxies::lease::LeaseSettings;
 use egress_proxies::provider::Providers;
 use egress_proxies::reconcile;
+use egress_proxies::store::FencedStore;
 use egress_proxies::store::{ProxyStore, StoreEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 

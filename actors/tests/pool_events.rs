@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::leader::{FencedPools, SystemClock, Tenure};
+use egress_proxies::leader::{SystemClock, Tenure};
 use egress_proxies::resource::ObjectKey;
+use egress_proxies::store::FencedPools;
 use egress_proxies::store::PoolStore;
 use egress_proxies::store::kubernetes::KubeStore;
 use fake_apiserver::FakeApiServer;

@@ -11,6 +11,8 @@ pub mod budget;
 pub mod layer;
 pub mod request;
 pub mod retry;
+pub mod watch_cache;
+pub mod watch_retry;
 
 pub use budget::{ApiBudget, TokenBucket};
 pub use layer::{KubeApiLayer, client};

@@ -23,16 +23,16 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 
+use super::{HTPASSWD_KEY, credentials_secret_name};
 use crate::config::KubernetesConfig;
 use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
+use crate::kube_client::watch_cache::WatchCache;
 use crate::provider::squid_auth::with_auth;
 use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 use crate::resource::ObjectKey;
-use crate::store::credentials_secret::{HTPASSWD_KEY, credentials_secret_name};
-use crate::store::watch_cache::WatchCache;
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";

@@ -38,7 +38,7 @@ pub use instance::{
 };
 pub use instrumented::Instrumented;
 pub use local::LocalProvider;
-pub use naming::{INSTANCE_NAME_PREFIX, InstanceName, instance_name};
+pub use naming::{HTPASSWD_KEY, INSTANCE_NAME_PREFIX, InstanceName, credentials_secret_name, instance_name};
 pub use registry::{BuildContext, BuildError, KvmRunnerFactory, Providers};
 pub use spec_hash::{SpecHash, spec_hash};
 pub use traced::Traced;

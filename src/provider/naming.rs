@@ -39,6 +39,16 @@ pub fn instance_name(uid: &str) -> InstanceName {
     InstanceName(format!("{INSTANCE_NAME_PREFIX}{}", &encoded[..HASH_CHARS]))
 }
 
+/// The Secret holding the credentials of the Proxy with UID `uid` in
+/// Kubernetes mode (derived like its instance's name, so the kubernetes
+/// provider mounts it without a lookup).
+pub fn credentials_secret_name(uid: &str) -> String {
+    format!("{}-credentials", instance_name(uid))
+}
+
+/// The key of that Secret holding `username:<sha512-crypt hash>`, Squid's passwd file.
+pub const HTPASSWD_KEY: &str = "htpasswd";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,27 +10,19 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::credentials::{CredentialsError, ProxyCredentials, htpasswd_line};
-use crate::provider::instance_name;
+pub use crate::provider::{HTPASSWD_KEY, credentials_secret_name};
 use crate::resource::ObjectKey;
 
 /// Key holding the username.
 pub const USERNAME_KEY: &str = "username";
 /// Key holding the password.
 pub const PASSWORD_KEY: &str = "password";
-/// Key holding `username:<sha512-crypt hash>`, Squid's passwd file.
-pub const HTPASSWD_KEY: &str = "htpasswd";
 /// Label marking the Secret as the operator's.
 pub const CREDENTIALS_LABEL: &str = "crawl.example.com/proxy-credentials";
 /// Label with the owning Proxy's UID.
 const UID_LABEL: &str = "crawl.example.com/uid";
 /// Annotation with the spec generation the credentials were made for.
 const GENERATION_ANNOTATION: &str = "crawl.example.com/credentials-generation";
-
-/// The Secret of the Proxy with UID `uid` (derived like its instance's name,
-/// so the kubernetes provider finds it without a lookup).
-pub fn credentials_secret_name(uid: &str) -> String {
-    format!("{}-credentials", instance_name(uid))
-}
 
 /// The credentials in `secret`, when it holds those of `uid` for `generation`.
 pub fn kept(secret: &Secret, uid: &str, generation: &str) -> Option<ProxyCredentials> {

@@ -29,12 +29,12 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::credentials::ProxyCredentials;
+use crate::kube_client::watch_cache::WatchCache;
+use crate::kube_client::watch_retry::WatchRetry;
 use crate::resource::ObjectKey;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
-use crate::store::watch_cache::WatchCache;
-use crate::store::watch_retry::WatchRetry;
 use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret};
 
 /// How long a read waits for a watch's first list before it fails (and

@@ -11,12 +11,11 @@
 mod checkpoint_shard;
 pub mod credentials_secret;
 pub mod embedded;
+mod fenced;
 pub mod installation;
 pub mod kubernetes;
 pub mod lease_checkpoint;
 mod pools;
-pub mod watch_cache;
-pub mod watch_retry;
 
 use std::collections::HashSet;
 
@@ -25,6 +24,7 @@ use async_trait::async_trait;
 use crate::credentials::ProxyCredentials;
 use crate::resource::{ObjectKey, Proxy, ProxyStatus, SecretKeyRef};
 
+pub use fenced::{FencedPools, FencedStore};
 pub use pools::{PoolStore, pool_key};
 
 /// Something happened to an object; the receiver re-reads it (level-triggered).

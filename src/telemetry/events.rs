@@ -15,8 +15,6 @@ use super::metrics::{
     ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel,
     RpcLabel, metrics,
 };
-use crate::gc::{SweepError, SweepReport};
-use crate::pool::RetireReason;
 use crate::resource::ProxyPoolStatus;
 
 /// A provider call returned.
@@ -278,9 +276,22 @@ impl GcNotOurs<'_> {
     }
 }
 
-/// One orphan-GC sweep ended, with its report or the reason it could not run.
+/// One orphan-GC sweep ended, with its figures or the reason it could not run.
 pub struct GcSweepCompleted<'a> {
-    pub outcome: Result<&'a SweepReport, &'a SweepError>,
+    pub outcome: Result<SweepFigures<'a>, &'a dyn std::fmt::Display>,
+}
+
+/// What one sweep did (`gc::SweepReport::figures`).
+pub struct SweepFigures<'a> {
+    pub listed: usize,
+    pub orphans: usize,
+    pub deleted: usize,
+    pub failed_deletes: usize,
+    pub spared_young: usize,
+    pub skipped_providers: &'a [String],
+    pub leftovers_deleted: usize,
+    pub leftovers_waiting: usize,
+    pub leftover_errors: usize,
 }
 
 impl GcSweepCompleted<'_> {
@@ -509,7 +520,8 @@ impl PoolMemberCreated<'_> {
 pub struct PoolMemberRetiring<'a> {
     pub pool: &'a str,
     pub member: &'a str,
-    pub reason: RetireReason,
+    /// Why, a `pool::RetireReason` label value.
+    pub reason: &'static str,
 }
 
 impl PoolMemberRetiring<'_> {
@@ -517,14 +529,14 @@ impl PoolMemberRetiring<'_> {
         tracing::info!(
             pool = self.pool,
             proxy = self.member,
-            reason = self.reason.as_str(),
+            reason = self.reason,
             "pool member retiring"
         );
         metrics()
             .pool_member_retirements
             .get_or_create(&PoolReasonLabels {
                 pool: self.pool.to_owned(),
-                reason: self.reason.as_str().to_owned(),
+                reason: self.reason.to_owned(),
             })
             .inc();
     }
@@ -603,6 +615,8 @@ impl PoolTurnCompleted<'_> {
 /// in every scrape.
 pub struct PoolRemoved<'a> {
     pub pool: &'a str,
+    /// Every retirement reason its series may carry (`pool::RetireReason`'s labels).
+    pub retire_reasons: &'a [&'static str],
 }
 
 impl PoolRemoved<'_> {
@@ -626,10 +640,10 @@ impl PoolRemoved<'_> {
         ] {
             family.remove(&label);
         }
-        for reason in RetireReason::ALL {
+        for reason in self.retire_reasons {
             m.pool_member_retirements.remove(&PoolReasonLabels {
                 pool: self.pool.to_owned(),
-                reason: reason.as_str().to_owned(),
+                reason: (*reason).to_owned(),
             });
         }
     }
@@ -906,13 +920,13 @@ mod tests {
         PoolMemberRetiring {
             pool,
             member: "events-test/eu-bcdfg",
-            reason: RetireReason::Blocked,
+            reason: "blocked",
         }
         .emit();
         PoolMemberRetiring {
             pool,
             member: "events-test/eu-hjklm",
-            reason: RetireReason::ScaleDown,
+            reason: "scale-down",
         }
         .emit();
         PoolMemberDeleted {
@@ -948,7 +962,11 @@ mod tests {
         }
         assert_eq!(got.len(), 10, "{got:#?}");
 
-        PoolRemoved { pool }.emit();
+        PoolRemoved {
+            pool,
+            retire_reasons: &["blocked", "scale-down"],
+        }
+        .emit();
         assert_eq!(series(pool), Vec::<String>::new());
     }
 

@@ -29,8 +29,8 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store, store};
 use kube::runtime::watcher::{self, Event};
 
+use super::watch_retry::WatchRetry;
 use crate::resource::ObjectKey;
-use crate::store::watch_retry::WatchRetry;
 
 /// The longest a written copy is preferred: a watch that has not delivered
 /// it by then is lagging, and the cache is as good as anything we know.
