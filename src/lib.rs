@@ -1,13 +1,22 @@
-//! The parts of **egress-proxies-operator**.
+//! The parts of **egress-proxies-operator**, in two halves and a few
+//! shared pieces:
 //!
-//! This crate holds everything the operator is made of, as plain Rust: the
-//! `Proxy` resource, the providers configuration, the provider contract with
-//! its error taxonomy and every provider (under [`provider`]), the reconcile
-//! decisions, the health probe, lease bookkeeping, orphan GC, leader election
-//! and the object-store adapters. The running system — supervised actix
-//! actors, HTTP servers and the binary — lives in the `actors/` workspace
-//! member and is the only place that imports actix. docs/architecture.md maps
-//! each behaviour to its file.
+//! - [`domain`]: the `Proxy` and `ProxyPool` resources, the providers
+//!   configuration, leases, pools, health verdicts, credentials,
+//!   destination rules and every decision about them (`reconcile::decide`,
+//!   `pool::step`, the lease book, the verdict machine), with the two ports
+//!   they act through: the provider contract and the object store.
+//! - [`adapters`]: what talks to the world for the domain — the providers,
+//!   the stores, the Kubernetes client and leader election, the health
+//!   probe, the built-in forward proxy and the gateway.
+//! - Shared by both: telemetry, TLS, listener limits, bind addresses.
+//!
+//! The domain imports no adapter (`tests/layout.rs` checks it). Every
+//! module is also re-exported under its own name, so paths read
+//! `egress_proxies::lease`. The running system — supervised actix actors,
+//! HTTP servers and the binary — lives in the `actors/` workspace member
+//! and is the only place that imports actix. docs/architecture.md maps each
+//! behaviour to its file.
 //!
 //! ```text
 //!   Proxy manifests / API server          providers.yaml
@@ -15,39 +24,33 @@
 //!              ▼                                ▼
 //!   resource::Proxy (spec, status)     config::ProvidersConfig (validated)
 //!              │                                │
-//!              └──────────► provider::Provider ◄┘
-//!                   create / get / delete / list_by_tag
-//!                   errors: NotFound | QuotaExceeded | Transient | Permanent
+//!              ▼                                ▼
+//!   reconcile: observe → decide → execute ──► provider::Provider (port)
+//!              │                                 ▲ implemented by adapters::providers:
+//!              ▼                                 │ kubernetes · gcp · kvm · local
+//!   store::ProxyStore (port) ◄── adapters::stores: kubernetes · embedded
 //! ```
-//!
-//! Every module is usable and testable on its own.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 // Dependencies the library does not use (dev-dependencies only count for tests).
 #![cfg_attr(not(test), warn(unused_crate_dependencies))]
 
+pub mod adapters;
+pub mod domain;
+
 pub mod bind_address;
-pub mod config;
-pub mod credentials;
-pub mod destinations;
 pub mod file_limit;
-pub mod forward_proxy;
-pub mod gateway;
-pub mod gc;
-pub mod guarded_listener;
-pub mod health;
-pub mod installation;
-pub mod kube_client;
-pub mod leader;
-pub mod lease;
 pub mod listener_limits;
 pub mod metrics_access;
-pub mod pool;
 pub mod private_files;
-pub mod provider;
 pub mod rate_limit;
-pub mod reconcile;
-pub mod resource;
 pub mod serving_cert;
-pub mod store;
 pub mod telemetry;
 pub mod tls;
+
+// Every module by its own name (`egress_proxies::lease`,
+// `egress_proxies::providers::kvm`), wherever it sits.
+pub use adapters::{forward_proxy, gateway, guarded_listener, kube_client, leader, probe, providers, stores};
+pub use domain::{
+    config, credentials, destinations, gc, health, installation, lease, pool, provider, reconcile, resource,
+    store,
+};

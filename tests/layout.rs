@@ -1,16 +1,17 @@
-//! The layout the docs describe still holds: each provider depends on the
-//! shared provider types only (never on the registry, the decorators the
-//! registry wraps it in, or another provider), and every repository path
-//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists; the
-//! architecture's messages table names every message an actor handles;
-//! and no new import circle forms between the modules of `src/`.
+//! The layout the docs describe still holds: the domain (`src/domain/`)
+//! imports no adapter (`src/adapters/`); no import circle forms between
+//! the modules of `src/`; the files that decide await nothing; each
+//! provider depends on the contract's shared types only (never on the
+//! registry, the decorators, or another provider); every repository path
+//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists; and the
+//! architecture's messages table and file map are complete.
 
 use std::path::{Path, PathBuf};
 
-/// The providers, each a file or a directory under `src/provider/`.
+/// The providers, each a file or a directory under `src/adapters/providers/`.
 const PROVIDERS: [&str; 4] = ["gcp", "kubernetes", "kvm", "local"];
 
-/// Items only the registry side of `src/provider/` may name.
+/// Items only the registry (and the contract's set of providers) may name.
 const REGISTRY_ITEMS: [&str; 6] = [
     "registry",
     "BuildContext",
@@ -37,11 +38,11 @@ fn rust_files(path: &Path) -> Vec<PathBuf> {
 }
 
 fn provider_path(provider: &str) -> PathBuf {
-    let dir = root().join("src/provider").join(provider);
+    let dir = root().join("src/adapters/providers").join(provider);
     if dir.is_dir() {
         dir
     } else {
-        root().join(format!("src/provider/{provider}.rs"))
+        root().join(format!("src/adapters/providers/{provider}.rs"))
     }
 }
 
@@ -61,7 +62,7 @@ fn providers_depend_on_the_shared_provider_types_only() {
                     wrong.push(format!("{} (the registry's)", at()));
                 }
                 for other in PROVIDERS.iter().filter(|p| **p != provider) {
-                    if line.contains(&format!("provider::{other}")) {
+                    if line.contains(&format!("providers::{other}")) {
                         wrong.push(format!("{} (provider {other})", at()));
                     }
                 }
@@ -333,40 +334,47 @@ fn is_test_module(file: &Path) -> bool {
     name == "tests" || name.ends_with("_tests")
 }
 
-/// The top-level modules of `src/` each imports (`crate::…` outside
-/// comments and test modules).
+/// The modules of `src/`, by name, with where each lives: every module of
+/// `src/domain/` and `src/adapters/`, and the shared ones at the top.
+fn modules() -> std::collections::BTreeMap<String, PathBuf> {
+    let mut modules = std::collections::BTreeMap::new();
+    for dir in ["src/domain", "src/adapters", "src"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let skip = ["lib", "mod", "domain", "adapters"].contains(&name.as_str());
+            if !skip && (path.is_dir() || path.extension().is_some_and(|e| e == "rs")) {
+                modules.insert(name, path);
+            }
+        }
+    }
+    modules
+}
+
+/// The modules of `src/` each imports (`crate::…`, with or without its
+/// `domain::`/`adapters::` prefix, outside comments and test code).
 fn module_imports() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let src = root().join("src");
-    let modules: Vec<String> = std::fs::read_dir(&src)
-        .unwrap()
-        .map(|e| {
-            e.unwrap()
-                .file_name()
-                .to_string_lossy()
-                .trim_end_matches(".rs")
-                .to_owned()
-        })
-        .filter(|m| m != "lib")
-        .collect();
+    let modules = modules();
     let mut imports = std::collections::BTreeMap::new();
-    for module in &modules {
-        let path = match src.join(module) {
-            dir if dir.is_dir() => dir,
-            _ => src.join(format!("{module}.rs")),
-        };
+    for (module, path) in &modules {
         let mut uses = std::collections::BTreeSet::new();
-        for file in rust_files(&path).iter().filter(|f| !is_test_module(f)) {
+        for file in rust_files(path).iter().filter(|f| !is_test_module(f)) {
             let text = std::fs::read_to_string(file).unwrap();
             for line in production(&text)
                 .lines()
                 .filter(|l| !l.trim_start().starts_with("//"))
             {
                 for (at, _) in line.match_indices("crate::") {
-                    let name: String = line[at + 7..]
+                    let rest = &line[at + 7..];
+                    let rest = rest
+                        .strip_prefix("domain::")
+                        .or_else(|| rest.strip_prefix("adapters::"))
+                        .unwrap_or(rest);
+                    let name: String = rest
                         .chars()
                         .take_while(|c| c.is_alphanumeric() || *c == '_')
                         .collect();
-                    if &name != module && modules.contains(&name) {
+                    if &name != module && modules.contains_key(&name) {
                         uses.insert(name);
                     }
                 }
@@ -375,6 +383,38 @@ fn module_imports() -> std::collections::BTreeMap<String, std::collections::BTre
         imports.insert(module.clone(), uses);
     }
     imports
+}
+
+/// The domain's modules import no adapter: the domain decides, and reaches
+/// the world only through its ports (the provider contract, the store).
+#[test]
+fn the_domain_imports_no_adapter() {
+    let modules = modules();
+    let in_dir = |dir: &str| -> Vec<String> {
+        modules
+            .iter()
+            .filter(|(_, path)| path.parent() == Some(&root().join(dir)))
+            .map(|(name, _)| name.clone())
+            .collect()
+    };
+    let (domain, adapters) = (in_dir("src/domain"), in_dir("src/adapters"));
+    assert!(
+        domain.len() >= 10 && adapters.len() >= 6,
+        "{domain:?} {adapters:?}"
+    );
+    let shared = in_dir("src");
+    let imports = module_imports();
+    let mut wrong = Vec::new();
+    for module in domain.iter().chain(&shared) {
+        for adapter in imports[module].iter().filter(|m| adapters.contains(m)) {
+            wrong.push(format!("{module} imports {adapter}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the domain and the shared modules may not import an adapter:\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// The groups of modules that import each other round a circle (Tarjan's
@@ -434,20 +474,20 @@ fn no_import_circle_forms_between_modules() {
 /// they are given. They await nothing, do no I/O and reach no adapter;
 /// the code around them observes and acts.
 const DECISIONS: [&str; 9] = [
-    "src/reconcile/decide.rs",
-    "src/reconcile/schedule.rs",
-    "src/reconcile/first_status.rs",
-    "src/pool/step.rs",
-    "src/pool/plan.rs",
-    "src/pool/autoscale.rs",
-    "src/lease/book.rs",
-    "src/health/verdict.rs",
-    "src/provider/spec_hash.rs",
+    "src/domain/reconcile/decide.rs",
+    "src/domain/reconcile/schedule.rs",
+    "src/domain/reconcile/first_status.rs",
+    "src/domain/pool/step.rs",
+    "src/domain/pool/plan.rs",
+    "src/domain/pool/autoscale.rs",
+    "src/domain/lease/book.rs",
+    "src/domain/health/verdict.rs",
+    "src/domain/provider/spec_hash.rs",
 ];
 
-/// What a decision may not contain: awaiting, I/O, and the adapters
-/// (stores, the Kubernetes client, provider implementations, the probe).
-const NOT_IN_A_DECISION: [&str; 16] = [
+/// What a decision may not contain: awaiting, I/O, the store port, and
+/// any adapter (by its module's path or its name).
+const NOT_IN_A_DECISION: [&str; 17] = [
     "async ",
     ".await",
     "tokio::",
@@ -459,11 +499,12 @@ const NOT_IN_A_DECISION: [&str; 16] = [
     "std::net::Tcp",
     "std::process",
     "crate::store",
+    "crate::adapters",
     "crate::kube_client",
-    "crate::provider::kvm",
-    "crate::provider::gcp",
-    "crate::provider::local",
-    "crate::health::probe",
+    "crate::providers",
+    "crate::stores",
+    "crate::probe",
+    "crate::leader",
 ];
 
 #[test]

@@ -286,7 +286,7 @@ fn start_nginx(nginx: &Path, dir: &Path, addr: SocketAddr) -> Result<Process, St
     Ok(process)
 }
 
-/// Squid as the local provider configures it (src/provider/local/squid.rs):
+/// Squid as the local provider configures it (src/adapters/providers/local/squid.rs):
 /// credentials checked by `basic_ncsa_auth`, the destination rules with
 /// loopback allowed, no cache, an access log. As root it switches to
 /// Debian's `proxy` user, who must own its directory.

@@ -55,7 +55,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
         _ => LeaseStore::durable(
             settings,
             limits,
-            Box::new(egress_proxies::store::embedded::LeaseLog::open(state).unwrap()),
+            Box::new(egress_proxies::stores::embedded::LeaseLog::open(state).unwrap()),
         )
         .unwrap(),
     };

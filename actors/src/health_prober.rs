@@ -16,9 +16,8 @@ use std::time::Duration;
 
 use actix::WeakRecipient;
 use actix::prelude::*;
-use egress_proxies::health::{
-    HealthState, LatencyRule, ProbeFailure, ProbeResult, ProbeTarget, Prober, RecordedVerdict, Sample,
-};
+use egress_proxies::health::{HealthState, LatencyRule, ProbeTarget, RecordedVerdict, Sample};
+use egress_proxies::probe::{ProbeFailure, ProbeResult, Prober};
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use futures::FutureExt;

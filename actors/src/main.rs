@@ -272,7 +272,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         lease_duration: args.lease_duration,
         proxy_namespace: args.proxy_namespace.clone(),
         health_ca_file: args.health_ca_file,
-        gcp: egress_proxies::provider::gcp::GcpOptions {
+        gcp: egress_proxies::providers::gcp::GcpOptions {
             wire_log_full_payloads: args.gcp_wire_log_full_payloads,
         },
         cluster_networks: args.cluster_networks,

@@ -15,13 +15,14 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::bind_address::BindAddress;
 use egress_proxies::config::{GatewaySettings, ProvidersConfig};
-use egress_proxies::health::Prober;
 use egress_proxies::installation::InstallationId;
 use egress_proxies::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
-use egress_proxies::provider::{BuildContext, Providers};
-use egress_proxies::store::kubernetes::KubeStore;
-use egress_proxies::store::lease_checkpoint::{CheckpointJournal, Writer};
-use egress_proxies::store::{FencedPools, FencedStore, PoolStore, ProxyStore, installation};
+use egress_proxies::probe::Prober;
+use egress_proxies::providers::BuildContext;
+use egress_proxies::store::{PoolStore, ProxyStore};
+use egress_proxies::stores::kubernetes::KubeStore;
+use egress_proxies::stores::lease_checkpoint::{CheckpointJournal, Writer};
+use egress_proxies::stores::{FencedPools, FencedStore, installation};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -50,7 +51,7 @@ pub struct Options {
     pub lease_duration: Duration,
     pub proxy_namespace: Option<String>,
     pub health_ca_file: Option<PathBuf>,
-    pub gcp: egress_proxies::provider::gcp::GcpOptions,
+    pub gcp: egress_proxies::providers::gcp::GcpOptions,
     /// `--cluster-networks`: pod and service ranges every proxy denies by default.
     pub cluster_networks: Vec<egress_proxies::destinations::IpNet>,
     pub settings: system::Settings,
@@ -65,9 +66,9 @@ pub enum OperatorError {
     #[error(transparent)]
     Config(#[from] egress_proxies::config::ConfigError),
     #[error(transparent)]
-    Build(#[from] egress_proxies::provider::BuildError),
+    Build(#[from] egress_proxies::providers::BuildError),
     #[error(transparent)]
-    Prober(#[from] egress_proxies::health::ProberError),
+    Prober(#[from] egress_proxies::probe::ProberError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("connecting to the Kubernetes API: {0}")]
@@ -161,7 +162,7 @@ async fn operate(
         gcp: options.gcp.clone(),
         cluster_networks: options.cluster_networks.clone(),
     };
-    let providers = Arc::new(Providers::build(&providers_config, &build)?);
+    let providers = Arc::new(egress_proxies::providers::build(&providers_config, &build)?);
     tracing::info!(
         namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
         providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"

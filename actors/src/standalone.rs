@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
-use egress_proxies::provider::{BuildContext, BuildError, Providers};
-use egress_proxies::store::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
+use egress_proxies::providers::{BuildContext, BuildError};
+use egress_proxies::stores::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -35,7 +35,7 @@ pub enum StandaloneError {
     #[error("actor system: {0}")]
     System(std::io::Error),
     #[error("health probes: {0}")]
-    Prober(#[from] egress_proxies::health::ProberError),
+    Prober(#[from] egress_proxies::probe::ProberError),
     #[error(transparent)]
     Leases(egress_proxies::lease::JournalError),
     #[error(transparent)]
@@ -57,13 +57,13 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
         kube_client: None,
         kvm_runner: Some(crate::kvm::router::runner_factory()),
-        gcp: egress_proxies::provider::gcp::GcpOptions {
+        gcp: egress_proxies::providers::gcp::GcpOptions {
             wire_log_full_payloads: config.gcp_wire_log_full_payloads,
         },
         cluster_networks: Vec::new(),
     };
-    let providers = Providers::build(&providers_config, &build)?;
-    let prober = egress_proxies::health::Prober::new(config.health_ca_file.as_deref())?;
+    let providers = egress_proxies::providers::build(&providers_config, &build)?;
+    let prober = egress_proxies::probe::Prober::new(config.health_ca_file.as_deref())?;
     // Listeners first: a taken port fails the start before any actor exists.
     let discovery_listener =
         crate::system::bind(config.discovery_bind_address).map_err(StandaloneError::Listen)?;

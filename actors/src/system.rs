@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::gc::Scope;
-use egress_proxies::health::Prober;
 use egress_proxies::installation::InstallationId;
 use egress_proxies::leader::Tenure;
 use egress_proxies::lease::LeaseSettings;
+use egress_proxies::probe::Prober;
 use egress_proxies::provider::Providers;
 use egress_proxies::reconcile;
-use egress_proxies::store::FencedStore;
 use egress_proxies::store::{ProxyStore, StoreEvent};
+use egress_proxies::stores::FencedStore;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;

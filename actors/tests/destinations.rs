@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::destinations::DestinationRules;
-use egress_proxies::provider::{CreateRequest, InstanceState, LocalProvider, Provider, instance_name};
+use egress_proxies::provider::{CreateRequest, InstanceState, Provider, instance_name};
+use egress_proxies::providers::LocalProvider;
 use egress_proxies::resource::Placement;
 use support::address_bed::AddressBed;
 use support::eventually;
@@ -275,7 +276,7 @@ async fn the_kubernetes_pods_squid_config_parses() {
         &rules(r#"{"allow": ["10.1.0.0/16", "fd00::1", 8443, "9000-9009"], "deny": ["10.1.2.0/24", 25]}"#),
         &["10.96.0.0/12".parse().unwrap()],
     );
-    let conf = egress_proxies::provider::kubernetes::squid_config(3128, &policy);
+    let conf = egress_proxies::providers::kubernetes::squid_config(3128, &policy);
     assert!(
         conf.contains("acl epo_default_denied_dst dst ") && conf.contains(" 10.96.0.0/12\n"),
         "{conf}"

@@ -11,7 +11,7 @@ use egress_proxies::provider::{ErrorClass, Op, Provider, Providers};
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::Proxy;
 use egress_proxies::store::ProxyStore;
-use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::gc_sweeper::{GcSweeper, SweepNow};
 use serde_json::json;
 use support::scripted_provider::{Call, ScriptedProvider};

@@ -16,7 +16,7 @@ use egress_proxies::gc;
 use egress_proxies::provider::{ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers};
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::Proxy;
-use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
 use fake_compute::{FakeCompute, Fault, fingerprint_of};
 use serde_json::{Value, json};
 use support::gcp::{ZONE, key_file, provider, request};
@@ -372,7 +372,7 @@ async fn release_sends_set_labels_with_the_fingerprint_and_retries_a_stale_one()
 struct Installation {
     scope: gc::Scope,
     providers: Providers,
-    gcp: Arc<egress_proxies::provider::gcp::GcpProvider>,
+    gcp: Arc<egress_proxies::providers::gcp::GcpProvider>,
     store: EmbeddedStore,
     live_uid: String,
     _dir: tempfile::TempDir,

@@ -68,7 +68,7 @@ async fn the_wire_log_elides_redacts_and_never_shows_a_token() {
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| {
-            l.contains("egress_proxies::provider::gcp::wire")
+            l.contains("egress_proxies::providers::gcp::wire")
                 && (l.contains("gcp request") || l.contains("gcp response"))
         })
         .collect();

@@ -7,7 +7,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use egress_proxies::health::{CheckSpec, ProbeFailure, Prober, Thresholds};
+use egress_proxies::health::{CheckSpec, Thresholds};
+use egress_proxies::probe::{ProbeFailure, Prober};
 use rustls::pki_types::CertificateDer;
 use support::squid::Squid;
 use support::target_server::{

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use egress_proxies::store::credentials_secret::credentials_secret_name;
+use egress_proxies::stores::credentials_secret::credentials_secret_name;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;

@@ -7,10 +7,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use egress_proxies::config::KubernetesConfig;
-use egress_proxies::provider::kubernetes::KubernetesProvider;
 use egress_proxies::provider::{
     CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
 };
+use egress_proxies::providers::kubernetes::KubernetesProvider;
 use egress_proxies::resource::Placement;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
@@ -58,7 +58,7 @@ async fn the_pods_squid_config_carries_the_destination_rules() {
     )
     .unwrap();
     let state = tempfile::tempdir().unwrap();
-    let ctx = egress_proxies::provider::BuildContext {
+    let ctx = egress_proxies::providers::BuildContext {
         state_dir: state.path().to_owned(),
         operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
         kube_client: Some(client(&fake)),
@@ -66,7 +66,7 @@ async fn the_pods_squid_config_carries_the_destination_rules() {
         gcp: Default::default(),
         cluster_networks: vec!["10.96.0.0/12".parse().unwrap()],
     };
-    let providers = egress_proxies::provider::Providers::build(&config, &ctx).unwrap();
+    let providers = egress_proxies::providers::build(&config, &ctx).unwrap();
     let req = request("uid-rules", 3128);
     providers.get("kubernetes").unwrap().create(&req).await.unwrap();
     let pod = Api::<Pod>::namespaced(client(&fake), "crawl")

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use egress_proxies::provider::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::providers::kvm::base_image::{base_volume, marker_name};
 use egress_proxies::resource::Phase;
 use sha2::Digest;
 use support::operator::OperatorDir;

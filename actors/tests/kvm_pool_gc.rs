@@ -14,13 +14,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::provider::kvm::base_image::{
+use egress_proxies::provider::{Provider, instance_name};
+use egress_proxies::providers::kvm::base_image::{
     Pinned, base_volume, marker_name, pin_content, pin_name, url_base_volume,
 };
-use egress_proxies::provider::kvm::provider::KvmProvider;
-use egress_proxies::provider::kvm::session::HostSession;
-use egress_proxies::provider::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
-use egress_proxies::provider::{Provider, instance_name};
+use egress_proxies::providers::kvm::provider::KvmProvider;
+use egress_proxies::providers::kvm::session::HostSession;
+use egress_proxies::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use egress_proxies_operator::kvm::router::runner_factory;
 
 fn config(bed: &HashMap<String, String>, configured_digest: &str, latest_url: &str) -> KvmConfig {

@@ -32,7 +32,7 @@ async fn own_image(
         .trim_end_matches(".qcow2")
         .to_owned();
     cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
-    let marker = egress_proxies::provider::kvm::base_image::marker_name(&base);
+    let marker = egress_proxies::providers::kvm::base_image::marker_name(&base);
     for v in [&marker, &base] {
         let _ = std::process::Command::new("virsh")
             .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])

@@ -5,11 +5,11 @@
 mod support;
 
 use egress_proxies::config::{DomainType, Firmware};
-use egress_proxies::provider::kvm::domain_xml::{DomainSpec, domain_xml};
-use egress_proxies::provider::kvm::metadata::InstanceMetadata;
-use egress_proxies::provider::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
-use egress_proxies::provider::kvm::session::{DomainRunState, HostSession};
-use egress_proxies::provider::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::providers::kvm::domain_xml::{DomainSpec, domain_xml};
+use egress_proxies::providers::kvm::metadata::InstanceMetadata;
+use egress_proxies::providers::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
+use egress_proxies::providers::kvm::session::{DomainRunState, HostSession};
+use egress_proxies::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 
 #[tokio::test]
 async fn volumes_seed_and_a_domain_through_the_link() {
@@ -115,8 +115,8 @@ async fn volumes_seed_and_a_domain_through_the_link() {
 
 #[tokio::test]
 async fn create_get_delete_resume_from_every_partial_state() {
-    use egress_proxies::provider::kvm::ops::{self, CreatePlan, OpError};
     use egress_proxies::provider::{ErrorClass, InstanceState};
+    use egress_proxies::providers::kvm::ops::{self, CreatePlan, OpError};
     let bed = bed_or_skip!();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_B").await;
     let uri = link.libvirt_uri();

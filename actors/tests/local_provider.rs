@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use egress_proxies::config::{LocalConfig, LocalImplementation};
 use egress_proxies::credentials::ProxyCredentials;
-use egress_proxies::provider::{CreateRequest, InstanceState, LocalProvider, Provider, instance_name};
+use egress_proxies::provider::{CreateRequest, InstanceState, Provider, instance_name};
+use egress_proxies::providers::LocalProvider;
 use egress_proxies::resource::Placement;
 use support::{eventually, target_server};
 
@@ -155,7 +156,7 @@ async fn squid_lifecycle_forwards_connect_and_absolute_uri() {
     let state = tempfile::tempdir().unwrap();
     assert!(matches!(
         provider(state.path(), LocalImplementation::Squid).launcher(),
-        egress_proxies::provider::local::Launcher::Squid(_)
+        egress_proxies::providers::local::Launcher::Squid(_)
     ));
     lifecycle(LocalImplementation::Squid).await;
 }

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use egress_proxies::leader::{SystemClock, Tenure};
 use egress_proxies::resource::ObjectKey;
-use egress_proxies::store::FencedPools;
 use egress_proxies::store::PoolStore;
-use egress_proxies::store::kubernetes::KubeStore;
+use egress_proxies::stores::FencedPools;
+use egress_proxies::stores::kubernetes::KubeStore;
 use fake_apiserver::FakeApiServer;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};

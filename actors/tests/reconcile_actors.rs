@@ -15,7 +15,7 @@ use egress_proxies::resource::{
     FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use egress_proxies::store::ProxyStore;
-use egress_proxies::store::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::GetRegistryStats;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::provider::kvm::host_calls::HostCall;
-use egress_proxies::provider::kvm::host_runner::RunError;
-use egress_proxies::provider::kvm::redial::Redial;
-use egress_proxies::provider::kvm::ssh_key::load_private_key;
-use egress_proxies::provider::kvm::ssh_link::{LinkTarget, SshLink};
+use egress_proxies::providers::kvm::host_calls::HostCall;
+use egress_proxies::providers::kvm::host_runner::RunError;
+use egress_proxies::providers::kvm::redial::Redial;
+use egress_proxies::providers::kvm::ssh_key::load_private_key;
+use egress_proxies::providers::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
 

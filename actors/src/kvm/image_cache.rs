@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use egress_proxies::config::KvmHost;
-use egress_proxies::provider::kvm::host_calls::LookupBase;
-use egress_proxies::provider::kvm::host_runner::RunError;
-use egress_proxies::provider::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
+use egress_proxies::providers::kvm::host_calls::LookupBase;
+use egress_proxies::providers::kvm::host_runner::RunError;
+use egress_proxies::providers::kvm::image::{CachedBase, Downloader, ImageSpec, Progress, fetch_to_pool};
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};

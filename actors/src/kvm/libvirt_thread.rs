@@ -9,9 +9,9 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use egress_proxies::provider::kvm::host_calls::HostCall;
-use egress_proxies::provider::kvm::ops::OpError;
-use egress_proxies::provider::kvm::session::{HostSession, KvmError};
+use egress_proxies::providers::kvm::host_calls::HostCall;
+use egress_proxies::providers::kvm::ops::OpError;
+use egress_proxies::providers::kvm::session::{HostSession, KvmError};
 use tokio::sync::oneshot;
 
 /// One call boxed for the thread. Dropped unrun (the link went down, the

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  KvmProvider ──HostRunner──► router: LazyKvmHosts → KvmHosts
-//!  (src/provider/kvm)             │ Call<C> (typed)     │ Ensure
+//!  (src/adapters/providers/kvm)             │ Call<C> (typed)     │ Ensure
 //!                                 ▼                     ▼
 //!                KvmHostActor (one per host,     ImageCacheActor
 //!                each under a Supervisor)        (one fetch per host+image,
@@ -20,7 +20,7 @@
 //!   actors, images through the cache.
 //! - [`image_cache`]: one download per (host, image), shared by its waiters.
 //!
-//! Each request is a [`HostCall`](egress_proxies::provider::kvm::host_calls::HostCall)
+//! Each request is a [`HostCall`](egress_proxies::providers::kvm::host_calls::HostCall)
 //! answered with its own type: no caller picks its answer out of a sum.
 
 pub mod host_actor;

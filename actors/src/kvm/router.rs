@@ -9,14 +9,14 @@ use std::time::Duration;
 use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::provider::KvmRunnerFactory;
-use egress_proxies::provider::kvm::host_calls::{
+use egress_proxies::providers::KvmRunnerFactory;
+use egress_proxies::providers::kvm::host_calls::{
     CreateDomain, DeleteDomain, GetDomain, HostCall, ListManaged, ManagedDomain, ReleaseDomain, SweepPool,
 };
-use egress_proxies::provider::kvm::host_runner::{HostRunner, RunError};
-use egress_proxies::provider::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
-use egress_proxies::provider::kvm::ops::{CreatePlan, Observed, OpError, Released};
-use egress_proxies::provider::kvm::pool_gc::{PoolSweep, SweepPlan};
+use egress_proxies::providers::kvm::host_runner::{HostRunner, RunError};
+use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
+use egress_proxies::providers::kvm::ops::{CreatePlan, Observed, OpError, Released};
+use egress_proxies::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
 use super::image_cache::{Ensure, FetchingVolumes, Forget, ImageCacheActor};
@@ -32,7 +32,7 @@ impl KvmHosts {
     /// Starts one supervised actor per configured host (call inside the actix
     /// system); each lets a call run `job_deadline` once started.
     pub fn start(config: &KvmConfig, job_deadline: Duration) -> Result<Self, reqwest::Error> {
-        egress_proxies::provider::kvm::libvirt::ensure_client_setup();
+        egress_proxies::providers::kvm::libvirt::ensure_client_setup();
         egress_proxies::tls::ensure_crypto_provider();
         let shared = Arc::new(config.clone());
         let keys = Arc::new(KeyCache::default());

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use egress_proxies::config::GcpConfig;
-use egress_proxies::provider::gcp::api::AdcTokens;
-use egress_proxies::provider::gcp::{GcpOptions, GcpProvider};
 use egress_proxies::provider::{CloudInitBytes, CreateRequest, instance_name};
+use egress_proxies::providers::gcp::api::AdcTokens;
+use egress_proxies::providers::gcp::{GcpOptions, GcpProvider};
 use egress_proxies::resource::Placement;
 use fake_compute::FakeCompute;
 use serde_json::json;

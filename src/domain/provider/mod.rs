@@ -1,5 +1,6 @@
 //! The provider contract (docs/providers.md): idempotent operations over
-//! instances, and the providers that keep it.
+//! instances. The providers that keep it are adapters
+//! (`crate::adapters::providers`).
 //!
 //! A provider creates the machine a Managed proxy runs on. None of the
 //! operations blocks until a VM is up: `create` submits and returns, and the
@@ -17,17 +18,10 @@ mod spec_hash;
 pub mod squid_auth;
 pub mod squid_limits;
 
-// The providers. Each depends on the shared types above, never on the
-// registry or on another provider.
-pub mod gcp;
-pub mod kubernetes;
-pub mod kvm;
-pub mod local;
-
-// Built over the providers: the decorators every provider is wrapped in, and
-// the registry that builds the configured ones.
+// Built over any provider: the decorators every provider is wrapped in,
+// and the set of configured ones.
 mod instrumented;
-mod registry;
+mod providers;
 mod traced;
 
 use async_trait::async_trait;
@@ -37,9 +31,8 @@ pub use instance::{
     CloudInitBytes, CreateRequest, Instance, InstanceState, Ownership, ProviderId, QuarantinedAddress,
 };
 pub use instrumented::Instrumented;
-pub use local::LocalProvider;
 pub use naming::{HTPASSWD_KEY, INSTANCE_NAME_PREFIX, InstanceName, credentials_secret_name, instance_name};
-pub use registry::{BuildContext, BuildError, KvmRunnerFactory, Providers};
+pub use providers::Providers;
 pub use spec_hash::{SpecHash, spec_hash};
 pub use traced::Traced;
 

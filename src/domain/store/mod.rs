@@ -1,20 +1,13 @@
 //! The object-store port: where Proxy objects live and how the operator
-//! changes them. Two adapters implement it — the Kubernetes API server and
-//! the embedded store of standalone mode — so the same reconcile logic and
-//! actors run on both.
+//! changes them. Two adapters implement it (`crate::adapters::stores`) —
+//! the Kubernetes API server and the embedded store of standalone mode —
+//! so the same reconcile logic and actors run on both.
 //!
 //! The port follows Kubernetes semantics: every object has a UID for its
 //! incarnation, finalizers hold a deleted object until the operator releases
 //! it, and writes name the UID they expect so a write meant for an old
 //! incarnation never lands on a new one.
 
-mod checkpoint_shard;
-pub mod credentials_secret;
-pub mod embedded;
-mod fenced;
-pub mod installation;
-pub mod kubernetes;
-pub mod lease_checkpoint;
 mod pools;
 
 use std::collections::HashSet;
@@ -24,7 +17,6 @@ use async_trait::async_trait;
 use crate::credentials::ProxyCredentials;
 use crate::resource::{ObjectKey, Proxy, ProxyStatus, SecretKeyRef};
 
-pub use fenced::{FencedPools, FencedStore};
 pub use pools::{PoolStore, pool_key};
 
 /// Something happened to an object; the receiver re-reads it (level-triggered).

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use crate::leader::Tenure;
 use crate::resource::{ObjectKey, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
 
-use super::{CloudInitError, PoolStore, ProxyStore, StoreError};
+use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
 
 /// `Ok` while leading; else the error every fenced store answers with.
 fn fence(tenure: &Tenure) -> Result<(), StoreError> {

@@ -111,7 +111,7 @@ pub trait HostRunner: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::kvm::session::KvmError;
+    use crate::providers::kvm::session::KvmError;
 
     #[test]
     fn the_class_follows_the_cause() {

@@ -23,7 +23,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 
-use super::{HTPASSWD_KEY, credentials_secret_name};
 use crate::config::KubernetesConfig;
 use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
 use crate::kube_client::watch_cache::WatchCache;
@@ -32,6 +31,7 @@ use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
+use crate::provider::{HTPASSWD_KEY, credentials_secret_name};
 use crate::resource::ObjectKey;
 
 /// Label every operator-made pod carries.

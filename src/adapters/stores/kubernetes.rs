@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 
 use tracing::Instrument;
 
+use super::credentials_secret;
 use crate::credentials::ProxyCredentials;
 use crate::kube_client::watch_cache::WatchCache;
 use crate::kube_client::watch_retry::WatchRetry;
@@ -35,7 +36,7 @@ use crate::resource::ObjectKey;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
-use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent, credentials_secret};
+use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 /// How long a read waits for a watch's first list before it fails (and
 /// its reconcile is retried): the API server is down or the operator may

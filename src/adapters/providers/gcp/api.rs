@@ -4,7 +4,7 @@
 //! `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's application-default login, or
 //! the metadata server / workload identity), cached and refreshed by
 //! gcp_auth. Every request and response is one `trace` line on the
-//! `egress_proxies::provider::gcp::wire` target, bodies through [`loggable`].
+//! `egress_proxies::providers::gcp::wire` target, bodies through [`loggable`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -284,7 +284,7 @@ impl ComputeApi {
             .map_err(|_| GcpError::Credentials("the access token is not a valid header value".into()))?;
         auth.set_sensitive(true);
         tracing::trace!(
-            target: "egress_proxies::provider::gcp::wire",
+            target: "egress_proxies::providers::gcp::wire",
             method = %method, url = %url,
             body = %body.map(|b| loggable(b, self.full_payloads).to_string()).unwrap_or_default(),
             "gcp request"
@@ -313,7 +313,7 @@ impl ComputeApi {
                 .map_err(|e| GcpError::Decode(format!("HTTP {status} with a body that is not JSON ({e})")))?
         };
         tracing::trace!(
-            target: "egress_proxies::provider::gcp::wire",
+            target: "egress_proxies::providers::gcp::wire",
             method = %method, url = %url, status, durationMs = started.elapsed().as_millis() as u64,
             body = %loggable(&value, self.full_payloads),
             "gcp response"

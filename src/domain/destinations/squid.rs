@@ -193,7 +193,7 @@ mod tests {
     #[test]
     fn the_vm_cloud_init_sample_carries_the_default_rules() {
         // The sample is static: this keeps it in step with the defaults.
-        let sample = include_str!("../../deploy/samples/cloud-init-secret.yaml");
+        let sample = include_str!("../../../deploy/samples/cloud-init-secret.yaml");
         let lines: Vec<&str> = sample.lines().map(str::trim).collect();
         for line in squid_rules(&DestinationPolicy::default()).lines() {
             assert!(lines.contains(&line), "{line:?} missing from the sample");

@@ -42,7 +42,7 @@ use crate::lease::journal::{
     Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
 use crate::resource::ObjectKey;
-use crate::store::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
+use crate::stores::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
 use crate::telemetry::events::CheckpointConflict;
 
 /// ConfigMaps the state is spread over.

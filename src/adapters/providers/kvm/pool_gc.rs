@@ -152,7 +152,7 @@ mod tests {
     use super::*;
     use crate::config::ImageFormat;
     use crate::provider::instance_name;
-    use crate::provider::kvm::base_image::{base_volume, marker_name, pin_name, url_base_volume};
+    use crate::providers::kvm::base_image::{base_volume, marker_name, pin_name, url_base_volume};
 
     fn vol(name: &str, backing: Option<&str>) -> VolumeInfo {
         VolumeInfo {

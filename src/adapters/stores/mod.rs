@@ -1,0 +1,14 @@
+//! The adapters of the object-store port (`crate::store`): the Kubernetes
+//! API server and the embedded store of standalone mode, each with where it
+//! keeps leases, credentials and the installation id; and the ports fenced
+//! by the leader's tenure.
+
+mod checkpoint_shard;
+pub mod credentials_secret;
+pub mod embedded;
+mod fenced;
+pub mod installation;
+pub mod kubernetes;
+pub mod lease_checkpoint;
+
+pub use fenced::{FencedPools, FencedStore};

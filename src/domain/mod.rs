@@ -1,0 +1,18 @@
+//! The domain: what a Proxy, a pool, a lease and a health verdict are, and
+//! every decision about them — plus the two ports the decisions act
+//! through, the provider contract and the object store. Nothing here
+//! imports an adapter (`tests/layout.rs` checks it); what talks to the
+//! world lives in [`crate::adapters`].
+
+pub mod config;
+pub mod credentials;
+pub mod destinations;
+pub mod gc;
+pub mod health;
+pub mod installation;
+pub mod lease;
+pub mod pool;
+pub mod provider;
+pub mod reconcile;
+pub mod resource;
+pub mod store;
