@@ -1,7 +1,7 @@
 //! Carrying out a [`Plan`]: its notices are told, its actions taken in
 //! order through the store and the providers, and what they leave in
-//! memory recorded (a delete requested, an instance created). The first
-//! action that fails ends the plan with its error.
+//! memory recorded (a delete requested, an instance created, a first
+//! status held). The first action that fails ends the plan with its error.
 
 use std::time::Instant;
 
@@ -11,9 +11,61 @@ use crate::provider::Provider;
 use crate::resource::{ObjectKey, SPEC_HASH_ANNOTATION};
 use crate::telemetry::events::{InstanceLost, InstanceReplaced};
 
-use super::decide::{Action, Notice};
+use super::decide::{Action, Notice, Plan};
 use super::status::StatusDraft;
-use super::{Context, Memory, ReconcileError};
+use super::{Context, Memory, Next, ReconcileError};
+use crate::health::ProbeTarget;
+
+/// What carrying a plan out left.
+pub(super) struct Executed {
+    /// The status to write (the error still to be told in it, if any).
+    pub status: StatusDraft,
+    pub result: Result<Next, ReconcileError>,
+    /// What the health engine should probe, when every action succeeded.
+    pub serving: Option<ProbeTarget>,
+}
+
+/// Carries `plan` out for the Proxy `key` (UID `uid`).
+pub(super) async fn execute(
+    plan: Plan,
+    key: &ObjectKey,
+    uid: &str,
+    ctx: &Context,
+    memory: &mut Memory,
+) -> Executed {
+    let Plan {
+        mut status,
+        notices,
+        actions,
+        outcome,
+        serve,
+        recorded,
+        held_since,
+        forget,
+    } = plan;
+    for notice in notices {
+        tell(notice, key, uid, ctx).await;
+    }
+    if forget {
+        memory.delete_requested = None;
+        memory.health = None;
+    }
+    let result = match act(actions, key, uid, ctx, &mut status, memory).await {
+        Ok(()) => outcome,
+        Err(e) => Err(e),
+    };
+    memory.held = None;
+    if result.is_ok() {
+        memory.recorded = recorded;
+        memory.held = held_since.map(|since| (uid.to_owned(), since));
+    }
+    let serving = serve.filter(|_| result.is_ok());
+    Executed {
+        status,
+        result,
+        serving,
+    }
+}
 
 /// Tells one notice: an Event through the store, a log line, a metric.
 pub(super) async fn tell(notice: Notice, key: &ObjectKey, uid: &str, ctx: &Context) {
@@ -56,7 +108,7 @@ pub(super) async fn tell(notice: Notice, key: &ObjectKey, uid: &str, ctx: &Conte
 }
 
 /// Takes `actions` in order; what they create is written into `status`.
-pub(super) async fn act(
+async fn act(
     actions: Vec<Action>,
     key: &ObjectKey,
     uid: &str,

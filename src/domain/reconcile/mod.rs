@@ -234,37 +234,14 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         (false, Mode::Managed) => tracing::info_span!("reconcile.managed"),
         (false, Mode::External) => tracing::info_span!("reconcile.external"),
     };
-    let (mut status, result, serving) = async {
+    let execute::Executed {
+        mut status,
+        result,
+        serving,
+    } = async {
         let seen = observe::observe(&proxy, ctx, memory).await;
         let plan = decide::decide(&proxy, seen, memory, &ctx.rules(), Now::read(ctx.now));
-        let Plan {
-            mut status,
-            notices,
-            actions,
-            outcome,
-            serve,
-            recorded,
-            held_since,
-            forget,
-        } = plan;
-        for notice in notices {
-            execute::tell(notice, key, &uid, ctx).await;
-        }
-        if forget {
-            memory.delete_requested = None;
-            memory.health = None;
-        }
-        let result = match execute::act(actions, key, &uid, ctx, &mut status, memory).await {
-            Ok(()) => outcome,
-            Err(e) => Err(e),
-        };
-        memory.held = None;
-        if result.is_ok() {
-            memory.recorded = recorded;
-            memory.held = held_since.map(|since| (uid.clone(), since));
-        }
-        let serving = serve.filter(|_| result.is_ok());
-        (status, result, serving)
+        execute::execute(plan, key, &uid, ctx, memory).await
     }
     .instrument(span)
     .await;
