@@ -29,7 +29,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store, store};
 use kube::runtime::watcher::{self, Event};
 
-use super::watch_retry::WatchRetry;
+use super::watch_retry::retrying;
 use crate::resource::ObjectKey;
 
 /// The longest a written copy is preferred: a watch that has not delivered
@@ -150,19 +150,15 @@ where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     /// Applies a watch's events until it ends; errors pause as
-    /// [`WatchRetry`] says while the watcher re-lists and resumes by itself.
+    /// [`WatchRetry`](super::watch_retry::WatchRetry) says while the watcher re-lists and resumes by itself.
     /// `what` names the watch in the log.
-    pub async fn follow(&self, watch: impl Stream<Item = Result<Event<K>, watcher::Error>>, what: &str) {
-        let mut watch = std::pin::pin!(watch);
-        let mut retry = WatchRetry::default();
-        while let Some(item) = watch.next().await {
-            match item {
-                Ok(event) => {
-                    retry.succeeded();
-                    self.apply(event);
-                }
-                Err(e) => retry.wait_after(&e, what).await,
-            }
+    pub async fn follow(&self, watch: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send, what: &str)
+    where
+        K: Send,
+    {
+        let mut events = std::pin::pin!(retrying(watch, what));
+        while let Some(event) = events.next().await {
+            self.apply(event);
         }
     }
 

@@ -23,7 +23,8 @@
 
 use std::time::{Duration, Instant};
 
-use kube::runtime::watcher;
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher::{self, Event};
 
 /// First pause while the server does not answer.
 const UNREACHABLE_FIRST: Duration = Duration::from_millis(500);
@@ -124,6 +125,30 @@ impl WatchRetry {
     }
 }
 
+/// A watch's events, its errors waited out as [`WatchRetry`] says (and
+/// logged, naming the watch `what`) while the watcher re-lists and resumes
+/// by itself. Ends when the watch does.
+pub fn retrying<'a, K>(
+    watch: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'a,
+    what: &'a str,
+) -> impl Stream<Item = Event<K>> + Send + 'a
+where
+    K: Send + 'a,
+{
+    let state = (watch.boxed(), WatchRetry::default());
+    futures::stream::unfold(state, move |(mut watch, mut retry)| async move {
+        loop {
+            match watch.next().await? {
+                Ok(event) => {
+                    retry.succeeded();
+                    return Some((event, (watch, retry)));
+                }
+                Err(e) => retry.wait_after(&e, what).await,
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +231,24 @@ mod tests {
             WatchFailure::of(&watcher::Error::NoResourceVersion),
             WatchFailure::Refused
         );
+    }
+
+    #[tokio::test]
+    async fn a_retrying_watch_yields_its_events_past_its_errors_and_ends_with_it() {
+        let expired = || {
+            watcher::Error::WatchError(Box::new(
+                kube::core::Status::failure("x", "Expired").with_code(410),
+            ))
+        };
+        let watch = futures::stream::iter([Ok(Event::Apply(1u32)), Err(expired()), Ok(Event::Delete(2))]);
+        let seen: Vec<String> = retrying(watch, "numbers")
+            .map(|e| match e {
+                Event::Apply(n) => format!("apply {n}"),
+                Event::Delete(n) => format!("delete {n}"),
+                _ => "other".to_owned(),
+            })
+            .collect()
+            .await;
+        assert_eq!(seen, ["apply 1", "delete 2"]);
     }
 }

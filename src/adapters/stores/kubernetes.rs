@@ -31,7 +31,7 @@ use tracing::Instrument;
 use super::credentials_secret;
 use crate::credentials::ProxyCredentials;
 use crate::kube_client::watch_cache::WatchCache;
-use crate::kube_client::watch_retry::WatchRetry;
+use crate::kube_client::watch_retry::retrying;
 use crate::resource::ObjectKey;
 use crate::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
@@ -250,22 +250,13 @@ impl KubeStore {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        let mut retry = WatchRetry::default();
+        let mut watch = std::pin::pin!(retrying(watcher(api, watcher::Config::default()), "ProxyPools"));
         let mut known = Relisted::default();
         let send = |event| {
             // No receiver: the system is shutting down.
             let _ = events.send(event);
         };
-        while let Some(item) = stream.next().await {
-            let event = match item {
-                Ok(event) => event,
-                Err(e) => {
-                    retry.wait_after(&e, "ProxyPools").await;
-                    continue;
-                }
-            };
-            retry.succeeded();
+        while let Some(event) = watch.next().await {
             let announce = known.follow(&event, crate::store::pool_key);
             self.pool_cache.apply(event);
             announce.into_iter().for_each(send);
@@ -274,24 +265,16 @@ impl KubeStore {
 
     /// Watches Proxies until the stream ends, keeping the Proxy cache; every
     /// change becomes an event once the cache shows it. The watcher re-lists
-    /// and resumes by itself after errors and 410s, pausing as [`WatchRetry`]
+    /// and resumes by itself after errors and 410s, pausing as [`WatchRetry`](crate::kube_client::watch_retry::WatchRetry)
     /// says (at most 2 s while the API server does not answer, none before
     /// the re-list a 410 calls for). A re-list is compared with what was
     /// known: a Proxy deleted during the gap (its deletion never seen as an
     /// event) is removed all the same.
     pub async fn watch_proxies(self: Arc<Self>) {
-        let mut stream = watcher(self.all_proxies(), watcher::Config::default()).boxed();
-        let mut retry = WatchRetry::default();
+        let proxies = watcher(self.all_proxies(), watcher::Config::default());
+        let mut watch = std::pin::pin!(retrying(proxies, "Proxies"));
         let mut known = Relisted::default();
-        while let Some(item) = stream.next().await {
-            let event = match item {
-                Ok(event) => event,
-                Err(e) => {
-                    retry.wait_after(&e, "Proxies").await;
-                    continue;
-                }
-            };
-            retry.succeeded();
+        while let Some(event) = watch.next().await {
             match &event {
                 Event::Apply(p) | Event::InitApply(p) => self.remember_secret_use(&ObjectKey::of(p), p),
                 Event::Delete(p) => self.forget_secret_use(&ObjectKey::of(p)),
@@ -333,21 +316,12 @@ impl KubeStore {
             None => Api::all(self.client.clone()),
         };
         let config = watcher::Config::default().labels(&format!("{CLOUD_INIT_LABEL}=true"));
-        let mut stream = watcher(api, config).boxed();
-        let mut retry = WatchRetry::default();
+        let mut watch = std::pin::pin!(retrying(watcher(api, config), "cloud-init Secrets"));
         let mut known = Relisted::default();
         // A list's contents, told once the cache shows them.
         let mut listing: Vec<(ObjectKey, String)> = Vec::new();
         let digest = |s: &Secret| serde_json::to_string(&s.data).unwrap_or_default();
-        while let Some(item) = stream.next().await {
-            let event = match item {
-                Ok(event) => event,
-                Err(e) => {
-                    retry.wait_after(&e, "cloud-init Secrets").await;
-                    continue;
-                }
-            };
-            retry.succeeded();
+        while let Some(event) = watch.next().await {
             let changed: Vec<(ObjectKey, String)> = match &event {
                 Event::Apply(s) => vec![(secret_key(s), digest(s))],
                 Event::Delete(s) => vec![(secret_key(s), String::new())],
