@@ -7,9 +7,10 @@ mod support;
 use egress_proxies::config::{DomainType, Firmware};
 use egress_proxies::providers::kvm::domain_xml::{DomainSpec, domain_xml};
 use egress_proxies::providers::kvm::metadata::InstanceMetadata;
+use egress_proxies::providers::kvm::ops::DomainRunState;
 use egress_proxies::providers::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
-use egress_proxies::providers::kvm::session::{DomainRunState, HostSession};
 use egress_proxies::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies_operator::kvm::session::HostSession;
 
 #[tokio::test]
 async fn volumes_seed_and_a_domain_through_the_link() {
@@ -116,7 +117,8 @@ async fn volumes_seed_and_a_domain_through_the_link() {
 #[tokio::test]
 async fn create_get_delete_resume_from_every_partial_state() {
     use egress_proxies::provider::{ErrorClass, InstanceState};
-    use egress_proxies::providers::kvm::ops::{self, CreatePlan, OpError};
+    use egress_proxies::providers::kvm::ops::{CreatePlan, OpError, Released, overlay_name, seed_name};
+    use egress_proxies_operator::kvm::domain_ops as ops;
     let bed = bed_or_skip!();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_B").await;
     let uri = link.libvirt_uri();
@@ -175,21 +177,18 @@ async fn create_get_delete_resume_from_every_partial_state() {
         huge.disk_bytes = 1 << 60;
         let err = ops::create(&s, &huge).unwrap_err();
         assert_eq!(err.class(), ErrorClass::QuotaExceeded, "{err}");
-        assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
+        assert_eq!(s.volume_path(&overlay_name(name)).unwrap(), None);
 
         // Resume points: an overlay from an earlier attempt, a stale seed —
         // and a pool without room for a new overlay: this one is there.
         let base_path = s.volume_path(base).unwrap().unwrap();
         s.create_volume(
-            &ops::overlay_name(name),
-            &overlay_volume_xml(&ops::overlay_name(name), 1 << 30, &base_path, "qcow2"),
+            &overlay_name(name),
+            &overlay_volume_xml(&overlay_name(name), 1 << 30, &base_path, "qcow2"),
         )
         .unwrap();
-        s.create_volume(
-            &ops::seed_name(name),
-            &plain_volume_xml(&ops::seed_name(name), "raw", 4096),
-        )
-        .unwrap();
+        s.create_volume(&seed_name(name), &plain_volume_xml(&seed_name(name), "raw", 4096))
+            .unwrap();
         ops::create(&s, &huge).unwrap();
         let seen = ops::get(&s, name).unwrap().unwrap();
         assert_eq!(
@@ -203,12 +202,12 @@ async fn create_get_delete_resume_from_every_partial_state() {
         let fresh = HostSession::open(&uri, "host-b", "default").unwrap();
         assert_eq!(fresh.domain_state(name).unwrap().unwrap().1, Some(meta.clone()));
         let disks = s.domain_disk_paths().unwrap();
-        for volume in [ops::overlay_name(name), ops::seed_name(name)] {
+        for volume in [overlay_name(name), seed_name(name)] {
             let path = s.volume_path(&volume).unwrap().unwrap();
             assert!(disks.contains(&path), "{path} in {disks:?}");
         }
         // The mark is remembered per domain; a release is seen at once.
-        assert_eq!(ops::release(&s, name).unwrap(), ops::Released::Marked);
+        assert_eq!(ops::release(&s, name).unwrap(), Released::Marked);
         assert_eq!(
             ops::get(&s, name).unwrap().unwrap().metadata,
             Some(meta.released())
@@ -248,19 +247,16 @@ async fn create_get_delete_resume_from_every_partial_state() {
         );
         assert_eq!(ops::get(&s, name).unwrap().unwrap().metadata, Some(completed));
         ops::delete(&s, name).unwrap();
-        assert_eq!(s.volume_path(&ops::overlay_name(name)).unwrap(), None);
-        assert_eq!(s.volume_path(&ops::seed_name(name)).unwrap(), None);
+        assert_eq!(s.volume_path(&overlay_name(name)).unwrap(), None);
+        assert_eq!(s.volume_path(&seed_name(name)).unwrap(), None);
         assert!(s.volume_path(base).unwrap().is_some(), "the cached base stays");
         ops::delete(&s, name).unwrap();
 
         // A crash between volume creation and define: delete still cleans by name.
-        s.create_volume(
-            &ops::seed_name(name),
-            &plain_volume_xml(&ops::seed_name(name), "raw", 4096),
-        )
-        .unwrap();
+        s.create_volume(&seed_name(name), &plain_volume_xml(&seed_name(name), "raw", 4096))
+            .unwrap();
         ops::delete(&s, name).unwrap();
-        assert_eq!(s.volume_path(&ops::seed_name(name)).unwrap(), None);
+        assert_eq!(s.volume_path(&seed_name(name)).unwrap(), None);
         s.delete_volume(base).unwrap();
     })
     .await

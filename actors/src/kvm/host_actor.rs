@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::kvm::host_calls::HostCall;
+use crate::kvm::redial::Redial;
+use crate::kvm::ssh_link::{LinkTarget, SshLink};
 use actix::prelude::*;
 use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::providers::kvm::host_calls::HostCall;
 use egress_proxies::providers::kvm::host_runner::RunError;
-use egress_proxies::providers::kvm::redial::Redial;
 use egress_proxies::providers::kvm::ssh_key::load_private_key;
-use egress_proxies::providers::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
 

@@ -9,9 +9,10 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use egress_proxies::providers::kvm::host_calls::HostCall;
+use crate::kvm::host_calls::HostCall;
+use crate::kvm::session::HostSession;
+use egress_proxies::providers::kvm::errors::KvmError;
 use egress_proxies::providers::kvm::ops::OpError;
-use egress_proxies::providers::kvm::session::{HostSession, KvmError};
 use tokio::sync::oneshot;
 
 /// One call boxed for the thread. Dropped unrun (the link went down, the

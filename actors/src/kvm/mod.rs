@@ -1,4 +1,7 @@
-//! The kvm provider's hosts in the running system.
+//! The kvm provider's hosts in the running system: everything that runs on
+//! a host's link. The provider (`egress_proxies::providers::kvm`) plans
+//! each request as data and reaches this module through one port, its
+//! `HostRunner`; from here on only pure pieces of the library are used.
 //!
 //! ```text
 //!  KvmProvider ──HostRunner──► router: LazyKvmHosts → KvmHosts
@@ -18,12 +21,24 @@
 //!   counts from when it starts there, not from when it was queued.
 //! - [`router`]: the provider's `HostRunner`: typed requests to the host
 //!   actors, images through the cache.
-//! - [`image_cache`]: one download per (host, image), shared by its waiters.
+//! - [`image_cache`]: one download per (host, image), shared by its waiters;
+//!   [`image_fetch`] streams an image into the pool.
+//! - [`ssh_link`], [`redial`]: the SSH link carrying libvirt's protocol, and
+//!   when to dial it again.
+//! - [`session`]: the blocking libvirt calls on one host; [`host_calls`]
+//!   the requests it serves, run through [`domain_ops`] and [`pool_sweep`].
 //!
-//! Each request is a [`HostCall`](egress_proxies::providers::kvm::host_calls::HostCall)
+//! Each request is a [`HostCall`](host_calls::HostCall)
 //! answered with its own type: no caller picks its answer out of a sum.
 
+pub mod domain_ops;
 pub mod host_actor;
+pub mod host_calls;
 pub mod image_cache;
+pub mod image_fetch;
 pub mod libvirt_thread;
+pub mod pool_sweep;
+pub mod redial;
 pub mod router;
+pub mod session;
+pub mod ssh_link;

@@ -6,16 +6,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::kvm::host_calls::{
+    CreateDomain, DeleteDomain, GetDomain, HostCall, ListManaged, ReleaseDomain, SweepPool,
+};
+use crate::kvm::image_fetch::Downloader;
 use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
 use egress_proxies::providers::KvmRunnerFactory;
-use egress_proxies::providers::kvm::host_calls::{
-    CreateDomain, DeleteDomain, GetDomain, HostCall, ListManaged, ManagedDomain, ReleaseDomain, SweepPool,
-};
 use egress_proxies::providers::kvm::host_runner::{HostRunner, RunError};
-use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, Downloader, ImageSpec};
-use egress_proxies::providers::kvm::ops::{CreatePlan, Observed, OpError, Released};
+use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, ImageSpec};
+use egress_proxies::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
 use egress_proxies::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};

@@ -10,8 +10,8 @@ use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHo
 use egress_proxies::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
 use egress_proxies::providers::kvm::libvirt::ensure_client_setup;
 use egress_proxies::providers::kvm::ssh_key::load_private_key;
-use egress_proxies::providers::kvm::ssh_link::{LinkTarget, SshLink};
 use egress_proxies::resource::Placement;
+use egress_proxies_operator::kvm::ssh_link::{LinkTarget, SshLink};
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

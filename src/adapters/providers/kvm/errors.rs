@@ -22,6 +22,35 @@ pub fn classify(code: ErrorNumber) -> ErrorClass {
     }
 }
 
+/// A failed libvirt call.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{rpc} {target}: {message}")]
+pub struct KvmError {
+    pub rpc: &'static str,
+    pub target: String,
+    pub code: Option<ErrorNumber>,
+    pub message: String,
+}
+
+impl KvmError {
+    pub fn class(&self) -> ErrorClass {
+        self.code.map_or(ErrorClass::Transient, classify)
+    }
+
+    /// The connection to the daemon itself failed (not a daemon-reported
+    /// error): the link should be re-established.
+    pub fn is_transport(&self) -> bool {
+        matches!(
+            self.code,
+            Some(ErrorNumber::Rpc | ErrorNumber::SystemError | ErrorNumber::NoConnect) | None
+        )
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.class() == ErrorClass::NotFound
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

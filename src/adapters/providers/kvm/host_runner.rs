@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::host_calls::ManagedDomain;
 use super::image::{CachedBase, ImageError, ImageSpec};
-use super::ops::{CreatePlan, Observed, OpError, Released};
+use super::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::ssh_key::KeyError;
 use crate::config::KvmHost;
@@ -111,7 +110,7 @@ pub trait HostRunner: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::kvm::session::KvmError;
+    use crate::providers::kvm::errors::KvmError;
 
     #[test]
     fn the_class_follows_the_cause() {

@@ -1,15 +1,15 @@
-//! The kvm provider's building blocks (contract: docs/kvm-internals.md):
-//! domain and volume XML, the operator's metadata element, the NoCloud seed
-//! ISO, providerIDs and libvirt error classification. Pure functions; the SSH
-//! link and the libvirt calls live beside them, as do the requests a host's
-//! libvirt session serves ([`host_calls`], each with its own answer type) and
-//! the [`host_runner::HostRunner`] through which the provider sends them (the
-//! host actors implement it; nothing here imports actix).
+//! The kvm provider (contract: docs/kvm-internals.md) and its building
+//! blocks: domain and volume XML, the operator's metadata element, the
+//! NoCloud seed ISO, providerIDs, images and libvirt error classification,
+//! the plans and answers of the operations — pure, all of it. Everything
+//! that runs on a host's link (the SSH link, its redial, the libvirt
+//! session, the requests it serves, image fetches, pool sweeps) lives with
+//! the host actors in `egress_proxies_operator::kvm`; the provider reaches
+//! it through one port, [`host_runner::HostRunner`].
 
 pub mod base_image;
 pub mod domain_xml;
 pub mod errors;
-pub mod host_calls;
 pub mod host_runner;
 pub mod image;
 pub mod image_url;
@@ -21,9 +21,6 @@ pub mod pool_gc;
 pub mod provider;
 pub mod provider_id;
 pub mod qcow2_header;
-pub mod redial;
 pub mod seed;
-pub mod session;
 pub mod ssh_key;
-pub mod ssh_link;
 pub mod volume_xml;

@@ -16,12 +16,12 @@ use super::domain_xml::DomainSpec;
 use super::host_runner::{HostRunner, RunError};
 pub use super::image::{CachedBase, ImageSpec};
 use super::metadata::InstanceMetadata;
+use super::ops::DomainRunState;
 use super::ops::{CreatePlan, Observed, Released};
 use super::placement_image;
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::provider_id::{parse, provider_id};
 use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
-use super::session::DomainRunState;
 use crate::config::{Firmware, KvmConfig, KvmHost};
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, LeftoverSweep, Op, Provider, ProviderError,

@@ -15,50 +15,9 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
-use super::errors::classify;
-use super::metadata::{self, InstanceMetadata, METADATA_PREFIX, METADATA_URI};
-use crate::provider::ErrorClass;
-
-/// A failed libvirt call.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{rpc} {target}: {message}")]
-pub struct KvmError {
-    pub rpc: &'static str,
-    pub target: String,
-    pub code: Option<ErrorNumber>,
-    pub message: String,
-}
-
-impl KvmError {
-    pub fn class(&self) -> ErrorClass {
-        self.code.map_or(ErrorClass::Transient, classify)
-    }
-
-    /// The connection to the daemon itself failed (not a daemon-reported
-    /// error): the link should be re-established.
-    pub fn is_transport(&self) -> bool {
-        matches!(
-            self.code,
-            Some(ErrorNumber::Rpc | ErrorNumber::SystemError | ErrorNumber::NoConnect) | None
-        )
-    }
-
-    pub fn is_not_found(&self) -> bool {
-        self.class() == ErrorClass::NotFound
-    }
-}
-
-/// A domain's lifecycle state, as the provider needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DomainRunState {
-    Running,
-    /// `nostate`, paused, being shut down: the next poll decides.
-    Transitional,
-    /// Shut off or crashed, and why (libvirt's state reason, in words).
-    Stopped {
-        reason: &'static str,
-    },
-}
+use egress_proxies::providers::kvm::errors::KvmError;
+use egress_proxies::providers::kvm::metadata::{self, InstanceMetadata, METADATA_PREFIX, METADATA_URI};
+use egress_proxies::providers::kvm::ops::{DomainRunState, VolumeInfo};
 
 /// libvirt's reason for a shut-off or crashed domain, as a sentence.
 fn stop_reason(reason: &virt::domain::DomainStateReasonEnum) -> &'static str {
@@ -77,15 +36,6 @@ fn stop_reason(reason: &virt::domain::DomainStateReasonEnum) -> &'static str {
         K(R::Crashed(_)) => "domain crashed",
         _ => "domain shut off (libvirt gives no reason)",
     }
-}
-
-/// A volume as the pool lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VolumeInfo {
-    pub name: String,
-    pub path: String,
-    /// The backing file of an overlay.
-    pub backing: Option<String>,
 }
 
 /// `<backingStore><path>` of a volume's XML.
@@ -201,7 +151,7 @@ impl HostSession {
     ) -> Result<T, KvmError> {
         let started = Instant::now();
         let result = f();
-        crate::telemetry::events::LibvirtCallCompleted {
+        egress_proxies::telemetry::events::LibvirtCallCompleted {
             rpc,
             duration: started.elapsed(),
         }
@@ -334,7 +284,10 @@ impl HostSession {
         chunks: impl Iterator<Item = Vec<u8>>,
     ) -> Result<u64, KvmError> {
         self.delete_volume(name)?;
-        let vol = self.create_volume_from(name, &super::volume_xml::plain_volume_xml(name, "raw", len))?;
+        let vol = self.create_volume_from(
+            name,
+            &egress_proxies::providers::kvm::volume_xml::plain_volume_xml(name, "raw", len),
+        )?;
         let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
         self.call("virStorageVolUpload", name, || vol.upload(&stream, 0, len, 0))?;
         let mut sent: u64 = 0;

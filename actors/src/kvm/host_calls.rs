@@ -4,11 +4,12 @@
 //! one at a time, on the host's libvirt thread (a host actor's worker in the
 //! running system).
 
-use super::image::{self, CachedBase, ImageSpec};
-use super::metadata::InstanceMetadata;
-use super::ops::{self, CreatePlan, Observed, OpError, Released};
-use super::pool_gc::{self, PoolSweep, SweepPlan};
-use super::session::{DomainRunState, HostSession};
+use egress_proxies::providers::kvm::image::{CachedBase, ImageSpec};
+use egress_proxies::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
+use egress_proxies::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
+
+use super::session::HostSession;
+use super::{domain_ops as ops, image_fetch as image, pool_sweep as pool_gc};
 
 /// One request to a host's libvirt session and the type it answers with.
 pub trait HostCall: Send + 'static {
@@ -66,9 +67,6 @@ impl HostCall for ReleaseDomain {
         ops::release(session, &self.0)
     }
 }
-
-/// A domain the operator marked as managed: its name, state and mark.
-pub type ManagedDomain = (String, DomainRunState, InstanceMetadata);
 
 /// Every domain on the host marked as managed.
 #[derive(Clone, Copy, Debug)]
