@@ -7,9 +7,9 @@ mod dashboard;
 mod dashboard_feed;
 mod errors;
 mod handlers;
+mod limiter;
 mod middleware;
 mod openapi;
-mod rate_limit;
 mod routes;
 pub mod types;
 
@@ -25,9 +25,9 @@ use egress_proxies::rate_limit::RateLimits;
 
 use crate::lease_store::LeaseStore;
 use errors::ApiError;
+pub use limiter::Limiter;
 pub use middleware::{Tokens, TokensError};
 pub use openapi::openapi_json;
-pub use rate_limit::Limiter;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -129,7 +129,7 @@ pub fn start_with(
                         middleware::authenticate(data_token.clone(), req, next)
                     }))
                     .wrap(from_fn(move |req, next| {
-                        rate_limit::limit(data_limiter.clone(), req, next)
+                        limiter::limit(data_limiter.clone(), req, next)
                     }))
                     .route(web::get().to(dashboard::data)),
             )
@@ -141,7 +141,7 @@ pub fn start_with(
                         middleware::authenticate(stream_token.clone(), req, next)
                     }))
                     .wrap(from_fn(move |req, next| {
-                        rate_limit::limit(stream_limiter.clone(), req, next)
+                        limiter::limit(stream_limiter.clone(), req, next)
                     }))
                     .route(web::get().to(dashboard_feed::stream)),
             )
@@ -149,7 +149,7 @@ pub fn start_with(
             .service(
                 guarded("/dashboard", "GET")
                     .wrap(from_fn(move |req, next| {
-                        rate_limit::limit(page_limiter.clone(), req, next)
+                        limiter::limit(page_limiter.clone(), req, next)
                     }))
                     .route(web::get().to(dashboard::page)),
             )
@@ -163,7 +163,7 @@ pub fn start_with(
                     }))
                     .wrap(from_fn(middleware::traced))
                     .wrap(from_fn(move |req, next| {
-                        rate_limit::limit(limiter.clone(), req, next)
+                        limiter::limit(limiter.clone(), req, next)
                     }))
                     .service(guarded(routes::PROXIES, "GET").route(web::get().to(handlers::list_proxies)))
                     .service(guarded(routes::LEASES, "POST").route(web::post().to(handlers::acquire)))

@@ -12,7 +12,7 @@
 //! through it (docs/standalone.md names the settings).
 
 mod bursts;
-mod file_limit;
+mod connection_cap;
 mod slots;
 mod tracked;
 
@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 pub use bursts::Bursts;
-pub use file_limit::{MAX_CONNECTIONS, RESERVED_FDS, connection_cap};
+pub use connection_cap::{MAX_CONNECTIONS, RESERVED_FDS, connection_cap};
 pub use slots::{ConnectionSlots, InFlight, Phase, Slot};
 pub use tracked::Tracked;
 
