@@ -289,7 +289,7 @@ pub fn settle_error(
     }
 }
 
-fn has_finalizer(proxy: &Proxy) -> bool {
+pub(super) fn has_finalizer(proxy: &Proxy) -> bool {
     proxy
         .metadata
         .finalizers

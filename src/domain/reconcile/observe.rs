@@ -9,11 +9,11 @@
 use crate::credentials::ProxyCredentials;
 use crate::provider::{CloudInitBytes, Provider, ProviderId, spec_hash};
 use crate::resource::{
-    CredentialsSecretRef, Endpoint, FINALIZER, Mode, ObjectKey, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
+    CredentialsSecretRef, Endpoint, Mode, ObjectKey, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
 };
 use crate::store::CloudInitError;
 
-use super::decide::{Desired, EndpointSeen, ManagedSeen, Recorded, Seen, annotation};
+use super::decide::{Desired, EndpointSeen, ManagedSeen, Recorded, Seen, annotation, has_finalizer};
 use super::{Context, Memory, ReconcileError, endpoint_admission};
 
 /// Looks at what deciding about `proxy` needs.
@@ -25,13 +25,8 @@ pub(super) async fn observe(proxy: &Proxy, ctx: &Context, memory: &mut Memory) -
         .and_then(|name| ctx.providers.get(name))
         .map(AsRef::as_ref);
     if proxy.metadata.deletion_timestamp.is_some() {
-        let ours = proxy
-            .metadata
-            .finalizers
-            .as_ref()
-            .is_some_and(|f| f.iter().any(|f| f == FINALIZER));
         // Without the finalizer nothing of the operator's is left to look at.
-        return Seen::Deleting(match ours {
+        return Seen::Deleting(match has_finalizer(proxy) {
             true => recorded(proxy, provider).await,
             false => Recorded::None,
         });
@@ -94,12 +89,9 @@ async fn managed(
         Ok(c) => c,
         Err(e) => return ManagedSeen::Unresolved(e),
     };
-    let recorded = match provider_id(proxy) {
-        Some(id) => {
-            let answer = provider.get(&id).await;
-            Some((id, answer))
-        }
-        None => None,
+    let recorded = match recorded(proxy, Some(provider)).await {
+        Recorded::Seen(id, answer) => Some((id, answer)),
+        Recorded::None | Recorded::Unreachable(_) => None,
     };
     ManagedSeen::Resolved {
         desired: Box::new(Desired {

@@ -83,8 +83,9 @@ impl Schedule {
     /// When to run the next reconcile after one ended with `outcome`;
     /// `None`: only when something changes.
     pub fn after(&mut self, outcome: &Result<Next, ReconcileError>, timing: &Timing) -> Option<Duration> {
-        let Ok(next) = outcome else {
-            return outcome.as_ref().err().and_then(|e| self.after_error(e, timing));
+        let next = match outcome {
+            Ok(next) => next,
+            Err(error) => return self.after_error(error, timing),
         };
         self.errors.reset();
         self.quota.reset();

@@ -24,6 +24,15 @@ fn installation() -> InstallationId {
     ID.get_or_init(InstallationId::generate).clone()
 }
 
+/// The rules of an installation with the default replacement backoff, admitting every endpoint.
+fn rules(installation: &InstallationId) -> Rules<'_> {
+    Rules {
+        installation,
+        replacement: ReplacementBackoff::default(),
+        external_endpoints: None,
+    }
+}
+
 fn hash() -> SpecHash {
     spec_hash("sim", &Placement::default(), 3128, None)
 }
@@ -730,11 +739,8 @@ fn every_documented_transition_plans_what_docs_reconcile_md_says() {
         wall: wall(),
         mono: Instant::now(),
     };
-    let rules = Rules {
-        installation: &installation(),
-        replacement: ReplacementBackoff::default(),
-        external_endpoints: None,
-    };
+    let ours = installation();
+    let rules = rules(&ours);
     let rows = table(now);
     let mut failures = Vec::new();
     for row in rows {
@@ -778,11 +784,8 @@ fn a_created_instance_carries_the_proxy_its_installation_and_credentials() {
         wall: wall(),
         mono: Instant::now(),
     };
-    let rules = Rules {
-        installation: &installation(),
-        replacement: ReplacementBackoff::default(),
-        external_endpoints: None,
-    };
+    let ours = installation();
+    let rules = rules(&ours);
     let proxy = P::managed()
         .spec("placement", json!({"zone": "z1"}))
         .annotate(RETIRING_ANNOTATION, "x")
@@ -823,11 +826,8 @@ fn a_created_instance_carries_the_proxy_its_installation_and_credentials() {
 
 #[test]
 fn a_first_status_is_held_for_the_first_verdict_until_due() {
-    let rules = Rules {
-        installation: &installation(),
-        replacement: ReplacementBackoff::default(),
-        external_endpoints: None,
-    };
+    let ours = installation();
+    let rules = rules(&ours);
     let start = Instant::now();
     let at = |secs: u64| Now {
         wall: wall(),
