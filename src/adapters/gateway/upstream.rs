@@ -83,28 +83,36 @@ impl UpstreamPool {
     /// Keeps `connection` for the next request to `url` once its response
     /// has ended and it is ready again (never, if it closes).
     pub fn give_back(self: &Arc<Self>, url: String, mut connection: Connection) {
+        // Usually ready already (the response has ended): kept at once,
+        // without a task of its own.
+        if connection.sender.is_ready() {
+            return self.keep(url, connection);
+        }
         let pool = self.clone();
         tokio::spawn(async move {
             let ready = tokio::time::timeout(READY_WITHIN, connection.sender.ready()).await;
-            if !matches!(ready, Ok(Ok(()))) {
-                return;
+            if matches!(ready, Ok(Ok(()))) {
+                pool.keep(url, connection);
             }
-            let mut guard = pool.locked();
-            let (by_url, count) = &mut *guard;
-            if *count >= MAX_IDLE {
-                return;
-            }
-            let idle = by_url.entry(url).or_default();
-            if idle.len() >= MAX_IDLE_PER_PROXY {
-                return;
-            }
-            idle.push(Idle {
-                sender: connection.sender,
-                meter: connection.meter,
-                since: Instant::now(),
-            });
-            *count += 1;
         });
+    }
+
+    fn keep(&self, url: String, connection: Connection) {
+        let mut guard = self.locked();
+        let (by_url, count) = &mut *guard;
+        if *count >= MAX_IDLE {
+            return;
+        }
+        let idle = by_url.entry(url).or_default();
+        if idle.len() >= MAX_IDLE_PER_PROXY {
+            return;
+        }
+        idle.push(Idle {
+            sender: connection.sender,
+            meter: connection.meter,
+            since: Instant::now(),
+        });
+        *count += 1;
     }
 }
 
