@@ -1,14 +1,11 @@
 //! The gateway's wiring (docs/gateway.md): its listener
-//! (`egress_proxies::gateway`) leases from the [`LeaseStore`] in process,
-//! through the same `Acquire`/`Release` messages as the discovery API, so
-//! both share one book.
+//! (`egress_proxies::gateway`) leases from the lease store's book in
+//! process, at its [`LeaseDesk`] on the gateway's own threads, so API
+//! leases and gateway traffic share one book.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Addr;
 use egress_proxies::config::GatewaySettings;
 use egress_proxies::destinations::DestinationPolicy;
 use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream};
@@ -16,23 +13,19 @@ use egress_proxies::guarded_listener::ListenerSettings;
 use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;
-use crate::lease_store::{Acquire, LeaseStore, Release, Renew, Report};
+use crate::lease_store::LeaseDesk;
 
 /// Asked for every gateway lease; the book caps it at `maxLeaseTtl`. A
 /// tunnel's lease is renewed while it stays open, and every lease is
 /// released the moment its request or tunnel ends.
 const LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// The lease store as the gateway sees it. Every call goes through one
-/// mailbox, in the order made.
-struct StoreLeases(Addr<LeaseStore>);
-
-fn restarting(e: actix::MailboxError) -> GatewayError {
-    GatewayError::LeaseStore(format!("the lease store is restarting ({e})"))
-}
+/// The lease store as the gateway sees it: its desk, each call done when
+/// it returns (in the order made).
+struct StoreLeases(LeaseDesk);
 
 impl Leases for StoreLeases {
-    fn acquire(&self, ask: Ask) -> Pin<Box<dyn Future<Output = Result<Upstream, GatewayError>> + Send>> {
+    fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError> {
         let request = AcquireRequest {
             target: ask.target,
             selector: ask.selector,
@@ -40,46 +33,35 @@ impl Leases for StoreLeases {
             client: Some(ask.client),
             prefer: ask.prefer,
         };
-        let asked = self.0.send(Acquire(request));
-        Box::pin(async move {
-            let grant = asked.await.map_err(restarting)?.map_err(|e| match e {
-                AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
-                other => GatewayError::LeaseStore(other.to_string()),
-            })?;
-            Ok(Upstream {
+        self.0
+            .acquire(&request)
+            .map(|grant| Upstream {
                 lease_id: grant.id,
                 proxy: grant.proxy,
                 url: grant.url,
                 credentials: grant.credentials,
                 ttl: grant.ttl,
             })
-        })
+            .map_err(|e| match e {
+                AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
+                other => GatewayError::LeaseStore(other.to_string()),
+            })
     }
 
     fn release(&self, lease_id: String) {
-        self.0.do_send(Release(lease_id));
+        self.0.release(&lease_id);
     }
 
     fn report(&self, lease_id: String, outcome: Outcome, detail: String) {
-        self.0.do_send(Report {
-            id: lease_id,
-            outcome,
-            detail: Some(detail),
-        });
+        // Unknown: the lease ended meanwhile (expired); nothing to count.
+        let _ = self.0.report(&lease_id, outcome, detail);
     }
 
-    fn renew(&self, lease_id: String) -> Pin<Box<dyn Future<Output = Result<(), GatewayError>> + Send>> {
-        let asked = self.0.send(Renew {
-            id: lease_id,
-            ttl: None,
-        });
-        Box::pin(async move {
-            asked
-                .await
-                .map_err(restarting)?
-                .map(|_| ())
-                .map_err(|e| GatewayError::LeaseStore(e.to_string()))
-        })
+    fn renew(&self, lease_id: String) -> Result<(), GatewayError> {
+        self.0
+            .renew(&lease_id)
+            .map(|_| ())
+            .map_err(|e| GatewayError::LeaseStore(e.to_string()))
     }
 }
 
@@ -88,7 +70,7 @@ impl Leases for StoreLeases {
 /// loopback.
 pub fn start(
     listener: std::net::TcpListener,
-    store: Addr<LeaseStore>,
+    desk: LeaseDesk,
     tokens: &Tokens,
     settings: &GatewaySettings,
 ) -> Result<(), GatewayError> {
@@ -108,7 +90,7 @@ pub fn start(
         destinations: Arc::new(DestinationPolicy::new(&settings.destinations, &[])),
         settings: settings.clone(),
         token,
-        leases: Arc::new(StoreLeases(store)),
+        leases: Arc::new(StoreLeases(desk)),
     };
     let settings = ListenerSettings::for_file_limit(gateway::FDS_PER_CONNECTION);
     let threads = gateway_threads()?;

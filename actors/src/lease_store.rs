@@ -4,6 +4,7 @@
 //! answer leaves: a grant the journal could not keep is taken back and
 //! answered 503, so no client holds a lease a restart would forget.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -138,7 +139,10 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// A grant whose journal has not made it durable by then is taken back (503).
 const DURABLE_WITHIN: Duration = Duration::from_secs(5);
 
-pub struct LeaseStore {
+/// The lease store's state: the book, its journal and counters. Held
+/// behind one lock, shared by the [`LeaseStore`] actor and the gateway's
+/// [`LeaseDesk`], so that both lease from one book.
+pub struct Ledger {
     book: LeaseBook,
     stats: LeaseStats,
     recent_denials: std::collections::VecDeque<(String, jiff::Timestamp)>,
@@ -147,6 +151,18 @@ pub struct LeaseStore {
     unsaved: Vec<LeaseChange>,
     last_prune: Instant,
     tenure: Option<Tenure>,
+}
+
+type Shared = Arc<Mutex<Ledger>>;
+
+fn locked(ledger: &Shared) -> MutexGuard<'_, Ledger> {
+    // A panic under the lock is what supervision restarts the store for;
+    // its `restarting` rebuilds the book from its records.
+    ledger.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub struct LeaseStore {
+    ledger: Shared,
     pools: std::collections::BTreeMap<ObjectKey, PoolReport>,
 }
 
@@ -157,7 +173,7 @@ impl LeaseStore {
     }
 
     pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits) -> Self {
-        Self {
+        Self::holding(Ledger {
             book: LeaseBook::with_limits(settings, limits),
             stats: LeaseStats::default(),
             recent_denials: std::collections::VecDeque::new(),
@@ -165,6 +181,12 @@ impl LeaseStore {
             unsaved: Vec::new(),
             last_prune: Instant::now(),
             tenure: None,
+        })
+    }
+
+    fn holding(ledger: Ledger) -> Self {
+        Self {
+            ledger: Arc::new(Mutex::new(ledger)),
             pools: std::collections::BTreeMap::new(),
         }
     }
@@ -181,14 +203,34 @@ impl LeaseStore {
             rests = snapshot.target_rests.len() + snapshot.proxy_rests.len(),
             "lease state restored"
         );
-        let mut store = Self::with_limits(settings, limits);
-        store.book.restore(snapshot, Instant::now());
-        store.book.journal_changes();
-        store.journal = Some(journal);
-        metrics().leases_active.set(store.book.active_leases() as i64);
+        let store = Self::with_limits(settings, limits);
+        {
+            let mut ledger = store.ledger();
+            ledger.book.restore(snapshot, Instant::now());
+            ledger.book.journal_changes();
+            ledger.journal = Some(journal);
+            metrics().leases_active.set(ledger.book.active_leases() as i64);
+        }
         Ok(store)
     }
 
+    /// Grants only while `tenure` lasts, checked at the moment of each grant.
+    pub fn with_tenure(self, tenure: Tenure) -> Self {
+        self.ledger().tenure = Some(tenure);
+        self
+    }
+
+    /// The gateway's way to the same book, without the mailbox.
+    pub fn desk(&self) -> LeaseDesk {
+        LeaseDesk(self.ledger.clone())
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        locked(&self.ledger)
+    }
+}
+
+impl Ledger {
     /// Hands the book's latest changes to the journal.
     fn persist(&mut self) -> Result<Durable, JournalError> {
         let Some(journal) = self.journal.as_mut() else {
@@ -213,11 +255,58 @@ impl LeaseStore {
             }
         }
     }
+}
 
-    /// Grants only while `tenure` lasts, checked at the moment of each grant.
-    pub fn with_tenure(mut self, tenure: Tenure) -> Self {
-        self.tenure = Some(tenure);
-        self
+/// The gateway's counter at the lease book: it takes, reports, renews and
+/// gives back its leases on its own threads, under the book's lock,
+/// instead of a mailbox round trip per request (two thread wake-ups each;
+/// docs/benchmarks.md). Each call is done when it returns, so a failure
+/// reported on one try is in the book before the next try is leased.
+/// Gateway leases are never journaled (they end with the process), so no
+/// call waits for a write; what else changed (a rest, a report) is written
+/// behind, a failure logged there.
+#[derive(Clone)]
+pub struct LeaseDesk(Shared);
+
+impl LeaseDesk {
+    /// A gateway lease (`request.client` names the gateway), or why not.
+    pub fn acquire(&self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
+        debug_assert!(request.client.as_deref().is_some_and(is_gateway_client));
+        let mut ledger = locked(&self.0);
+        let result = if ledger.leading() {
+            ledger.book.acquire(request, Instant::now())
+        } else {
+            Err(AcquireError::NotLeader)
+        };
+        let _ = ledger.persist();
+        ledger.account(&result);
+        result
+    }
+
+    /// Gives a lease back.
+    pub fn release(&self, id: &str) {
+        let mut ledger = locked(&self.0);
+        ledger.release(id);
+        let _ = ledger.persist();
+    }
+
+    /// Reports how a lease's proxy did.
+    pub fn report(&self, id: &str, outcome: Outcome, detail: String) -> Result<(), UnknownLease> {
+        let mut ledger = locked(&self.0);
+        let result = ledger.book.report(id, outcome, Some(detail), Instant::now());
+        let _ = ledger.persist();
+        result
+    }
+
+    /// Extends a lease by its TTL.
+    pub fn renew(&self, id: &str) -> Result<Duration, RenewError> {
+        let mut ledger = locked(&self.0);
+        if !ledger.leading() {
+            return Err(RenewError::NotLeader);
+        }
+        let renewed = ledger.book.renew(id, None, Instant::now());
+        let _ = ledger.persist();
+        renewed
     }
 }
 
@@ -232,24 +321,25 @@ impl Actor for LeaseStore {
         crate::supervision::report_singleton("lease_store", "running", 0);
         crate::supervision::beat_while_running::<Self>("lease_store", ctx);
         ctx.run_interval(Duration::from_secs(1), |store, _| {
-            let expired = store.book.sweep(Instant::now());
-            let _ = store.persist();
-            if store.last_prune.elapsed() >= PRUNE_EVERY
-                && let Some(journal) = store.journal.as_mut()
+            let mut ledger = store.ledger();
+            let expired = ledger.book.sweep(Instant::now());
+            let _ = ledger.persist();
+            if ledger.last_prune.elapsed() >= PRUNE_EVERY
+                && let Some(journal) = ledger.journal.as_mut()
             {
-                store.last_prune = Instant::now();
                 if let Err(e) = journal.prune(jiff::Timestamp::now()) {
                     tracing::warn!(error = %e, "pruning ended lease state failed");
                 }
+                ledger.last_prune = Instant::now();
             }
             crate::supervision::report_singleton(
                 "lease_store",
-                &format!("{} active leases", store.book.active_leases()),
+                &format!("{} active leases", ledger.book.active_leases()),
                 0,
             );
-            store.stats.expired += expired as u64;
+            ledger.stats.expired += expired as u64;
             if expired > 0 {
-                LeaseEvent::Expired { count: expired }.emit(store.book.active_leases());
+                LeaseEvent::Expired { count: expired }.emit(ledger.book.active_leases());
             }
         });
     }
@@ -260,16 +350,18 @@ impl actix::Supervised for LeaseStore {
         // Answers waiting on the journal went with the old context (their
         // callers hear 503). The book is rebuilt from its records: the crash
         // may have left its indexes half-updated.
+        let mut ledger = self.ledger();
         let now = Instant::now();
-        let mut book = self.book.rebuilt(now);
-        if self.journal.is_some() {
-            self.unsaved.extend(self.book.take_changes());
+        let mut book = ledger.book.rebuilt(now);
+        if ledger.journal.is_some() {
+            let changes = ledger.book.take_changes();
+            ledger.unsaved.extend(changes);
             book.journal_changes();
         }
-        self.book = book;
-        let _ = self.persist();
+        ledger.book = book;
+        let _ = ledger.persist();
         tracing::info!(
-            leases = self.book.active_leases(),
+            leases = ledger.book.active_leases(),
             "lease store restarted with its leases and rests"
         );
     }
@@ -278,19 +370,20 @@ impl actix::Supervised for LeaseStore {
 impl Handler<UpdateAvailability> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: UpdateAvailability, _: &mut Self::Context) {
-        self.book.upsert(msg.0, Instant::now());
+        self.ledger().book.upsert(msg.0, Instant::now());
     }
 }
 
 impl Handler<RemoveProxy> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: RemoveProxy, _: &mut Self::Context) {
-        self.book.remove(&msg.0, Instant::now());
-        let _ = self.persist();
+        let mut ledger = self.ledger();
+        ledger.book.remove(&msg.0, Instant::now());
+        let _ = ledger.persist();
     }
 }
 
-impl LeaseStore {
+impl Ledger {
     /// Takes back a grant that could not be made durable: never hand out a
     /// lease a restart or failover would forget.
     fn take_back(&mut self, grant: &Grant, why: &JournalError) -> AcquireError {
@@ -327,27 +420,36 @@ impl LeaseStore {
         };
         event.emit(self.book.active_leases());
     }
-}
 
-impl LeaseStore {
     fn leading(&self) -> bool {
         self.tenure.as_ref().is_none_or(Tenure::is_leading)
+    }
+
+    /// Ends a lease; whether it was held.
+    fn release(&mut self, id: &str) -> bool {
+        let held = self.book.release(id, Instant::now());
+        if held {
+            self.stats.released += 1;
+            metrics().leases_active.set(self.book.active_leases() as i64);
+        }
+        held
     }
 }
 
 impl Handler<Acquire> for LeaseStore {
     type Result = ResponseActFuture<Self, Result<Grant, AcquireError>>;
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
-        if !self.leading() {
+        let mut ledger = self.ledger();
+        if !ledger.leading() {
             let result = Err(AcquireError::NotLeader);
-            self.account(&result);
+            ledger.account(&result);
             return Box::pin(fut::ready(result));
         }
-        let grant = match self.book.acquire(&msg.0, Instant::now()) {
+        let grant = match ledger.book.acquire(&msg.0, Instant::now()) {
             Ok(grant) => grant,
             Err(e) => {
                 let result = Err(e);
-                self.account(&result);
+                ledger.account(&result);
                 return Box::pin(fut::ready(result));
             }
         };
@@ -355,24 +457,25 @@ impl Handler<Acquire> for LeaseStore {
             // Never journaled (it ends with this process): nothing to wait
             // for. Whatever else changed is written behind (a failure is
             // logged there).
-            let _ = self.persist();
+            let _ = ledger.persist();
             let result = Ok(grant);
-            self.account(&result);
+            ledger.account(&result);
             return Box::pin(fut::ready(result));
         }
-        self.when_durable(move |outcome, store| {
+        drop(ledger);
+        self.when_durable(move |outcome, ledger| {
             let result = match outcome {
                 // Written, but leadership lapsed meanwhile: the next leader
                 // may not have read it.
-                Ok(()) if !store.leading() => {
-                    store.book.cancel(&grant.id, Instant::now());
-                    let _ = store.persist();
+                Ok(()) if !ledger.leading() => {
+                    ledger.book.cancel(&grant.id, Instant::now());
+                    let _ = ledger.persist();
                     Err(AcquireError::NotLeader)
                 }
                 Ok(()) => Ok(grant),
-                Err(e) => Err(store.take_back(&grant, &e)),
+                Err(e) => Err(ledger.take_back(&grant, &e)),
             };
-            store.account(&result);
+            ledger.account(&result);
             result
         })
     }
@@ -380,22 +483,27 @@ impl Handler<Acquire> for LeaseStore {
 
 impl LeaseStore {
     /// Waits (at most [`DURABLE_WITHIN`]) until the changes just made are
-    /// durable, then answers with `finish(outcome, store)`.
+    /// durable, then answers with `finish(outcome, ledger)`.
     fn when_durable<T: 'static>(
         &mut self,
-        finish: impl FnOnce(Result<(), JournalError>, &mut Self) -> T + 'static,
+        finish: impl FnOnce(Result<(), JournalError>, &mut Ledger) -> T + 'static,
     ) -> ResponseActFuture<Self, T> {
-        match self.persist() {
-            Ok(Durable::Now) => Box::pin(fut::ready(finish(Ok(()), self))),
-            Err(e) => Box::pin(fut::ready(finish(Err(e), self))),
-            Ok(Durable::Later(flush)) => Box::pin(
-                async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
-                    .into_actor(self)
-                    .map(|flushed, store, _| {
-                        let outcome = flushed.unwrap_or_else(|_| Err(JournalError::Timeout(DURABLE_WITHIN)));
-                        finish(outcome, store)
-                    }),
-            ),
+        let mut ledger = self.ledger();
+        match ledger.persist() {
+            Ok(Durable::Now) => Box::pin(fut::ready(finish(Ok(()), &mut ledger))),
+            Err(e) => Box::pin(fut::ready(finish(Err(e), &mut ledger))),
+            Ok(Durable::Later(flush)) => {
+                drop(ledger);
+                Box::pin(
+                    async move { tokio::time::timeout(DURABLE_WITHIN, flush).await }
+                        .into_actor(self)
+                        .map(|flushed, store, _| {
+                            let outcome =
+                                flushed.unwrap_or_else(|_| Err(JournalError::Timeout(DURABLE_WITHIN)));
+                            finish(outcome, &mut store.ledger())
+                        }),
+                )
+            }
         }
     }
 
@@ -415,11 +523,7 @@ impl LeaseStore {
 impl Handler<Release> for LeaseStore {
     type Result = ResponseActFuture<Self, bool>;
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
-        let held = self.book.release(&msg.0, Instant::now());
-        if held {
-            self.stats.released += 1;
-            metrics().leases_active.set(self.book.active_leases() as i64);
-        }
+        let held = self.ledger().release(&msg.0);
         self.answer_when_durable(held)
     }
 }
@@ -427,7 +531,10 @@ impl Handler<Release> for LeaseStore {
 impl Handler<Report> for LeaseStore {
     type Result = ResponseActFuture<Self, Result<(), UnknownLease>>;
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
-        let result = self.book.report(&msg.id, msg.outcome, msg.detail, Instant::now());
+        let result = self
+            .ledger()
+            .book
+            .report(&msg.id, msg.outcome, msg.detail, Instant::now());
         self.answer_when_durable(result)
     }
 }
@@ -435,17 +542,19 @@ impl Handler<Report> for LeaseStore {
 impl Handler<Renew> for LeaseStore {
     type Result = ResponseActFuture<Self, Result<Duration, RenewError>>;
     fn handle(&mut self, msg: Renew, _: &mut Self::Context) -> Self::Result {
-        if !self.leading() {
+        let mut ledger = self.ledger();
+        if !ledger.leading() {
             return Box::pin(fut::ready(Err(RenewError::NotLeader)));
         }
-        let ttl = match self.book.renew(&msg.id, msg.ttl, Instant::now()) {
+        let ttl = match ledger.book.renew(&msg.id, msg.ttl, Instant::now()) {
             Ok(ttl) => ttl,
             Err(e) => return Box::pin(fut::ready(Err(e))),
         };
+        drop(ledger);
         // Like a grant, a renewal is answered once durable: a forgotten one
         // would free the proxy while its crawler still uses it.
-        self.when_durable(move |outcome, store| match outcome {
-            Ok(()) if store.leading() => Ok(ttl),
+        self.when_durable(move |outcome, ledger| match outcome {
+            Ok(()) if ledger.leading() => Ok(ttl),
             Ok(()) => Err(RenewError::NotLeader),
             Err(e) => Err(RenewError::Unavailable(format!(
                 "the renewal could not be saved: {e}"
@@ -457,14 +566,14 @@ impl Handler<Renew> for LeaseStore {
 impl Handler<GetLeaseFootprint> for LeaseStore {
     type Result = MessageResult<GetLeaseFootprint>;
     fn handle(&mut self, _: GetLeaseFootprint, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.footprint())
+        MessageResult(self.ledger().book.footprint())
     }
 }
 
 impl Handler<GetPoolFigures> for LeaseStore {
     type Result = MessageResult<GetPoolFigures>;
     fn handle(&mut self, ask: GetPoolFigures, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.pool_figures(&ask.pool, &ask.members))
+        MessageResult(self.ledger().book.pool_figures(&ask.pool, &ask.members))
     }
 }
 
@@ -489,19 +598,20 @@ impl Handler<ForgetPool> for LeaseStore {
 impl Handler<ListProxies> for LeaseStore {
     type Result = MessageResult<ListProxies>;
     fn handle(&mut self, _: ListProxies, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.book.proxies())
+        MessageResult(self.ledger().book.proxies())
     }
 }
 
 impl Handler<GetLeaseDashboard> for LeaseStore {
     type Result = MessageResult<GetLeaseDashboard>;
     fn handle(&mut self, _: GetLeaseDashboard, _: &mut Self::Context) -> Self::Result {
-        let mut stats = self.stats;
-        stats.active = self.book.active_leases();
+        let ledger = self.ledger();
+        let mut stats = ledger.stats;
+        stats.active = ledger.book.active_leases();
         MessageResult(LeaseDashboard {
-            proxies: self.book.proxies(),
+            proxies: ledger.book.proxies(),
             stats,
-            recent_denials: self.recent_denials.iter().cloned().collect(),
+            recent_denials: ledger.recent_denials.iter().cloned().collect(),
             pools: self.pools.values().cloned().collect(),
         })
     }
@@ -510,9 +620,10 @@ impl Handler<GetLeaseDashboard> for LeaseStore {
 impl Handler<GetLeaseStats> for LeaseStore {
     type Result = MessageResult<GetLeaseStats>;
     fn handle(&mut self, _: GetLeaseStats, _: &mut Self::Context) -> Self::Result {
+        let ledger = self.ledger();
         MessageResult(LeaseStats {
-            active: self.book.active_leases(),
-            ..self.stats
+            active: ledger.book.active_leases(),
+            ..ledger.stats
         })
     }
 }

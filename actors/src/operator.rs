@@ -315,7 +315,7 @@ async fn operate(
             // until it exits), and only the leader is ready, so the Service routes
             // crawlers to it.
             if let Some(Gateway { listener, settings }) = gateway {
-                crate::gateway::start(listener, running.leases.clone(), &tokens, &settings)?;
+                crate::gateway::start(listener, running.lease_desk.clone(), &tokens, &settings)?;
             }
             PoolRegistry::new(PoolContext {
                 leases: Some(running.leases.clone()),

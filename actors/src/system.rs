@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
 use crate::health_prober::{HealthProber, ProbeThreads};
-use crate::lease_store::LeaseStore;
+use crate::lease_store::{LeaseDesk, LeaseStore};
 use crate::proxy_actor::Timing;
 use crate::proxy_registry::ProxyRegistry;
 use crate::supervision::{self, Node};
@@ -55,6 +55,8 @@ pub struct Running {
     pub registry: Addr<ProxyRegistry>,
     pub prober: Addr<HealthProber>,
     pub leases: Addr<LeaseStore>,
+    /// The same book as `leases`, for the gateway to lease on its own threads.
+    pub lease_desk: LeaseDesk,
     pub gc: Addr<GcSweeper>,
     /// Where the health probes run (stopped when this is dropped).
     pub probe_threads: ProbeThreads,
@@ -108,6 +110,7 @@ pub fn start(
     if let Some(tenure) = settings.tenure {
         leases = leases.with_tenure(tenure);
     }
+    let lease_desk = leases.desk();
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.
     let leases = supervision::start_in_arbiter(
@@ -129,6 +132,7 @@ pub fn start(
         registry,
         prober,
         leases,
+        lease_desk,
         gc,
         probe_threads,
     })

@@ -15,9 +15,7 @@ mod sessions;
 mod upstream;
 pub mod username;
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 
 use data_encoding::BASE64;
 use http::StatusCode;
@@ -70,19 +68,18 @@ pub struct Upstream {
     pub ttl: std::time::Duration,
 }
 
-type Answer<T> = Pin<Box<dyn Future<Output = Result<T, GatewayError>> + Send>>;
-
-/// The lease store, in process. Calls from one gateway task reach the store
-/// in the order made (a report is counted before the next acquire).
+/// The lease store, in process. Each call is done when it returns, so
+/// calls reach the book in the order made (a failure reported on one try
+/// counts before the next try is leased); none waits on I/O.
 pub trait Leases: Send + Sync + 'static {
     /// A lease on the best proxy for the ask, or why not.
-    fn acquire(&self, ask: Ask) -> Answer<Upstream>;
-    /// Gives a lease back (fire and forget: a lost release expires anyway).
+    fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError>;
+    /// Gives a lease back.
     fn release(&self, lease_id: String);
-    /// Reports how the proxy did (fire and forget, like a crawler's report).
+    /// Reports how the proxy did, like a crawler's report.
     fn report(&self, lease_id: String, outcome: Outcome, detail: String);
     /// Extends a lease by its TTL.
-    fn renew(&self, lease_id: String) -> Answer<()>;
+    fn renew(&self, lease_id: String) -> Result<(), GatewayError>;
 }
 
 /// Everything the gateway refuses or fails at, each answered with its own

@@ -98,7 +98,7 @@ impl Held {
         self.renewal = Some(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                if let Err(e) = leases.renew(id.clone()).await {
+                if let Err(e) = leases.renew(id.clone()) {
                     tracing::warn!(error = %e, "a tunnel's lease could not be renewed; its proxy may be leased again");
                 }
             }
@@ -366,7 +366,7 @@ impl Gateway {
         }
         let mut pause = CAPACITY_POLL.0;
         let upstream = loop {
-            match self.options.leases.acquire(wanted.ask.clone()).await {
+            match self.options.leases.acquire(wanted.ask.clone()) {
                 Err(GatewayError::NoProxy { .. }) if Instant::now() + pause < until => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(CAPACITY_POLL.1);
