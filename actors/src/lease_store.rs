@@ -627,3 +627,92 @@ impl Handler<GetLeaseStats> for LeaseStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_proxies::lease::{Availability, GATEWAY_CLIENT};
+
+    fn ready(name: &str) -> Availability {
+        Availability {
+            key: ObjectKey::new("ns", name),
+            ready: true,
+            phase: "Ready".into(),
+            healthy: Some(true),
+            url: Some(format!("http://{name}:3128")),
+            attributes: Default::default(),
+            latency: Some(Duration::from_millis(5)),
+            credentials: None,
+            retiring: false,
+        }
+    }
+
+    fn ask(client: &str) -> AcquireRequest {
+        AcquireRequest {
+            target: "example.com".into(),
+            client: Some(client.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The desk and the mailbox lease from one book: a gateway lease fills
+    /// the proxy for an API client and the other way round.
+    #[actix_rt::test]
+    async fn the_desk_and_the_mailbox_share_one_book() {
+        let settings = LeaseSettings {
+            capacity: 1,
+            cooldown: Duration::ZERO,
+            ..Default::default()
+        };
+        let store = LeaseStore::new(settings);
+        let desk = store.desk();
+        let store = store.start();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+
+        let gateway = desk.acquire(&ask(GATEWAY_CLIENT)).expect("a gateway lease");
+        let api = store.send(Acquire(ask("crawler"))).await.unwrap();
+        assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "{api:?}");
+
+        desk.release(&gateway.id);
+        let api = store.send(Acquire(ask("crawler"))).await.unwrap().expect("freed");
+        let refused = desk.acquire(&ask(GATEWAY_CLIENT));
+        assert!(
+            matches!(refused, Err(AcquireError::NoCapacity { .. })),
+            "{refused:?}"
+        );
+
+        assert!(store.send(Release(api.id)).await.unwrap());
+        let stats = store.send(GetLeaseStats).await.unwrap();
+        assert_eq!(
+            (stats.granted, stats.denied, stats.released, stats.active),
+            (2, 2, 2, 0)
+        );
+    }
+
+    /// A report at the desk is in the book when it returns: the next
+    /// acquire already avoids the proxy it rested.
+    #[actix_rt::test]
+    async fn a_report_at_the_desk_counts_before_the_next_acquire() {
+        let settings = LeaseSettings {
+            capacity: 0,
+            cooldown: Duration::ZERO,
+            ..Default::default()
+        };
+        let store = LeaseStore::new(settings);
+        let desk = store.desk();
+        let store = store.start();
+        for name in ["a", "b"] {
+            store.send(UpdateAvailability(ready(name))).await.unwrap();
+        }
+        let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
+        desk.report(&first.id, Outcome::Error, "gateway: refused".into())
+            .unwrap();
+        desk.release(&first.id);
+        for _ in 0..10 {
+            let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
+            assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
+            desk.release(&next.id);
+        }
+        assert!(matches!(desk.renew("no-such-lease"), Err(RenewError::Unknown(_))));
+    }
+}
