@@ -68,6 +68,8 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = open(dir.path());
     assert_eq!(log.load(now()).unwrap(), LeaseSnapshot::default());
+    // Instants compared after the reopen are taken once: a second may pass meanwhile.
+    let (rest_until, extended_to) = (later(30), later(700));
     write(
         &mut log,
         &[
@@ -77,7 +79,7 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
             LeaseChange::TargetRest {
                 target: "example.org".into(),
                 proxy: key("b"),
-                until: later(30),
+                until: rest_until,
             },
             // A shorter rest never shortens a longer one.
             LeaseChange::TargetRest {
@@ -111,7 +113,7 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
         &mut log,
         &[LeaseChange::Extended {
             id: "held".into(),
-            expires: later(700),
+            expires: extended_to,
         }],
     );
     drop(log);
@@ -120,11 +122,11 @@ fn changes_survive_a_reopen_and_ended_state_is_left_out() {
     let snapshot = log.load(now()).unwrap();
     assert_eq!(snapshot.leases.len(), 1);
     assert_eq!(snapshot.leases[0].id, "held");
-    assert_eq!(snapshot.leases[0].expires.as_second(), later(700).as_second());
+    assert_eq!(snapshot.leases[0].expires.as_second(), extended_to.as_second());
     assert_eq!(snapshot.leases[0].client.as_deref(), Some("crawler-7"));
     assert_eq!(snapshot.ended.len(), 1);
     assert_eq!(snapshot.target_rests.len(), 1);
-    assert_eq!(snapshot.target_rests[0].2.as_second(), later(30).as_second());
+    assert_eq!(snapshot.target_rests[0].2.as_second(), rest_until.as_second());
     assert_eq!(snapshot.proxy_rests.len(), 1);
     assert_eq!(
         snapshot.tallies,
