@@ -37,7 +37,8 @@ else
   echo "not root: the kvm test bed (libvirtd, sshd, bridge) is not set up; its tests will say they skip" >&2
 fi
 status=0
-TMPDIR=$tests_tmp cargo test --workspace --locked "$@" 2>&1 | tee "$log" || status=$?
+# --no-fail-fast: one failing test binary does not hide the results of the others.
+TMPDIR=$tests_tmp cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
