@@ -32,6 +32,7 @@ impl Leases for StoreLeases {
             ttl: Some(LEASE_TTL),
             client: Some(ask.client),
             prefer: ask.prefer,
+            session: ask.session,
         };
         self.0
             .acquire(&request)

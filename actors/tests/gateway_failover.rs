@@ -5,6 +5,8 @@
 //! - a sticky session keeps one proxy for 50 requests, moves to one other
 //!   proxy when that one is killed (its first request there a POST whose
 //!   body is sent again whole), and stays there;
+//! - sticky sessions are back on their proxies after the operator is
+//!   killed and restarted (they land by rank, not by what it remembered);
 //! - 8 clients fetching while a proxy is killed see no failed request;
 //! - a site that answers 403 to one proxy's address: the proxy is reported
 //!   blocked for it and not chosen for it again, and no request the client
@@ -300,7 +302,7 @@ async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
         let sources = log.by_source.lock().unwrap();
         assert_eq!(sources.len(), 1, "the site saw one source address: {sources:?}");
     }
-    // Another session goes its own way, by the book's choice (not pinned).
+    // Another session goes its own way (where it ranks; not pinned here).
     let (status, _) = fetch(fleet.gateway, site, "spider-session-s2").await.unwrap();
     assert_eq!(status, 200);
 
@@ -334,6 +336,61 @@ async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
     assert!(
         after.iter().all(|(proxy, moved)| *proxy == moved_to && !moved),
         "it stays on the one it moved to, moving once: {after:?}"
+    );
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn sticky_sessions_land_on_their_proxies_again_after_the_operator_restarts() {
+    let mut fleet = Fleet::start(4, "127.0.11.0/29", 0, "sessionLifetime: 10m").await;
+    let (site, _) = site(None).await;
+    let sessions: Vec<String> = (0..8).map(|i| format!("spider-session-r{i}")).collect();
+    // Each session's proxy, asking in `order` (the book's own choice would
+    // follow the order; a session's rank does not).
+    let served =
+        async |fleet: &Fleet, order: &mut dyn Iterator<Item = &String>| -> BTreeMap<String, String> {
+            let mut by_session = BTreeMap::new();
+            for user in order {
+                for _ in 0..3 {
+                    let (status, head) = fetch(fleet.gateway, site, user).await.unwrap();
+                    assert_eq!(status, 200, "{head}");
+                    assert_eq!(header(&head, "egress-gateway-session-moved-from"), None, "{head}");
+                    let proxy = header(&head, "egress-gateway-proxy").unwrap().to_owned();
+                    let first = by_session.entry(user.clone()).or_insert_with(|| proxy.clone());
+                    assert_eq!(*first, proxy, "{user} keeps its proxy");
+                }
+            }
+            by_session
+        };
+    let before = served(&fleet, &mut sessions.iter()).await;
+    let used: std::collections::BTreeSet<&String> = before.values().collect();
+    assert!(used.len() >= 2, "sessions spread over the proxies: {before:?}");
+
+    fleet.restart().await;
+    // The lease book fills again as the proxies' verdicts arrive.
+    fleet
+        .operator
+        .eventually(
+            "the four proxies leasable again",
+            Duration::from_secs(30),
+            async || {
+                let proxies = fleet.proxies().await;
+                let ready = proxies
+                    .iter()
+                    .filter(|p| p["ready"] == true && p["healthy"] == true && p["url"].is_string())
+                    .count();
+                if ready == 4 {
+                    Ok(())
+                } else {
+                    Err(format!("{proxies:?}"))
+                }
+            },
+        )
+        .await;
+    let after = served(&fleet, &mut sessions.iter().rev()).await;
+    assert_eq!(
+        after, before,
+        "every session is back on its proxy after the restart"
     );
     fleet.operator.stop().await;
 }

@@ -134,6 +134,7 @@ pub async fn acquire(
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
         prefer: None,
+        session: None,
     };
     let grant = store
         .send(Acquire(request))

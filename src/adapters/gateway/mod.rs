@@ -55,6 +55,9 @@ pub struct Ask {
     pub client: String,
     /// A sticky session's proxy, granted if still eligible.
     pub prefer: Option<ObjectKey>,
+    /// A sticky session's digest: without an eligible `prefer`, the proxy
+    /// ranking highest for the session (`lease::rendezvous`).
+    pub session: Option<u64>,
 }
 
 /// A proxy the gateway leased for one try of a request or tunnel.

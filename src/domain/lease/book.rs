@@ -21,7 +21,7 @@ use super::reports::RecentReports;
 use super::{
     AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings,
     MAX_BLOCKED_TARGETS, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts, TableFull,
-    UnknownLease, target_digest,
+    UnknownLease, rendezvous, target_digest,
 };
 use crate::pool::LeaseFigures;
 use crate::resource::ObjectKey;
@@ -64,6 +64,8 @@ struct Entry {
     /// what a pool rotates it on.
     blocked_targets: BTreeSet<u64>,
     errors: u32,
+    /// Its [`rendezvous::proxy_digest`], which sticky sessions rank it by.
+    digest: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +247,7 @@ impl LeaseBook {
             indexed: None,
             blocked_targets: BTreeSet::new(),
             errors: 0,
+            digest: rendezvous::proxy_digest(&availability.key),
         });
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
@@ -408,13 +411,27 @@ impl LeaseBook {
         // A sticky session's proxy: its rest after the session's own last
         // request does not count (that rest spreads a target over proxies,
         // which a session asks not to), a block for the target does.
+        let blocked = target_digest(&req.target);
+        let eligible = |id: ProxyId, entry: &Entry| {
+            entry.indexed.is_some()
+                && !entry.blocked_targets.contains(&blocked)
+                && self.matches(id, &req.selector)
+        };
         if let Some(id) = req.prefer.as_ref().and_then(|key| self.ids.get(key)).copied()
-            && self.proxies.get(&id).is_some_and(|e| {
-                e.indexed.is_some() && !e.blocked_targets.contains(&target_digest(&req.target))
-            })
-            && self.matches(id, &req.selector)
+            && self.proxies.get(&id).is_some_and(|e| eligible(id, e))
         {
             return Some(id);
+        }
+        // A session without an eligible proxy of its own: the one ranking
+        // highest for it, so that it lands where it would in any process
+        // seeing this fleet (a walk of the fleet, once per session move).
+        if let Some(session) = req.session {
+            return self
+                .proxies
+                .iter()
+                .filter(|(id, entry)| eligible(**id, entry))
+                .max_by_key(|(id, entry)| (rendezvous::rank(session, entry.digest), **id))
+                .map(|(id, _)| *id);
         }
         let rank = |id: ProxyId| {
             let entry = &self.proxies[&id];

@@ -6,6 +6,7 @@ mod book;
 pub mod input;
 pub mod journal;
 mod limits;
+pub mod rendezvous;
 mod reports;
 #[cfg(test)]
 mod tests;
@@ -109,6 +110,11 @@ pub struct AcquireRequest {
     /// A proxy to grant if it is eligible (a sticky session's); otherwise
     /// the best one, as without.
     pub prefer: Option<ObjectKey>,
+    /// A sticky session's [`rendezvous::session_digest`]: when `prefer` is
+    /// not eligible (or not given), the eligible proxy that ranks highest
+    /// for the session rather than the least busy one, so that a session
+    /// lands where it did in any process that sees the same fleet.
+    pub session: Option<u64>,
 }
 
 /// A granted lease.

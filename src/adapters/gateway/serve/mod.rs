@@ -34,6 +34,7 @@ use crate::forward_proxy::request::{Target, drop_hop_by_hop, forwarded_headers, 
 use crate::forward_proxy::tunnel::{Tally, established, splice};
 use crate::forward_proxy::zero_copy::Way;
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
+use crate::lease::rendezvous::session_digest;
 use crate::lease::{GATEWAY_CLIENT, Outcome};
 use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};
 use crate::telemetry::events::{GatewayBlocked, GatewayLeaseTaken, GatewayTryFailed};
@@ -330,6 +331,7 @@ impl Gateway {
                     None => GATEWAY_CLIENT.to_owned(),
                 },
                 prefer: None,
+                session: None,
             },
         })
     }
@@ -363,6 +365,7 @@ impl Gateway {
         let asked = Instant::now();
         if let Some((key, _)) = &wanted.session {
             wanted.ask.prefer = locked(&self.sessions).proxy_of(key, Instant::now());
+            wanted.ask.session = Some(session_digest(&key.0, &key.1));
         }
         let mut pause = CAPACITY_POLL.0;
         let upstream = loop {

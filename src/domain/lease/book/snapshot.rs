@@ -216,6 +216,7 @@ impl LeaseBook {
                 indexed: None,
                 blocked_targets: Default::default(),
                 errors: 0,
+                digest: crate::lease::rendezvous::proxy_digest(key),
             },
         );
         self.placeholders.insert(id);

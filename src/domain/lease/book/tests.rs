@@ -199,6 +199,79 @@ fn a_hot_target_never_walks_past_its_resting_proxies() {
 }
 
 #[test]
+fn a_session_lands_on_the_proxy_ranking_highest_for_it_in_any_book() {
+    let t0 = Instant::now();
+    let fleet: Vec<Availability> = (0..6).map(|i| availability(i, true, i as u64)).collect();
+    // Two books that learnt the same fleet in opposite orders, with other latencies.
+    let (mut one, mut other) = (LeaseBook::new(settings(2)), LeaseBook::new(settings(2)));
+    for a in &fleet {
+        one.upsert(a.clone(), t0);
+    }
+    for a in fleet.iter().rev() {
+        other.upsert(
+            Availability {
+                latency: Some(Duration::from_millis(50)),
+                ..a.clone()
+            },
+            t0,
+        );
+    }
+    let ranked = |session: u64| -> Vec<String> {
+        let mut names: Vec<&ObjectKey> = fleet.iter().map(|a| &a.key).collect();
+        names.sort_by_key(|k| std::cmp::Reverse(rendezvous::rank(session, rendezvous::proxy_digest(k))));
+        names.iter().map(|k| k.name.clone()).collect()
+    };
+    let session = |id: &str| AcquireRequest {
+        session: Some(rendezvous::session_digest("spider", id)),
+        ..ask("t", None)
+    };
+    let mut landed = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let id = format!("s{i}");
+        let digest = rendezvous::session_digest("spider", &id);
+        let (a, b) = (
+            one.acquire(&session(&id), t0).unwrap(),
+            other.acquire(&session(&id), t0).unwrap(),
+        );
+        assert_eq!(a.proxy.name, ranked(digest)[0], "{id}: its first-ranked proxy");
+        assert_eq!(a.proxy, b.proxy, "{id}: the same proxy in both books");
+        one.release(&a.id, t0);
+        other.release(&b.id, t0);
+        landed.insert(a.proxy.name);
+    }
+    assert!(landed.len() >= 3, "sessions spread over the fleet: {landed:?}");
+
+    let digest = rendezvous::session_digest("spider", "s0");
+    let order = ranked(digest);
+    let by_name = |name: &str| AcquireRequest {
+        prefer: Some(ObjectKey::new("ns", name)),
+        ..ask("t", None)
+    };
+    // Its first proxy full (capacity 2): the second, not the least busy.
+    let holds = [
+        one.acquire(&by_name(&order[0]), t0).unwrap(),
+        one.acquire(&by_name(&order[0]), t0).unwrap(),
+    ];
+    assert_eq!(one.acquire(&session("s0"), t0).unwrap().proxy.name, order[1]);
+    for held in holds {
+        one.release(&held.id, t0);
+    }
+    // Its own proxy, while eligible, before any rank.
+    let own = AcquireRequest {
+        prefer: Some(ObjectKey::new("ns", order[4].as_str())),
+        ..session("s0")
+    };
+    assert_eq!(one.acquire(&own, t0).unwrap().proxy.name, order[4]);
+    // Blocked for the target: the next in rank for it, for good.
+    let first = one.acquire(&session("s0"), t0).unwrap();
+    assert_eq!(first.proxy.name, order[0]);
+    one.report(&first.id, Outcome::Blocked, None, t0).unwrap();
+    one.release(&first.id, t0);
+    let later = t0 + Duration::from_secs(7200);
+    assert_eq!(one.acquire(&session("s0"), later).unwrap().proxy.name, order[1]);
+}
+
+#[test]
 fn a_preferred_proxy_is_granted_only_while_eligible() {
     let t0 = Instant::now();
     let mut book = LeaseBook::new(settings(1));
