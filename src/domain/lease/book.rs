@@ -408,30 +408,34 @@ impl LeaseBook {
     /// than the index, that list is walked instead.
     fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
-        // A sticky session's proxy: its rest after the session's own last
-        // request does not count (that rest spreads a target over proxies,
-        // which a session asks not to), a block for the target does.
-        let blocked = target_digest(&req.target);
-        let eligible = |id: ProxyId, entry: &Entry| {
-            entry.indexed.is_some()
-                && !entry.blocked_targets.contains(&blocked)
-                && self.matches(id, &req.selector)
-        };
-        if let Some(id) = req.prefer.as_ref().and_then(|key| self.ids.get(key)).copied()
-            && self.proxies.get(&id).is_some_and(|e| eligible(id, e))
-        {
-            return Some(id);
-        }
-        // A session without an eligible proxy of its own: the one ranking
-        // highest for it, so that it lands where it would in any process
-        // seeing this fleet (a walk of the fleet, once per session move).
-        if let Some(session) = req.session {
-            return self
-                .proxies
-                .iter()
-                .filter(|(id, entry)| eligible(**id, entry))
-                .max_by_key(|(id, entry)| (rendezvous::rank(session, entry.digest), **id))
-                .map(|(id, _)| *id);
+        if req.prefer.is_some() || req.session.is_some() {
+            // A sticky session's proxy: its rest after the session's own
+            // last request does not count (that rest spreads a target over
+            // proxies, which a session asks not to), a block for the target
+            // does.
+            let blocked = target_digest(&req.target);
+            let eligible = |id: ProxyId, entry: &Entry| {
+                entry.indexed.is_some()
+                    && !entry.blocked_targets.contains(&blocked)
+                    && self.matches(id, &req.selector)
+            };
+            if let Some(id) = req.prefer.as_ref().and_then(|key| self.ids.get(key)).copied()
+                && self.proxies.get(&id).is_some_and(|e| eligible(id, e))
+            {
+                return Some(id);
+            }
+            // A session without an eligible proxy of its own: the one
+            // ranking highest for it, so that it lands where it would in any
+            // process seeing this fleet (a walk of the fleet, once per
+            // session move).
+            if let Some(session) = req.session {
+                return self
+                    .proxies
+                    .iter()
+                    .filter(|(id, entry)| eligible(**id, entry))
+                    .max_by_key(|(id, entry)| (rendezvous::rank(session, entry.digest), **id))
+                    .map(|(id, _)| *id);
+            }
         }
         let rank = |id: ProxyId| {
             let entry = &self.proxies[&id];
