@@ -272,15 +272,7 @@ impl LeaseDesk {
     /// A gateway lease (`request.client` names the gateway), or why not.
     pub fn acquire(&self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
         debug_assert!(request.client.as_deref().is_some_and(is_gateway_client));
-        let mut ledger = locked(&self.0);
-        let result = if ledger.leading() {
-            ledger.book.acquire(request, Instant::now())
-        } else {
-            Err(AcquireError::NotLeader)
-        };
-        let _ = ledger.persist();
-        ledger.account(&result);
-        result
+        locked(&self.0).acquire_unjournaled(request)
     }
 
     /// Gives a lease back.
@@ -421,6 +413,20 @@ impl Ledger {
         event.emit(self.book.active_leases());
     }
 
+    /// A gateway lease: never journaled (it ends with this process), so
+    /// nothing to wait for; whatever else changed is written behind (a
+    /// failure is logged there).
+    fn acquire_unjournaled(&mut self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
+        let result = if self.leading() {
+            self.book.acquire(request, Instant::now())
+        } else {
+            Err(AcquireError::NotLeader)
+        };
+        let _ = self.persist();
+        self.account(&result);
+        result
+    }
+
     fn leading(&self) -> bool {
         self.tenure.as_ref().is_none_or(Tenure::is_leading)
     }
@@ -440,6 +446,9 @@ impl Handler<Acquire> for LeaseStore {
     type Result = ResponseActFuture<Self, Result<Grant, AcquireError>>;
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
+        if msg.0.client.as_deref().is_some_and(is_gateway_client) {
+            return Box::pin(fut::ready(ledger.acquire_unjournaled(&msg.0)));
+        }
         if !ledger.leading() {
             let result = Err(AcquireError::NotLeader);
             ledger.account(&result);
@@ -453,15 +462,6 @@ impl Handler<Acquire> for LeaseStore {
                 return Box::pin(fut::ready(result));
             }
         };
-        if msg.0.client.as_deref().is_some_and(is_gateway_client) {
-            // Never journaled (it ends with this process): nothing to wait
-            // for. Whatever else changed is written behind (a failure is
-            // logged there).
-            let _ = ledger.persist();
-            let result = Ok(grant);
-            ledger.account(&result);
-            return Box::pin(fut::ready(result));
-        }
         drop(ledger);
         self.when_durable(move |outcome, ledger| {
             let result = match outcome {
