@@ -193,6 +193,9 @@ pub enum Output {
 #[derive(Args, Debug, Clone)]
 pub struct LoggingArgs {
     /// Log level or filter (`info`, `debug`, `egress_proxies=trace,info`); overrides RUST_LOG.
+    /// Default: `RUST_LOG` when set, else `info`.
+    // No clap default: a default value would always win over RUST_LOG
+    // (init_logging falls back to RUST_LOG, then `info`).
     #[arg(long, global = true, env = "LOG_LEVEL")]
     pub log_level: Option<String>,
 
