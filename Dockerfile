@@ -2,9 +2,12 @@
 # The operator image: a release build on Debian 12, run as uid 65532 with
 # only libvirt's client library (kvm provider) and CA certificates.
 #
-#   docker build --build-arg EPO_GIT_COMMIT=$(git rev-parse HEAD) -t egress-proxies-operator:0.1.0 .
+#   TAG="$(sed -n 's/^version = "\(.*\)"$/\1/p' actors/Cargo.toml)-$(git rev-parse --short=12 HEAD)"
+#   docker build --build-arg EPO_GIT_COMMIT="$(git rev-parse HEAD)" -t "egress-proxies-operator:$TAG" .
 #
 # EPO_GIT_COMMIT is what `--version` prints (the build context has no .git).
+# A tag per build (version and commit) makes an upgrade roll the Deployment:
+# docs/install.md.
 
 # The `dist` profile: the release build with LTO (Cargo.toml).
 FROM rust:1.95-bookworm AS build
