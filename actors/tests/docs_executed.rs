@@ -9,15 +9,24 @@
 //!
 //! How the standalone blocks run:
 //!
-//! - In a copy of the repository (without `.git` and build output) in a
-//!   temporary directory, with a clean environment (`PATH`, `HOME`,
-//!   `TMPDIR`, `LANG`): nothing of the test runner's (a `DISCOVERY_TOKEN`,
-//!   say) changes what a block does.
-//! - `cargo run [--release] [-q] -- ARGS` is the operator binary the tests
-//!   built, with ARGS (a `cargo` first on `PATH`; any other cargo command
-//!   fails the block), and `egress-proxies-operator` is that binary too.
-//!   `bash tests/system-packages.sh build` runs as written: where the tests
-//!   were built, the packages it checks for are installed and it does nothing.
+//! - In a fresh checkout of the repository (`support::checkout`: the files
+//!   a clone has, no `.git`, build output or state) with a clean
+//!   environment (`PATH`, `HOME`, `TMPDIR`, `LANG`, and where the user's
+//!   cargo and rustup keep their files): nothing of the test runner's (a
+//!   `DISCOVERY_TOKEN`, say) changes what a block does.
+//! - `cargo` is the real cargo: `cargo run --release -- ARGS` builds and
+//!   runs the operator in the checkout as it would for a user (the build is
+//!   done first, with that command's own form and `--version`, so the
+//!   quickstart's start-up wait is not spent compiling). Every form the
+//!   docs use runs unchanged. `egress-proxies-operator` on `PATH` is
+//!   `target/release/egress-proxies-operator`, where docs/standalone.md
+//!   says that build leaves it. `bash tests/system-packages.sh build` runs
+//!   as written: where the tests were built, the packages it checks for
+//!   are installed and it does nothing.
+//! - Before anything starts, every fixed port the blocks and the
+//!   quickstart's configuration and manifests name must be free: a port
+//!   something else holds fails the test at once, naming it, instead of as
+//!   a confusing failure of a block later.
 //! - The README's first `standalone background` block is the quickstart: it
 //!   is started first, in a shell of its own, and the blocks wait until it
 //!   serves `/healthz` and its Managed proxies are Ready. It listens where it
@@ -29,16 +38,24 @@
 //!   earlier blocks left. A block that fails, or runs over a minute, fails
 //!   the test naming its `file:line`, with its stdout and stderr. Of a
 //!   `console` block only the `$ ` lines run, and the output it shows must
-//!   have as many lines as the run printed and the same first line.
+//!   be what the run printed, line by line and word by word, but for the
+//!   columns docs/testing.md names as varying: a table's `AGE`, and the
+//!   random suffix of a generated name (`demo-4kq7z`).
+//! - A `python` block runs with the Python client's interpreter
+//!   (`EPO_CLIENTS_PYTHON`, made by tests/python-clients-setup.sh) and the
+//!   environment docs/clients.md gives a crawler: `EGRESS_PROXIES_URL` (the
+//!   quickstart's API) and `EGRESS_PROXIES_TOKEN`, the package importable.
 //! - Other `background` blocks start in a shell of their own in the copy's
 //!   root and are stopped when their page's blocks are done; one that ended
 //!   with an error by then fails the test.
-//! - After each page, once the operator has read the manifests again, no
-//!   Proxy may be `Failed`.
+//! - After each page, once the operator has read the manifests again,
+//!   every Proxy is `Ready` and every pool's `Ready` condition true, but for
+//!   what a page's `expect` marker says (`support::doc_blocks`).
 //! - Last, the `standalone teardown` blocks run (the README's: how to stop
 //!   the quickstart's proxies), the quickstart gets Ctrl-C (SIGINT), and no
-//!   process may be left: none under the temporary directory, none that
-//!   `tests/leftover-processes.sh` would find, nothing on the four ports.
+//!   process may be left: none under the temporary directory or the
+//!   checkout, none that `tests/leftover-processes.sh` would find, nothing
+//!   on the four ports.
 
 mod support;
 
@@ -69,6 +86,13 @@ fn every_shell_block_is_marked() {
             None => problems.push(format!("{}: no `<!-- doc-test: ... -->` marker", block.place())),
             Some(Err(why)) => problems.push(format!("{}: {why}", block.place())),
             Some(Ok(_)) => {}
+        }
+    }
+    for doc in doc_blocks::user_docs() {
+        for expectation in doc_blocks::expectations(&doc) {
+            if let Err(why) = expectation {
+                problems.push(format!("{}: {why}", doc.display()));
+            }
         }
     }
     assert!(
@@ -291,27 +315,31 @@ fn slugs_are_githubs() {
 // ---------------------------------------------------------------------------
 // The standalone runner.
 
-/// A copy of the repository (no `.git`, no build output) with the doc
-/// test's `cargo` and `egress-proxies-operator` first on `PATH`, where the
-/// blocks run; everything under it is reaped when it goes.
+/// The checkout the blocks run in, and a directory of the run's own
+/// (`bin` first on `PATH`, `home`, `tmp`, the blocks' scripts and output
+/// in `run`); everything under either is reaped when it goes.
 struct Workspace {
+    checkout: support::checkout::Checkout,
     dir: tempfile::TempDir,
 }
 
+/// The crawler token a documented crawler pod has in `EGRESS_PROXIES_TOKEN`
+/// (the quickstart checks none, as it has no `DISCOVERY_TOKEN`).
+const POD_TOKEN: &str = "doc-test-crawler-token";
+
 impl Workspace {
     fn new() -> Self {
+        let checkout = support::checkout::Checkout::take();
         let dir = tempfile::tempdir().unwrap();
-        let root = doc_blocks::repo_root();
-        copy_tree(&root, &root, &dir.path().join("repo"));
         for sub in ["bin", "home", "tmp", "run"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
-        let bin = dir.path().join("bin");
-        std::os::unix::fs::symlink(BIN, bin.join("egress-proxies-operator")).unwrap();
-        let cargo = bin.join("cargo");
-        std::fs::write(&cargo, CARGO_SHIM.replace("@BIN@", BIN)).unwrap();
-        std::fs::set_permissions(&cargo, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        Self { dir }
+        std::os::unix::fs::symlink(
+            checkout.release_binary(),
+            dir.path().join("bin/egress-proxies-operator"),
+        )
+        .unwrap();
+        Self { checkout, dir }
     }
 
     fn path(&self) -> &Path {
@@ -319,40 +347,65 @@ impl Workspace {
     }
 
     fn repo(&self) -> PathBuf {
-        self.path().join("repo")
+        self.checkout.root().to_owned()
     }
 
     fn quickstart_config(&self) -> PathBuf {
         self.repo().join("config/standalone/quickstart.yaml")
     }
 
-    /// `bash -euo pipefail` with the doc test's environment: a clean one
-    /// (the runner's variables do not leak into what a user would see),
-    /// in the copy's root, in a process group of its own.
-    fn bash(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("bash");
-        cmd.args(["-euo", "pipefail"]).args(args);
-        cmd.env_clear()
-            .env(
-                "PATH",
+    /// The clean environment every block gets: a user's.
+    fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            (
+                "PATH".to_owned(),
                 format!(
                     "{}:{}",
                     self.path().join("bin").display(),
                     std::env::var("PATH").unwrap_or_default()
                 ),
-            )
-            .env("HOME", self.path().join("home"))
-            .env("TMPDIR", self.path().join("tmp"))
-            .env("LANG", "C.UTF-8")
+            ),
+            ("HOME".to_owned(), self.path().join("home").display().to_string()),
+            ("TMPDIR".to_owned(), self.path().join("tmp").display().to_string()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ];
+        env.extend(support::checkout::cargo_env());
+        env
+    }
+
+    /// `bash -euo pipefail` with the doc test's environment, in the
+    /// checkout's root, in a process group of its own.
+    fn bash(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.args(["-euo", "pipefail"]).args(args);
+        cmd.env_clear()
+            .envs(self.env())
             .current_dir(self.repo())
             .process_group(0);
         cmd
     }
 
+    /// What runs a `python` block's file: the client's interpreter with a
+    /// documented crawler pod's environment, the package importable.
+    fn python_command(&self, python: &Path, file: &Path) -> String {
+        format!(
+            "EGRESS_PROXIES_URL=http://127.0.0.1:8090 EGRESS_PROXIES_TOKEN={POD_TOKEN} \\\n  \
+             PYTHONPATH={} PYTHONDONTWRITEBYTECODE=1 {} {}\n",
+            self.repo().join("clients/python/src").display(),
+            python.display(),
+            file.display()
+        )
+    }
+
     /// The Proxies of the running quickstart, as `get proxies -o json` lists them.
     fn proxies(&self) -> Result<Vec<serde_json::Value>, String> {
+        self.list("proxies")
+    }
+
+    /// The quickstart's Proxies or pools, as `get ... -o json` lists them.
+    fn list(&self, what: &str) -> Result<Vec<serde_json::Value>, String> {
         let out = Command::new(BIN)
-            .args(["get", "proxies", "-o", "json", "--config"])
+            .args(["get", what, "-o", "json", "--config"])
             .arg(self.quickstart_config())
             .output()
             .unwrap();
@@ -364,48 +417,13 @@ impl Workspace {
     }
 }
 
-/// `cargo run [--release] [-q] -- ARGS` in a block is the operator binary
-/// the tests built, run with ARGS; any other cargo command is refused.
-const CARGO_SHIM: &str = r#"#!/usr/bin/env bash
-# The doc test's cargo: `cargo run [--release] [-q] -- ARGS` runs the built operator.
-set -euo pipefail
-if [ "${1-}" != run ]; then
-  echo "doc test: only \`cargo run [--release] [-q] -- ARGS\` runs in a doc block, not \`cargo $*\`" >&2
-  exit 127
-fi
-shift
-while [ "$#" -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in
-    --release|-q|--quiet) shift ;;
-    *) echo "doc test: \`cargo run $1\` is not supported in a doc block" >&2; exit 127 ;;
-  esac
-done
-[ "$#" -gt 0 ] && shift
-exec "@BIN@" "$@"
-"#;
-
-/// What the copy of the repository leaves out: git's data, build output,
-/// and the state of a quickstart run in this checkout (its Proxies and
-/// their processes are someone else's).
-const NOT_COPIED: &[&str] = &[".git", "target", "config/standalone/state"];
-
-/// Copies the repository at `root`, from its directory `from`, to `to`.
-fn copy_tree(root: &Path, from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let name = entry.file_name();
-        if NOT_COPIED.iter().any(|skip| entry.path() == root.join(skip)) {
-            continue;
-        }
-        let kind = entry.file_type().unwrap();
-        if kind.is_dir() {
-            copy_tree(root, &entry.path(), &to.join(&name));
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(entry.path()).unwrap(), to.join(&name)).unwrap();
-        } else {
-            std::fs::copy(entry.path(), to.join(&name)).unwrap();
-        }
-    }
+/// The Python client's interpreter (tests/python-clients-setup.sh), if set up.
+fn clients_python() -> Option<PathBuf> {
+    let path = std::env::var_os("EPO_CLIENTS_PYTHON").map_or_else(
+        || PathBuf::from("/var/cache/egress-proxies-operator/venv-clients/bin/python"),
+        PathBuf::from,
+    );
+    path.exists().then_some(path)
 }
 
 /// A process group started by the runner: a background block, or a page's
@@ -458,10 +476,30 @@ fn tail(file: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// The shell script that runs block number `n`: its commands, or for a
+/// `python` block the client's interpreter on its code.
+fn write_script(ws: &Workspace, block: &ShellBlock, n: usize) -> PathBuf {
+    let script = ws.path().join(format!("run/{n}.sh"));
+    if block.lang == "python" {
+        let code = ws.path().join(format!("run/{n}.py"));
+        std::fs::write(&code, block.commands()).unwrap();
+        let python = clients_python().unwrap_or_else(|| {
+            panic!(
+                "{} is a python block: the doc test runs it with the Python client's interpreter; \
+                 run tests/python-clients-setup.sh and set EPO_CLIENTS_PYTHON (tests/run.sh does)",
+                block.place()
+            )
+        });
+        std::fs::write(&script, ws.python_command(&python, &code)).unwrap();
+    } else {
+        std::fs::write(&script, block.commands()).unwrap();
+    }
+    script
+}
+
 /// A background block, started in a shell of its own in the copy's root.
 fn start_background(ws: &Workspace, block: &ShellBlock, n: usize) -> Group {
-    let script = ws.path().join(format!("run/{n}.sh"));
-    std::fs::write(&script, block.commands()).unwrap();
+    let script = write_script(ws, block, n);
     let (out, err) = (script.with_extension("out"), script.with_extension("err"));
     let child = ws
         .bash(&[script.to_str().unwrap()])
@@ -511,8 +549,7 @@ impl Session {
     /// Runs one block in the session; panics naming its place, with its
     /// output, if it fails or outlasts [`BLOCK_TIMEOUT`].
     async fn run(&mut self, ws: &Workspace, block: &ShellBlock, n: usize) {
-        let script = ws.path().join(format!("run/{n}.sh"));
-        std::fs::write(&script, block.commands()).unwrap();
+        let script = write_script(ws, block, n);
         let (out, err, done) = (
             script.with_extension("out"),
             script.with_extension("err"),
@@ -572,23 +609,142 @@ impl Session {
     }
 }
 
-/// A `console` block's sample output is what a run prints, as far as a
-/// run repeats: as many lines, and the same first line (a table's header,
-/// a one-line answer), spaces aside. Ages, ports and generated names vary.
+/// A `console` block's sample output is what a run prints: as many lines,
+/// each with the same words, but for what varies from run to run and
+/// docs/testing.md names: a table's `AGE` column, and the random suffix of
+/// a generated name (`demo-4kq7z` for `demo-x2m9p`).
 fn check_sample_output(block: &ShellBlock, printed: &str) {
     let sample = block.sample_output();
     if sample.is_empty() {
         return;
     }
-    let words = |line: &str| line.split_whitespace().collect::<Vec<_>>().join(" ");
     let printed: Vec<&str> = printed.lines().collect();
+    let sample: Vec<&str> = sample.iter().map(String::as_str).collect();
+    if let Err(why) = same_output(&sample, &printed) {
+        panic!(
+            "the sample output at {} is not what a run prints ({why}):\n--- the page shows:\n{}\n--- a run printed:\n{}",
+            block.place(),
+            sample.join("\n"),
+            printed.join("\n")
+        );
+    }
+}
+
+/// Whether a page's sample output and a run's agree (see [`check_sample_output`]).
+fn same_output(sample: &[&str], printed: &[&str]) -> Result<(), String> {
+    if sample.len() != printed.len() {
+        return Err(format!("{} lines shown, {} printed", sample.len(), printed.len()));
+    }
+    // Each table's AGE column: where its header line has it.
+    let (mut shown_age, mut printed_age) = (None, None);
+    for (n, (shown, run)) in sample.iter().zip(printed).enumerate() {
+        if shown.starts_with("NAME ") {
+            shown_age = column(shown, "AGE");
+            printed_age = column(run, "AGE");
+        }
+        let shown_words = words_at(shown);
+        let run_words = words_at(run);
+        let line = n + 1;
+        if shown_words.len() != run_words.len() {
+            return Err(format!("line {line} has other words: `{shown}` / `{run}`"));
+        }
+        for (i, ((at_shown, a), (at_run, b))) in shown_words.iter().zip(&run_words).enumerate() {
+            let is_age = Some(*at_shown) == shown_age && Some(*at_run) == printed_age && age(a) && age(b);
+            let is_name = i == 0 && generated_name(a).is_some() && generated_name(a) == generated_name(b);
+            if a != b && !is_age && !is_name {
+                return Err(format!("line {line}: `{a}` shown, `{b}` printed"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The byte offset of a header's column.
+fn column(header: &str, name: &str) -> Option<usize> {
+    words_at(header)
+        .into_iter()
+        .find(|(_, w)| *w == name)
+        .map(|(at, _)| at)
+}
+
+/// The words of a line, with their byte offsets.
+fn words_at(line: &str) -> Vec<(usize, &str)> {
+    let mut words = Vec::new();
+    let mut start = None;
+    for (i, c) in line.char_indices().chain([(line.len(), ' ')]) {
+        match (c.is_whitespace(), start) {
+            (false, None) => start = Some(i),
+            (true, Some(s)) => {
+                words.push((s, &line[s..i]));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    words
+}
+
+/// An age as the tables print it: `12s`, `5m`, `3h`, `2d`, `1m30s`.
+fn age(word: &str) -> bool {
+    let mut rest = word;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let digits = rest.chars().take_while(char::is_ascii_digit).count();
+        let Some(unit) = rest[digits..].chars().next() else {
+            return false;
+        };
+        if digits == 0 || !"smhd".contains(unit) {
+            return false;
+        }
+        rest = &rest[digits + 1..];
+        parts += 1;
+    }
+    parts > 0
+}
+
+/// A generated name's stem: `demo` of `demo-4kq7z` (five lowercase letters
+/// or digits after the last `-`, as pools and Kubernetes name members).
+fn generated_name(word: &str) -> Option<&str> {
+    let (stem, suffix) = word.rsplit_once('-')?;
+    (!stem.is_empty()
+        && suffix.len() == 5
+        && suffix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+    .then_some(stem)
+}
+
+#[test]
+fn sample_output_is_compared_word_by_word_but_ages_and_name_suffixes() {
+    let shown = [
+        "NAME         MODE       PROVIDER   PHASE       IP          HEALTHY   AGE",
+        "demo-4kq7z   Managed    local      Ready       127.0.0.1   true      12s",
+        "my-squid     External              Unhealthy   127.0.0.1   false     12s",
+    ];
+    let printed = [
+        "NAME         MODE       PROVIDER   PHASE       IP          HEALTHY   AGE",
+        "demo-x2m9p   Managed    local      Ready       127.0.0.1   true      1m30s",
+        "my-squid     External              Unhealthy   127.0.0.1   false     3s",
+    ];
+    same_output(&shown, &printed).unwrap();
+    let mut wrong = printed;
+    wrong[2] = "my-squid     External              Pending     127.0.0.1   false     3s";
     assert!(
-        printed.len() == sample.len() && words(printed[0]) == words(&sample[0]),
-        "the sample output at {} is not what a run prints:\n--- the page shows:\n{}\n--- a run printed:\n{}",
-        block.place(),
-        sample.join("\n"),
-        printed.join("\n")
+        same_output(&shown, &wrong)
+            .unwrap_err()
+            .contains("`Unhealthy` shown, `Pending` printed")
     );
+    wrong = printed;
+    wrong[1] = "local-1      Managed    local      Ready       127.0.0.1   true      1m";
+    assert!(
+        same_output(&shown, &wrong).is_err(),
+        "another name is not a suffix"
+    );
+    assert!(same_output(&shown, &printed[..2]).is_err(), "a line missing");
+    // An age-like word outside the AGE column is compared.
+    let shown = ["a: backing off 40s"];
+    assert!(same_output(&shown, &["a: backing off 20s"]).is_err());
+    assert!(age("12s") && age("1m30s") && age("2d") && !age("12") && !age("s") && !age("true"));
 }
 
 fn port_is_free(addr: SocketAddr) -> bool {
@@ -616,6 +772,138 @@ fn quickstart_addresses(config: &Path) -> Vec<SocketAddr> {
     addresses
 }
 
+/// The fixed loopback ports a text names (`127.0.0.1:3128`,
+/// `localhost:8090`, `[::1]:8888`), with the address to bind to check them.
+fn named_ports(text: &str) -> BTreeSet<SocketAddr> {
+    let mut found = BTreeSet::new();
+    for (host, ip) in [
+        ("127.0.0.1:", "127.0.0.1"),
+        ("localhost:", "127.0.0.1"),
+        ("[::1]:", "[::1]"),
+    ] {
+        for (at, _) in text.match_indices(host) {
+            let after = &text[at + host.len()..];
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '.') {
+                continue;
+            }
+            if let Ok(port) = digits.parse::<u16>()
+                && port > 0
+                && let Ok(addr) = format!("{ip}:{port}").parse()
+            {
+                found.insert(addr);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn fixed_ports_are_found_in_commands_and_manifests() {
+    let found = named_ports(
+        "curl -x http://127.0.0.1:8888 http://127.0.0.1:8081/healthz\nhost: 127.0.0.1\nport: 3128\nlocalhost:9 x127.0.0.1:5 [::1]:7",
+    );
+    let found: Vec<String> = found.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        found,
+        ["127.0.0.1:9", "127.0.0.1:8081", "127.0.0.1:8888", "[::1]:7"]
+    );
+}
+
+/// Every fixed port the run will use or expect closed: the quickstart's
+/// listen addresses, what its External proxies' endpoints name (a Squid on
+/// 127.0.0.1:3128 would make `my-squid` Ready), and what the blocks name.
+fn fixed_ports(ws: &Workspace, blocks: &[&ShellBlock]) -> BTreeMap<SocketAddr, String> {
+    let mut ports = BTreeMap::new();
+    for addr in quickstart_addresses(&ws.quickstart_config()) {
+        ports.insert(addr, "the quickstart's configuration".to_owned());
+    }
+    let manifests = ws.repo().join("config/standalone/proxies");
+    for manifest in std::fs::read_dir(&manifests).unwrap().flatten() {
+        let text = std::fs::read_to_string(manifest.path()).unwrap_or_default();
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_default();
+        let endpoint = &doc["spec"]["endpoint"];
+        if let (Some(host), Some(port)) = (endpoint["host"].as_str(), endpoint["port"].as_u64()) {
+            for addr in named_ports(&format!("{host}:{port}")) {
+                ports
+                    .entry(addr)
+                    .or_insert_with(|| format!("{}", manifest.path().display()));
+            }
+        }
+    }
+    for block in blocks {
+        for addr in named_ports(&block.commands()) {
+            ports.entry(addr).or_insert_with(|| block.place());
+        }
+    }
+    ports
+}
+
+/// Proxies and pools whose state at the end of a page is not what the
+/// pages so far expect: every Proxy `Ready` and every pool's `Ready`
+/// condition true, but where an `expect` marker says otherwise.
+fn unexpected_phases(
+    proxies: &[serde_json::Value],
+    pools: &[serde_json::Value],
+    expected: &BTreeMap<(String, String), String>,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let mut check = |kind: &str, name: &str, phase: &str, detail: &str| {
+        let want = expected
+            .get(&(kind.to_owned(), name.to_owned()))
+            .map_or("Ready", String::as_str);
+        if phase != want {
+            wrong.push(format!("{kind} {name} is {phase}, not {want}{detail}"));
+        }
+    };
+    for proxy in proxies {
+        let name = proxy["metadata"]["name"].as_str().unwrap_or("");
+        let phase = proxy["status"]["phase"].as_str().unwrap_or("(no phase)");
+        let message = proxy["status"]["message"].as_str().unwrap_or("");
+        check("proxy", name, phase, &format!(": {message}"));
+    }
+    for pool in pools {
+        let name = pool["metadata"]["name"].as_str().unwrap_or("");
+        let ready = pool["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        check("pool", name, if ready { "Ready" } else { "NotReady" }, "");
+    }
+    for (kind, name) in expected.keys() {
+        let listed = if kind == "proxy" { proxies } else { pools };
+        if !listed.iter().any(|o| o["metadata"]["name"] == name.as_str()) {
+            wrong.push(format!("{kind} {name} is expected but does not exist"));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn phases_other_than_ready_must_be_expected() {
+    let proxy =
+        |name: &str, phase: &str| serde_json::json!({"metadata": {"name": name}, "status": {"phase": phase}});
+    let pool = |ready: &str| serde_json::json!({"metadata": {"name": "demo"}, "status": {"conditions": [{"type": "Ready", "status": ready}]}});
+    let mut expected = BTreeMap::new();
+    let proxies = [proxy("a", "Ready"), proxy("b", "Unhealthy")];
+    assert_eq!(unexpected_phases(&proxies, &[pool("True")], &expected).len(), 1);
+    expected.insert(("proxy".to_owned(), "b".to_owned()), "Unhealthy".to_owned());
+    assert!(unexpected_phases(&proxies, &[pool("True")], &expected).is_empty());
+    for phase in ["Pending", "BackOff", "Provisioning", "Failed"] {
+        let proxies = [proxy("a", phase), proxy("b", "Unhealthy")];
+        assert_eq!(unexpected_phases(&proxies, &[], &expected).len(), 1, "{phase}");
+    }
+    assert_eq!(unexpected_phases(&proxies, &[pool("False")], &expected).len(), 1);
+    expected.insert(("proxy".to_owned(), "gone".to_owned()), "Unhealthy".to_owned());
+    assert_eq!(
+        unexpected_phases(&proxies, &[], &expected).len(),
+        1,
+        "an expected proxy that is missing"
+    );
+}
+
 /// What a block with a marker is, for the runner.
 fn standalone(block: &ShellBlock) -> Option<Marker> {
     match &block.marker {
@@ -629,22 +917,6 @@ fn standalone(block: &ShellBlock) -> Option<Marker> {
     }
 }
 
-/// The Proxies that are `Failed`, with their messages.
-fn failed(proxies: &[serde_json::Value]) -> Vec<String> {
-    proxies
-        .iter()
-        .filter(|p| p["status"]["phase"] == "Failed")
-        .map(|p| {
-            format!(
-                "{}/{}: {}",
-                p["metadata"]["namespace"].as_str().unwrap_or(""),
-                p["metadata"]["name"].as_str().unwrap_or(""),
-                p["status"]["message"].as_str().unwrap_or("")
-            )
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn standalone_blocks_run_against_the_quickstart() {
     let ws = Workspace::new();
@@ -652,12 +924,6 @@ async fn standalone_blocks_run_against_the_quickstart() {
     let _reaper = Reaper(ws.path().to_owned());
     let _instances = Reaper(ws.repo().join("config/standalone"));
     let addresses = quickstart_addresses(&ws.quickstart_config());
-    for addr in &addresses {
-        assert!(
-            port_is_free(*addr),
-            "{addr}, where the quickstart listens as shipped, is in use: only this test may use it"
-        );
-    }
     let health = addresses[0];
 
     let pages: Vec<(String, Vec<ShellBlock>)> = doc_blocks::user_docs()
@@ -677,6 +943,28 @@ async fn standalone_blocks_run_against_the_quickstart() {
             )
         })
         .collect();
+    let all_blocks: Vec<&ShellBlock> = pages.iter().flat_map(|(_, b)| b).collect();
+    let busy: Vec<String> = fixed_ports(&ws, &all_blocks)
+        .into_iter()
+        .filter(|(addr, _)| !port_is_free(*addr))
+        .map(|(addr, whose)| format!("{addr} (named by {whose})"))
+        .collect();
+    assert!(
+        busy.is_empty(),
+        "ports the docs' blocks use are in use by something else; stop it first:\n{}",
+        busy.join("\n")
+    );
+    let mut expected = BTreeMap::new();
+
+    // The README's first command's build, with the real cargo.
+    let started = std::time::Instant::now();
+    let build_log = ws.path().join("run/cargo-build.log");
+    ws.checkout.build_release(&ws.env(), &build_log);
+    eprintln!(
+        "`cargo run --release` built the checkout in {:?}",
+        started.elapsed()
+    );
+
     let readme = &pages[0].1;
     let quickstart = readme
         .iter()
@@ -750,8 +1038,16 @@ async fn standalone_blocks_run_against_the_quickstart() {
         if let Some(session) = session {
             session.finish().await;
         }
-        if !blocks.is_empty() {
-            assert_nothing_failed(&ws, page).await;
+        let mut expects = false;
+        for expectation in doc_blocks::expectations(&doc_blocks::repo_root().join(page)) {
+            let expectation = expectation.unwrap_or_else(|e| panic!("{page}: {e}"));
+            if expectation.bed == Bed::Standalone {
+                expected.insert((expectation.kind, expectation.name), expectation.phase);
+                expects = true;
+            }
+        }
+        if !blocks.is_empty() || expects {
+            assert_phases_as_expected(&ws, page, &expected).await;
         }
         // Stopped only now: they have had the settling time to fail.
         for mut block in background {
@@ -794,7 +1090,8 @@ async fn standalone_blocks_run_against_the_quickstart() {
             "{addr} is still in use after the quickstart stopped"
         );
     }
-    let left = processes_under(ws.path());
+    let mut left = processes_under(ws.path());
+    left.extend(processes_under(&ws.repo()));
     let leftover = Command::new("bash")
         .arg(doc_blocks::repo_root().join("tests/leftover-processes.sh"))
         .arg(ws.path())
@@ -839,34 +1136,29 @@ impl Drop for StopProxiesOnFailure<'_> {
 }
 
 /// After a page: once the operator has read what the page changed (two
-/// manifest scans) and acted on it, no Proxy is `Failed`.
-async fn assert_nothing_failed(ws: &Workspace, page: &str) {
+/// manifest scans) and acted on it, every Proxy and pool is as the pages
+/// so far expect ([`unexpected_phases`]); a phase still changing gets time.
+async fn assert_phases_as_expected(
+    ws: &Workspace,
+    page: &str,
+    expected: &BTreeMap<(String, String), String>,
+) {
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let proxies = support::eventually(
-        &format!("the Proxies to settle after {page}"),
-        Duration::from_secs(30),
+    support::eventually(
+        &format!("the Proxies and pools to be as expected after {page}"),
+        Duration::from_secs(60),
         async || {
             let proxies = ws.proxies()?;
-            let settling = proxies.iter().any(|p| {
-                matches!(
-                    p["status"]["phase"].as_str(),
-                    None | Some("Pending" | "Provisioning")
-                )
-            });
-            if settling {
-                Err(format!("{:?}", phases(&proxies)))
+            let pools = ws.list("pools")?;
+            let wrong = unexpected_phases(&proxies, &pools, expected);
+            if wrong.is_empty() {
+                Ok(())
             } else {
-                Ok::<_, String>(proxies)
+                Err(wrong.join("; "))
             }
         },
     )
     .await;
-    let failed = failed(&proxies);
-    assert!(
-        failed.is_empty(),
-        "after the blocks of {page}, Proxies are Failed:\n{}",
-        failed.join("\n")
-    );
 }
 
 fn phases(proxies: &[serde_json::Value]) -> BTreeMap<String, String> {
@@ -939,5 +1231,72 @@ mod doc_blocks_parsing {
         assert_eq!(blocks[1].commands(), "echo two \\\n  three\n");
         assert_eq!(blocks[2].code, "kubectl get pods\n");
         assert!(matches!(blocks[2].marker, Some(Ok(Marker::Skip { .. }))));
+    }
+}
+
+/// The fresh checkout's sync (`support::checkout`).
+mod checkout_sync {
+    use std::process::Command;
+    use std::time::Duration;
+
+    use super::support::checkout::sync;
+
+    #[test]
+    fn a_sync_rewrites_only_what_changed_and_drops_the_rest() {
+        let repo = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            assert!(
+                Command::new("git")
+                    .args(args)
+                    .current_dir(repo.path())
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        };
+        git(&["init", "-q"]);
+        std::fs::write(repo.path().join(".gitignore"), "state/\n").unwrap();
+        std::fs::create_dir_all(repo.path().join("src")).unwrap();
+        std::fs::create_dir_all(repo.path().join("state")).unwrap();
+        std::fs::write(repo.path().join("src/a.rs"), "a").unwrap();
+        std::fs::write(repo.path().join("src/b.rs"), "b").unwrap();
+        std::fs::write(repo.path().join("state/db"), "ignored").unwrap();
+        git(&["add", "src/a.rs", ".gitignore"]);
+        let copy = tempfile::tempdir().unwrap();
+        sync(repo.path(), copy.path());
+        assert_eq!(
+            std::fs::read_to_string(copy.path().join("src/b.rs")).unwrap(),
+            "b",
+            "untracked, not ignored"
+        );
+        assert!(!copy.path().join("state").exists(), "ignored files stay out");
+        let before = copy
+            .path()
+            .join("src/a.rs")
+            .metadata()
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::fs::create_dir_all(copy.path().join("target")).unwrap();
+        std::fs::write(copy.path().join("target/keep"), "").unwrap();
+        std::fs::write(copy.path().join("src/stray.rs"), "").unwrap();
+        std::fs::write(repo.path().join("src/b.rs"), "b2").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        sync(repo.path(), copy.path());
+        assert_eq!(
+            copy.path()
+                .join("src/a.rs")
+                .metadata()
+                .unwrap()
+                .modified()
+                .unwrap(),
+            before
+        );
+        assert_eq!(
+            std::fs::read_to_string(copy.path().join("src/b.rs")).unwrap(),
+            "b2"
+        );
+        assert!(!copy.path().join("src/stray.rs").exists());
+        assert!(copy.path().join("target/keep").exists());
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! A shell block is a fenced block whose info string is `sh`, `bash`,
 //! `shell` or `console` (in a `console` block, lines starting with `$ ` are
-//! the commands, the rest is output). The line just before its fence (blank
-//! lines between are allowed) is a marker:
+//! the commands, the rest is output), or `python` (run with the Python
+//! client's interpreter). The line just before its fence (blank lines
+//! between are allowed) is a marker:
 //!
 //! ```text
 //! <!-- doc-test: standalone -->              run, in page order, against the quickstart
@@ -17,6 +18,17 @@
 //!
 //! A block without a marker, or with one that does not parse, fails the doc
 //! test: every command a user is shown is either run or says why it cannot be.
+//!
+//! After a page's blocks, every Proxy must be `Ready` and every pool's
+//! `Ready` condition true, unless the page (or an earlier one) expects
+//! otherwise, and says why in prose, with a line of its own (not just
+//! before a fence):
+//!
+//! ```text
+//! <!-- doc-test: expect standalone proxy my-squid Unhealthy -->
+//! <!-- doc-test: expect kubernetes proxy crawlers/partner-a Unhealthy -->
+//! <!-- doc-test: expect standalone pool demo NotReady -->
+//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -47,7 +59,7 @@ pub struct ShellBlock {
     pub file: PathBuf,
     /// 1-based line of the opening fence.
     pub line: usize,
-    /// The info string: `sh`, `bash`, `shell` or `console`.
+    /// The info string: `sh`, `bash`, `shell`, `console` or `python`.
     pub lang: String,
     /// `None`: no marker; `Some(Err)`: a marker that does not parse.
     pub marker: Option<Result<Marker, String>>,
@@ -137,7 +149,7 @@ fn collect_markdown(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-const SHELL: &[&str] = &["sh", "bash", "shell", "console"];
+const SHELL: &[&str] = &["sh", "bash", "shell", "console", "python"];
 
 /// The shell blocks of one page, in order.
 pub fn shell_blocks(file: &Path) -> Vec<ShellBlock> {
@@ -241,4 +253,76 @@ pub fn parse_marker(spec: &str) -> Result<Marker, String> {
         return Err(format!("`{extra}`: unexpected after the modifier"));
     }
     Ok(marker)
+}
+
+/// A phase a page expects an object to have at its end, other than `Ready`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expectation {
+    pub bed: Bed,
+    /// `proxy` or `pool`.
+    pub kind: String,
+    /// The object's name; `namespace/name` in Kubernetes.
+    pub name: String,
+    /// A Proxy's `status.phase`; a pool's `Ready` or `NotReady`.
+    pub phase: String,
+    /// 1-based line of the marker.
+    pub line: usize,
+}
+
+/// The `expect` markers of a page (outside code blocks), or why one does not parse.
+pub fn expectations(file: &Path) -> Vec<Result<Expectation, String>> {
+    let text = std::fs::read_to_string(file).expect("a readable doc");
+    parse_expectations(&text)
+}
+
+pub fn parse_expectations(text: &str) -> Vec<Result<Expectation, String>> {
+    let mut fence: Option<&str> = None;
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if let Some(f) = fence {
+            if trimmed.starts_with(f) {
+                fence = None;
+            }
+            continue;
+        }
+        if let Some(f) = ["```", "~~~"].into_iter().find(|f| trimmed.starts_with(f)) {
+            fence = Some(f);
+            continue;
+        }
+        let Some(spec) = trimmed
+            .strip_prefix("<!--")
+            .and_then(|t| t.strip_suffix("-->"))
+            .and_then(|t| t.trim().strip_prefix("doc-test:"))
+            .and_then(|t| t.trim().strip_prefix("expect "))
+        else {
+            continue;
+        };
+        let words: Vec<&str> = spec.split_whitespace().collect();
+        let parsed = match words.as_slice() {
+            [bed, kind @ ("proxy" | "pool"), name, phase] => match *bed {
+                "standalone" | "kubernetes" => Ok(Expectation {
+                    bed: if *bed == "standalone" {
+                        Bed::Standalone
+                    } else {
+                        Bed::Kubernetes
+                    },
+                    kind: (*kind).to_owned(),
+                    name: (*name).to_owned(),
+                    phase: (*phase).to_owned(),
+                    line: n + 1,
+                }),
+                other => Err(format!(
+                    "line {}: `{other}`: expected `standalone` or `kubernetes`",
+                    n + 1
+                )),
+            },
+            _ => Err(format!(
+                "line {}: `expect {spec}`: expected `expect <standalone|kubernetes> <proxy|pool> <name> <phase>`",
+                n + 1
+            )),
+        };
+        found.push(parsed);
+    }
+    found
 }

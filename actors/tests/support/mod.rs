@@ -6,6 +6,7 @@
 )]
 
 pub mod address_bed;
+pub mod checkout;
 pub mod doc_blocks;
 pub mod gcp;
 pub mod http;

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import List
 
 import httpx
@@ -24,6 +28,8 @@ from egress_proxies import (
 )
 
 CRAWL = {"group": "crawl"}
+#: The package's sources, as a crawler image would install them.
+SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 def test_acquire_renew_report_release_and_list(client: LeaseClient, operator: Operator) -> None:
@@ -54,6 +60,41 @@ def test_configured_from_the_environment(operator: Operator, monkeypatch: pytest
     with LeaseClient() as client:
         assert {p.name for p in client.list()} >= {"crawl-1", "spare-1"}
     monkeypatch.setenv("DISCOVERY_TOKEN", "wrong")
+    with LeaseClient() as client:
+        with pytest.raises(Unauthorized):
+            client.list()
+
+
+def test_a_documented_crawler_pods_environment_leases(operator: Operator) -> None:
+    # A crawler pod as docs/install.md and docs/clients.md set it up has the
+    # API's URL and the token in these two variables and nothing else of
+    # ours: a fresh interpreter with only them (and what Python needs) leases.
+    script = (
+        "from egress_proxies import LeaseClient\n"
+        "with LeaseClient() as client:\n"
+        "    lease = client.acquire('pod.example', selector={'group': 'crawl'})\n"
+        "    client.release(lease)\n"
+        "    print(lease.proxy.name)\n"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(SRC),
+        "EGRESS_PROXIES_URL": operator.url,
+        "EGRESS_PROXIES_TOKEN": CRAWLER_TOKEN,
+    }
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("crawl-"), done.stdout
+
+
+def test_the_crawler_pods_variable_wins_over_the_operators(operator: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EGRESS_PROXIES_URL", operator.url)
+    monkeypatch.setenv("EGRESS_PROXIES_TOKEN", CRAWLER_TOKEN)
+    monkeypatch.setenv("DISCOVERY_TOKEN", "wrong")
+    with LeaseClient() as client:
+        assert client.list()
+    monkeypatch.setenv("EGRESS_PROXIES_TOKEN", "wrong")
+    monkeypatch.setenv("DISCOVERY_TOKEN", CRAWLER_TOKEN)
     with LeaseClient() as client:
         with pytest.raises(Unauthorized):
             client.list()

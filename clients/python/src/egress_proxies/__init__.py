@@ -6,7 +6,8 @@
 - :mod:`egress_proxies.requests` and :mod:`egress_proxies.httpx`: a session
   and transports that lease a proxy per host.
 
-Configured from ``EGRESS_PROXIES_URL`` and ``DISCOVERY_TOKEN`` unless given.
+Configured from ``EGRESS_PROXIES_URL`` and ``EGRESS_PROXIES_TOKEN`` (else
+``DISCOVERY_TOKEN``) unless given.
 """
 
 from .aio import AsyncLeaseClient

@@ -29,8 +29,20 @@ def resolve_url(url: Optional[str]) -> str:
     return (url or os.environ.get("EGRESS_PROXIES_URL") or DEFAULT_URL).rstrip("/")
 
 
+#: Where the crawler token is read from when no argument gives it, first
+#: match wins: a crawler pod's variable, then the operator's own (handy
+#: beside a standalone operator).
+TOKEN_VARIABLES = ("EGRESS_PROXIES_TOKEN", "DISCOVERY_TOKEN")
+
+
 def resolve_token(token: Optional[str]) -> Optional[str]:
-    return token if token is not None else (os.environ.get("DISCOVERY_TOKEN") or None)
+    if token is not None:
+        return token
+    for name in TOKEN_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
 
 
 def headers(token: Optional[str]) -> Dict[str, str]:

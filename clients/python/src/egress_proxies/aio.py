@@ -26,7 +26,7 @@ class AsyncLeaseClient:
     share between the tasks of one event loop.
 
     ``url`` defaults to ``EGRESS_PROXIES_URL`` (else ``http://127.0.0.1:8090``),
-    ``token`` to ``DISCOVERY_TOKEN`` (else none). Answers ``503`` and ``429``
+    ``token`` to ``EGRESS_PROXIES_TOKEN``, else ``DISCOVERY_TOKEN`` (else none). Answers ``503`` and ``429``
     are asked again per ``retry`` (honouring ``Retry-After``); other errors
     raise at once (see :mod:`egress_proxies.errors`). ``client_name`` is
     sent with every lease, for the operator's logs. Close the client (or use

@@ -40,7 +40,7 @@ class InvalidRequest(ApiError):
 
 
 class Unauthorized(ApiError):
-    """401: no token, or a wrong one (``DISCOVERY_TOKEN``)."""
+    """401: no token, or a wrong one (``EGRESS_PROXIES_TOKEN``)."""
 
 
 class Forbidden(ApiError):
