@@ -3,7 +3,9 @@
 //! the modules of `src/`; the files that decide await nothing; each
 //! provider depends on the contract's shared types only (never on the
 //! registry, the decorators, or another provider); every repository path
-//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists; and the
+//! the docs name (`src/…`, `deploy/…`, `tests/…`, …) exists, every glob
+//! they show matches a file and every source file they name by its bare
+//! name (`gateway.rs`) exists somewhere; and the
 //! architecture's messages table and file map are complete.
 
 use std::path::{Path, PathBuf};
@@ -186,6 +188,133 @@ fn every_repository_path_the_docs_name_exists() {
         "docs name paths that do not exist (write the path from the repository root):\n{}",
         missing.join("\n")
     );
+}
+
+/// Every file of the repository (what git tracks, and new files it does
+/// not ignore), relative to the root.
+fn repository_files() -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root())
+        .output()
+        .expect("git lists the repository");
+    assert!(out.status.success(), "git ls-files failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|f| root().join(f).exists())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether `path` matches the glob `pattern`: `*` within a name, `**` any
+/// number of directories.
+fn glob_matches(pattern: &str, path: &str) -> bool {
+    fn name_matches(pattern: &str, name: &str) -> bool {
+        match pattern.split_once('*') {
+            None => pattern == name,
+            Some((head, tail)) => {
+                name.starts_with(head)
+                    && (head.len()..=name.len()).any(|i| name.is_char_boundary(i) && name_matches(tail, &name[i..]))
+            }
+        }
+    }
+    fn parts_match(pattern: &[&str], path: &[&str]) -> bool {
+        match (pattern.first(), path.first()) {
+            (None, None) => true,
+            (Some(&"**"), _) => {
+                parts_match(&pattern[1..], path) || (!path.is_empty() && parts_match(pattern, &path[1..]))
+            }
+            (Some(p), Some(n)) => name_matches(p, n) && parts_match(&pattern[1..], &path[1..]),
+            _ => false,
+        }
+    }
+    let pattern: Vec<&str> = pattern.trim_end_matches('/').split('/').collect();
+    let path: Vec<&str> = path.split('/').collect();
+    parts_match(&pattern, &path)
+}
+
+/// Backticked globs over repository paths (`deploy/crd/*.yaml`,
+/// `docs/**/*.md`) and bare source file names (`quickstart.rs`,
+/// `run.sh`), outside code blocks, each with its 1-based line.
+fn globs_and_file_names(text: &str, top: &[String]) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut in_block = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if in_block {
+            continue;
+        }
+        for span in line.split('`').skip(1).step_by(2) {
+            if span.contains(|c: char| c.is_whitespace() || "…<>{}$".contains(c)) {
+                continue;
+            }
+            let glob = span.contains('*')
+                && span.split_once('/').is_some_and(|(first, _)| top.iter().any(|t| t == first));
+            let bare = !span.contains('/')
+                && !span.contains('*')
+                && [".rs", ".sh", ".py"].iter().any(|ext| span.ends_with(ext))
+                && span.len() > 3;
+            if glob || bare {
+                found.push((n + 1, span.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+/// A glob the docs show matches at least one file, and a source file the
+/// docs name by its bare name (`gateway.rs`, `run.sh`) exists somewhere:
+/// a renamed or deleted file leaves no stale name behind.
+#[test]
+fn every_glob_and_file_name_the_docs_name_exists() {
+    let top = top_level();
+    let files = repository_files();
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for doc in user_docs() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        let shown = doc.strip_prefix(root()).unwrap().display().to_string();
+        for (line, name) in globs_and_file_names(&text, &top) {
+            named += 1;
+            let exists = if name.contains('*') {
+                files.iter().any(|f| glob_matches(&name, f))
+            } else {
+                files.iter().any(|f| f == &name || f.ends_with(&format!("/{name}")))
+            };
+            if !exists {
+                missing.push(format!("{shown}:{line}: `{name}`"));
+            }
+        }
+    }
+    assert!(named > 50, "the docs name only {named} globs and file names: is the check reading them?");
+    assert!(
+        missing.is_empty(),
+        "docs name files that do not exist (no file has that name, or no file matches the glob):\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn globs_and_bare_file_names_are_found_and_matched() {
+    let top = ["tests", "deploy", "docs"].map(String::from);
+    let text = "`tests/*.rs`, `gateway.rs`, `run.sh` and `deploy/crd/*.yaml`; not `*.yaml`, `a b.rs`, `egress_*`\n```\n`x.rs`\n```\n";
+    assert_eq!(
+        globs_and_file_names(text, &top),
+        [
+            (1, "tests/*.rs".to_owned()),
+            (1, "gateway.rs".to_owned()),
+            (1, "run.sh".to_owned()),
+            (1, "deploy/crd/*.yaml".to_owned())
+        ]
+    );
+    assert!(glob_matches("tests/*.rs", "tests/layout.rs"));
+    assert!(!glob_matches("tests/*.rs", "tests/fake-apiserver/src/lib.rs"));
+    assert!(glob_matches("docs/**/*.md", "docs/reference/cli.md"));
+    assert!(glob_matches("docs/**/*.md", "docs/api.md"));
+    assert!(!glob_matches("deploy/crd/*.yaml", "deploy/crd/kustomization.yml"));
 }
 
 #[test]

@@ -312,6 +312,62 @@ fn slugs_are_githubs() {
     );
 }
 
+/// Every `python` block of the docs, run or not, parses, and what it
+/// imports exists (its `import` statements run with the client package
+/// importable): a renamed module or class fails here even in a block that
+/// needs the Internet to run.
+#[test]
+fn python_blocks_parse_and_their_imports_exist() {
+    let Some(python) = support::clients_python() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install the Python client's venv (tests/python-clients-setup.sh)"
+        );
+        eprintln!("SKIP: no Python client venv (tests/python-clients-setup.sh)");
+        return;
+    };
+    let blocks: Vec<ShellBlock> = doc_blocks::all_shell_blocks()
+        .into_iter()
+        .filter(|b| b.lang == "python")
+        .collect();
+    assert!(blocks.len() >= 4, "the docs' python blocks are found ({})", blocks.len());
+    let checker = r#"
+import ast, json, sys
+problems = []
+for place, code in json.load(sys.stdin):
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        problems.append(f"{place}: does not parse: {e}")
+        continue
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    try:
+        exec(compile(ast.Module(body=imports, type_ignores=[]), place, "exec"), {})
+    except Exception as e:
+        problems.append(f"{place}: {type(e).__name__}: {e}")
+print("\n".join(problems))
+"#;
+    let input: Vec<(String, String)> = blocks.iter().map(|b| (b.place(), b.commands())).collect();
+    let mut child = Command::new(python)
+        .args(["-c", checker])
+        .env("PYTHONPATH", doc_blocks::repo_root().join("clients/python/src"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(serde_json::to_string(&input).unwrap().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the checker ran");
+    let problems = String::from_utf8_lossy(&out.stdout);
+    assert!(problems.trim().is_empty(), "python blocks in the docs:\n{problems}");
+}
+
 // ---------------------------------------------------------------------------
 // The standalone runner.
 
@@ -417,15 +473,6 @@ impl Workspace {
     }
 }
 
-/// The Python client's interpreter (tests/python-clients-setup.sh), if set up.
-fn clients_python() -> Option<PathBuf> {
-    let path = std::env::var_os("EPO_CLIENTS_PYTHON").map_or_else(
-        || PathBuf::from("/var/cache/egress-proxies-operator/venv-clients/bin/python"),
-        PathBuf::from,
-    );
-    path.exists().then_some(path)
-}
-
 /// A process group started by the runner: a background block, or a page's
 /// shell session. Killed with the group when dropped.
 struct Group {
@@ -483,7 +530,7 @@ fn write_script(ws: &Workspace, block: &ShellBlock, n: usize) -> PathBuf {
     if block.lang == "python" {
         let code = ws.path().join(format!("run/{n}.py"));
         std::fs::write(&code, block.commands()).unwrap();
-        let python = clients_python().unwrap_or_else(|| {
+        let python = support::clients_python().unwrap_or_else(|| {
             panic!(
                 "{} is a python block: the doc test runs it with the Python client's interpreter; \
                  run tests/python-clients-setup.sh and set EPO_CLIENTS_PYTHON (tests/run.sh does)",
@@ -840,47 +887,6 @@ fn fixed_ports(ws: &Workspace, blocks: &[&ShellBlock]) -> BTreeMap<SocketAddr, S
     ports
 }
 
-/// Proxies and pools whose state at the end of a page is not what the
-/// pages so far expect: every Proxy `Ready` and every pool's `Ready`
-/// condition true, but where an `expect` marker says otherwise.
-fn unexpected_phases(
-    proxies: &[serde_json::Value],
-    pools: &[serde_json::Value],
-    expected: &BTreeMap<(String, String), String>,
-) -> Vec<String> {
-    let mut wrong = Vec::new();
-    let mut check = |kind: &str, name: &str, phase: &str, detail: &str| {
-        let want = expected
-            .get(&(kind.to_owned(), name.to_owned()))
-            .map_or("Ready", String::as_str);
-        if phase != want {
-            wrong.push(format!("{kind} {name} is {phase}, not {want}{detail}"));
-        }
-    };
-    for proxy in proxies {
-        let name = proxy["metadata"]["name"].as_str().unwrap_or("");
-        let phase = proxy["status"]["phase"].as_str().unwrap_or("(no phase)");
-        let message = proxy["status"]["message"].as_str().unwrap_or("");
-        check("proxy", name, phase, &format!(": {message}"));
-    }
-    for pool in pools {
-        let name = pool["metadata"]["name"].as_str().unwrap_or("");
-        let ready = pool["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        check("pool", name, if ready { "Ready" } else { "NotReady" }, "");
-    }
-    for (kind, name) in expected.keys() {
-        let listed = if kind == "proxy" { proxies } else { pools };
-        if !listed.iter().any(|o| o["metadata"]["name"] == name.as_str()) {
-            wrong.push(format!("{kind} {name} is expected but does not exist"));
-        }
-    }
-    wrong
-}
-
 #[test]
 fn phases_other_than_ready_must_be_expected() {
     let proxy =
@@ -888,17 +894,17 @@ fn phases_other_than_ready_must_be_expected() {
     let pool = |ready: &str| serde_json::json!({"metadata": {"name": "demo"}, "status": {"conditions": [{"type": "Ready", "status": ready}]}});
     let mut expected = BTreeMap::new();
     let proxies = [proxy("a", "Ready"), proxy("b", "Unhealthy")];
-    assert_eq!(unexpected_phases(&proxies, &[pool("True")], &expected).len(), 1);
+    assert_eq!(doc_blocks::unexpected_phases(false, &proxies, &[pool("True")], &expected).len(), 1);
     expected.insert(("proxy".to_owned(), "b".to_owned()), "Unhealthy".to_owned());
-    assert!(unexpected_phases(&proxies, &[pool("True")], &expected).is_empty());
+    assert!(doc_blocks::unexpected_phases(false, &proxies, &[pool("True")], &expected).is_empty());
     for phase in ["Pending", "BackOff", "Provisioning", "Failed"] {
         let proxies = [proxy("a", phase), proxy("b", "Unhealthy")];
-        assert_eq!(unexpected_phases(&proxies, &[], &expected).len(), 1, "{phase}");
+        assert_eq!(doc_blocks::unexpected_phases(false, &proxies, &[], &expected).len(), 1, "{phase}");
     }
-    assert_eq!(unexpected_phases(&proxies, &[pool("False")], &expected).len(), 1);
+    assert_eq!(doc_blocks::unexpected_phases(false, &proxies, &[pool("False")], &expected).len(), 1);
     expected.insert(("proxy".to_owned(), "gone".to_owned()), "Unhealthy".to_owned());
     assert_eq!(
-        unexpected_phases(&proxies, &[], &expected).len(),
+        doc_blocks::unexpected_phases(false, &proxies, &[], &expected).len(),
         1,
         "an expected proxy that is missing"
     );
@@ -1137,7 +1143,7 @@ impl Drop for StopProxiesOnFailure<'_> {
 
 /// After a page: once the operator has read what the page changed (two
 /// manifest scans) and acted on it, every Proxy and pool is as the pages
-/// so far expect ([`unexpected_phases`]); a phase still changing gets time.
+/// so far expect ([`doc_blocks::unexpected_phases`]); a phase still changing gets time.
 async fn assert_phases_as_expected(
     ws: &Workspace,
     page: &str,
@@ -1150,7 +1156,7 @@ async fn assert_phases_as_expected(
         async || {
             let proxies = ws.proxies()?;
             let pools = ws.list("pools")?;
-            let wrong = unexpected_phases(&proxies, &pools, expected);
+            let wrong = doc_blocks::unexpected_phases(false, &proxies, &pools, expected);
             if wrong.is_empty() {
                 Ok(())
             } else {

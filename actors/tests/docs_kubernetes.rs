@@ -7,11 +7,14 @@
 //! section), then every other page's `kubernetes` blocks in the order of
 //! [`support::doc_blocks::user_docs`], then install.md's Uninstall blocks.
 //! Each page runs in one `bash -euo pipefail` (variables and the working
-//! directory carry from block to block), from a copy of the repository,
-//! with `KUBECONFIG` naming the fake, `kubectl` the real one and
-//! `cargo run [-q] [--release] -- ARGS` (and `egress-proxies-operator`)
-//! the already-built operator binary. After each page no Proxy may be
-//! `Failed`.
+//! directory carry from block to block), in the fresh checkout the
+//! standalone doc test uses too (`support::checkout`), with `KUBECONFIG`
+//! naming the fake, `kubectl` the real one, `cargo` the real one (built
+//! there first with `cargo run --release -- --version`) and
+//! `egress-proxies-operator` the binary that build leaves in
+//! `target/release/`. After each page every Proxy is `Ready` and every
+//! pool's `Ready` condition true, but where a page's `expect` marker says
+//! otherwise (`support::doc_blocks`).
 //!
 //! The test stands in for the parts of a cluster the fake has not got:
 //! - the kubelet of the operator's Deployment ([`Kubelet`]): once the
@@ -33,6 +36,10 @@
 //!   it (`connect-to`), and resolves the name to the pod address
 //!   (`resolve`, which curl applies to a proxy's name too: `-x`), so the
 //!   docs' curl commands keep the in-cluster URL;
+//! - the pods of the kubernetes provider: the samples' Squid pods run as a
+//!   Squid without Internet access (every request answered `503`, on a pod
+//!   address of their own), so they run and their health check fails,
+//!   which install.md's `expect` markers say;
 //! - the Internet: the sample proxies' default health check
 //!   (`https://www.gstatic.com/generate_204`) cannot pass here, so after
 //!   install.md the test adds one Proxy of its own, health-checked against a
@@ -151,7 +158,7 @@ impl Kubelet {
 
     /// One look at the cluster: start, restart or stop the operator; run the own proxy's pod.
     fn tick(&mut self) {
-        self.run_own_pod();
+        self.run_proxy_pods();
         let Some(deployment) = self.deployment() else {
             if let Some((mut operator, _, _)) = self.operator.take() {
                 stop(&mut operator);
@@ -209,6 +216,7 @@ impl Kubelet {
         };
         let labels = &deployment["spec"]["template"]["metadata"]["labels"];
         let mut lines = String::new();
+        let mut names = serde_json::Map::new();
         for service in list(&self.fake, "", "services", None) {
             let selector = service["spec"]["selector"]
                 .as_object()
@@ -238,6 +246,7 @@ impl Kubelet {
                         ));
                         // A proxy's name (`-x`) is resolved, never connected-to.
                         if port["port"].as_u64() == Some(u64::from(host.port())) {
+                            names.insert(format!("{name}.{ns}.{domain}"), json!(host.ip().to_string()));
                             lines.push_str(&format!(
                                 "resolve = \"{name}.{ns}.{domain}:{}:{}\"\n",
                                 port["port"],
@@ -249,6 +258,8 @@ impl Kubelet {
             }
         }
         std::fs::write(self.home.join(".curlrc"), lines).unwrap();
+        // The same names for a crawler's Python process ([`crawler_pod_leases`]).
+        std::fs::write(self.root.join("cluster-dns.json"), Value::Object(names).to_string()).unwrap();
     }
 
     /// What the kubelet would run for the Deployment's pod, or why it cannot.
@@ -477,29 +488,51 @@ impl Kubelet {
         )))
     }
 
-    /// The test's own proxy: a pod of the kubernetes provider whose
-    /// container is the built-in forward proxy on loopback.
-    fn run_own_pod(&mut self) {
-        let Some(uid) = self.own_proxy.clone() else { return };
-        for pod in list(&self.fake, "", "pods", Some(CRAWLERS)) {
-            if pod["metadata"]["labels"]["crawl.example.com/uid"] != uid.as_str()
-                || pod["status"]["phase"] == "Running"
-            {
+    /// The pods of the kubernetes provider (the operator creates them, each
+    /// labelled with its Proxy's UID), run once the pod exists: the test's
+    /// own proxy as the built-in forward proxy on 127.0.0.1 (its
+    /// `spec.port`); any other (the samples' Squid) as a stand-in for a
+    /// Squid in a cluster without Internet access, on a pod address of its
+    /// own at the container's port: every request is answered `503`, as
+    /// such a Squid answers when it cannot resolve or reach the
+    /// destination — so the pod runs and the Proxy's health check fails
+    /// without any packet leaving loopback.
+    fn run_proxy_pods(&mut self) {
+        for pod in list(&self.fake, "", "pods", None) {
+            let Some(uid) = pod["metadata"]["labels"]["crawl.example.com/uid"].as_str() else {
+                continue;
+            };
+            if pod["status"]["phase"] == "Running" {
                 continue;
             }
-            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            let ip = if self.own_proxy.as_deref() == Some(uid) {
+                IpAddr::from([127, 0, 0, 1])
+            } else {
+                let ip = pod_ip();
+                let ports: Vec<u16> = pod["spec"]["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|p| p["containerPort"].as_u64().and_then(|p| u16::try_from(p).ok()))
+                    .collect();
+                for port in ports {
+                    let listener = std::net::TcpListener::bind(SocketAddr::new(ip, port)).unwrap();
+                    listener.set_nonblocking(true).unwrap();
+                    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                    tokio::spawn(offline_squid(listener));
+                }
+                ip
+            };
+            let (ns, name) = (
+                pod["metadata"]["namespace"].as_str().unwrap_or_default().to_owned(),
+                pod["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+            );
             let mut state = self.fake.state.lock().unwrap();
-            let running = json!({"status": {"phase": "Running", "podIP": "127.0.0.1",
+            let running = json!({"status": {"phase": "Running", "podIP": ip.to_string(),
                 "conditions": [{"type": "Ready", "status": "True"}]}});
             state
-                .patch(
-                    kind("", "pods"),
-                    CRAWLERS,
-                    &name,
-                    "application/merge-patch+json",
-                    running,
-                    true,
-                )
+                .patch(kind("", "pods"), &ns, &name, "application/merge-patch+json", running, true)
                 .unwrap();
         }
     }
@@ -539,6 +572,28 @@ struct Pod {
     dir: PathBuf,
     /// Container port name → (container port, where it listens).
     ports: BTreeMap<String, (u16, SocketAddr)>,
+}
+
+/// A Squid without Internet access, as the samples' pods are here: each
+/// request read is answered `503 Service Unavailable`, as Squid answers
+/// when it cannot resolve or reach a destination.
+async fn offline_squid(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    while let Ok((mut stream, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65_536 {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .await;
+        });
+    }
 }
 
 /// A loopback address of a pod's own, as a pod has its own IP: the
@@ -668,18 +723,13 @@ impl Shell {
             .process_group(0)
             .spawn()
             .unwrap();
-        let mut shell = Self {
+        let shell = Self {
             child: Killed(child),
             dir,
             log,
             blocks: 0,
             backgrounds: Vec::new(),
         };
-        // `cargo run [flags] -- ARGS` is the already-built binary with ARGS.
-        shell.send(
-            "cargo() {\n  if [ \"${1:-}\" != run ]; then echo \"the doc test runs only 'cargo run': cargo $*\" >&2; return 1; fi\n  \
-             shift; while [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done; [ $# -gt 0 ] && shift\n  \"$EPO_BIN\" \"$@\"\n}\n",
-        );
         shell
     }
 
@@ -823,45 +873,36 @@ fn kubernetes_blocks(file: &Path) -> Vec<(ShellBlock, bool)> {
         .collect()
 }
 
-/// No Proxy left `Failed`, once each has a phase.
-async fn no_proxy_failed(page: &str, kubelet: &mut Kubelet) {
+/// After a page: every Proxy `Ready` and every pool's `Ready` condition
+/// true, but where the pages so far expect otherwise (`expect` markers;
+/// `support::doc_blocks`); a phase still changing gets [`PHASE_TIMEOUT`].
+async fn phases_as_expected(page: &str, kubelet: &mut Kubelet, expected: &BTreeMap<(String, String), String>) {
     let started = Instant::now();
     loop {
         kubelet.tick();
         let proxies = list(&kubelet.fake, "crawl.example.com", "proxies", None);
-        let name = |p: &Value| {
-            format!(
-                "{}/{}",
-                p["metadata"]["namespace"].as_str().unwrap_or(""),
-                p["metadata"]["name"].as_str().unwrap_or("")
-            )
-        };
-        let failed: Vec<String> = proxies
-            .iter()
-            .filter(|p| p["status"]["phase"] == "Failed")
-            .map(|p| format!("{} ({})", name(p), p["status"]["message"].as_str().unwrap_or("")))
-            .collect();
-        assert!(
-            failed.is_empty(),
-            "{page} leaves Proxies Failed: {}\n{}",
-            failed.join("; "),
-            kubelet.explain()
-        );
-        let without: Vec<String> = proxies
-            .iter()
-            .filter(|p| p["status"]["phase"].is_null())
-            .map(name)
-            .collect();
-        if without.is_empty() {
+        let pools = list(&kubelet.fake, "crawl.example.com", "proxypools", None);
+        let wrong = support::doc_blocks::unexpected_phases(true, &proxies, &pools, expected);
+        if wrong.is_empty() {
             return;
         }
         assert!(
             started.elapsed() < PHASE_TIMEOUT,
-            "{page}: Proxies without a phase after {PHASE_TIMEOUT:?}: {}\n{}",
-            without.join(", "),
+            "after {page}: {}\n{}",
+            wrong.join("; "),
             kubelet.explain()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Adds the `kubernetes` expectations of `page` to `expected`.
+fn expect_from(page: &Path, expected: &mut BTreeMap<(String, String), String>) {
+    for expectation in support::doc_blocks::expectations(page) {
+        let expectation = expectation.unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        if expectation.bed == Bed::Kubernetes {
+            expected.insert((expectation.kind, expectation.name), expectation.phase);
+        }
     }
 }
 
@@ -913,6 +954,149 @@ async fn add_own_proxy(kubelet: &mut Kubelet) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A crawler pod as docs/install.md and docs/clients.md write it leases
+/// with the Python client: the `env` of each of their YAML examples that
+/// sets `EGRESS_PROXIES_URL` is resolved as the kubelet would (values, and
+/// Secret keys from the crawler namespace) and given, with nothing else of
+/// ours, to a Python process that takes and gives back a lease. Cluster DNS
+/// for the Service names is a `sitecustomize` mapping them to the pod
+/// addresses behind them (as `~/.curlrc` does for curl).
+fn crawler_pod_leases(kubelet: &Kubelet) {
+    let Some(python) = support::clients_python() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install the Python client's venv (tests/python-clients-setup.sh)"
+        );
+        eprintln!("SKIP: the crawler pod's lease with the Python client: no venv (tests/python-clients-setup.sh)");
+        return;
+    };
+    let dns = std::fs::read_to_string(kubelet.root.join("cluster-dns.json")).unwrap();
+    let site = kubelet.root.join("crawler-pod-site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        format!(
+            "# Cluster DNS for the doc test's crawler pod: Service names to pod addresses.\n\
+             import socket\n_names = {dns}\n_real = socket.getaddrinfo\n\
+             def _getaddrinfo(host, *args, **kwargs):\n    return _real(_names.get(host, host), *args, **kwargs)\n\
+             socket.getaddrinfo = _getaddrinfo\n"
+        ),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for page in ["docs/install.md", "docs/clients.md"] {
+        let text = std::fs::read_to_string(repo_root().join(page)).unwrap();
+        for (line, yaml) in yaml_blocks(&text) {
+            let Ok(documents) = serde_saphyr::from_multiple::<Value>(&yaml) else {
+                continue;
+            };
+            for env in documents.iter().flat_map(container_envs) {
+                if !env.iter().any(|v| v["name"] == "EGRESS_PROXIES_URL") {
+                    continue;
+                }
+                checked += 1;
+                let place = format!("{page}:{line}");
+                let mut vars: Vec<(String, String)> = Vec::new();
+                for var in &env {
+                    let name = var["name"].as_str().unwrap_or_default().to_owned();
+                    let value = match (var["value"].as_str(), &var["valueFrom"]["secretKeyRef"]) {
+                        (Some(value), _) => value.to_owned(),
+                        (None, secret) if secret.is_object() => {
+                            let (secret_name, key) = (
+                                secret["name"].as_str().unwrap_or_default(),
+                                secret["key"].as_str().unwrap_or_default(),
+                            );
+                            let found = get(&kubelet.fake, "", "secrets", CRAWLERS, secret_name).unwrap_or_else(|| {
+                                panic!("{place}: the crawler pod's Secret {CRAWLERS}/{secret_name} does not exist after install.md")
+                            });
+                            let data = object_data(&found);
+                            let bytes = data.get(key).unwrap_or_else(|| {
+                                panic!("{place}: Secret {CRAWLERS}/{secret_name} has no key {key}")
+                            });
+                            String::from_utf8(bytes.clone()).unwrap()
+                        }
+                        _ => panic!("{place}: env {name} is neither a value nor a Secret key"),
+                    };
+                    vars.push((name, value));
+                }
+                let out = Command::new(&python)
+                    .args([
+                        "-c",
+                        "from egress_proxies import LeaseClient\n\
+                         with LeaseClient() as client:\n    \
+                         lease = client.acquire('example.org')\n    \
+                         client.release(lease)\n    \
+                         print(lease.proxy.name)\n",
+                    ])
+                    .env_clear()
+                    .envs(vars.iter().cloned())
+                    .env("PATH", "/usr/bin:/bin")
+                    .env(
+                        "PYTHONPATH",
+                        format!("{}:{}", repo_root().join("clients/python/src").display(), site.display()),
+                    )
+                    .env("PYTHONDONTWRITEBYTECODE", "1")
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{place}: a crawler pod with this environment ({}) cannot lease with the Python client:\n{}",
+                    vars.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", "),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                eprintln!(
+                    "{place}: a crawler pod with this environment leased {}",
+                    String::from_utf8_lossy(&out.stdout).trim()
+                );
+            }
+        }
+    }
+    assert!(checked >= 2, "install.md and clients.md each show a crawler pod's env ({checked} found)");
+}
+
+/// The YAML blocks of a Markdown text, with their 1-based opening lines.
+fn yaml_blocks(text: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, usize, String)> = None;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        match &mut open {
+            None if trimmed.starts_with("```yaml") || trimmed.starts_with("```yml") => {
+                open = Some((n + 1, indent, String::new()));
+            }
+            Some((at, _, code)) if trimmed.starts_with("```") => {
+                blocks.push((*at, std::mem::take(code)));
+                open = None;
+            }
+            Some((_, indent, code)) => {
+                code.push_str(line.get((*indent).min(line.len() - trimmed.len())..).unwrap_or(""));
+                code.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// Every `env` list of a container anywhere in a YAML document.
+fn container_envs(document: &Value) -> Vec<Vec<Value>> {
+    let mut found = Vec::new();
+    match document {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("env", Value::Array(vars)) => found.push(vars.clone()),
+                    _ => found.extend(container_envs(value)),
+                }
+            }
+        }
+        Value::Array(items) => found.extend(items.iter().flat_map(container_envs)),
+        _ => {}
+    }
+    found
 }
 
 /// The label crawler pods carry (install.md, clients.md).
@@ -1032,24 +1216,6 @@ fn crawler_pods_are_admitted(kubelet: &Kubelet) {
     }
 }
 
-/// Copies the repository (without .git) to `dest`.
-fn copy_repository(dest: &Path) {
-    let root = repo_root();
-    for entry in std::fs::read_dir(&root).unwrap().flatten() {
-        let name = entry.file_name();
-        if name == ".git" || name == "target" {
-            continue;
-        }
-        let status = Command::new("cp")
-            .arg("-a")
-            .arg(entry.path())
-            .arg(dest)
-            .status()
-            .unwrap();
-        assert!(status.success(), "copying {}", entry.path().display());
-    }
-}
-
 /// README's Kubernetes summary repeats install.md's commands, word for word.
 fn readme_summary_matches_install(install: &[(ShellBlock, bool)]) {
     let readme = repo_root().join("README.md");
@@ -1084,27 +1250,28 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
     let kubectl = kubectl();
     let fake = FakeApiServer::start_cluster().unwrap();
     let scratch = Scratch(tempfile::tempdir().unwrap());
-    let (repo, home, bin) = (
-        scratch.path().join("repo"),
-        scratch.path().join("home"),
-        scratch.path().join("bin"),
-    );
-    for dir in [&repo, &home, &bin] {
+    // The docs run in the fresh checkout, with the real cargo.
+    let checkout = support::checkout::Checkout::take();
+    let _checkout_reaper = support::process::Reaper(checkout.root().to_owned());
+    let repo = checkout.root().to_owned();
+    let (home, bin) = (scratch.path().join("home"), scratch.path().join("bin"));
+    for dir in [&home, &bin] {
         std::fs::create_dir_all(dir).unwrap();
     }
-    copy_repository(&repo);
     let kubeconfig = scratch.path().join("kubeconfig");
     std::fs::write(&kubeconfig, fake.kubeconfig("default")).unwrap();
     std::os::unix::fs::symlink(&kubectl, bin.join("kubectl")).unwrap();
-    std::os::unix::fs::symlink(BIN, bin.join("egress-proxies-operator")).unwrap();
+    std::os::unix::fs::symlink(checkout.release_binary(), bin.join("egress-proxies-operator")).unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let env: Vec<(String, String)> = vec![
+    let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), path),
         ("HOME".into(), home.display().to_string()),
         ("KUBECONFIG".into(), kubeconfig.display().to_string()),
-        ("EPO_BIN".into(), BIN.into()),
         ("TMPDIR".into(), scratch.path().display().to_string()),
     ];
+    env.extend(support::checkout::cargo_env());
+    checkout.build_release(&env, &scratch.path().join("cargo-build.log"));
+    let mut expected = BTreeMap::new();
     let mut kubelet = Kubelet {
         fake: fake.clone(),
         root: scratch.path().join("kubelet"),
@@ -1151,9 +1318,11 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
         text.contains("docker build") && text.matches(image.as_str()).count() >= 2,
         "docs/install.md builds and loads {image}, the image the Deployment runs"
     );
-    no_proxy_failed("docs/install.md", &mut kubelet).await;
+    expect_from(&install, &mut expected);
+    phases_as_expected("docs/install.md", &mut kubelet, &expected).await;
     crawler_pods_are_admitted(&kubelet);
     add_own_proxy(&mut kubelet).await;
+    crawler_pod_leases(&kubelet);
 
     // Every other page.
     for page in user_docs() {
@@ -1170,13 +1339,11 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
             shell.run(block, *background, &mut kubelet).await;
         }
         shell.finish();
-        no_proxy_failed(
-            &page
-                .strip_prefix(repo_root())
-                .unwrap_or(&page)
-                .display()
-                .to_string(),
+        expect_from(&page, &mut expected);
+        phases_as_expected(
+            &page.strip_prefix(repo_root()).unwrap_or(&page).display().to_string(),
             &mut kubelet,
+            &expected,
         )
         .await;
     }

@@ -30,6 +30,7 @@
 //! <!-- doc-test: expect standalone pool demo NotReady -->
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Where a block runs.
@@ -325,4 +326,54 @@ pub fn parse_expectations(text: &str) -> Vec<Result<Expectation, String>> {
         found.push(parsed);
     }
     found
+}
+
+/// Proxies and pools whose state at the end of a page is not what the
+/// pages so far expect: every Proxy `Ready` and every pool's `Ready`
+/// condition true, but where an `expect` marker says otherwise. Names are
+/// `namespace/name` when `namespaced` (Kubernetes).
+pub fn unexpected_phases(
+    namespaced: bool,
+    proxies: &[serde_json::Value],
+    pools: &[serde_json::Value],
+    expected: &BTreeMap<(String, String), String>,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let mut check = |kind: &str, name: &str, phase: &str, detail: &str| {
+        let want = expected
+            .get(&(kind.to_owned(), name.to_owned()))
+            .map_or("Ready", String::as_str);
+        if phase != want {
+            wrong.push(format!("{kind} {name} is {phase}, not {want}{detail}"));
+        }
+    };
+    let name_of = |object: &serde_json::Value| {
+        let name = object["metadata"]["name"].as_str().unwrap_or("");
+        match object["metadata"]["namespace"].as_str() {
+            Some(ns) if namespaced => format!("{ns}/{name}"),
+            _ => name.to_owned(),
+        }
+    };
+    for proxy in proxies {
+        let name = &name_of(proxy);
+        let phase = proxy["status"]["phase"].as_str().unwrap_or("(no phase)");
+        let message = proxy["status"]["message"].as_str().unwrap_or("");
+        check("proxy", name, phase, &format!(": {message}"));
+    }
+    for pool in pools {
+        let name = &name_of(pool);
+        let ready = pool["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        check("pool", name, if ready { "Ready" } else { "NotReady" }, "");
+    }
+    for (kind, name) in expected.keys() {
+        let listed = if kind == "proxy" { proxies } else { pools };
+        if !listed.iter().any(|o| name_of(o) == *name) {
+            wrong.push(format!("{kind} {name} is expected but does not exist"));
+        }
+    }
+    wrong
 }

@@ -23,6 +23,17 @@ use std::time::{Duration, Instant};
 
 use egress_proxies::installation::InstallationId;
 
+/// The Python client's interpreter (a virtual environment with its test
+/// dependencies, made by tests/python-clients-setup.sh; tests/run.sh sets
+/// `EPO_CLIENTS_PYTHON`), if there is one.
+pub fn clients_python() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("EPO_CLIENTS_PYTHON").map_or_else(
+        || std::path::PathBuf::from("/var/cache/egress-proxies-operator/venv-clients/bin/python"),
+        std::path::PathBuf::from,
+    );
+    path.exists().then_some(path)
+}
+
 /// The installation tests run as.
 pub const INSTALLATION: &str = "itest";
 
