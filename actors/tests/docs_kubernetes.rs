@@ -36,15 +36,19 @@
 //!   it (`connect-to`), and resolves the name to the pod address
 //!   (`resolve`, which curl applies to a proxy's name too: `-x`), so the
 //!   docs' curl commands keep the in-cluster URL;
-//! - the pods of the kubernetes provider: the samples' Squid pods run as a
-//!   Squid without Internet access (every request answered `503`, on a pod
-//!   address of their own), so they run and their health check fails,
-//!   which install.md's `expect` markers say;
-//! - the Internet: the sample proxies' default health check
-//!   (`https://www.gstatic.com/generate_204`) cannot pass here, so after
-//!   install.md the test adds one Proxy of its own, health-checked against a
-//!   loopback target, whose pod it runs (the built-in forward proxy
-//!   standing in for Squid): the Ready proxy a crawler's lease gets.
+//! - the Internet, as far as the samples need it: their health check's
+//!   `https://www.gstatic.com/generate_204`, served on loopback with a
+//!   certificate of the test's own CA, which the operator's probes trust
+//!   (`HEALTH_CA_FILE`, set by the kubelet beside `KUBECONFIG`);
+//! - the pods of the kubernetes provider: a sample's Squid pod runs, on a
+//!   pod address of its own, as a stand-in that relays `CONNECT
+//!   www.gstatic.com:443` to that Internet and answers anything else `503`
+//!   (a Squid that cannot reach it), so the samples' Proxies become Ready
+//!   as in a cluster; after install.md the test adds one Proxy of its own,
+//!   health-checked against a loopback target, whose pod is the built-in
+//!   forward proxy;
+//! - the operator's pod object (`kubectl get pod $POD_NAME`), created
+//!   with the template's labels and containers when the kubelet starts it.
 //!
 //! README's Kubernetes summary must repeat install.md's commands.
 
@@ -138,6 +142,10 @@ struct Kubelet {
     started: usize,
     /// The UID of the test's own proxy, once created.
     own_proxy: Option<String>,
+    /// The operator's pod object in the fake: (namespace, name).
+    pod_record: Option<(String, String)>,
+    /// The Internet's stand-in (`www.gstatic.com:443`) and its CA (PEM).
+    internet: (SocketAddr, PathBuf),
 }
 
 impl Kubelet {
@@ -162,6 +170,9 @@ impl Kubelet {
         let Some(deployment) = self.deployment() else {
             if let Some((mut operator, _, _)) = self.operator.take() {
                 stop(&mut operator);
+            }
+            if let Some((namespace, name)) = self.pod_record.take() {
+                let _ = self.fake.state.lock().unwrap().delete(kind("", "pods"), &namespace, &name, &json!({}));
             }
             self.waiting = None;
             return;
@@ -193,10 +204,12 @@ impl Kubelet {
         command
             .args(&pod.args)
             .env_clear()
-            .envs(pod.env)
+            .envs(pod.env.iter().cloned())
             // In a pod the operator finds the API server through its
             // service account; here through a kubeconfig.
             .env("KUBECONFIG", &self.kubeconfig)
+            // The Internet's stand-in is signed by the test's own CA.
+            .env("HEALTH_CA_FILE", &self.internet.1)
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .current_dir(&pod.dir)
             .stdin(Stdio::null())
@@ -205,7 +218,29 @@ impl Kubelet {
             .process_group(0);
         let child = Killed(command.spawn().unwrap());
         self.write_curlrc(&pod.ports);
+        self.record_pod(&pod, &template);
         self.operator = Some((child, template, log));
+    }
+
+    /// The operator's pod as the API shows it (`kubectl get pod $POD_NAME`):
+    /// the template's labels and containers, `Running`; the pod it replaces
+    /// is deleted, as its Deployment's rollout would.
+    fn record_pod(&mut self, pod: &Pod, template: &Value) {
+        let mut state = self.fake.state.lock().unwrap();
+        if let Some((namespace, name)) = self.pod_record.take() {
+            let _ = state.delete(kind("", "pods"), &namespace, &name, &json!({}));
+        }
+        let object = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod.name, "namespace": pod.namespace,
+                         "labels": template["metadata"]["labels"]},
+            "spec": template["spec"],
+            "status": {"phase": "Running"}
+        });
+        state
+            .create(kind("", "pods"), &pod.namespace, object)
+            .expect("the operator's pod is recorded");
+        self.pod_record = Some((pod.namespace.clone(), pod.name.clone()));
     }
 
     /// `~/.curlrc`: each Service selecting the operator's pod, by its
@@ -409,6 +444,8 @@ impl Kubelet {
             }
         }
         Ok(Pod {
+            name: pod_name,
+            namespace: ns,
             args,
             env,
             dir,
@@ -492,11 +529,10 @@ impl Kubelet {
     /// labelled with its Proxy's UID), run once the pod exists: the test's
     /// own proxy as the built-in forward proxy on 127.0.0.1 (its
     /// `spec.port`); any other (the samples' Squid) as a stand-in for a
-    /// Squid in a cluster without Internet access, on a pod address of its
-    /// own at the container's port: every request is answered `503`, as
-    /// such a Squid answers when it cannot resolve or reach the
-    /// destination — so the pod runs and the Proxy's health check fails
-    /// without any packet leaving loopback.
+    /// Squid, on a pod address of its
+    /// own at the container's port ([`squid_stand_in`]): it reaches the
+    /// Internet's stand-in only, so the samples' health checks pass without
+    /// any packet leaving loopback.
     fn run_proxy_pods(&mut self) {
         for pod in list(&self.fake, "", "pods", None) {
             let Some(uid) = pod["metadata"]["labels"]["crawl.example.com/uid"].as_str() else {
@@ -520,7 +556,7 @@ impl Kubelet {
                     let listener = std::net::TcpListener::bind(SocketAddr::new(ip, port)).unwrap();
                     listener.set_nonblocking(true).unwrap();
                     let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                    tokio::spawn(offline_squid(listener));
+                    tokio::spawn(squid_stand_in(listener, self.internet.0));
                 }
                 ip
             };
@@ -567,6 +603,9 @@ enum Wait {
 
 /// What the kubelet runs.
 struct Pod {
+    /// The pod's name (`POD_NAME`), under which the kubelet records it.
+    name: String,
+    namespace: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
     dir: PathBuf,
@@ -574,20 +613,98 @@ struct Pod {
     ports: BTreeMap<String, (u16, SocketAddr)>,
 }
 
-/// A Squid without Internet access, as the samples' pods are here: each
-/// request read is answered `503 Service Unavailable`, as Squid answers
-/// when it cannot resolve or reach a destination.
-async fn offline_squid(listener: tokio::net::TcpListener) {
+/// The part of the Internet the samples need: their health check's
+/// `https://www.gstatic.com/generate_204`, served on loopback with a
+/// certificate from a CA of the test's own (written to `dir`, trusted by
+/// the operator's probes through `HEALTH_CA_FILE`), answering `204`.
+async fn internet(dir: &Path) -> (SocketAddr, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![GSTATIC.to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let ca_file = dir.join("internet-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(leaf.der().to_vec())],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else { return };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = tls
+                    .write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (addr, ca_file)
+}
+
+/// The samples' health check host, which [`internet`] stands in for.
+const GSTATIC: &str = "www.gstatic.com";
+
+/// A sample's Squid pod: `CONNECT www.gstatic.com:443` is relayed to the
+/// Internet's stand-in, as a Squid with Internet access would; anything
+/// else is answered `503 Service Unavailable`, as Squid answers a
+/// destination it cannot reach — no packet leaves loopback.
+async fn squid_stand_in(listener: tokio::net::TcpListener, internet: SocketAddr) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     while let Ok((mut stream, _)) = listener.accept().await {
         tokio::spawn(async move {
             let mut head = Vec::new();
             let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65_536 {
+            let end = loop {
+                if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+                if head.len() > 65_536 {
+                    return;
+                }
                 match stream.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
                     Ok(n) => head.extend_from_slice(&buf[..n]),
                 }
+            };
+            if head.starts_with(format!("CONNECT {GSTATIC}:443 ").as_bytes())
+                && let Ok(mut upstream) = tokio::net::TcpStream::connect(internet).await
+            {
+                if stream.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err()
+                    || upstream.write_all(&head[end..]).await.is_err()
+                {
+                    return;
+                }
+                let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+                return;
             }
             let _ = stream
                 .write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -1282,6 +1399,8 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
         pull_failure: None,
         started: 0,
         own_proxy: None,
+        pod_record: None,
+        internet: internet(scratch.path()).await,
     };
     std::fs::create_dir_all(&kubelet.root).unwrap();
 
@@ -1313,10 +1432,23 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
         .as_str()
         .unwrap()
         .to_owned();
+    // A tag per build: the version and the checkout's commit.
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    let tag = format!("{version}-{}", String::from_utf8_lossy(&commit.stdout).trim());
+    assert_eq!(
+        image,
+        format!("egress-proxies-operator:{tag}"),
+        "the Deployment runs the image of this build"
+    );
     let text = std::fs::read_to_string(&install).unwrap();
     assert!(
-        text.contains("docker build") && text.matches(image.as_str()).count() >= 2,
-        "docs/install.md builds and loads {image}, the image the Deployment runs"
+        text.contains("docker build") && text.matches("egress-proxies-operator:$TAG").count() >= 2,
+        "docs/install.md builds and loads egress-proxies-operator:$TAG, the image the Deployment runs"
     );
     expect_from(&install, &mut expected);
     phases_as_expected("docs/install.md", &mut kubelet, &expected).await;

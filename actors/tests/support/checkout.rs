@@ -1,7 +1,8 @@
 //! The copy of the repository the doc runners run the docs in, as a new
 //! user's fresh clone: the files git tracks (and new ones it does not
 //! ignore), without `.git`, build output or a quickstart's state — with the
-//! real `cargo` building in it. The copy lives at one place per target
+//! real `cargo` building in it, and a git repository of its own (a
+//! clone is one). The copy lives at one place per target
 //! directory (`$CARGO_TARGET_TMPDIR/docs-checkout`) and keeps its own
 //! `target/` between runs: each run rewrites only the files whose bytes
 //! changed, so cargo rebuilds only what changed, as it would for the user.
@@ -91,6 +92,29 @@ impl Checkout {
     }
 }
 
+/// A clone is a git repository (the docs take the image tag from its
+/// commit): the copy is one, with a commit of its own whenever its files
+/// changed.
+fn commit(copy: &Path) {
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=doc test", "-c", "user.email=doc-test@localhost"])
+            .args(args)
+            .current_dir(copy)
+            .output()
+            .expect("git runs");
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    if !copy.join(".git").exists() {
+        git(&["init", "-q"]);
+    }
+    git(&["add", "-A"]);
+    if !git(&["status", "--porcelain"]).trim().is_empty() {
+        git(&["commit", "-q", "-m", "the repository's files, as the doc tests run them"]);
+    }
+}
+
 /// The variables the real cargo needs in a clean environment: where the
 /// user's toolchain (rustup) and registry cache are — the runner's own.
 pub fn cargo_env() -> Vec<(String, String)> {
@@ -165,12 +189,12 @@ pub fn sync(repo: &Path, copy: &Path) {
 }
 
 /// Deletes what `dir` holds that is not among `files` (but `target/` at
-/// the top); empty directories go too.
+/// the top, and the copy's own `.git`); empty directories go too.
 fn remove_extra(root: &Path, dir: &Path, files: &BTreeSet<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         let path = entry.path();
         let name = path.strip_prefix(root).unwrap().to_path_buf();
-        if name == Path::new("target") {
+        if name == Path::new("target") || name == Path::new(".git") {
             continue;
         }
         if entry.file_type().unwrap().is_dir() {
