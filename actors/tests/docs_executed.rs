@@ -330,7 +330,11 @@ fn python_blocks_parse_and_their_imports_exist() {
         .into_iter()
         .filter(|b| b.lang == "python")
         .collect();
-    assert!(blocks.len() >= 4, "the docs' python blocks are found ({})", blocks.len());
+    assert!(
+        blocks.len() >= 4,
+        "the docs' python blocks are found ({})",
+        blocks.len()
+    );
     let checker = r#"
 import ast, json, sys
 problems = []
@@ -365,7 +369,10 @@ print("\n".join(problems))
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "the checker ran");
     let problems = String::from_utf8_lossy(&out.stdout);
-    assert!(problems.trim().is_empty(), "python blocks in the docs:\n{problems}");
+    assert!(
+        problems.trim().is_empty(),
+        "python blocks in the docs:\n{problems}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -819,36 +826,9 @@ fn quickstart_addresses(config: &Path) -> Vec<SocketAddr> {
     addresses
 }
 
-/// The fixed loopback ports a text names (`127.0.0.1:3128`,
-/// `localhost:8090`, `[::1]:8888`), with the address to bind to check them.
-fn named_ports(text: &str) -> BTreeSet<SocketAddr> {
-    let mut found = BTreeSet::new();
-    for (host, ip) in [
-        ("127.0.0.1:", "127.0.0.1"),
-        ("localhost:", "127.0.0.1"),
-        ("[::1]:", "[::1]"),
-    ] {
-        for (at, _) in text.match_indices(host) {
-            let after = &text[at + host.len()..];
-            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
-            let before = text[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '.') {
-                continue;
-            }
-            if let Ok(port) = digits.parse::<u16>()
-                && port > 0
-                && let Ok(addr) = format!("{ip}:{port}").parse()
-            {
-                found.insert(addr);
-            }
-        }
-    }
-    found
-}
-
 #[test]
 fn fixed_ports_are_found_in_commands_and_manifests() {
-    let found = named_ports(
+    let found = doc_blocks::named_ports(
         "curl -x http://127.0.0.1:8888 http://127.0.0.1:8081/healthz\nhost: 127.0.0.1\nport: 3128\nlocalhost:9 x127.0.0.1:5 [::1]:7",
     );
     let found: Vec<String> = found.iter().map(ToString::to_string).collect();
@@ -872,7 +852,7 @@ fn fixed_ports(ws: &Workspace, blocks: &[&ShellBlock]) -> BTreeMap<SocketAddr, S
         let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_default();
         let endpoint = &doc["spec"]["endpoint"];
         if let (Some(host), Some(port)) = (endpoint["host"].as_str(), endpoint["port"].as_u64()) {
-            for addr in named_ports(&format!("{host}:{port}")) {
+            for addr in doc_blocks::named_ports(&format!("{host}:{port}")) {
                 ports
                     .entry(addr)
                     .or_insert_with(|| format!("{}", manifest.path().display()));
@@ -880,7 +860,7 @@ fn fixed_ports(ws: &Workspace, blocks: &[&ShellBlock]) -> BTreeMap<SocketAddr, S
         }
     }
     for block in blocks {
-        for addr in named_ports(&block.commands()) {
+        for addr in doc_blocks::named_ports(&block.commands()) {
             ports.entry(addr).or_insert_with(|| block.place());
         }
     }
@@ -894,14 +874,24 @@ fn phases_other_than_ready_must_be_expected() {
     let pool = |ready: &str| serde_json::json!({"metadata": {"name": "demo"}, "status": {"conditions": [{"type": "Ready", "status": ready}]}});
     let mut expected = BTreeMap::new();
     let proxies = [proxy("a", "Ready"), proxy("b", "Unhealthy")];
-    assert_eq!(doc_blocks::unexpected_phases(false, &proxies, &[pool("True")], &expected).len(), 1);
+    assert_eq!(
+        doc_blocks::unexpected_phases(false, &proxies, &[pool("True")], &expected).len(),
+        1
+    );
     expected.insert(("proxy".to_owned(), "b".to_owned()), "Unhealthy".to_owned());
     assert!(doc_blocks::unexpected_phases(false, &proxies, &[pool("True")], &expected).is_empty());
     for phase in ["Pending", "BackOff", "Provisioning", "Failed"] {
         let proxies = [proxy("a", phase), proxy("b", "Unhealthy")];
-        assert_eq!(doc_blocks::unexpected_phases(false, &proxies, &[], &expected).len(), 1, "{phase}");
+        assert_eq!(
+            doc_blocks::unexpected_phases(false, &proxies, &[], &expected).len(),
+            1,
+            "{phase}"
+        );
     }
-    assert_eq!(doc_blocks::unexpected_phases(false, &proxies, &[pool("False")], &expected).len(), 1);
+    assert_eq!(
+        doc_blocks::unexpected_phases(false, &proxies, &[pool("False")], &expected).len(),
+        1
+    );
     expected.insert(("proxy".to_owned(), "gone".to_owned()), "Unhealthy".to_owned());
     assert_eq!(
         doc_blocks::unexpected_phases(false, &proxies, &[], &expected).len(),

@@ -172,7 +172,12 @@ impl Kubelet {
                 stop(&mut operator);
             }
             if let Some((namespace, name)) = self.pod_record.take() {
-                let _ = self.fake.state.lock().unwrap().delete(kind("", "pods"), &namespace, &name, &json!({}));
+                let _ =
+                    self.fake
+                        .state
+                        .lock()
+                        .unwrap()
+                        .delete(kind("", "pods"), &namespace, &name, &json!({}));
             }
             self.waiting = None;
             return;
@@ -294,7 +299,11 @@ impl Kubelet {
         }
         std::fs::write(self.home.join(".curlrc"), lines).unwrap();
         // The same names for a crawler's Python process ([`crawler_pod_leases`]).
-        std::fs::write(self.root.join("cluster-dns.json"), Value::Object(names).to_string()).unwrap();
+        std::fs::write(
+            self.root.join("cluster-dns.json"),
+            Value::Object(names).to_string(),
+        )
+        .unwrap();
     }
 
     /// What the kubelet would run for the Deployment's pod, or why it cannot.
@@ -561,14 +570,24 @@ impl Kubelet {
                 ip
             };
             let (ns, name) = (
-                pod["metadata"]["namespace"].as_str().unwrap_or_default().to_owned(),
+                pod["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
                 pod["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
             );
             let mut state = self.fake.state.lock().unwrap();
             let running = json!({"status": {"phase": "Running", "podIP": ip.to_string(),
                 "conditions": [{"type": "Ready", "status": "True"}]}});
             state
-                .patch(kind("", "pods"), &ns, &name, "application/merge-patch+json", running, true)
+                .patch(
+                    kind("", "pods"),
+                    &ns,
+                    &name,
+                    "application/merge-patch+json",
+                    running,
+                    true,
+                )
                 .unwrap();
         }
     }
@@ -651,7 +670,9 @@ async fn internet(dir: &Path) -> (SocketAddr, PathBuf) {
         while let Ok((stream, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(stream).await else { return };
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
                 let mut head = Vec::new();
                 let mut buf = [0u8; 4096];
                 while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -698,7 +719,10 @@ async fn squid_stand_in(listener: tokio::net::TcpListener, internet: SocketAddr)
             if head.starts_with(format!("CONNECT {GSTATIC}:443 ").as_bytes())
                 && let Ok(mut upstream) = tokio::net::TcpStream::connect(internet).await
             {
-                if stream.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err()
+                if stream
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_err()
                     || upstream.write_all(&head[end..]).await.is_err()
                 {
                     return;
@@ -707,7 +731,9 @@ async fn squid_stand_in(listener: tokio::net::TcpListener, internet: SocketAddr)
                 return;
             }
             let _ = stream
-                .write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                )
                 .await;
         });
     }
@@ -993,7 +1019,11 @@ fn kubernetes_blocks(file: &Path) -> Vec<(ShellBlock, bool)> {
 /// After a page: every Proxy `Ready` and every pool's `Ready` condition
 /// true, but where the pages so far expect otherwise (`expect` markers;
 /// `support::doc_blocks`); a phase still changing gets [`PHASE_TIMEOUT`].
-async fn phases_as_expected(page: &str, kubelet: &mut Kubelet, expected: &BTreeMap<(String, String), String>) {
+async fn phases_as_expected(
+    page: &str,
+    kubelet: &mut Kubelet,
+    expected: &BTreeMap<(String, String), String>,
+) {
     let started = Instant::now();
     loop {
         kubelet.tick();
@@ -1086,7 +1116,9 @@ fn crawler_pod_leases(kubelet: &Kubelet) {
             std::env::var_os("CI").is_none(),
             "CI must install the Python client's venv (tests/python-clients-setup.sh)"
         );
-        eprintln!("SKIP: the crawler pod's lease with the Python client: no venv (tests/python-clients-setup.sh)");
+        eprintln!(
+            "SKIP: the crawler pod's lease with the Python client: no venv (tests/python-clients-setup.sh)"
+        );
         return;
     };
     let dns = std::fs::read_to_string(kubelet.root.join("cluster-dns.json")).unwrap();
@@ -1152,7 +1184,11 @@ fn crawler_pod_leases(kubelet: &Kubelet) {
                     .env("PATH", "/usr/bin:/bin")
                     .env(
                         "PYTHONPATH",
-                        format!("{}:{}", repo_root().join("clients/python/src").display(), site.display()),
+                        format!(
+                            "{}:{}",
+                            repo_root().join("clients/python/src").display(),
+                            site.display()
+                        ),
                     )
                     .env("PYTHONDONTWRITEBYTECODE", "1")
                     .output()
@@ -1160,7 +1196,10 @@ fn crawler_pod_leases(kubelet: &Kubelet) {
                 assert!(
                     out.status.success(),
                     "{place}: a crawler pod with this environment ({}) cannot lease with the Python client:\n{}",
-                    vars.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", "),
+                    vars.iter()
+                        .map(|(k, _)| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     String::from_utf8_lossy(&out.stderr)
                 );
                 eprintln!(
@@ -1170,7 +1209,10 @@ fn crawler_pod_leases(kubelet: &Kubelet) {
             }
         }
     }
-    assert!(checked >= 2, "install.md and clients.md each show a crawler pod's env ({checked} found)");
+    assert!(
+        checked >= 2,
+        "install.md and clients.md each show a crawler pod's env ({checked} found)"
+    );
 }
 
 /// The YAML blocks of a Markdown text, with their 1-based opening lines.
@@ -1189,7 +1231,10 @@ fn yaml_blocks(text: &str) -> Vec<(usize, String)> {
                 open = None;
             }
             Some((_, indent, code)) => {
-                code.push_str(line.get((*indent).min(line.len() - trimmed.len())..).unwrap_or(""));
+                code.push_str(
+                    line.get((*indent).min(line.len() - trimmed.len())..)
+                        .unwrap_or(""),
+                );
                 code.push('\n');
             }
             None => {}
@@ -1405,6 +1450,23 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
     std::fs::create_dir_all(&kubelet.root).unwrap();
 
     let install = repo_root().join("docs/install.md");
+    // Fixed ports a block binds (a local operator's listeners) must be free.
+    let busy: Vec<String> = user_docs()
+        .iter()
+        .flat_map(|page| kubernetes_blocks(page))
+        .flat_map(|(block, _)| {
+            support::doc_blocks::named_ports(&block.commands())
+                .into_iter()
+                .map(move |addr| (addr, block.place()))
+        })
+        .filter(|(addr, _)| std::net::TcpListener::bind(addr).is_err())
+        .map(|(addr, place)| format!("{addr} (named at {place})"))
+        .collect();
+    assert!(
+        busy.is_empty(),
+        "ports the docs' blocks use are in use by something else; stop it first:\n{}",
+        busy.join("\n")
+    );
     let install_blocks = kubernetes_blocks(&install);
     assert!(
         !install_blocks.is_empty(),
@@ -1473,7 +1535,11 @@ async fn the_kubernetes_docs_work_as_written_against_a_cluster() {
         shell.finish();
         expect_from(&page, &mut expected);
         phases_as_expected(
-            &page.strip_prefix(repo_root()).unwrap_or(&page).display().to_string(),
+            &page
+                .strip_prefix(repo_root())
+                .unwrap_or(&page)
+                .display()
+                .to_string(),
             &mut kubelet,
             &expected,
         )

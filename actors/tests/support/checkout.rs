@@ -103,7 +103,11 @@ fn commit(copy: &Path) {
             .current_dir(copy)
             .output()
             .expect("git runs");
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     if !copy.join(".git").exists() {
@@ -111,7 +115,12 @@ fn commit(copy: &Path) {
     }
     git(&["add", "-A"]);
     if !git(&["status", "--porcelain"]).trim().is_empty() {
-        git(&["commit", "-q", "-m", "the repository's files, as the doc tests run them"]);
+        git(&[
+            "commit",
+            "-q",
+            "-m",
+            "the repository's files, as the doc tests run them",
+        ]);
     }
 }
 

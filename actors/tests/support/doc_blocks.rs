@@ -30,7 +30,8 @@
 //! <!-- doc-test: expect standalone pool demo NotReady -->
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// Where a block runs.
@@ -376,4 +377,31 @@ pub fn unexpected_phases(
         }
     }
     wrong
+}
+
+/// The fixed loopback ports a text names (`127.0.0.1:3128`,
+/// `localhost:8090`, `[::1]:8888`), with the address to bind to check them.
+pub fn named_ports(text: &str) -> BTreeSet<SocketAddr> {
+    let mut found = BTreeSet::new();
+    for (host, ip) in [
+        ("127.0.0.1:", "127.0.0.1"),
+        ("localhost:", "127.0.0.1"),
+        ("[::1]:", "[::1]"),
+    ] {
+        for (at, _) in text.match_indices(host) {
+            let after = &text[at + host.len()..];
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '.') {
+                continue;
+            }
+            if let Ok(port) = digits.parse::<u16>()
+                && port > 0
+                && let Ok(addr) = format!("{ip}:{port}").parse()
+            {
+                found.insert(addr);
+            }
+        }
+    }
+    found
 }
