@@ -866,14 +866,13 @@ impl Shell {
             .process_group(0)
             .spawn()
             .unwrap();
-        let shell = Self {
+        Self {
             child: Killed(child),
             dir,
             log,
             blocks: 0,
             backgrounds: Vec::new(),
-        };
-        shell
+        }
     }
 
     fn send(&mut self, text: &str) {
