@@ -4,7 +4,14 @@
 use std::process::Command;
 
 fn git(args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).output().ok()?;
+    // No optional locks: `git status` would otherwise refresh and rewrite
+    // `.git/index`, which this script watches, so every build would leave
+    // the next one a reason to build again.
+    let out = Command::new("git")
+        .arg("--no-optional-locks")
+        .args(args)
+        .output()
+        .ok()?;
     let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
     (out.status.success() && !text.is_empty()).then_some(text)
 }
