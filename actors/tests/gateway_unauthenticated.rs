@@ -14,7 +14,9 @@
 //!   authenticated, are unaffected; a closed one makes room again.
 //! - The head budget: an unfinished head over what is left of it gets
 //!   `431`; a head that fits is served; once a connection has
-//!   authenticated its heads no longer draw from the budget.
+//!   authenticated its heads no longer draw from the budget. A `407`
+//!   closes a connection whose head was over the free 4 KiB, and keeps
+//!   one whose head was small.
 
 mod support;
 
@@ -508,6 +510,30 @@ async fn unfinished_heads_share_a_budget_until_their_connection_authenticates() 
         .await
         .unwrap();
     assert_eq!(read_head(&mut crawler, PATIENCE).await.status(), 204);
+    // A 407 keeps a connection whose head was small (challenge and
+    // response on one connection), and closes one whose head was large.
+    let mut small = connect_from(from, gateway).await.unwrap();
+    small
+        .write_all(&get(site, "/small-407", false, 100))
+        .await
+        .unwrap();
+    assert_eq!(read_head(&mut small, PATIENCE).await.status(), 407);
+    small.write_all(&get(site, "/after-407", true, 0)).await.unwrap();
+    assert_eq!(
+        read_head(&mut small, PATIENCE).await.status(),
+        204,
+        "kept after a small 407"
+    );
+    let mut large = connect_from(from, gateway).await.unwrap();
+    large
+        .write_all(&get(site, "/large-407", false, 6 * 1024))
+        .await
+        .unwrap();
+    assert_eq!(read_head(&mut large, PATIENCE).await.status(), 407);
+    assert!(
+        closed(&mut large, Duration::from_secs(5)).await,
+        "kept after a large 407"
+    );
     // The holder leaves: its share comes back.
     drop(holder);
     operator

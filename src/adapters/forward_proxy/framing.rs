@@ -55,7 +55,10 @@ pub struct FramingTracker {
     state: State,
     /// An incomplete head, chunk-size line or trailer line.
     pending: Vec<u8>,
-    verdicts: VecDeque<Verdict>,
+    /// Each head's verdict, and its length.
+    verdicts: VecDeque<(Verdict, usize)>,
+    /// The length of the head whose verdict was taken last.
+    taken_head: usize,
     /// When the tracker holds unfinished heads back (for a [`FramingGuard`]):
     /// the bytes fed that may go on to hyper, in order. An unfinished head
     /// stays in `pending` until it completes.
@@ -70,6 +73,7 @@ impl Default for FramingTracker {
             state: State::default(),
             pending: Vec::new(),
             verdicts: VecDeque::new(),
+            taken_head: 0,
             released: None,
             head_capacity: MAX_HEAD,
         }
@@ -112,7 +116,9 @@ impl FramingTracker {
 
     /// The verdict on the oldest request head not yet taken.
     pub fn next_verdict(&mut self) -> Option<Verdict> {
-        self.verdicts.pop_front()
+        let (verdict, head) = self.verdicts.pop_front()?;
+        self.taken_head = head;
+        Some(verdict)
     }
 
     /// Bytes of an unfinished head held now.
@@ -229,7 +235,7 @@ impl FramingTracker {
             return match parse_head(bytes) {
                 Parsed::Complete(n, verdict, next) => {
                     self.release(&bytes[..n]);
-                    self.judged(n, verdict, next)
+                    self.judged(n, n, verdict, next)
                 }
                 Parsed::Partial if bytes.len() > MAX_HEAD => self.given_up(bytes),
                 Parsed::Partial => {
@@ -256,7 +262,7 @@ impl FramingTracker {
             Parsed::Complete(n, verdict, next) => {
                 let earlier = pending.len() - bytes.len();
                 self.release(&pending[..n]);
-                self.judged(n - earlier, verdict, next)
+                self.judged(n - earlier, n, verdict, next)
             }
             Parsed::Partial => {
                 self.pending = pending;
@@ -289,8 +295,8 @@ impl FramingTracker {
         self.stop(bytes.len())
     }
 
-    fn judged(&mut self, used: usize, verdict: Verdict, next: State) -> usize {
-        self.verdicts.push_back(verdict);
+    fn judged(&mut self, used: usize, head: usize, verdict: Verdict, next: State) -> usize {
+        self.verdicts.push_back((verdict, head));
         self.state = if verdict == Verdict::Clear {
             next
         } else {
@@ -431,6 +437,11 @@ impl Verdicts {
     /// follow the connection that far.
     pub fn next(&self) -> Option<Verdict> {
         self.tracker().next_verdict()
+    }
+
+    /// The length of the request head whose verdict [`Self::next`] gave last.
+    pub fn head_length(&self) -> usize {
+        self.tracker().taken_head
     }
 
     fn tracker(&self) -> MutexGuard<'_, FramingTracker> {

@@ -68,6 +68,15 @@ pub fn unauthenticated_limits() -> UnauthenticatedLimits {
     }
 }
 
+/// Whether a connection refused its credentials should be closed rather
+/// than kept: one that never authenticated and sent a head larger than its
+/// free allowance, which hyper's buffer grew to hold and would keep while
+/// the connection idles. A usual challenge-response client keeps its
+/// connection.
+pub(crate) fn holds_a_large_buffer(slot: &Slot, verdicts: &Verdicts) -> bool {
+    !slot.is_authenticated() && verdicts.head_length() > slot.unauthenticated().limits().free_head
+}
+
 /// Time allowed to connect to a destination.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// An idle pooled upstream connection is closed after this.
@@ -200,9 +209,7 @@ impl Proxy {
         if let Some(auth) = &self.auth {
             let presented = request.headers().get(header::PROXY_AUTHORIZATION);
             if !presented.is_some_and(|value| auth.admits(value.as_bytes())) {
-                // A connection that never authenticated is not kept: hyper's
-                // buffer may have grown to the head's size.
-                let close = tunnel || !slot.is_authenticated();
+                let close = tunnel || holds_a_large_buffer(&slot, verdicts);
                 return authentication_required(close, in_flight);
             }
         }

@@ -28,11 +28,11 @@ use crate::config::{BODY_SCAN_LIMIT, GatewaySettings};
 use crate::destinations::{CheckedConnectError, DestinationPolicy, check_destination};
 use crate::forward_proxy::answers::{answer, authentication_required};
 use crate::forward_proxy::body::{ProxyBody, read_up_to};
-use crate::forward_proxy::client_connection;
 use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::request::{Target, drop_hop_by_hop, forwarded_headers, target_of};
 use crate::forward_proxy::tunnel::{Tally, established, splice};
 use crate::forward_proxy::zero_copy::Way;
+use crate::forward_proxy::{client_connection, holds_a_large_buffer};
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
 use crate::lease::rendezvous::session_digest;
 use crate::lease::{GATEWAY_CLIENT, Outcome};
@@ -259,10 +259,8 @@ impl Gateway {
         }
         let wanted = match self.admit(&request, peer, &slot, &mut exchange) {
             Ok(wanted) => wanted,
-            // A connection that never authenticated is not kept after its
-            // 407: hyper's buffer may have grown to the head's size.
             Err(e) => {
-                let close = tunnel || !slot.is_authenticated();
+                let close = tunnel || holds_a_large_buffer(&slot, verdicts);
                 return refusal(&e, &mut exchange, close, in_flight);
             }
         };
@@ -447,8 +445,8 @@ fn describe(headers: &mut HeaderMap, upstream: &Upstream, exchange: &Exchange, b
 
 /// The gateway's own answer to a failure: its status, the reason header,
 /// `Retry-After` when waiting helps; the exchange records it. `close` (a
-/// tunnel's refusal, or a connection that never authenticated) ends the
-/// connection after it.
+/// tunnel's refusal, or a connection that never authenticated and sent a
+/// large head) ends the connection after it.
 fn refusal(
     e: &GatewayError,
     exchange: &mut Exchange,
