@@ -214,7 +214,7 @@ async fn closed(s: &mut TcpStream, patience: Duration) -> bool {
 struct Reply {
     status: u16,
     /// For failure messages.
-    #[allow(dead_code)]
+    #[allow(dead_code, reason = "read through Debug, in failure messages")]
     head: String,
 }
 
