@@ -64,6 +64,10 @@ pub const MEMORY_RESERVE: u64 = 64 * 1024 * 1024;
 /// side and on its upstream's, and the upstream socket. Rounded up.
 pub const MEMORY_PER_CONNECTION: u64 = 48 * 1024;
 
+/// What one discovery API connection may hold at most: actix-web's read
+/// buffer for an unfinished head (up to 128 KiB) and its 8 KiB write buffer.
+pub const DISCOVERY_MEMORY_PER_CONNECTION: u64 = 136 * 1024;
+
 /// The most connections that fit in a memory limit of `limit` bytes (none:
 /// no bound) when each costs `per_connection` and `held` bytes are held
 /// apart (a head budget) besides [`MEMORY_RESERVE`]; at least 1.
@@ -141,6 +145,19 @@ impl ListenerLimits {
         }
     }
 
+    /// These limits, the discovery API's cap also fitting half of what the
+    /// memory limit `memory_limit` leaves (the gateway, in the same process,
+    /// sizes its cap to the memory too) at
+    /// [`DISCOVERY_MEMORY_PER_CONNECTION`] each: actix-web buffers an
+    /// unfinished head of up to 128 KiB for the request-head timeout.
+    pub fn within_memory(mut self, listener: Listener, memory_limit: Option<u64>) -> Self {
+        if listener == Listener::Discovery {
+            let cap = memory_cap(memory_limit, 0, DISCOVERY_MEMORY_PER_CONNECTION) / 2;
+            self.max_connections = self.max_connections.min(cap.max(4));
+        }
+        self
+    }
+
     /// The cap of each of `workers` threads that share the connections
     /// (actix counts per worker), at least one.
     pub fn per_worker(&self, workers: usize) -> usize {
@@ -187,6 +204,25 @@ mod tests {
             assert!(
                 u64::try_from(used).unwrap() + RESERVED_MIN <= limit,
                 "{limit}: {used}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_discovery_api_s_cap_fits_half_the_memory_limit_and_only_its_own() {
+        const MIB: u64 = 1024 * 1024;
+        for (listener, file_limit, memory, cap) in [
+            (Listener::Discovery, 1_048_576, Some(256 * MIB), 722),
+            (Listener::Discovery, 1_048_576, Some(4096 * MIB), 10_000),
+            (Listener::Discovery, 1_048_576, None, 10_000),
+            (Listener::Discovery, 1024, Some(256 * MIB), 384),
+            (Listener::Discovery, 1_048_576, Some(64 * MIB), 4),
+            (Listener::Metrics, 1_048_576, Some(64 * MIB), 64),
+        ] {
+            let limits = ListenerLimits::of(listener, file_limit).within_memory(listener, memory);
+            assert_eq!(
+                limits.max_connections, cap,
+                "{listener:?} {file_limit} {memory:?}"
             );
         }
     }
