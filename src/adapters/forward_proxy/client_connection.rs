@@ -1,6 +1,7 @@
 //! One client connection of a proxy listener (the built-in forward proxy,
 //! the gateway): hyper's HTTP/1 server with upgrades over the framing
-//! guard, ended when the listener evicts the connection or its relay stalls.
+//! guard, set up once the first request head is complete, ended when the
+//! listener evicts the connection or its relay stalls.
 
 use std::convert::Infallible;
 use std::future::Future;
