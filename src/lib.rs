@@ -40,6 +40,7 @@ pub mod domain;
 pub mod bind_address;
 pub mod file_limit;
 pub mod listener_limits;
+pub mod memory_limit;
 pub mod metrics_access;
 pub mod private_files;
 pub mod rate_limit;

@@ -8,9 +8,76 @@
 //! rest of the process (probes, the store, the API server's connections):
 //! a flood of idle connections to one listener fills its cap and waits in
 //! the kernel's accept queue, without starving the other listeners or the
-//! process of files.
+//! process of files. A cap also fits the process's memory limit
+//! ([`memory_cap`]), and what a client that has not authenticated may make
+//! the proxy listeners hold is bounded by [`UnauthenticatedLimits`].
 
 use std::time::Duration;
+
+/// What the proxy listeners (the gateway, the built-in proxy) let clients
+/// that have not authenticated yet hold (docs/security.md, "Hostile
+/// clients"). A connection counts as unauthenticated until one of its
+/// requests passed the credentials check (or came from a client network
+/// served without credentials).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnauthenticatedLimits {
+    /// Bytes of an unfinished request head each connection may hold of its own.
+    pub free_head: usize,
+    /// Bytes beyond `free_head` that the unfinished heads of all of a
+    /// listener's connections may hold together; a head that finds it
+    /// spent is answered `431`.
+    pub head_budget: usize,
+    /// Connections one source address (an IPv6 /64) may hold open before
+    /// authenticating; the next is answered `429`.
+    pub connections_per_source: usize,
+}
+
+impl UnauthenticatedLimits {
+    /// A usual request head (URL, cookies, user agent) fits in 4 KiB.
+    pub const DEFAULT_FREE_HEAD: usize = 4 * 1024;
+    /// About 300 slow heads of 56 KB at once; little next to the default
+    /// memory limit (256 MiB) and the reserve kept for the rest of the process.
+    pub const DEFAULT_HEAD_BUDGET: usize = 16 * 1024 * 1024;
+    /// A crawler pod or node behind one address opens connections in bursts
+    /// well below this, and each stops counting once it has authenticated.
+    pub const DEFAULT_CONNECTIONS_PER_SOURCE: usize = 256;
+}
+
+impl Default for UnauthenticatedLimits {
+    fn default() -> Self {
+        Self {
+            free_head: Self::DEFAULT_FREE_HEAD,
+            head_budget: Self::DEFAULT_HEAD_BUDGET,
+            connections_per_source: Self::DEFAULT_CONNECTIONS_PER_SOURCE,
+        }
+    }
+}
+
+/// Memory kept for everything but a listener's connections: the operator's
+/// own state, its other listeners, the runtime, the allocator's slack.
+pub const MEMORY_RESERVE: u64 = 64 * 1024 * 1024;
+/// What one open connection of a proxy listener may cost, besides its
+/// share of the head budget and any body or tunnel it relays: before it
+/// authenticates, the task, the framing guard and its free head allowance
+/// (measured: about 6.5 KiB each, 3,000 connections holding 4 KB heads);
+/// once it is served, hyper's 8 KiB read and write buffers on the client's
+/// side and on its upstream's, and the upstream socket. Rounded up.
+pub const MEMORY_PER_CONNECTION: u64 = 48 * 1024;
+
+/// What one discovery API connection may hold at most: actix-web's read
+/// buffer for an unfinished head (up to 128 KiB) and its 8 KiB write buffer.
+pub const DISCOVERY_MEMORY_PER_CONNECTION: u64 = 136 * 1024;
+
+/// The most connections that fit in a memory limit of `limit` bytes (none:
+/// no bound) when each costs `per_connection` and `held` bytes are held
+/// apart (a head budget) besides [`MEMORY_RESERVE`]; at least 1.
+pub fn memory_cap(limit: Option<u64>, held: u64, per_connection: u64) -> usize {
+    let Some(limit) = limit else {
+        return usize::MAX;
+    };
+    let room = limit.saturating_sub(MEMORY_RESERVE).saturating_sub(held) / per_connection.max(1);
+    usize::try_from(room).unwrap_or(usize::MAX).max(1)
+}
 
 /// Time from a connection's start to the end of its first request's head:
 /// a client that connects and says nothing, or sends its headers a byte at
@@ -78,6 +145,19 @@ impl ListenerLimits {
         }
     }
 
+    /// These limits, the discovery API's cap also fitting half of what the
+    /// memory limit `memory_limit` leaves (the gateway, in the same process,
+    /// sizes its cap to the memory too) at
+    /// [`DISCOVERY_MEMORY_PER_CONNECTION`] each: actix-web buffers an
+    /// unfinished head of up to 128 KiB for the request-head timeout.
+    pub fn within_memory(mut self, listener: Listener, memory_limit: Option<u64>) -> Self {
+        if listener == Listener::Discovery {
+            let cap = memory_cap(memory_limit, 0, DISCOVERY_MEMORY_PER_CONNECTION) / 2;
+            self.max_connections = self.max_connections.min(cap.max(4));
+        }
+        self
+    }
+
     /// The cap of each of `workers` threads that share the connections
     /// (actix counts per worker), at least one.
     pub fn per_worker(&self, workers: usize) -> usize {
@@ -88,6 +168,26 @@ impl ListenerLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_cap_leaves_the_reserve_and_the_budget_and_divides_the_rest() {
+        const MIB: u64 = 1024 * 1024;
+        for (limit, held, per_connection, cap) in [
+            (None, 16 * MIB, 48 * 1024, usize::MAX),
+            // The shipped Deployment's limit, the default budget.
+            (Some(256 * MIB), 16 * MIB, 48 * 1024, 3754),
+            (Some(256 * MIB), 0, 48 * 1024, 4096),
+            (Some(1024 * MIB), 16 * MIB, 48 * 1024, 20_138),
+            // Less than the reserve still serves one.
+            (Some(32 * MIB), 16 * MIB, 48 * 1024, 1),
+        ] {
+            assert_eq!(
+                memory_cap(limit, held, per_connection),
+                cap,
+                "{limit:?} {held} {per_connection}"
+            );
+        }
+    }
 
     fn caps(file_limit: u64) -> [usize; 3] {
         [Listener::Discovery, Listener::Metrics, Listener::Health]
@@ -104,6 +204,25 @@ mod tests {
             assert!(
                 u64::try_from(used).unwrap() + RESERVED_MIN <= limit,
                 "{limit}: {used}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_discovery_api_s_cap_fits_half_the_memory_limit_and_only_its_own() {
+        const MIB: u64 = 1024 * 1024;
+        for (listener, file_limit, memory, cap) in [
+            (Listener::Discovery, 1_048_576, Some(256 * MIB), 722),
+            (Listener::Discovery, 1_048_576, Some(4096 * MIB), 10_000),
+            (Listener::Discovery, 1_048_576, None, 10_000),
+            (Listener::Discovery, 1024, Some(256 * MIB), 384),
+            (Listener::Discovery, 1_048_576, Some(64 * MIB), 4),
+            (Listener::Metrics, 1_048_576, Some(64 * MIB), 64),
+        ] {
+            let limits = ListenerLimits::of(listener, file_limit).within_memory(listener, memory);
+            assert_eq!(
+                limits.max_connections, cap,
+                "{listener:?} {file_limit} {memory:?}"
             );
         }
     }

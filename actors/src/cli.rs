@@ -100,7 +100,7 @@ pub enum Command {
 pub struct ConnectionLimitArgs {
     /// At most this many client connections at a time; at the cap the
     /// longest-idle one is closed for a new one [default: what the file
-    /// limit allows, 3 descriptors each]
+    /// limit allows, 3 descriptors each, and the memory limit]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
     /// A complete request head must arrive within this after the connection
@@ -114,8 +114,10 @@ pub struct ConnectionLimitArgs {
 
 impl ConnectionLimitArgs {
     pub fn settings(&self) -> ListenerSettings {
-        let mut settings =
-            ListenerSettings::for_file_limit(egress_proxies::forward_proxy::FDS_PER_CONNECTION);
+        let mut settings = ListenerSettings::for_process_limits(
+            egress_proxies::forward_proxy::FDS_PER_CONNECTION,
+            egress_proxies::forward_proxy::unauthenticated_limits(),
+        );
         if let Some(max) = self.max_connections {
             settings.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
         }

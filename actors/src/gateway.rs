@@ -93,7 +93,18 @@ pub fn start(
         token,
         leases: Arc::new(StoreLeases(desk)),
     };
-    let settings = ListenerSettings::for_file_limit(gateway::FDS_PER_CONNECTION);
+    let settings =
+        ListenerSettings::for_process_limits(gateway::FDS_PER_CONNECTION, options.settings.unauthenticated);
+    tracing::info!(
+        %addr,
+        max_connections = settings.max_connections,
+        file_limit = egress_proxies::file_limit::current(),
+        memory_limit = egress_proxies::memory_limit::current().map(tracing::field::display),
+        head_budget = settings.unauthenticated.head_budget,
+        free_head = settings.unauthenticated.free_head,
+        connections_per_source = settings.unauthenticated.connections_per_source,
+        "gateway connection limits (the cap fits the file and memory limits)"
+    );
     let threads = gateway_threads()?;
     threads.spawn(async move {
         let listener = match tokio::net::TcpListener::from_std(listener) {

@@ -217,6 +217,9 @@ fn forward_proxy(
         %listen, instance = %instance_dir.display(), authenticated = options.auth.is_some(),
         outgoing_address = options.outgoing.map(tracing::field::display),
         max_connections = settings.max_connections,
+        memory_limit = egress_proxies::memory_limit::current().map(tracing::field::display),
+        head_budget = settings.unauthenticated.head_budget,
+        connections_per_source = settings.unauthenticated.connections_per_source,
         header_read_timeout = ?settings.header_read_timeout, idle_timeout = ?settings.idle_timeout,
         "built-in forward proxy starting"
     );

@@ -238,6 +238,75 @@ async fn six_hundred_idle_connections_under_a_file_limit_of_256_neither_end_nor_
     proxy.assert_alive("after the idle connections were closed");
 }
 
+/// Unfinished heads without credentials share one budget (16 MiB) beyond
+/// their free 4 KiB each: of 400 connections each holding 60 KB of a head,
+/// those that find it spent get `431` and are closed (at most the budget's
+/// worth are held), and a request with credentials is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_heads_without_credentials_share_one_budget() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let target = RecordingTarget::start().await;
+    let mut proxy = Proxy::start(&[], Some(4096)).await;
+    let mut head = b"GET http://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ".to_vec();
+    head.resize(60_000, b's');
+    let mut flood = Vec::new();
+    for _ in 0..8 {
+        let connects = (0..50).map(|_| {
+            let head = &head;
+            async {
+                let mut s = TcpStream::connect(proxy.addr).await.ok()?;
+                let _ = tokio::time::timeout(Duration::from_secs(5), s.write_all(head)).await;
+                Some(s)
+            }
+        });
+        flood.extend(futures::future::join_all(connects).await.into_iter().flatten());
+    }
+    assert_eq!(flood.len(), 400);
+    let get = format!(
+        "GET http://{}/alive HTTP/1.1\r\nHost: {}\r\n{}\r\n",
+        target.addr,
+        target.addr,
+        proxy.authorization()
+    );
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    let (head, body) = exchange(&mut client, &get).await;
+    assert!(
+        head.starts_with("HTTP/1.1 200") && body == b"ok",
+        "during the flood: {head:?}"
+    );
+    let answers = futures::future::join_all(flood.iter_mut().map(|s| async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        String::from_utf8_lossy(&got).into_owned()
+    }))
+    .await;
+    let refused = answers.iter().filter(|a| a.starts_with("HTTP/1.1 431 ")).count();
+    let held = answers.iter().filter(|a| a.is_empty()).count();
+    eprintln!("of 400 unfinished 60 KB heads: {refused} got 431, {held} held");
+    assert_eq!(
+        refused + held,
+        400,
+        "{:?}",
+        answers
+            .iter()
+            .find(|a| !a.is_empty() && !a.starts_with("HTTP/1.1 431 "))
+    );
+    assert!(refused >= 80, "only {refused} got 431");
+    assert!(held <= 300, "{held} held: more than the budget allows");
+    proxy.assert_alive("after the flood of unfinished heads");
+}
+
 /// After a plain request on a keep-alive connection, the next request is
 /// answered too, and the bytes of another protocol sent next are parsed as
 /// a request (400), never relayed to the previous request's target.

@@ -11,9 +11,9 @@ use super::history::history;
 use super::label_budget::proxy_labels;
 use super::metrics::{
     ActorLabel, GatewayBytesLabels, GatewayFailureLabels, GatewayKindLabel, GatewayOutcomeLabels,
-    GatewayProxyLabel, HandshakeLabel, HostLabel, PhaseLabel, PoolLabel, PoolReasonLabels,
-    ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel, ReplacementLabels, ResultLabel,
-    RpcLabel, metrics,
+    GatewayProxyLabel, HandshakeLabel, HostLabel, ListenerRefusalLabels, PhaseLabel, PoolLabel,
+    PoolReasonLabels, ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel,
+    ReplacementLabels, ResultLabel, RpcLabel, metrics,
 };
 use crate::resource::ProxyPoolStatus;
 
@@ -870,6 +870,56 @@ impl GatewayBlocked<'_> {
             .inc();
         history().note_gateway_block();
         gateway_stats().note_block();
+    }
+}
+
+/// A proxy listener answered a connection that had not authenticated and
+/// closed it (docs/security.md, "Hostile clients").
+pub struct ConnectionRefused<'a> {
+    pub listener: &'static str,
+    pub reason: &'static str,
+    pub status: u16,
+    pub peer: SocketAddr,
+    /// `Some(n)`: the first refusal of a burst (or a long burst's minutely
+    /// summary), to be logged, `n` refusals having gone unlogged since the
+    /// last line; `None`: only counted.
+    pub log: Option<u64>,
+    /// Bytes of the head budget left.
+    pub budget_left: usize,
+    pub limits: &'a crate::listener_limits::UnauthenticatedLimits,
+}
+
+impl ConnectionRefused<'_> {
+    pub fn emit(self) {
+        if let Some(unlogged) = self.log {
+            let what = match self.reason {
+                "too_many_unauthenticated" => {
+                    "a source holds the most connections it may before authenticating; refusing more"
+                }
+                "head_budget_exhausted" => {
+                    "the head budget for unauthenticated connections is spent; refusing their unfinished heads"
+                }
+                _ => "an unauthenticated connection's request head is too large; refusing it",
+            };
+            tracing::warn!(
+                listener = self.listener,
+                reason = self.reason,
+                status = self.status,
+                peer = %self.peer,
+                moreSinceLastReport = unlogged,
+                headBudgetLeft = self.budget_left,
+                headBudget = self.limits.head_budget,
+                connectionsPerSource = self.limits.connections_per_source,
+                "{what}"
+            );
+        }
+        metrics()
+            .listener_refusals
+            .get_or_create(&ListenerRefusalLabels {
+                listener: self.listener,
+                reason: self.reason,
+            })
+            .inc();
     }
 }
 

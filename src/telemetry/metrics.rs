@@ -138,6 +138,14 @@ pub struct GatewayFailureLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerRefusalLabels {
+    /// `gateway` or `forward-proxy`.
+    pub listener: &'static str,
+    /// `too_many_unauthenticated`, `head_budget_exhausted` or `head_too_large`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GatewayProxyLabel {
     pub proxy: String,
 }
@@ -215,6 +223,7 @@ pub struct Metrics {
     pub gateway_retries: Family<GatewayKindLabel, Counter>,
     pub gateway_upstream_failures: Family<GatewayFailureLabels, Counter>,
     pub gateway_blocks: Family<GatewayProxyLabel, Counter>,
+    pub listener_refusals: Family<ListenerRefusalLabels, Counter>,
     pub gateway_sessions: Gauge,
     pub gateway_session_moves: Counter,
     pub kube_api_requests: Family<KubeApiLabels, Counter>,
@@ -270,6 +279,7 @@ impl Metrics {
             gateway_retries: Family::default(),
             gateway_upstream_failures: Family::default(),
             gateway_blocks: Family::default(),
+            listener_refusals: Family::default(),
             gateway_sessions: Gauge::default(),
             gateway_session_moves: Counter::default(),
             kube_api_requests: Family::default(),
@@ -436,6 +446,12 @@ impl Metrics {
             "pool_leases_active",
             "Leases held on a pool's members",
             m.pool_leases_active.clone(),
+        );
+        registry.register(
+            "listener_refusals",
+            "Connections a proxy listener answered and closed before they authenticated, \
+             by listener and reason (too_many_unauthenticated, head_budget_exhausted, head_too_large)",
+            m.listener_refusals.clone(),
         );
         registry.register(
             "gateway_requests",

@@ -85,9 +85,17 @@ pub fn start_with(
              anyone who can reach it can lease proxies"
         );
     }
-    let limits = ListenerLimits::of(Listener::Discovery, file_limit::current());
+    let memory_limit = egress_proxies::memory_limit::current();
+    let limits = ListenerLimits::of(Listener::Discovery, file_limit::current())
+        .within_memory(Listener::Discovery, memory_limit);
     let workers = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
-    tracing::debug!(%addr, max_connections = limits.max_connections, workers, "discovery API limits");
+    tracing::info!(
+        %addr,
+        max_connections = limits.max_connections,
+        memory_limit = memory_limit.map(tracing::field::display),
+        workers,
+        "discovery API connection limits (the cap fits the file and memory limits)"
+    );
     let token = tokens;
     let feed = web::Data::new(dashboard_feed::Feed::start(store.clone()));
     let store = web::Data::new(store);

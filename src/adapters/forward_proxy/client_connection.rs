@@ -1,12 +1,12 @@
 //! One client connection of a proxy listener (the built-in forward proxy,
 //! the gateway): hyper's HTTP/1 server with upgrades over the framing
-//! guard, ended when the listener evicts the connection or its relay stalls.
+//! guard, set up once the first request head is complete, ended when the
+//! listener evicts the connection or its relay stalls.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -32,14 +32,17 @@ pub(crate) fn server(settings: &ListenerSettings) -> http1::Builder {
 }
 
 /// Serves `stream` until it closes, is evicted, or relays nothing for
-/// `idle_timeout`; `handle` answers each request, given the connection's
-/// slot and the framing guard's verdicts.
+/// `settings.idle_timeout`; `handle` answers each request, given the
+/// connection's slot and the framing guard's verdicts. hyper's connection
+/// (its state and buffers) is set up only once the first request head is
+/// complete: a connection that sends nothing or an unfinished head holds
+/// only the guard and what its head allowance lets it hold.
 pub(crate) async fn serve<H, F>(
     server: &http1::Builder,
     stream: TcpStream,
     peer: SocketAddr,
     slot: Arc<Slot>,
-    idle_timeout: Duration,
+    settings: &ListenerSettings,
     handle: H,
 ) where
     H: Fn(Request<Incoming>, Arc<Slot>, Verdicts) -> F + Send + 'static,
@@ -49,10 +52,27 @@ pub(crate) async fn serve<H, F>(
         tracing::debug!(%peer, error = %e, "TCP_NODELAY not set on a client connection");
     }
     let verdicts = Verdicts::default();
-    let io = TokioIo::new(FramingGuard::new(
+    let mut guard = FramingGuard::new(
         Tracked::new(stream, slot.clone()),
         verdicts.clone(),
-    ));
+        slot.clone(),
+        peer,
+    );
+    let first_head = tokio::time::timeout(
+        settings.header_read_timeout,
+        std::future::poll_fn(|cx| guard.poll_first_head(cx)),
+    );
+    tokio::select! {
+        first = first_head => match first {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return,
+            Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "client connection ended with an error"),
+            Err(_) => return tracing::debug!(%peer, "no complete request head within the header-read timeout; connection closed"),
+        },
+        () = slot.evicted() => return tracing::debug!(%peer, "idle connection closed to make room"),
+    }
+    let io = TokioIo::new(guard);
+    let idle_timeout = settings.idle_timeout;
     let service = {
         let slot = slot.clone();
         service_fn(move |request| {

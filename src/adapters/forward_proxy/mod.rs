@@ -47,6 +47,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::credentials::BasicAuthorization;
 use crate::destinations::DestinationPolicy;
 use crate::guarded_listener::{ListenerSettings, Slot, serve_connections};
+use crate::listener_limits::UnauthenticatedLimits;
 use answers::{answer, authentication_required};
 use body::ProxyBody;
 use connector::CheckedConnector;
@@ -56,6 +57,26 @@ use request::{Target, target_of};
 /// Descriptors one client connection may need: its own, its upstream's,
 /// and one idle in the upstream pool.
 pub const FDS_PER_CONNECTION: u64 = 3;
+/// What the built-in proxy lets connections hold before they authenticate:
+/// the default head allowance and budget, and no cap per source address,
+/// for its main client, the gateway, is one source (as is a fleet of
+/// crawlers behind one NAT address).
+pub fn unauthenticated_limits() -> UnauthenticatedLimits {
+    UnauthenticatedLimits {
+        connections_per_source: usize::MAX,
+        ..UnauthenticatedLimits::default()
+    }
+}
+
+/// Whether a connection refused its credentials should be closed rather
+/// than kept: one that never authenticated and sent a head larger than its
+/// free allowance, which hyper's buffer grew to hold and would keep while
+/// the connection idles. A usual challenge-response client keeps its
+/// connection.
+pub(crate) fn holds_a_large_buffer(slot: &Slot, verdicts: &Verdicts) -> bool {
+    !slot.is_authenticated() && verdicts.head_length() > slot.unauthenticated().limits().free_head
+}
+
 /// Time allowed to connect to a destination.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// An idle pooled upstream connection is closed after this.
@@ -95,7 +116,7 @@ pub async fn serve_from(
     serve_with(
         listener,
         options,
-        ListenerSettings::for_file_limit(FDS_PER_CONNECTION),
+        ListenerSettings::for_process_limits(FDS_PER_CONNECTION, unauthenticated_limits()),
     )
     .await
 }
@@ -108,10 +129,13 @@ pub async fn serve_with(
     settings: ListenerSettings,
 ) -> io::Result<()> {
     let proxy = Arc::new(Proxy::new(options, &settings));
-    let max = settings.max_connections;
-    match serve_connections(listener, max, "forward-proxy", move |stream, peer, slot| {
-        proxy.clone().serve_client(stream, peer, slot)
-    })
+    match serve_connections(
+        listener,
+        &settings,
+        "forward-proxy",
+        None,
+        move |stream, peer, slot| proxy.clone().serve_client(stream, peer, slot),
+    )
     .await {}
 }
 
@@ -123,6 +147,8 @@ struct Proxy {
     server: http1::Builder,
     auth: Option<BasicAuthorization>,
     idle_timeout: Duration,
+    /// The listener's timeouts, for each connection.
+    listener: ListenerSettings,
 }
 
 impl Proxy {
@@ -146,6 +172,7 @@ impl Proxy {
             server: client_connection::server(settings),
             auth: options.auth,
             idle_timeout: settings.idle_timeout,
+            listener: settings.clone(),
         }
     }
 
@@ -156,7 +183,7 @@ impl Proxy {
             let proxy = proxy.clone();
             async move { proxy.handle(request, slot, &verdicts).await }
         };
-        client_connection::serve(&self.server, stream, peer, slot, self.idle_timeout, handle).await;
+        client_connection::serve(&self.server, stream, peer, slot, &self.listener, handle).await;
     }
 
     /// Answers one request.
@@ -182,9 +209,11 @@ impl Proxy {
         if let Some(auth) = &self.auth {
             let presented = request.headers().get(header::PROXY_AUTHORIZATION);
             if !presented.is_some_and(|value| auth.admits(value.as_bytes())) {
-                return authentication_required(tunnel, in_flight);
+                let close = tunnel || holds_a_large_buffer(&slot, verdicts);
+                return authentication_required(close, in_flight);
             }
         }
+        slot.authenticated();
         match target_of(request.method(), request.uri()) {
             Ok(Target::Forward { uri, host }) => self.forward(request, uri, host, in_flight).await,
             Ok(Target::Tunnel { host, port }) => self.tunnel(request, &host, port, in_flight).await,

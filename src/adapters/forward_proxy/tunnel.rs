@@ -134,9 +134,18 @@ async fn relay_ends<U: TunnelUpstream>(
     };
     match client.downcast::<ClientIo>() {
         Ok(Parts { io, read_buf, .. }) => {
+            let (guarded, unread) = io.into_inner().into_parts();
+            // What hyper read past the CONNECT, then what the guard still held.
+            let early = if unread.is_empty() {
+                read_buf
+            } else {
+                let mut early = bytes::BytesMut::from(&read_buf[..]);
+                early.extend_from_slice(&unread);
+                early.freeze()
+            };
             let client = End {
-                socket: io.into_inner().into_inner().into_inner(),
-                early: read_buf,
+                socket: guarded.into_inner(),
+                early,
             };
             let moved = |way, n| {
                 slot.touch();

@@ -8,13 +8,22 @@
 //! queued connections keep being accepted; each connection's [`Slot`]
 //! tells what it is doing and when it last moved a byte, for the
 //! server's timeouts ([`ListenerSettings::header_read_timeout`],
-//! [`ListenerSettings::idle_timeout`]). The built-in forward proxy serves
-//! through it (docs/standalone.md names the settings).
+//! [`ListenerSettings::idle_timeout`]). The cap also fits the process's
+//! memory limit. Until a connection has authenticated it may hold only a
+//! small head allowance of its own and a share of a budget all connections
+//! draw on (`head_budget`), and one source may hold only so many such
+//! connections (`source_cap`): what a client without credentials can make
+//! the process hold is bounded ([`Unauthenticated`]). The built-in forward
+//! proxy and the gateway serve through it (docs/standalone.md and
+//! docs/security.md name the settings).
 
 mod bursts;
 mod connection_cap;
+pub mod head_budget;
 mod slots;
+pub mod source_cap;
 mod tracked;
+mod unauthenticated;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,6 +40,9 @@ pub use bursts::Bursts;
 pub use connection_cap::{MAX_CONNECTIONS, RESERVED_FDS, connection_cap};
 pub use slots::{ConnectionSlots, InFlight, Phase, Slot};
 pub use tracked::Tracked;
+pub use unauthenticated::{LINGER, Refusal, Unauthenticated};
+
+use crate::listener_limits::{MEMORY_PER_CONNECTION, UnauthenticatedLimits, memory_cap};
 
 /// Pause after an accept error for want of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
@@ -56,40 +68,58 @@ pub struct ListenerSettings {
     /// A request or tunnel that moves no byte either way for this long is
     /// ended; a response head must come within it too.
     pub idle_timeout: Duration,
+    /// What connections may hold before they authenticate.
+    pub unauthenticated: UnauthenticatedLimits,
 }
 
 impl ListenerSettings {
     pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
     pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-    /// The default timeouts, and a connection cap that fits the process's
-    /// current soft file limit when each connection may need
-    /// `fds_per_connection` descriptors.
-    pub fn for_file_limit(fds_per_connection: u64) -> Self {
+    /// The default timeouts, `unauthenticated`, and a connection cap that
+    /// fits the process's current soft file limit when each connection may
+    /// need `fds_per_connection` descriptors, and its memory limit (see
+    /// [`memory_cap`]).
+    pub fn for_process_limits(fds_per_connection: u64, unauthenticated: UnauthenticatedLimits) -> Self {
+        let files = connection_cap(crate::file_limit::current(), fds_per_connection);
+        let memory = memory_cap(
+            crate::memory_limit::current(),
+            u64::try_from(unauthenticated.head_budget).unwrap_or(u64::MAX),
+            MEMORY_PER_CONNECTION,
+        );
         Self {
-            max_connections: connection_cap(crate::file_limit::current(), fds_per_connection),
+            max_connections: files.min(memory),
             header_read_timeout: Self::DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,
+            unauthenticated,
         }
     }
 }
 
-/// Accepts connections on `listener` forever, at most `max_connections`
-/// open at a time, spawning `handle(stream, peer, slot)` for each; the
-/// connection's room is given back when the last clone of `slot` is
-/// dropped. `handle` should close the connection when
-/// [`Slot::evicted`] resolves. `name` names the listener in logs.
+/// Accepts connections on `listener` forever, at most
+/// `settings.max_connections` open at a time, spawning `handle(stream,
+/// peer, slot)` for each; the connection's room is given back when the
+/// last clone of `slot` is dropped. `handle` should close the connection
+/// when [`Slot::evicted`] resolves, and call [`Slot::authenticated`] once a
+/// request passed its credentials check. A connection from a source that
+/// already holds `settings.unauthenticated.connections_per_source`
+/// unauthenticated ones is answered `429` and closed. `name` names the
+/// listener in logs and metrics; its own answers carry their reason in
+/// `reason_header`, if it has one.
 pub async fn serve_connections<H, F>(
     listener: TcpListener,
-    max_connections: usize,
+    settings: &ListenerSettings,
     name: &'static str,
+    reason_header: Option<&'static str>,
     mut handle: H,
 ) -> Infallible
 where
     H: FnMut(TcpStream, SocketAddr, Arc<Slot>) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
-    let slots = ConnectionSlots::new(max_connections);
+    let max_connections = settings.max_connections;
+    let unauthenticated = Unauthenticated::new(name, reason_header, settings.unauthenticated);
+    let slots = ConnectionSlots::with_limits(max_connections, unauthenticated.clone());
     let mut accept_errors = Bursts::new(BURST_QUIET);
     let mut full = Bursts::new(BURST_QUIET);
     loop {
@@ -134,7 +164,18 @@ where
                 continue;
             }
         };
-        let slot = slots.admit(permit);
+        let Some(source) = unauthenticated.enter(peer) else {
+            // The refusal keeps its room (a descriptor) until it has closed.
+            let unauthenticated = unauthenticated.clone();
+            tokio::spawn(async move {
+                unauthenticated
+                    .refuse(stream, peer, Refusal::TooManyFromSource)
+                    .await;
+                drop(permit);
+            });
+            continue;
+        };
+        let slot = slots.admit_counted(permit, Some(source));
         tokio::spawn(handle(stream, peer, slot));
     }
 }

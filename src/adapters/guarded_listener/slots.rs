@@ -10,6 +10,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::source_cap::SourceTicket;
+use super::unauthenticated::Unauthenticated;
+use crate::listener_limits::UnauthenticatedLimits;
+
 /// What a connection is doing, as far as closing it goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -42,6 +46,8 @@ pub struct ConnectionSlots {
     next_id: AtomicU64,
     /// Activity times are milliseconds since this instant.
     epoch: Instant,
+    /// What connections may hold before they authenticate.
+    unauthenticated: Arc<Unauthenticated>,
 }
 
 /// One open connection's share of [`ConnectionSlots`]; the room is given
@@ -52,6 +58,9 @@ pub struct Slot {
     state: Arc<SlotState>,
     slots: Arc<ConnectionSlots>,
     _permit: OwnedSemaphorePermit,
+    authenticated: AtomicBool,
+    /// Counts the connection against its source until it authenticates.
+    source: Mutex<Option<SourceTicket>>,
 }
 
 struct SlotState {
@@ -62,13 +71,26 @@ struct SlotState {
 }
 
 impl ConnectionSlots {
+    /// At most `max` connections, unauthenticated ones with the default limits.
     pub fn new(max: usize) -> Arc<Self> {
+        Self::with_limits(
+            max,
+            Unauthenticated::new("listener", None, UnauthenticatedLimits::default()),
+        )
+    }
+
+    pub fn with_limits(max: usize, unauthenticated: Arc<Unauthenticated>) -> Arc<Self> {
         Arc::new(Self {
             permits: Arc::new(Semaphore::new(max.max(1))),
             open: Mutex::default(),
             next_id: AtomicU64::new(0),
             epoch: Instant::now(),
+            unauthenticated,
         })
+    }
+
+    pub fn unauthenticated(&self) -> &Arc<Unauthenticated> {
+        &self.unauthenticated
     }
 
     /// How many connections are open now.
@@ -91,6 +113,16 @@ impl ConnectionSlots {
 
     /// Registers a new connection in the room `permit` holds.
     pub fn admit(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Arc<Slot> {
+        self.admit_counted(permit, None)
+    }
+
+    /// [`Self::admit`], the connection counted against its source by
+    /// `source` until it authenticates.
+    pub fn admit_counted(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        source: Option<SourceTicket>,
+    ) -> Arc<Slot> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(SlotState {
             phase: AtomicU8::new(Phase::Idle as u8),
@@ -107,6 +139,8 @@ impl ConnectionSlots {
             state,
             slots: self.clone(),
             _permit: permit,
+            authenticated: AtomicBool::new(false),
+            source: Mutex::new(source),
         })
     }
 
@@ -137,6 +171,24 @@ impl ConnectionSlots {
 }
 
 impl Slot {
+    /// One of the connection's requests passed the credentials check (or
+    /// needed none): from now on its heads draw on no budget and it no
+    /// longer counts against its source.
+    pub fn authenticated(&self) {
+        if !self.authenticated.swap(true, Ordering::AcqRel) {
+            drop(self.source.lock().unwrap_or_else(PoisonError::into_inner).take());
+        }
+    }
+
+    pub fn is_authenticated(&self) -> bool {
+        self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// The listener's limits on connections that have not authenticated.
+    pub fn unauthenticated(&self) -> &Arc<Unauthenticated> {
+        &self.slots.unauthenticated
+    }
+
     /// Notes that a byte moved now.
     pub fn touch(&self) {
         let now = self.slots.now_ms();
@@ -248,6 +300,31 @@ mod tests {
             "a closed connection gives its room back"
         );
         assert_eq!(slots.open(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_authenticated_connection_no_longer_counts_against_its_source() {
+        let limits = UnauthenticatedLimits {
+            connections_per_source: 1,
+            ..UnauthenticatedLimits::default()
+        };
+        let slots = ConnectionSlots::with_limits(4, Unauthenticated::new("test", None, limits));
+        let peer: std::net::SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        let ticket = slots.unauthenticated().enter(peer).unwrap();
+        let slot = slots.admit_counted(slots.try_reserve().unwrap(), Some(ticket));
+        assert!(
+            slots.unauthenticated().enter(peer).is_none(),
+            "the source is full"
+        );
+        assert!(!slot.is_authenticated());
+        slot.authenticated();
+        slot.authenticated();
+        assert!(slot.is_authenticated());
+        let second = slots.unauthenticated().enter(peer);
+        assert!(second.is_some(), "room once the first authenticated");
+        drop(second);
+        drop(slot);
+        assert!(slots.unauthenticated().enter(peer).is_some());
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::destinations::{DestinationRules, IpNet};
+use crate::listener_limits::UnauthenticatedLimits;
 
 /// Validated gateway settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,6 +51,9 @@ pub struct GatewaySettings {
     /// One trace span per request or tunnel (off by default: thousands per
     /// second; the access line and metrics are always there).
     pub trace_exchanges: bool,
+    /// What connections may hold before they authenticate (the
+    /// `unauthenticated:` block: `headBudget`, `connectionsPerSource`).
+    pub unauthenticated: UnauthenticatedLimits,
 }
 
 /// One block rule: a response whose status is one of `status` (and, when
@@ -86,6 +90,7 @@ impl Default for GatewaySettings {
             rate_per_client: 0.0,
             burst_per_client: 0.0,
             trace_exchanges: false,
+            unauthenticated: UnauthenticatedLimits::default(),
         }
     }
 }
@@ -109,6 +114,14 @@ pub(crate) struct RawGatewaySettings {
     max_sessions: Option<usize>,
     rate_limit: Option<RawRateLimit>,
     trace_exchanges: Option<bool>,
+    unauthenticated: Option<RawUnauthenticated>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawUnauthenticated {
+    head_budget: Option<usize>,
+    connections_per_source: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -246,6 +259,27 @@ impl GatewaySettings {
                 (r.per_client, burst)
             }
         };
+        let mut unauthenticated = UnauthenticatedLimits::default();
+        if let Some(raw) = raw.unauthenticated {
+            if let Some(bytes) = raw.head_budget {
+                if bytes > 1 << 30 {
+                    return Err(invalid(
+                        "unauthenticated.headBudget",
+                        "at most 1 GiB (heads are held in memory)",
+                    ));
+                }
+                unauthenticated.head_budget = bytes;
+            }
+            if let Some(n) = raw.connections_per_source {
+                if n == 0 {
+                    return Err(invalid(
+                        "unauthenticated.connectionsPerSource",
+                        "must be at least 1",
+                    ));
+                }
+                unauthenticated.connections_per_source = n;
+            }
+        }
         Ok(Self {
             destinations: raw.destinations,
             client_networks,
@@ -261,6 +295,7 @@ impl GatewaySettings {
             rate_per_client,
             burst_per_client,
             trace_exchanges: raw.trace_exchanges.unwrap_or(defaults.trace_exchanges),
+            unauthenticated,
         })
     }
 }
@@ -288,10 +323,18 @@ mod tests {
              deadline: 10s\ncapacityWait: 2s\nretryBodyLimit: 1024\n\
              blocks: [{status: [403, 429], bodyContains: [captcha], targets: ['*.example.com']}]\n\
              retryOnBlock: false\nsessionLifetime: 5m\nmaxSessionLifetime: 1h\nmaxSessions: 10\n\
-             rateLimit: {perClient: 50, burst: 100}\ntraceExchanges: true\n",
+             rateLimit: {perClient: 50, burst: 100}\ntraceExchanges: true\n\
+             unauthenticated: {headBudget: 1048576, connectionsPerSource: 32}\n",
         )
         .unwrap();
         assert!(s.trace_exchanges);
+        assert_eq!(
+            (
+                s.unauthenticated.head_budget,
+                s.unauthenticated.connections_per_source
+            ),
+            (1 << 20, 32)
+        );
         assert_eq!(s.client_networks.len(), 2);
         assert_eq!(
             (s.tries, s.deadline, s.capacity_wait),
@@ -315,6 +358,14 @@ mod tests {
                 "gateway.sessionLifetime",
             ),
             ("rateLimit: {perClient: -1}", "gateway.rateLimit.perClient"),
+            (
+                "unauthenticated: {connectionsPerSource: 0}",
+                "gateway.unauthenticated.connectionsPerSource",
+            ),
+            (
+                "unauthenticated: {headBudget: 2147483648}",
+                "gateway.unauthenticated.headBudget",
+            ),
         ] {
             let e = GatewaySettings::from_yaml(yaml).unwrap_err().to_string();
             assert!(e.starts_with(field), "{yaml}: {e}");

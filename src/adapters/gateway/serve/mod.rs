@@ -28,11 +28,11 @@ use crate::config::{BODY_SCAN_LIMIT, GatewaySettings};
 use crate::destinations::{CheckedConnectError, DestinationPolicy, check_destination};
 use crate::forward_proxy::answers::{answer, authentication_required};
 use crate::forward_proxy::body::{ProxyBody, read_up_to};
-use crate::forward_proxy::client_connection;
 use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::request::{Target, drop_hop_by_hop, forwarded_headers, target_of};
 use crate::forward_proxy::tunnel::{Tally, established, splice};
 use crate::forward_proxy::zero_copy::Way;
+use crate::forward_proxy::{client_connection, holds_a_large_buffer};
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
 use crate::lease::rendezvous::session_digest;
 use crate::lease::{GATEWAY_CLIENT, Outcome};
@@ -67,8 +67,9 @@ pub async fn serve(listener: TcpListener, options: Options, settings: ListenerSe
     let gateway = Arc::new(Gateway::new(options, &settings));
     match serve_connections(
         listener,
-        settings.max_connections,
+        &settings,
         "gateway",
+        Some(REASON_HEADER),
         move |stream, peer, slot| gateway.clone().serve_client(stream, peer, slot),
     )
     .await {}
@@ -184,6 +185,8 @@ struct Gateway {
     pool: Arc<UpstreamPool>,
     server: hyper::server::conn::http1::Builder,
     idle_timeout: Duration,
+    /// The listener's timeouts, for each connection.
+    listener: ListenerSettings,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -211,6 +214,7 @@ impl Gateway {
             pool: Arc::default(),
             server: client_connection::server(settings),
             idle_timeout: settings.idle_timeout,
+            listener: settings.clone(),
             options,
         }
     }
@@ -231,7 +235,7 @@ impl Gateway {
                     .await
             }
         };
-        client_connection::serve(&self.server, stream, peer, slot, self.idle_timeout, handle).await;
+        client_connection::serve(&self.server, stream, peer, slot, &self.listener, handle).await;
     }
 
     async fn handle(
@@ -253,9 +257,12 @@ impl Gateway {
         if let Some(e) = refused {
             return refusal(&e, &mut exchange, true, in_flight);
         }
-        let wanted = match self.admit(&request, peer, &mut exchange) {
+        let wanted = match self.admit(&request, peer, &slot, &mut exchange) {
             Ok(wanted) => wanted,
-            Err(e) => return refusal(&e, &mut exchange, tunnel, in_flight),
+            Err(e) => {
+                let close = tunnel || holds_a_large_buffer(&slot, verdicts);
+                return refusal(&e, &mut exchange, close, in_flight);
+            }
         };
         let target = match target_of(request.method(), request.uri()) {
             Ok(target) => target,
@@ -287,11 +294,13 @@ impl Gateway {
     }
 
     /// Credentials (or a client network), the username's parameters and
-    /// the client's rate: what the request may ask for.
+    /// the client's rate: what the request may ask for. Credentials that
+    /// pass mark the connection authenticated (its `slot`).
     fn admit(
         &self,
         request: &Request<Incoming>,
         peer: SocketAddr,
+        slot: &Slot,
         exchange: &mut Exchange,
     ) -> Result<Wanted, GatewayError> {
         let settings = &self.options.settings;
@@ -301,6 +310,7 @@ impl Gateway {
         if !from_client_network && !admits(token, presented.map(HeaderValue::as_bytes)) {
             return Err(GatewayError::AuthenticationRequired);
         }
+        slot.authenticated();
         let user = presented
             .and_then(|h| basic_credentials(h.as_bytes()))
             .map(|(user, _)| String::from_utf8_lossy(&user).into_owned())
@@ -434,11 +444,13 @@ fn describe(headers: &mut HeaderMap, upstream: &Upstream, exchange: &Exchange, b
 }
 
 /// The gateway's own answer to a failure: its status, the reason header,
-/// `Retry-After` when waiting helps; the exchange records it.
+/// `Retry-After` when waiting helps; the exchange records it. `close` (a
+/// tunnel's refusal, or a connection that never authenticated and sent a
+/// large head) ends the connection after it.
 fn refusal(
     e: &GatewayError,
     exchange: &mut Exchange,
-    tunnel: bool,
+    close: bool,
     in_flight: InFlight,
 ) -> Response<ProxyBody> {
     exchange.refused(e.status().as_u16(), e.reason());
@@ -454,10 +466,10 @@ fn refusal(
         tracing::info!(peer = %exchange.peer, status = e.status().as_u16(), reason = e.reason(), error = %e, "gateway request not served");
     }
     if matches!(e, GatewayError::AuthenticationRequired) {
-        return authentication_required(tunnel, in_flight);
+        return authentication_required(close, in_flight);
     }
     // After a failed CONNECT or lost framing the client's next bytes are not a request.
-    let close = tunnel || matches!(e, GatewayError::Framing(_));
+    let close = close || matches!(e, GatewayError::Framing(_));
     let mut response = answer(e.status(), close, in_flight);
     let headers = response.headers_mut();
     headers.insert(REASON_HEADER, HeaderValue::from_static(e.reason()));
