@@ -1,6 +1,9 @@
 //! `CONNECT` through the gateway: the leased proxy's own `CONNECT`, tried on
 //! another proxy until one answers `200`, then the crawler's bytes spliced
-//! to it (TLS passes through untouched).
+//! to it (TLS passes through untouched). The proxy is asked for an address
+//! the gateway checked, not the crawler's name: it cannot resolve the name
+//! again to an address the gateway never saw (DNS rebinding). SNI and
+//! `Host` travel inside the tunnel, so the site sees the crawler's name.
 
 use super::*;
 
@@ -11,8 +14,7 @@ impl Gateway {
     pub(super) async fn tunnel(
         &self,
         request: Request<Incoming>,
-        host: &str,
-        port: u16,
+        addresses: &[SocketAddr],
         mut wanted: Wanted,
         mut exchange: Exchange,
         in_flight: InFlight,
@@ -21,7 +23,7 @@ impl Gateway {
         let settings = &self.options.settings;
         let deadline = Instant::now() + settings.deadline;
         let mut failures = Failures::default();
-        for _ in 0..settings.tries {
+        for attempt in 0..settings.tries {
             let until = deadline.min(Instant::now() + settings.capacity_wait);
             let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
                 Ok(leased) => leased,
@@ -30,7 +32,12 @@ impl Gateway {
                     break;
                 }
             };
-            let opened = self.connect_through(host, port, &upstream, &exchange.transferred, slot);
+            // Each try the next address: one the site does not answer on
+            // (an IPv6 address the proxy cannot reach) does not fail them all.
+            let Some(&address) = addresses.get(attempt as usize % addresses.len().max(1)) else {
+                break;
+            };
+            let opened = self.connect_through(address, &upstream, &exchange.transferred, slot);
             match tokio::time::timeout_at(deadline.into(), opened).await {
                 Ok(Ok(upstream_io)) => {
                     failures.served(self, &mut exchange);
@@ -71,16 +78,16 @@ impl Gateway {
         refusal(&e, &mut exchange, true, in_flight)
     }
 
-    /// One try of a tunnel: the leased proxy's own `CONNECT`.
+    /// One try of a tunnel: the leased proxy's own `CONNECT` to a checked address.
     async fn connect_through(
         &self,
-        host: &str,
-        port: u16,
+        address: SocketAddr,
         upstream: &Upstream,
         transferred: &Arc<Transferred>,
         slot: &Slot,
     ) -> Result<TokioIo<hyper::upgrade::Upgraded>, TryFailure> {
-        let authority = format!("{host}:{port}");
+        // `[v6]:port` for an IPv6 address.
+        let authority = address.to_string();
         let mut connect = Request::builder()
             .method(Method::CONNECT)
             .uri(authority.as_str())
