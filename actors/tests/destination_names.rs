@@ -111,32 +111,36 @@ fn hosts_file(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// Where the test's DNS server listens (port 53: resolv.conf names no port).
-const DNS_SERVER: &str = "127.0.99.53";
+/// Where the tests' DNS servers listen, one each (port 53: resolv.conf names no port).
+const DNS_SERVERS: [&str; 2] = ["127.0.99.53", "127.0.99.54"];
 /// The name only the test's DNS server knows, with both addresses.
 const MULTI_DNS: &str = "multi-dns.test";
+/// A rebinding name: the allowed address in the first answer, the denied
+/// one in every later answer (with a TTL of 0).
+const REBINDING: &str = "rebinding.test";
 
-/// A DNS server on [`DNS_SERVER`] answering `A` queries for [`MULTI_DNS`]
-/// with both addresses, every other query with no address; a resolv.conf
+/// A DNS server on `server` answering `A` queries for [`MULTI_DNS`]
+/// and [`REBINDING`], every other query with no address; a resolv.conf
 /// naming it.
-async fn dns_server(dir: &Path) -> std::path::PathBuf {
-    let socket = tokio::net::UdpSocket::bind((DNS_SERVER, 53)).await.unwrap();
+async fn dns_server(dir: &Path, server: &str) -> std::path::PathBuf {
+    let socket = tokio::net::UdpSocket::bind((server, 53)).await.unwrap();
     tokio::spawn(async move {
         let mut buf = [0u8; 1500];
+        let mut rebinding_answers = 0;
         while let Ok((n, from)) = socket.recv_from(&mut buf).await {
-            if let Some(answer) = dns_answer(&buf[..n]) {
+            if let Some(answer) = dns_answer(&buf[..n], &mut rebinding_answers) {
                 let _ = socket.send_to(&answer, from).await;
             }
         }
     });
     let path = dir.join("resolv.conf");
-    std::fs::write(&path, format!("nameserver {DNS_SERVER}\n")).unwrap();
+    std::fs::write(&path, format!("nameserver {server}\n")).unwrap();
     path
 }
 
 /// The answer to one query (RFC 1035 §4.1): the question echoed, then an
-/// `A` record per address for [`MULTI_DNS`], nothing for anything else.
-fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
+/// `A` record per address of the name, none for anything else.
+fn dns_answer(query: &[u8], rebinding_answers: &mut usize) -> Option<Vec<u8>> {
     let mut at = 12;
     let mut labels = Vec::new();
     loop {
@@ -150,19 +154,29 @@ fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
     }
     let question = query.get(12..at + 4)?;
     let qtype = u16::from_be_bytes([query[at], query[at + 1]]);
-    let addresses: Vec<[u8; 4]> = match (labels.join(".") == MULTI_DNS, qtype) {
-        (true, 1) => [DENIED, ALLOWED]
-            .iter()
-            .map(|ip| ip.parse::<std::net::Ipv4Addr>().unwrap().octets())
-            .collect(),
-        _ => Vec::new(),
+    let name = labels.join(".");
+    let addresses: &[&str] = match (name.as_str(), qtype) {
+        (MULTI_DNS, 1) => &[DENIED, ALLOWED],
+        (REBINDING, 1) => {
+            *rebinding_answers += 1;
+            if *rebinding_answers == 1 {
+                &[ALLOWED]
+            } else {
+                &[DENIED]
+            }
+        }
+        _ => &[],
     };
+    let addresses: Vec<[u8; 4]> = addresses
+        .iter()
+        .map(|ip| ip.parse::<std::net::Ipv4Addr>().unwrap().octets())
+        .collect();
     let mut answer = query[..2].to_vec();
     answer.extend_from_slice(&[0x81, 0x80, 0, 1, 0, addresses.len() as u8, 0, 0, 0, 0]);
     answer.extend_from_slice(question);
     for octets in addresses {
-        // The name by pointer to the question's, type A, class IN, TTL 60 s, 4 bytes.
-        answer.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        // The name by pointer to the question's, type A, class IN, TTL 0, 4 bytes.
+        answer.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
         answer.extend_from_slice(&octets);
     }
     Some(answer)
@@ -258,10 +272,12 @@ async fn the_gateway_refuses_a_name_with_a_denied_address_and_never_reaches_it()
     );
     proxy_manifest(&dir);
     let (port, denied, allowed) = sites().await;
+    let resolv = dns_server(dir.path(), DNS_SERVERS[0]).await;
     let gateway: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let operator = dir
         .standalone()
         .private_file(&hosts_file(dir.path()), "/etc/hosts")
+        .private_file(&resolv, "/etc/resolv.conf")
         .setting("gatewayBindAddress", &format!("\"{gateway}\""))
         .setting(
             "gateway",
@@ -322,6 +338,21 @@ async fn the_gateway_refuses_a_name_with_a_denied_address_and_never_reaches_it()
         "the refusal names the denied address\n{}",
         operator.logs()
     );
+    // A name that answers the allowed address to the gateway's check and
+    // the denied one afterwards: the tunnel goes to the address the
+    // gateway checked, the leased proxy does not resolve the name again.
+    let (answer, inside) = tunnel(gateway, REBINDING, port, auth).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(inside.ends_with(ALLOWED), "{inside}");
+    assert!(
+        allowed
+            .heads
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|h| h.contains(&format!("Host: {REBINDING}:{port}"))),
+        "the site sees the crawler's name inside the tunnel"
+    );
     assert_never_reached(&denied, &operator);
     operator.stop().await;
 }
@@ -345,7 +376,7 @@ async fn a_leased_squid_refuses_a_name_with_a_denied_address_and_never_reaches_i
     ));
     proxy_manifest(&dir);
     let (port, denied, _allowed) = sites().await;
-    let resolv = dns_server(dir.path()).await;
+    let resolv = dns_server(dir.path(), DNS_SERVERS[1]).await;
     let operator = dir
         .standalone()
         .discovery()
