@@ -4,6 +4,9 @@
 //! the gateway checked, not the crawler's name: it cannot resolve the name
 //! again to an address the gateway never saw (DNS rebinding). SNI and
 //! `Host` travel inside the tunnel, so the site sees the crawler's name.
+//! As a proxy given the name would, each proxy is asked for the checked
+//! addresses in turn until one opens (an IPv6 address it cannot reach
+//! does not fail the try).
 
 use super::*;
 
@@ -23,7 +26,7 @@ impl Gateway {
         let settings = &self.options.settings;
         let deadline = Instant::now() + settings.deadline;
         let mut failures = Failures::default();
-        for attempt in 0..settings.tries {
+        for _ in 0..settings.tries {
             let until = deadline.min(Instant::now() + settings.capacity_wait);
             let (upstream, held) = match self.lease(&mut wanted, &mut exchange, until).await {
                 Ok(leased) => leased,
@@ -32,12 +35,7 @@ impl Gateway {
                     break;
                 }
             };
-            // Each try the next address: one the site does not answer on
-            // (an IPv6 address the proxy cannot reach) does not fail them all.
-            let Some(&address) = addresses.get(attempt as usize % addresses.len().max(1)) else {
-                break;
-            };
-            let opened = self.connect_through(address, &upstream, &exchange.transferred, slot);
+            let opened = self.connect_through(addresses, &upstream, &exchange.transferred, slot);
             match tokio::time::timeout_at(deadline.into(), opened).await {
                 Ok(Ok(upstream_io)) => {
                     failures.served(self, &mut exchange);
@@ -78,8 +76,31 @@ impl Gateway {
         refusal(&e, &mut exchange, true, in_flight)
     }
 
-    /// One try of a tunnel: the leased proxy's own `CONNECT` to a checked address.
+    /// One try of a tunnel: the leased proxy's own `CONNECT` to each
+    /// checked address in turn until one opens. The proxy's failure (it
+    /// cannot be reached, refuses its credentials) ends the try at once;
+    /// its refusal of every address is the destination's failure.
     async fn connect_through(
+        &self,
+        addresses: &[SocketAddr],
+        upstream: &Upstream,
+        transferred: &Arc<Transferred>,
+        slot: &Slot,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, TryFailure> {
+        let mut refused = None;
+        for &address in addresses {
+            match self.connect_to(address, upstream, transferred, slot).await {
+                Err(TryFailure::Destination(e)) => refused = Some(e),
+                opened_or_failed => return opened_or_failed,
+            }
+        }
+        Err(TryFailure::Destination(refused.unwrap_or_else(|| {
+            upstream_failed(upstream, &"no address to ask it for")
+        })))
+    }
+
+    /// The leased proxy's own `CONNECT` to one checked address.
+    async fn connect_to(
         &self,
         address: SocketAddr,
         upstream: &Upstream,
