@@ -13,7 +13,6 @@ use super::*;
 impl Gateway {
     /// Opens a tunnel through leased proxies (their own `CONNECT`), trying
     /// another when one fails, then answers `200` and splices.
-    #[expect(clippy::too_many_arguments, reason = "one request's parts, passed once")]
     pub(super) async fn tunnel(
         &self,
         request: Request<Incoming>,
