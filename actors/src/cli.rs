@@ -339,8 +339,8 @@ pub struct RunArgs {
     pub trace_health_probes: bool,
 
     /// The cluster's pod and service ranges (comma-separated CIDRs): every
-    /// proxy the operator makes refuses them unless a provider's
-    /// `destinations.allow` lists them.
+    /// proxy the operator makes, and the gateway, refuse them unless a
+    /// provider's `destinations.allow` (the gateway's own) lists them.
     #[arg(
         long,
         env = "CLUSTER_NETWORKS",

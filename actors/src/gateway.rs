@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_proxies::config::GatewaySettings;
-use egress_proxies::destinations::DestinationPolicy;
+use egress_proxies::destinations::{DestinationPolicy, IpNet};
 use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream};
 use egress_proxies::guarded_listener::ListenerSettings;
 use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
@@ -68,12 +68,14 @@ impl Leases for StoreLeases {
 
 /// Starts the gateway on `listener` (call inside the actix system): with a
 /// crawler token it demands it; without one it refuses any address but
-/// loopback.
+/// loopback. `cluster_networks` (`--cluster-networks`) join its default
+/// denies, as they do every proxy's.
 pub fn start(
     listener: std::net::TcpListener,
     desk: LeaseDesk,
     tokens: &Tokens,
     settings: &GatewaySettings,
+    cluster_networks: &[IpNet],
 ) -> Result<(), GatewayError> {
     let addr = listener.local_addr()?;
     let token = tokens.crawler_token();
@@ -88,7 +90,7 @@ pub fn start(
         );
     }
     let options = Options {
-        destinations: Arc::new(DestinationPolicy::new(&settings.destinations, &[])),
+        destinations: Arc::new(DestinationPolicy::new(&settings.destinations, cluster_networks)),
         settings: settings.clone(),
         token,
         leases: Arc::new(StoreLeases(desk)),

@@ -258,6 +258,7 @@ async fn operate(
     // waits on a busy API server (429s on its reads) must not cost the
     // Lease before the first renewal.
     let electing = elector.is_some();
+    let cluster_networks = options.cluster_networks.clone();
     let acting = {
         let (client, identity, lease_namespace, tenure) = (
             client.clone(),
@@ -315,7 +316,13 @@ async fn operate(
             // until it exits), and only the leader is ready, so the Service routes
             // crawlers to it.
             if let Some(Gateway { listener, settings }) = gateway {
-                crate::gateway::start(listener, running.lease_desk.clone(), &tokens, &settings)?;
+                crate::gateway::start(
+                    listener,
+                    running.lease_desk.clone(),
+                    &tokens,
+                    &settings,
+                    &cluster_networks,
+                )?;
             }
             PoolRegistry::new(PoolContext {
                 leases: Some(running.leases.clone()),

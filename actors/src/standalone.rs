@@ -120,7 +120,14 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         )
         .map_err(StandaloneError::System)?;
         if let Some(listener) = gateway_listener {
-            crate::gateway::start(listener, running.lease_desk.clone(), &tokens, &config.gateway)?;
+            // Standalone mode has no cluster networks.
+            crate::gateway::start(
+                listener,
+                running.lease_desk.clone(),
+                &tokens,
+                &config.gateway,
+                &[],
+            )?;
         }
         if let Some(pool_events) = store.pool_events() {
             let pools = crate::pool_actor::PoolContext {

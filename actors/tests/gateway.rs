@@ -23,7 +23,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const TOKEN: &str = "gw-test-t0ken-9f3c";
 /// Loopback on any port: the https target listens on a random one.
 const PROVIDER: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin, destinations: {allow: [127.0.0.0/8, 1024-65535]}}}\n";
-const DESTINATIONS: &str = "{allow: [127.0.0.0/8, 1024-65535]}";
+/// `::1` too: `localhost` may resolve to it, and the gateway refuses a
+/// name with any refused address.
+const DESTINATIONS: &str = "{allow: [127.0.0.0/8, '::1', 1024-65535]}";
 
 fn bearer() -> String {
     format!("Bearer {TOKEN}")

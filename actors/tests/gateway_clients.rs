@@ -41,7 +41,9 @@ const OUTGOING: &str = "127.0.9.1";
 const PROVIDER: &str = "providers:\n  - {name: local, type: local, local: {implementation: builtin, \
      destinations: {allow: [127.0.0.0/8, 1024-65535]}, outgoingAddresses: [127.0.9.0/30]}}\n";
 /// Loopback on any port: the sites listen on random ones.
-const DESTINATIONS: &str = "{allow: [127.0.0.0/8, 1024-65535]}";
+/// Loopback on any port; `::1` too, as `localhost` may resolve to it and
+/// the gateway refuses a name with any refused address.
+const DESTINATIONS: &str = "{allow: [127.0.0.0/8, '::1', 1024-65535]}";
 /// Generous: the suite runs many test binaries on two cores.
 const PATIENCE: Duration = Duration::from_secs(60);
 

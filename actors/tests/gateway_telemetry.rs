@@ -101,7 +101,7 @@ async fn the_gateway_s_traffic_shows_in_metrics_access_lines_and_spans() {
         .setting("gatewayBindAddress", &format!("\"{gateway}\""))
         .setting(
             "gateway",
-            "{destinations: {allow: [127.0.0.0/8, 1024-65535]}, tries: 2, traceExchanges: true, \
+            "{destinations: {allow: [127.0.0.0/8, '::1', 1024-65535]}, tries: 2, traceExchanges: true, \
              blocks: [{status: [403], targets: [localhost]}]}",
         )
         .setting("leaseCooldown", "0s")

@@ -943,6 +943,10 @@ async fn the_gateway_leases_from_the_leaders_book() {
                 // The tunnel's lease and an API lease at once.
                 "--max-leases-per-proxy",
                 "2",
+                // Joins the gateway's default denies (TEST-NET-3: nothing
+                // is ever sent there, the gateway refuses it first).
+                "--cluster-networks",
+                "203.0.113.0/24",
             ])
             .arg("--gateway-config")
             .arg(&config)
@@ -990,6 +994,26 @@ async fn the_gateway_leases_from_the_leaders_book() {
             }
         })
         .await;
+
+    // A cluster network is refused by the gateway itself, before a lease:
+    // its own 403 and reason, not the leased proxy's refusal relayed.
+    let (_, answer) = through_gateway(
+        leader_gw,
+        "GET http://203.0.113.7/ HTTP/1.1\r\nHost: 203.0.113.7\r\nConnection: close\r\n\r\n",
+        WAIT,
+    )
+    .await;
+    let answer = answer.expect("the leader's gateway answers").to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 403"), "{answer}");
+    assert!(
+        answer.contains("egress-gateway-error: destination_refused"),
+        "the gateway refused it, not the proxy: {answer}"
+    );
+    assert!(
+        leader.logs().contains("203.0.113.0/24 is denied by default"),
+        "{}",
+        leader.logs()
+    );
 
     // A tunnel holds its lease while open: the leader's book counts it and
     // its checkpoint in the cluster holds it, taken for the gateway.

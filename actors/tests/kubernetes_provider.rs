@@ -80,16 +80,19 @@ async fn the_pods_squid_config_carries_the_destination_rules() {
     for line in [
         "acl SSL_ports port 443 8443\n",
         "acl epo_denied_dst dst 10.1.2.0/24\n",
-        "acl epo_allowed_dst dst 10.1.0.0/16\n",
         "http_access deny CONNECT !SSL_ports\n",
-        "http_access deny epo_default_denied_dst !epo_allowed_dst\n",
-        "http_access deny epo_default_denied_embedded_dst !epo_own_ipv6_dst !epo_allowed_embedded_dst\n",
+        // Denies only, the allowed network cut out of the default ones: a
+        // name with one allowed address does not pass a refused one.
+        "http_access deny epo_default_denied_dst\n",
+        "http_access deny epo_default_denied_embedded_dst\n",
         "http_access deny manager\n",
     ] {
         assert!(conf.contains(line), "{line:?} in {conf}");
     }
     assert!(
         conf.contains("acl epo_default_denied_dst dst 0.0.0.0/8 127.0.0.0/8 169.254.0.0/16")
+            && conf.contains(" 10.0.0.0/16 10.2.0.0/15 10.4.0.0/14 ")
+            && !conf.contains(" 10.1.0.0/16")
             && conf.contains(" fc00::/7 2001::/32 64:ff9b:1::/48 10.96.0.0/12\n")
             && conf.contains(" 2002:a60::/28\n"),
         "defaults and the cluster network, also in its embedded forms: {conf}"

@@ -169,6 +169,8 @@ pub struct OperatorBuilder {
     env: Vec<(OsString, OsString)>,
     user: Option<nix::unistd::User>,
     file_limit: Option<(u64, u64)>,
+    /// Files of the test's bound over the machine's in a mount namespace of the process's own.
+    private_files: Vec<(PathBuf, &'static str)>,
 }
 
 fn free_addr() -> SocketAddr {
@@ -192,6 +194,7 @@ impl OperatorBuilder {
             env: Vec::new(),
             user: None,
             file_limit: None,
+            private_files: Vec::new(),
         }
     }
 
@@ -291,20 +294,43 @@ impl OperatorBuilder {
         self
     }
 
+    /// Runs it (and the proxies it starts) with `file` in place of
+    /// `target` (`/etc/hosts`, `/etc/resolv.conf`), in a mount namespace of
+    /// its own: names of the test's choosing resolve to loopback addresses
+    /// of its choosing, the machine's files untouched. Root only (see
+    /// [`can_replace_etc_files`]).
+    pub fn private_file(mut self, file: &Path, target: &'static str) -> Self {
+        self.private_files.push((file.to_owned(), target));
+        self
+    }
+
     fn address(addr: Option<SocketAddr>) -> String {
         addr.map_or_else(|| "0".to_owned(), |a| a.to_string())
     }
 
     fn command(&self) -> Command {
         let dir = self.dir.path();
-        let mut cmd = match self.file_limit {
+        let mut cmd = match (self.file_limit, self.private_files.is_empty()) {
             // prlimit execs the binary: the pid stays the operator's.
-            Some((soft, hard)) => {
+            (Some((soft, hard)), _) => {
                 let mut cmd = Command::new("prlimit");
                 cmd.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(BIN);
                 cmd
             }
-            None => Command::new(BIN),
+            // unshare and sh exec too: the pid stays the operator's.
+            (None, false) => {
+                let mut script = String::new();
+                for (file, target) in &self.private_files {
+                    script.push_str(&format!("mount --bind '{}' '{target}' && ", file.display()));
+                }
+                script.push_str(r#"exec "$0" "$@""#);
+                let mut cmd = Command::new("unshare");
+                cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                    .arg(script)
+                    .arg(BIN);
+                cmd
+            }
+            (None, true) => Command::new(BIN),
         };
         match &self.mode {
             Mode::Standalone { config } => {
@@ -397,6 +423,16 @@ impl OperatorBuilder {
         operator.wait_healthy().await;
         operator
     }
+}
+
+/// Whether [`OperatorBuilder::private_file`] works here: as root, with
+/// `unshare` installed.
+pub fn can_replace_etc_files() -> bool {
+    nix::unistd::geteuid().is_root()
+        && Command::new("unshare")
+            .args(["--mount", "--", "true"])
+            .status()
+            .is_ok_and(|s| s.success())
 }
 
 /// One running operator; SIGKILLed when dropped. Keeps its directory.

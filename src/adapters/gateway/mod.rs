@@ -13,6 +13,7 @@ mod blocks;
 mod serve;
 mod sessions;
 mod upstream;
+mod upstream_identity;
 pub mod username;
 
 use std::net::SocketAddr;

@@ -27,6 +27,7 @@ use crate::config::KubernetesConfig;
 use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
 use crate::kube_client::watch_cache::WatchCache;
 use crate::provider::squid_auth::with_auth;
+use crate::provider::squid_identity::identity_section;
 use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 use crate::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
@@ -87,18 +88,19 @@ pub const SQUID_COMMAND: [&str; 3] = [
     "printf '%s' \"$SQUID_CONFIG\" > /tmp/squid.conf && exec squid -N -f /tmp/squid.conf",
 ];
 
-/// The squid.conf of a pod listening on `port`. `forwarded_for delete`:
-/// `off` would still send `X-Forwarded-For: unknown` to every target. Every
+/// The squid.conf of a pod listening on `port`, naming neither itself nor
+/// its node ([`identity_section`]). Every
 /// file Squid writes is under `/tmp` (the pod's only writable directory) or
 /// a standard stream; `netdb_filename none`: the netdb state would be saved
 /// under /var/spool on shutdown.
 pub fn squid_config(port: u16, destinations: &DestinationPolicy) -> String {
     format!(
-        "http_port {port}\n{rules}http_access allow all\nvia off\nforwarded_for delete\n\
+        "http_port {port}\n{rules}http_access allow all\n{identity}\
          max_filedescriptors {MAX_FILEDESCRIPTORS}\ncache deny all\ncache_mem 8 MB\npinger_enable off\n\
          shutdown_lifetime 1 seconds\npid_filename /tmp/squid.pid\ncoredump_dir /tmp\n\
          netdb_filename none\ncache_log stdio:/dev/stderr\naccess_log stdio:/dev/stdout\n",
         rules = squid_rules(destinations),
+        identity = identity_section(),
     )
 }
 
@@ -628,6 +630,9 @@ mod tests {
             "http_access allow all",
             "via off",
             "forwarded_for delete",
+            "httpd_suppress_version_string on",
+            "visible_hostname egress-proxy",
+            "reply_header_access X-Cache deny all",
             "max_filedescriptors 16384",
             "http_access deny manager",
         ] {

@@ -13,7 +13,9 @@ mod squid;
 
 use serde::{Deserialize, Serialize};
 
-pub use checked_connect::{CheckedConnectError, check_destination, connect_checked, connect_checked_from};
+pub use checked_connect::{
+    CheckedConnectError, check_destination, connect_checked, connect_checked_from, every_address_allowed,
+};
 pub use entry::{DestinationEntry, DestinationEntryError, parse_cidr};
 pub use ipnet::IpNet;
 pub use policy::{DEFAULT_DENIED, DestinationPolicy, EXTERNAL_ENDPOINT_DENIED, Refusal, TLS_PORT};

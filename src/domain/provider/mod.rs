@@ -16,6 +16,7 @@ mod naming;
 pub mod reason;
 mod spec_hash;
 pub mod squid_auth;
+pub mod squid_identity;
 pub mod squid_limits;
 
 // Built over any provider: the decorators every provider is wrapped in,

@@ -66,7 +66,11 @@ impl Gateway {
             let (response, connection) = match tokio::time::timeout_at(deadline.into(), sent).await {
                 Ok(Ok(sent)) => sent,
                 Ok(Err(failure)) => {
+                    let ends = matches!(failure, TryFailure::Final(_));
                     failures.record(self, &upstream.lease_id, failure, &mut exchange);
+                    if ends {
+                        break;
+                    }
                     continue;
                 }
                 Err(_) => {
@@ -127,6 +131,7 @@ impl Gateway {
             }
             failures.served(self, &mut exchange);
             drop_hop_by_hop(&mut head.headers);
+            strip_proxy_headers(&mut head.headers);
             describe(&mut head.headers, &upstream, &exchange, blocked);
             exchange.status = status;
             exchange.outcome = if blocked {
@@ -208,11 +213,18 @@ impl Gateway {
                 &"it refused its credentials (407)",
             )));
         }
-        if status.is_server_error() && answered_by_the_proxy(response.headers()) {
-            let why = format!("it answered {status} itself");
-            return Err(TryFailure::Destination(upstream_failed(upstream, &why)));
+        // The proxy's own page names it (Squid's its host and version): the
+        // crawler gets the gateway's answer instead.
+        let why = || format!("it answered {status} itself");
+        match author(status, response.headers()) {
+            Author::Site => Ok((response, connection)),
+            Author::ProxyFailure => Err(TryFailure::Destination(upstream_failed(upstream, &why()))),
+            Author::ProxyRefusal => Err(TryFailure::Final(GatewayError::DestinationRefused(format!(
+                "upstream proxy {} refused it",
+                upstream.proxy
+            )))),
+            Author::ProxyOther => Err(TryFailure::Final(upstream_failed(upstream, &why()))),
         }
-        Ok((response, connection))
     }
 }
 
@@ -226,11 +238,4 @@ impl Drop for GiveBack {
             pool.give_back(url, connection);
         }
     }
-}
-
-/// Whether a 5xx is the proxy's own answer (Squid's error pages carry
-/// `X-Squid-Error`; RFC 9209 proxies, the built-in one included, send
-/// `Proxy-Status`) rather than the site's.
-fn answered_by_the_proxy(headers: &HeaderMap) -> bool {
-    headers.contains_key("x-squid-error") || headers.contains_key("proxy-status")
 }

@@ -20,6 +20,7 @@ use super::access::{Exchange, ExchangeOutcome, Transferred, exchange_span, meter
 use super::blocks::{BlockRules, HeadVerdict};
 use super::sessions::{SessionKey, Sessions};
 use super::upstream::{Connection, UpstreamPool, authorize, open, upstream_failed};
+use super::upstream_identity::{Author, author, strip_proxy_headers};
 use super::{
     Ask, BLOCKED_HEADER, GatewayError, LEASE_HEADER, Leases, PROXY_HEADER, REASON_HEADER,
     SESSION_MOVED_HEADER, Upstream, admits, basic_credentials, lease_target, username,
@@ -125,10 +126,12 @@ const DESTINATION_FAILED: &str = "destination";
 /// Why one try failed: the proxy itself (reported `error` at once), or
 /// the proxy's own answer about the destination (reported only if another
 /// proxy then serves the request: a site down for every proxy must not
-/// rest the fleet).
+/// rest the fleet), or the proxy's own refusal, which ends the request
+/// unreported (its rules refused the destination; no proxy is at fault).
 enum TryFailure {
     Proxy(GatewayError),
     Destination(GatewayError),
+    Final(GatewayError),
 }
 
 /// The failed tries of one request or tunnel, and what to report of them.
@@ -150,6 +153,7 @@ impl Failures {
                 self.last = Some(e);
             }
             TryFailure::Destination(e) => self.pending.push((lease_id.to_owned(), e)),
+            TryFailure::Final(e) => self.last = Some(e),
         }
     }
 
@@ -276,8 +280,8 @@ impl Gateway {
             ),
         };
         // Checked before a lease is taken: a refused destination costs no proxy.
-        let wanted = match self.check_destination(&host, port, tunnel, wanted).await {
-            Ok(wanted) => wanted,
+        let (wanted, addresses) = match self.check_destination(&host, port, tunnel, wanted).await {
+            Ok(checked) => checked,
             Err(e) => return refusal(&e, &mut exchange, tunnel, in_flight),
         };
         exchange.target = wanted.ask.target.clone();
@@ -286,8 +290,8 @@ impl Gateway {
                 self.forward(request, uri, host, wanted, exchange, in_flight, &slot)
                     .await
             }
-            Target::Tunnel { host, port } => {
-                self.tunnel(request, &host, port, wanted, exchange, in_flight, &slot)
+            Target::Tunnel { .. } => {
+                self.tunnel(request, &addresses, wanted, exchange, in_flight, &slot)
                     .await
             }
         }
@@ -346,22 +350,25 @@ impl Gateway {
         })
     }
 
-    /// The destination checked against the rules; the lease target set.
+    /// The destination checked against the rules, every address its name
+    /// resolves to (one refused refuses the request: a plain request's
+    /// name is resolved again by the leased proxy, which could pick it);
+    /// the lease target set. The checked addresses, where a tunnel goes.
     async fn check_destination(
         &self,
         host: &str,
         port: u16,
         tunnel: bool,
         mut wanted: Wanted,
-    ) -> Result<Wanted, GatewayError> {
+    ) -> Result<(Wanted, Vec<SocketAddr>), GatewayError> {
         wanted.ask.target = lease_target(host)?;
-        check_destination(&self.options.destinations, host, port, tunnel, CONNECT_TIMEOUT)
+        let addresses = check_destination(&self.options.destinations, host, port, tunnel, CONNECT_TIMEOUT)
             .await
             .map_err(|e| match e {
                 CheckedConnectError::Refused { .. } => GatewayError::DestinationRefused(e.to_string()),
                 other => GatewayError::DestinationUnresolved(other.to_string()),
             })?;
-        Ok(wanted)
+        Ok((wanted, addresses))
     }
 
     /// A lease for one try: the session's proxy while it stays eligible,

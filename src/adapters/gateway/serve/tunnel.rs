@@ -1,18 +1,22 @@
 //! `CONNECT` through the gateway: the leased proxy's own `CONNECT`, tried on
 //! another proxy until one answers `200`, then the crawler's bytes spliced
-//! to it (TLS passes through untouched).
+//! to it (TLS passes through untouched). The proxy is asked for an address
+//! the gateway checked, not the crawler's name: it cannot resolve the name
+//! again to an address the gateway never saw (DNS rebinding). SNI and
+//! `Host` travel inside the tunnel, so the site sees the crawler's name.
+//! As a proxy given the name would, each proxy is asked for the checked
+//! addresses in turn until one opens (an IPv6 address it cannot reach
+//! does not fail the try).
 
 use super::*;
 
 impl Gateway {
     /// Opens a tunnel through leased proxies (their own `CONNECT`), trying
     /// another when one fails, then answers `200` and splices.
-    #[expect(clippy::too_many_arguments, reason = "one request's parts, passed once")]
     pub(super) async fn tunnel(
         &self,
         request: Request<Incoming>,
-        host: &str,
-        port: u16,
+        addresses: &[SocketAddr],
         mut wanted: Wanted,
         mut exchange: Exchange,
         in_flight: InFlight,
@@ -30,7 +34,7 @@ impl Gateway {
                     break;
                 }
             };
-            let opened = self.connect_through(host, port, &upstream, &exchange.transferred, slot);
+            let opened = self.connect_through(addresses, &upstream, &exchange.transferred, slot);
             match tokio::time::timeout_at(deadline.into(), opened).await {
                 Ok(Ok(upstream_io)) => {
                     failures.served(self, &mut exchange);
@@ -71,16 +75,39 @@ impl Gateway {
         refusal(&e, &mut exchange, true, in_flight)
     }
 
-    /// One try of a tunnel: the leased proxy's own `CONNECT`.
+    /// One try of a tunnel: the leased proxy's own `CONNECT` to each
+    /// checked address in turn until one opens. The proxy's failure (it
+    /// cannot be reached, refuses its credentials) ends the try at once;
+    /// its refusal of every address is the destination's failure.
     async fn connect_through(
         &self,
-        host: &str,
-        port: u16,
+        addresses: &[SocketAddr],
         upstream: &Upstream,
         transferred: &Arc<Transferred>,
         slot: &Slot,
     ) -> Result<TokioIo<hyper::upgrade::Upgraded>, TryFailure> {
-        let authority = format!("{host}:{port}");
+        let mut refused = None;
+        for &address in addresses {
+            match self.connect_to(address, upstream, transferred, slot).await {
+                Err(TryFailure::Destination(e)) => refused = Some(e),
+                opened_or_failed => return opened_or_failed,
+            }
+        }
+        Err(TryFailure::Destination(refused.unwrap_or_else(|| {
+            upstream_failed(upstream, &"no address to ask it for")
+        })))
+    }
+
+    /// The leased proxy's own `CONNECT` to one checked address.
+    async fn connect_to(
+        &self,
+        address: SocketAddr,
+        upstream: &Upstream,
+        transferred: &Arc<Transferred>,
+        slot: &Slot,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, TryFailure> {
+        // `[v6]:port` for an IPv6 address.
+        let authority = address.to_string();
         let mut connect = Request::builder()
             .method(Method::CONNECT)
             .uri(authority.as_str())

@@ -22,6 +22,7 @@ use crate::credentials::{ProxyCredentials, htpasswd_line};
 use crate::destinations::{DestinationPolicy, squid_rules};
 use crate::provider::reason::{clip, telling_lines};
 use crate::provider::squid_auth::auth_section;
+use crate::provider::squid_identity::identity_section;
 use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
 
 pub const CONFIG_FILE: &str = "squid.conf";
@@ -66,10 +67,9 @@ pub fn remove_segments(service: &str) -> io::Result<()> {
 /// `squid -k parse` reads a few lines; anything slower is broken.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The generated `squid.conf`. `forwarded_for delete` rather than `off`:
-/// `off` still sends `X-Forwarded-For: unknown`, which tells every target a
-/// proxy is in the path. `user` is the `cache_effective_user` when Squid
-/// starts as root; with `authenticated`, requests must present the
+/// The generated `squid.conf`, naming neither Squid's host nor its
+/// version ([`identity_section`]). `user` is the `cache_effective_user`
+/// when Squid starts as root; with `authenticated`, requests must present the
 /// instance's credentials, checked before `destinations` (the rules before
 /// the final allow), so a stranger learns nothing of the rules.
 pub fn config(
@@ -104,8 +104,7 @@ pub fn config(
          {rules}\
          http_access allow all\n\
          {outgoing}\
-         via off\n\
-         forwarded_for delete\n\
+         {identity}\
          max_filedescriptors {MAX_FILEDESCRIPTORS}\n\
          cache deny all\n\
          cache_mem 8 MB\n\
@@ -118,6 +117,7 @@ pub fn config(
         name = record.name,
         port = record.port,
         rules = squid_rules(destinations),
+        identity = identity_section(),
     )
 }
 
