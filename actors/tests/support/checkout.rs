@@ -37,6 +37,7 @@ impl Checkout {
             .map_err(|(_, e)| e)
             .expect("locking the docs checkout");
         sync(&super::doc_blocks::repo_root(), &base);
+        commit(&base);
         Self {
             root: base,
             _lock: lock,
