@@ -114,8 +114,14 @@ fn commit(copy: &Path) {
     if !copy.join(".git").exists() {
         git(&["init", "-q"]);
     }
-    git(&["add", "-A"]);
-    if !git(&["status", "--porcelain"]).trim().is_empty() {
+    // Without optional locks `git status` leaves the index alone: the
+    // operator's build script watches it, and an index rewritten for
+    // nothing would make cargo build the operator again.
+    if !git(&["--no-optional-locks", "status", "--porcelain"])
+        .trim()
+        .is_empty()
+    {
+        git(&["add", "-A"]);
         git(&[
             "commit",
             "-q",
