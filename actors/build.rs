@@ -28,11 +28,16 @@ fn main() {
         })
         .unwrap_or_else(|| "unknown".to_owned());
     if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        println!("cargo:rerun-if-changed={git_dir}/HEAD");
-        println!("cargo:rerun-if-changed={git_dir}/index");
-        println!("cargo:rerun-if-changed={git_dir}/packed-refs");
-        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={git_dir}/{branch}");
+        let mut watched = vec!["HEAD".to_owned(), "index".to_owned(), "packed-refs".to_owned()];
+        watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+        // Only files that exist: cargo runs a script again on every build
+        // while a file it watches is missing (a repository without
+        // `packed-refs`, say), and the operator would be rebuilt each time.
+        for file in watched {
+            let path = std::path::Path::new(&git_dir).join(file);
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
         }
     }
     println!("cargo:rustc-env=EPO_GIT_COMMIT={commit}");

@@ -214,7 +214,8 @@ fn glob_matches(pattern: &str, path: &str) -> bool {
             None => pattern == name,
             Some((head, tail)) => {
                 name.starts_with(head)
-                    && (head.len()..=name.len()).any(|i| name.is_char_boundary(i) && name_matches(tail, &name[i..]))
+                    && (head.len()..=name.len())
+                        .any(|i| name.is_char_boundary(i) && name_matches(tail, &name[i..]))
             }
         }
     }
@@ -252,7 +253,9 @@ fn globs_and_file_names(text: &str, top: &[String]) -> Vec<(usize, String)> {
                 continue;
             }
             let glob = span.contains('*')
-                && span.split_once('/').is_some_and(|(first, _)| top.iter().any(|t| t == first));
+                && span
+                    .split_once('/')
+                    .is_some_and(|(first, _)| top.iter().any(|t| t == first));
             let bare = !span.contains('/')
                 && !span.contains('*')
                 && [".rs", ".sh", ".py"].iter().any(|ext| span.ends_with(ext))
@@ -282,14 +285,19 @@ fn every_glob_and_file_name_the_docs_name_exists() {
             let exists = if name.contains('*') {
                 files.iter().any(|f| glob_matches(&name, f))
             } else {
-                files.iter().any(|f| f == &name || f.ends_with(&format!("/{name}")))
+                files
+                    .iter()
+                    .any(|f| f == &name || f.ends_with(&format!("/{name}")))
             };
             if !exists {
                 missing.push(format!("{shown}:{line}: `{name}`"));
             }
         }
     }
-    assert!(named > 50, "the docs name only {named} globs and file names: is the check reading them?");
+    assert!(
+        named > 50,
+        "the docs name only {named} globs and file names: is the check reading them?"
+    );
     assert!(
         missing.is_empty(),
         "docs name files that do not exist (no file has that name, or no file matches the glob):\n{}",
