@@ -27,17 +27,20 @@ fn main() {
             Some(if dirty { format!("{head}-dirty") } else { head })
         })
         .unwrap_or_else(|| "unknown".to_owned());
-    if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        let mut watched = vec!["HEAD".to_owned(), "index".to_owned(), "packed-refs".to_owned()];
-        watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    let mut watched = vec!["HEAD".to_owned(), "index".to_owned(), "packed-refs".to_owned()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for file in watched {
+        // `--git-path`: where git keeps it, in a worktree too (its refs live
+        // in the main repository's directory).
+        let Some(path) = git(&["rev-parse", "--git-path", &file]) else {
+            continue;
+        };
+        let path = std::env::current_dir().unwrap_or_default().join(path);
         // Only files that exist: cargo runs a script again on every build
         // while a file it watches is missing (a repository without
         // `packed-refs`, say), and the operator would be rebuilt each time.
-        for file in watched {
-            let path = std::path::Path::new(&git_dir).join(file);
-            if path.exists() {
-                println!("cargo:rerun-if-changed={}", path.display());
-            }
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
         }
     }
     println!("cargo:rustc-env=EPO_GIT_COMMIT={commit}");

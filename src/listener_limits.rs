@@ -68,14 +68,23 @@ pub const MEMORY_PER_CONNECTION: u64 = 48 * 1024;
 /// buffer for an unfinished head (up to 128 KiB) and its 8 KiB write buffer.
 pub const DISCOVERY_MEMORY_PER_CONNECTION: u64 = 136 * 1024;
 
-/// The most connections that fit in a memory limit of `limit` bytes (none:
-/// no bound) when each costs `per_connection` and `held` bytes are held
-/// apart (a head budget) besides [`MEMORY_RESERVE`]; at least 1.
-pub fn memory_cap(limit: Option<u64>, held: u64, per_connection: u64) -> usize {
+/// The part of the memory beyond [`MEMORY_RESERVE`] a proxy listener (the
+/// gateway, or the built-in proxy) sizes its cap to: a half…
+pub const PROXY_LISTENER_PART: u64 = 2;
+/// …and the discovery API a quarter, so that both at their caps, in one
+/// process, leave a quarter of it free.
+pub const DISCOVERY_PART: u64 = 4;
+
+/// The most connections that fit in `1/part` of what a memory limit of
+/// `limit` bytes (none: no bound) leaves beyond [`MEMORY_RESERVE`], when
+/// each costs `per_connection` and `held` bytes of that part are held apart
+/// (a head budget); at least 1.
+pub fn memory_cap(limit: Option<u64>, part: u64, held: u64, per_connection: u64) -> usize {
     let Some(limit) = limit else {
         return usize::MAX;
     };
-    let room = limit.saturating_sub(MEMORY_RESERVE).saturating_sub(held) / per_connection.max(1);
+    let share = limit.saturating_sub(MEMORY_RESERVE) / part.max(1);
+    let room = share.saturating_sub(held) / per_connection.max(1);
     usize::try_from(room).unwrap_or(usize::MAX).max(1)
 }
 
@@ -145,14 +154,14 @@ impl ListenerLimits {
         }
     }
 
-    /// These limits, the discovery API's cap also fitting half of what the
-    /// memory limit `memory_limit` leaves (the gateway, in the same process,
-    /// sizes its cap to the memory too) at
+    /// These limits, the discovery API's cap also fitting its part
+    /// ([`DISCOVERY_PART`]) of what the memory limit `memory_limit` leaves
+    /// (the gateway, in the same process, sizes its cap to its own part) at
     /// [`DISCOVERY_MEMORY_PER_CONNECTION`] each: actix-web buffers an
     /// unfinished head of up to 128 KiB for the request-head timeout.
     pub fn within_memory(mut self, listener: Listener, memory_limit: Option<u64>) -> Self {
         if listener == Listener::Discovery {
-            let cap = memory_cap(memory_limit, 0, DISCOVERY_MEMORY_PER_CONNECTION) / 2;
+            let cap = memory_cap(memory_limit, DISCOVERY_PART, 0, DISCOVERY_MEMORY_PER_CONNECTION);
             self.max_connections = self.max_connections.min(cap.max(4));
         }
         self
@@ -174,15 +183,16 @@ mod tests {
         const MIB: u64 = 1024 * 1024;
         for (limit, held, per_connection, cap) in [
             (None, 16 * MIB, 48 * 1024, usize::MAX),
-            // The shipped Deployment's limit, the default budget.
-            (Some(256 * MIB), 16 * MIB, 48 * 1024, 3754),
-            (Some(256 * MIB), 0, 48 * 1024, 4096),
-            (Some(1024 * MIB), 16 * MIB, 48 * 1024, 20_138),
+            // The shipped Deployment's limit, the default budget: half of
+            // 192 MiB, less 16 MiB, at 48 KiB.
+            (Some(256 * MIB), 16 * MIB, 48 * 1024, 1706),
+            (Some(256 * MIB), 0, 48 * 1024, 2048),
+            (Some(1024 * MIB), 16 * MIB, 48 * 1024, 9898),
             // Less than the reserve still serves one.
             (Some(32 * MIB), 16 * MIB, 48 * 1024, 1),
         ] {
             assert_eq!(
-                memory_cap(limit, held, per_connection),
+                memory_cap(limit, PROXY_LISTENER_PART, held, per_connection),
                 cap,
                 "{limit:?} {held} {per_connection}"
             );
@@ -212,10 +222,13 @@ mod tests {
     fn the_discovery_api_s_cap_fits_half_the_memory_limit_and_only_its_own() {
         const MIB: u64 = 1024 * 1024;
         for (listener, file_limit, memory, cap) in [
-            (Listener::Discovery, 1_048_576, Some(256 * MIB), 722),
-            (Listener::Discovery, 1_048_576, Some(4096 * MIB), 10_000),
+            // A quarter of 192 MiB at 136 KiB.
+            (Listener::Discovery, 1_048_576, Some(256 * MIB), 361),
+            (Listener::Discovery, 1_048_576, Some(4096 * MIB), 7589),
+            (Listener::Discovery, 1_048_576, Some(8192 * MIB), 10_000),
             (Listener::Discovery, 1_048_576, None, 10_000),
-            (Listener::Discovery, 1024, Some(256 * MIB), 384),
+            (Listener::Discovery, 1024, Some(256 * MIB), 361),
+            (Listener::Discovery, 1024, Some(1024 * MIB), 384),
             (Listener::Discovery, 1_048_576, Some(64 * MIB), 4),
             (Listener::Metrics, 1_048_576, Some(64 * MIB), 64),
         ] {

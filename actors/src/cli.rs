@@ -260,8 +260,8 @@ pub struct RunArgs {
 
     /// The gateway's listener (docs/gateway.md): one forward-proxy endpoint
     /// that leases a proxy per request (`0` disables it). Crawlers present
-    /// `DISCOVERY_TOKEN` as the proxy password; without a token it serves
-    /// on loopback only.
+    /// the crawler token (`DISCOVERY_TOKEN`'s) as the proxy password;
+    /// without a token it serves on loopback only.
     #[arg(long, env = "GATEWAY_BIND_ADDRESS", default_value = "0")]
     pub gateway_bind_address: BindAddress,
 

@@ -42,7 +42,7 @@ pub use slots::{ConnectionSlots, InFlight, Phase, Slot};
 pub use tracked::Tracked;
 pub use unauthenticated::{LINGER, Refusal, Unauthenticated};
 
-use crate::listener_limits::{MEMORY_PER_CONNECTION, UnauthenticatedLimits, memory_cap};
+use crate::listener_limits::{MEMORY_PER_CONNECTION, PROXY_LISTENER_PART, UnauthenticatedLimits, memory_cap};
 
 /// Pause after an accept error for want of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
@@ -84,6 +84,7 @@ impl ListenerSettings {
         let files = connection_cap(crate::file_limit::current(), fds_per_connection);
         let memory = memory_cap(
             crate::memory_limit::current(),
+            PROXY_LISTENER_PART,
             u64::try_from(unauthenticated.head_budget).unwrap_or(u64::MAX),
             MEMORY_PER_CONNECTION,
         );
