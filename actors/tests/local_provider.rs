@@ -254,6 +254,12 @@ async fn a_process_never_recorded_is_found_by_its_pid_file() {
         (p.get(&id).await.unwrap().state == InstanceState::Running).then_some(())
     })
     .await;
+    // The proxy writes its pid file once it has started; Running only says
+    // the spawned process lives (on a loaded machine the file may come later).
+    eventually("the proxy's pid file", Duration::from_secs(10), async || {
+        dir.join("proxy.pid").exists().then_some(())
+    })
+    .await;
     let pid = support::process::instance_pid(&dir).unwrap();
     std::fs::remove_file(dir.join("process.json")).unwrap();
 
