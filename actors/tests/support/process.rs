@@ -55,13 +55,18 @@ pub async fn finish_within(mut child: Killed, what: &str, deadline: std::time::D
     }
 }
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing listens on right now, below the kernel's
+/// ephemeral range (32768 and up by default): a port the kernel hands out
+/// for `:0` is also what it hands the next outgoing connection, so a
+/// process started on it later (an operator restarted on fresh ports) could
+/// find it taken by a proxy's connection in between.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = 20_000 + fastrand::u16(..12_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A loopback HTTP target answering `204 No Content` to anything, on its own
