@@ -95,6 +95,30 @@ fn top_level() -> Vec<String> {
 /// no one file.
 fn repository_paths(text: &str, top: &[String]) -> Vec<(usize, String)> {
     let mut found = Vec::new();
+    for (line, span) in backticked_spans(text) {
+        if span.contains('*') {
+            continue;
+        }
+        let path = span.trim_start_matches("./").split('#').next().unwrap_or(span);
+        let path = match path.rsplit_once(':') {
+            Some((file, at)) if at.chars().all(|c| c.is_ascii_digit() || c == '-') => file,
+            _ => path,
+        };
+        let Some((first, rest)) = path.split_once('/') else {
+            continue;
+        };
+        if !rest.is_empty() && top.iter().any(|t| t == first) {
+            found.push((line, path.to_owned()));
+        }
+    }
+    found
+}
+
+/// Backticked spans outside code blocks, each with its 1-based line, but
+/// those with whitespace, `…`, `<…>`, `{…}` or `$`: placeholders, which
+/// name no file.
+fn backticked_spans(text: &str) -> Vec<(usize, &str)> {
+    let mut found = Vec::new();
     let mut in_block = false;
     for (n, line) in text.lines().enumerate() {
         if line.trim_start().starts_with("```") {
@@ -105,19 +129,8 @@ fn repository_paths(text: &str, top: &[String]) -> Vec<(usize, String)> {
             continue;
         }
         for span in line.split('`').skip(1).step_by(2) {
-            if span.contains(|c: char| c.is_whitespace() || "…*<>{}$".contains(c)) {
-                continue;
-            }
-            let path = span.trim_start_matches("./").split('#').next().unwrap_or(span);
-            let path = match path.rsplit_once(':') {
-                Some((file, at)) if at.chars().all(|c| c.is_ascii_digit() || c == '-') => file,
-                _ => path,
-            };
-            let Some((first, rest)) = path.split_once('/') else {
-                continue;
-            };
-            if !rest.is_empty() && top.iter().any(|t| t == first) {
-                found.push((n + 1, path.to_owned()));
+            if !span.contains(|c: char| c.is_whitespace() || "…<>{}$".contains(c)) {
+                found.push((n + 1, span));
             }
         }
     }
@@ -238,20 +251,9 @@ fn glob_matches(pattern: &str, path: &str) -> bool {
 /// `docs/**/*.md`) and bare source file names (`quickstart.rs`,
 /// `run.sh`), outside code blocks, each with its 1-based line.
 fn globs_and_file_names(text: &str, top: &[String]) -> Vec<(usize, String)> {
-    let mut found = Vec::new();
-    let mut in_block = false;
-    for (n, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            in_block = !in_block;
-            continue;
-        }
-        if in_block {
-            continue;
-        }
-        for span in line.split('`').skip(1).step_by(2) {
-            if span.contains(|c: char| c.is_whitespace() || "…<>{}$".contains(c)) {
-                continue;
-            }
+    backticked_spans(text)
+        .into_iter()
+        .filter(|(_, span)| {
             let glob = span.contains('*')
                 && span
                     .split_once('/')
@@ -260,12 +262,10 @@ fn globs_and_file_names(text: &str, top: &[String]) -> Vec<(usize, String)> {
                 && !span.contains('*')
                 && [".rs", ".sh", ".py"].iter().any(|ext| span.ends_with(ext))
                 && span.len() > 3;
-            if glob || bare {
-                found.push((n + 1, span.to_owned()));
-            }
-        }
-    }
-    found
+            glob || bare
+        })
+        .map(|(line, span)| (line, span.to_owned()))
+        .collect()
 }
 
 /// A glob the docs show matches at least one file, and a source file the
