@@ -275,10 +275,11 @@ impl LeaseDesk {
         locked(&self.0).acquire_unjournaled(request)
     }
 
-    /// Gives a lease back.
-    pub fn release(&self, id: &str) {
+    /// Gives a lease back; its proxy rests for the target for `rest`
+    /// (none: the cooldown).
+    pub fn release(&self, id: &str, rest: Option<Duration>) {
         let mut ledger = locked(&self.0);
-        ledger.release(id);
+        ledger.release(id, rest);
         let _ = ledger.persist();
     }
 
@@ -432,8 +433,11 @@ impl Ledger {
     }
 
     /// Ends a lease; whether it was held.
-    fn release(&mut self, id: &str) -> bool {
-        let held = self.book.release(id, Instant::now());
+    fn release(&mut self, id: &str, rest: Option<Duration>) -> bool {
+        let held = match rest {
+            Some(rest) => self.book.release_with_rest(id, rest, Instant::now()),
+            None => self.book.release(id, Instant::now()),
+        };
         if held {
             self.stats.released += 1;
             metrics().leases_active.set(self.book.active_leases() as i64);
@@ -523,7 +527,7 @@ impl LeaseStore {
 impl Handler<Release> for LeaseStore {
     type Result = ResponseActFuture<Self, bool>;
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
-        let held = self.ledger().release(&msg.0);
+        let held = self.ledger().release(&msg.0, None);
         self.answer_when_durable(held)
     }
 }
@@ -673,7 +677,7 @@ mod tests {
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
         assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "{api:?}");
 
-        desk.release(&gateway.id);
+        desk.release(&gateway.id, None);
         let api = store.send(Acquire(ask("crawler"))).await.unwrap().expect("freed");
         let refused = desk.acquire(&ask(GATEWAY_CLIENT));
         assert!(
@@ -707,11 +711,11 @@ mod tests {
         let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
         desk.report(&first.id, Outcome::Error, "gateway: refused".into())
             .unwrap();
-        desk.release(&first.id);
+        desk.release(&first.id, None);
         for _ in 0..10 {
             let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
             assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
-            desk.release(&next.id);
+            desk.release(&next.id, None);
         }
         assert!(matches!(desk.renew("no-such-lease"), Err(RenewError::Unknown(_))));
     }
