@@ -34,7 +34,7 @@ const TOKEN: &str = "gw-judgement-t0ken-77c1";
 struct Fleet {
     operator: OperatorProcess,
     gateway: SocketAddr,
-    _dir: OperatorDir,
+    dir: OperatorDir,
 }
 
 impl Fleet {
@@ -70,11 +70,19 @@ impl Fleet {
             .start()
             .await;
         operator.wait_ready(count).await;
-        Self {
-            operator,
-            gateway,
-            _dir: dir,
-        }
+        Self { operator, gateway, dir }
+    }
+
+    /// `egress-proxies-operator get sites -o <output>` against this operator.
+    fn get_sites(&self, output: &str) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+            .args(["get", "sites", "-o", output, "--config"])
+            .arg(self.dir.path().join("operator.yaml"))
+            .env("EGRESS_PROXIES_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
     }
 
     /// The proxies as the lease book sees them (the dashboard's rows).
@@ -318,5 +326,19 @@ async fn a_proxy_one_site_refuses_is_learnt_for_that_site_only() {
     }
     let sources = other_sources.lock().unwrap().clone();
     assert_eq!(sources.len(), 4, "the other site still uses every proxy: {sources:?}");
+
+    // What was learnt is published about once a second: `get sites` shows it.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    get(fleet.gateway, other, "/").await;
+    let sites: Vec<Value> = serde_json::from_str(&fleet.get_sites("json")).unwrap();
+    let avoided = |site: SocketAddr| {
+        let site = sites.iter().find(|s| s["site"] == site.ip().to_string()).unwrap();
+        site["proxies"].as_array().unwrap().iter().filter(|p| p["avoided"] == true).count()
+    };
+    assert_eq!(avoided(refusing), 1, "{sites:?}");
+    assert_eq!(avoided(other), 0, "{sites:?}");
+    let table = fleet.get_sites("table");
+    assert!(table.starts_with("SITE "), "{table}");
+    assert!(table.contains("127.0.21.1"), "{table}");
     fleet.operator.stop().await;
 }

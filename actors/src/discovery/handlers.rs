@@ -133,8 +133,7 @@ pub async fn acquire(
         selector: body.selector,
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
-        prefer: None,
-        session: None,
+        ..AcquireRequest::default()
     };
     let grant = store
         .send(Acquire(request))
