@@ -9,6 +9,9 @@
 //! - 100 requests whose bodies are malformed or cut off are the clients'
 //!   fault: each gets a `400`, no proxy is rested, and the next request is
 //!   served;
+//! - 100 requests in a row to one site with the quickstart's lease
+//!   settings are all served, spread over the four proxies, and none is
+//!   counted denied;
 //! - a tunnel's lease is back within about a second of its client closing
 //!   (fully, or only its sending side) while the site keeps its side open;
 //! - learning: with one of four proxies refused by one site (`403` by
@@ -101,6 +104,20 @@ impl Fleet {
             .as_array()
             .unwrap()
             .clone()
+    }
+
+    /// The dashboard's lease counters (`granted`, `denied`...).
+    async fn leases(&self) -> Value {
+        let auth = format!("Bearer {TOKEN}");
+        let (_, text) = support::http::request(
+            self.operator.discovery(),
+            "GET",
+            "/v1/dashboard",
+            &[("Authorization", &auth)],
+            None,
+        )
+        .await;
+        serde_json::from_str::<Value>(&text).unwrap()["leases"].clone()
     }
 
     /// `error` reports on the proxies' leases, in all.
@@ -208,6 +225,26 @@ async fn a_site_answering_407_or_proxy_status_500_takes_no_proxy_out_of_service(
     )
     .await;
     assert_eq!(status, 201, "the lease API still leases: {text}");
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_hundred_requests_in_a_row_to_one_site_are_all_served_spread_over_the_proxies() {
+    // The quickstart's lease settings: one lease per proxy, a 30 s cooldown.
+    let fleet = Fleet::start(4, "127.0.22.0/29", "capacityWait: 5s").await;
+    let (site, sources) = site("127.0.23.1", |_, _| OK).await;
+    let started = Instant::now();
+    for i in 0..100 {
+        let (status, text) = get(fleet.gateway, site, "/").await;
+        assert_eq!(status, 200, "request {i}: {text}");
+    }
+    let took = started.elapsed();
+    let sources = sources.lock().unwrap().clone();
+    assert_eq!(sources.len(), 4, "spread over the four proxies: {sources:?}");
+    assert!(sources.values().all(|n| *n >= 10), "{sources:?}");
+    assert!(took < Duration::from_secs(30), "100 requests took {took:?}");
+    let leases = fleet.leases().await;
+    assert_eq!(leases["denied"], 0, "no request was refused, none counted: {leases}");
     fleet.operator.stop().await;
 }
 
