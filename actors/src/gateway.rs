@@ -4,16 +4,16 @@
 //! leases and gateway traffic share one book.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use egress_proxies::config::GatewaySettings;
 use egress_proxies::destinations::{DestinationPolicy, IpNet};
-use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream};
+use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream, Waiting};
 use egress_proxies::guarded_listener::ListenerSettings;
 use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;
-use crate::lease_store::LeaseDesk;
+use crate::lease_store::{Granted, LeaseDesk};
 
 /// Asked for every gateway lease; the book caps it at `maxLeaseTtl`. A
 /// tunnel's lease is renewed while it stays open, and every lease is
@@ -24,29 +24,44 @@ const LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// it returns (in the order made).
 struct StoreLeases(LeaseDesk);
 
+fn request(ask: Ask) -> AcquireRequest {
+    AcquireRequest {
+        target: ask.target,
+        selector: ask.selector,
+        ttl: Some(LEASE_TTL),
+        client: Some(ask.client),
+        owner: Some(ask.owner),
+        prefer: ask.prefer,
+        session: ask.session,
+    }
+}
+
+fn upstream(granted: Result<Granted, AcquireError>) -> Result<Upstream, GatewayError> {
+    granted
+        .map(|Granted { grant, revoked }| Upstream {
+            lease_id: grant.id,
+            proxy: grant.proxy,
+            url: grant.url,
+            credentials: grant.credentials,
+            ttl: grant.ttl,
+            revoked,
+        })
+        .map_err(|e| match e {
+            AcquireError::NoCapacity { target } | AcquireError::OverShare { target, .. } => {
+                GatewayError::NoProxy { target }
+            }
+            other => GatewayError::LeaseStore(other.to_string()),
+        })
+}
+
 impl Leases for StoreLeases {
     fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError> {
-        let request = AcquireRequest {
-            target: ask.target,
-            selector: ask.selector,
-            ttl: Some(LEASE_TTL),
-            client: Some(ask.client),
-            prefer: ask.prefer,
-            session: ask.session,
-        };
-        self.0
-            .acquire(&request)
-            .map(|grant| Upstream {
-                lease_id: grant.id,
-                proxy: grant.proxy,
-                url: grant.url,
-                credentials: grant.credentials,
-                ttl: grant.ttl,
-            })
-            .map_err(|e| match e {
-                AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
-                other => GatewayError::LeaseStore(other.to_string()),
-            })
+        upstream(self.0.acquire(&request(ask)))
+    }
+
+    fn acquire_within(&self, ask: Ask, until: Instant) -> Waiting {
+        let waiting = self.0.acquire_within(request(ask), until);
+        Box::pin(async move { upstream(waiting.await) })
     }
 
     fn release(&self, lease_id: String) {

@@ -4,20 +4,29 @@
 //! answer leaves: a grant the journal could not keep is taken back and
 //! answered 503, so no client holds a lease a restart would forget.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::leader::Tenure;
+use egress_proxies::lease::fair_share::Turn;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Durable, Footprint, Grant, JournalError, LeaseBook,
-    LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView, RenewError,
-    UnknownLease, is_gateway_client,
+    AcquireError, AcquireRequest, Availability, Durable, FairShare, Footprint, Grant, JournalError,
+    LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView,
+    RenewError, UnknownLease, is_gateway_client, owner_key,
 };
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::ProxyPoolStatus;
 use egress_proxies::telemetry::events::LeaseEvent;
 use egress_proxies::telemetry::metrics;
+
+pub use crate::lease_turns::Granted;
+use crate::lease_turns::Turns;
+
+/// A waiter rechecks at least this often (a safety net: whatever frees a
+/// proxy serves the waiters at once).
+const RECHECK_WAITERS: Duration = Duration::from_millis(500);
 
 /// A proxy's availability changed.
 #[derive(Message, Debug, Clone)]
@@ -151,6 +160,8 @@ pub struct Ledger {
     unsaved: Vec<LeaseChange>,
     last_prune: Instant,
     tenure: Option<Tenure>,
+    /// Gateway requests waiting in turn, and fair shares' state.
+    turns: Turns,
 }
 
 type Shared = Arc<Mutex<Ledger>>;
@@ -181,7 +192,14 @@ impl LeaseStore {
             unsaved: Vec::new(),
             last_prune: Instant::now(),
             tenure: None,
+            turns: Turns::default(),
         })
+    }
+
+    /// Fair shares between crawler identities weighted so (default: equal).
+    pub fn with_fair_share(self, weights: FairShare) -> Self {
+        self.ledger().turns = Turns::new(weights);
+        self
     }
 
     fn holding(ledger: Ledger) -> Self {
@@ -270,9 +288,52 @@ pub struct LeaseDesk(Shared);
 
 impl LeaseDesk {
     /// A gateway lease (`request.client` names the gateway), or why not.
-    pub fn acquire(&self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
+    pub fn acquire(&self, request: &AcquireRequest) -> Result<Granted, AcquireError> {
         debug_assert!(request.client.as_deref().is_some_and(is_gateway_client));
-        locked(&self.0).acquire_unjournaled(request)
+        let mut ledger = locked(&self.0);
+        let result = ledger.acquire_unjournaled(request);
+        ledger.account(&result);
+        result.map(|grant| ledger.turns.granted_to_gateway(grant, request.owner.as_deref()))
+    }
+
+    /// A gateway lease as [`Self::acquire`], waiting in turn until `until`
+    /// when no proxy is free (or the identity is over its fair share):
+    /// freed proxies go to waiters in fair order. Dropping the future
+    /// leaves the queue, cancelling a lease granted meanwhile. A wait
+    /// that ends unserved counts as one denial.
+    pub fn acquire_within(
+        &self,
+        request: AcquireRequest,
+        until: Instant,
+    ) -> impl Future<Output = Result<Granted, AcquireError>> + Send + 'static {
+        let desk = self.clone();
+        async move {
+            let (seq, receive) = {
+                let mut ledger = locked(&desk.0);
+                let result = ledger.acquire_unjournaled(&request);
+                match result {
+                    Err(AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. })
+                        if Instant::now() < until =>
+                    {
+                        let (seq, receive) = ledger.turns.enqueue(request.clone());
+                        // A hog's lease may be taken back for it at once.
+                        ledger.serve_waiters();
+                        (seq, receive)
+                    }
+                    other => {
+                        ledger.account(&other);
+                        return other
+                            .map(|grant| ledger.turns.granted_to_gateway(grant, request.owner.as_deref()));
+                    }
+                }
+            };
+            let mut turn = InTurn {
+                desk: desk.clone(),
+                seq,
+                receive: Some(receive),
+            };
+            turn.wait(&request, until).await
+        }
     }
 
     /// Gives a lease back.
@@ -302,6 +363,83 @@ impl LeaseDesk {
     }
 }
 
+/// A gateway request waiting in turn; leaving the queue when dropped.
+struct InTurn {
+    desk: LeaseDesk,
+    seq: u64,
+    /// Taken once the lease arrived (or the wait ended).
+    receive: Option<tokio::sync::oneshot::Receiver<Granted>>,
+}
+
+impl InTurn {
+    async fn wait(&mut self, request: &AcquireRequest, until: Instant) -> Result<Granted, AcquireError> {
+        loop {
+            let wake = {
+                let ledger = locked(&self.desk.0);
+                let now = Instant::now();
+                let opening = ledger.turns.next_opening(&ledger.book, now);
+                [Some(until), Some(now + RECHECK_WAITERS), opening]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(until)
+            };
+            let Some(receive) = self.receive.as_mut() else {
+                return Err(AcquireError::NoCapacity {
+                    target: request.target.clone(),
+                });
+            };
+            let arrived = tokio::select! {
+                granted = receive => Some(granted),
+                () = tokio::time::sleep_until(wake.into()) => None,
+            };
+            if let Some(granted) = arrived {
+                self.receive = None;
+                return granted.map_err(|_| AcquireError::Unavailable("the lease store restarted".into()));
+            }
+            let mut ledger = locked(&self.desk.0);
+            if Instant::now() < until {
+                ledger.serve_waiters();
+                continue;
+            }
+            // Out of time: one denial for the whole wait, unless the lease
+            // came just now.
+            if let Some(receive) = self.receive.as_mut()
+                && let Ok(granted) = receive.try_recv()
+            {
+                self.receive = None;
+                return Ok(granted);
+            }
+            self.receive = None;
+            ledger.turns.leave(self.seq);
+            ledger.book.count_denial(request);
+            let refused = AcquireError::NoCapacity {
+                target: request.target.clone(),
+            };
+            ledger.account(&Err(refused.clone()));
+            return Err(refused);
+        }
+    }
+}
+
+impl Drop for InTurn {
+    fn drop(&mut self) {
+        let Some(mut receive) = self.receive.take() else {
+            return;
+        };
+        // Gave up: out of the queue, and a lease granted meanwhile back.
+        let mut ledger = locked(&self.desk.0);
+        if ledger.turns.leave(self.seq).is_some() {
+            return;
+        }
+        if let Ok(granted) = receive.try_recv() {
+            ledger.turns.ended(&granted.grant.id);
+            ledger.book.cancel(&granted.grant.id, Instant::now());
+            ledger.serve_waiters();
+        }
+    }
+}
+
 impl Actor for LeaseStore {
     type Context = Context<Self>;
 
@@ -314,7 +452,11 @@ impl Actor for LeaseStore {
         crate::supervision::beat_while_running::<Self>("lease_store", ctx);
         ctx.run_interval(Duration::from_secs(1), |store, _| {
             let mut ledger = store.ledger();
-            let expired = ledger.book.sweep(Instant::now());
+            let now = Instant::now();
+            let expired = ledger.book.sweep(now);
+            let Ledger { turns, book, .. } = &mut *ledger;
+            turns.tidy(book, now);
+            ledger.serve_waiters();
             let _ = ledger.persist();
             if ledger.last_prune.elapsed() >= PRUNE_EVERY
                 && let Some(journal) = ledger.journal.as_mut()
@@ -362,7 +504,9 @@ impl actix::Supervised for LeaseStore {
 impl Handler<UpdateAvailability> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: UpdateAvailability, _: &mut Self::Context) {
-        self.ledger().book.upsert(msg.0, Instant::now());
+        let mut ledger = self.ledger();
+        ledger.book.upsert(msg.0, Instant::now());
+        ledger.serve_waiters();
     }
 }
 
@@ -370,7 +514,10 @@ impl Handler<RemoveProxy> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: RemoveProxy, _: &mut Self::Context) {
         let mut ledger = self.ledger();
-        ledger.book.remove(&msg.0, Instant::now());
+        let now = Instant::now();
+        ledger.book.remove(&msg.0, now);
+        let Ledger { turns, book, .. } = &mut *ledger;
+        turns.tidy(book, now);
         let _ = ledger.persist();
     }
 }
@@ -394,7 +541,7 @@ impl Ledger {
                     target: &grant.target,
                 }
             }
-            Err(AcquireError::NoCapacity { target }) => {
+            Err(AcquireError::NoCapacity { target } | AcquireError::OverShare { target, .. }) => {
                 self.stats.denied += 1;
                 self.recent_denials
                     .push_front((target.clone(), jiff::Timestamp::now()));
@@ -415,28 +562,63 @@ impl Ledger {
 
     /// A gateway lease: never journaled (it ends with this process), so
     /// nothing to wait for; whatever else changed is written behind (a
-    /// failure is logged there).
+    /// failure is logged there). Not yet accounted (a waiting request is
+    /// counted when its wait ends).
     fn acquire_unjournaled(&mut self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
         let result = if self.leading() {
-            self.book.acquire(request, Instant::now())
+            self.serve_waiters();
+            self.acquire_fairly(request, false)
         } else {
             Err(AcquireError::NotLeader)
         };
         let _ = self.persist();
-        self.account(&result);
         result
+    }
+
+    /// A lease from the book if the owner's fair share allows; a request
+    /// that `counts` (does not wait) is a denial for its pool if refused.
+    fn acquire_fairly(&mut self, request: &AcquireRequest, counts: bool) -> Result<Grant, AcquireError> {
+        let now = Instant::now();
+        if let Turn::OverShare { held, share, .. } = self.turns.turn(&self.book, request.owner.as_deref(), now) {
+            return Err(AcquireError::OverShare {
+                target: request.target.clone(),
+                held,
+                share,
+            });
+        }
+        if counts {
+            self.book.acquire(request, now)
+        } else {
+            self.book.try_acquire(request, now)
+        }
+    }
+
+    /// Freed proxies to the waiting gateway requests, in turn; leases
+    /// taken back for those below their share.
+    fn serve_waiters(&mut self) {
+        if !self.turns.is_waiting() || !self.leading() {
+            return;
+        }
+        let now = Instant::now();
+        let Ledger { turns, book, .. } = self;
+        let pass = turns.pass(book, now, |book, request| book.try_acquire(request, now).ok());
+        for grant in pass.granted {
+            self.account(&Ok(grant));
+        }
     }
 
     fn leading(&self) -> bool {
         self.tenure.as_ref().is_none_or(Tenure::is_leading)
     }
 
-    /// Ends a lease; whether it was held.
+    /// Ends a lease; whether it was held. Its proxy goes to a waiter first.
     fn release(&mut self, id: &str) -> bool {
         let held = self.book.release(id, Instant::now());
+        self.turns.ended(id);
         if held {
             self.stats.released += 1;
             metrics().leases_active.set(self.book.active_leases() as i64);
+            self.serve_waiters();
         }
         held
     }
@@ -447,16 +629,27 @@ impl Handler<Acquire> for LeaseStore {
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
         if msg.0.client.as_deref().is_some_and(is_gateway_client) {
-            return Box::pin(fut::ready(ledger.acquire_unjournaled(&msg.0)));
+            let result = ledger.acquire_unjournaled(&msg.0);
+            ledger.account(&result);
+            return Box::pin(fut::ready(result));
         }
         if !ledger.leading() {
             let result = Err(AcquireError::NotLeader);
             ledger.account(&result);
             return Box::pin(fut::ready(result));
         }
-        let grant = match ledger.book.acquire(&msg.0, Instant::now()) {
+        // Waiting gateway requests first: an API acquire never takes a
+        // proxy a waiter could use.
+        ledger.serve_waiters();
+        let grant = match ledger.acquire_fairly(&msg.0, true) {
             Ok(grant) => grant,
             Err(e) => {
+                if matches!(e, AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. }) {
+                    let owner = owner_key(msg.0.owner.as_deref()).to_owned();
+                    ledger.turns.api_refused(&owner, Instant::now());
+                    // Refused: it asks now, so hogs' tunnels may go back for it.
+                    ledger.serve_waiters();
+                }
                 let result = Err(e);
                 ledger.account(&result);
                 return Box::pin(fut::ready(result));
@@ -669,7 +862,7 @@ mod tests {
         let store = store.start();
         store.send(UpdateAvailability(ready("p"))).await.unwrap();
 
-        let gateway = desk.acquire(&ask(GATEWAY_CLIENT)).expect("a gateway lease");
+        let gateway = desk.acquire(&ask(GATEWAY_CLIENT)).expect("a gateway lease").grant;
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
         assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "{api:?}");
 
@@ -704,12 +897,12 @@ mod tests {
         for name in ["a", "b"] {
             store.send(UpdateAvailability(ready(name))).await.unwrap();
         }
-        let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
+        let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap().grant;
         desk.report(&first.id, Outcome::Error, "gateway: refused".into())
             .unwrap();
         desk.release(&first.id);
         for _ in 0..10 {
-            let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
+            let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap().grant;
             assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
             desk.release(&next.id);
         }

@@ -133,6 +133,8 @@ pub async fn acquire(
         selector: body.selector,
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
+        // The identity behind the token (named identities come with their tokens).
+        owner: None,
         prefer: None,
         session: None,
     };
@@ -141,7 +143,9 @@ pub async fn acquire(
         .await
         .map_err(mailbox)?
         .map_err(|e| match e {
-            AcquireError::NoCapacity { .. } => ApiError::NoCapacity(e.to_string()),
+            AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. } => {
+                ApiError::NoCapacity(e.to_string())
+            }
             AcquireError::Unavailable(why) => ApiError::Unavailable(why),
             AcquireError::NotLeader => ApiError::NotLeader,
             AcquireError::Full(full) => ApiError::StoreFull(full),

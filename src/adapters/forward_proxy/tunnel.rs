@@ -44,6 +44,7 @@ impl Proxy {
             self.idle_timeout,
             None,
             None,
+            None,
         );
         established()
     }
@@ -58,6 +59,9 @@ pub fn established() -> Response<ProxyBody> {
         .insert(ReasonPhrase::from_static(b"Connection established"));
     response
 }
+
+/// Ends a tunnel early when it completes (a gateway lease taken back).
+pub type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Counts a tunnel's bytes as they move: `(way, bytes)`, `Way::Forward`
 /// being from the client towards the target.
@@ -87,6 +91,7 @@ type ClientIo = TokioIo<FramingGuard<Tracked<TcpStream>>>;
 /// moves for `idle_timeout`; `held` (a gateway's lease) is dropped then.
 /// Both ends' sockets are relayed by the kernel (`zero_copy`); `tally`
 /// counts the bytes there (a connection without a socket counts its own).
+/// `revoked` completing closes the tunnel at once.
 pub fn splice<U: TunnelUpstream>(
     upgrade: hyper::upgrade::OnUpgrade,
     upstream: U,
@@ -94,6 +99,7 @@ pub fn splice<U: TunnelUpstream>(
     idle_timeout: Duration,
     held: Option<Box<dyn Send + Sync>>,
     tally: Option<Tally>,
+    revoked: Option<Revoked>,
 ) {
     tokio::spawn(async move {
         let _held = held;
@@ -112,6 +118,14 @@ pub fn splice<U: TunnelUpstream>(
             }
             () = slot.stalled(idle_timeout, Some(Phase::Relaying)) => {
                 tracing::debug!("tunnel idle for the idle timeout; closed");
+            }
+            () = async {
+                match revoked {
+                    Some(revoked) => revoked.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::debug!("tunnel's lease taken back for a crawler waiting below its fair share; closed");
             }
         }
     });

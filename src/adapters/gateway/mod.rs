@@ -10,6 +10,7 @@
 
 mod access;
 mod blocks;
+mod revocation;
 mod serve;
 mod sessions;
 mod upstream;
@@ -29,6 +30,7 @@ use crate::resource::ObjectKey;
 
 pub use access::{Exchange, ExchangeOutcome, exchange_span};
 pub use blocks::{BlockRules, HeadVerdict};
+pub use revocation::{Revocation, Revoker, revocation};
 pub use serve::{FDS_PER_CONNECTION, Options, serve};
 pub use sessions::{SessionKey, Sessions};
 pub use username::{Parameters, UsernameError};
@@ -54,6 +56,8 @@ pub struct Ask {
     pub selector: std::collections::BTreeMap<String, String>,
     /// `client` recorded on the lease: `gateway` or `gateway/<client>`.
     pub client: String,
+    /// The crawler identity asking: fair shares and waiting turns count by it.
+    pub owner: String,
     /// A sticky session's proxy, granted if still eligible.
     pub prefer: Option<ObjectKey>,
     /// A sticky session's digest: without an eligible `prefer`, the proxy
@@ -70,7 +74,13 @@ pub struct Upstream {
     pub credentials: Option<ProxyCredentials>,
     /// How long the lease lasts unless renewed.
     pub ttl: std::time::Duration,
+    /// Fires when the store takes the lease back (fair shares): the tunnel
+    /// holding it closes.
+    pub revoked: Revocation,
 }
+
+/// A lease being waited for.
+pub type Waiting = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Upstream, GatewayError>> + Send>>;
 
 /// The lease store, in process. Each call is done when it returns, so
 /// calls reach the book in the order made (a failure reported on one try
@@ -78,6 +88,12 @@ pub struct Upstream {
 pub trait Leases: Send + Sync + 'static {
     /// A lease on the best proxy for the ask, or why not.
     fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError>;
+    /// A lease as [`Self::acquire`], waiting in turn until `until` when no
+    /// proxy is free: freed proxies go to waiters in fair order (the
+    /// identity furthest below its share first, then first come). Dropping
+    /// the future gives up the turn (and any lease granted meanwhile). A
+    /// wait that ends unserved is one denial.
+    fn acquire_within(&self, ask: Ask, until: std::time::Instant) -> Waiting;
     /// Gives a lease back.
     fn release(&self, lease_id: String);
     /// Reports how the proxy did, like a crawler's report.

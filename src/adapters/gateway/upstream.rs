@@ -240,6 +240,7 @@ mod tests {
             url: format!("http://{addr}"),
             credentials: None,
             ttl: Duration::from_secs(60),
+            revoked: super::super::Revocation::never(),
         };
         let pool = Arc::new(UpstreamPool::default());
         let transferred = Arc::default();

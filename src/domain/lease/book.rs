@@ -76,6 +76,8 @@ struct Lease {
     /// As granted (capped): what a renewal without a TTL extends by.
     ttl: Duration,
     client: Option<String>,
+    /// The identity holding it ([`owner_key`]).
+    owner: String,
     reports: ReportCounts,
 }
 
@@ -118,6 +120,20 @@ pub struct LeaseBook {
     /// When a snapshot was last restored: placeholders holding only a tally
     /// wait [`TALLY_GRACE`] from then for their proxy to show up.
     restored_at: Option<Instant>,
+    /// Leases held, by owning identity (none: absent): what fair shares count.
+    held_by: BTreeMap<String, u32>,
+    /// Proxies serving (ready, not retiring): the fleet fair shares divide.
+    serving: u64,
+}
+
+/// The identity a lease counts against: its owner, or the unnamed one.
+pub fn owner_key(owner: Option<&str>) -> &str {
+    owner.unwrap_or("")
+}
+
+/// A proxy the fleet counts on: ready and not being retired.
+fn serves(availability: &Availability) -> bool {
+    availability.ready && !availability.retiring
 }
 
 /// How long a restored tally waits for its proxy's availability before the
@@ -152,6 +168,8 @@ impl LeaseBook {
             epoch: (Instant::now(), Timestamp::now()),
             pool_denials: HashMap::new(),
             restored_at: None,
+            held_by: BTreeMap::new(),
+            serving: 0,
         }
     }
 
@@ -249,6 +267,8 @@ impl LeaseBook {
             errors: 0,
             digest: rendezvous::proxy_digest(&availability.key),
         });
+        let was_serving = !self.placeholders.contains(&id) && serves(&entry.availability);
+        let now_serving = serves(&availability);
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
                 set.remove(&id);
@@ -262,6 +282,7 @@ impl LeaseBook {
         }
         entry.availability = availability;
         self.placeholders.remove(&id);
+        self.serving = (self.serving + u64::from(now_serving)).saturating_sub(u64::from(was_serving));
         self.reindex(id, now);
     }
 
@@ -270,7 +291,6 @@ impl LeaseBook {
         let Some(id) = self.ids.get(key).copied() else {
             return;
         };
-        self.placeholders.remove(&id);
         let leases: Vec<String> = self
             .leases
             .iter()
@@ -282,7 +302,11 @@ impl LeaseBook {
         }
         self.ids.remove(key);
         self.note(LeaseChange::ProxyRemoved(key.clone()));
+        let placeholder = self.placeholders.remove(&id);
         if let Some(entry) = self.proxies.remove(&id) {
+            if !placeholder && serves(&entry.availability) {
+                self.serving = self.serving.saturating_sub(1);
+            }
             if let Some((a, l)) = entry.indexed {
                 self.available.remove(&(a, l, id));
             }
@@ -308,6 +332,17 @@ impl LeaseBook {
 
     /// Grants a lease on the best eligible proxy.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> Result<Grant, AcquireError> {
+        let result = self.try_acquire(req, now);
+        if matches!(result, Err(AcquireError::NoCapacity { .. })) {
+            self.count_pool_denial(req);
+        }
+        result
+    }
+
+    /// [`Self::acquire`] for a request that waits: a refusal is not counted
+    /// against its pool (it will be tried again); [`Self::count_denial`]
+    /// counts it once when the wait ends unserved.
+    pub fn try_acquire(&mut self, req: &AcquireRequest, now: Instant) -> Result<Grant, AcquireError> {
         if req.target.is_empty() {
             return Err(AcquireError::EmptyTarget);
         }
@@ -334,7 +369,6 @@ impl LeaseBook {
             .into());
         }
         let Some(id) = self.select(req, now) else {
-            self.count_pool_denial(req);
             return Err(AcquireError::NoCapacity {
                 target: req.target.clone(),
             });
@@ -356,9 +390,11 @@ impl LeaseBook {
                 expires,
                 ttl,
                 client: req.client.clone(),
+                owner: owner_key(req.owner.as_deref()).to_owned(),
                 reports: ReportCounts::default(),
             },
         );
+        *self.held_by.entry(owner_key(req.owner.as_deref()).to_owned()).or_default() += 1;
         self.expiry.insert((expires, lease_id.clone()));
         let target = self.targets.entry(req.target.clone()).or_default();
         target.leased(id, now);
@@ -583,6 +619,7 @@ impl LeaseBook {
         let Some(lease) = self.leases.remove(id) else {
             return false;
         };
+        self.unhold(&lease.owner);
         self.expiry.remove(&(lease.expires, id.to_owned()));
         let grace_until = now + self.settings.report_grace;
         self.ended
@@ -614,6 +651,63 @@ impl LeaseBook {
             self.reindex(lease.proxy, now);
         }
         true
+    }
+
+    fn unhold(&mut self, owner: &str) {
+        if let Some(held) = self.held_by.get_mut(owner) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                self.held_by.remove(owner);
+            }
+        }
+    }
+
+    /// A waiting request that ended unserved: counted against its pool once.
+    pub fn count_denial(&mut self, req: &AcquireRequest) {
+        self.count_pool_denial(req);
+    }
+
+    /// Leases held, by owning identity.
+    pub fn holdings(&self) -> &BTreeMap<String, u32> {
+        &self.held_by
+    }
+
+    /// The owner of a held lease.
+    pub fn owner_of(&self, id: &str) -> Option<&str> {
+        self.leases.get(id).map(|l| l.owner.as_str())
+    }
+
+    /// Leases the serving fleet carries at once; 0: unlimited.
+    pub fn slots(&self) -> u64 {
+        self.serving * u64::from(self.settings.capacity)
+    }
+
+    /// Whether `key` would be eligible for `req` if it had room: serving,
+    /// not resting for the target nor everywhere, not blocked by it, carrying
+    /// the selector. What a lease taken back for a waiter must free.
+    pub fn would_serve(&self, req: &AcquireRequest, key: &ObjectKey, now: Instant) -> bool {
+        let Some(id) = self.ids.get(key).copied() else {
+            return false;
+        };
+        let Some(entry) = self.proxies.get(&id) else {
+            return false;
+        };
+        serves(&entry.availability)
+            && !self.placeholders.contains(&id)
+            && entry.global_cooldown.is_none_or(|until| until <= now)
+            && !entry.blocked_targets.contains(&target_digest(&req.target))
+            && self.matches(id, &req.selector)
+            && !self.targets.get(&req.target).is_some_and(|t| t.resting(id, now))
+    }
+
+    /// When a rest ends that may let one of `targets` (or any target) be
+    /// served: the earliest rest end after `now`.
+    pub fn next_opening<'a>(&self, targets: impl Iterator<Item = &'a str>, now: Instant) -> Option<Instant> {
+        let everywhere = self.global_cooling.iter().map(|(until, _)| *until).find(|u| *u > now);
+        let per_target = targets
+            .filter_map(|t| self.targets.get(t)?.next_rest_end_after(now))
+            .min();
+        everywhere.into_iter().chain(per_target).min()
     }
 
     /// Notes a refused acquire against the pool it named, if any — only

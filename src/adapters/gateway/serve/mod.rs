@@ -48,8 +48,6 @@ mod tunnel;
 pub const FDS_PER_CONNECTION: u64 = 2;
 /// Time allowed to resolve a destination, and to connect to an upstream proxy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// First pause between asks for a free proxy, and the longest.
-const CAPACITY_POLL: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(200));
 /// Rate-limited clients tracked at once.
 const MAX_LIMITED_CLIENTS: usize = 10_000;
 
@@ -346,6 +344,8 @@ impl Gateway {
                 },
                 prefer: None,
                 session: None,
+                // The crawler identity (from its token): the unnamed one until identities come.
+                owner: String::new(),
             },
         })
     }
@@ -384,16 +384,8 @@ impl Gateway {
             wanted.ask.prefer = locked(&self.sessions).proxy_of(key, Instant::now());
             wanted.ask.session = Some(session_digest(&key.0, &key.1));
         }
-        let mut pause = CAPACITY_POLL.0;
-        let upstream = loop {
-            match self.options.leases.acquire(wanted.ask.clone()) {
-                Err(GatewayError::NoProxy { .. }) if Instant::now() + pause < until => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(CAPACITY_POLL.1);
-                }
-                other => break other?,
-            }
-        };
+        // In turn at the lease store until a proxy frees (fair shares).
+        let upstream = self.options.leases.acquire_within(wanted.ask.clone(), until).await?;
         let mut sessions = None;
         if let Some((key, lifetime)) = &wanted.session {
             let mut held = locked(&self.sessions);

@@ -59,6 +59,7 @@ impl Gateway {
                         self.idle_timeout,
                         Some(Box::new((held, exchange))),
                         Some(tally),
+                        Some(Box::pin(upstream.revoked.clone().revoked())),
                     );
                     return response;
                 }

@@ -8,6 +8,7 @@
 //! one that holds only a tally of blocks and errors waits [`TALLY_GRACE`]
 //! for its proxy first.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -112,9 +113,12 @@ impl LeaseBook {
                     expires,
                     ttl: Duration::from_millis(lease.ttl_ms),
                     client: lease.client,
+                    // Not journaled: counted as the unnamed identity's.
+                    owner: String::new(),
                     reports: Default::default(),
                 },
             );
+            *self.held_by.entry(String::new()).or_default() += 1;
             if let Some(entry) = self.proxies.get_mut(&proxy) {
                 entry.active += 1;
             }
@@ -182,7 +186,12 @@ impl LeaseBook {
         for (id, lease) in &self.leases {
             if let Some(copy) = book.leases.get_mut(id) {
                 copy.reports = lease.reports;
+                copy.owner.clone_from(&lease.owner);
             }
+        }
+        book.held_by = BTreeMap::new();
+        for lease in book.leases.values() {
+            *book.held_by.entry(lease.owner.clone()).or_default() += 1;
         }
         book.recent_reports = self.recent_reports.clone();
         book.restored_at = self.restored_at;
