@@ -882,6 +882,70 @@ mod tests {
         );
     }
 
+    fn owned(owner: &str) -> AcquireRequest {
+        AcquireRequest {
+            owner: Some(owner.into()),
+            ..ask(GATEWAY_CLIENT)
+        }
+    }
+
+    fn one_proxy_store() -> (Addr<LeaseStore>, LeaseDesk) {
+        let settings = LeaseSettings {
+            capacity: 1,
+            cooldown: Duration::ZERO,
+            ..Default::default()
+        };
+        let store = LeaseStore::new(settings);
+        let desk = store.desk();
+        (store.start(), desk)
+    }
+
+    /// A waiting request gets the proxy the moment it is released, ahead
+    /// of an API acquire; a wait that ends unserved is one denial however
+    /// long it waited.
+    #[actix_rt::test]
+    async fn a_waiter_is_served_at_the_release_and_an_unserved_wait_is_one_denial() {
+        let (store, desk) = one_proxy_store();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+        let held = desk.acquire(&owned("a")).unwrap().grant;
+
+        let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = Instant::now();
+        desk.release(&held.id);
+        let api = store.send(Acquire(ask("crawler"))).await.unwrap();
+        assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "the waiter's first: {api:?}");
+        let granted = waiting.await.unwrap().expect("served");
+        assert!(released.elapsed() < Duration::from_secs(1), "{:?}", released.elapsed());
+
+        let denied_before = store.send(GetLeaseStats).await.unwrap().denied;
+        let refused = desk
+            .acquire_within(owned("c"), Instant::now() + Duration::from_millis(1200))
+            .await;
+        assert!(matches!(refused, Err(AcquireError::NoCapacity { .. })), "{refused:?}");
+        let stats = store.send(GetLeaseStats).await.unwrap();
+        assert_eq!(stats.denied - denied_before, 1, "one wait, one denial");
+        desk.release(&granted.grant.id);
+    }
+
+    /// A waiter that gives up leaves the queue: the proxy freed later is
+    /// not granted to it.
+    #[actix_rt::test]
+    async fn a_waiter_that_gave_up_leaves_no_lease_behind() {
+        let (store, desk) = one_proxy_store();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+        let held = desk.acquire(&owned("a")).unwrap().grant;
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(100),
+            desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)),
+        )
+        .await;
+        assert!(gave_up.is_err());
+        desk.release(&held.id);
+        let stats = store.send(GetLeaseStats).await.unwrap();
+        assert_eq!(stats.active, 0, "nothing granted to the one that left");
+    }
+
     /// A report at the desk is in the book when it returns: the next
     /// acquire already avoids the proxy it rested.
     #[actix_rt::test]

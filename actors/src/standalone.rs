@@ -92,6 +92,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         health_workers: config.health_workers,
         trace_health_probes: config.trace_health_probes,
         leases: lease_settings(&config),
+        fair_share: config.fair_share.clone(),
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
         pool_scale_down_delay: config.pool_scale_down_delay,

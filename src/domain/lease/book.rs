@@ -258,6 +258,7 @@ impl LeaseBook {
             *next_id += 1;
             *next_id - 1
         });
+        let known = self.proxies.contains_key(&id);
         let entry = self.proxies.entry(id).or_insert_with(|| Entry {
             availability: availability.clone(),
             active: 0,
@@ -267,7 +268,7 @@ impl LeaseBook {
             errors: 0,
             digest: rendezvous::proxy_digest(&availability.key),
         });
-        let was_serving = !self.placeholders.contains(&id) && serves(&entry.availability);
+        let was_serving = known && !self.placeholders.contains(&id) && serves(&entry.availability);
         let now_serving = serves(&availability);
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {

@@ -22,6 +22,46 @@ impl FairShare {
     pub fn weight(&self, owner: &str) -> u64 {
         u64::from(self.weights.get(owner).copied().unwrap_or(1).max(1))
     }
+
+    /// Weights as configured: each at least 1, each identity named.
+    pub fn new(weights: BTreeMap<String, u32>) -> Result<Self, FairShareError> {
+        for (owner, weight) in &weights {
+            if owner.is_empty() {
+                return Err(FairShareError::Unnamed);
+            }
+            if *weight == 0 {
+                return Err(FairShareError::Zero(owner.clone()));
+            }
+        }
+        Ok(Self { weights })
+    }
+
+    /// `team-a=2,team-b=3` (the `--fair-share-weights` flag); empty: all equal.
+    pub fn parse(text: &str) -> Result<Self, FairShareError> {
+        let mut weights = BTreeMap::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (owner, weight) = pair
+                .split_once('=')
+                .ok_or_else(|| FairShareError::Malformed(pair.to_owned()))?;
+            let weight = weight
+                .trim()
+                .parse()
+                .map_err(|_| FairShareError::Malformed(pair.to_owned()))?;
+            weights.insert(owner.trim().to_owned(), weight);
+        }
+        Self::new(weights)
+    }
+}
+
+/// Fair-share weights that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FairShareError {
+    #[error("fair-share weight of {0:?} must be at least 1")]
+    Zero(String),
+    #[error("a fair-share weight names no identity")]
+    Unnamed,
+    #[error("fair-share weight {0:?} is not IDENTITY=WEIGHT (a whole number)")]
+    Malformed(String),
 }
 
 /// What the policy looks at.
@@ -200,6 +240,17 @@ mod tests {
             let demand = Demand { slots: *slots, held: &held, waiting: &waiting, weights: &weights };
             assert_eq!(&decide(owner, &demand), expected, "{why}");
         }
+    }
+
+    #[test]
+    fn weights_parse_from_the_flag_and_refuse_zero() {
+        let parsed = FairShare::parse("team-a=2, team-b = 3,").unwrap();
+        assert_eq!((parsed.weight("team-a"), parsed.weight("team-b"), parsed.weight("x")), (2, 3, 1));
+        assert_eq!(FairShare::parse("").unwrap(), FairShare::default());
+        assert_eq!(FairShare::parse("a=0"), Err(FairShareError::Zero("a".into())));
+        assert!(matches!(FairShare::parse("a"), Err(FairShareError::Malformed(_))));
+        assert!(matches!(FairShare::parse("a=x"), Err(FairShareError::Malformed(_))));
+        assert_eq!(FairShare::parse("=2"), Err(FairShareError::Unnamed));
     }
 
     #[test]
