@@ -33,6 +33,7 @@ fn request(ask: Ask) -> AcquireRequest {
         owner: Some(ask.owner),
         prefer: ask.prefer,
         session: ask.session,
+        avoid: ask.avoid,
     }
 }
 
@@ -44,6 +45,7 @@ fn upstream(granted: Result<Granted, AcquireError>) -> Result<Upstream, GatewayE
             url: grant.url,
             credentials: grant.credentials,
             ttl: grant.ttl,
+            realm: None,
             revoked,
         })
         .map_err(|e| match e {
@@ -64,8 +66,8 @@ impl Leases for StoreLeases {
         Box::pin(async move { upstream(waiting.await) })
     }
 
-    fn release(&self, lease_id: String) {
-        self.0.release(&lease_id);
+    fn release(&self, lease_id: String, rest: Option<Duration>) {
+        self.0.release(&lease_id, rest);
     }
 
     fn report(&self, lease_id: String, outcome: Outcome, detail: String) {

@@ -336,10 +336,11 @@ impl LeaseDesk {
         }
     }
 
-    /// Gives a lease back.
-    pub fn release(&self, id: &str) {
+    /// Gives a lease back; its proxy rests for the target for `rest`
+    /// (none: the cooldown).
+    pub fn release(&self, id: &str, rest: Option<Duration>) {
         let mut ledger = locked(&self.0);
-        ledger.release(id);
+        ledger.release(id, rest);
         let _ = ledger.persist();
     }
 
@@ -612,8 +613,11 @@ impl Ledger {
     }
 
     /// Ends a lease; whether it was held. Its proxy goes to a waiter first.
-    fn release(&mut self, id: &str) -> bool {
-        let held = self.book.release(id, Instant::now());
+    fn release(&mut self, id: &str, rest: Option<Duration>) -> bool {
+        let held = match rest {
+            Some(rest) => self.book.release_with_rest(id, rest, Instant::now()),
+            None => self.book.release(id, Instant::now()),
+        };
         self.turns.ended(id);
         if held {
             self.stats.released += 1;
@@ -716,7 +720,7 @@ impl LeaseStore {
 impl Handler<Release> for LeaseStore {
     type Result = ResponseActFuture<Self, bool>;
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
-        let held = self.ledger().release(&msg.0);
+        let held = self.ledger().release(&msg.0, None);
         self.answer_when_durable(held)
     }
 }
@@ -866,7 +870,7 @@ mod tests {
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
         assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "{api:?}");
 
-        desk.release(&gateway.id);
+        desk.release(&gateway.id, None);
         let api = store.send(Acquire(ask("crawler"))).await.unwrap().expect("freed");
         let refused = desk.acquire(&ask(GATEWAY_CLIENT));
         assert!(
@@ -912,7 +916,7 @@ mod tests {
         let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let released = Instant::now();
-        desk.release(&held.id);
+        desk.release(&held.id, None);
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
         assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "the waiter's first: {api:?}");
         let granted = waiting.await.unwrap().expect("served");
@@ -925,7 +929,7 @@ mod tests {
         assert!(matches!(refused, Err(AcquireError::NoCapacity { .. })), "{refused:?}");
         let stats = store.send(GetLeaseStats).await.unwrap();
         assert_eq!(stats.denied - denied_before, 1, "one wait, one denial");
-        desk.release(&granted.grant.id);
+        desk.release(&granted.grant.id, None);
     }
 
     /// A waiter that gives up leaves the queue: the proxy freed later is
@@ -941,7 +945,7 @@ mod tests {
         )
         .await;
         assert!(gave_up.is_err());
-        desk.release(&held.id);
+        desk.release(&held.id, None);
         let stats = store.send(GetLeaseStats).await.unwrap();
         assert_eq!(stats.active, 0, "nothing granted to the one that left");
     }
@@ -964,11 +968,11 @@ mod tests {
         let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap().grant;
         desk.report(&first.id, Outcome::Error, "gateway: refused".into())
             .unwrap();
-        desk.release(&first.id);
+        desk.release(&first.id, None);
         for _ in 0..10 {
             let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap().grant;
             assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
-            desk.release(&next.id);
+            desk.release(&next.id, None);
         }
         assert!(matches!(desk.renew("no-such-lease"), Err(RenewError::Unknown(_))));
     }

@@ -196,7 +196,9 @@ impl Turns {
                 self.waiters.remove(seq);
                 continue;
             }
-            let plain = waiter.request.prefer.is_none() && waiter.request.session.is_none();
+            let plain = waiter.request.prefer.is_none()
+                && waiter.request.session.is_none()
+                && waiter.request.avoid.is_empty();
             let shape = (waiter.request.target.clone(), waiter.request.selector.clone());
             if plain && found_none.contains(&shape) {
                 continue;

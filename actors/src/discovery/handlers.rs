@@ -137,6 +137,7 @@ pub async fn acquire(
         owner: None,
         prefer: None,
         session: None,
+        avoid: Vec::new(),
     };
     let grant = store
         .send(Acquire(request))
