@@ -6,6 +6,7 @@ mod book;
 pub mod input;
 pub mod journal;
 mod limits;
+mod owners;
 pub mod rendezvous;
 mod reports;
 #[cfg(test)]
@@ -20,6 +21,7 @@ use crate::resource::ObjectKey;
 pub use book::LeaseBook;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
+pub use owners::{Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
 
 /// Tunables of the lease store.
@@ -107,6 +109,10 @@ pub struct AcquireRequest {
     pub ttl: Option<Duration>,
     /// Free-form name of the client, for listings and logs.
     pub client: Option<String>,
+    /// The identity taking the lease (`crate::identity`): only it may
+    /// release, report on or renew an API lease ([`Caller`]); fair shares
+    /// count by it. None: nobody in particular (any identity may act).
+    pub owner: Option<String>,
     /// A proxy to grant if it is eligible (a sticky session's); otherwise
     /// the best one, as without.
     pub prefer: Option<ObjectKey>,
