@@ -22,8 +22,8 @@ use super::sessions::{SessionKey, Sessions};
 use super::upstream::{Connection, UpstreamPool, authorize, open, upstream_failed};
 use super::upstream_identity::{Author, author, strip_proxy_headers};
 use super::{
-    Ask, BLOCKED_HEADER, GatewayError, LEASE_HEADER, Leases, PROXY_HEADER, REASON_HEADER,
-    SESSION_MOVED_HEADER, Upstream, admits, basic_credentials, lease_target, username,
+    Ask, BLOCKED_HEADER, GatewayError, Identified, LEASE_HEADER, Leases, PROXY_HEADER, REASON_HEADER,
+    SESSION_MOVED_HEADER, Upstream, identify, lease_target,
 };
 use crate::config::{BODY_SCAN_LIMIT, GatewaySettings};
 use crate::destinations::{CheckedConnectError, DestinationPolicy, check_destination};
@@ -35,6 +35,7 @@ use crate::forward_proxy::tunnel::{Tally, established, splice};
 use crate::forward_proxy::zero_copy::Way;
 use crate::forward_proxy::{client_connection, holds_a_large_buffer};
 use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
+use crate::identity::SharedIdentities;
 use crate::lease::rendezvous::session_digest;
 use crate::lease::{GATEWAY_CLIENT, Outcome};
 use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};
@@ -57,9 +58,10 @@ const MAX_LIMITED_CLIENTS: usize = 10_000;
 pub struct Options {
     pub settings: GatewaySettings,
     pub destinations: Arc<DestinationPolicy>,
-    /// The crawler token, presented as the proxy password; none: no auth
-    /// (the caller binds loopback only, see [`super::check_exposure`]).
-    pub token: Option<Arc<String>>,
+    /// The crawler identities, whose tokens are presented as the proxy
+    /// password; open (none): no auth (the caller binds loopback only, see
+    /// [`super::check_exposure`]).
+    pub identities: SharedIdentities,
     pub leases: Arc<dyn Leases>,
 }
 
@@ -309,20 +311,20 @@ impl Gateway {
     ) -> Result<Wanted, GatewayError> {
         let settings = &self.options.settings;
         let presented = request.headers().get(header::PROXY_AUTHORIZATION);
-        let from_client_network = settings.client_networks.iter().any(|n| n.contains(&peer.ip()));
-        let token = self.options.token.as_deref().map(String::as_str);
-        if !from_client_network && !admits(token, presented.map(HeaderValue::as_bytes)) {
-            return Err(GatewayError::AuthenticationRequired);
+        let identified = identify(
+            &self.options.identities.current(),
+            presented.map(HeaderValue::as_bytes),
+            peer.ip(),
+            &settings.client_networks,
+        );
+        // Credentials that passed (bad parameters or not) authenticate the connection.
+        if !matches!(identified, Err(GatewayError::AuthenticationRequired)) {
+            slot.authenticated();
         }
-        slot.authenticated();
-        let user = presented
-            .and_then(|h| basic_credentials(h.as_bytes()))
-            .map(|(user, _)| String::from_utf8_lossy(&user).into_owned())
-            .unwrap_or_default();
-        let params = username::parse(&user)?;
-        exchange.client = params.client.clone();
+        let identified = identified?;
+        exchange.client = Some(identified.identity.clone());
         if let Some(limiter) = &self.limiter {
-            let key = params.client.clone().unwrap_or_else(|| peer.ip().to_string());
+            let key = identified.rate_key(peer.ip());
             locked(limiter)
                 .check_key(key.clone(), Instant::now())
                 .map_err(|limited| GatewayError::RateLimited {
@@ -330,20 +332,19 @@ impl Gateway {
                     retry_after: u32::try_from(retry_after_secs(limited.retry_after)).unwrap_or(u32::MAX),
                 })?;
         }
+        let Identified { identity, params } = identified;
         let lifetime = params
             .lifetime
             .unwrap_or(settings.session_lifetime)
             .min(settings.max_session_lifetime);
-        let client_name = params.client.clone().unwrap_or_default();
         Ok(Wanted {
-            session: params.session.map(|id| ((client_name, id), lifetime)),
+            // Sessions are the identity's: another crawler cannot claim them.
+            session: params.session.map(|id| ((identity.clone(), id), lifetime)),
             ask: Ask {
                 target: String::new(),
                 selector: params.selector,
-                client: match &params.client {
-                    Some(client) => format!("{GATEWAY_CLIENT}/{client}"),
-                    None => GATEWAY_CLIENT.to_owned(),
-                },
+                client: format!("{GATEWAY_CLIENT}/{identity}"),
+                owner: identity,
                 prefer: None,
                 session: None,
             },
