@@ -260,8 +260,8 @@ pub struct RunArgs {
 
     /// The gateway's listener (docs/gateway.md): one forward-proxy endpoint
     /// that leases a proxy per request (`0` disables it). Crawlers present
-    /// the crawler token (`DISCOVERY_TOKEN`'s) as the proxy password;
-    /// without a token it serves on loopback only.
+    /// their crawler token as the proxy password; without any token it
+    /// serves on loopback only.
     #[arg(long, env = "GATEWAY_BIND_ADDRESS", default_value = "0")]
     pub gateway_bind_address: BindAddress,
 
@@ -269,6 +269,14 @@ pub struct RunArgs {
     /// docs/gateway.md); without it, the defaults.
     #[arg(long, env = "GATEWAY_CONFIG")]
     pub gateway_config: Option<PathBuf>,
+
+    /// Named crawler tokens (docs/security.md): a directory with one file
+    /// per crawler identity, the file name its name, the content its token
+    /// (a mounted Secret). Re-read every few seconds: a changed file takes
+    /// effect within 10 s. `DISCOVERY_TOKEN` keeps working as identity
+    /// `default`.
+    #[arg(long, env = "CRAWLER_TOKENS_DIR")]
+    pub crawler_tokens_dir: Option<PathBuf>,
 
     /// Serve the discovery API without `DISCOVERY_TOKEN` (anyone who reaches
     /// it may lease proxies). Without this flag the operator refuses to

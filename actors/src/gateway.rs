@@ -83,8 +83,8 @@ impl Leases for StoreLeases {
     }
 }
 
-/// Starts the gateway on `listener` (call inside the actix system): with a
-/// crawler token it demands it; without one it refuses any address but
+/// Starts the gateway on `listener` (call inside the actix system): with
+/// crawler tokens it demands one; without any it refuses any address but
 /// loopback. `cluster_networks` (`--cluster-networks`) join its default
 /// denies, as they do every proxy's.
 pub fn start(
@@ -95,21 +95,22 @@ pub fn start(
     cluster_networks: &[IpNet],
 ) -> Result<(), GatewayError> {
     let addr = listener.local_addr()?;
-    let token = tokens.crawler_token();
-    gateway::check_exposure(addr, token.is_some())?;
+    let identities = tokens.identities();
+    let open = identities.current().is_open();
+    gateway::check_exposure(addr, !open)?;
     listener.set_nonblocking(true)?;
-    if token.is_some() {
-        tracing::info!(%addr, "gateway listening; crawlers present DISCOVERY_TOKEN as the proxy password");
-    } else {
+    if open {
         tracing::info!(
             %addr,
-            "gateway listening WITHOUT authentication (DISCOVERY_TOKEN is not set), on loopback only"
+            "gateway listening WITHOUT authentication (no crawler token is set), on loopback only"
         );
+    } else {
+        tracing::info!(%addr, "gateway listening; crawlers present their crawler token as the proxy password");
     }
     let options = Options {
         destinations: Arc::new(DestinationPolicy::new(&settings.destinations, cluster_networks)),
         settings: settings.clone(),
-        token,
+        identities,
         leases: Arc::new(StoreLeases(desk)),
     };
     let settings =

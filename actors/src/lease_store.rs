@@ -12,9 +12,9 @@ use actix::prelude::*;
 use egress_proxies::leader::Tenure;
 use egress_proxies::lease::fair_share::Turn;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Durable, FairShare, Footprint, Grant, JournalError,
-    LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView,
-    RenewError, UnknownLease, is_gateway_client, owner_key,
+    AcquireError, AcquireRequest, Availability, Caller, Durable, FairShare, Footprint, Grant, JournalError,
+    LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, Outcome, PoolFigures,
+    ProxyView, RenewError, UnknownLease, is_gateway_client, owner_key,
 };
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::ProxyPoolStatus;
@@ -42,26 +42,49 @@ pub struct RemoveProxy(pub ObjectKey);
 #[rtype(result = "Result<Grant, AcquireError>")]
 pub struct Acquire(pub AcquireRequest);
 
-/// Returns whether a lease was held.
+/// Ends a lease if `by` may (its owner): whether it was held.
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "bool")]
-pub struct Release(pub String);
+#[rtype(result = "Result<bool, NotOwner>")]
+pub struct Release {
+    pub id: String,
+    pub by: Caller,
+}
 
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Result<(), UnknownLease>")]
+#[rtype(result = "Result<(), ReportRefused>")]
 pub struct Report {
     pub id: String,
     pub outcome: Outcome,
     pub detail: Option<String>,
+    pub by: Caller,
 }
 
-/// Extends a held lease from now; returns the TTL applied.
+/// Why a report was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportRefused {
+    #[error(transparent)]
+    Unknown(#[from] UnknownLease),
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
+}
+
+/// Extends a held lease from now, if `by` may; returns the TTL applied.
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Result<Duration, RenewError>")]
+#[rtype(result = "Result<Duration, RenewRefused>")]
 pub struct Renew {
     pub id: String,
     /// None: the lease's TTL as granted.
     pub ttl: Option<Duration>,
+    pub by: Caller,
+}
+
+/// Why a lease was not renewed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenewRefused {
+    #[error(transparent)]
+    Renew(#[from] RenewError),
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
 }
 
 #[derive(Message, Debug, Clone, Copy)]
@@ -336,29 +359,40 @@ impl LeaseDesk {
         }
     }
 
-    /// Gives a lease back; its proxy rests for the target for `rest`
-    /// (none: the cooldown).
+    /// Gives a lease back (the gateway's own only); its proxy rests for
+    /// the target for `rest` (none: the cooldown).
     pub fn release(&self, id: &str, rest: Option<Duration>) {
         let mut ledger = locked(&self.0);
+        if ledger
+            .book
+            .check_owner(id, &Caller::Gateway, Instant::now())
+            .is_err()
+        {
+            return;
+        }
         ledger.release(id, rest);
         let _ = ledger.persist();
     }
 
-    /// Reports how a lease's proxy did.
-    pub fn report(&self, id: &str, outcome: Outcome, detail: String) -> Result<(), UnknownLease> {
+    /// Reports how a lease's proxy did (the gateway's own leases only).
+    pub fn report(&self, id: &str, outcome: Outcome, detail: String) -> Result<(), ReportRefused> {
         let mut ledger = locked(&self.0);
-        let result = ledger.book.report(id, outcome, Some(detail), Instant::now());
+        let now = Instant::now();
+        ledger.book.check_owner(id, &Caller::Gateway, now)?;
+        let result = ledger.book.report(id, outcome, Some(detail), now);
         let _ = ledger.persist();
-        result
+        Ok(result?)
     }
 
-    /// Extends a lease by its TTL.
-    pub fn renew(&self, id: &str) -> Result<Duration, RenewError> {
+    /// Extends a lease by its TTL (the gateway's own leases only).
+    pub fn renew(&self, id: &str) -> Result<Duration, RenewRefused> {
         let mut ledger = locked(&self.0);
         if !ledger.leading() {
-            return Err(RenewError::NotLeader);
+            return Err(RenewError::NotLeader.into());
         }
-        let renewed = ledger.book.renew(id, None, Instant::now());
+        let now = Instant::now();
+        ledger.book.check_owner(id, &Caller::Gateway, now)?;
+        let renewed = ledger.book.renew(id, None, now).map_err(RenewRefused::from);
         let _ = ledger.persist();
         renewed
     }
@@ -718,44 +752,58 @@ impl LeaseStore {
 }
 
 impl Handler<Release> for LeaseStore {
-    type Result = ResponseActFuture<Self, bool>;
+    type Result = ResponseActFuture<Self, Result<bool, NotOwner>>;
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
-        let held = self.ledger().release(&msg.0, None);
-        self.answer_when_durable(held)
+        let mut ledger = self.ledger();
+        // Checked under the same lock as the release: nothing between.
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, Instant::now()) {
+            return Box::pin(fut::ready(Err(refused)));
+        }
+        let held = ledger.release(&msg.id, None);
+        drop(ledger);
+        self.answer_when_durable(Ok(held))
     }
 }
 
 impl Handler<Report> for LeaseStore {
-    type Result = ResponseActFuture<Self, Result<(), UnknownLease>>;
+    type Result = ResponseActFuture<Self, Result<(), ReportRefused>>;
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
-        let result = self
-            .ledger()
+        let mut ledger = self.ledger();
+        let now = Instant::now();
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, now) {
+            return Box::pin(fut::ready(Err(refused.into())));
+        }
+        let result = ledger
             .book
-            .report(&msg.id, msg.outcome, msg.detail, Instant::now());
+            .report(&msg.id, msg.outcome, msg.detail, now)
+            .map_err(ReportRefused::from);
+        drop(ledger);
         self.answer_when_durable(result)
     }
 }
 
 impl Handler<Renew> for LeaseStore {
-    type Result = ResponseActFuture<Self, Result<Duration, RenewError>>;
+    type Result = ResponseActFuture<Self, Result<Duration, RenewRefused>>;
     fn handle(&mut self, msg: Renew, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
         if !ledger.leading() {
-            return Box::pin(fut::ready(Err(RenewError::NotLeader)));
+            return Box::pin(fut::ready(Err(RenewError::NotLeader.into())));
         }
-        let ttl = match ledger.book.renew(&msg.id, msg.ttl, Instant::now()) {
+        let now = Instant::now();
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, now) {
+            return Box::pin(fut::ready(Err(refused.into())));
+        }
+        let ttl = match ledger.book.renew(&msg.id, msg.ttl, now) {
             Ok(ttl) => ttl,
-            Err(e) => return Box::pin(fut::ready(Err(e))),
+            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
         drop(ledger);
         // Like a grant, a renewal is answered once durable: a forgotten one
         // would free the proxy while its crawler still uses it.
         self.when_durable(move |outcome, ledger| match outcome {
             Ok(()) if ledger.leading() => Ok(ttl),
-            Ok(()) => Err(RenewError::NotLeader),
-            Err(e) => Err(RenewError::Unavailable(format!(
-                "the renewal could not be saved: {e}"
-            ))),
+            Ok(()) => Err(RenewError::NotLeader.into()),
+            Err(e) => Err(RenewError::Unavailable(format!("the renewal could not be saved: {e}")).into()),
         })
     }
 }
@@ -878,7 +926,26 @@ mod tests {
             "{refused:?}"
         );
 
-        assert!(store.send(Release(api.id)).await.unwrap());
+        let by = |who: &str| Caller::Identity(who.into());
+        let refused = store
+            .send(Release {
+                id: gateway.id.clone(),
+                by: by("default"),
+            })
+            .await
+            .unwrap();
+        assert!(refused.is_err(), "a gateway lease is the gateway's: {refused:?}");
+        assert!(
+            store
+                .send(Release {
+                    id: api.id,
+                    by: by("anyone"),
+                })
+                .await
+                .unwrap()
+                .unwrap(),
+            "an API lease without an owner: anyone's"
+        );
         let stats = store.send(GetLeaseStats).await.unwrap();
         assert_eq!(
             (stats.granted, stats.denied, stats.released, stats.active),
@@ -974,6 +1041,9 @@ mod tests {
             assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
             desk.release(&next.id, None);
         }
-        assert!(matches!(desk.renew("no-such-lease"), Err(RenewError::Unknown(_))));
+        assert!(matches!(
+            desk.renew("no-such-lease"),
+            Err(RenewRefused::Renew(RenewError::Unknown(_)))
+        ));
     }
 }

@@ -74,7 +74,8 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     let gateway_listener =
         crate::system::bind(config.gateway_bind_address).map_err(StandaloneError::Listen)?;
     // Standalone serves on loopback by default: a token is optional.
-    let tokens = crate::discovery::Tokens::from_env().map_err(StandaloneError::Tokens)?;
+    let tokens = crate::discovery::Tokens::from_env(config.crawler_tokens_dir.clone())
+        .map_err(StandaloneError::Tokens)?;
     if let Some(listener) = &gateway_listener {
         // Before anything starts: never an open proxy on a reachable address.
         let addr = listener.local_addr().map_err(StandaloneError::Listen)?;

@@ -11,6 +11,7 @@
 
 mod blocks;
 mod challenge;
+mod identify;
 mod phases;
 mod revocation;
 mod sessions;
@@ -23,7 +24,6 @@ use std::net::SocketAddr;
 
 use data_encoding::BASE64;
 use http::StatusCode;
-use subtle::ConstantTimeEq;
 
 use crate::credentials::ProxyCredentials;
 use crate::forward_proxy::request::TargetError;
@@ -32,6 +32,7 @@ use crate::resource::ObjectKey;
 
 pub use blocks::{BlockRules, HeadVerdict};
 pub use challenge::challenge_realm;
+pub use identify::{Identified, identify};
 pub use phases::judge;
 pub use phases::log::{Exchange, ExchangeOutcome, exchange_span};
 pub use phases::serve;
@@ -47,9 +48,10 @@ pub const FDS_PER_CONNECTION: u64 = 2;
 pub struct Options {
     pub settings: crate::config::GatewaySettings,
     pub destinations: std::sync::Arc<crate::destinations::DestinationPolicy>,
-    /// The crawler token, presented as the proxy password; none: no auth
-    /// (the caller binds loopback only, see [`check_exposure`]).
-    pub token: Option<std::sync::Arc<String>>,
+    /// The crawler identities, whose tokens are presented as the proxy
+    /// password; open (none): no auth (the caller binds loopback only, see
+    /// [`check_exposure`]).
+    pub identities: crate::identity::SharedIdentities,
     pub leases: std::sync::Arc<dyn Leases>,
 }
 
@@ -77,9 +79,10 @@ pub struct Ask {
     /// The lease target (normalized host).
     pub target: String,
     pub selector: std::collections::BTreeMap<String, String>,
-    /// `client` recorded on the lease: `gateway` or `gateway/<client>`.
+    /// `client` recorded on the lease: `gateway/<identity>`.
     pub client: String,
-    /// The crawler identity asking: fair shares and waiting turns count by it.
+    /// The identity the request is made for (`crate::identity`): the
+    /// lease's owner, which fair shares and waiting turns count by.
     pub owner: String,
     /// A sticky session's proxy, granted if still eligible.
     pub prefer: Option<ObjectKey>,
@@ -252,17 +255,6 @@ pub fn basic_credentials(header: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((decoded[..colon].to_vec(), decoded[colon + 1..].to_vec()))
 }
 
-/// Whether a request presenting `header` may use the gateway guarded by
-/// `token` (none: everyone). Compared in constant time.
-pub fn admits(token: Option<&str>, header: Option<&[u8]>) -> bool {
-    let Some(token) = token else {
-        return true;
-    };
-    header
-        .and_then(basic_credentials)
-        .is_some_and(|(_, password)| bool::from(password.as_slice().ct_eq(token.as_bytes())))
-}
-
 /// The lease target of a request for `host` (a name, an IPv4 address or a
 /// bracketed IPv6 one): what an API client would pass as `target`.
 pub fn lease_target(host: &str) -> Result<String, GatewayError> {
@@ -274,21 +266,20 @@ pub fn lease_target(host: &str) -> Result<String, GatewayError> {
 mod tests {
     use super::*;
 
-    fn basic(pair: &str) -> Vec<u8> {
-        format!("Basic {}", BASE64.encode(pair.as_bytes())).into_bytes()
-    }
-
     #[test]
-    fn the_password_is_the_token_and_any_username_goes() {
-        assert!(admits(Some("s3cret"), Some(&basic("crawler:s3cret"))));
-        assert!(admits(Some("s3cret"), Some(&basic(":s3cret"))));
-        assert!(admits(Some("a:b"), Some(&basic("user:a:b"))));
-        assert!(!admits(Some("s3cret"), Some(&basic("s3cret:wrong"))));
-        assert!(!admits(Some("s3cret"), Some(&basic("s3cret"))));
-        assert!(!admits(Some("s3cret"), Some(b"Bearer s3cret")));
-        assert!(!admits(Some("s3cret"), Some(b"Basic !!!")));
-        assert!(!admits(Some("s3cret"), None));
-        assert!(admits(None, None));
+    fn basic_credentials_split_at_the_first_colon() {
+        let basic = |pair: &str| format!("Basic {}", BASE64.encode(pair.as_bytes())).into_bytes();
+        let pair =
+            |user: &str, password: &str| Some((user.as_bytes().to_vec(), password.as_bytes().to_vec()));
+        assert_eq!(
+            basic_credentials(&basic("crawler:s3cret")),
+            pair("crawler", "s3cret")
+        );
+        assert_eq!(basic_credentials(&basic(":s3cret")), pair("", "s3cret"));
+        assert_eq!(basic_credentials(&basic("user:a:b")), pair("user", "a:b"));
+        assert_eq!(basic_credentials(&basic("s3cret")), None);
+        assert_eq!(basic_credentials(b"Bearer s3cret"), None);
+        assert_eq!(basic_credentials(b"Basic !!!"), None);
     }
 
     #[test]

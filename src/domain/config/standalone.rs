@@ -29,6 +29,9 @@ pub struct StandaloneConfig {
     pub gateway_bind_address: BindAddress,
     /// The gateway's behaviour (the `gateway:` block).
     pub gateway: super::GatewaySettings,
+    /// Named crawler tokens: one file per identity (`crawlerTokensDir`,
+    /// relative to the config file), re-read while running.
+    pub crawler_tokens_dir: Option<PathBuf>,
     /// Rest of a proxy for a target after a lease on it is released.
     pub lease_cooldown: Duration,
     /// Upper bound of a lease's TTL.
@@ -88,6 +91,8 @@ struct Raw {
     health_workers: usize,
     #[serde(default)]
     health_ca_file: Option<PathBuf>,
+    #[serde(default)]
+    crawler_tokens_dir: Option<PathBuf>,
     #[serde(default)]
     trace_health_probes: bool,
     #[serde(default)]
@@ -242,6 +247,7 @@ impl StandaloneConfig {
             fair_share,
             health_workers: raw.health_workers,
             health_ca_file: raw.health_ca_file.map(resolve),
+            crawler_tokens_dir: raw.crawler_tokens_dir.map(resolve),
             trace_health_probes: raw.trace_health_probes,
             gcp_wire_log_full_payloads: raw.gcp_wire_log_full_payloads,
             providers_config: resolve(raw.providers_config),

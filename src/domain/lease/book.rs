@@ -19,9 +19,9 @@ use self::target::TargetState;
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
 use super::{
-    AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings,
-    MAX_BLOCKED_TARGETS, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts, TableFull,
-    UnknownLease, rendezvous, target_digest,
+    AcquireError, AcquireRequest, Availability, Caller, Footprint, Grant, LeaseLimits, LeaseSettings,
+    MAX_BLOCKED_TARGETS, NotOwner, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts,
+    TableFull, UnknownLease, rendezvous, target_digest,
 };
 use crate::pool::LeaseFigures;
 use crate::resource::ObjectKey;
@@ -76,9 +76,21 @@ struct Lease {
     /// As granted (capped): what a renewal without a TTL extends by.
     ttl: Duration,
     client: Option<String>,
-    /// The identity holding it ([`owner_key`]).
-    owner: String,
+    /// The identity that took it (see [`super::owners`]); fair shares
+    /// count it by [`owner_key`].
+    owner: Option<String>,
     reports: ReportCounts,
+}
+
+/// An ended lease still taking reports: until when, on which proxy and
+/// target, and whose it was (a report is its owner's only, as on a held one).
+#[derive(Debug, Clone)]
+struct Ended {
+    until: Instant,
+    proxy: ProxyId,
+    target: String,
+    gateway: bool,
+    owner: Option<String>,
 }
 
 /// Leases, cooldowns and the eligible-proxy index.
@@ -99,8 +111,8 @@ pub struct LeaseBook {
     last_walk: usize,
     leases: HashMap<String, Lease>,
     expiry: BTreeSet<(Instant, String)>,
-    /// Ended leases that still accept reports: until when, on which proxy and target.
-    ended: HashMap<String, (Instant, ProxyId, String)>,
+    /// Ended leases that still accept reports.
+    ended: HashMap<String, Ended>,
     global_cooling: BTreeSet<(Instant, ProxyId)>,
     /// Proxies known only from restored leases or rests: their availability
     /// has not been reported (yet). Not listed, never leased.
@@ -391,7 +403,7 @@ impl LeaseBook {
                 expires,
                 ttl,
                 client: req.client.clone(),
-                owner: owner_key(req.owner.as_deref()).to_owned(),
+                owner: req.owner.clone(),
                 reports: ReportCounts::default(),
             },
         );
@@ -426,6 +438,7 @@ impl LeaseBook {
             expires: self.wall(expires),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             client: req.client.clone(),
+            owner: req.owner.clone(),
         }));
         Ok(grant)
     }
@@ -612,6 +625,22 @@ impl LeaseBook {
         }
     }
 
+    /// Whether `caller` may release, report on or renew lease `id` (held,
+    /// or ended and still taking reports). An id the book does not know is
+    /// nobody's: the operation itself answers it as before.
+    pub fn check_owner(&self, id: &str, caller: &Caller, now: Instant) -> Result<(), NotOwner> {
+        if let Some(lease) = self.leases.get(id) {
+            return super::owners::check(id, lease.client.as_deref(), lease.owner.as_deref(), caller);
+        }
+        match self.ended.get(id) {
+            Some(ended) if ended.until > now => {
+                let client = ended.gateway.then_some(super::GATEWAY_CLIENT);
+                super::owners::check(id, client, ended.owner.as_deref(), caller)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Ends a lease (idempotent) and rests its proxy for the target.
     pub fn release(&mut self, id: &str, now: Instant) -> bool {
         self.end(id, now, Some(self.settings.cooldown))
@@ -634,19 +663,28 @@ impl LeaseBook {
         let Some(lease) = self.leases.remove(id) else {
             return false;
         };
-        self.unhold(&lease.owner);
+        self.unhold(owner_key(lease.owner.as_deref()));
         self.expiry.remove(&(lease.expires, id.to_owned()));
         let grace_until = now + self.settings.report_grace;
-        self.ended
-            .insert(id.to_owned(), (grace_until, lease.proxy, lease.target.clone()));
+        let gateway = lease.client.as_deref().is_some_and(super::is_gateway_client);
+        self.ended.insert(
+            id.to_owned(),
+            Ended {
+                until: grace_until,
+                proxy: lease.proxy,
+                target: lease.target.clone(),
+                gateway,
+                owner: lease.owner.clone(),
+            },
+        );
         self.ended_order.push_back((grace_until, id.to_owned()));
-        let journaled = !lease.client.as_deref().is_some_and(super::is_gateway_client);
-        if journaled && let Some(proxy) = self.key_of(lease.proxy) {
+        if !gateway && let Some(proxy) = self.key_of(lease.proxy) {
             self.note(LeaseChange::Ended(EndedRecord {
                 id: id.to_owned(),
                 proxy,
                 target: lease.target.clone(),
                 until: self.wall(grace_until),
+                owner: lease.owner.clone(),
             }));
         }
         while self.ended.len() > self.limits.max_ended {
@@ -689,7 +727,7 @@ impl LeaseBook {
 
     /// The owner of a held lease.
     pub fn owner_of(&self, id: &str) -> Option<&str> {
-        self.leases.get(id).map(|l| l.owner.as_str())
+        self.leases.get(id).map(|l| owner_key(l.owner.as_deref()))
     }
 
     /// Leases the serving fleet carries at once; 0: unlimited.
@@ -771,7 +809,7 @@ impl LeaseBook {
             }
             // A report that arrives just after the release still counts.
             None => match self.ended.get(id) {
-                Some((until, proxy, target)) if *until > now => (*proxy, target.clone()),
+                Some(ended) if ended.until > now => (ended.proxy, ended.target.clone()),
                 _ => return Err(UnknownLease(id.to_owned())),
             },
         };
@@ -959,7 +997,7 @@ impl LeaseBook {
 
     /// Drops an ended lease's record; its target may then be forgotten.
     fn forget_ended(&mut self, id: &str) {
-        if let Some((_, _, target)) = self.ended.remove(id)
+        if let Some(Ended { target, .. }) = self.ended.remove(id)
             && let Some(state) = self.targets.get_mut(&target)
         {
             state.refs = state.refs.saturating_sub(1);

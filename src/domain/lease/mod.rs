@@ -7,6 +7,7 @@ pub mod fair_share;
 pub mod input;
 pub mod journal;
 mod limits;
+mod owners;
 pub mod rendezvous;
 mod reports;
 #[cfg(test)]
@@ -22,6 +23,7 @@ pub use book::{LeaseBook, owner_key};
 pub use fair_share::FairShare;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
+pub use owners::{Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
 
 /// Tunables of the lease store.
@@ -109,7 +111,9 @@ pub struct AcquireRequest {
     pub ttl: Option<Duration>,
     /// Free-form name of the client, for listings and logs.
     pub client: Option<String>,
-    /// The crawler identity taking the lease: fair shares count by it.
+    /// The identity taking the lease (`crate::identity`): only it may
+    /// release, report on or renew an API lease ([`Caller`]); fair shares
+    /// count by it. None: nobody in particular (any identity may act).
     pub owner: Option<String>,
     /// A proxy to grant if it is eligible (a sticky session's); otherwise
     /// the best one, as without.
