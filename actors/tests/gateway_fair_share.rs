@@ -34,7 +34,8 @@ struct Bed {
 }
 
 /// With `identities`: the two teams' tokens in `crawlerTokensDir`.
-async fn bed(capacity_wait: &str, identities: bool) -> Bed {
+/// `gateway` adds settings to the gateway block.
+async fn bed(capacity_wait: &str, identities: bool, gateway: &str) -> Bed {
     let dir = OperatorDir::new(PROVIDER);
     let health = health_target();
     for name in ["p1", "p2", "p3"] {
@@ -49,17 +50,17 @@ async fn bed(capacity_wait: &str, identities: bool) -> Bed {
     for (name, token) in [TEAM_A, TEAM_B] {
         dir.write(&format!("tokens/{name}"), token);
     }
-    let gateway: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut operator = dir.standalone();
     if identities {
         operator = operator.setting("crawlerTokensDir", "tokens");
     }
     let operator = operator
         .discovery()
-        .setting("gatewayBindAddress", &format!("\"{gateway}\""))
+        .setting("gatewayBindAddress", &format!("\"{listen}\""))
         .setting(
             "gateway",
-            &format!("{{destinations: {DESTINATIONS}, capacityWait: {capacity_wait}, tries: 1}}"),
+            &format!("{{destinations: {DESTINATIONS}, capacityWait: {capacity_wait}, tries: 1{gateway}}}"),
         )
         .setting("maxLeasesPerProxy", "1")
         .setting("leaseCooldown", "0s")
@@ -70,7 +71,7 @@ async fn bed(capacity_wait: &str, identities: bool) -> Bed {
     Bed {
         _dir: dir,
         operator,
-        gateway,
+        gateway: listen,
     }
 }
 
@@ -190,7 +191,7 @@ async fn closed(s: &mut TcpStream, within: Duration) -> bool {
 /// denial each on the dashboard, however long they waited.
 #[tokio::test]
 async fn a_request_refused_after_waiting_is_one_denial() {
-    let bed = bed("2s", false).await;
+    let bed = bed("2s", false, "").await;
     let site = site(Duration::ZERO).await;
     let (gateway, operator) = (bed.gateway, &bed.operator);
     operator
@@ -234,7 +235,7 @@ async fn a_request_refused_after_waiting_is_one_denial() {
 /// closes. A keeps two (its rounded-up share of three).
 #[tokio::test]
 async fn a_crawler_holding_every_proxy_in_tunnels_does_not_keep_another_waiting() {
-    let bed = bed("5s", true).await;
+    let bed = bed("5s", true, "").await;
     let site = site(Duration::ZERO).await;
     let (gateway, operator) = (bed.gateway, &bed.operator);
     operator
@@ -258,6 +259,7 @@ async fn a_crawler_holding_every_proxy_in_tunnels_does_not_keep_another_waiting(
     let started = Instant::now();
     let (status, head) = get(gateway, TEAM_B.1, site).await;
     let waited = started.elapsed();
+    eprintln!("team B waited {waited:?} for a proxy team A held");
     assert_eq!(status, 200, "team B served while team A hogs: {head}");
     assert!(waited < Duration::from_secs(5), "within capacityWait: {waited:?}");
     assert!(
@@ -273,12 +275,13 @@ async fn a_crawler_holding_every_proxy_in_tunnels_does_not_keep_another_waiting(
     bed.operator.stop().await;
 }
 
-/// Team A fires requests back to back on four connections (more than the
-/// fleet); team B asks one at a time. Both are served in turn: every one
-/// of B's requests is served, and A's keep being served too.
+/// Team A fires requests back to back on eight connections (more than
+/// the fleet) with no pacing between requests to the site; team B asks one
+/// at a time. Both are served in turn: every one of B's requests is served
+/// as soon as a proxy frees, and A's keep being served too.
 #[tokio::test]
 async fn a_fast_crawler_does_not_starve_a_slower_one() {
-    let bed = bed("3s", true).await;
+    let bed = bed("3s", true, ", pacing: 0s").await;
     let site = site(Duration::from_millis(150)).await;
     let (gateway, operator) = (bed.gateway, &bed.operator);
     operator
@@ -293,7 +296,7 @@ async fn a_fast_crawler_does_not_starve_a_slower_one() {
         .await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let a_served = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let flood: Vec<_> = (0..4)
+    let flood: Vec<_> = (0..8)
         .map(|_| {
             let (stop, served) = (stop.clone(), a_served.clone());
             tokio::spawn(async move {
@@ -306,9 +309,11 @@ async fn a_fast_crawler_does_not_starve_a_slower_one() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut b_statuses = Vec::new();
+    let (mut b_statuses, mut b_slowest) = (Vec::new(), Duration::ZERO);
     for _ in 0..6 {
+        let asked = Instant::now();
         b_statuses.push(get(gateway, TEAM_B.1, site).await.0);
+        b_slowest = b_slowest.max(asked.elapsed());
         // A slower crawler: it thinks between requests.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -317,7 +322,11 @@ async fn a_fast_crawler_does_not_starve_a_slower_one() {
     for task in flood {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
+    eprintln!("team B: {b_statuses:?}, slowest {b_slowest:?}; team A served {a_before_end}");
     assert_eq!(b_statuses, [200; 6], "team B served in turn");
+    // A proxy frees every ~50 ms (3 proxies, 150 ms a request): B's turn
+    // comes at the next one.
+    assert!(b_slowest < Duration::from_secs(1), "team B waited {b_slowest:?}");
     assert!(a_before_end >= 10, "team A served too: {a_before_end}");
     bed.operator.stop().await;
 }
