@@ -1044,3 +1044,49 @@ fn only_a_lease_s_owner_acts_on_it_held_ended_and_after_a_restart() {
     let ownerless = restored.acquire(&req("u"), t0).unwrap();
     assert!(restored.check_owner(&ownerless.id, &b, t0).is_ok());
 }
+
+/// What fair shares count: leases by owner (ended ones no longer), and
+/// the slots of the proxies serving (not those not ready or retiring, nor
+/// one removed); a waiting request's refusal is not its pool's denial
+/// until counted.
+#[test]
+fn holdings_count_by_owner_and_slots_by_serving_proxies() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(2));
+    book.upsert(proxy("a", true, 1, &[]), t0);
+    book.upsert(proxy("b", true, 1, &[]), t0);
+    book.upsert(proxy("down", false, 1, &[]), t0);
+    let mut retiring = proxy("old", true, 1, &[]);
+    retiring.retiring = true;
+    book.upsert(retiring, t0);
+    assert_eq!(book.slots(), 4, "two serving proxies of capacity 2");
+    book.upsert(proxy("a", true, 5, &[]), t0);
+    assert_eq!(book.slots(), 4, "an update is not a new proxy");
+    book.upsert(proxy("down", true, 1, &[]), t0);
+    assert_eq!(book.slots(), 6, "turned Ready");
+    book.remove(&ObjectKey::new("ns", "down"), t0);
+    assert_eq!(book.slots(), 4);
+
+    let by = |owner: Option<&str>| AcquireRequest {
+        owner: owner.map(str::to_owned),
+        ..req("t")
+    };
+    let first = book.acquire(&by(Some("team-a")), t0).unwrap();
+    book.acquire(&by(Some("team-a")), t0).unwrap();
+    book.acquire(&by(None), t0).unwrap();
+    let held: Vec<(&str, u32)> = book.holdings().iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    assert_eq!(held, [("", 1), ("team-a", 2)]);
+    assert_eq!(book.owner_of(&first.id), Some("team-a"));
+    book.release(&first.id, t0);
+    assert_eq!(book.holdings().get("team-a"), Some(&1));
+    assert_eq!(book.owner_of(&first.id), None);
+
+    let pooled = AcquireRequest {
+        selector: BTreeMap::from([(crate::resource::POOL_LABEL.to_owned(), "p".to_owned())]),
+        ..req("t")
+    };
+    assert!(book.try_acquire(&pooled, t0).is_err());
+    assert_eq!(book.take_pool_denials("p"), 0, "a waiting request's try is not a denial");
+    book.count_denial(&pooled);
+    assert_eq!(book.take_pool_denials("p"), 1);
+}
