@@ -324,8 +324,8 @@ pub struct RunArgs {
 
     /// Weights of crawler identities' fair shares of a scarce fleet:
     /// `team-a=2,team-b=3`; identities not named weigh 1.
-    #[arg(long, env = "FAIR_SHARE_WEIGHTS", default_value = "", value_parser = egress_proxies::lease::FairShare::parse)]
-    pub fair_share_weights: egress_proxies::lease::FairShare,
+    #[arg(long, env = "FAIR_SHARE_WEIGHTS", value_parser = egress_proxies::lease::FairShare::parse)]
+    pub fair_share_weights: Option<egress_proxies::lease::FairShare>,
 
     /// Time between orphan-GC sweeps.
     #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]

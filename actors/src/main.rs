@@ -288,7 +288,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
                 args.max_lease_ttl,
                 args.max_leases_per_proxy,
             ),
-            fair_share: args.fair_share_weights.clone(),
+            fair_share: args.fair_share_weights.clone().unwrap_or_default(),
             gc_interval: args.gc_interval,
             gc_grace_period: args.gc_grace_period,
             pool_scale_down_delay: args.pool_scale_down_delay,
