@@ -614,7 +614,9 @@ impl Ledger {
     /// that `counts` (does not wait) is a denial for its pool if refused.
     fn acquire_fairly(&mut self, request: &AcquireRequest, counts: bool) -> Result<Grant, AcquireError> {
         let now = Instant::now();
-        if let Turn::OverShare { held, share, .. } = self.turns.turn(&self.book, request.owner.as_deref(), now) {
+        if let Turn::OverShare { held, share, .. } =
+            self.turns.turn(&self.book, request.owner.as_deref(), now)
+        {
             return Err(AcquireError::OverShare {
                 target: request.target.clone(),
                 held,
@@ -682,7 +684,10 @@ impl Handler<Acquire> for LeaseStore {
         let grant = match ledger.acquire_fairly(&msg.0, true) {
             Ok(grant) => grant,
             Err(e) => {
-                if matches!(e, AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. }) {
+                if matches!(
+                    e,
+                    AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. }
+                ) {
                     let owner = owner_key(msg.0.owner.as_deref()).to_owned();
                     ledger.turns.api_refused(&owner, Instant::now());
                     // Refused: it asks now, so hogs' tunnels may go back for it.
@@ -985,15 +990,25 @@ mod tests {
         let released = Instant::now();
         desk.release(&held.id, None);
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
-        assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "the waiter's first: {api:?}");
+        assert!(
+            matches!(api, Err(AcquireError::NoCapacity { .. })),
+            "the waiter's first: {api:?}"
+        );
         let granted = waiting.await.unwrap().expect("served");
-        assert!(released.elapsed() < Duration::from_secs(1), "{:?}", released.elapsed());
+        assert!(
+            released.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            released.elapsed()
+        );
 
         let denied_before = store.send(GetLeaseStats).await.unwrap().denied;
         let refused = desk
             .acquire_within(owned("c"), Instant::now() + Duration::from_millis(1200))
             .await;
-        assert!(matches!(refused, Err(AcquireError::NoCapacity { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(AcquireError::NoCapacity { .. })),
+            "{refused:?}"
+        );
         let stats = store.send(GetLeaseStats).await.unwrap();
         assert_eq!(stats.denied - denied_before, 1, "one wait, one denial");
         desk.release(&granted.grant.id, None);

@@ -355,11 +355,18 @@ mod tests {
         let (_, mut a_rx) = turns.enqueue(ask("a"));
         let (_, mut b1_rx) = turns.enqueue(ask("b"));
         let (_, mut b2_rx) = turns.enqueue(ask("b"));
-        assert_eq!(turns.pass(&mut book, now, acquire).granted.len(), 0, "nothing free");
+        assert_eq!(
+            turns.pass(&mut book, now, acquire).granted.len(),
+            0,
+            "nothing free"
+        );
 
         book.release(&a1.id, now);
         assert_eq!(turns.pass(&mut book, now, acquire).granted.len(), 1);
-        assert!(b1_rx.try_recv().is_ok(), "b holds nothing: its first waiter is served");
+        assert!(
+            b1_rx.try_recv().is_ok(),
+            "b holds nothing: its first waiter is served"
+        );
         assert!(b2_rx.try_recv().is_err() && a_rx.try_recv().is_err());
 
         book.release(&a2.id, now);
@@ -402,7 +409,10 @@ mod tests {
         }
         assert_eq!(turns.turn(&book, Some("a"), now), Turn::Take, "nobody waits");
         let (_, mut b_rx) = turns.enqueue(ask("b"));
-        assert!(matches!(turns.turn(&book, Some("a"), now), Turn::OverShare { .. }));
+        assert!(matches!(
+            turns.turn(&book, Some("a"), now),
+            Turn::OverShare { .. }
+        ));
         let pass = turns.pass(&mut book, now, acquire);
         assert_eq!((pass.granted.len(), pass.revoked), (0, 1));
         let fired: Vec<bool> = revocations.iter().map(|(_, r)| r.is_revoked()).collect();

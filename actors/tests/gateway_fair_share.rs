@@ -207,7 +207,13 @@ async fn a_request_refused_after_waiting_is_one_denial() {
     // API leases fill the fleet.
     let mut leases = Vec::new();
     for _ in 0..3 {
-        let (status, lease) = api(operator, "POST", "/v1/leases", Some(r#"{"target":"busy.example"}"#)).await;
+        let (status, lease) = api(
+            operator,
+            "POST",
+            "/v1/leases",
+            Some(r#"{"target":"busy.example"}"#),
+        )
+        .await;
         assert_eq!(status, 201, "{lease}");
         leases.push(lease["id"].as_str().unwrap().to_owned());
     }
@@ -216,16 +222,27 @@ async fn a_request_refused_after_waiting_is_one_denial() {
     let refused = futures::future::join_all((0..4).map(|_| get(gateway, TOKEN, site))).await;
     for (status, head) in &refused {
         assert_eq!(*status, 503, "{head}");
-        assert!(head.to_ascii_lowercase().contains("egress-gateway-error: no_capacity"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("egress-gateway-error: no_capacity"),
+            "{head}"
+        );
     }
     assert!(
         started.elapsed() >= Duration::from_millis(1500),
         "they waited capacityWait: {:?}",
         started.elapsed()
     );
-    assert_eq!(denied(operator).await - before, 4, "4 requests refused, 4 denials");
+    assert_eq!(
+        denied(operator).await - before,
+        4,
+        "4 requests refused, 4 denials"
+    );
     for id in leases {
-        assert_eq!(api(operator, "DELETE", &format!("/v1/leases/{id}"), None).await.0, 204);
+        assert_eq!(
+            api(operator, "DELETE", &format!("/v1/leases/{id}"), None).await.0,
+            204
+        );
     }
     bed.operator.stop().await;
 }

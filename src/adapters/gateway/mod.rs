@@ -112,7 +112,8 @@ pub struct Upstream {
 }
 
 /// A lease being waited for.
-pub type Waiting = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Upstream, GatewayError>> + Send>>;
+pub type Waiting =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Upstream, GatewayError>> + Send>>;
 
 /// The lease store, in process. Each call is done when it returns, so
 /// calls reach the book in the order made (a failure reported on one try

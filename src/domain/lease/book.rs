@@ -407,7 +407,10 @@ impl LeaseBook {
                 reports: ReportCounts::default(),
             },
         );
-        *self.held_by.entry(owner_key(req.owner.as_deref()).to_owned()).or_default() += 1;
+        *self
+            .held_by
+            .entry(owner_key(req.owner.as_deref()).to_owned())
+            .or_default() += 1;
         self.expiry.insert((expires, lease_id.clone()));
         let target = self.targets.entry(req.target.clone()).or_default();
         target.leased(id, now);
@@ -458,7 +461,11 @@ impl LeaseBook {
     /// than the index, that list is walked instead.
     fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
-        let avoided: HashSet<ProxyId> = req.avoid.iter().filter_map(|key| self.ids.get(key).copied()).collect();
+        let avoided: HashSet<ProxyId> = req
+            .avoid
+            .iter()
+            .filter_map(|key| self.ids.get(key).copied())
+            .collect();
         let passed_over = |id: ProxyId| avoided.contains(&id);
         if req.prefer.is_some() || req.session.is_some() {
             // A sticky session's proxy: its rest after the session's own
@@ -757,7 +764,11 @@ impl LeaseBook {
     /// When a rest ends that may let one of `targets` (or any target) be
     /// served: the earliest rest end after `now`.
     pub fn next_opening<'a>(&self, targets: impl Iterator<Item = &'a str>, now: Instant) -> Option<Instant> {
-        let everywhere = self.global_cooling.iter().map(|(until, _)| *until).find(|u| *u > now);
+        let everywhere = self
+            .global_cooling
+            .iter()
+            .map(|(until, _)| *until)
+            .find(|u| *u > now);
         let per_target = targets
             .filter_map(|t| self.targets.get(t)?.next_rest_end_after(now))
             .min();

@@ -185,7 +185,9 @@ pub fn reclaim_from(waiter: &str, demand: &Demand) -> Vec<String> {
             u128::from(demand.weights.weight(a.0)),
             u128::from(demand.weights.weight(b.0)),
         );
-        (u128::from(b.1) * wa).cmp(&(u128::from(a.1) * wb)).then(a.0.cmp(b.0))
+        (u128::from(b.1) * wa)
+            .cmp(&(u128::from(a.1) * wb))
+            .then(a.0.cmp(b.0))
     });
     hogs.into_iter().map(|(owner, _)| owner.clone()).collect()
 }
@@ -208,6 +210,27 @@ mod tests {
         }
     }
 
+    /// (why, who asks, slots, holdings, waiting, weights, expected).
+    type DecideRow = (
+        &'static str,
+        &'static str,
+        u64,
+        &'static [(&'static str, u32)],
+        &'static [&'static str],
+        &'static [(&'static str, u32)],
+        Turn,
+    );
+
+    /// (why, the waiter, slots, holdings, weights, hogs in order).
+    type ReclaimRow = (
+        &'static str,
+        &'static str,
+        u64,
+        &'static [(&'static str, u32)],
+        &'static [(&'static str, u32)],
+        &'static [&'static str],
+    );
+
     fn over(held: u32, share: u64, waiting: &str) -> Turn {
         Turn::OverShare {
             held,
@@ -220,7 +243,7 @@ mod tests {
     #[test]
     fn who_may_take_one_more_lease() {
         #[rustfmt::skip]
-        let rows: &[(&str, &str, u64, &[(&str, u32)], &[&str], &[(&str, u32)], Turn)] = &[
+        let rows: &[DecideRow] = &[
             ("alone: the whole fleet", "a", 3, &[("a", 2)], &[], &[], Turn::Take),
             ("alone, fleet full: the book refuses, not the policy", "a", 3, &[("a", 3)], &[], &[], Turn::Take),
             ("unlimited capacity: shares never bind", "a", 0, &[("a", 9)], &["b"], &[], Turn::Take),
@@ -237,7 +260,12 @@ mod tests {
         ];
         for (why, owner, slots, holdings, waiting, weighted, expected) in rows {
             let (held, waiting, weights) = (held(holdings), set(waiting), weights(weighted));
-            let demand = Demand { slots: *slots, held: &held, waiting: &waiting, weights: &weights };
+            let demand = Demand {
+                slots: *slots,
+                held: &held,
+                waiting: &waiting,
+                weights: &weights,
+            };
             assert_eq!(&decide(owner, &demand), expected, "{why}");
         }
     }
@@ -245,11 +273,21 @@ mod tests {
     #[test]
     fn weights_parse_from_the_flag_and_refuse_zero() {
         let parsed = FairShare::parse("team-a=2, team-b = 3,").unwrap();
-        assert_eq!((parsed.weight("team-a"), parsed.weight("team-b"), parsed.weight("x")), (2, 3, 1));
+        assert_eq!(
+            (
+                parsed.weight("team-a"),
+                parsed.weight("team-b"),
+                parsed.weight("x")
+            ),
+            (2, 3, 1)
+        );
         assert_eq!(FairShare::parse("").unwrap(), FairShare::default());
         assert_eq!(FairShare::parse("a=0"), Err(FairShareError::Zero("a".into())));
         assert!(matches!(FairShare::parse("a"), Err(FairShareError::Malformed(_))));
-        assert!(matches!(FairShare::parse("a=x"), Err(FairShareError::Malformed(_))));
+        assert!(matches!(
+            FairShare::parse("a=x"),
+            Err(FairShareError::Malformed(_))
+        ));
         assert_eq!(FairShare::parse("=2"), Err(FairShareError::Unnamed));
     }
 
@@ -257,7 +295,12 @@ mod tests {
     fn waiters_are_served_furthest_below_their_share_first_then_in_arrival_order() {
         let (held, waiting) = (held(&[("a", 2), ("b", 1), ("c", 1)]), set(&["a", "b", "c"]));
         let w = weights(&[("c", 2)]);
-        let demand = Demand { slots: 4, held: &held, waiting: &waiting, weights: &w };
+        let demand = Demand {
+            slots: 4,
+            held: &held,
+            waiting: &waiting,
+            weights: &w,
+        };
         // Arrival order: a (1), b (2), c (3), b again (4).
         let mut queue = vec![("a", 1), ("b", 2), ("c", 3), ("b", 4)];
         queue.sort_by(|x, y| turn_order(*x, *y, &demand));
@@ -268,7 +311,7 @@ mod tests {
     #[test]
     fn a_lease_is_taken_back_only_when_that_is_fairer() {
         #[rustfmt::skip]
-        let rows: &[(&str, &str, u64, &[(&str, u32)], &[(&str, u32)], &[&str])] = &[
+        let rows: &[ReclaimRow] = &[
             ("a hog of 3 for a waiter with none", "b", 3, &[("a", 3)], &[], &["a"]),
             ("2 against 1 of 3: moving one only swaps them", "b", 3, &[("a", 2), ("b", 1)], &[], &[]),
             ("the waiter at its share takes nothing back", "b", 4, &[("a", 2), ("b", 2)], &[], &[]),
@@ -279,7 +322,12 @@ mod tests {
         ];
         for (why, waiter, slots, holdings, weighted, expected) in rows {
             let (held, waiting, weights) = (held(holdings), set(&[waiter]), weights(weighted));
-            let demand = Demand { slots: *slots, held: &held, waiting: &waiting, weights: &weights };
+            let demand = Demand {
+                slots: *slots,
+                held: &held,
+                waiting: &waiting,
+                weights: &weights,
+            };
             assert_eq!(reclaim_from(waiter, &demand), *expected, "{why}");
         }
     }

@@ -1086,7 +1086,11 @@ fn holdings_count_by_owner_and_slots_by_serving_proxies() {
         ..req("t")
     };
     assert!(book.try_acquire(&pooled, t0).is_err());
-    assert_eq!(book.take_pool_denials("p"), 0, "a waiting request's try is not a denial");
+    assert_eq!(
+        book.take_pool_denials("p"),
+        0,
+        "a waiting request's try is not a denial"
+    );
     book.count_denial(&pooled);
     assert_eq!(book.take_pool_denials("p"), 1);
 }

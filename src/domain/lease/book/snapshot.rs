@@ -203,7 +203,10 @@ impl LeaseBook {
         }
         book.held_by = BTreeMap::new();
         for lease in book.leases.values() {
-            *book.held_by.entry(super::owner_key(lease.owner.as_deref()).to_owned()).or_default() += 1;
+            *book
+                .held_by
+                .entry(super::owner_key(lease.owner.as_deref()).to_owned())
+                .or_default() += 1;
         }
         book.recent_reports = self.recent_reports.clone();
         book.restored_at = self.restored_at;
