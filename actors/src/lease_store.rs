@@ -24,10 +24,6 @@ use egress_proxies::telemetry::metrics;
 pub use crate::lease_turns::Granted;
 use crate::lease_turns::Turns;
 
-/// A waiter rechecks at least this often (a safety net: whatever frees a
-/// proxy serves the waiters at once).
-const RECHECK_WAITERS: Duration = Duration::from_millis(500);
-
 /// A proxy's availability changed.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
@@ -408,53 +404,85 @@ struct InTurn {
 
 impl InTurn {
     async fn wait(&mut self, request: &AcquireRequest, until: Instant) -> Result<Granted, AcquireError> {
+        let mut opening = Some(locked(&self.desk.0).turns.watch_opening());
         loop {
-            let wake = {
-                let ledger = locked(&self.desk.0);
-                let now = Instant::now();
-                let opening = ledger.turns.next_opening(&ledger.book, now);
-                [Some(until), Some(now + RECHECK_WAITERS), opening]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .unwrap_or(until)
-            };
             let Some(receive) = self.receive.as_mut() else {
                 return Err(AcquireError::NoCapacity {
                     target: request.target.clone(),
                 });
             };
-            let arrived = tokio::select! {
-                granted = receive => Some(granted),
-                () = tokio::time::sleep_until(wake.into()) => None,
+            // Woken by the lease (served at a release or a pass), by a
+            // rest ending (a pass then, unless one ran since), or at the end.
+            let wake = opening
+                .as_ref()
+                .and_then(|o| *o.borrow())
+                .map_or(until, |at| at.min(until));
+            let changed = async {
+                match opening.as_mut() {
+                    Some(o) => o.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
             };
-            if let Some(granted) = arrived {
-                self.receive = None;
-                return granted.map_err(|_| AcquireError::Unavailable("the lease store restarted".into()));
-            }
-            let mut ledger = locked(&self.desk.0);
-            if Instant::now() < until {
-                ledger.serve_waiters();
-                continue;
-            }
-            // Out of time: one denial for the whole wait, unless the lease
-            // came just now.
-            if let Some(receive) = self.receive.as_mut()
-                && let Ok(granted) = receive.try_recv()
-            {
-                self.receive = None;
-                return Ok(granted);
-            }
-            self.receive = None;
-            ledger.turns.leave(self.seq);
-            ledger.book.count_denial(request);
-            let refused = AcquireError::NoCapacity {
-                target: request.target.clone(),
+            let woke = tokio::select! {
+                granted = receive => Woke::Served(granted),
+                () = tokio::time::sleep_until(wake.into()) => Woke::At(wake),
+                alive = changed => Woke::Changed(alive),
             };
-            ledger.account(&Err(refused.clone()));
-            return Err(refused);
+            match woke {
+                Woke::Served(granted) => {
+                    self.receive = None;
+                    return granted
+                        .map_err(|_| AcquireError::Unavailable("the lease store restarted".into()));
+                }
+                Woke::Changed(alive) => {
+                    if !alive {
+                        opening = None;
+                    }
+                    continue;
+                }
+                Woke::At(at) => {
+                    let desk = self.desk.clone();
+                    let mut ledger = locked(&desk.0);
+                    if Instant::now() < until {
+                        if !ledger.turns.passed_since(at) {
+                            ledger.serve_waiters();
+                        }
+                        continue;
+                    }
+                    return self.time_up(&mut ledger, request);
+                }
+            }
         }
     }
+
+    /// Out of time: one denial for the whole wait, unless the lease came
+    /// just now.
+    fn time_up(&mut self, ledger: &mut Ledger, request: &AcquireRequest) -> Result<Granted, AcquireError> {
+        if let Some(receive) = self.receive.as_mut()
+            && let Ok(granted) = receive.try_recv()
+        {
+            self.receive = None;
+            return Ok(granted);
+        }
+        self.receive = None;
+        ledger.turns.leave(self.seq);
+        ledger.book.count_denial(request);
+        let refused = AcquireError::NoCapacity {
+            target: request.target.clone(),
+        };
+        ledger.account(&Err(refused.clone()));
+        // Shares it held others back by may have changed.
+        ledger.serve_waiters();
+        Err(refused)
+    }
+}
+
+/// What ended a waiter's sleep.
+enum Woke {
+    Served(Result<Granted, tokio::sync::oneshot::error::RecvError>),
+    At(Instant),
+    /// The next opening moved; false: it never will again.
+    Changed(bool),
 }
 
 impl Drop for InTurn {
@@ -465,6 +493,7 @@ impl Drop for InTurn {
         // Gave up: out of the queue, and a lease granted meanwhile back.
         let mut ledger = locked(&self.desk.0);
         if ledger.turns.leave(self.seq).is_some() {
+            ledger.serve_waiters();
             return;
         }
         if let Ok(granted) = receive.try_recv() {
@@ -1012,6 +1041,25 @@ mod tests {
         let stats = store.send(GetLeaseStats).await.unwrap();
         assert_eq!(stats.denied - denied_before, 1, "one wait, one denial");
         desk.release(&granted.grant.id, None);
+    }
+
+    /// A waiter whose only proxy rests for its target (a gateway pacing
+    /// rest) is served when the rest ends, without a lease ending.
+    #[actix_rt::test]
+    async fn a_waiter_is_served_when_a_rest_for_its_target_ends() {
+        let (store, desk) = one_proxy_store();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+        let held = desk.acquire(&owned("a")).unwrap().grant;
+        let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = Instant::now();
+        desk.release(&held.id, Some(Duration::from_millis(300)));
+        waiting.await.unwrap().expect("served");
+        let after = released.elapsed();
+        assert!(
+            after >= Duration::from_millis(300) && after < Duration::from_millis(420),
+            "served {after:?} after the release, the rest being 300 ms"
+        );
     }
 
     /// A waiter that gives up leaves the queue: the proxy freed later is

@@ -11,7 +11,7 @@ use egress_proxies::gateway::{Revocation, Revoker, revocation};
 use egress_proxies::lease::fair_share::{self, Demand, Turn};
 use egress_proxies::lease::{AcquireRequest, FairShare, Grant, LeaseBook, owner_key};
 use egress_proxies::resource::ObjectKey;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 /// A lease-API identity refused for lack of capacity counts as asking
 /// (waiting) this long: API clients retry rather than wait at the desk.
@@ -41,11 +41,12 @@ struct Revocable {
 }
 
 /// Waiters, revocable gateway leases and the identities asking.
-#[derive(Default)]
 pub struct Turns {
     next_seq: u64,
     /// By arrival.
     waiters: BTreeMap<u64, Waiter>,
+    /// Waiters by identity.
+    waiting_by: BTreeMap<String, usize>,
     revocable: HashMap<String, Revocable>,
     /// Leases taken back and not yet given back: lease → (its owner, the
     /// identity it was taken back for). Counted as moved already, so one
@@ -54,6 +55,17 @@ pub struct Turns {
     /// Lease-API identities recently refused.
     api_asking: HashMap<String, Instant>,
     weights: FairShare,
+    /// When the latest pass over the waiters ran.
+    last_pass: Option<Instant>,
+    /// When a rest ends that may let a waiter be served (after the latest
+    /// pass): waiters wake then, without a lease ending.
+    opening: watch::Sender<Option<Instant>>,
+}
+
+impl Default for Turns {
+    fn default() -> Self {
+        Self::new(FairShare::default())
+    }
 }
 
 /// What a pass over the waiters did.
@@ -66,9 +78,26 @@ pub struct Pass {
 impl Turns {
     pub fn new(weights: FairShare) -> Self {
         Self {
+            next_seq: 0,
+            waiters: BTreeMap::new(),
+            waiting_by: BTreeMap::new(),
+            revocable: HashMap::new(),
+            reclaiming: HashMap::new(),
+            api_asking: HashMap::new(),
             weights,
-            ..Default::default()
+            last_pass: None,
+            opening: watch::channel(None).0,
         }
+    }
+
+    /// When waiters should look again without a lease ending (see [`Self::pass`]).
+    pub fn watch_opening(&self) -> watch::Receiver<Option<Instant>> {
+        self.opening.subscribe()
+    }
+
+    /// Whether a pass ran at or after `at` (a waiter woken then need not run another).
+    pub fn passed_since(&self, at: Instant) -> bool {
+        self.last_pass.is_some_and(|last| last >= at)
     }
 
     pub fn is_waiting(&self) -> bool {
@@ -80,13 +109,25 @@ impl Turns {
         let (give, receive) = oneshot::channel();
         let seq = self.next_seq();
         let owner = owner_key(request.owner.as_deref()).to_owned();
+        *self.waiting_by.entry(owner.clone()).or_default() += 1;
         self.waiters.insert(seq, Waiter { request, owner, give });
         (seq, receive)
     }
 
     /// Takes a waiter out of the queue: whether it was still waiting.
     pub fn leave(&mut self, seq: u64) -> Option<AcquireRequest> {
-        self.waiters.remove(&seq).map(|w| w.request)
+        self.take_waiter(seq).map(|w| w.request)
+    }
+
+    fn take_waiter(&mut self, seq: u64) -> Option<Waiter> {
+        let waiter = self.waiters.remove(&seq)?;
+        if let Some(n) = self.waiting_by.get_mut(&waiter.owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.waiting_by.remove(&waiter.owner);
+            }
+        }
+        Some(waiter)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -145,9 +186,9 @@ impl Turns {
 
     /// Identities waiting: queued, or refused through the API lately.
     fn waiting(&self, now: Instant) -> BTreeSet<String> {
-        self.waiters
-            .values()
-            .map(|w| w.owner.clone())
+        self.waiting_by
+            .keys()
+            .cloned()
             .chain(
                 self.api_asking
                     .iter()
@@ -185,6 +226,7 @@ impl Turns {
         if self.waiters.is_empty() {
             return done;
         }
+        self.last_pass = Some(now);
         let order = self.order(book, now);
         // A request no proxy was found for: the same again is not tried.
         let mut found_none: BTreeSet<(String, BTreeMap<String, String>)> = BTreeSet::new();
@@ -193,7 +235,7 @@ impl Turns {
                 continue;
             };
             if waiter.give.is_closed() {
-                self.waiters.remove(seq);
+                self.take_waiter(*seq);
                 continue;
             }
             let plain = waiter.request.prefer.is_none()
@@ -212,7 +254,7 @@ impl Turns {
                 }
                 continue;
             };
-            let Some(waiter) = self.waiters.remove(seq) else {
+            let Some(waiter) = self.take_waiter(*seq) else {
                 continue;
             };
             let granted = self.granted_to_gateway(lease.clone(), Some(&waiter.owner));
@@ -225,6 +267,9 @@ impl Turns {
             }
         }
         done.revoked = self.reclaim(book, now);
+        let opening = self.next_opening(book, now);
+        self.opening
+            .send_if_modified(|at| std::mem::replace(at, opening) != opening);
         done
     }
 
@@ -293,8 +338,9 @@ impl Turns {
 
     /// When a waiter may next be served without a lease ending: a rest
     /// ending for one of the waiters' targets.
-    pub fn next_opening(&self, book: &LeaseBook, now: Instant) -> Option<Instant> {
-        book.next_opening(self.waiters.values().map(|w| w.request.target.as_str()), now)
+    fn next_opening(&self, book: &LeaseBook, now: Instant) -> Option<Instant> {
+        let targets: BTreeSet<&str> = self.waiters.values().map(|w| w.request.target.as_str()).collect();
+        book.next_opening(targets.into_iter(), now)
     }
 }
 
