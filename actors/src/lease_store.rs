@@ -679,6 +679,13 @@ impl Ledger {
 
     /// Ends a lease; whether it was held. Its proxy goes to a waiter first.
     fn release(&mut self, id: &str, rest: Option<Duration>) -> bool {
+        // Taken back for a waiter: a rest for its target would keep the
+        // waiter from the proxy it was freed for.
+        let rest = if self.turns.reclaiming(id) {
+            Some(Duration::ZERO)
+        } else {
+            rest
+        };
         let held = match rest {
             Some(rest) => self.book.release_with_rest(id, rest, Instant::now()),
             None => self.book.release(id, Instant::now()),
@@ -1060,6 +1067,35 @@ mod tests {
             after >= Duration::from_millis(300) && after < Duration::from_millis(420),
             "served {after:?} after the release, the rest being 300 ms"
         );
+    }
+
+    /// A hog's tunnel taken back for a waiter goes to it whatever rest the
+    /// hog's release would leave (here the lease cooldown, 30 s).
+    #[actix_rt::test]
+    async fn a_lease_taken_back_goes_to_the_waiter_without_a_rest() {
+        let store = LeaseStore::new(LeaseSettings {
+            capacity: 1,
+            cooldown: Duration::from_secs(30),
+            ..Default::default()
+        });
+        let desk = store.desk();
+        let store = store.start();
+        for name in ["p1", "p2", "p3"] {
+            store.send(UpdateAvailability(ready(name))).await.unwrap();
+        }
+        let hog: Vec<Granted> = (0..3).map(|_| desk.acquire(&owned("a")).unwrap()).collect();
+        let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(5)));
+        let revoked = tokio::time::timeout(Duration::from_secs(2), hog[2].revoked.clone().revoked()).await;
+        assert!(revoked.is_ok(), "the latest of the hog's leases is taken back");
+        assert!(!hog[0].revoked.is_revoked() && !hog[1].revoked.is_revoked());
+        // Its tunnel closes: released as a sticky session's would be, with the cooldown.
+        desk.release(&hog[2].grant.id, None);
+        let granted = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("served at once")
+            .unwrap()
+            .expect("a lease");
+        assert_eq!(granted.grant.proxy, hog[2].grant.proxy);
     }
 
     /// A waiter that gives up leaves the queue: the proxy freed later is

@@ -156,6 +156,11 @@ impl Turns {
         Granted { grant, revoked }
     }
 
+    /// Whether `lease` is being taken back for a waiter.
+    pub fn reclaiming(&self, lease: &str) -> bool {
+        self.reclaiming.contains_key(lease)
+    }
+
     /// A lease ended.
     pub fn ended(&mut self, lease: &str) {
         self.revocable.remove(lease);
