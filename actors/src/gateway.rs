@@ -34,6 +34,7 @@ impl Leases for StoreLeases {
             owner: Some(ask.owner),
             prefer: ask.prefer,
             session: ask.session,
+            avoid: ask.avoid,
         };
         self.0
             .acquire(&request)
@@ -43,6 +44,7 @@ impl Leases for StoreLeases {
                 url: grant.url,
                 credentials: grant.credentials,
                 ttl: grant.ttl,
+                realm: None,
             })
             .map_err(|e| match e {
                 AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
@@ -50,8 +52,8 @@ impl Leases for StoreLeases {
             })
     }
 
-    fn release(&self, lease_id: String) {
-        self.0.release(&lease_id);
+    fn release(&self, lease_id: String, rest: Option<Duration>) {
+        self.0.release(&lease_id, rest);
     }
 
     fn report(&self, lease_id: String, outcome: Outcome, detail: String) {

@@ -298,8 +298,9 @@ impl LeaseDesk {
         locked(&self.0).acquire_unjournaled(request)
     }
 
-    /// Gives a lease back (the gateway's own only).
-    pub fn release(&self, id: &str) {
+    /// Gives a lease back (the gateway's own only); its proxy rests for
+    /// the target for `rest` (none: the cooldown).
+    pub fn release(&self, id: &str, rest: Option<Duration>) {
         let mut ledger = locked(&self.0);
         if ledger
             .book
@@ -308,7 +309,7 @@ impl LeaseDesk {
         {
             return;
         }
-        ledger.release(id);
+        ledger.release(id, rest);
         let _ = ledger.persist();
     }
 
@@ -466,8 +467,11 @@ impl Ledger {
     }
 
     /// Ends a lease; whether it was held.
-    fn release(&mut self, id: &str) -> bool {
-        let held = self.book.release(id, Instant::now());
+    fn release(&mut self, id: &str, rest: Option<Duration>) -> bool {
+        let held = match rest {
+            Some(rest) => self.book.release_with_rest(id, rest, Instant::now()),
+            None => self.book.release(id, Instant::now()),
+        };
         if held {
             self.stats.released += 1;
             metrics().leases_active.set(self.book.active_leases() as i64);
@@ -562,7 +566,7 @@ impl Handler<Release> for LeaseStore {
         if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, Instant::now()) {
             return Box::pin(fut::ready(Err(refused)));
         }
-        let held = ledger.release(&msg.id);
+        let held = ledger.release(&msg.id, None);
         drop(ledger);
         self.answer_when_durable(Ok(held))
     }
@@ -721,7 +725,7 @@ mod tests {
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
         assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "{api:?}");
 
-        desk.release(&gateway.id);
+        desk.release(&gateway.id, None);
         let api = store.send(Acquire(ask("crawler"))).await.unwrap().expect("freed");
         let refused = desk.acquire(&ask(GATEWAY_CLIENT));
         assert!(
@@ -774,11 +778,11 @@ mod tests {
         let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
         desk.report(&first.id, Outcome::Error, "gateway: refused".into())
             .unwrap();
-        desk.release(&first.id);
+        desk.release(&first.id, None);
         for _ in 0..10 {
             let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
             assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
-            desk.release(&next.id);
+            desk.release(&next.id, None);
         }
         assert!(matches!(
             desk.renew("no-such-lease"),

@@ -805,18 +805,20 @@ impl GatewayLeaseTaken<'_> {
 
 /// Reasons of [`GatewayTryFailed`] (the label's values).
 pub const GATEWAY_FAILURE_REASONS: [&str; 2] = ["upstream_failed", "upstream_timeout"];
-/// Scopes of [`GatewayTryFailed`].
-pub const GATEWAY_FAILURE_SCOPES: [&str; 2] = ["proxy", "destination"];
+/// Scopes of [`GatewayTryFailed`]: whom the judge blamed.
+pub const GATEWAY_FAILURE_SCOPES: [&str; 2] = ["proxy", "site"];
 
-/// A gateway try failed and the failure was reported on the proxy's lease:
-/// at once when the proxy itself failed (`proxy`), or, when it answered
-/// for the site (`destination`), once another proxy served the request.
+/// A gateway try failed, judged the proxy's fault (`proxy`: it was not
+/// reached, broke, or refused its own credentials) or the site's through
+/// this proxy (`site`: the proxy could not reach it, no answer in time).
 pub struct GatewayTryFailed<'a> {
     pub proxy: &'a str,
-    /// `proxy` or `destination`.
-    pub scope: &'static str,
+    /// `proxy` or `site`.
+    pub blame: &'static str,
     /// `upstream_failed` or `upstream_timeout` (anything else counts as `upstream_failed`).
     pub reason: &'static str,
+    /// Reported `error` on its lease: the proxy rests for every target.
+    pub rested_everywhere: bool,
     pub error: &'a dyn std::fmt::Display,
 }
 
@@ -825,25 +827,58 @@ impl GatewayTryFailed<'_> {
         // In the exchange's span (when traced): an event of its trace.
         tracing::info!(
             proxy = self.proxy,
-            scope = self.scope,
+            blame = self.blame,
             reason = self.reason,
+            rested_everywhere = self.rested_everywhere,
             error = %self.error,
-            "gateway try failed; reported on the proxy's lease"
+            "gateway try failed"
         );
         let reason = GATEWAY_FAILURE_REASONS
             .into_iter()
             .find(|r| *r == self.reason)
             .unwrap_or(GATEWAY_FAILURE_REASONS[0]);
+        let scope = GATEWAY_FAILURE_SCOPES
+            .into_iter()
+            .find(|s| *s == self.blame)
+            .unwrap_or(GATEWAY_FAILURE_SCOPES[1]);
         metrics()
             .gateway_upstream_failures
             .get_or_create(&GatewayFailureLabels {
                 proxy: proxy_labels().label(self.proxy),
-                scope: self.scope,
+                scope,
                 reason,
             })
             .inc();
         history().note_gateway_failure();
         gateway_stats().note_failure();
+    }
+}
+
+/// The gateway's site learning, as it stands (emitted about once a second
+/// while the gateway serves).
+pub struct GatewayLearnt {
+    pub sites: Vec<super::gateway_stats::SiteSummary>,
+    /// Sites remembered in all, and pairs passed over over all of them.
+    pub remembered: usize,
+    pub avoided: usize,
+}
+
+impl GatewayLearnt {
+    pub fn emit(self) {
+        let m = metrics();
+        m.gateway_sites_learnt.set(self.remembered as i64);
+        m.gateway_avoided_pairs.set(self.avoided as i64);
+        gateway_stats().note_sites(self.sites);
+    }
+}
+
+/// A gateway request or tunnel was served by the first proxy tried.
+pub struct GatewayFirstTryServed;
+
+impl GatewayFirstTryServed {
+    pub fn emit(self) {
+        metrics().gateway_first_try_served.inc();
+        gateway_stats().note_first_try_served();
     }
 }
 
@@ -1051,8 +1086,9 @@ mod tests {
         let error = "connection refused";
         GatewayTryFailed {
             proxy,
-            scope: "proxy",
+            blame: "proxy",
             reason: "upstream_failed",
+            rested_everywhere: true,
             error: &error,
         }
         .emit();

@@ -52,6 +52,39 @@ pub struct GatewaySummary {
     pub bytes_down: u64,
     /// Newest first.
     pub recent: Vec<RecentExchange>,
+    /// Requests served on the first proxy tried.
+    pub first_try_served: u64,
+    /// What the gateway learnt per site, the most recently used first
+    /// (at most [`SITES_SHOWN`]; refreshed about once a second).
+    pub sites: Vec<SiteSummary>,
+}
+
+/// Sites the summary shows.
+pub const SITES_SHOWN: usize = 100;
+
+/// One site as the gateway learnt it.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteSummary {
+    pub site: String,
+    pub requests: u64,
+    pub first_try_served: u64,
+    /// Its proxies, the best first.
+    pub proxies: Vec<SiteProxy>,
+}
+
+/// One (site, proxy) pair.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteProxy {
+    pub proxy: String,
+    /// Recent success rate, `(successes + 1) / (tries + 2)`.
+    pub success_rate: f64,
+    /// Recent successes and failures (decayed, so fractional).
+    pub successes: f64,
+    pub failures: f64,
+    /// Passed over for the site now.
+    pub avoided: bool,
 }
 
 #[derive(Default)]
@@ -67,7 +100,9 @@ pub struct GatewayStats {
     sessions: AtomicI64,
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
+    first_try_served: AtomicU64,
     recent: Mutex<VecDeque<RecentExchange>>,
+    sites: Mutex<Vec<SiteSummary>>,
 }
 
 impl GatewayStats {
@@ -103,6 +138,15 @@ impl GatewayStats {
 
     pub fn note_block(&self) {
         self.blocks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn note_first_try_served(&self) {
+        self.first_try_served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What the gateway learnt per site, now.
+    pub fn note_sites(&self, sites: Vec<SiteSummary>) {
+        *self.sites.lock().unwrap_or_else(PoisonError::into_inner) = sites;
     }
 
     /// Requests and tunnels in progress.
@@ -143,6 +187,8 @@ impl GatewayStats {
                 .iter()
                 .cloned()
                 .collect(),
+            first_try_served: load(&self.first_try_served),
+            sites: self.sites.lock().unwrap_or_else(PoisonError::into_inner).clone(),
         }
     }
 }

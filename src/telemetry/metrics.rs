@@ -130,8 +130,8 @@ pub struct GatewayBytesLabels {
 pub struct GatewayFailureLabels {
     /// The proxy (`namespace/name`), or `other` past [`MAX_PROXY_LABELS`].
     pub proxy: String,
-    /// `proxy` (the proxy itself failed) or `destination` (the proxy's own
-    /// answer about the site, blamed once another proxy served it).
+    /// Whom the judge blamed: `proxy` (the proxy itself failed) or `site`
+    /// (the site failed through this proxy).
     pub scope: &'static str,
     /// `upstream_failed` or `upstream_timeout`.
     pub reason: &'static str,
@@ -226,6 +226,9 @@ pub struct Metrics {
     pub listener_refusals: Family<ListenerRefusalLabels, Counter>,
     pub gateway_sessions: Gauge,
     pub gateway_session_moves: Counter,
+    pub gateway_first_try_served: Counter,
+    pub gateway_sites_learnt: Gauge,
+    pub gateway_avoided_pairs: Gauge,
     pub kube_api_requests: Family<KubeApiLabels, Counter>,
     pub kube_api_wait: Family<KubeWaitLabel, Counter<f64, AtomicU64>>,
 }
@@ -282,6 +285,9 @@ impl Metrics {
             listener_refusals: Family::default(),
             gateway_sessions: Gauge::default(),
             gateway_session_moves: Counter::default(),
+            gateway_first_try_served: Counter::default(),
+            gateway_sites_learnt: Gauge::default(),
+            gateway_avoided_pairs: Gauge::default(),
             kube_api_requests: Family::default(),
             kube_api_wait: Family::default(),
             registry: Registry::default(),
@@ -506,6 +512,21 @@ impl Metrics {
             "gateway_session_moves",
             "Sticky gateway sessions that moved to another proxy (theirs was no longer leasable)",
             m.gateway_session_moves.clone(),
+        );
+        registry.register(
+            "gateway_first_try_served",
+            "Gateway requests and tunnels served by the first proxy tried",
+            m.gateway_first_try_served.clone(),
+        );
+        registry.register(
+            "gateway_sites_learnt",
+            "Sites the gateway's learning remembers",
+            m.gateway_sites_learnt.clone(),
+        );
+        registry.register(
+            "gateway_avoided_pairs",
+            "(site, proxy) pairs the gateway passes over now: the proxy fails for the site",
+            m.gateway_avoided_pairs.clone(),
         );
         registry.register(
             "kube_api_requests",

@@ -6,6 +6,8 @@
 //! the body is sent.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -23,6 +25,26 @@ pub struct ProxyBody {
     /// Dropped with the body: the gateway's lease and access record, ended
     /// once the response is sent (or the client went away).
     _held: Option<Box<dyn Send + Sync>>,
+    /// What became of `rest`, for whoever sends this body on.
+    watch: Option<Arc<BodyWatch>>,
+}
+
+/// How a streamed body went: whether it ended, or failed (a client's
+/// malformed chunk or abort shows here, not as the upstream's error).
+#[derive(Debug, Default)]
+pub struct BodyWatch {
+    ended: AtomicBool,
+    failed: AtomicBool,
+}
+
+impl BodyWatch {
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
 }
 
 impl ProxyBody {
@@ -42,7 +64,17 @@ impl ProxyBody {
             rest,
             _request: request,
             _held: None,
+            watch: None,
         }
+    }
+
+    /// The body, noting in `watch` how its streamed part goes.
+    pub fn watched(mut self, watch: Arc<BodyWatch>) -> Self {
+        if self.rest.is_none() {
+            watch.ended.store(true, Ordering::Relaxed);
+        }
+        self.watch = Some(watch);
+        self
     }
 
     /// The body, keeping `held` alive until it is dropped.
@@ -58,6 +90,7 @@ impl ProxyBody {
             rest: None,
             _request: request,
             _held: None,
+            watch: None,
         }
     }
 }
@@ -73,10 +106,22 @@ impl Body for ProxyBody {
         if let Some(bytes) = self.read_ahead.take() {
             return Poll::Ready(Some(Ok(Frame::data(bytes))));
         }
-        match self.rest.as_mut() {
+        let polled = match self.rest.as_mut() {
             Some(body) => Pin::new(body).poll_frame(cx),
             None => Poll::Ready(None),
+        };
+        if let Some(watch) = &self.watch {
+            match &polled {
+                Poll::Ready(None) => watch.ended.store(true, Ordering::Relaxed),
+                Poll::Ready(Some(Err(_))) => watch.failed.store(true, Ordering::Relaxed),
+                // Whoever sends it may stop polling once it says it ended.
+                Poll::Ready(Some(Ok(_))) if self.rest.as_ref().is_none_or(Body::is_end_stream) => {
+                    watch.ended.store(true, Ordering::Relaxed);
+                }
+                _ => {}
+            }
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

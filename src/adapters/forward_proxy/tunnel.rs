@@ -41,9 +41,10 @@ impl Proxy {
             hyper::upgrade::on(request),
             upstream,
             in_flight,
-            self.idle_timeout,
-            None,
-            None,
+            Splice {
+                idle_timeout: self.idle_timeout,
+                ..Splice::default()
+            },
         );
         established()
     }
@@ -82,20 +83,38 @@ impl TunnelUpstream for TcpStream {
 /// The client connection's type under hyper, as every proxy listener builds it.
 type ClientIo = TokioIo<FramingGuard<Tracked<TcpStream>>>;
 
+/// How a tunnel is relayed, beyond its two ends.
+#[derive(Default)]
+pub struct Splice {
+    /// Nothing moved for this long: the tunnel is closed.
+    pub idle_timeout: Duration,
+    /// Once one side has closed, the other gets at most this long (none:
+    /// until it closes too, or the idle timeout).
+    pub linger: Option<Duration>,
+    /// Dropped when the tunnel ends (a gateway's lease and access record).
+    pub held: Option<Box<dyn Send + Sync>>,
+    pub tally: Option<Tally>,
+}
+
 /// Relays bytes between the client's connection (once hyper hands it over
-/// after the `200`) and `upstream` until either side closes or nothing
-/// moves for `idle_timeout`; `held` (a gateway's lease) is dropped then.
-/// Both ends' sockets are relayed by the kernel (`zero_copy`); `tally`
-/// counts the bytes there (a connection without a socket counts its own).
+/// after the `200`) and `upstream` until either side closes (and the other
+/// within `linger`) or nothing moves for the idle timeout; `held` is
+/// dropped then. Both ends' sockets are relayed by the kernel
+/// (`zero_copy`); `tally` counts the bytes there (a connection without a
+/// socket counts its own).
 pub fn splice<U: TunnelUpstream>(
     upgrade: hyper::upgrade::OnUpgrade,
     upstream: U,
     in_flight: InFlight,
-    idle_timeout: Duration,
-    held: Option<Box<dyn Send + Sync>>,
-    tally: Option<Tally>,
+    how: Splice,
 ) {
     tokio::spawn(async move {
+        let Splice {
+            idle_timeout,
+            linger,
+            held,
+            tally,
+        } = how;
         let _held = held;
         in_flight.relaying();
         let client = match upgrade.await {
@@ -103,7 +122,7 @@ pub fn splice<U: TunnelUpstream>(
             Err(e) => return tracing::debug!(error = %e, "CONNECT's connection not handed over"),
         };
         let slot = in_flight.slot().clone();
-        let relayed = relay_ends(client, upstream, &slot, tally);
+        let relayed = relay_ends(client, upstream, &slot, tally, linger);
         tokio::select! {
             relayed = relayed => {
                 if let Err(e) = relayed {
@@ -122,6 +141,7 @@ async fn relay_ends<U: TunnelUpstream>(
     upstream: U,
     slot: &Arc<Slot>,
     tally: Option<Tally>,
+    linger: Option<Duration>,
 ) -> std::io::Result<()> {
     let upstream = match upstream.into_end() {
         Ok(end) => end,
@@ -153,7 +173,9 @@ async fn relay_ends<U: TunnelUpstream>(
                     tally(way, n);
                 }
             };
-            zero_copy::relay(client, upstream, &moved).await.map(drop)
+            zero_copy::relay_lingering(client, upstream, &moved, linger)
+                .await
+                .map(drop)
         }
         Err(client) => {
             // Not a listener's own connection: copied through user space.

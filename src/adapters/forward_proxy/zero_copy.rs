@@ -48,9 +48,36 @@ pub struct End {
 /// count written on; returns the bytes moved `(a to b, b to a)`. The first
 /// error ends both directions.
 pub async fn relay(a: End, b: End, moved: &(dyn Fn(Way, usize) + Sync)) -> io::Result<(u64, u64)> {
+    relay_lingering(a, b, moved, None).await
+}
+
+/// As [`relay`], but once either direction has ended the other gets at
+/// most `linger` more (none: until it ends too). A side that closed is
+/// done with the tunnel; a peer that keeps its own side open must not
+/// hold it (and what it holds, a lease) until the idle timeout.
+pub async fn relay_lingering(
+    a: End,
+    b: End,
+    moved: &(dyn Fn(Way, usize) + Sync),
+    linger: Option<std::time::Duration>,
+) -> io::Result<(u64, u64)> {
     let forward = one_way(&a.socket, a.early, &b.socket, |n| moved(Way::Forward, n));
     let back = one_way(&b.socket, b.early, &a.socket, |n| moved(Way::Back, n));
-    tokio::try_join!(forward, back)
+    let Some(linger) = linger else {
+        return tokio::try_join!(forward, back);
+    };
+    tokio::pin!(forward, back);
+    let rest = |r: Result<io::Result<u64>, tokio::time::error::Elapsed>| r.unwrap_or(Ok(0));
+    tokio::select! {
+        ended = &mut forward => {
+            let forward = ended?;
+            Ok((forward, rest(tokio::time::timeout(linger, &mut back).await)?))
+        }
+        ended = &mut back => {
+            let back = ended?;
+            Ok((rest(tokio::time::timeout(linger, &mut forward).await)?, back))
+        }
+    }
 }
 
 async fn one_way(from: &TcpStream, early: Bytes, to: &TcpStream, moved: impl Fn(usize)) -> io::Result<u64> {

@@ -3,16 +3,18 @@
 //! lease for its host from the same lease book as the API (so API leases
 //! and gateway traffic never overbook a proxy), goes on through the leased
 //! proxy with that proxy's credentials (crawlers never see them), and
-//! gives the lease back when it ends. This module holds the pure
-//! decisions: who is admitted, what a request's lease target is, how each
-//! failure is answered; `serve` holds the listener. The lease store
-//! itself is reached through [`Leases`] (the actors implement it).
+//! gives the lease back when it ends. [`phases`] is the request pipeline
+//! (admit, choose, forward, judge, log); the other modules hold what the
+//! phases use: the block rules, sticky sessions, the site learning, the
+//! upstream connections. The lease store itself is reached through
+//! [`Leases`] (the actors implement it).
 
-mod access;
 mod blocks;
+mod challenge;
 mod identify;
-mod serve;
+mod phases;
 mod sessions;
+mod site_learning;
 mod upstream;
 mod upstream_identity;
 pub mod username;
@@ -27,12 +29,34 @@ use crate::forward_proxy::request::TargetError;
 use crate::lease::Outcome;
 use crate::resource::ObjectKey;
 
-pub use access::{Exchange, ExchangeOutcome, exchange_span};
 pub use blocks::{BlockRules, HeadVerdict};
+pub use challenge::challenge_realm;
 pub use identify::{Identified, identify};
-pub use serve::{FDS_PER_CONNECTION, Options, serve};
+pub use phases::judge;
+pub use phases::log::{Exchange, ExchangeOutcome, exchange_span};
+pub use phases::serve;
 pub use sessions::{SessionKey, Sessions};
+pub use site_learning::{PairView, SiteView};
 pub use username::{Parameters, UsernameError};
+
+/// Descriptors one client connection may need: its own and its upstream's.
+pub const FDS_PER_CONNECTION: u64 = 2;
+
+/// What the gateway enforces and where it leases.
+pub struct Options {
+    pub settings: crate::config::GatewaySettings,
+    pub destinations: std::sync::Arc<crate::destinations::DestinationPolicy>,
+    /// The crawler identities, whose tokens are presented as the proxy
+    /// password; open (none): no auth (the caller binds loopback only, see
+    /// [`check_exposure`]).
+    pub identities: crate::identity::SharedIdentities,
+    pub leases: std::sync::Arc<dyn Leases>,
+}
+
+fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The guarded state stays consistent across a panic elsewhere.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Response header naming why the gateway answered a request itself.
 pub const REASON_HEADER: &str = "egress-gateway-error";
@@ -63,6 +87,9 @@ pub struct Ask {
     /// A sticky session's digest: without an eligible `prefer`, the proxy
     /// ranking highest for the session (`lease::rendezvous`).
     pub session: Option<u64>,
+    /// Proxies not to grant: tried already for this request, or passed
+    /// over for the target by the site learning.
+    pub avoid: Vec<ObjectKey>,
 }
 
 /// A proxy the gateway leased for one try of a request or tunnel.
@@ -74,6 +101,9 @@ pub struct Upstream {
     pub credentials: Option<ProxyCredentials>,
     /// How long the lease lasts unless renewed.
     pub ttl: std::time::Duration,
+    /// The realm the proxy's own `407` names, when known: how its refusal
+    /// of its credentials is told from a site's `407`.
+    pub realm: Option<String>,
 }
 
 /// The lease store, in process. Each call is done when it returns, so
@@ -82,8 +112,9 @@ pub struct Upstream {
 pub trait Leases: Send + Sync + 'static {
     /// A lease on the best proxy for the ask, or why not.
     fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError>;
-    /// Gives a lease back.
-    fn release(&self, lease_id: String);
+    /// Gives a lease back; its proxy rests for the target for `rest`
+    /// (none: the lease cooldown, as an API lease's).
+    fn release(&self, lease_id: String, rest: Option<std::time::Duration>);
     /// Reports how the proxy did, like a crawler's report.
     fn report(&self, lease_id: String, outcome: Outcome, detail: String);
     /// Extends a lease by its TTL.
@@ -118,6 +149,12 @@ pub enum GatewayError {
     Upstream { proxy: String, why: String },
     #[error("no response from upstream proxy {proxy} within the idle timeout")]
     TimedOut { proxy: String },
+    #[error("upstream proxy {proxy} rejected the request itself ({status})")]
+    RequestRejected { proxy: String, status: u16 },
+    #[error("the request body failed: {0}")]
+    ClientBody(String),
+    #[error("the client stopped sending its request body")]
+    ClientTimeout,
     /// At start: the gateway would be an open proxy on a reachable address.
     #[error(
         "the gateway would serve {0} without authentication: set DISCOVERY_TOKEN (crawlers present it as the proxy password) or bind the gateway (gatewayBindAddress, --gateway-bind-address) to a loopback address"
@@ -143,6 +180,12 @@ impl GatewayError {
             | Self::OpenOnReachableAddress(_)
             | Self::Listener(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::RequestRejected { status, .. } => StatusCode::from_u16(*status)
+                .ok()
+                .filter(StatusCode::is_client_error)
+                .unwrap_or(StatusCode::BAD_REQUEST),
+            Self::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -160,6 +203,9 @@ impl GatewayError {
             Self::LeaseStore(_) | Self::OpenOnReachableAddress(_) | Self::Listener(_) => "unavailable",
             Self::Upstream { .. } => "upstream_failed",
             Self::TimedOut { .. } => "upstream_timeout",
+            Self::RequestRejected { .. } => "request_rejected",
+            Self::ClientBody(_) => "bad_request_body",
+            Self::ClientTimeout => "client_timeout",
         }
     }
 

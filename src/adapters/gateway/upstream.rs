@@ -14,7 +14,7 @@ use hyper::client::conn::http1 as client;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::access::{Counted, Meter};
+use super::phases::log::{Counted, Meter};
 use super::{GatewayError, Upstream};
 use crate::forward_proxy::body::ProxyBody;
 use crate::forward_proxy::tunnel::TunnelUpstream;
@@ -240,10 +240,11 @@ mod tests {
             url: format!("http://{addr}"),
             credentials: None,
             ttl: Duration::from_secs(60),
+            realm: None,
         };
         let pool = Arc::new(UpstreamPool::default());
         let transferred = Arc::default();
-        let mut first = open(&upstream, super::super::access::meter(&transferred))
+        let mut first = open(&upstream, super::super::phases::log::meter(&transferred))
             .await
             .unwrap();
         assert_eq!(get(&mut first).await, 200);

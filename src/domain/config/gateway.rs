@@ -54,6 +54,41 @@ pub struct GatewaySettings {
     /// What connections may hold before they authenticate (the
     /// `unauthenticated:` block: `headBudget`, `connectionsPerSource`).
     pub unauthenticated: UnauthenticatedLimits,
+    /// After a plain request (not a sticky session's), its proxy rests
+    /// this long for the request's site: the gateway's own pacing, in
+    /// place of the lease cooldown meant for long leases.
+    pub pacing: Duration,
+    /// What the gateway learns per site (the `learning:` block).
+    pub learning: SiteLearningSettings,
+}
+
+/// How the gateway learns which proxies work for which site
+/// (docs/gateway.md, "Learning per site").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SiteLearningSettings {
+    /// Off: every proxy is as good as another for every site.
+    pub enabled: bool,
+    /// Outcomes count half as much after this long.
+    pub half_life: Duration,
+    /// A proxy is passed over for a site when its success rate there is
+    /// below this fraction of the site's best proxy's.
+    pub avoid_below: f64,
+    /// Outcomes a (site, proxy) pair needs before it can be passed over.
+    pub min_observations: f64,
+    /// A passed-over pair gets one trial request this often.
+    pub recheck: Duration,
+}
+
+impl Default for SiteLearningSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            half_life: Duration::from_secs(600),
+            avoid_below: 0.5,
+            min_observations: 2.0,
+            recheck: Duration::from_secs(30),
+        }
+    }
 }
 
 /// One block rule: a response whose status is one of `status` (and, when
@@ -91,6 +126,8 @@ impl Default for GatewaySettings {
             burst_per_client: 0.0,
             trace_exchanges: false,
             unauthenticated: UnauthenticatedLimits::default(),
+            pacing: Duration::from_millis(50),
+            learning: SiteLearningSettings::default(),
         }
     }
 }
@@ -115,6 +152,18 @@ pub(crate) struct RawGatewaySettings {
     rate_limit: Option<RawRateLimit>,
     trace_exchanges: Option<bool>,
     unauthenticated: Option<RawUnauthenticated>,
+    pacing: Option<String>,
+    learning: Option<RawLearning>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawLearning {
+    enabled: Option<bool>,
+    half_life: Option<String>,
+    avoid_below: Option<f64>,
+    min_observations: Option<f64>,
+    recheck: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -280,6 +329,11 @@ impl GatewaySettings {
                 unauthenticated.connections_per_source = n;
             }
         }
+        let pacing = duration("pacing", raw.pacing, defaults.pacing)?;
+        if pacing > Duration::from_secs(3600) {
+            return Err(invalid("pacing", "at most 1h"));
+        }
+        let learning = learning(raw.learning, defaults.learning, &duration)?;
         Ok(Self {
             destinations: raw.destinations,
             client_networks,
@@ -296,8 +350,44 @@ impl GatewaySettings {
             burst_per_client,
             trace_exchanges: raw.trace_exchanges.unwrap_or(defaults.trace_exchanges),
             unauthenticated,
+            pacing,
+            learning,
         })
     }
+}
+
+/// The `learning:` block, checked.
+fn learning(
+    raw: Option<RawLearning>,
+    defaults: SiteLearningSettings,
+    duration: &dyn Fn(&str, Option<String>, Duration) -> Result<Duration, GatewaySettingsError>,
+) -> Result<SiteLearningSettings, GatewaySettingsError> {
+    let Some(raw) = raw else {
+        return Ok(defaults);
+    };
+    let half_life = duration("learning.halfLife", raw.half_life, defaults.half_life)?;
+    if half_life.is_zero() {
+        return Err(invalid("learning.halfLife", "must be greater than zero"));
+    }
+    let avoid_below = raw.avoid_below.unwrap_or(defaults.avoid_below);
+    if !(0.0..=1.0).contains(&avoid_below) {
+        return Err(invalid("learning.avoidBelow", "a fraction from 0 to 1"));
+    }
+    let min_observations = raw.min_observations.unwrap_or(defaults.min_observations);
+    if !min_observations.is_finite() || min_observations < 1.0 {
+        return Err(invalid("learning.minObservations", "must be at least 1"));
+    }
+    let recheck = duration("learning.recheck", raw.recheck, defaults.recheck)?;
+    if recheck.is_zero() {
+        return Err(invalid("learning.recheck", "must be greater than zero"));
+    }
+    Ok(SiteLearningSettings {
+        enabled: raw.enabled.unwrap_or(defaults.enabled),
+        half_life,
+        avoid_below,
+        min_observations,
+        recheck,
+    })
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use gateway::{BODY_SCAN_LIMIT, BlockRule, GatewaySettings, GatewaySettingsError};
+pub use gateway::{BODY_SCAN_LIMIT, BlockRule, GatewaySettings, GatewaySettingsError, SiteLearningSettings};
 pub use gcp::GcpConfig;
 pub use kubernetes::{DEFAULT_SQUID_IMAGE, KubernetesConfig};
 pub use kvm::{

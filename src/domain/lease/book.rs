@@ -291,7 +291,7 @@ impl LeaseBook {
             .map(|(k, _)| k.clone())
             .collect();
         for lease in leases {
-            self.end(&lease, now, false);
+            self.end(&lease, now, None);
         }
         self.ids.remove(key);
         self.note(LeaseChange::ProxyRemoved(key.clone()));
@@ -423,6 +423,12 @@ impl LeaseBook {
     /// than the index, that list is walked instead.
     fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
+        let avoided: HashSet<ProxyId> = req
+            .avoid
+            .iter()
+            .filter_map(|key| self.ids.get(key).copied())
+            .collect();
+        let passed_over = |id: ProxyId| avoided.contains(&id);
         if req.prefer.is_some() || req.session.is_some() {
             // A sticky session's proxy: its rest after the session's own
             // last request does not count (that rest spreads a target over
@@ -431,6 +437,7 @@ impl LeaseBook {
             let blocked = target_digest(&req.target);
             let eligible = |id: ProxyId, entry: &Entry| {
                 entry.indexed.is_some()
+                    && !passed_over(id)
                     && !entry.blocked_targets.contains(&blocked)
                     && self.matches(id, &req.selector)
             };
@@ -477,6 +484,7 @@ impl LeaseBook {
             return postings
                 .iter()
                 .copied()
+                .filter(|id| !passed_over(*id))
                 .filter(|id| self.proxies[id].indexed.is_some() && self.matches(*id, &req.selector))
                 .filter(|id| !target.is_some_and(|t| t.resting(*id, now)))
                 .min_by_key(|id| rank(*id));
@@ -487,7 +495,7 @@ impl LeaseBook {
             return self
                 .available
                 .iter()
-                .find(|key| self.matches(key.2, &req.selector))
+                .find(|key| !passed_over(key.2) && self.matches(key.2, &req.selector))
                 .map(|key| key.2);
         };
         let floor = self.available.first()?.0;
@@ -496,7 +504,7 @@ impl LeaseBook {
             let Some((active, latency)) = self.proxies.get(&id).and_then(|e| e.indexed) else {
                 return false;
             };
-            if !self.matches(id, &req.selector) {
+            if passed_over(id) || !self.matches(id, &req.selector) {
                 return false;
             }
             let candidate = (active, Some(last), latency, id);
@@ -529,7 +537,7 @@ impl LeaseBook {
         let (mut found, mut stopped, mut passed) = (None, INDEX_END, 0);
         // A noted return sorts before the starting point: no walk needed.
         let returned = if hot {
-            target.returned.first().copied()
+            target.returned.first().copied().filter(|key| !passed_over(key.2))
         } else {
             None
         };
@@ -544,7 +552,7 @@ impl LeaseBook {
                 stopped = key; // a used proxy at a lower level wins
                 break;
             }
-            if target.touched(key.2) || !self.matches(key.2, &req.selector) {
+            if target.touched(key.2) || passed_over(key.2) || !self.matches(key.2, &req.selector) {
                 passed += 1;
                 continue;
             }
@@ -554,7 +562,11 @@ impl LeaseBook {
         self.last_walk = walk;
         if returned.is_some() {
             found = returned;
-        } else if hot && (passed >= HOT_WALK || self.hot_targets.contains(&req.target)) {
+        } else if hot
+            // A walk that passed over proxies for this request alone moves no starting point.
+            && avoided.is_empty()
+            && (passed >= HOT_WALK || self.hot_targets.contains(&req.target))
+        {
             self.mark_hot(&req.target, found.unwrap_or(stopped));
         }
         match (found, used) {
@@ -600,17 +612,23 @@ impl LeaseBook {
 
     /// Ends a lease (idempotent) and rests its proxy for the target.
     pub fn release(&mut self, id: &str, now: Instant) -> bool {
-        self.end(id, now, true)
+        self.end(id, now, Some(self.settings.cooldown))
+    }
+
+    /// Ends a lease (idempotent) and rests its proxy for the target for
+    /// `rest` instead of the cooldown: the gateway's pacing of one request.
+    pub fn release_with_rest(&mut self, id: &str, rest: Duration, now: Instant) -> bool {
+        self.end(id, now, Some(rest))
     }
 
     /// Takes back a grant its client never saw: no rest, no report grace.
     pub fn cancel(&mut self, id: &str, now: Instant) {
-        if self.end(id, now, false) {
+        if self.end(id, now, None) {
             self.ended.remove(id);
         }
     }
 
-    fn end(&mut self, id: &str, now: Instant, cooldown: bool) -> bool {
+    fn end(&mut self, id: &str, now: Instant, rest: Option<Duration>) -> bool {
         let Some(lease) = self.leases.remove(id) else {
             return false;
         };
@@ -646,8 +664,8 @@ impl LeaseBook {
         if let Some(target) = self.targets.get_mut(&lease.target) {
             target.unheld(lease.proxy);
         }
-        if cooldown {
-            self.rest_for_target(&lease.target, lease.proxy, now + self.settings.cooldown, now);
+        if let Some(rest) = rest {
+            self.rest_for_target(&lease.target, lease.proxy, now + rest, now);
         }
         if let Some(entry) = self.proxies.get_mut(&lease.proxy) {
             entry.active = entry.active.saturating_sub(1);
@@ -804,7 +822,7 @@ impl LeaseBook {
             if at > now {
                 break;
             }
-            self.end(&id, now, true);
+            self.end(&id, now, Some(self.settings.cooldown));
             expired += 1;
         }
         while let Some((until, id)) = self.ended_order.front().cloned() {

@@ -121,6 +121,9 @@ pub struct AcquireRequest {
     /// for the session rather than the least busy one, so that a session
     /// lands where it did in any process that sees the same fleet.
     pub session: Option<u64>,
+    /// Proxies not to grant for this request (the gateway's: tried already,
+    /// or learnt to fail for the target).
+    pub avoid: Vec<ObjectKey>,
 }
 
 /// A granted lease.
