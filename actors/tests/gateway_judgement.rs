@@ -9,6 +9,9 @@
 //! - 100 requests whose bodies are malformed or cut off are the clients'
 //!   fault: each gets a `400`, no proxy is rested, and the next request is
 //!   served;
+//! - 100 requests in a row to one site with the quickstart's lease
+//!   settings are all served, spread over the four proxies, and none is
+//!   counted denied;
 //! - a tunnel's lease is back within about a second of its client closing
 //!   (fully, or only its sending side) while the site keeps its side open;
 //! - learning: with one of four proxies refused by one site (`403` by
@@ -34,7 +37,7 @@ const TOKEN: &str = "gw-judgement-t0ken-77c1";
 struct Fleet {
     operator: OperatorProcess,
     gateway: SocketAddr,
-    _dir: OperatorDir,
+    dir: OperatorDir,
 }
 
 impl Fleet {
@@ -70,11 +73,19 @@ impl Fleet {
             .start()
             .await;
         operator.wait_ready(count).await;
-        Self {
-            operator,
-            gateway,
-            _dir: dir,
-        }
+        Self { operator, gateway, dir }
+    }
+
+    /// `egress-proxies-operator get sites -o <output>` against this operator.
+    fn get_sites(&self, output: &str) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxies-operator"))
+            .args(["get", "sites", "-o", output, "--config"])
+            .arg(self.dir.path().join("operator.yaml"))
+            .env("EGRESS_PROXIES_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
     }
 
     /// The proxies as the lease book sees them (the dashboard's rows).
@@ -93,6 +104,20 @@ impl Fleet {
             .as_array()
             .unwrap()
             .clone()
+    }
+
+    /// The dashboard's lease counters (`granted`, `denied`...).
+    async fn leases(&self) -> Value {
+        let auth = format!("Bearer {TOKEN}");
+        let (_, text) = support::http::request(
+            self.operator.discovery(),
+            "GET",
+            "/v1/dashboard",
+            &[("Authorization", &auth)],
+            None,
+        )
+        .await;
+        serde_json::from_str::<Value>(&text).unwrap()["leases"].clone()
     }
 
     /// `error` reports on the proxies' leases, in all.
@@ -200,6 +225,26 @@ async fn a_site_answering_407_or_proxy_status_500_takes_no_proxy_out_of_service(
     )
     .await;
     assert_eq!(status, 201, "the lease API still leases: {text}");
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn a_hundred_requests_in_a_row_to_one_site_are_all_served_spread_over_the_proxies() {
+    // The quickstart's lease settings: one lease per proxy, a 30 s cooldown.
+    let fleet = Fleet::start(4, "127.0.22.0/29", "capacityWait: 5s").await;
+    let (site, sources) = site("127.0.23.1", |_, _| OK).await;
+    let started = Instant::now();
+    for i in 0..100 {
+        let (status, text) = get(fleet.gateway, site, "/").await;
+        assert_eq!(status, 200, "request {i}: {text}");
+    }
+    let took = started.elapsed();
+    let sources = sources.lock().unwrap().clone();
+    assert_eq!(sources.len(), 4, "spread over the four proxies: {sources:?}");
+    assert!(sources.values().all(|n| *n >= 10), "{sources:?}");
+    assert!(took < Duration::from_secs(30), "100 requests took {took:?}");
+    let leases = fleet.leases().await;
+    assert_eq!(leases["denied"], 0, "no request was refused, none counted: {leases}");
     fleet.operator.stop().await;
 }
 
@@ -318,5 +363,19 @@ async fn a_proxy_one_site_refuses_is_learnt_for_that_site_only() {
     }
     let sources = other_sources.lock().unwrap().clone();
     assert_eq!(sources.len(), 4, "the other site still uses every proxy: {sources:?}");
+
+    // What was learnt is published about once a second: `get sites` shows it.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    get(fleet.gateway, other, "/").await;
+    let sites: Vec<Value> = serde_json::from_str(&fleet.get_sites("json")).unwrap();
+    let avoided = |site: SocketAddr| {
+        let site = sites.iter().find(|s| s["site"] == site.ip().to_string()).unwrap();
+        site["proxies"].as_array().unwrap().iter().filter(|p| p["avoided"] == true).count()
+    };
+    assert_eq!(avoided(refusing), 1, "{sites:?}");
+    assert_eq!(avoided(other), 0, "{sites:?}");
+    let table = fleet.get_sites("table");
+    assert!(table.starts_with("SITE "), "{table}");
+    assert!(table.contains("127.0.21.1"), "{table}");
     fleet.operator.stop().await;
 }
