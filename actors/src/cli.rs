@@ -45,12 +45,12 @@ pub enum Command {
         #[arg(long, env = "STANDALONE_CONFIG")]
         config: PathBuf,
     },
-    /// Show stored objects as a table (standalone mode).
+    /// Show stored objects, or what the running gateway learnt per site, as a table (standalone mode).
     Get {
         /// What to list.
         #[arg(value_enum)]
         resource: Resource,
-        /// The standalone configuration whose state to read.
+        /// The standalone configuration whose state to read (for sites: where its discovery API listens).
         #[arg(long, env = "STANDALONE_CONFIG")]
         config: PathBuf,
         /// `wide` adds each proxy's status message; `yaml` and `json` print whole objects.
@@ -176,6 +176,10 @@ pub enum Resource {
     Proxies,
     #[value(alias = "pool", alias = "proxypools", alias = "pp")]
     Pools,
+    /// What the running operator's gateway learnt per site (asked of its
+    /// discovery API with EGRESS_PROXIES_TOKEN or DISCOVERY_TOKEN).
+    #[value(alias = "site")]
+    Sites,
 }
 
 /// How `get` prints.

@@ -34,6 +34,11 @@ fn main() -> ExitCode {
             config,
             output,
         }) => get_pools(&config, output),
+        Some(Command::Get {
+            resource: cli::Resource::Sites,
+            config,
+            output,
+        }) => get_sites(&config, output),
         Some(Command::Standalone { config }) => run_standalone(&cli.logging, &config),
         Some(Command::ForwardProxy {
             listen,
@@ -162,6 +167,28 @@ fn get_pools(config: &Path, output: cli::Output) -> ExitCode {
         cli::Output::Table | cli::Output::Wide => Ok(pool_table(&pools, jiff::Timestamp::now())),
         cli::Output::Yaml => pool_list(&pools, ListFormat::Yaml),
         cli::Output::Json => pool_list(&pools, ListFormat::Json),
+    };
+    match text {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+fn get_sites(config: &Path, output: cli::Output) -> ExitCode {
+    let sites = match standalone::sites(config) {
+        Ok(sites) => sites,
+        Err(e) => return fail(e),
+    };
+    let text = match output {
+        cli::Output::Table | cli::Output::Wide if sites.is_empty() => Ok("No sites learnt yet.\n".to_owned()),
+        cli::Output::Table | cli::Output::Wide => Ok(egress_proxies::telemetry::gateway_stats::site_table(&sites)),
+        cli::Output::Yaml => serde_saphyr::to_string(&sites).map_err(|e| e.to_string()),
+        cli::Output::Json => serde_json::to_string_pretty(&sites)
+            .map(|json| json + "\n")
+            .map_err(|e| e.to_string()),
     };
     match text {
         Ok(text) => {

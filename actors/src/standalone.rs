@@ -196,6 +196,54 @@ pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::Prox
     embedded::read_snapshot(&config.state_dir).map_err(|e| e.to_string())
 }
 
+/// What the running operator's gateway learnt per site (the dashboard
+/// data's `gateway.sites`), asked of its discovery API with the crawler
+/// token from `EGRESS_PROXIES_TOKEN` or `DISCOVERY_TOKEN`.
+pub fn sites(config_path: &Path) -> Result<Vec<egress_proxies::telemetry::gateway_stats::SiteSummary>, String> {
+    let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
+    let egress_proxies::bind_address::BindAddress::Listen(mut addr) = config.discovery_bind_address else {
+        return Err("the discovery API is disabled (discoveryBindAddress: 0)".into());
+    };
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let token = ["EGRESS_PROXIES_TOKEN", "DISCOVERY_TOKEN"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|t| !t.is_empty()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let body = runtime.block_on(dashboard_data(addr, token.as_deref()))?;
+    let data: serde_json::Value = serde_json::from_slice(&body).map_err(|e| format!("GET /v1/dashboard: {e}"))?;
+    serde_json::from_value(data["gateway"]["sites"].clone()).map_err(|e| format!("GET /v1/dashboard: {e}"))
+}
+
+/// `GET /v1/dashboard` of the discovery API at `addr`.
+async fn dashboard_data(addr: std::net::SocketAddr, token: Option<&str>) -> Result<Vec<u8>, String> {
+    let unreachable = |e: &dyn std::fmt::Display| format!("the operator's discovery API at {addr}: {e}");
+    egress_proxies::tls::ensure_crypto_provider();
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .no_proxy()
+        .build()
+        .map_err(|e| unreachable(&e))?;
+    let mut request = client.get(format!("http://{addr}/v1/dashboard"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.map_err(|e| unreachable(&e))?;
+    let status = response.status();
+    let body = response.bytes().await.map_err(|e| unreachable(&e))?;
+    match status.as_u16() {
+        200 => Ok(body.to_vec()),
+        401 => Err(format!(
+            "GET /v1/dashboard at {addr}: 401; set EGRESS_PROXIES_TOKEN (or DISCOVERY_TOKEN) to the crawler token"
+        )),
+        other => Err(format!("GET /v1/dashboard at {addr}: {other} {}", String::from_utf8_lossy(&body))),
+    }
+}
+
 /// The stored pools, read without disturbing a running operator.
 pub fn pool_snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::ProxyPool>, String> {
     let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;

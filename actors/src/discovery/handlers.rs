@@ -139,9 +139,7 @@ pub async fn acquire(
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
         owner: Some(owner),
-        prefer: None,
-        session: None,
-        avoid: Vec::new(),
+        ..AcquireRequest::default()
     };
     let grant = store
         .send(Acquire(request))

@@ -99,7 +99,7 @@ pub fn pool_table(pools: &[ProxyPool], now: Timestamp) -> String {
 }
 
 /// Columns padded to their widest cell, three spaces apart, like kubectl.
-fn aligned(rows: Vec<Vec<String>>) -> String {
+pub fn aligned(rows: Vec<Vec<String>>) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();

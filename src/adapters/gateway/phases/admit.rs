@@ -13,13 +13,13 @@ use http::{Request, Uri};
 use hyper::body::Incoming;
 
 use super::forward::{Hop, Plain, Tunnel};
+use crate::adapters::gateway::sessions::SessionKey;
+use crate::adapters::gateway::{Ask, GatewayError, Identified, identify, lease_target};
 use crate::config::GatewaySettings;
 use crate::destinations::{CheckedConnectError, DestinationPolicy, IpNet, check_destination};
 use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::holds_a_large_buffer;
 use crate::forward_proxy::request::{Target, forwarded_headers, target_of};
-use crate::adapters::gateway::sessions::SessionKey;
-use crate::adapters::gateway::{Ask, GatewayError, Identified, identify, lease_target};
 use crate::guarded_listener::Slot;
 use crate::identity::SharedIdentities;
 use crate::lease::GATEWAY_CLIENT;
@@ -32,7 +32,7 @@ const MAX_LIMITED_CLIENTS: usize = 10_000;
 
 /// What an admitted request asks for, whatever proxy serves it.
 pub(in crate::adapters::gateway) struct Admitted {
-    /// The identity (for the access line).
+    /// The client's identity (for the access line).
     pub client: Option<String>,
     /// What each try asks the lease store for (target and selector set).
     pub ask: Ask,
@@ -62,7 +62,11 @@ pub(super) struct Admission {
 }
 
 impl Admission {
-    pub fn new(settings: &GatewaySettings, destinations: Arc<DestinationPolicy>, identities: SharedIdentities) -> Self {
+    pub fn new(
+        settings: &GatewaySettings,
+        destinations: Arc<DestinationPolicy>,
+        identities: SharedIdentities,
+    ) -> Self {
         let limiter = (settings.rate_per_client > 0.0).then(|| {
             let limits = RateLimits {
                 per_client: settings.rate_per_client,
@@ -132,10 +136,16 @@ impl Admission {
         Ok((admitted, hop))
     }
 
-    /// Credentials (or a client network), the username's parameters and
-    /// the client's rate. Credentials that pass mark the connection
+    /// Who the request is (the identity its token proves, or `anonymous`
+    /// from a client network: [`identify`]), the username's parameters and
+    /// the identity's rate. Credentials that pass mark the connection
     /// authenticated (its `slot`).
-    fn identify(&self, request: &Request<Incoming>, peer: SocketAddr, slot: &Slot) -> Result<Admitted, GatewayError> {
+    fn identify(
+        &self,
+        request: &Request<Incoming>,
+        peer: SocketAddr,
+        slot: &Slot,
+    ) -> Result<Admitted, GatewayError> {
         let presented = request.headers().get(header::PROXY_AUTHORIZATION);
         let identified = identify(
             &self.identities.current(),
