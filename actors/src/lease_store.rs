@@ -424,14 +424,14 @@ impl InTurn {
                 }
             };
             let woke = tokio::select! {
-                granted = receive => Woke::Served(granted),
+                granted = receive => Woke::Served(Box::new(granted)),
                 () = tokio::time::sleep_until(wake.into()) => Woke::At(wake),
                 alive = changed => Woke::Changed(alive),
             };
             match woke {
                 Woke::Served(granted) => {
                     self.receive = None;
-                    return granted
+                    return (*granted)
                         .map_err(|_| AcquireError::Unavailable("the lease store restarted".into()));
                 }
                 Woke::Changed(alive) => {
@@ -479,7 +479,7 @@ impl InTurn {
 
 /// What ended a waiter's sleep.
 enum Woke {
-    Served(Result<Granted, tokio::sync::oneshot::error::RecvError>),
+    Served(Box<Result<Granted, tokio::sync::oneshot::error::RecvError>>),
     At(Instant),
     /// The next opening moved; false: it never will again.
     Changed(bool),
