@@ -5,7 +5,8 @@
 //! at the book; a crawler holding every proxy in idle tunnels loses its
 //! latest one to another identity waiting below its share, which is served
 //! within `capacityWait`; a crawler firing requests back to back does not
-//! starve a slower one of another identity.
+//! starve a slower one of another identity; through the lease API, an
+//! identity at its share leaves a freed proxy to one that asked for it.
 
 mod support;
 
@@ -345,5 +346,56 @@ async fn a_fast_crawler_does_not_starve_a_slower_one() {
     // comes at the next one.
     assert!(b_slowest < Duration::from_secs(1), "team B waited {b_slowest:?}");
     assert!(a_before_end >= 10, "team A served too: {a_before_end}");
+    bed.operator.stop().await;
+}
+
+/// The lease API keeps shares too: team A holds the whole fleet through
+/// the API; team B is refused, so it asks; a lease A gives back goes to B,
+/// not to A again (A is answered `503` naming its share), and B's lease
+/// is then granted. A's leases are never taken back.
+#[tokio::test]
+async fn an_api_crawler_at_its_share_leaves_a_freed_proxy_to_one_that_asked() {
+    let bed = bed("2s", true, "").await;
+    let operator = &bed.operator;
+    let as_team = async |token: &str, method: &str, path: &str, body: Option<&str>| {
+        let auth = format!("Bearer {token}");
+        let mut headers = vec![("Authorization", auth.as_str())];
+        if body.is_some() {
+            headers.push(("Content-Type", "application/json"));
+        }
+        let (status, text) = support::http::request(operator.discovery(), method, path, &headers, body).await;
+        (
+            status,
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+        )
+    };
+    let lease = Some(r#"{"target":"shared.example"}"#);
+    let mut a_leases = Vec::new();
+    operator
+        .eventually("team A holds the fleet", Duration::from_secs(30), async || {
+            match as_team(TEAM_A.1, "POST", "/v1/leases", lease).await {
+                (201, body) => a_leases.push(body["id"].as_str().unwrap().to_owned()),
+                (status, body) => return Err(format!("{status}: {body}")),
+            }
+            if a_leases.len() == 3 {
+                Ok(())
+            } else {
+                Err(format!("{} held", a_leases.len()))
+            }
+        })
+        .await;
+    let (status, body) = as_team(TEAM_B.1, "POST", "/v1/leases", lease).await;
+    assert_eq!(status, 503, "the fleet is full: {body}");
+
+    let released = a_leases.pop().unwrap();
+    let (status, _) = as_team(TEAM_A.1, "DELETE", &format!("/v1/leases/{released}"), None).await;
+    assert_eq!(status, 204);
+    let (status, body) = as_team(TEAM_A.1, "POST", "/v1/leases", lease).await;
+    assert_eq!(status, 503, "team A is at its share while B asks: {body}");
+    assert_eq!(body["error"], "no_capacity", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("fair share"), "{body}");
+    let (status, body) = as_team(TEAM_B.1, "POST", "/v1/leases", lease).await;
+    assert_eq!(status, 201, "the freed proxy is B's: {body}");
+    assert_eq!(active_leases(operator).await, 3, "A's two leases stay");
     bed.operator.stop().await;
 }
