@@ -102,7 +102,8 @@ mod tests {
         let wrong = basic("team-a:nope");
         let no_colon = basic("token-a");
         // (identities, header, peer, identity or None for 407)
-        let rows: [(&Identities, Option<&[u8]>, IpAddr, Option<&str>); 13] = [
+        type Row<'a> = (&'a Identities, Option<&'a [u8]>, IpAddr, Option<&'a str>);
+        let rows: [Row; 13] = [
             (&tokens, Some(&a), outside, Some("team-a")),
             (&tokens, Some(&b), outside, Some("team-b")),
             (&tokens, Some(&legacy), outside, Some("default")),
