@@ -52,6 +52,6 @@ pub mod tls;
 // `egress_proxies::providers::kvm`), wherever it sits.
 pub use adapters::{forward_proxy, gateway, guarded_listener, kube_client, leader, probe, providers, stores};
 pub use domain::{
-    config, credentials, destinations, gc, health, installation, lease, pool, provider, reconcile, resource,
-    store,
+    config, credentials, destinations, gc, health, identity, installation, lease, pool, provider, reconcile,
+    resource, store,
 };

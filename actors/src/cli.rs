@@ -264,8 +264,8 @@ pub struct RunArgs {
 
     /// The gateway's listener (docs/gateway.md): one forward-proxy endpoint
     /// that leases a proxy per request (`0` disables it). Crawlers present
-    /// the crawler token (`DISCOVERY_TOKEN`'s) as the proxy password;
-    /// without a token it serves on loopback only.
+    /// their crawler token as the proxy password; without any token it
+    /// serves on loopback only.
     #[arg(long, env = "GATEWAY_BIND_ADDRESS", default_value = "0")]
     pub gateway_bind_address: BindAddress,
 
@@ -273,6 +273,14 @@ pub struct RunArgs {
     /// docs/gateway.md); without it, the defaults.
     #[arg(long, env = "GATEWAY_CONFIG")]
     pub gateway_config: Option<PathBuf>,
+
+    /// Named crawler tokens (docs/security.md): a directory with one file
+    /// per crawler identity, the file name its name, the content its token
+    /// (a mounted Secret). Re-read every few seconds: a changed file takes
+    /// effect within 10 s. `DISCOVERY_TOKEN` keeps working as identity
+    /// `default`.
+    #[arg(long, env = "CRAWLER_TOKENS_DIR")]
+    pub crawler_tokens_dir: Option<PathBuf>,
 
     /// Serve the discovery API without `DISCOVERY_TOKEN` (anyone who reaches
     /// it may lease proxies). Without this flag the operator refuses to
@@ -317,6 +325,11 @@ pub struct RunArgs {
     /// Concurrent leases one proxy may carry (0 = unlimited).
     #[arg(long, env = "MAX_LEASES_PER_PROXY", default_value_t = 1)]
     pub max_leases_per_proxy: u32,
+
+    /// Weights of crawler identities' fair shares of a scarce fleet:
+    /// `team-a=2,team-b=3`; identities not named weigh 1.
+    #[arg(long, env = "FAIR_SHARE_WEIGHTS", value_parser = egress_proxies::lease::FairShare::parse)]
+    pub fair_share_weights: Option<egress_proxies::lease::FairShare>,
 
     /// Time between orphan-GC sweeps.
     #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]

@@ -4,16 +4,16 @@
 //! leases and gateway traffic share one book.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use egress_proxies::config::GatewaySettings;
 use egress_proxies::destinations::{DestinationPolicy, IpNet};
-use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream};
+use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream, Waiting};
 use egress_proxies::guarded_listener::ListenerSettings;
 use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;
-use crate::lease_store::LeaseDesk;
+use crate::lease_store::{Granted, LeaseDesk};
 
 /// Asked for every gateway lease; the book caps it at `maxLeaseTtl`. A
 /// tunnel's lease is renewed while it stays open, and every lease is
@@ -24,31 +24,46 @@ const LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// it returns (in the order made).
 struct StoreLeases(LeaseDesk);
 
+fn request(ask: Ask) -> AcquireRequest {
+    AcquireRequest {
+        target: ask.target,
+        selector: ask.selector,
+        ttl: Some(LEASE_TTL),
+        client: Some(ask.client),
+        owner: Some(ask.owner),
+        prefer: ask.prefer,
+        session: ask.session,
+        avoid: ask.avoid,
+    }
+}
+
+fn upstream(granted: Result<Granted, AcquireError>) -> Result<Upstream, GatewayError> {
+    granted
+        .map(|Granted { grant, revoked }| Upstream {
+            lease_id: grant.id,
+            proxy: grant.proxy,
+            url: grant.url,
+            credentials: grant.credentials,
+            ttl: grant.ttl,
+            realm: None,
+            revoked,
+        })
+        .map_err(|e| match e {
+            AcquireError::NoCapacity { target } | AcquireError::OverShare { target, .. } => {
+                GatewayError::NoProxy { target }
+            }
+            other => GatewayError::LeaseStore(other.to_string()),
+        })
+}
+
 impl Leases for StoreLeases {
     fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError> {
-        let request = AcquireRequest {
-            target: ask.target,
-            selector: ask.selector,
-            ttl: Some(LEASE_TTL),
-            client: Some(ask.client),
-            prefer: ask.prefer,
-            session: ask.session,
-            avoid: ask.avoid,
-        };
-        self.0
-            .acquire(&request)
-            .map(|grant| Upstream {
-                lease_id: grant.id,
-                proxy: grant.proxy,
-                url: grant.url,
-                credentials: grant.credentials,
-                ttl: grant.ttl,
-                realm: None,
-            })
-            .map_err(|e| match e {
-                AcquireError::NoCapacity { target } => GatewayError::NoProxy { target },
-                other => GatewayError::LeaseStore(other.to_string()),
-            })
+        upstream(self.0.acquire(&request(ask)))
+    }
+
+    fn acquire_within(&self, ask: Ask, until: Instant) -> Waiting {
+        let waiting = self.0.acquire_within(request(ask), until);
+        Box::pin(async move { upstream(waiting.await) })
     }
 
     fn release(&self, lease_id: String, rest: Option<Duration>) {
@@ -68,8 +83,8 @@ impl Leases for StoreLeases {
     }
 }
 
-/// Starts the gateway on `listener` (call inside the actix system): with a
-/// crawler token it demands it; without one it refuses any address but
+/// Starts the gateway on `listener` (call inside the actix system): with
+/// crawler tokens it demands one; without any it refuses any address but
 /// loopback. `cluster_networks` (`--cluster-networks`) join its default
 /// denies, as they do every proxy's.
 pub fn start(
@@ -80,21 +95,22 @@ pub fn start(
     cluster_networks: &[IpNet],
 ) -> Result<(), GatewayError> {
     let addr = listener.local_addr()?;
-    let token = tokens.crawler_token();
-    gateway::check_exposure(addr, token.is_some())?;
+    let identities = tokens.identities();
+    let open = identities.current().is_open();
+    gateway::check_exposure(addr, !open)?;
     listener.set_nonblocking(true)?;
-    if token.is_some() {
-        tracing::info!(%addr, "gateway listening; crawlers present DISCOVERY_TOKEN as the proxy password");
-    } else {
+    if open {
         tracing::info!(
             %addr,
-            "gateway listening WITHOUT authentication (DISCOVERY_TOKEN is not set), on loopback only"
+            "gateway listening WITHOUT authentication (no crawler token is set), on loopback only"
         );
+    } else {
+        tracing::info!(%addr, "gateway listening; crawlers present their crawler token as the proxy password");
     }
     let options = Options {
         destinations: Arc::new(DestinationPolicy::new(&settings.destinations, cluster_networks)),
         settings: settings.clone(),
-        token,
+        identities,
         leases: Arc::new(StoreLeases(desk)),
     };
     let settings =

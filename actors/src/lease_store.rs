@@ -4,20 +4,25 @@
 //! answer leaves: a grant the journal could not keep is taken back and
 //! answered 503, so no client holds a lease a restart would forget.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::leader::Tenure;
+use egress_proxies::lease::fair_share::Turn;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Durable, Footprint, Grant, JournalError, LeaseBook,
-    LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, Outcome, PoolFigures, ProxyView, RenewError,
-    UnknownLease, is_gateway_client,
+    AcquireError, AcquireRequest, Availability, Caller, Durable, FairShare, Footprint, Grant, JournalError,
+    LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, Outcome, PoolFigures,
+    ProxyView, RenewError, UnknownLease, is_gateway_client, owner_key,
 };
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::ProxyPoolStatus;
 use egress_proxies::telemetry::events::LeaseEvent;
 use egress_proxies::telemetry::metrics;
+
+pub use crate::lease_turns::Granted;
+use crate::lease_turns::Turns;
 
 /// A proxy's availability changed.
 #[derive(Message, Debug, Clone)]
@@ -33,26 +38,49 @@ pub struct RemoveProxy(pub ObjectKey);
 #[rtype(result = "Result<Grant, AcquireError>")]
 pub struct Acquire(pub AcquireRequest);
 
-/// Returns whether a lease was held.
+/// Ends a lease if `by` may (its owner): whether it was held.
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "bool")]
-pub struct Release(pub String);
+#[rtype(result = "Result<bool, NotOwner>")]
+pub struct Release {
+    pub id: String,
+    pub by: Caller,
+}
 
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Result<(), UnknownLease>")]
+#[rtype(result = "Result<(), ReportRefused>")]
 pub struct Report {
     pub id: String,
     pub outcome: Outcome,
     pub detail: Option<String>,
+    pub by: Caller,
 }
 
-/// Extends a held lease from now; returns the TTL applied.
+/// Why a report was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportRefused {
+    #[error(transparent)]
+    Unknown(#[from] UnknownLease),
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
+}
+
+/// Extends a held lease from now, if `by` may; returns the TTL applied.
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Result<Duration, RenewError>")]
+#[rtype(result = "Result<Duration, RenewRefused>")]
 pub struct Renew {
     pub id: String,
     /// None: the lease's TTL as granted.
     pub ttl: Option<Duration>,
+    pub by: Caller,
+}
+
+/// Why a lease was not renewed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenewRefused {
+    #[error(transparent)]
+    Renew(#[from] RenewError),
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
 }
 
 #[derive(Message, Debug, Clone, Copy)]
@@ -151,6 +179,8 @@ pub struct Ledger {
     unsaved: Vec<LeaseChange>,
     last_prune: Instant,
     tenure: Option<Tenure>,
+    /// Gateway requests waiting in turn, and fair shares' state.
+    turns: Turns,
 }
 
 type Shared = Arc<Mutex<Ledger>>;
@@ -181,7 +211,14 @@ impl LeaseStore {
             unsaved: Vec::new(),
             last_prune: Instant::now(),
             tenure: None,
+            turns: Turns::default(),
         })
+    }
+
+    /// Fair shares between crawler identities weighted so (default: equal).
+    pub fn with_fair_share(self, weights: FairShare) -> Self {
+        self.ledger().turns = Turns::new(weights);
+        self
     }
 
     fn holding(ledger: Ledger) -> Self {
@@ -270,36 +307,200 @@ pub struct LeaseDesk(Shared);
 
 impl LeaseDesk {
     /// A gateway lease (`request.client` names the gateway), or why not.
-    pub fn acquire(&self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
+    pub fn acquire(&self, request: &AcquireRequest) -> Result<Granted, AcquireError> {
         debug_assert!(request.client.as_deref().is_some_and(is_gateway_client));
-        locked(&self.0).acquire_unjournaled(request)
+        let mut ledger = locked(&self.0);
+        let result = ledger.acquire_unjournaled(request);
+        ledger.account(&result);
+        result.map(|grant| ledger.turns.granted_to_gateway(grant, request.owner.as_deref()))
     }
 
-    /// Gives a lease back; its proxy rests for the target for `rest`
-    /// (none: the cooldown).
+    /// A gateway lease as [`Self::acquire`], waiting in turn until `until`
+    /// when no proxy is free (or the identity is over its fair share):
+    /// freed proxies go to waiters in fair order. Dropping the future
+    /// leaves the queue, cancelling a lease granted meanwhile. A wait
+    /// that ends unserved counts as one denial.
+    pub fn acquire_within(
+        &self,
+        request: AcquireRequest,
+        until: Instant,
+    ) -> impl Future<Output = Result<Granted, AcquireError>> + Send + 'static {
+        let desk = self.clone();
+        async move {
+            let (seq, receive) = {
+                let mut ledger = locked(&desk.0);
+                let result = ledger.acquire_unjournaled(&request);
+                match result {
+                    Err(AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. })
+                        if Instant::now() < until =>
+                    {
+                        let (seq, receive) = ledger.turns.enqueue(request.clone());
+                        // A hog's lease may be taken back for it at once.
+                        ledger.serve_waiters();
+                        (seq, receive)
+                    }
+                    other => {
+                        ledger.account(&other);
+                        return other
+                            .map(|grant| ledger.turns.granted_to_gateway(grant, request.owner.as_deref()));
+                    }
+                }
+            };
+            let mut turn = InTurn {
+                desk: desk.clone(),
+                seq,
+                receive: Some(receive),
+            };
+            turn.wait(&request, until).await
+        }
+    }
+
+    /// Gives a lease back (the gateway's own only); its proxy rests for
+    /// the target for `rest` (none: the cooldown).
     pub fn release(&self, id: &str, rest: Option<Duration>) {
         let mut ledger = locked(&self.0);
+        if ledger
+            .book
+            .check_owner(id, &Caller::Gateway, Instant::now())
+            .is_err()
+        {
+            return;
+        }
         ledger.release(id, rest);
         let _ = ledger.persist();
     }
 
-    /// Reports how a lease's proxy did.
-    pub fn report(&self, id: &str, outcome: Outcome, detail: String) -> Result<(), UnknownLease> {
+    /// Reports how a lease's proxy did (the gateway's own leases only).
+    pub fn report(&self, id: &str, outcome: Outcome, detail: String) -> Result<(), ReportRefused> {
         let mut ledger = locked(&self.0);
-        let result = ledger.book.report(id, outcome, Some(detail), Instant::now());
+        let now = Instant::now();
+        ledger.book.check_owner(id, &Caller::Gateway, now)?;
+        let result = ledger.book.report(id, outcome, Some(detail), now);
         let _ = ledger.persist();
-        result
+        Ok(result?)
     }
 
-    /// Extends a lease by its TTL.
-    pub fn renew(&self, id: &str) -> Result<Duration, RenewError> {
+    /// Extends a lease by its TTL (the gateway's own leases only).
+    pub fn renew(&self, id: &str) -> Result<Duration, RenewRefused> {
         let mut ledger = locked(&self.0);
         if !ledger.leading() {
-            return Err(RenewError::NotLeader);
+            return Err(RenewError::NotLeader.into());
         }
-        let renewed = ledger.book.renew(id, None, Instant::now());
+        let now = Instant::now();
+        ledger.book.check_owner(id, &Caller::Gateway, now)?;
+        let renewed = ledger.book.renew(id, None, now).map_err(RenewRefused::from);
         let _ = ledger.persist();
         renewed
+    }
+}
+
+/// A gateway request waiting in turn; leaving the queue when dropped.
+struct InTurn {
+    desk: LeaseDesk,
+    seq: u64,
+    /// Taken once the lease arrived (or the wait ended).
+    receive: Option<tokio::sync::oneshot::Receiver<Granted>>,
+}
+
+impl InTurn {
+    async fn wait(&mut self, request: &AcquireRequest, until: Instant) -> Result<Granted, AcquireError> {
+        let mut opening = Some(locked(&self.desk.0).turns.watch_opening());
+        loop {
+            let Some(receive) = self.receive.as_mut() else {
+                return Err(AcquireError::NoCapacity {
+                    target: request.target.clone(),
+                });
+            };
+            // Woken by the lease (served at a release or a pass), by a
+            // rest ending (a pass then, unless one ran since), or at the end.
+            let wake = opening
+                .as_ref()
+                .and_then(|o| *o.borrow())
+                .map_or(until, |at| at.min(until));
+            let changed = async {
+                match opening.as_mut() {
+                    Some(o) => o.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let woke = tokio::select! {
+                granted = receive => Woke::Served(Box::new(granted)),
+                () = tokio::time::sleep_until(wake.into()) => Woke::At(wake),
+                alive = changed => Woke::Changed(alive),
+            };
+            match woke {
+                Woke::Served(granted) => {
+                    self.receive = None;
+                    return (*granted)
+                        .map_err(|_| AcquireError::Unavailable("the lease store restarted".into()));
+                }
+                Woke::Changed(alive) => {
+                    if !alive {
+                        opening = None;
+                    }
+                    continue;
+                }
+                Woke::At(at) => {
+                    let desk = self.desk.clone();
+                    let mut ledger = locked(&desk.0);
+                    if Instant::now() < until {
+                        if !ledger.turns.passed_since(at) {
+                            ledger.serve_waiters();
+                        }
+                        continue;
+                    }
+                    return self.time_up(&mut ledger, request);
+                }
+            }
+        }
+    }
+
+    /// Out of time: one denial for the whole wait, unless the lease came
+    /// just now.
+    fn time_up(&mut self, ledger: &mut Ledger, request: &AcquireRequest) -> Result<Granted, AcquireError> {
+        if let Some(receive) = self.receive.as_mut()
+            && let Ok(granted) = receive.try_recv()
+        {
+            self.receive = None;
+            return Ok(granted);
+        }
+        self.receive = None;
+        ledger.turns.leave(self.seq);
+        ledger.book.count_denial(request);
+        let refused = AcquireError::NoCapacity {
+            target: request.target.clone(),
+        };
+        ledger.account(&Err(refused.clone()));
+        // Shares it held others back by may have changed.
+        ledger.serve_waiters();
+        Err(refused)
+    }
+}
+
+/// What ended a waiter's sleep.
+enum Woke {
+    Served(Box<Result<Granted, tokio::sync::oneshot::error::RecvError>>),
+    At(Instant),
+    /// The next opening moved; false: it never will again.
+    Changed(bool),
+}
+
+impl Drop for InTurn {
+    fn drop(&mut self) {
+        let Some(mut receive) = self.receive.take() else {
+            return;
+        };
+        // Gave up: out of the queue, and a lease granted meanwhile back.
+        let mut ledger = locked(&self.desk.0);
+        if ledger.turns.leave(self.seq).is_some() {
+            ledger.serve_waiters();
+            return;
+        }
+        if let Ok(granted) = receive.try_recv() {
+            ledger.turns.ended(&granted.grant.id);
+            ledger.book.cancel(&granted.grant.id, Instant::now());
+            ledger.serve_waiters();
+        }
     }
 }
 
@@ -315,7 +516,11 @@ impl Actor for LeaseStore {
         crate::supervision::beat_while_running::<Self>("lease_store", ctx);
         ctx.run_interval(Duration::from_secs(1), |store, _| {
             let mut ledger = store.ledger();
-            let expired = ledger.book.sweep(Instant::now());
+            let now = Instant::now();
+            let expired = ledger.book.sweep(now);
+            let Ledger { turns, book, .. } = &mut *ledger;
+            turns.tidy(book, now);
+            ledger.serve_waiters();
             let _ = ledger.persist();
             if ledger.last_prune.elapsed() >= PRUNE_EVERY
                 && let Some(journal) = ledger.journal.as_mut()
@@ -363,7 +568,9 @@ impl actix::Supervised for LeaseStore {
 impl Handler<UpdateAvailability> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: UpdateAvailability, _: &mut Self::Context) {
-        self.ledger().book.upsert(msg.0, Instant::now());
+        let mut ledger = self.ledger();
+        ledger.book.upsert(msg.0, Instant::now());
+        ledger.serve_waiters();
     }
 }
 
@@ -371,7 +578,10 @@ impl Handler<RemoveProxy> for LeaseStore {
     type Result = ();
     fn handle(&mut self, msg: RemoveProxy, _: &mut Self::Context) {
         let mut ledger = self.ledger();
-        ledger.book.remove(&msg.0, Instant::now());
+        let now = Instant::now();
+        ledger.book.remove(&msg.0, now);
+        let Ledger { turns, book, .. } = &mut *ledger;
+        turns.tidy(book, now);
         let _ = ledger.persist();
     }
 }
@@ -395,7 +605,7 @@ impl Ledger {
                     target: &grant.target,
                 }
             }
-            Err(AcquireError::NoCapacity { target }) => {
+            Err(AcquireError::NoCapacity { target } | AcquireError::OverShare { target, .. }) => {
                 self.stats.denied += 1;
                 self.recent_denials
                     .push_front((target.clone(), jiff::Timestamp::now()));
@@ -416,31 +626,75 @@ impl Ledger {
 
     /// A gateway lease: never journaled (it ends with this process), so
     /// nothing to wait for; whatever else changed is written behind (a
-    /// failure is logged there).
+    /// failure is logged there). Not yet accounted (a waiting request is
+    /// counted when its wait ends).
     fn acquire_unjournaled(&mut self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
         let result = if self.leading() {
-            self.book.acquire(request, Instant::now())
+            self.serve_waiters();
+            self.acquire_fairly(request, false)
         } else {
             Err(AcquireError::NotLeader)
         };
         let _ = self.persist();
-        self.account(&result);
         result
+    }
+
+    /// A lease from the book if the owner's fair share allows; a request
+    /// that `counts` (does not wait) is a denial for its pool if refused.
+    fn acquire_fairly(&mut self, request: &AcquireRequest, counts: bool) -> Result<Grant, AcquireError> {
+        let now = Instant::now();
+        if let Turn::OverShare { held, share, .. } =
+            self.turns.turn(&self.book, request.owner.as_deref(), now)
+        {
+            return Err(AcquireError::OverShare {
+                target: request.target.clone(),
+                held,
+                share,
+            });
+        }
+        if counts {
+            self.book.acquire(request, now)
+        } else {
+            self.book.try_acquire(request, now)
+        }
+    }
+
+    /// Freed proxies to the waiting gateway requests, in turn; leases
+    /// taken back for those below their share.
+    fn serve_waiters(&mut self) {
+        if !self.turns.is_waiting() || !self.leading() {
+            return;
+        }
+        let now = Instant::now();
+        let Ledger { turns, book, .. } = self;
+        let pass = turns.pass(book, now, |book, request| book.try_acquire(request, now).ok());
+        for grant in pass.granted {
+            self.account(&Ok(grant));
+        }
     }
 
     fn leading(&self) -> bool {
         self.tenure.as_ref().is_none_or(Tenure::is_leading)
     }
 
-    /// Ends a lease; whether it was held.
+    /// Ends a lease; whether it was held. Its proxy goes to a waiter first.
     fn release(&mut self, id: &str, rest: Option<Duration>) -> bool {
+        // Taken back for a waiter: a rest for its target would keep the
+        // waiter from the proxy it was freed for.
+        let rest = if self.turns.reclaiming(id) {
+            Some(Duration::ZERO)
+        } else {
+            rest
+        };
         let held = match rest {
             Some(rest) => self.book.release_with_rest(id, rest, Instant::now()),
             None => self.book.release(id, Instant::now()),
         };
+        self.turns.ended(id);
         if held {
             self.stats.released += 1;
             metrics().leases_active.set(self.book.active_leases() as i64);
+            self.serve_waiters();
         }
         held
     }
@@ -451,16 +705,30 @@ impl Handler<Acquire> for LeaseStore {
     fn handle(&mut self, msg: Acquire, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
         if msg.0.client.as_deref().is_some_and(is_gateway_client) {
-            return Box::pin(fut::ready(ledger.acquire_unjournaled(&msg.0)));
+            let result = ledger.acquire_unjournaled(&msg.0);
+            ledger.account(&result);
+            return Box::pin(fut::ready(result));
         }
         if !ledger.leading() {
             let result = Err(AcquireError::NotLeader);
             ledger.account(&result);
             return Box::pin(fut::ready(result));
         }
-        let grant = match ledger.book.acquire(&msg.0, Instant::now()) {
+        // Waiting gateway requests first: an API acquire never takes a
+        // proxy a waiter could use.
+        ledger.serve_waiters();
+        let grant = match ledger.acquire_fairly(&msg.0, true) {
             Ok(grant) => grant,
             Err(e) => {
+                if matches!(
+                    e,
+                    AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. }
+                ) {
+                    let owner = owner_key(msg.0.owner.as_deref()).to_owned();
+                    ledger.turns.api_refused(&owner, Instant::now());
+                    // Refused: it asks now, so hogs' tunnels may go back for it.
+                    ledger.serve_waiters();
+                }
                 let result = Err(e);
                 ledger.account(&result);
                 return Box::pin(fut::ready(result));
@@ -525,44 +793,58 @@ impl LeaseStore {
 }
 
 impl Handler<Release> for LeaseStore {
-    type Result = ResponseActFuture<Self, bool>;
+    type Result = ResponseActFuture<Self, Result<bool, NotOwner>>;
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
-        let held = self.ledger().release(&msg.0, None);
-        self.answer_when_durable(held)
+        let mut ledger = self.ledger();
+        // Checked under the same lock as the release: nothing between.
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, Instant::now()) {
+            return Box::pin(fut::ready(Err(refused)));
+        }
+        let held = ledger.release(&msg.id, None);
+        drop(ledger);
+        self.answer_when_durable(Ok(held))
     }
 }
 
 impl Handler<Report> for LeaseStore {
-    type Result = ResponseActFuture<Self, Result<(), UnknownLease>>;
+    type Result = ResponseActFuture<Self, Result<(), ReportRefused>>;
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
-        let result = self
-            .ledger()
+        let mut ledger = self.ledger();
+        let now = Instant::now();
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, now) {
+            return Box::pin(fut::ready(Err(refused.into())));
+        }
+        let result = ledger
             .book
-            .report(&msg.id, msg.outcome, msg.detail, Instant::now());
+            .report(&msg.id, msg.outcome, msg.detail, now)
+            .map_err(ReportRefused::from);
+        drop(ledger);
         self.answer_when_durable(result)
     }
 }
 
 impl Handler<Renew> for LeaseStore {
-    type Result = ResponseActFuture<Self, Result<Duration, RenewError>>;
+    type Result = ResponseActFuture<Self, Result<Duration, RenewRefused>>;
     fn handle(&mut self, msg: Renew, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
         if !ledger.leading() {
-            return Box::pin(fut::ready(Err(RenewError::NotLeader)));
+            return Box::pin(fut::ready(Err(RenewError::NotLeader.into())));
         }
-        let ttl = match ledger.book.renew(&msg.id, msg.ttl, Instant::now()) {
+        let now = Instant::now();
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, now) {
+            return Box::pin(fut::ready(Err(refused.into())));
+        }
+        let ttl = match ledger.book.renew(&msg.id, msg.ttl, now) {
             Ok(ttl) => ttl,
-            Err(e) => return Box::pin(fut::ready(Err(e))),
+            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
         };
         drop(ledger);
         // Like a grant, a renewal is answered once durable: a forgotten one
         // would free the proxy while its crawler still uses it.
         self.when_durable(move |outcome, ledger| match outcome {
             Ok(()) if ledger.leading() => Ok(ttl),
-            Ok(()) => Err(RenewError::NotLeader),
-            Err(e) => Err(RenewError::Unavailable(format!(
-                "the renewal could not be saved: {e}"
-            ))),
+            Ok(()) => Err(RenewError::NotLeader.into()),
+            Err(e) => Err(RenewError::Unavailable(format!("the renewal could not be saved: {e}")).into()),
         })
     }
 }
@@ -673,7 +955,7 @@ mod tests {
         let store = store.start();
         store.send(UpdateAvailability(ready("p"))).await.unwrap();
 
-        let gateway = desk.acquire(&ask(GATEWAY_CLIENT)).expect("a gateway lease");
+        let gateway = desk.acquire(&ask(GATEWAY_CLIENT)).expect("a gateway lease").grant;
         let api = store.send(Acquire(ask("crawler"))).await.unwrap();
         assert!(matches!(api, Err(AcquireError::NoCapacity { .. })), "{api:?}");
 
@@ -685,12 +967,153 @@ mod tests {
             "{refused:?}"
         );
 
-        assert!(store.send(Release(api.id)).await.unwrap());
+        let by = |who: &str| Caller::Identity(who.into());
+        let refused = store
+            .send(Release {
+                id: gateway.id.clone(),
+                by: by("default"),
+            })
+            .await
+            .unwrap();
+        assert!(refused.is_err(), "a gateway lease is the gateway's: {refused:?}");
+        assert!(
+            store
+                .send(Release {
+                    id: api.id,
+                    by: by("anyone"),
+                })
+                .await
+                .unwrap()
+                .unwrap(),
+            "an API lease without an owner: anyone's"
+        );
         let stats = store.send(GetLeaseStats).await.unwrap();
         assert_eq!(
             (stats.granted, stats.denied, stats.released, stats.active),
             (2, 2, 2, 0)
         );
+    }
+
+    fn owned(owner: &str) -> AcquireRequest {
+        AcquireRequest {
+            owner: Some(owner.into()),
+            ..ask(GATEWAY_CLIENT)
+        }
+    }
+
+    fn one_proxy_store() -> (Addr<LeaseStore>, LeaseDesk) {
+        let settings = LeaseSettings {
+            capacity: 1,
+            cooldown: Duration::ZERO,
+            ..Default::default()
+        };
+        let store = LeaseStore::new(settings);
+        let desk = store.desk();
+        (store.start(), desk)
+    }
+
+    /// A waiting request gets the proxy the moment it is released, ahead
+    /// of an API acquire; a wait that ends unserved is one denial however
+    /// long it waited.
+    #[actix_rt::test]
+    async fn a_waiter_is_served_at_the_release_and_an_unserved_wait_is_one_denial() {
+        let (store, desk) = one_proxy_store();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+        let held = desk.acquire(&owned("a")).unwrap().grant;
+
+        let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = Instant::now();
+        desk.release(&held.id, None);
+        let api = store.send(Acquire(ask("crawler"))).await.unwrap();
+        assert!(
+            matches!(api, Err(AcquireError::NoCapacity { .. })),
+            "the waiter's first: {api:?}"
+        );
+        let granted = waiting.await.unwrap().expect("served");
+        assert!(
+            released.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            released.elapsed()
+        );
+
+        let denied_before = store.send(GetLeaseStats).await.unwrap().denied;
+        let refused = desk
+            .acquire_within(owned("c"), Instant::now() + Duration::from_millis(1200))
+            .await;
+        assert!(
+            matches!(refused, Err(AcquireError::NoCapacity { .. })),
+            "{refused:?}"
+        );
+        let stats = store.send(GetLeaseStats).await.unwrap();
+        assert_eq!(stats.denied - denied_before, 1, "one wait, one denial");
+        desk.release(&granted.grant.id, None);
+    }
+
+    /// A waiter whose only proxy rests for its target (a gateway pacing
+    /// rest) is served when the rest ends, without a lease ending.
+    #[actix_rt::test]
+    async fn a_waiter_is_served_when_a_rest_for_its_target_ends() {
+        let (store, desk) = one_proxy_store();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+        let held = desk.acquire(&owned("a")).unwrap().grant;
+        let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = Instant::now();
+        desk.release(&held.id, Some(Duration::from_millis(300)));
+        waiting.await.unwrap().expect("served");
+        let after = released.elapsed();
+        assert!(
+            after >= Duration::from_millis(300) && after < Duration::from_millis(420),
+            "served {after:?} after the release, the rest being 300 ms"
+        );
+    }
+
+    /// A hog's tunnel taken back for a waiter goes to it whatever rest the
+    /// hog's release would leave (here the lease cooldown, 30 s).
+    #[actix_rt::test]
+    async fn a_lease_taken_back_goes_to_the_waiter_without_a_rest() {
+        let store = LeaseStore::new(LeaseSettings {
+            capacity: 1,
+            cooldown: Duration::from_secs(30),
+            ..Default::default()
+        });
+        let desk = store.desk();
+        let store = store.start();
+        for name in ["p1", "p2", "p3"] {
+            store.send(UpdateAvailability(ready(name))).await.unwrap();
+        }
+        let hog: Vec<Granted> = (0..3).map(|_| desk.acquire(&owned("a")).unwrap()).collect();
+        let waiting = tokio::spawn(desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(5)));
+        let revoked = tokio::time::timeout(Duration::from_secs(2), hog[2].revoked.clone().revoked()).await;
+        assert!(revoked.is_ok(), "the latest of the hog's leases is taken back");
+        assert!(!hog[0].revoked.is_revoked() && !hog[1].revoked.is_revoked());
+        // Its tunnel closes: released as a sticky session's would be, with the cooldown.
+        desk.release(&hog[2].grant.id, None);
+        let granted = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("served at once")
+            .unwrap()
+            .expect("a lease");
+        assert_eq!(granted.grant.proxy, hog[2].grant.proxy);
+    }
+
+    /// A waiter that gives up leaves the queue: the proxy freed later is
+    /// not granted to it.
+    #[actix_rt::test]
+    async fn a_waiter_that_gave_up_leaves_no_lease_behind() {
+        let (store, desk) = one_proxy_store();
+        store.send(UpdateAvailability(ready("p"))).await.unwrap();
+        let held = desk.acquire(&owned("a")).unwrap().grant;
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(100),
+            desk.acquire_within(owned("b"), Instant::now() + Duration::from_secs(10)),
+        )
+        .await;
+        assert!(gave_up.is_err());
+        desk.release(&held.id, None);
+        let stats = store.send(GetLeaseStats).await.unwrap();
+        assert_eq!(stats.active, 0, "nothing granted to the one that left");
     }
 
     /// A report at the desk is in the book when it returns: the next
@@ -708,15 +1131,18 @@ mod tests {
         for name in ["a", "b"] {
             store.send(UpdateAvailability(ready(name))).await.unwrap();
         }
-        let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
+        let first = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap().grant;
         desk.report(&first.id, Outcome::Error, "gateway: refused".into())
             .unwrap();
         desk.release(&first.id, None);
         for _ in 0..10 {
-            let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap();
+            let next = desk.acquire(&ask(GATEWAY_CLIENT)).unwrap().grant;
             assert_ne!(next.proxy, first.proxy, "the proxy reported failing rests");
             desk.release(&next.id, None);
         }
-        assert!(matches!(desk.renew("no-such-lease"), Err(RenewError::Unknown(_))));
+        assert!(matches!(
+            desk.renew("no-such-lease"),
+            Err(RenewRefused::Renew(RenewError::Unknown(_)))
+        ));
     }
 }

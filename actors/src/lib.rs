@@ -23,6 +23,7 @@ pub mod health_server;
 pub mod keyed_registry;
 pub mod kvm;
 pub mod lease_store;
+pub mod lease_turns;
 pub mod metrics_server;
 pub mod operator;
 pub mod pool_actor;

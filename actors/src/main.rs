@@ -273,7 +273,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         Err(code) => return code,
     };
     starting();
-    let tokens = match egress_proxies_operator::discovery::Tokens::from_env() {
+    let tokens = match egress_proxies_operator::discovery::Tokens::from_env(args.crawler_tokens_dir.clone()) {
         Ok(tokens) => tokens,
         Err(e) => return fail(e),
     };
@@ -282,7 +282,8 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         if !args.insecure_discovery_without_token {
             return fail(
                 "DISCOVERY_TOKEN is not set: the discovery API would lease proxies to anyone who reaches it. \
-                 Set it (the Deployment takes it from the discovery-token Secret), or pass \
+                 Set it (the Deployment takes it from the discovery-token Secret) or give named crawler tokens \
+                 (--crawler-tokens-dir), or pass \
                  --insecure-discovery-without-token to serve it open on purpose",
             );
         }
@@ -314,6 +315,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
                 args.max_lease_ttl,
                 args.max_leases_per_proxy,
             ),
+            fair_share: args.fair_share_weights.clone().unwrap_or_default(),
             gc_interval: args.gc_interval,
             gc_grace_period: args.gc_grace_period,
             pool_scale_down_delay: args.pool_scale_down_delay,

@@ -132,8 +132,8 @@ fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
     let Some(listener) = system::bind(options.gateway_bind_address)? else {
         return Ok(None);
     };
-    let token = options.settings.discovery_tokens.crawler_token();
-    egress_proxies::gateway::check_exposure(listener.local_addr()?, token.is_some())?;
+    let open = options.settings.discovery_tokens.is_open();
+    egress_proxies::gateway::check_exposure(listener.local_addr()?, !open)?;
     Ok(Some(Gateway { listener, settings }))
 }
 

@@ -74,7 +74,8 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     let gateway_listener =
         crate::system::bind(config.gateway_bind_address).map_err(StandaloneError::Listen)?;
     // Standalone serves on loopback by default: a token is optional.
-    let tokens = crate::discovery::Tokens::from_env().map_err(StandaloneError::Tokens)?;
+    let tokens = crate::discovery::Tokens::from_env(config.crawler_tokens_dir.clone())
+        .map_err(StandaloneError::Tokens)?;
     if let Some(listener) = &gateway_listener {
         // Before anything starts: never an open proxy on a reachable address.
         let addr = listener.local_addr().map_err(StandaloneError::Listen)?;
@@ -92,6 +93,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         health_workers: config.health_workers,
         trace_health_probes: config.trace_health_probes,
         leases: lease_settings(&config),
+        fair_share: config.fair_share.clone(),
         gc_interval: config.gc_interval,
         gc_grace_period: config.gc_grace_period,
         pool_scale_down_delay: config.pool_scale_down_delay,

@@ -32,6 +32,8 @@ pub struct Settings {
     pub health_workers: usize,
     pub trace_health_probes: bool,
     pub leases: LeaseSettings,
+    /// Weights of crawler identities' fair shares (default: equal).
+    pub fair_share: egress_proxies::lease::FairShare,
     pub gc_interval: Duration,
     pub gc_grace_period: Duration,
     /// How long an autoscaled pool's demand must stay low before it shrinks.
@@ -110,6 +112,7 @@ pub fn start(
     if let Some(tenure) = settings.tenure {
         leases = leases.with_tenure(tenure);
     }
+    let leases = leases.with_fair_share(settings.fair_share);
     let lease_desk = leases.desk();
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.

@@ -73,6 +73,7 @@ impl Bed {
             health_workers: 8,
             trace_health_probes: false,
             leases: system::lease_settings(Duration::from_secs(1), Duration::from_secs(600), 1),
+            fair_share: Default::default(),
             // Sweeps only when a test asks.
             gc_interval: HOUR,
             gc_grace_period: Duration::from_secs(60),

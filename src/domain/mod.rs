@@ -9,6 +9,7 @@ pub mod credentials;
 pub mod destinations;
 pub mod gc;
 pub mod health;
+pub mod identity;
 pub mod installation;
 pub mod lease;
 pub mod pool;

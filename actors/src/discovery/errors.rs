@@ -40,12 +40,15 @@ pub enum ApiError {
     /// The lease's proxy is being retired by its pool: not renewed (409).
     #[error("{0}")]
     ProxyRetiring(String),
+    /// The lease is another identity's, or the gateway's (403).
+    #[error("{0}")]
+    NotOwner(String),
 }
 
 /// Every `error` code, for the OpenAPI document (a test checks each
 /// variant's code is here: a client validating answers against the
 /// document must accept every one the server sends).
-pub const CODES: [&str; 14] = [
+pub const CODES: [&str; 15] = [
     "no_capacity",
     "unknown_lease",
     "invalid_request",
@@ -60,6 +63,7 @@ pub const CODES: [&str; 14] = [
     "not_leader",
     "internal",
     "proxy_retiring",
+    "not_owner",
 ];
 
 impl ApiError {
@@ -79,6 +83,7 @@ impl ApiError {
             ApiError::StoreFull(_) => "lease_store_full",
             ApiError::Internal(_) => "internal",
             ApiError::ProxyRetiring(_) => "proxy_retiring",
+            ApiError::NotOwner(_) => "not_owner",
         }
     }
 }
@@ -93,7 +98,7 @@ impl ResponseError for ApiError {
             ApiError::UnknownLease(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::ReadOnlyToken => StatusCode::FORBIDDEN,
+            ApiError::ReadOnlyToken | ApiError::NotOwner(_) => StatusCode::FORBIDDEN,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -155,6 +160,7 @@ mod tests {
             ApiError::MethodNotAllowed("GET"),
             ApiError::Internal(String::new()),
             ApiError::ProxyRetiring(String::new()),
+            ApiError::NotOwner(String::new()),
         ];
         for error in &every {
             assert!(

@@ -6,16 +6,19 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use egress_proxies::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
-use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome, RenewError};
+use egress_proxies::lease::{AcquireError, AcquireRequest, Caller, Outcome, RenewError};
 use futures::StreamExt;
 
 use super::BODY_LIMIT;
 use super::errors::ApiError;
+use super::middleware::Identity;
 use super::types::{
     ErrorBody, Lease, LeaseReport, LeaseRequest, LeasedProxy, Object, ProxyInfo, RenewRequest, Renewal,
     ReportOutcome,
 };
-use crate::lease_store::{Acquire, LeaseStore, ListProxies, Release, Renew, Report};
+use crate::lease_store::{
+    Acquire, LeaseStore, ListProxies, Release, Renew, RenewRefused, Report, ReportRefused,
+};
 
 /// The lease store did not answer: it is restarting after a crash (the
 /// request was in its hands) — a retry is answered by the restarted store.
@@ -120,9 +123,11 @@ pub async fn list_proxies(
     security(("bearer" = []))
 )]
 pub async fn acquire(
+    identity: Option<web::ReqData<Identity>>,
     body: web::Json<Object<LeaseRequest>>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
+    let owner = caller(identity)?;
     let mut body = body.into_inner().0;
     input::check_attributes("selector", &body.selector)?;
     input::check_client(body.client.as_deref())?;
@@ -133,6 +138,7 @@ pub async fn acquire(
         selector: body.selector,
         ttl: body.ttl_seconds.map(Duration::from_secs),
         client: body.client,
+        owner: Some(owner),
         ..AcquireRequest::default()
     };
     let grant = store
@@ -140,7 +146,9 @@ pub async fn acquire(
         .await
         .map_err(mailbox)?
         .map_err(|e| match e {
-            AcquireError::NoCapacity { .. } => ApiError::NoCapacity(e.to_string()),
+            AcquireError::NoCapacity { .. } | AcquireError::OverShare { .. } => {
+                ApiError::NoCapacity(e.to_string())
+            }
             AcquireError::Unavailable(why) => ApiError::Unavailable(why),
             AcquireError::NotLeader => ApiError::NotLeader,
             AcquireError::Full(full) => ApiError::StoreFull(full),
@@ -174,15 +182,32 @@ pub async fn acquire(
     responses(
         (status = 204, description = "Released (or already gone)"),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "The lease is another identity's, or the gateway's (`not_owner`)", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn release(
+    identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
-    store.send(Release(id.into_inner())).await.map_err(mailbox)?;
+    let by = Caller::Identity(caller(identity)?);
+    store
+        .send(Release {
+            id: id.into_inner(),
+            by,
+        })
+        .await
+        .map_err(mailbox)?
+        .map_err(|e| ApiError::NotOwner(e.to_string()))?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// The identity the request authenticated as. Every crawler route sits
+/// behind the authentication that sets it (the read-only token, which
+/// does not, may only `GET`).
+fn caller(identity: Option<web::ReqData<Identity>>) -> Result<String, ApiError> {
+    identity.map(|i| i.into_inner().0).ok_or(ApiError::Unauthorized)
 }
 
 /// Report how using a lease went (also after release, for a while).
@@ -193,16 +218,19 @@ pub async fn release(
         (status = 204, description = "Recorded"),
         (status = 400, description = "Malformed report", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "The lease is another identity's, or the gateway's (`not_owner`)", body = ErrorBody),
         (status = 404, description = "Unknown lease (`unknown_lease`)", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn report(
+    identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
     body: web::Json<Object<LeaseReport>>,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
+    let by = Caller::Identity(caller(identity)?);
     let body = body.into_inner().0;
     input::check_detail(body.detail.as_deref())?;
     let outcome = match body.outcome {
@@ -215,10 +243,14 @@ pub async fn report(
             id: id.into_inner(),
             outcome,
             detail: body.detail,
+            by,
         })
         .await
         .map_err(mailbox)?
-        .map_err(|e| ApiError::UnknownLease(e.to_string()))?;
+        .map_err(|e| match e {
+            ReportRefused::Unknown(e) => ApiError::UnknownLease(e.to_string()),
+            ReportRefused::NotOwner(e) => ApiError::NotOwner(e.to_string()),
+        })?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -231,6 +263,7 @@ pub async fn report(
         (status = 200, description = "Renewed", body = Renewal),
         (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "The lease is another identity's, or the gateway's (`not_owner`)", body = ErrorBody),
         (status = 404, description = "Unknown or ended lease (`unknown_lease`)", body = ErrorBody),
         (status = 409, description = "The lease's proxy is being retired by its pool (`proxy_retiring`): release the lease and acquire another", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -238,11 +271,13 @@ pub async fn report(
     security(("bearer" = []))
 )]
 pub async fn renew(
+    identity: Option<web::ReqData<Identity>>,
     req: HttpRequest,
     id: web::Path<String>,
     payload: web::Payload,
     store: web::Data<Addr<LeaseStore>>,
 ) -> Result<HttpResponse, ApiError> {
+    let by = Caller::Identity(caller(identity)?);
     let Object(body) = optional_json::<Object<RenewRequest>>(&req, payload).await?;
     input::check_ttl(body.ttl_seconds)?;
     let id = id.into_inner();
@@ -250,15 +285,19 @@ pub async fn renew(
         .send(Renew {
             id: id.clone(),
             ttl: body.ttl_seconds.map(Duration::from_secs),
+            by,
         })
         .await
         .map_err(mailbox)?
         .map_err(|e| match e {
-            RenewError::Unknown(u) => ApiError::UnknownLease(u.to_string()),
-            RenewError::Unavailable(why) => ApiError::Unavailable(why),
-            RenewError::NotLeader => ApiError::NotLeader,
-            retiring @ RenewError::Retiring(_) => ApiError::ProxyRetiring(retiring.to_string()),
-            other => ApiError::Invalid(other.to_string()),
+            RenewRefused::NotOwner(e) => ApiError::NotOwner(e.to_string()),
+            RenewRefused::Renew(RenewError::Unknown(u)) => ApiError::UnknownLease(u.to_string()),
+            RenewRefused::Renew(RenewError::Unavailable(why)) => ApiError::Unavailable(why),
+            RenewRefused::Renew(RenewError::NotLeader) => ApiError::NotLeader,
+            RenewRefused::Renew(retiring @ RenewError::Retiring(_)) => {
+                ApiError::ProxyRetiring(retiring.to_string())
+            }
+            RenewRefused::Renew(other) => ApiError::Invalid(other.to_string()),
         })?;
     Ok(HttpResponse::Ok().json(Renewal {
         id,

@@ -1,33 +1,45 @@
 //! Bearer-token auth and panic containment for the discovery API.
 
 use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
-use actix_web::{Error, ResponseError};
+use actix_web::{Error, HttpMessage, ResponseError};
+use egress_proxies::identity::{ANONYMOUS_IDENTITY, Identities, SharedIdentities};
+use egress_proxies::stores::crawler_tokens::{CrawlerTokensError, TokenSources};
 use futures::FutureExt;
 use subtle::ConstantTimeEq;
 
 use super::errors::ApiError;
 
-/// The bearer tokens of the API: the crawler token (`DISCOVERY_TOKEN`) may
-/// do everything, the read-only token (`DISCOVERY_READ_TOKEN`) only `GET`s —
-/// list proxies, the dashboard's data, the OpenAPI document. No tokens: open.
+/// The bearer tokens of the API: a crawler identity's token (one of the
+/// tokens directory's, or `DISCOVERY_TOKEN`, identity `default`) may do
+/// everything as that identity, the read-only token
+/// (`DISCOVERY_READ_TOKEN`) only `GET`s — list proxies, the dashboard's
+/// data, the OpenAPI document. No tokens: open, everyone `anonymous`.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    crawler: Option<Arc<String>>,
+    identities: SharedIdentities,
     reader: Option<Arc<String>>,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum TokensError {
-    #[error("DISCOVERY_READ_TOKEN is set without DISCOVERY_TOKEN: leases would need no token at all")]
+    #[error("DISCOVERY_READ_TOKEN is set without a crawler token: leases would need no token at all")]
     ReaderWithoutCrawler,
     #[error("DISCOVERY_READ_TOKEN equals DISCOVERY_TOKEN: the read-only token would lease too")]
     Same,
+    #[error(transparent)]
+    Identities(#[from] CrawlerTokensError),
 }
+
+/// The identity a request authenticated as (a request extension; absent
+/// for the read-only token).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity(pub String);
 
 impl Tokens {
     /// No authentication (tests, and a standalone operator on loopback).
@@ -35,39 +47,69 @@ impl Tokens {
         Self::default()
     }
 
+    /// `DISCOVERY_TOKEN` (`crawler`, identity `default`) and
+    /// `DISCOVERY_READ_TOKEN`, without a tokens directory.
     pub fn new(crawler: Option<String>, reader: Option<String>) -> Result<Self, TokensError> {
-        let set = |t: Option<String>| t.filter(|t| !t.is_empty()).map(Arc::new);
-        let (crawler, reader) = (set(crawler), set(reader));
-        match (&crawler, &reader) {
-            (None, Some(_)) => Err(TokensError::ReaderWithoutCrawler),
-            (Some(c), Some(r)) if c == r => Err(TokensError::Same),
-            _ => Ok(Self { crawler, reader }),
+        Self::load(TokenSources {
+            dir: None,
+            legacy: crawler,
+            reader,
+        })
+    }
+
+    /// The tokens of `sources`, kept current from the tokens directory
+    /// (see [`egress_proxies::stores::crawler_tokens`]).
+    pub fn load(sources: TokenSources) -> Result<Self, TokensError> {
+        let set = |t: Option<String>| t.filter(|t| !t.is_empty());
+        let sources = TokenSources {
+            legacy: set(sources.legacy),
+            reader: set(sources.reader),
+            ..sources
+        };
+        if sources.reader.is_some() && sources.legacy.is_none() && sources.dir.is_none() {
+            return Err(TokensError::ReaderWithoutCrawler);
         }
+        if sources.reader.is_some() && sources.reader == sources.legacy {
+            return Err(TokensError::Same);
+        }
+        let reader = sources.reader.clone().map(Arc::new);
+        let identities = if sources.dir.is_some() {
+            sources.watch()?
+        } else {
+            SharedIdentities::new(sources.load()?)
+        };
+        Ok(Self { identities, reader })
     }
 
-    /// `DISCOVERY_TOKEN` and `DISCOVERY_READ_TOKEN`.
-    pub fn from_env() -> Result<Self, TokensError> {
-        Self::new(
-            std::env::var("DISCOVERY_TOKEN").ok(),
-            std::env::var("DISCOVERY_READ_TOKEN").ok(),
-        )
+    /// `DISCOVERY_TOKEN`, `DISCOVERY_READ_TOKEN` and the tokens directory
+    /// `dir` (`--crawler-tokens-dir`, `crawlerTokensDir:`), if any.
+    pub fn from_env(dir: Option<PathBuf>) -> Result<Self, TokensError> {
+        Self::load(TokenSources {
+            dir,
+            legacy: std::env::var("DISCOVERY_TOKEN").ok(),
+            reader: std::env::var("DISCOVERY_READ_TOKEN").ok(),
+        })
     }
 
-    /// Only the crawler token.
+    /// Only `DISCOVERY_TOKEN` (identity `default`).
     pub fn crawler(token: Option<String>) -> Self {
+        let token = token.filter(|t| !t.is_empty());
+        // Without files there is nothing to refuse.
+        let identities = Identities::build(Vec::new(), token.as_deref(), None, false).unwrap_or_default();
         Self {
-            crawler: token.filter(|t| !t.is_empty()).map(Arc::new),
+            identities: SharedIdentities::new(identities),
             reader: None,
         }
     }
 
+    /// Whether no crawler token is demanded (and none is configured).
     pub fn is_open(&self) -> bool {
-        self.crawler.is_none()
+        self.identities.current().is_open()
     }
 
-    /// The crawler token (the gateway takes it as the proxy password).
-    pub fn crawler_token(&self) -> Option<Arc<String>> {
-        self.crawler.clone()
+    /// The crawler identities (the gateway takes their tokens as proxy passwords).
+    pub fn identities(&self) -> SharedIdentities {
+        self.identities.clone()
     }
 }
 
@@ -76,12 +118,19 @@ fn matches(presented: &str, expected: Option<&Arc<String>>) -> bool {
     expected.is_some_and(|e| bool::from(presented.as_bytes().ct_eq(e.as_bytes())))
 }
 
+/// Lets a request through as the identity its bearer token proves (a
+/// request extension, [`Identity`]), or as the read-only token for a
+/// `GET`; refuses it otherwise.
 pub async fn authenticate(
     tokens: Tokens,
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
-    if !tokens.is_open() {
+    let identities = tokens.identities.current();
+    if identities.is_open() {
+        req.extensions_mut()
+            .insert(Identity(ANONYMOUS_IDENTITY.to_owned()));
+    } else {
         let presented = req
             .headers()
             .get(actix_web::http::header::AUTHORIZATION)
@@ -93,8 +142,11 @@ pub async fn authenticate(
             if !reading {
                 return Ok(req.into_response(ApiError::ReadOnlyToken.error_response()));
             }
-        } else if !matches(presented, tokens.crawler.as_ref()) {
-            return Ok(req.into_response(ApiError::Unauthorized.error_response()));
+        } else {
+            let Some(identity) = identities.identify(presented.as_bytes()) else {
+                return Ok(req.into_response(ApiError::Unauthorized.error_response()));
+            };
+            req.extensions_mut().insert(Identity(identity.to_owned()));
         }
     }
     next.call(req).await.map(ServiceResponse::map_into_boxed_body)
@@ -242,13 +294,13 @@ mod tests {
             "empty is unset"
         );
         assert!(!Tokens::new(Some("c".into()), Some("r".into())).unwrap().is_open());
-        assert_eq!(
+        assert!(matches!(
             Tokens::new(None, Some("r".into())).err(),
             Some(TokensError::ReaderWithoutCrawler)
-        );
-        assert_eq!(
+        ));
+        assert!(matches!(
             Tokens::new(Some("t".into()), Some("t".into())).err(),
             Some(TokensError::Same)
-        );
+        ));
     }
 }

@@ -26,7 +26,7 @@ use egress_proxies::rate_limit::RateLimits;
 use crate::lease_store::LeaseStore;
 use errors::ApiError;
 pub use limiter::Limiter;
-pub use middleware::{Tokens, TokensError};
+pub use middleware::{Identity, Tokens, TokensError};
 pub use openapi::openapi_json;
 
 /// Largest request body accepted.

@@ -60,6 +60,9 @@ pub fn established() -> Response<ProxyBody> {
     response
 }
 
+/// Ends a tunnel early when it completes (a gateway lease taken back).
+pub type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// Counts a tunnel's bytes as they move: `(way, bytes)`, `Way::Forward`
 /// being from the client towards the target.
 pub type Tally = Arc<dyn Fn(Way, usize) + Send + Sync>;
@@ -94,14 +97,16 @@ pub struct Splice {
     /// Dropped when the tunnel ends (a gateway's lease and access record).
     pub held: Option<Box<dyn Send + Sync>>,
     pub tally: Option<Tally>,
+    /// Completing closes the tunnel at once (a gateway lease taken back).
+    pub revoked: Option<Revoked>,
 }
 
 /// Relays bytes between the client's connection (once hyper hands it over
 /// after the `200`) and `upstream` until either side closes (and the other
-/// within `linger`) or nothing moves for the idle timeout; `held` is
-/// dropped then. Both ends' sockets are relayed by the kernel
-/// (`zero_copy`); `tally` counts the bytes there (a connection without a
-/// socket counts its own).
+/// within `linger`), nothing moves for the idle timeout or `revoked`
+/// completes; `held` is dropped then. Both ends' sockets are relayed by
+/// the kernel (`zero_copy`); `tally` counts the bytes there (a connection
+/// without a socket counts its own).
 pub fn splice<U: TunnelUpstream>(
     upgrade: hyper::upgrade::OnUpgrade,
     upstream: U,
@@ -114,6 +119,7 @@ pub fn splice<U: TunnelUpstream>(
             linger,
             held,
             tally,
+            revoked,
         } = how;
         let _held = held;
         in_flight.relaying();
@@ -131,6 +137,14 @@ pub fn splice<U: TunnelUpstream>(
             }
             () = slot.stalled(idle_timeout, Some(Phase::Relaying)) => {
                 tracing::debug!("tunnel idle for the idle timeout; closed");
+            }
+            () = async {
+                match revoked {
+                    Some(revoked) => revoked.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::debug!("tunnel's lease taken back for a crawler waiting below its fair share; closed");
             }
         }
     });

@@ -11,7 +11,9 @@
 
 mod blocks;
 mod challenge;
+mod identify;
 mod phases;
+mod revocation;
 mod sessions;
 mod site_learning;
 mod upstream;
@@ -22,7 +24,6 @@ use std::net::SocketAddr;
 
 use data_encoding::BASE64;
 use http::StatusCode;
-use subtle::ConstantTimeEq;
 
 use crate::credentials::ProxyCredentials;
 use crate::forward_proxy::request::TargetError;
@@ -31,9 +32,11 @@ use crate::resource::ObjectKey;
 
 pub use blocks::{BlockRules, HeadVerdict};
 pub use challenge::challenge_realm;
+pub use identify::{Identified, identify};
 pub use phases::judge;
 pub use phases::log::{Exchange, ExchangeOutcome, exchange_span};
 pub use phases::serve;
+pub use revocation::{Revocation, Revoker, revocation};
 pub use sessions::{SessionKey, Sessions};
 pub use site_learning::{PairView, SiteView};
 pub use username::{Parameters, UsernameError};
@@ -45,9 +48,10 @@ pub const FDS_PER_CONNECTION: u64 = 2;
 pub struct Options {
     pub settings: crate::config::GatewaySettings,
     pub destinations: std::sync::Arc<crate::destinations::DestinationPolicy>,
-    /// The crawler token, presented as the proxy password; none: no auth
-    /// (the caller binds loopback only, see [`check_exposure`]).
-    pub token: Option<std::sync::Arc<String>>,
+    /// The crawler identities, whose tokens are presented as the proxy
+    /// password; open (none): no auth (the caller binds loopback only, see
+    /// [`check_exposure`]).
+    pub identities: crate::identity::SharedIdentities,
     pub leases: std::sync::Arc<dyn Leases>,
 }
 
@@ -75,8 +79,11 @@ pub struct Ask {
     /// The lease target (normalized host).
     pub target: String,
     pub selector: std::collections::BTreeMap<String, String>,
-    /// `client` recorded on the lease: `gateway` or `gateway/<client>`.
+    /// `client` recorded on the lease: `gateway/<identity>`.
     pub client: String,
+    /// The identity the request is made for (`crate::identity`): the
+    /// lease's owner, which fair shares and waiting turns count by.
+    pub owner: String,
     /// A sticky session's proxy, granted if still eligible.
     pub prefer: Option<ObjectKey>,
     /// A sticky session's digest: without an eligible `prefer`, the proxy
@@ -99,7 +106,14 @@ pub struct Upstream {
     /// The realm the proxy's own `407` names, when known: how its refusal
     /// of its credentials is told from a site's `407`.
     pub realm: Option<String>,
+    /// Fires when the store takes the lease back (fair shares): the tunnel
+    /// holding it closes.
+    pub revoked: Revocation,
 }
+
+/// A lease being waited for.
+pub type Waiting =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Upstream, GatewayError>> + Send>>;
 
 /// The lease store, in process. Each call is done when it returns, so
 /// calls reach the book in the order made (a failure reported on one try
@@ -107,6 +121,12 @@ pub struct Upstream {
 pub trait Leases: Send + Sync + 'static {
     /// A lease on the best proxy for the ask, or why not.
     fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError>;
+    /// A lease as [`Self::acquire`], waiting in turn until `until` when no
+    /// proxy is free: freed proxies go to waiters in fair order (the
+    /// identity furthest below its share first, then first come). Dropping
+    /// the future gives up the turn (and any lease granted meanwhile). A
+    /// wait that ends unserved is one denial.
+    fn acquire_within(&self, ask: Ask, until: std::time::Instant) -> Waiting;
     /// Gives a lease back; its proxy rests for the target for `rest`
     /// (none: the lease cooldown, as an API lease's).
     fn release(&self, lease_id: String, rest: Option<std::time::Duration>);
@@ -236,17 +256,6 @@ pub fn basic_credentials(header: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((decoded[..colon].to_vec(), decoded[colon + 1..].to_vec()))
 }
 
-/// Whether a request presenting `header` may use the gateway guarded by
-/// `token` (none: everyone). Compared in constant time.
-pub fn admits(token: Option<&str>, header: Option<&[u8]>) -> bool {
-    let Some(token) = token else {
-        return true;
-    };
-    header
-        .and_then(basic_credentials)
-        .is_some_and(|(_, password)| bool::from(password.as_slice().ct_eq(token.as_bytes())))
-}
-
 /// The lease target of a request for `host` (a name, an IPv4 address or a
 /// bracketed IPv6 one): what an API client would pass as `target`.
 pub fn lease_target(host: &str) -> Result<String, GatewayError> {
@@ -258,21 +267,20 @@ pub fn lease_target(host: &str) -> Result<String, GatewayError> {
 mod tests {
     use super::*;
 
-    fn basic(pair: &str) -> Vec<u8> {
-        format!("Basic {}", BASE64.encode(pair.as_bytes())).into_bytes()
-    }
-
     #[test]
-    fn the_password_is_the_token_and_any_username_goes() {
-        assert!(admits(Some("s3cret"), Some(&basic("crawler:s3cret"))));
-        assert!(admits(Some("s3cret"), Some(&basic(":s3cret"))));
-        assert!(admits(Some("a:b"), Some(&basic("user:a:b"))));
-        assert!(!admits(Some("s3cret"), Some(&basic("s3cret:wrong"))));
-        assert!(!admits(Some("s3cret"), Some(&basic("s3cret"))));
-        assert!(!admits(Some("s3cret"), Some(b"Bearer s3cret")));
-        assert!(!admits(Some("s3cret"), Some(b"Basic !!!")));
-        assert!(!admits(Some("s3cret"), None));
-        assert!(admits(None, None));
+    fn basic_credentials_split_at_the_first_colon() {
+        let basic = |pair: &str| format!("Basic {}", BASE64.encode(pair.as_bytes())).into_bytes();
+        let pair =
+            |user: &str, password: &str| Some((user.as_bytes().to_vec(), password.as_bytes().to_vec()));
+        assert_eq!(
+            basic_credentials(&basic("crawler:s3cret")),
+            pair("crawler", "s3cret")
+        );
+        assert_eq!(basic_credentials(&basic(":s3cret")), pair("", "s3cret"));
+        assert_eq!(basic_credentials(&basic("user:a:b")), pair("user", "a:b"));
+        assert_eq!(basic_credentials(&basic("s3cret")), None);
+        assert_eq!(basic_credentials(b"Bearer s3cret"), None);
+        assert_eq!(basic_credentials(b"Basic !!!"), None);
     }
 
     #[test]

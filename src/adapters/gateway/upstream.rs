@@ -241,6 +241,7 @@ mod tests {
             credentials: None,
             ttl: Duration::from_secs(60),
             realm: None,
+            revoked: super::super::Revocation::never(),
         };
         let pool = Arc::new(UpstreamPool::default());
         let transferred = Arc::default();

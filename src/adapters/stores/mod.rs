@@ -4,6 +4,7 @@
 //! by the leader's tenure.
 
 mod checkpoint_shard;
+pub mod crawler_tokens;
 pub mod credentials_secret;
 pub mod embedded;
 mod fenced;

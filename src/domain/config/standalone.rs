@@ -29,12 +29,17 @@ pub struct StandaloneConfig {
     pub gateway_bind_address: BindAddress,
     /// The gateway's behaviour (the `gateway:` block).
     pub gateway: super::GatewaySettings,
+    /// Named crawler tokens: one file per identity (`crawlerTokensDir`,
+    /// relative to the config file), re-read while running.
+    pub crawler_tokens_dir: Option<PathBuf>,
     /// Rest of a proxy for a target after a lease on it is released.
     pub lease_cooldown: Duration,
     /// Upper bound of a lease's TTL.
     pub max_lease_ttl: Duration,
     /// Concurrent leases per proxy (0 = unlimited).
     pub max_leases_per_proxy: u32,
+    /// Weights of crawler identities' fair shares (the `fairShare:` block).
+    pub fair_share: crate::lease::FairShare,
     /// How often the manifest directory is rescanned.
     pub manifest_poll_interval: Duration,
     /// Health probes running at the same time.
@@ -78,12 +83,16 @@ struct Raw {
     max_lease_ttl: String,
     #[serde(default = "default_capacity")]
     max_leases_per_proxy: u32,
+    #[serde(default)]
+    fair_share: RawFairShare,
     #[serde(default = "default_poll")]
     manifest_poll_interval: String,
     #[serde(default = "default_workers")]
     health_workers: usize,
     #[serde(default)]
     health_ca_file: Option<PathBuf>,
+    #[serde(default)]
+    crawler_tokens_dir: Option<PathBuf>,
     #[serde(default)]
     trace_health_probes: bool,
     #[serde(default)]
@@ -96,6 +105,14 @@ struct Raw {
     pool_scale_down_delay: String,
     #[serde(default)]
     installation_id: Option<String>,
+}
+
+/// `fairShare: {weights: {team-a: 2}}`: identities not named weigh 1.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawFairShare {
+    #[serde(default)]
+    weights: std::collections::BTreeMap<String, u32>,
 }
 
 fn default_gc() -> String {
@@ -188,6 +205,8 @@ impl StandaloneConfig {
             humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?}: {e}")))
         };
         let lease_cooldown = duration("leaseCooldown", &raw.lease_cooldown)?;
+        let fair_share = crate::lease::FairShare::new(raw.fair_share.weights)
+            .map_err(|e| invalid(format!("fairShare: {e}")))?;
         let gc_interval = duration("gcInterval", &raw.gc_interval)?;
         let gc_grace_period = duration("gcGracePeriod", &raw.gc_grace_period)?;
         let pool_scale_down_delay = duration("poolScaleDownDelay", &raw.pool_scale_down_delay)?;
@@ -225,8 +244,10 @@ impl StandaloneConfig {
             lease_cooldown,
             max_lease_ttl,
             max_leases_per_proxy: raw.max_leases_per_proxy,
+            fair_share,
             health_workers: raw.health_workers,
             health_ca_file: raw.health_ca_file.map(resolve),
+            crawler_tokens_dir: raw.crawler_tokens_dir.map(resolve),
             trace_health_probes: raw.trace_health_probes,
             gcp_wire_log_full_payloads: raw.gcp_wire_log_full_payloads,
             providers_config: resolve(raw.providers_config),

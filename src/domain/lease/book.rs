@@ -19,9 +19,9 @@ use self::target::TargetState;
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
 use super::{
-    AcquireError, AcquireRequest, Availability, Footprint, Grant, LeaseLimits, LeaseSettings,
-    MAX_BLOCKED_TARGETS, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts, TableFull,
-    UnknownLease, rendezvous, target_digest,
+    AcquireError, AcquireRequest, Availability, Caller, Footprint, Grant, LeaseLimits, LeaseSettings,
+    MAX_BLOCKED_TARGETS, NotOwner, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts,
+    TableFull, UnknownLease, rendezvous, target_digest,
 };
 use crate::pool::LeaseFigures;
 use crate::resource::ObjectKey;
@@ -76,7 +76,21 @@ struct Lease {
     /// As granted (capped): what a renewal without a TTL extends by.
     ttl: Duration,
     client: Option<String>,
+    /// The identity that took it (see [`super::owners`]); fair shares
+    /// count it by [`owner_key`].
+    owner: Option<String>,
     reports: ReportCounts,
+}
+
+/// An ended lease still taking reports: until when, on which proxy and
+/// target, and whose it was (a report is its owner's only, as on a held one).
+#[derive(Debug, Clone)]
+struct Ended {
+    until: Instant,
+    proxy: ProxyId,
+    target: String,
+    gateway: bool,
+    owner: Option<String>,
 }
 
 /// Leases, cooldowns and the eligible-proxy index.
@@ -97,8 +111,8 @@ pub struct LeaseBook {
     last_walk: usize,
     leases: HashMap<String, Lease>,
     expiry: BTreeSet<(Instant, String)>,
-    /// Ended leases that still accept reports: until when, on which proxy and target.
-    ended: HashMap<String, (Instant, ProxyId, String)>,
+    /// Ended leases that still accept reports.
+    ended: HashMap<String, Ended>,
     global_cooling: BTreeSet<(Instant, ProxyId)>,
     /// Proxies known only from restored leases or rests: their availability
     /// has not been reported (yet). Not listed, never leased.
@@ -118,6 +132,20 @@ pub struct LeaseBook {
     /// When a snapshot was last restored: placeholders holding only a tally
     /// wait [`TALLY_GRACE`] from then for their proxy to show up.
     restored_at: Option<Instant>,
+    /// Leases held, by owning identity (none: absent): what fair shares count.
+    held_by: BTreeMap<String, u32>,
+    /// Proxies serving (ready, not retiring): the fleet fair shares divide.
+    serving: u64,
+}
+
+/// The identity a lease counts against: its owner, or the unnamed one.
+pub fn owner_key(owner: Option<&str>) -> &str {
+    owner.unwrap_or("")
+}
+
+/// A proxy the fleet counts on: ready and not being retired.
+fn serves(availability: &Availability) -> bool {
+    availability.ready && !availability.retiring
 }
 
 /// How long a restored tally waits for its proxy's availability before the
@@ -152,6 +180,8 @@ impl LeaseBook {
             epoch: (Instant::now(), Timestamp::now()),
             pool_denials: HashMap::new(),
             restored_at: None,
+            held_by: BTreeMap::new(),
+            serving: 0,
         }
     }
 
@@ -240,6 +270,7 @@ impl LeaseBook {
             *next_id += 1;
             *next_id - 1
         });
+        let known = self.proxies.contains_key(&id);
         let entry = self.proxies.entry(id).or_insert_with(|| Entry {
             availability: availability.clone(),
             active: 0,
@@ -249,6 +280,8 @@ impl LeaseBook {
             errors: 0,
             digest: rendezvous::proxy_digest(&availability.key),
         });
+        let was_serving = known && !self.placeholders.contains(&id) && serves(&entry.availability);
+        let now_serving = serves(&availability);
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
                 set.remove(&id);
@@ -262,6 +295,7 @@ impl LeaseBook {
         }
         entry.availability = availability;
         self.placeholders.remove(&id);
+        self.serving = (self.serving + u64::from(now_serving)).saturating_sub(u64::from(was_serving));
         self.reindex(id, now);
     }
 
@@ -270,7 +304,6 @@ impl LeaseBook {
         let Some(id) = self.ids.get(key).copied() else {
             return;
         };
-        self.placeholders.remove(&id);
         let leases: Vec<String> = self
             .leases
             .iter()
@@ -282,7 +315,11 @@ impl LeaseBook {
         }
         self.ids.remove(key);
         self.note(LeaseChange::ProxyRemoved(key.clone()));
+        let placeholder = self.placeholders.remove(&id);
         if let Some(entry) = self.proxies.remove(&id) {
+            if !placeholder && serves(&entry.availability) {
+                self.serving = self.serving.saturating_sub(1);
+            }
             if let Some((a, l)) = entry.indexed {
                 self.available.remove(&(a, l, id));
             }
@@ -308,6 +345,17 @@ impl LeaseBook {
 
     /// Grants a lease on the best eligible proxy.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Instant) -> Result<Grant, AcquireError> {
+        let result = self.try_acquire(req, now);
+        if matches!(result, Err(AcquireError::NoCapacity { .. })) {
+            self.count_pool_denial(req);
+        }
+        result
+    }
+
+    /// [`Self::acquire`] for a request that waits: a refusal is not counted
+    /// against its pool (it will be tried again); [`Self::count_denial`]
+    /// counts it once when the wait ends unserved.
+    pub fn try_acquire(&mut self, req: &AcquireRequest, now: Instant) -> Result<Grant, AcquireError> {
         if req.target.is_empty() {
             return Err(AcquireError::EmptyTarget);
         }
@@ -334,7 +382,6 @@ impl LeaseBook {
             .into());
         }
         let Some(id) = self.select(req, now) else {
-            self.count_pool_denial(req);
             return Err(AcquireError::NoCapacity {
                 target: req.target.clone(),
             });
@@ -356,9 +403,14 @@ impl LeaseBook {
                 expires,
                 ttl,
                 client: req.client.clone(),
+                owner: req.owner.clone(),
                 reports: ReportCounts::default(),
             },
         );
+        *self
+            .held_by
+            .entry(owner_key(req.owner.as_deref()).to_owned())
+            .or_default() += 1;
         self.expiry.insert((expires, lease_id.clone()));
         let target = self.targets.entry(req.target.clone()).or_default();
         target.leased(id, now);
@@ -389,6 +441,7 @@ impl LeaseBook {
             expires: self.wall(expires),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             client: req.client.clone(),
+            owner: req.owner.clone(),
         }));
         Ok(grant)
     }
@@ -408,7 +461,11 @@ impl LeaseBook {
     /// than the index, that list is walked instead.
     fn select(&mut self, req: &AcquireRequest, now: Instant) -> Option<ProxyId> {
         let target = self.targets.get(&req.target);
-        let avoided: HashSet<ProxyId> = req.avoid.iter().filter_map(|key| self.ids.get(key).copied()).collect();
+        let avoided: HashSet<ProxyId> = req
+            .avoid
+            .iter()
+            .filter_map(|key| self.ids.get(key).copied())
+            .collect();
         let passed_over = |id: ProxyId| avoided.contains(&id);
         if req.prefer.is_some() || req.session.is_some() {
             // A sticky session's proxy: its rest after the session's own
@@ -575,6 +632,22 @@ impl LeaseBook {
         }
     }
 
+    /// Whether `caller` may release, report on or renew lease `id` (held,
+    /// or ended and still taking reports). An id the book does not know is
+    /// nobody's: the operation itself answers it as before.
+    pub fn check_owner(&self, id: &str, caller: &Caller, now: Instant) -> Result<(), NotOwner> {
+        if let Some(lease) = self.leases.get(id) {
+            return super::owners::check(id, lease.client.as_deref(), lease.owner.as_deref(), caller);
+        }
+        match self.ended.get(id) {
+            Some(ended) if ended.until > now => {
+                let client = ended.gateway.then_some(super::GATEWAY_CLIENT);
+                super::owners::check(id, client, ended.owner.as_deref(), caller)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Ends a lease (idempotent) and rests its proxy for the target.
     pub fn release(&mut self, id: &str, now: Instant) -> bool {
         self.end(id, now, Some(self.settings.cooldown))
@@ -597,18 +670,28 @@ impl LeaseBook {
         let Some(lease) = self.leases.remove(id) else {
             return false;
         };
+        self.unhold(owner_key(lease.owner.as_deref()));
         self.expiry.remove(&(lease.expires, id.to_owned()));
         let grace_until = now + self.settings.report_grace;
-        self.ended
-            .insert(id.to_owned(), (grace_until, lease.proxy, lease.target.clone()));
+        let gateway = lease.client.as_deref().is_some_and(super::is_gateway_client);
+        self.ended.insert(
+            id.to_owned(),
+            Ended {
+                until: grace_until,
+                proxy: lease.proxy,
+                target: lease.target.clone(),
+                gateway,
+                owner: lease.owner.clone(),
+            },
+        );
         self.ended_order.push_back((grace_until, id.to_owned()));
-        let journaled = !lease.client.as_deref().is_some_and(super::is_gateway_client);
-        if journaled && let Some(proxy) = self.key_of(lease.proxy) {
+        if !gateway && let Some(proxy) = self.key_of(lease.proxy) {
             self.note(LeaseChange::Ended(EndedRecord {
                 id: id.to_owned(),
                 proxy,
                 target: lease.target.clone(),
                 until: self.wall(grace_until),
+                owner: lease.owner.clone(),
             }));
         }
         while self.ended.len() > self.limits.max_ended {
@@ -628,6 +711,68 @@ impl LeaseBook {
             self.reindex(lease.proxy, now);
         }
         true
+    }
+
+    fn unhold(&mut self, owner: &str) {
+        if let Some(held) = self.held_by.get_mut(owner) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                self.held_by.remove(owner);
+            }
+        }
+    }
+
+    /// A waiting request that ended unserved: counted against its pool once.
+    pub fn count_denial(&mut self, req: &AcquireRequest) {
+        self.count_pool_denial(req);
+    }
+
+    /// Leases held, by owning identity.
+    pub fn holdings(&self) -> &BTreeMap<String, u32> {
+        &self.held_by
+    }
+
+    /// The owner of a held lease.
+    pub fn owner_of(&self, id: &str) -> Option<&str> {
+        self.leases.get(id).map(|l| owner_key(l.owner.as_deref()))
+    }
+
+    /// Leases the serving fleet carries at once; 0: unlimited.
+    pub fn slots(&self) -> u64 {
+        self.serving * u64::from(self.settings.capacity)
+    }
+
+    /// Whether `key` would be eligible for `req` if it had room: serving,
+    /// not resting for the target nor everywhere, not blocked by it, carrying
+    /// the selector. What a lease taken back for a waiter must free.
+    pub fn would_serve(&self, req: &AcquireRequest, key: &ObjectKey, now: Instant) -> bool {
+        let Some(id) = self.ids.get(key).copied() else {
+            return false;
+        };
+        let Some(entry) = self.proxies.get(&id) else {
+            return false;
+        };
+        serves(&entry.availability)
+            && !req.avoid.contains(key)
+            && !self.placeholders.contains(&id)
+            && entry.global_cooldown.is_none_or(|until| until <= now)
+            && !entry.blocked_targets.contains(&target_digest(&req.target))
+            && self.matches(id, &req.selector)
+            && !self.targets.get(&req.target).is_some_and(|t| t.resting(id, now))
+    }
+
+    /// When a rest ends that may let one of `targets` (or any target) be
+    /// served: the earliest rest end after `now`.
+    pub fn next_opening<'a>(&self, targets: impl Iterator<Item = &'a str>, now: Instant) -> Option<Instant> {
+        let everywhere = self
+            .global_cooling
+            .iter()
+            .map(|(until, _)| *until)
+            .find(|u| *u > now);
+        let per_target = targets
+            .filter_map(|t| self.targets.get(t)?.next_rest_end_after(now))
+            .min();
+        everywhere.into_iter().chain(per_target).min()
     }
 
     /// Notes a refused acquire against the pool it named, if any — only
@@ -675,7 +820,7 @@ impl LeaseBook {
             }
             // A report that arrives just after the release still counts.
             None => match self.ended.get(id) {
-                Some((until, proxy, target)) if *until > now => (*proxy, target.clone()),
+                Some(ended) if ended.until > now => (ended.proxy, ended.target.clone()),
                 _ => return Err(UnknownLease(id.to_owned())),
             },
         };
@@ -863,7 +1008,7 @@ impl LeaseBook {
 
     /// Drops an ended lease's record; its target may then be forgotten.
     fn forget_ended(&mut self, id: &str) {
-        if let Some((_, _, target)) = self.ended.remove(id)
+        if let Some(Ended { target, .. }) = self.ended.remove(id)
             && let Some(state) = self.targets.get_mut(&target)
         {
             state.refs = state.refs.saturating_sub(1);

@@ -24,6 +24,9 @@ pub struct LeaseRecord {
     /// The TTL it was granted with (a renewal's default).
     pub ttl_ms: u64,
     pub client: Option<String>,
+    /// The identity that took it. None in records written before leases
+    /// had owners: any identity may act on such a lease.
+    pub owner: Option<String>,
 }
 
 /// An ended lease that still accepts reports until `until`.
@@ -33,6 +36,9 @@ pub struct EndedRecord {
     pub proxy: ObjectKey,
     pub target: String,
     pub until: Timestamp,
+    /// The identity that took it (reports in the grace are its only); None
+    /// as in [`LeaseRecord::owner`].
+    pub owner: Option<String>,
 }
 
 /// One change to the lease state.

@@ -3,9 +3,11 @@
 //! clock (every operation takes `now`); the `LeaseStore` actor owns one.
 
 mod book;
+pub mod fair_share;
 pub mod input;
 pub mod journal;
 mod limits;
+mod owners;
 pub mod rendezvous;
 mod reports;
 #[cfg(test)]
@@ -17,9 +19,11 @@ use std::time::Duration;
 use crate::credentials::ProxyCredentials;
 use crate::resource::ObjectKey;
 
-pub use book::LeaseBook;
+pub use book::{LeaseBook, owner_key};
+pub use fair_share::FairShare;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
+pub use owners::{Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
 
 /// Tunables of the lease store.
@@ -107,6 +111,10 @@ pub struct AcquireRequest {
     pub ttl: Option<Duration>,
     /// Free-form name of the client, for listings and logs.
     pub client: Option<String>,
+    /// The identity taking the lease (`crate::identity`): only it may
+    /// release, report on or renew an API lease ([`Caller`]); fair shares
+    /// count by it. None: nobody in particular (any identity may act).
+    pub owner: Option<String>,
     /// A proxy to grant if it is eligible (a sticky session's); otherwise
     /// the best one, as without.
     pub prefer: Option<ObjectKey>,
@@ -160,6 +168,11 @@ pub enum AcquireError {
         "no proxy is available for {target:?} with the requested attributes (all busy, cooling down or not ready)"
     )]
     NoCapacity { target: String },
+    /// The identity holds its fair share while another below its own waits.
+    #[error(
+        "no proxy for {target:?} now: this identity holds {held} leases, its fair share ({share}) while other crawlers wait for theirs"
+    )]
+    OverShare { target: String, held: u32, share: u64 },
     #[error("target must not be empty")]
     EmptyTarget,
     #[error("ttlSeconds must be greater than zero")]

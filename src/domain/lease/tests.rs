@@ -975,3 +975,122 @@ fn a_rest_already_over_is_not_journaled() {
         "only the end, no rest that is already over: {changes:?}"
     );
 }
+
+#[test]
+fn only_a_lease_s_owner_acts_on_it_held_ended_and_after_a_restart() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(1));
+    book.journal_changes();
+    for name in ["a", "b", "c", "d"] {
+        book.upsert(proxy(name, true, 10, &[]), t0);
+    }
+    let owned_by = |owner: &str, client: Option<&str>| AcquireRequest {
+        owner: Some(owner.into()),
+        client: client.map(Into::into),
+        ..req("t")
+    };
+    let (a, b) = (Caller::Identity("a".into()), Caller::Identity("b".into()));
+    let api = book.acquire(&owned_by("a", Some("spider")), t0).unwrap();
+    let gateway = book.acquire(&owned_by("a", Some("gateway/a")), t0).unwrap();
+    assert!(book.check_owner(&api.id, &a, t0).is_ok());
+    assert_eq!(
+        book.check_owner(&api.id, &b, t0),
+        Err(NotOwner::OtherIdentity(api.id.clone()))
+    );
+    assert!(book.check_owner(&api.id, &Caller::Gateway, t0).is_err());
+    assert_eq!(
+        book.check_owner(&gateway.id, &a, t0),
+        Err(NotOwner::GatewayLease(gateway.id.clone())),
+        "even its client's identity goes through the gateway"
+    );
+    assert!(book.check_owner(&gateway.id, &Caller::Gateway, t0).is_ok());
+    assert!(
+        book.check_owner("no-such-lease", &b, t0).is_ok(),
+        "answered as before"
+    );
+    // Ended, in the report grace: still its owner's only.
+    assert!(book.release(&api.id, t0));
+    assert!(book.release(&gateway.id, t0));
+    assert!(book.check_owner(&api.id, &b, t0).is_err());
+    assert!(book.check_owner(&api.id, &a, t0).is_ok());
+    assert!(book.check_owner(&gateway.id, &a, t0).is_err());
+    let after_grace = t0 + Duration::from_secs(601);
+    assert!(
+        book.check_owner(&api.id, &b, after_grace).is_ok(),
+        "unknown by then"
+    );
+    // The owner is journaled and restored, held and ended.
+    let held = book
+        .acquire(
+            &AcquireRequest {
+                target: "v".into(),
+                ..owned_by("a", None)
+            },
+            t0,
+        )
+        .unwrap();
+    let mut restored = restarted(&mut book, t0, 1);
+    for name in ["a", "b", "c", "d"] {
+        restored.upsert(proxy(name, true, 10, &[]), t0);
+    }
+    assert!(restored.check_owner(&held.id, &b, t0).is_err());
+    assert!(restored.check_owner(&held.id, &a, t0).is_ok());
+    assert!(restored.check_owner(&api.id, &b, t0).is_err());
+    assert!(
+        restored.check_owner(&gateway.id, &b, t0).is_ok(),
+        "a gateway lease ends with its process: unknown after a restart"
+    );
+    // A lease without an owner (written before owners existed): anyone.
+    let ownerless = restored.acquire(&req("u"), t0).unwrap();
+    assert!(restored.check_owner(&ownerless.id, &b, t0).is_ok());
+}
+
+/// What fair shares count: leases by owner (ended ones no longer), and
+/// the slots of the proxies serving (not those not ready or retiring, nor
+/// one removed); a waiting request's refusal is not its pool's denial
+/// until counted.
+#[test]
+fn holdings_count_by_owner_and_slots_by_serving_proxies() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(2));
+    book.upsert(proxy("a", true, 1, &[]), t0);
+    book.upsert(proxy("b", true, 1, &[]), t0);
+    book.upsert(proxy("down", false, 1, &[]), t0);
+    let mut retiring = proxy("old", true, 1, &[]);
+    retiring.retiring = true;
+    book.upsert(retiring, t0);
+    assert_eq!(book.slots(), 4, "two serving proxies of capacity 2");
+    book.upsert(proxy("a", true, 5, &[]), t0);
+    assert_eq!(book.slots(), 4, "an update is not a new proxy");
+    book.upsert(proxy("down", true, 1, &[]), t0);
+    assert_eq!(book.slots(), 6, "turned Ready");
+    book.remove(&ObjectKey::new("ns", "down"), t0);
+    assert_eq!(book.slots(), 4);
+
+    let by = |owner: Option<&str>| AcquireRequest {
+        owner: owner.map(str::to_owned),
+        ..req("t")
+    };
+    let first = book.acquire(&by(Some("team-a")), t0).unwrap();
+    book.acquire(&by(Some("team-a")), t0).unwrap();
+    book.acquire(&by(None), t0).unwrap();
+    let held: Vec<(&str, u32)> = book.holdings().iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    assert_eq!(held, [("", 1), ("team-a", 2)]);
+    assert_eq!(book.owner_of(&first.id), Some("team-a"));
+    book.release(&first.id, t0);
+    assert_eq!(book.holdings().get("team-a"), Some(&1));
+    assert_eq!(book.owner_of(&first.id), None);
+
+    let pooled = AcquireRequest {
+        selector: BTreeMap::from([(crate::resource::POOL_LABEL.to_owned(), "p".to_owned())]),
+        ..req("t")
+    };
+    assert!(book.try_acquire(&pooled, t0).is_err());
+    assert_eq!(
+        book.take_pool_denials("p"),
+        0,
+        "a waiting request's try is not a denial"
+    );
+    book.count_denial(&pooled);
+    assert_eq!(book.take_pool_denials("p"), 1);
+}

@@ -13,14 +13,15 @@ use http::{Request, Uri};
 use hyper::body::Incoming;
 
 use super::forward::{Hop, Plain, Tunnel};
+use crate::adapters::gateway::sessions::SessionKey;
+use crate::adapters::gateway::{Ask, GatewayError, Identified, identify, lease_target};
 use crate::config::GatewaySettings;
 use crate::destinations::{CheckedConnectError, DestinationPolicy, IpNet, check_destination};
 use crate::forward_proxy::framing::{Verdict, Verdicts};
 use crate::forward_proxy::holds_a_large_buffer;
 use crate::forward_proxy::request::{Target, forwarded_headers, target_of};
-use crate::adapters::gateway::sessions::SessionKey;
-use crate::adapters::gateway::{Ask, GatewayError, admits, basic_credentials, lease_target, username};
 use crate::guarded_listener::Slot;
+use crate::identity::SharedIdentities;
 use crate::lease::GATEWAY_CLIENT;
 use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};
 
@@ -31,7 +32,7 @@ const MAX_LIMITED_CLIENTS: usize = 10_000;
 
 /// What an admitted request asks for, whatever proxy serves it.
 pub(in crate::adapters::gateway) struct Admitted {
-    /// The username's client name, if any (for the access line).
+    /// The client's identity (for the access line).
     pub client: Option<String>,
     /// What each try asks the lease store for (target and selector set).
     pub ask: Ask,
@@ -52,7 +53,7 @@ fn refused(error: GatewayError, close: bool) -> Refused {
 
 /// The admit phase's state.
 pub(super) struct Admission {
-    token: Option<Arc<String>>,
+    identities: SharedIdentities,
     client_networks: Vec<IpNet>,
     destinations: Arc<DestinationPolicy>,
     limiter: Option<Mutex<RateLimiter<String>>>,
@@ -61,7 +62,11 @@ pub(super) struct Admission {
 }
 
 impl Admission {
-    pub fn new(settings: &GatewaySettings, destinations: Arc<DestinationPolicy>, token: Option<Arc<String>>) -> Self {
+    pub fn new(
+        settings: &GatewaySettings,
+        destinations: Arc<DestinationPolicy>,
+        identities: SharedIdentities,
+    ) -> Self {
         let limiter = (settings.rate_per_client > 0.0).then(|| {
             let limits = RateLimits {
                 per_client: settings.rate_per_client,
@@ -73,7 +78,7 @@ impl Admission {
             Mutex::new(RateLimiter::new(limits, Instant::now()))
         });
         Self {
-            token,
+            identities,
             client_networks: settings.client_networks.clone(),
             destinations,
             limiter,
@@ -131,24 +136,30 @@ impl Admission {
         Ok((admitted, hop))
     }
 
-    /// Credentials (or a client network), the username's parameters and
-    /// the client's rate. Credentials that pass mark the connection
+    /// Who the request is (the identity its token proves, or `anonymous`
+    /// from a client network: [`identify`]), the username's parameters and
+    /// the identity's rate. Credentials that pass mark the connection
     /// authenticated (its `slot`).
-    fn identify(&self, request: &Request<Incoming>, peer: SocketAddr, slot: &Slot) -> Result<Admitted, GatewayError> {
+    fn identify(
+        &self,
+        request: &Request<Incoming>,
+        peer: SocketAddr,
+        slot: &Slot,
+    ) -> Result<Admitted, GatewayError> {
         let presented = request.headers().get(header::PROXY_AUTHORIZATION);
-        let from_client_network = self.client_networks.iter().any(|n| n.contains(&peer.ip()));
-        let token = self.token.as_deref().map(String::as_str);
-        if !from_client_network && !admits(token, presented.map(HeaderValue::as_bytes)) {
-            return Err(GatewayError::AuthenticationRequired);
+        let identified = identify(
+            &self.identities.current(),
+            presented.map(HeaderValue::as_bytes),
+            peer.ip(),
+            &self.client_networks,
+        );
+        // Credentials that passed (bad parameters or not) authenticate the connection.
+        if !matches!(identified, Err(GatewayError::AuthenticationRequired)) {
+            slot.authenticated();
         }
-        slot.authenticated();
-        let user = presented
-            .and_then(|h| basic_credentials(h.as_bytes()))
-            .map(|(user, _)| String::from_utf8_lossy(&user).into_owned())
-            .unwrap_or_default();
-        let params = username::parse(&user)?;
+        let identified = identified?;
         if let Some(limiter) = &self.limiter {
-            let key = params.client.clone().unwrap_or_else(|| peer.ip().to_string());
+            let key = identified.rate_key(peer.ip());
             crate::adapters::gateway::locked(limiter)
                 .check_key(key.clone(), Instant::now())
                 .map_err(|limited| GatewayError::RateLimited {
@@ -156,23 +167,22 @@ impl Admission {
                     retry_after: u32::try_from(retry_after_secs(limited.retry_after)).unwrap_or(u32::MAX),
                 })?;
         }
+        let Identified { identity, params } = identified;
         let lifetime = params
             .lifetime
             .unwrap_or(self.session_lifetime)
             .min(self.max_session_lifetime);
-        let client_name = params.client.clone().unwrap_or_default();
         Ok(Admitted {
-            session: params.session.map(|id| ((client_name, id), lifetime)),
+            // Sessions are the identity's: another crawler cannot claim them.
+            session: params.session.map(|id| ((identity.clone(), id), lifetime)),
             ask: Ask {
                 target: String::new(),
                 selector: params.selector,
-                client: match &params.client {
-                    Some(client) => format!("{GATEWAY_CLIENT}/{client}"),
-                    None => GATEWAY_CLIENT.to_owned(),
-                },
+                client: format!("{GATEWAY_CLIENT}/{identity}"),
+                owner: identity.clone(),
                 ..Ask::default()
             },
-            client: params.client,
+            client: Some(identity),
         })
     }
 }

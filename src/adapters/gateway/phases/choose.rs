@@ -19,8 +19,6 @@ use crate::resource::ObjectKey;
 use crate::telemetry::events::{GatewayFirstTryServed, GatewayLeaseTaken, GatewayLearnt};
 use crate::telemetry::gateway_stats::{SITES_SHOWN, SiteProxy, SiteSummary};
 
-/// First pause between asks for a free proxy, and the longest.
-const CAPACITY_POLL: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(200));
 
 /// The choose phase's state: where leases come from, the sticky sessions
 /// and what was learnt per site.
@@ -97,16 +95,8 @@ impl Chooser {
             ask.prefer = locked(&self.sessions).proxy_of(key, asked);
             ask.session = Some(session_digest(&key.0, &key.1));
         }
-        let mut pause = CAPACITY_POLL.0;
-        let upstream = loop {
-            match self.leases.acquire(ask.clone()) {
-                Err(GatewayError::NoProxy { .. }) if Instant::now() + pause < until => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(CAPACITY_POLL.1);
-                }
-                other => break other?,
-            }
-        };
+        // In turn at the lease store until a proxy frees (fair shares).
+        let upstream = self.leases.acquire_within(ask, until).await?;
         let exchange = &mut context.exchange;
         let mut sessions = None;
         if let Some((key, lifetime)) = &admitted.session {

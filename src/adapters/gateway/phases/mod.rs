@@ -98,12 +98,12 @@ impl Gateway {
         let Options {
             settings: gateway,
             destinations,
-            token,
+            identities,
             leases,
         } = options;
         let leases: Arc<dyn Leases> = leases;
         Self {
-            admission: Admission::new(&gateway, destinations, token),
+            admission: Admission::new(&gateway, destinations, identities),
             chooser: Chooser::new(&gateway, leases.clone()),
             forwarder: Forwarder::new(&gateway, leases, settings.idle_timeout),
             server: client_connection::server(settings),

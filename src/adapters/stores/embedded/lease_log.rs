@@ -69,6 +69,9 @@ enum Line<'a> {
         ttl_ms: u64,
         #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
         client: Option<Cow<'a, str>>,
+        /// Absent in lines written before leases had owners.
+        #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+        owner: Option<Cow<'a, str>>,
     },
     Extended {
         #[serde(borrow)]
@@ -83,6 +86,8 @@ enum Line<'a> {
         #[serde(borrow)]
         target: Cow<'a, str>,
         until_ms: i64,
+        #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+        owner: Option<Cow<'a, str>>,
     },
     TargetRest {
         #[serde(borrow)]
@@ -123,6 +128,7 @@ impl<'a> From<&'a LeaseChange> for Line<'a> {
                 expires_ms: l.expires.as_millisecond(),
                 ttl_ms: l.ttl_ms,
                 client: l.client.as_deref().map(Cow::Borrowed),
+                owner: l.owner.as_deref().map(Cow::Borrowed),
             },
             LeaseChange::Extended { id, expires } => Line::Extended {
                 id: Cow::Borrowed(id),
@@ -133,6 +139,7 @@ impl<'a> From<&'a LeaseChange> for Line<'a> {
                 proxy: key(&e.proxy),
                 target: Cow::Borrowed(&e.target),
                 until_ms: e.until.as_millisecond(),
+                owner: e.owner.as_deref().map(Cow::Borrowed),
             },
             LeaseChange::TargetRest { target, proxy, until } => Line::TargetRest {
                 target: Cow::Borrowed(target),
@@ -166,6 +173,7 @@ impl Line<'_> {
                 expires_ms,
                 ttl_ms,
                 client,
+                owner,
             } => LeaseChange::Granted(LeaseRecord {
                 id: id.into_owned(),
                 proxy: parse_key(&proxy)?,
@@ -173,6 +181,7 @@ impl Line<'_> {
                 expires: parse_ms(expires_ms)?,
                 ttl_ms,
                 client: client.map(Cow::into_owned),
+                owner: owner.map(Cow::into_owned),
             }),
             Line::Extended { id, expires_ms } => LeaseChange::Extended {
                 id: id.into_owned(),
@@ -183,11 +192,13 @@ impl Line<'_> {
                 proxy,
                 target,
                 until_ms,
+                owner,
             } => LeaseChange::Ended(EndedRecord {
                 id: id.into_owned(),
                 proxy: parse_key(&proxy)?,
                 target: target.into_owned(),
                 until: parse_ms(until_ms)?,
+                owner: owner.map(Cow::into_owned),
             }),
             Line::TargetRest {
                 target,

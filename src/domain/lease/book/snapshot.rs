@@ -8,11 +8,12 @@
 //! one that holds only a tally of blocks and errors waits [`TALLY_GRACE`]
 //! for its proxy first.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
-use super::{Entry, Lease, LeaseBook, ProxyId, TALLY_GRACE};
+use super::{Ended, Entry, Lease, LeaseBook, ProxyId, TALLY_GRACE};
 use crate::lease::Availability;
 use crate::lease::MAX_BLOCKED_TARGETS;
 use crate::lease::journal::{EndedRecord, LeaseChange, LeaseRecord, LeaseSnapshot, ProxyTally};
@@ -32,15 +33,18 @@ impl LeaseBook {
                 expires: self.wall(lease.expires),
                 ttl_ms: u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX),
                 client: lease.client.clone(),
+                owner: lease.owner.clone(),
             });
         }
-        for (id, (until, proxy, target)) in &self.ended {
-            if let (true, Some(proxy)) = (*until > now, key(proxy)) {
+        for (id, ended) in &self.ended {
+            // A gateway lease's record ends with the process, as the lease does.
+            if let (true, false, Some(proxy)) = (ended.until > now, ended.gateway, key(&ended.proxy)) {
                 snapshot.ended.push(EndedRecord {
                     id: id.clone(),
                     proxy,
-                    target: target.clone(),
-                    until: self.wall(*until),
+                    target: ended.target.clone(),
+                    until: self.wall(ended.until),
+                    owner: ended.owner.clone(),
                 });
             }
         }
@@ -102,6 +106,7 @@ impl LeaseBook {
                 continue;
             }
             let proxy = self.placeholder(&lease.proxy);
+            let held_by = super::owner_key(lease.owner.as_deref()).to_owned();
             self.expiry.insert((expires, lease.id.clone()));
             self.targets.entry(lease.target.clone()).or_default().refs += 1;
             self.leases.insert(
@@ -112,9 +117,11 @@ impl LeaseBook {
                     expires,
                     ttl: Duration::from_millis(lease.ttl_ms),
                     client: lease.client,
+                    owner: lease.owner,
                     reports: Default::default(),
                 },
             );
+            *self.held_by.entry(held_by).or_default() += 1;
             if let Some(entry) = self.proxies.get_mut(&proxy) {
                 entry.active += 1;
             }
@@ -128,7 +135,16 @@ impl LeaseBook {
             let proxy = self.placeholder(&e.proxy);
             self.targets.entry(e.target.clone()).or_default().refs += 1;
             self.ended_order.push_back((until, e.id.clone()));
-            self.ended.insert(e.id, (until, proxy, e.target));
+            self.ended.insert(
+                e.id,
+                Ended {
+                    until,
+                    proxy,
+                    target: e.target,
+                    gateway: false,
+                    owner: e.owner,
+                },
+            );
             while self.ended.len() > self.limits.max_ended {
                 let Some((_, oldest)) = self.ended_order.pop_front() else {
                     break;
@@ -182,7 +198,15 @@ impl LeaseBook {
         for (id, lease) in &self.leases {
             if let Some(copy) = book.leases.get_mut(id) {
                 copy.reports = lease.reports;
+                copy.owner.clone_from(&lease.owner);
             }
+        }
+        book.held_by = BTreeMap::new();
+        for lease in book.leases.values() {
+            *book
+                .held_by
+                .entry(super::owner_key(lease.owner.as_deref()).to_owned())
+                .or_default() += 1;
         }
         book.recent_reports = self.recent_reports.clone();
         book.restored_at = self.restored_at;
@@ -239,7 +263,7 @@ impl LeaseBook {
             .is_none_or(|at| now.saturating_duration_since(at) >= TALLY_GRACE);
         for (id, key) in idle {
             let resting = self.targets.values().any(|t| t.resting(id, now));
-            let reportable = self.ended.values().any(|(_, proxy, _)| *proxy == id);
+            let reportable = self.ended.values().any(|ended| ended.proxy == id);
             let tallied = self
                 .proxies
                 .get(&id)

@@ -72,6 +72,14 @@ impl TargetState {
         self.rests.first().map(|(until, _)| *until)
     }
 
+    /// When the earliest rest still running at `now` ends.
+    pub fn next_rest_end_after(&self, now: Instant) -> Option<Instant> {
+        self.rests
+            .range((now, ProxyId::MAX)..)
+            .map(|(until, _)| *until)
+            .find(|until| *until > now)
+    }
+
     /// When the latest rest ends.
     pub fn last_rest_end(&self) -> Option<Instant> {
         self.rests.last().map(|(until, _)| *until)

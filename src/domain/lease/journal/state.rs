@@ -52,6 +52,9 @@ struct StoredLease {
     ttl_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     client: Option<String>,
+    /// Absent in states written before leases had owners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -60,6 +63,8 @@ struct StoredEnded {
     proxy: String,
     target: String,
     until_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 /// A proxy as journals write it: `namespace/name`.
@@ -98,6 +103,7 @@ impl JournalState {
                         expires_ms: l.expires.as_millisecond(),
                         ttl_ms: l.ttl_ms,
                         client: l.client.clone(),
+                        owner: l.owner.clone(),
                     },
                 );
             }
@@ -114,6 +120,7 @@ impl JournalState {
                         proxy: key_string(&e.proxy),
                         target: e.target.clone(),
                         until_ms: e.until.as_millisecond(),
+                        owner: e.owner.clone(),
                     },
                 );
             }
@@ -193,6 +200,7 @@ impl JournalState {
                 expires: parse_ms(l.expires_ms)?,
                 ttl_ms: l.ttl_ms,
                 client: l.client,
+                owner: l.owner,
             });
         }
         for (id, e) in self.ended {
@@ -201,6 +209,7 @@ impl JournalState {
                 proxy: parse_key(&e.proxy)?,
                 target: e.target,
                 until: parse_ms(e.until_ms)?,
+                owner: e.owner,
             });
         }
         for (proxy, rests) in self.target_rests {
@@ -239,6 +248,7 @@ mod tests {
             expires: t(60),
             ttl_ms: 60_000,
             client: None,
+            owner: Some("team-a".into()),
         }));
         state.apply(&LeaseChange::TargetRest {
             target: "example.org".into(),

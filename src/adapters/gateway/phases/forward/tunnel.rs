@@ -97,6 +97,7 @@ impl Tunnel {
             linger: Some(LINGER),
             held: Some(Box::new((held, exchange))),
             tally: Some(tally),
+            revoked: Some(Box::pin(upstream.revoked.clone().revoked())),
         };
         splice(hyper::upgrade::on(self.request), opened, in_flight, how);
         response

@@ -27,6 +27,7 @@ fn granted(id: &str, proxy: &str, expires: Timestamp) -> LeaseChange {
         expires,
         ttl_ms: 600_000,
         client: Some("crawler-7".into()),
+        owner: Some("team-a".into()),
     })
 }
 
@@ -36,6 +37,7 @@ fn ended(id: &str, proxy: &str, until: Timestamp) -> LeaseChange {
         proxy: key(proxy),
         target: "example.org".into(),
         until,
+        owner: Some("team-a".into()),
     })
 }
 
@@ -283,4 +285,42 @@ fn a_failed_write_leaves_no_part_line_behind() {
     drop(log);
     let mut log = open(dir.path());
     assert_eq!(log.load(now()).unwrap().leases.len(), 2);
+}
+
+#[test]
+fn lines_written_before_leases_had_owners_load_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    drop(log);
+    let path = current_log(dir.path());
+    let (expires, until) = (later(600).as_millisecond(), later(300).as_millisecond());
+    fs::write(
+        &path,
+        format!(
+            "{{\"op\":\"granted\",\"id\":\"old\",\"proxy\":\"crawl/a\",\"target\":\"example.org\",\"expiresMs\":{expires},\"ttlMs\":600000,\"client\":\"c\"}}\n\
+             {{\"op\":\"granted\",\"id\":\"gone\",\"proxy\":\"crawl/b\",\"target\":\"example.org\",\"expiresMs\":{expires},\"ttlMs\":600000}}\n\
+             {{\"op\":\"ended\",\"id\":\"gone\",\"proxy\":\"crawl/b\",\"target\":\"example.org\",\"untilMs\":{until}}}\n"
+        ),
+    )
+    .unwrap();
+    let mut log = open(dir.path());
+    let snapshot = log.load(now()).unwrap();
+    assert_eq!(snapshot.leases.len(), 1);
+    assert_eq!(
+        (
+            snapshot.leases[0].id.as_str(),
+            snapshot.leases[0].owner.as_deref()
+        ),
+        ("old", None)
+    );
+    assert_eq!(
+        (snapshot.ended[0].id.as_str(), snapshot.ended[0].owner.as_deref()),
+        ("gone", None)
+    );
+    // Written now, the owner comes back.
+    write(&mut log, &[granted("new", "c", later(600))]);
+    drop(log);
+    let snapshot = open(dir.path()).load(now()).unwrap();
+    let new = snapshot.leases.iter().find(|l| l.id == "new").unwrap();
+    assert_eq!(new.owner.as_deref(), Some("team-a"));
 }
