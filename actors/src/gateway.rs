@@ -41,6 +41,7 @@ impl Leases for StoreLeases {
                 proxy: grant.proxy,
                 url: grant.url,
                 credentials: grant.credentials,
+                realm: grant.realm,
                 ttl: grant.ttl,
             })
             .map_err(|e| match e {

@@ -10,6 +10,7 @@
 
 mod access;
 mod blocks;
+mod challenge;
 mod serve;
 mod sessions;
 mod upstream;
@@ -29,6 +30,7 @@ use crate::resource::ObjectKey;
 
 pub use access::{Exchange, ExchangeOutcome, exchange_span};
 pub use blocks::{BlockRules, HeadVerdict};
+pub use challenge::challenge_realm;
 pub use serve::{FDS_PER_CONNECTION, Options, serve};
 pub use sessions::{SessionKey, Sessions};
 pub use username::{Parameters, UsernameError};
@@ -68,6 +70,9 @@ pub struct Upstream {
     /// Where the proxy listens (`http://host:port`).
     pub url: String,
     pub credentials: Option<ProxyCredentials>,
+    /// The realm the proxy's own 407 names, when known: a 407 naming
+    /// another is not the proxy's (see [`challenge_realm`]).
+    pub realm: Option<String>,
     /// How long the lease lasts unless renewed.
     pub ttl: std::time::Duration,
 }

@@ -209,6 +209,7 @@ impl LeaseBook {
                     attributes: Default::default(),
                     latency: None,
                     credentials: None,
+                    realm: None,
                     retiring: false,
                 },
                 active: 0,
