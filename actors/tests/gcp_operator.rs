@@ -105,8 +105,7 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             !user_data.contains(password),
             "the user-data carries the hash, not the password"
         );
-        // The realm placeholder became the proxy's own realm, which the lease
-        // book then holds for the gateway (the dashboard's row).
+        // The realm placeholder became the proxy's own realm.
         let realm = egress_proxies::credentials::ProxyCredentials::new(username, password)
             .unwrap()
             .realm();
@@ -114,10 +113,6 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             user_data.ends_with(&format!("\n# realm {realm}\n")),
             "the placeholder became the realm: {user_data}"
         );
-        let (status, dashboard) = support::http::request(discovery, "GET", "/v1/dashboard", &[], None).await;
-        assert_eq!(status, 200, "{dashboard}");
-        let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
-        assert_eq!(dashboard["proxies"][0]["realm"], json!(realm), "{dashboard}");
         assert_eq!(inserted["tags"]["items"][0], "egress-proxy");
         let labels = &inserted["labels"];
         assert_eq!(
@@ -139,6 +134,14 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             fake_state.issued.len()
         );
     }
+    // The lease book holds that realm for the gateway (the dashboard's row).
+    let realm = egress_proxies::credentials::ProxyCredentials::new(username, password)
+        .unwrap()
+        .realm();
+    let (code, dashboard) = support::http::request(discovery, "GET", "/v1/dashboard", &[], None).await;
+    assert_eq!(code, 200, "{dashboard}");
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    assert_eq!(dashboard["proxies"][0]["realm"], json!(realm), "{dashboard}");
 
     dir.remove_manifest("gcp-1");
     operator
