@@ -662,8 +662,9 @@ struct Sample {
     p99: f64,
     /// Connections the clients had to open again (the proxy closed theirs).
     reconnects: u64,
-    /// Cores the operator used in the window.
-    operator_cores: f64,
+    /// Cores the hop used in the window: the operator (gateway, straight,
+    /// rotator: the operator idles) or the relay's process.
+    hop_cores: f64,
     /// Cores the upstream proxies used in the window, together.
     upstream_cores: f64,
 }
@@ -680,6 +681,9 @@ struct Bench {
     /// Through the bare relay, one way in per upstream (its credentials).
     bare_relays: Vec<Via>,
     operator_pid: u32,
+    /// The splice hop's and the bare relay's processes (for their CPU).
+    bare_hop_pid: u32,
+    bare_relay_pid: u32,
     /// The upstreams' processes (for their CPU).
     upstream_pids: Vec<u32>,
     clients: usize,
@@ -716,17 +720,22 @@ impl Bench {
             })
             .collect();
         tokio::time::sleep(WARM_UP).await;
+        let hop = match case {
+            Case::BareHop => self.bare_hop_pid,
+            Case::BareRelay => self.bare_relay_pid,
+            _ => self.operator_pid,
+        };
         let upstreams_cpu = || self.upstream_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
         let (from, cpu, upstream_cpu, bytes_before) = (
             Instant::now(),
-            cpu_seconds(self.operator_pid),
+            cpu_seconds(hop),
             upstreams_cpu(),
             bytes.load(Ordering::Relaxed),
         );
         tokio::time::sleep(self.window).await;
         let (to, cpu, upstream_cpu, moved) = (
             Instant::now(),
-            cpu_seconds(self.operator_pid) - cpu,
+            cpu_seconds(hop) - cpu,
             upstreams_cpu() - upstream_cpu,
             bytes.load(Ordering::Relaxed) - bytes_before,
         );
@@ -761,7 +770,7 @@ impl Bench {
             p50: pct(&latencies, 0.50),
             p99: pct(&latencies, 0.99),
             reconnects,
-            operator_cores: cpu / seconds,
+            hop_cores: cpu / seconds,
             upstream_cores: upstream_cpu / seconds,
         })
     }
@@ -1251,6 +1260,8 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
             bare_hops,
             bare_relays,
             operator_pid: operator.pid(),
+            bare_hop_pid: bare_hop.pid(),
+            bare_relay_pid: bare_relay.pid(),
             upstream_pids: local_proxy_pids(&dir.join("state"))
                 .into_iter()
                 .filter_map(|p| u32::try_from(p).ok())
@@ -1360,14 +1371,14 @@ async fn small_once(via: &Via, site: SocketAddr) -> Result<usize, String> {
 
 fn print_sample(round: usize, what: &str, s: &Sample) {
     println!(
-        "round {} {what:16} {:14}: {:>8.0} req/s {:>8.1} MB/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU: operator {:.2}, upstreams {:.2} cores  reconnects {}",
+        "round {} {what:16} {:14}: {:>8.0} req/s {:>8.1} MB/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU: hop {:.2}, upstreams {:.2} cores  reconnects {}",
         round + 1,
         s.case.name(),
         s.rate,
         s.megabytes,
         s.p50,
         s.p99,
-        s.operator_cores,
+        s.hop_cores,
         s.upstream_cores,
         s.reconnects
     );
@@ -1384,7 +1395,7 @@ fn summary(
         median(samples.iter().filter(|s| s.case == case).map(value).collect())
     };
     let mut text = String::from(
-        "\n| case | small req/s | p50 ms | p99 ms | operator CPU | upstreams CPU | 1 client p50 ms | 1 client p99 ms | 1 MiB tunnels MB/s |\n\
+        "\n| case | small req/s | p50 ms | p99 ms | hop CPU | upstreams CPU | 1 client p50 ms | 1 client p99 ms | 1 MiB tunnels MB/s |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut cases = vec![Case::Gateway, Case::Straight, Case::BareHop, Case::BareRelay];
@@ -1403,7 +1414,7 @@ fn summary(
             of(small, *case, |s| s.rate),
             of(small, *case, |s| s.p50),
             of(small, *case, |s| s.p99),
-            of(small, *case, |s| s.operator_cores),
+            of(small, *case, |s| s.hop_cores),
             of(small, *case, |s| s.upstream_cores),
             one(|s| s.p50),
             one(|s| s.p99),
@@ -1415,7 +1426,9 @@ fn summary(
     }
     let _ = writeln!(
         text,
-        "\n(medians over rounds; CPU: cores used during the small runs by the operator, gateway included, and by all upstream proxies together)"
+        "\n(medians over rounds; CPU: cores used during the small runs by the hop — the operator, gateway included, \
+         for the gateway (and idle for straight and the rotator), the relay's process for the splice hop and the bare relay — \
+         and by all upstream proxies together)"
     );
     let mut met = true;
     let mut judge = |text: &mut String, what: String, pass: bool| {
