@@ -337,7 +337,7 @@ fn start_squid(
          cache_log {d}/cache.log\n\
          access_log stdio:{d}/access.log\n\
          coredump_dir {d}\n",
-        auth = auth_section(&passwd),
+        auth = auth_section(&passwd, &credentials.realm()),
         rules = squid_rules(destinations),
     );
     let conf_file = run_dir.join("squid.conf");

@@ -14,20 +14,26 @@
 //!   client pinned to one, with its URL and credentials from the lease API,
 //!   as an API user would), (c) through Squid with every upstream as a
 //!   `round-robin` `cache_peer` and `never_direct allow all` (skipped
-//!   without Squid), (d) straight through a bare relay: this binary run
+//!   without Squid), (d) straight through a splice hop: this binary run
 //!   again (`--bare-hop`), one port per upstream, every connection relayed
 //!   by the kernel with nothing parsed or decided (the gateway's own tunnel
-//!   relay), the ceiling any extra hop meets here; then one client alone,
-//!   (a) and (d) against (b): the latency the gateway adds without queueing;
-//! - 1 MiB responses inside `CONNECT` tunnels, gateway and bare relay against straight;
+//!   relay), the ceiling any extra hop meets here, (e) straight through a
+//!   bare relay (`--bare-relay`, `gateway/bare_relay.rs`): heads parsed by
+//!   hyper, plain requests forwarded on a kept upstream connection,
+//!   tunnels spliced — the gateway's work without leasing, judging or
+//!   identities; then one client alone, (a), (d) and (e) against (b): the
+//!   latency the gateway adds without queueing;
+//! - 1 MiB responses inside `CONNECT` tunnels, gateway, splice hop and bare
+//!   relay against straight;
 //! - `--tunnels` (10,000) idle tunnels held through the gateway: the
 //!   operator's RSS growth per tunnel.
 //!
 //! Cases take turns in every round (the order rotates); the summary gives
 //! the median over rounds and judges the targets: gateway ≥ 0.7× straight
 //! and ≥ 1.5× the Squid rotator on small requests/s; added p50 ≤ 0.3 ms and
-//! p99 ≤ 2 ms (one client); 1 MiB throughput ≥ 0.9× straight; ≤ 16 KiB of
-//! operator RSS per idle tunnel.
+//! p99 ≤ 2 ms (one client); 1 MiB throughput ≥ 0.9× straight; gateway ≥
+//! 0.95× the bare relay on small requests/s and on 1 MiB tunnels; ≤ 16 KiB
+//! of operator RSS per idle tunnel.
 //!
 //!   cargo bench -p egress-proxies-operator --bench gateway -- [--rounds 2] [--seconds 4]
 //!       [--clients 64] [--upstreams 4] [--tunnels 10000] [--quick] [--check]
@@ -63,6 +69,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 mod common;
 use common::{arg, free_addr, pct};
+#[path = "gateway/bare_relay.rs"]
+mod bare_relay;
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 /// The crawler token: the gateway's proxy password and the API's bearer token.
@@ -75,6 +83,8 @@ const VS_ROTATOR: f64 = 1.5;
 const ADDED_P50_MS: f64 = 0.3;
 const ADDED_P99_MS: f64 = 2.0;
 const LARGE_VS_STRAIGHT: f64 = 0.9;
+/// Against the bare relay, small requests/s and 1 MiB tunnel throughput alike.
+const VS_BARE_RELAY: f64 = 0.95;
 const KIB_PER_TUNNEL: f64 = 16.0;
 /// Each phase's clients run this long before the measured window.
 const WARM_UP: Duration = Duration::from_millis(500);
@@ -624,6 +634,9 @@ enum Case {
     Rotator,
     /// Straight, through a relay that only moves bytes: what any extra hop costs.
     BareHop,
+    /// Straight, through a relay that parses heads and moves bytes
+    /// (`bare_relay`): the gateway's work without leasing, judging or identities.
+    BareRelay,
 }
 
 impl Case {
@@ -632,7 +645,8 @@ impl Case {
             Case::Gateway => "gateway",
             Case::Straight => "straight",
             Case::Rotator => "Squid rotator",
-            Case::BareHop => "bare hop",
+            Case::BareHop => "splice hop",
+            Case::BareRelay => "bare relay",
         }
     }
 }
@@ -648,8 +662,9 @@ struct Sample {
     p99: f64,
     /// Connections the clients had to open again (the proxy closed theirs).
     reconnects: u64,
-    /// Cores the operator used in the window.
-    operator_cores: f64,
+    /// Cores the hop used in the window: the operator (gateway, straight,
+    /// rotator: the operator idles) or the relay's process.
+    hop_cores: f64,
     /// Cores the upstream proxies used in the window, together.
     upstream_cores: f64,
 }
@@ -661,9 +676,14 @@ struct Bench {
     /// The upstreams as the lease API hands them out.
     upstreams: Vec<Via>,
     rotator: Option<Via>,
-    /// Through the bare relay, one way in per upstream (its credentials).
+    /// Through the splice hop, one way in per upstream (its credentials).
     bare_hops: Vec<Via>,
+    /// Through the bare relay, one way in per upstream (its credentials).
+    bare_relays: Vec<Via>,
     operator_pid: u32,
+    /// The splice hop's and the bare relay's processes (for their CPU).
+    bare_hop_pid: u32,
+    bare_relay_pid: u32,
     /// The upstreams' processes (for their CPU).
     upstream_pids: Vec<u32>,
     clients: usize,
@@ -678,6 +698,7 @@ impl Bench {
             Case::Straight => self.upstreams[i % self.upstreams.len()].clone(),
             Case::Rotator => self.rotator.clone().unwrap_or_else(|| self.gateway.clone()),
             Case::BareHop => self.bare_hops[i % self.bare_hops.len()].clone(),
+            Case::BareRelay => self.bare_relays[i % self.bare_relays.len()].clone(),
         }
     }
 
@@ -699,17 +720,22 @@ impl Bench {
             })
             .collect();
         tokio::time::sleep(WARM_UP).await;
+        let hop = match case {
+            Case::BareHop => self.bare_hop_pid,
+            Case::BareRelay => self.bare_relay_pid,
+            _ => self.operator_pid,
+        };
         let upstreams_cpu = || self.upstream_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
         let (from, cpu, upstream_cpu, bytes_before) = (
             Instant::now(),
-            cpu_seconds(self.operator_pid),
+            cpu_seconds(hop),
             upstreams_cpu(),
             bytes.load(Ordering::Relaxed),
         );
         tokio::time::sleep(self.window).await;
         let (to, cpu, upstream_cpu, moved) = (
             Instant::now(),
-            cpu_seconds(self.operator_pid) - cpu,
+            cpu_seconds(hop) - cpu,
             upstreams_cpu() - upstream_cpu,
             bytes.load(Ordering::Relaxed) - bytes_before,
         );
@@ -744,7 +770,7 @@ impl Bench {
             p50: pct(&latencies, 0.50),
             p99: pct(&latencies, 0.99),
             reconnects,
-            operator_cores: cpu / seconds,
+            hop_cores: cpu / seconds,
             upstream_cores: upstream_cpu / seconds,
         })
     }
@@ -1052,14 +1078,19 @@ fn start_rotator(
     Ok(process)
 }
 
-// -------------------------------------------------------------- bare hop
+// ------------------------------------------------- splice hop, bare relay
 
-/// Starts this benchmark's binary again as the bare relay: one loopback
-/// port per upstream, each connection relayed to that upstream.
-fn start_bare_hop(upstreams: &[(SocketAddr, String, String)]) -> Result<(Process, Vec<Via>), String> {
+/// Starts this benchmark's binary again with `flag` (`--bare-hop`,
+/// `--bare-relay`) as `what`: one loopback port per upstream, each
+/// client's connection relayed to that upstream.
+fn start_relay(
+    flag: &str,
+    what: &'static str,
+    upstreams: &[(SocketAddr, String, String)],
+) -> Result<(Process, Vec<Via>), String> {
     let exe = std::env::current_exe().map_err(|e| format!("this benchmark's binary: {e}"))?;
     let mut command = Command::new(exe);
-    command.arg("--bare-hop");
+    command.arg(flag);
     let mut ways = Vec::new();
     for (upstream, user, password) in upstreams {
         let listen = free_addr();
@@ -1069,16 +1100,13 @@ fn start_bare_hop(upstreams: &[(SocketAddr, String, String)]) -> Result<(Process
             authorization: Some(basic(user, password)),
         });
     }
-    let mut process = Process::spawn(
-        "the bare relay",
-        command.stdout(Stdio::null()).stderr(Stdio::inherit()),
-    )?;
+    let mut process = Process::spawn(what, command.stdout(Stdio::null()).stderr(Stdio::inherit()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     for way in &ways {
         while std::net::TcpStream::connect_timeout(&way.proxy, Duration::from_millis(200)).is_err() {
             process.alive()?;
             if Instant::now() > deadline {
-                return Err(format!("the bare relay does not listen on {}", way.proxy));
+                return Err(format!("{what} does not listen on {}", way.proxy));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -1086,12 +1114,10 @@ fn start_bare_hop(upstreams: &[(SocketAddr, String, String)]) -> Result<(Process
     Ok((process, ways))
 }
 
-/// The bare relay's process: each `LISTEN=UPSTREAM` pair's connections
-/// relayed to the upstream by the kernel (the gateway's own tunnel relay,
-/// `zero_copy`), with nothing read, parsed or decided; as many threads as
-/// the gateway has. Runs until killed.
-fn bare_hop_main(pairs: &[String]) -> ExitCode {
-    let parsed: Result<Vec<(SocketAddr, SocketAddr)>, String> = pairs
+/// `LISTEN=UPSTREAM` pairs from the command line, and a runtime with as
+/// many threads as the gateway has.
+fn relay_setup(pairs: &[String]) -> Result<(Vec<(SocketAddr, SocketAddr)>, tokio::runtime::Runtime), String> {
+    let parsed = pairs
         .iter()
         .map(|pair| {
             let (listen, upstream) = pair
@@ -1102,16 +1128,38 @@ fn bare_hop_main(pairs: &[String]) -> ExitCode {
                 upstream.parse().map_err(|e| format!("{upstream}: {e}"))?,
             ))
         })
-        .collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
-    let (pairs, runtime) = match (parsed, runtime) {
-        (Ok(pairs), Ok(runtime)) => (pairs, runtime),
-        (Err(e), _) => {
+        .collect::<Result<_, String>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok((parsed, runtime))
+}
+
+/// The bare relay's process ([`bare_relay`]). Runs until killed.
+fn bare_relay_main(pairs: &[String]) -> ExitCode {
+    let outcome = relay_setup(pairs).and_then(|(pairs, runtime)| {
+        runtime
+            .block_on(bare_relay::serve(pairs))
+            .map_err(|e| e.to_string())
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
             eprintln!("bare relay: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-        (_, Err(e)) => {
-            eprintln!("bare relay: {e}");
+    }
+}
+
+/// The splice hop's process: each `LISTEN=UPSTREAM` pair's connections
+/// relayed to the upstream by the kernel (the gateway's own tunnel relay,
+/// `zero_copy`), with nothing read, parsed or decided. Runs until killed.
+fn bare_hop_main(pairs: &[String]) -> ExitCode {
+    let (pairs, runtime) = match relay_setup(pairs) {
+        Ok(setup) => setup,
+        Err(e) => {
+            eprintln!("splice hop: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -1120,7 +1168,7 @@ fn bare_hop_main(pairs: &[String]) -> ExitCode {
             let listener = match TcpListener::bind(listen).await {
                 Ok(listener) => listener,
                 Err(e) => {
-                    eprintln!("bare relay: binding {listen}: {e}");
+                    eprintln!("splice hop: binding {listen}: {e}");
                     return ExitCode::FAILURE;
                 }
             };
@@ -1189,7 +1237,8 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
             Some(squid) => Some(start_rotator(squid, dir, rotator_addr, &found)?),
             None => None,
         };
-        let (mut bare_hop, bare_hops) = start_bare_hop(&found)?;
+        let (mut bare_hop, bare_hops) = start_relay("--bare-hop", "the splice hop", &found)?;
+        let (mut bare_relay, bare_relays) = start_relay("--bare-relay", "the bare relay", &found)?;
         let bench = Bench {
             site,
             echo,
@@ -1209,7 +1258,10 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
                 authorization: None,
             }),
             bare_hops,
+            bare_relays,
             operator_pid: operator.pid(),
+            bare_hop_pid: bare_hop.pid(),
+            bare_relay_pid: bare_relay.pid(),
             upstream_pids: local_proxy_pids(&dir.join("state"))
                 .into_iter()
                 .filter_map(|p| u32::try_from(p).ok())
@@ -1243,7 +1295,7 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
             return Err("the gateway answered a request with a wrong password".to_owned());
         }
 
-        let mut small_cases = vec![Case::Gateway, Case::Straight, Case::BareHop];
+        let mut small_cases = vec![Case::Gateway, Case::Straight, Case::BareHop, Case::BareRelay];
         if bench.rotator.is_some() {
             small_cases.push(Case::Rotator);
         }
@@ -1258,18 +1310,20 @@ fn run(dir: &Path, settings: &Settings) -> Result<bool, String> {
                     rotator.alive()?;
                 }
                 bare_hop.alive()?;
+                bare_relay.alive()?;
                 let sample = bench.phase(case, bench.clients, false).await?;
                 print_sample(round, "small", &sample);
                 small.push(sample);
             }
-            for i in 0..3 {
-                let case = [Case::Gateway, Case::Straight, Case::BareHop][(i + round) % 3];
+            let cases = [Case::Gateway, Case::Straight, Case::BareHop, Case::BareRelay];
+            for i in 0..cases.len() {
+                let case = cases[(i + round) % cases.len()];
                 let sample = bench.phase(case, 1, false).await?;
                 print_sample(round, "small, 1 client", &sample);
                 alone.push(sample);
             }
-            for i in 0..3 {
-                let case = [Case::Gateway, Case::Straight, Case::BareHop][(i + round) % 3];
+            for i in 0..cases.len() {
+                let case = cases[(i + round) % cases.len()];
                 let sample = bench.phase(case, bench.clients, true).await?;
                 print_sample(round, "1 MiB tunnels", &sample);
                 large.push(sample);
@@ -1317,14 +1371,14 @@ async fn small_once(via: &Via, site: SocketAddr) -> Result<usize, String> {
 
 fn print_sample(round: usize, what: &str, s: &Sample) {
     println!(
-        "round {} {what:16} {:14}: {:>8.0} req/s {:>8.1} MB/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU: operator {:.2}, upstreams {:.2} cores  reconnects {}",
+        "round {} {what:16} {:14}: {:>8.0} req/s {:>8.1} MB/s  p50 {:>6.2} ms  p99 {:>6.2} ms  CPU: hop {:.2}, upstreams {:.2} cores  reconnects {}",
         round + 1,
         s.case.name(),
         s.rate,
         s.megabytes,
         s.p50,
         s.p99,
-        s.operator_cores,
+        s.hop_cores,
         s.upstream_cores,
         s.reconnects
     );
@@ -1341,10 +1395,10 @@ fn summary(
         median(samples.iter().filter(|s| s.case == case).map(value).collect())
     };
     let mut text = String::from(
-        "\n| case | small req/s | p50 ms | p99 ms | operator CPU | upstreams CPU | 1 client p50 ms | 1 client p99 ms | 1 MiB tunnels MB/s |\n\
+        "\n| case | small req/s | p50 ms | p99 ms | hop CPU | upstreams CPU | 1 client p50 ms | 1 client p99 ms | 1 MiB tunnels MB/s |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    let mut cases = vec![Case::Gateway, Case::Straight, Case::BareHop];
+    let mut cases = vec![Case::Gateway, Case::Straight, Case::BareHop, Case::BareRelay];
     if rotator {
         cases.push(Case::Rotator);
     }
@@ -1360,7 +1414,7 @@ fn summary(
             of(small, *case, |s| s.rate),
             of(small, *case, |s| s.p50),
             of(small, *case, |s| s.p99),
-            of(small, *case, |s| s.operator_cores),
+            of(small, *case, |s| s.hop_cores),
             of(small, *case, |s| s.upstream_cores),
             one(|s| s.p50),
             one(|s| s.p99),
@@ -1372,7 +1426,9 @@ fn summary(
     }
     let _ = writeln!(
         text,
-        "\n(medians over rounds; CPU: cores used during the small runs by the operator, gateway included, and by all upstream proxies together)"
+        "\n(medians over rounds; CPU: cores used during the small runs by the hop — the operator, gateway included, \
+         for the gateway (and idle for straight and the rotator), the relay's process for the splice hop and the bare relay — \
+         and by all upstream proxies together)"
     );
     let mut met = true;
     let mut judge = |text: &mut String, what: String, pass: bool| {
@@ -1409,11 +1465,33 @@ fn summary(
         format!("gateway / straight, 1 MiB tunnel throughput: {ratio:.2} (target >= {LARGE_VS_STRAIGHT})"),
         ratio >= LARGE_VS_STRAIGHT,
     );
-    // Not judged: the ceiling any relaying hop meets on this machine.
     let mb = |case| of(large, case, |s| s.megabytes);
+    let ratio = rate(Case::Gateway) / rate(Case::BareRelay);
+    judge(
+        &mut text,
+        format!("gateway / bare relay, small req/s: {ratio:.2} (target >= {VS_BARE_RELAY})"),
+        ratio >= VS_BARE_RELAY,
+    );
+    let ratio = mb(Case::Gateway) / mb(Case::BareRelay);
+    judge(
+        &mut text,
+        format!("gateway / bare relay, 1 MiB tunnel throughput: {ratio:.2} (target >= {VS_BARE_RELAY})"),
+        ratio >= VS_BARE_RELAY,
+    );
+    // Not judged: what a relay that parses heads costs, and the ceiling any
+    // relaying hop meets on this machine.
     let _ = writeln!(
         text,
-        "ceiling, a bare relay that only moves bytes (kernel splice): small req/s {:.2} of straight \
+        "bare relay (parses heads, moves bytes): small req/s {:.2} of straight, 1 MiB tunnels {:.2} of straight, \
+         one client p50 {:+.2} ms, p99 {:+.2} ms",
+        rate(Case::BareRelay) / rate(Case::Straight),
+        mb(Case::BareRelay) / mb(Case::Straight),
+        of(alone, Case::BareRelay, |s| s.p50) - of(alone, Case::Straight, |s| s.p50),
+        of(alone, Case::BareRelay, |s| s.p99) - of(alone, Case::Straight, |s| s.p99),
+    );
+    let _ = writeln!(
+        text,
+        "ceiling, a splice hop that only moves bytes (kernel splice): small req/s {:.2} of straight \
          (the gateway reaches {:.2} of it), 1 MiB tunnels {:.2} of straight (the gateway {:.2} of it), \
          one client p50 {:+.2} ms, p99 {:+.2} ms",
         rate(Case::BareHop) / rate(Case::Straight),
@@ -1439,6 +1517,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--bare-hop") {
         return bare_hop_main(&args[at + 1..]);
+    }
+    if let Some(at) = args.iter().position(|a| a == "--bare-relay") {
+        return bare_relay_main(&args[at + 1..]);
     }
     egress_proxies::tls::ensure_crypto_provider();
     let settings = Settings::from_args();

@@ -262,6 +262,7 @@ fn main() {
                         endpoint: format!("127.0.0.1:{proxy_port}"),
                         check: check.clone(),
                         credentials: None,
+                        realm: None,
                         endpoint_policy: None,
                     }),
                     owner: sink.downgrade().recipient(),

@@ -78,6 +78,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
                 attributes: BTreeMap::from([("geo".to_owned(), geos[i % geos.len()].to_owned())]),
                 latency: Some(Duration::from_millis((i % 200) as u64)),
                 credentials: None,
+                realm: None,
                 retiring: false,
             }));
         }

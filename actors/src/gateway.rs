@@ -45,7 +45,7 @@ fn upstream(granted: Result<Granted, AcquireError>) -> Result<Upstream, GatewayE
             url: grant.url,
             credentials: grant.credentials,
             ttl: grant.ttl,
-            realm: None,
+            realm: grant.realm,
             revoked,
         })
         .map_err(|e| match e {

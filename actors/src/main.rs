@@ -56,6 +56,7 @@ fn main() -> ExitCode {
             egress_proxies::forward_proxy::Options {
                 destinations: destinations.policy().into(),
                 auth: None,
+                realm: None,
                 outgoing: outgoing_address,
             },
             credentials_file.as_deref(),
@@ -233,15 +234,20 @@ fn forward_proxy(
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
-    options.auth = match credentials_file.map(egress_proxies::credentials::read_credentials_file) {
-        Some(Ok(credentials)) => Some(egress_proxies::credentials::BasicAuthorization::of(&credentials)),
+    match credentials_file.map(egress_proxies::credentials::read_credentials_file) {
+        Some(Ok(credentials)) => {
+            options.auth = Some(egress_proxies::credentials::BasicAuthorization::of(&credentials));
+            // Its 407 names the credentials' own realm, as a local Squid's does.
+            options.realm = Some(credentials.realm());
+        }
         Some(Err(e)) => return fail(e),
-        None => None,
-    };
+        None => {}
+    }
     // Sized to the file limit as it is now, after any raise at start.
     let settings = limits.settings();
     tracing::info!(
         %listen, instance = %instance_dir.display(), authenticated = options.auth.is_some(),
+        realm = options.realm.as_deref(),
         outgoing_address = options.outgoing.map(tracing::field::display),
         max_connections = settings.max_connections,
         memory_limit = egress_proxies::memory_limit::current().map(tracing::field::display),

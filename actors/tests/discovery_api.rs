@@ -34,6 +34,7 @@ fn availability(name: &str, ready: bool, geo: &str, latency_ms: u64) -> Availabi
         attributes: BTreeMap::from([("geo".to_owned(), geo.to_owned())]),
         latency: Some(Duration::from_millis(latency_ms)),
         credentials: Some(credentials(name)),
+        realm: None,
         retiring: false,
     }
 }

@@ -54,6 +54,7 @@ async fn serve(rate: RateLimits) -> (SocketAddr, Addr<LeaseStore>, Limiter) {
             attributes: BTreeMap::new(),
             latency: Some(Duration::from_millis(i)),
             credentials: None,
+            realm: None,
             retiring: false,
         }));
     }

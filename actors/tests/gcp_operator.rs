@@ -48,7 +48,7 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
         "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata: {{name: gcp-1, namespace: crawl}}\n\
              spec:\n  mode: Managed\n  provider: gcp-test\n  port: {port}\n\
              \x20 placement: {{zone: europe-west1-b, machineType: e2-micro, image: projects/debian-cloud/global/images/family/debian-12}}\n\
-             \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n# {{{{ proxy_htpasswd }}}}\\n\"}}\n\
+             \x20 cloudInit: {{inline: \"#cloud-config\\npackages: [squid]\\n# {{{{ proxy_htpasswd }}}}\\n# realm {{{{ proxy_realm }}}}\\n\"}}\n\
              \x20 healthCheck: {{url: \"{}\", interval: 1s}}\n",
         health_target()
     );
@@ -105,6 +105,14 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             !user_data.contains(password),
             "the user-data carries the hash, not the password"
         );
+        // The realm placeholder became the proxy's own realm.
+        let realm = egress_proxies::credentials::ProxyCredentials::new(username, password)
+            .unwrap()
+            .realm();
+        assert!(
+            user_data.ends_with(&format!("\n# realm {realm}\n")),
+            "the placeholder became the realm: {user_data}"
+        );
         assert_eq!(inserted["tags"]["items"][0], "egress-proxy");
         let labels = &inserted["labels"];
         assert_eq!(
@@ -126,6 +134,14 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             fake_state.issued.len()
         );
     }
+    // The lease book holds that realm for the gateway (the dashboard's row).
+    let realm = egress_proxies::credentials::ProxyCredentials::new(username, password)
+        .unwrap()
+        .realm();
+    let (code, dashboard) = support::http::request(discovery, "GET", "/v1/dashboard", &[], None).await;
+    assert_eq!(code, 200, "{dashboard}");
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    assert_eq!(dashboard["proxies"][0]["realm"], json!(realm), "{dashboard}");
 
     dir.remove_manifest("gcp-1");
     operator

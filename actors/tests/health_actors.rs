@@ -394,6 +394,7 @@ async fn a_small_worker_pool_probes_every_proxy_in_turn_never_more_at_once() {
                     },
                 },
                 credentials: None,
+                realm: None,
                 endpoint_policy: None,
             }),
             owner: sink.downgrade().recipient(),

@@ -377,6 +377,7 @@ async fn a_guarded_probe_never_connects_to_a_refused_address() {
         endpoint,
         check: check(&format!("http://{target}/"), None, 2000),
         credentials: None,
+        realm: None,
         endpoint_policy: Some(Arc::new(policy)),
     };
     for endpoint in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {

@@ -138,6 +138,11 @@ async fn pods_are_created_mapped_listed_and_deleted() {
             && conf.find("http_access deny !authenticated") < conf.find("http_access allow"),
         "{conf}"
     );
+    // Its 407 names the credentials' own realm, which the lease book hands the gateway.
+    assert!(
+        conf.contains(&format!("auth_param basic realm {}\n", credentials.realm())),
+        "{conf}"
+    );
     let spec = pod.spec.as_ref().unwrap();
     let volume = spec.volumes.iter().flatten().find(|v| v.name == "auth").unwrap();
     let secret = volume.secret.as_ref().unwrap();

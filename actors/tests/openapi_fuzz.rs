@@ -62,6 +62,7 @@ async fn schemathesis_finds_nothing() {
             attributes: BTreeMap::from([("geo".to_owned(), ["eu", "us"][i % 2].to_owned())]),
             latency: Some(Duration::from_millis(5 + i as u64)),
             credentials: None,
+            realm: None,
             retiring: false,
         }));
     }

@@ -46,6 +46,8 @@ struct ProxyRow {
     ready: bool,
     latency_ms: Option<u64>,
     url: Option<String>,
+    /// The realm its own 407 names, when known (no secret).
+    realm: Option<String>,
     active_leases: u32,
     attributes: BTreeMap<String, String>,
     /// Targets it was reported blocked by, and its reported errors.
@@ -186,6 +188,7 @@ pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
             ready: v.availability.ready,
             latency_ms: v.availability.latency.map(|l| l.as_millis() as u64),
             url: v.availability.url.clone(),
+            realm: v.availability.realm.clone(),
             active_leases: v.active_leases,
             attributes: v.availability.attributes.clone(),
             blocked_targets: v.blocked_targets,

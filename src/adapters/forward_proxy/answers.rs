@@ -8,8 +8,17 @@ use super::body::ProxyBody;
 use crate::destinations::CheckedConnectError;
 use crate::guarded_listener::InFlight;
 
-/// A 407's `Proxy-Authenticate` challenge, naming the proxy's realm.
-const CHALLENGE: &str = "Basic realm=\"egress-proxies\"";
+/// The `Proxy-Authenticate` challenge of a listener without a realm of its
+/// own (the gateway's, to crawlers).
+const SHARED_CHALLENGE: &str = "Basic realm=\"egress-proxies\"";
+
+/// The `Proxy-Authenticate` challenge naming `realm` (a proxy's own, see
+/// [`crate::credentials::realm_of`]: letters, digits and `-`, nothing to
+/// escape); the shared one if `realm` cannot be a header value.
+pub fn challenge_naming(realm: &str) -> HeaderValue {
+    HeaderValue::from_str(&format!("Basic realm=\"{realm}\""))
+        .unwrap_or(HeaderValue::from_static(SHARED_CHALLENGE))
+}
 
 /// An empty answer; `close` ends the connection after it (the client's
 /// next bytes cannot be trusted to start a request, or are a tunnel's).
@@ -38,12 +47,18 @@ pub fn answer(status: StatusCode, close: bool, request: InFlight) -> Response<Pr
     response
 }
 
-/// 407 with the `Proxy-Authenticate` challenge.
+/// 407 with the shared `Proxy-Authenticate` challenge.
 pub fn authentication_required(close: bool, request: InFlight) -> Response<ProxyBody> {
+    challenge(HeaderValue::from_static(SHARED_CHALLENGE), close, request)
+}
+
+/// 407 with the `Proxy-Authenticate` challenge `challenge` (from
+/// [`challenge_naming`]).
+pub fn challenge(challenge: HeaderValue, close: bool, request: InFlight) -> Response<ProxyBody> {
     let mut response = answer(StatusCode::PROXY_AUTHENTICATION_REQUIRED, close, request);
     response
         .headers_mut()
-        .insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static(CHALLENGE));
+        .insert(header::PROXY_AUTHENTICATE, challenge);
     response
 }
 
@@ -96,6 +111,19 @@ mod tests {
             status_of(StatusCode::FORBIDDEN),
             None,
             "a refusal is not a failure"
+        );
+    }
+
+    #[test]
+    fn a_challenge_names_the_realm_it_is_given() {
+        assert_eq!(
+            challenge_naming("egress-proxies-0123abcd"),
+            "Basic realm=\"egress-proxies-0123abcd\""
+        );
+        assert_eq!(
+            challenge_naming("bad\nrealm"),
+            SHARED_CHALLENGE,
+            "never a header that cannot be sent"
         );
     }
 }

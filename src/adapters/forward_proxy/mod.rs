@@ -37,18 +37,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::credentials::BasicAuthorization;
+use crate::credentials::{BasicAuthorization, SHARED_REALM};
 use crate::destinations::DestinationPolicy;
 use crate::guarded_listener::{ListenerSettings, Slot, serve_connections};
 use crate::listener_limits::UnauthenticatedLimits;
-use answers::{answer, authentication_required};
+use answers::{answer, challenge, challenge_naming};
 use body::ProxyBody;
 use connector::CheckedConnector;
 use framing::{Verdict, Verdicts};
@@ -87,6 +87,9 @@ pub struct Options {
     pub destinations: Arc<DestinationPolicy>,
     /// Every request must present these.
     pub auth: Option<BasicAuthorization>,
+    /// The realm its 407 names: the credentials' own
+    /// ([`crate::credentials::realm_of`]); the shared one when `None`.
+    pub realm: Option<String>,
     /// Destinations are reached from this address (those of its family).
     pub outgoing: Option<IpAddr>,
 }
@@ -111,6 +114,7 @@ pub async fn serve_from(
     let options = Options {
         destinations,
         auth,
+        realm: None,
         outgoing,
     };
     serve_with(
@@ -146,6 +150,8 @@ struct Proxy {
     client: Client<CheckedConnector, Incoming>,
     server: http1::Builder,
     auth: Option<BasicAuthorization>,
+    /// The `Proxy-Authenticate` value of its 407s.
+    challenge: HeaderValue,
     idle_timeout: Duration,
     /// The listener's timeouts, for each connection.
     listener: ListenerSettings,
@@ -171,6 +177,7 @@ impl Proxy {
             client,
             server: client_connection::server(settings),
             auth: options.auth,
+            challenge: challenge_naming(options.realm.as_deref().unwrap_or(SHARED_REALM)),
             idle_timeout: settings.idle_timeout,
             listener: settings.clone(),
         }
@@ -210,7 +217,7 @@ impl Proxy {
             let presented = request.headers().get(header::PROXY_AUTHORIZATION);
             if !presented.is_some_and(|value| auth.admits(value.as_bytes())) {
                 let close = tunnel || holds_a_large_buffer(&slot, verdicts);
-                return authentication_required(close, in_flight);
+                return challenge(self.challenge.clone(), close, in_flight);
             }
         }
         slot.authenticated();

@@ -101,11 +101,11 @@ pub struct Upstream {
     /// Where the proxy listens (`http://host:port`).
     pub url: String,
     pub credentials: Option<ProxyCredentials>,
+    /// The realm the proxy's own 407 names, when known: a 407 naming
+    /// another is not the proxy's (see [`challenge_realm`]).
+    pub realm: Option<String>,
     /// How long the lease lasts unless renewed.
     pub ttl: std::time::Duration,
-    /// The realm the proxy's own `407` names, when known: how its refusal
-    /// of its credentials is told from a site's `407`.
-    pub realm: Option<String>,
     /// Fires when the store takes the lease back (fair shares): the tunnel
     /// holding it closes.
     pub revoked: Revocation,

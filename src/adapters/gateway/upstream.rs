@@ -239,6 +239,7 @@ mod tests {
             proxy: ObjectKey::new("ns", "p"),
             url: format!("http://{addr}"),
             credentials: None,
+            realm: None,
             ttl: Duration::from_secs(60),
             realm: None,
             revoked: super::super::Revocation::never(),

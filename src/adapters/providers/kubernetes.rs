@@ -108,11 +108,13 @@ pub fn squid_config(port: u16, destinations: &DestinationPolicy) -> String {
 pub const AUTH_MOUNT: &str = "/etc/squid-auth";
 
 /// The squid.conf of a pod that demands its Proxy's credentials (checked
-/// before the destination rules: a stranger learns nothing of them).
-pub fn authenticated_squid_config(port: u16, destinations: &DestinationPolicy) -> String {
+/// before the destination rules: a stranger learns nothing of them); its
+/// 407 names `realm`, the credentials' own.
+pub fn authenticated_squid_config(port: u16, destinations: &DestinationPolicy, realm: &str) -> String {
     with_auth(
         &squid_config(port, destinations),
         &Path::new(AUTH_MOUNT).join("passwd"),
+        realm,
     )
 }
 
@@ -341,14 +343,14 @@ impl KubernetesProvider {
         let mut volumes = vec![json!({"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}})];
         let mut mounts = vec![json!({"name": "tmp", "mountPath": "/tmp"})];
         let config = match &req.credentials {
-            Some(_) => {
+            Some(credentials) => {
                 volumes.push(json!({"name": "auth", "secret": {
                     "secretName": credentials_secret_name(&req.uid),
                     "items": [{"key": HTPASSWD_KEY, "path": "passwd"}],
                     "defaultMode": 0o444
                 }}));
                 mounts.push(json!({"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": true}));
-                authenticated_squid_config(req.port, &self.destinations)
+                authenticated_squid_config(req.port, &self.destinations, &credentials.realm())
             }
             None => squid_config(req.port, &self.destinations),
         };
@@ -401,6 +403,12 @@ impl Provider for KubernetesProvider {
 
     fn kind(&self) -> &'static str {
         "kubernetes"
+    }
+
+    // Its Squid's (or built-in proxy's) configuration is written here, with
+    // the credentials' realm.
+    fn names_own_realm(&self) -> bool {
+        true
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {

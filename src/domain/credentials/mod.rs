@@ -7,13 +7,15 @@ mod basic;
 mod cloud_init;
 mod file;
 mod htpasswd;
+mod realm;
 
 use std::fmt;
 
 pub use basic::BasicAuthorization;
-pub use cloud_init::{HTPASSWD_PLACEHOLDER, substitute_htpasswd};
+pub use cloud_init::{HTPASSWD_PLACEHOLDER, REALM_PLACEHOLDER, names_realm, substitute_placeholders};
 pub use file::{read_credentials_file, write_credentials_file};
 pub use htpasswd::htpasswd_line;
+pub use realm::{SHARED_REALM, realm_of};
 
 /// Random bytes in a generated username (hex-encoded after a letter).
 const USERNAME_BYTES: usize = 6;
@@ -90,6 +92,12 @@ impl ProxyCredentials {
             text.pop();
         }
         Some(text)
+    }
+
+    /// The realm the `407` of a proxy demanding these credentials names
+    /// ([`realm_of`]).
+    pub fn realm(&self) -> String {
+        realm_of(self)
     }
 
     /// The `Proxy-Authorization` value that presents these credentials.

@@ -77,6 +77,8 @@ pub struct ProbeTarget {
     pub check: CheckSpec,
     /// What the proxy demands in `Proxy-Authorization`, if anything.
     pub credentials: Option<crate::credentials::ProxyCredentials>,
+    /// The realm the proxy's own 407 names, when known (a Managed proxy's).
+    pub realm: Option<String>,
     /// Where probes may connect, when the endpoint is the Proxy author's
     /// word (External, Kubernetes mode); `None` connects anywhere.
     pub endpoint_policy: Option<std::sync::Arc<crate::destinations::DestinationPolicy>>,

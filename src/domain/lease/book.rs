@@ -426,6 +426,7 @@ impl LeaseBook {
             target: req.target.clone(),
             ttl,
             credentials: entry.availability.credentials.clone(),
+            realm: entry.availability.realm.clone(),
         };
         self.reindex(id, now);
         // The gateway's leases end with its connections, so with the

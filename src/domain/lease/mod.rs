@@ -75,6 +75,10 @@ pub struct Availability {
     pub latency: Option<Duration>,
     /// What the proxy demands, handed out with a lease only: never listed.
     pub credentials: Option<ProxyCredentials>,
+    /// The realm the proxy's own 407 names (`Proxy-Authenticate: Basic
+    /// realm="..."`), when known: every Managed proxy has one of its own
+    /// (`credentials::realm_of`); External proxies: `None`. No secret.
+    pub realm: Option<String>,
     /// Being retired by its pool: never leased, its leases not renewed, so
     /// it drains before it is deleted.
     pub retiring: bool,
@@ -139,6 +143,8 @@ pub struct Grant {
     pub ttl: Duration,
     /// What the proxy demands (Basic proxy authentication), if anything.
     pub credentials: Option<ProxyCredentials>,
+    /// The realm the proxy's own 407 names, when known ([`Availability::realm`]).
+    pub realm: Option<String>,
 }
 
 /// How the use of a lease went.

@@ -33,6 +33,7 @@ fn proxy(name: &str, ready: bool, latency_ms: u64, attrs: &[(&str, &str)]) -> Av
             .collect(),
         latency: Some(Duration::from_millis(latency_ms)),
         credentials: None,
+        realm: None,
         retiring: false,
     }
 }

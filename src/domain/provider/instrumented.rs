@@ -44,6 +44,10 @@ impl Provider for Instrumented {
         self.inner.kind()
     }
 
+    fn names_own_realm(&self) -> bool {
+        self.inner.names_own_realm()
+    }
+
     async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let started = Instant::now();
         let result = self.inner.create(req).await;

@@ -46,6 +46,15 @@ pub trait Provider: Send + Sync {
     /// The provider type (`kubernetes`, `gcp`, `kvm`, `local`), for metrics and logs.
     fn kind(&self) -> &'static str;
 
+    /// Whether the proxies it creates always name their credentials' own
+    /// realm in a 407 ([`crate::credentials::realm_of`]): true where the
+    /// provider writes the proxy's configuration itself. A VM's proxy is
+    /// configured by its cloud-init, which names the realm only through the
+    /// `{{ proxy_realm }}` placeholder.
+    fn names_own_realm(&self) -> bool {
+        false
+    }
+
     /// Submits the creation of `req.name` and returns its id. Keyed on the
     /// name: a repeat after a crash finds the existing instance.
     async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError>;

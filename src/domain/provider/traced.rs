@@ -66,6 +66,10 @@ impl Provider for Traced {
         self.inner.kind()
     }
 
+    fn names_own_realm(&self) -> bool {
+        self.inner.names_own_realm()
+    }
+
     async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let span = provider_span!("provider.create", self.inner.name(), Empty);
         record_ids(&span);

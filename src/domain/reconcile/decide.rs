@@ -17,7 +17,7 @@ use super::first_status::{FirstStatus, first_status, first_verdict_due};
 use super::schedule::{ReplacementBackoff, Schedule};
 use super::status::StatusDraft;
 use super::{Memory, Next, ReconcileError};
-use crate::credentials::{ProxyCredentials, substitute_htpasswd};
+use crate::credentials::{ProxyCredentials, substitute_placeholders};
 use crate::destinations::DestinationPolicy;
 use crate::health::{CheckSpec, ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
@@ -121,6 +121,10 @@ pub struct Desired {
     pub hash: SpecHash,
     /// The credentials of this spec generation.
     pub credentials: ProxyCredentials,
+    /// The realm the instance's 407 names, when the operator makes it name
+    /// the credentials' own: the provider writes the proxy's configuration,
+    /// or the cloud-init names it by placeholder. `None`: unknown.
+    pub realm: Option<String>,
 }
 
 /// An External Proxy's endpoint, as looked at.
@@ -378,7 +382,7 @@ impl Deciding<'_> {
                         self.request_delete(&provider, id);
                         return Ok(Next::Poll);
                     }
-                    Ok(instance) => return Ok(self.instance_seen(&provider, instance, &desired.credentials)),
+                    Ok(instance) => return Ok(self.instance_seen(&provider, instance, &desired)),
                     Err(e) if e.is_not_found() => {
                         if deleting_lost {
                             self.plan.status.lost_instance_deleted();
@@ -404,9 +408,12 @@ impl Deciding<'_> {
                 return Ok(Next::After(wait.unsigned_abs()));
             }
         }
-        // The VM's cloud-init gets the passwd line in place of its placeholder.
+        // The VM's cloud-init gets the passwd line and the realm in place of their placeholders.
         let cloud_init = match &desired.cloud_init {
-            Some(c) => Some(CloudInitBytes(substitute_htpasswd(&c.0, &desired.credentials)?)),
+            Some(c) => Some(CloudInitBytes(substitute_placeholders(
+                &c.0,
+                &desired.credentials,
+            )?)),
             None => None,
         };
         let request = CreateRequest {
@@ -428,7 +435,7 @@ impl Deciding<'_> {
     }
 
     /// What `get` reported of the current instance, and the next step.
-    fn instance_seen(&mut self, provider: &str, instance: Instance, credentials: &ProxyCredentials) -> Next {
+    fn instance_seen(&mut self, provider: &str, instance: Instance, desired: &Desired) -> Next {
         match (instance.state, instance.ip) {
             (InstanceState::Running, Some(ip)) => {
                 let port = instance.port.unwrap_or(self.proxy.spec.port);
@@ -441,7 +448,7 @@ impl Deciding<'_> {
                 self.plan
                     .status
                     .running(&ip.to_string(), port, instance.outgoing_address);
-                self.serve(Some(credentials.clone()));
+                self.serve(Some(desired.credentials.clone()), desired.realm.clone());
                 Next::Resync
             }
             (InstanceState::Running, None) | (InstanceState::Provisioning, _) => {
@@ -658,7 +665,8 @@ impl Deciding<'_> {
             return Ok(Next::Idle);
         }
         self.plan.status.external(&endpoint.host, endpoint.port);
-        self.serve(endpoint.credentials);
+        // Whatever an External proxy's 407 names is its operator's choice.
+        self.serve(endpoint.credentials, None);
         if let FirstStatus::Hold(wait) = self.hold_first_status() {
             return Ok(Next::After(wait));
         }
@@ -676,7 +684,7 @@ impl Deciding<'_> {
 
     /// The proxy serves at the endpoint just recorded: tell the health
     /// engine what to probe and fold in the verdict known so far.
-    fn serve(&mut self, credentials: Option<ProxyCredentials>) {
+    fn serve(&mut self, credentials: Option<ProxyCredentials>, realm: Option<String>) {
         let Some(endpoint) = self.plan.status.status().endpoint.clone() else {
             return;
         };
@@ -691,6 +699,7 @@ impl Deciding<'_> {
                     endpoint,
                     check,
                     credentials,
+                    realm,
                     endpoint_policy,
                 };
                 self.plan.recorded = self.plan.status.recorded_verdict(&target.endpoint);

@@ -346,6 +346,7 @@ fn availability(proxy: &Proxy, status: &crate::resource::ProxyStatus, memory: &M
             .and_then(|h| h.latency_ms)
             .map(std::time::Duration::from_millis),
         credentials: memory.serving.as_ref().and_then(|s| s.credentials.clone()),
+        realm: memory.serving.as_ref().and_then(|s| s.realm.clone()),
         retiring: decide::annotation(proxy, crate::resource::RETIRING_ANNOTATION).is_some(),
     }
 }

@@ -6,7 +6,7 @@
 //! where the decision cannot use more: nothing after a failed cloud-init,
 //! no endpoint while a managed instance is left.
 
-use crate::credentials::ProxyCredentials;
+use crate::credentials::{ProxyCredentials, names_realm};
 use crate::provider::{CloudInitBytes, Provider, ProviderId, spec_hash};
 use crate::resource::{
     CredentialsSecretRef, Endpoint, Mode, ObjectKey, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
@@ -89,6 +89,8 @@ async fn managed(
         Ok(c) => c,
         Err(e) => return ManagedSeen::Unresolved(e),
     };
+    let names_realm = provider.names_own_realm() || cloud_init.as_ref().is_some_and(|c| names_realm(&c.0));
+    let realm = names_realm.then(|| credentials.realm());
     let recorded = match recorded(proxy, Some(provider)).await {
         Recorded::Seen(id, answer) => Some((id, answer)),
         Recorded::None | Recorded::Unreachable(_) => None,
@@ -99,6 +101,7 @@ async fn managed(
             cloud_init,
             hash,
             credentials,
+            realm,
         }),
         recorded,
     }

@@ -407,6 +407,12 @@ impl Provider for LocalProvider {
         "local"
     }
 
+    // Its Squid's (or built-in proxy's) configuration is written here, with
+    // the credentials' realm.
+    fn names_own_realm(&self) -> bool {
+        true
+    }
+
     async fn create(&self, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let id = ProviderId(format!("{ID_PREFIX}{}", req.name));
         let dir = self.instances_dir.join(req.name.as_str());

@@ -69,21 +69,21 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The generated `squid.conf`, naming neither Squid's host nor its
 /// version ([`identity_section`]). `user` is the `cache_effective_user`
-/// when Squid starts as root; with `authenticated`, requests must present the
-/// instance's credentials, checked before `destinations` (the rules before
-/// the final allow), so a stranger learns nothing of the rules.
+/// when Squid starts as root; with a `realm` (the credentials' own), requests
+/// must present the instance's credentials, checked before `destinations`
+/// (the rules before the final allow), so a stranger learns nothing of the
+/// rules.
 pub fn config(
     run_dir: &Path,
     record: &InstanceRecord,
     user: Option<&str>,
-    authenticated: bool,
+    realm: Option<&str>,
     destinations: &DestinationPolicy,
 ) -> String {
     let dir = run_dir.display();
-    let auth = if authenticated {
-        auth_section(&run_dir.join(PASSWD_FILE))
-    } else {
-        String::new()
+    let auth = match realm {
+        Some(realm) => auth_section(&run_dir.join(PASSWD_FILE), realm),
+        None => String::new(),
     };
     let listen = match record.listen {
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
@@ -183,7 +183,8 @@ impl SquidRuntime {
             }
         }
         let user = self.user.as_ref().map(|u| u.name.as_str());
-        let conf = config(run_dir, record, user, credentials.is_some(), destinations);
+        let realm = credentials.map(ProxyCredentials::realm);
+        let conf = config(run_dir, record, user, realm.as_deref(), destinations);
         std::fs::write(run_dir.join(CONFIG_FILE), conf)
     }
 

@@ -233,6 +233,7 @@ impl LeaseBook {
                     attributes: Default::default(),
                     latency: None,
                     credentials: None,
+                    realm: None,
                     retiring: false,
                 },
                 active: 0,

@@ -26,6 +26,7 @@ fn availability(i: usize, ready: bool, latency_ms: u64) -> Availability {
         attributes: BTreeMap::from([("geo".to_owned(), ["eu", "us"][i % 2].to_owned())]),
         latency: Some(Duration::from_millis(latency_ms)),
         credentials: None,
+        realm: None,
         retiring: false,
     }
 }

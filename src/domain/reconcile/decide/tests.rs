@@ -160,6 +160,7 @@ fn desired() -> Desired {
         cloud_init: None,
         hash: hash(),
         credentials: ProxyCredentials::new("proxy", "secret").unwrap(),
+        realm: Some("egress-proxies-of-sim".into()),
     }
 }
 
@@ -792,7 +793,7 @@ fn a_created_instance_carries_the_proxy_its_installation_and_credentials() {
         .build();
     let mut seen = desired();
     seen.cloud_init = Some(CloudInitBytes(
-        b"#cloud-config\n# {{ proxy_htpasswd }}\n".to_vec(),
+        b"#cloud-config\n# {{ proxy_htpasswd }}\n# realm {{ proxy_realm }}\n".to_vec(),
     ));
     let plan = decide(
         &proxy,
@@ -818,10 +819,59 @@ fn a_created_instance_carries_the_proxy_its_installation_and_credentials() {
         cloud_init.contains("proxy:") && !cloud_init.contains("{{"),
         "{cloud_init}"
     );
+    let realm = ProxyCredentials::new("proxy", "secret").unwrap().realm();
+    assert!(cloud_init.contains(&format!("# realm {realm}\n")), "{cloud_init}");
     assert_eq!(
         request.credentials,
         Some(ProxyCredentials::new("proxy", "secret").unwrap())
     );
+}
+
+#[test]
+fn a_serving_proxy_s_realm_is_the_one_its_instance_names_and_none_for_an_external_one() {
+    let ours = installation();
+    let rules = rules(&ours);
+    let now = Now {
+        wall: wall(),
+        mono: Instant::now(),
+    };
+    let provisioning = P::managed()
+        .status(json!({"phase": "Provisioning", "providerID": ID}))
+        .build();
+    let realm_of = |plan: Plan| plan.serve.map(|s| s.realm);
+    let plan = decide(
+        &provisioning,
+        managed(Some(Ok(running()))),
+        &Memory::default(),
+        &rules,
+        now,
+    );
+    assert_eq!(realm_of(plan), Some(Some("egress-proxies-of-sim".to_owned())));
+    let mut unknown = desired();
+    unknown.realm = None;
+    let plan = decide(
+        &provisioning,
+        Seen::Managed(ManagedSeen::Resolved {
+            desired: Box::new(unknown),
+            recorded: Some((ProviderId(ID.into()), Ok(running()))),
+        }),
+        &Memory::default(),
+        &rules,
+        now,
+    );
+    assert_eq!(
+        realm_of(plan),
+        Some(None),
+        "a realm the instance may not name is not claimed"
+    );
+    let plan = decide(
+        &P::external().build(),
+        endpoint(false),
+        &Memory::default(),
+        &rules,
+        now,
+    );
+    assert_eq!(realm_of(plan), Some(None));
 }
 
 #[test]
