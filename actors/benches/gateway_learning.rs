@@ -62,7 +62,10 @@ async fn bench(requests: usize, clients: usize, upstreams: usize) -> ExitCode {
             match measure(site, learning, upstreams, requests, clients).await {
                 Ok((served, rate)) => {
                     let share = served as f64 * 100.0 / requests as f64;
-                    println!("{:<10} {share:>15.2} %   {rate:>10.0}", if learning { "on" } else { "off" });
+                    println!(
+                        "{:<10} {share:>15.2} %   {rate:>10.0}",
+                        if learning { "on" } else { "off" }
+                    );
                 }
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -99,7 +102,10 @@ async fn run(gateway: SocketAddr, site: SocketAddr, total: usize, clients: usize
     for _ in 0..clients {
         let (left, served) = (left.clone(), served.clone());
         tasks.push(tokio::spawn(async move {
-            while left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            while left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
                 if get(gateway, site).await == 200 {
                     served.fetch_add(1, Ordering::Relaxed);
                 }
@@ -163,7 +169,12 @@ async fn site() -> SocketAddr {
 
 /// The standalone operator with the gateway and `upstreams` built-in local
 /// proxies, once every one is healthy.
-async fn start_operator(dir: &Path, gateway: SocketAddr, upstreams: usize, learning: bool) -> Result<Fleet, String> {
+async fn start_operator(
+    dir: &Path,
+    gateway: SocketAddr,
+    upstreams: usize,
+    learning: bool,
+) -> Result<Fleet, String> {
     let io = |e: std::io::Error| format!("writing the operator's files: {e}");
     let api = free_addr();
     let health = common::target().await;
@@ -200,16 +211,18 @@ async fn start_operator(dir: &Path, gateway: SocketAddr, upstreams: usize, learn
     )
     .map_err(io)?;
     let operator = Fleet {
-        operator: Some(Kill(Command::new(BIN)
-            .args(["standalone", "--log-level", "warn", "--config"])
-            .arg(dir.join("standalone.yaml"))
-            .env_remove("DISCOVERY_READ_TOKEN")
-            .env("DISCOVERY_TOKEN", TOKEN)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting the operator: {e}"))?)),
+        operator: Some(Kill(
+            Command::new(BIN)
+                .args(["standalone", "--log-level", "warn", "--config"])
+                .arg(dir.join("standalone.yaml"))
+                .env_remove("DISCOVERY_READ_TOKEN")
+                .env("DISCOVERY_TOKEN", TOKEN)
+                .current_dir(dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("starting the operator: {e}"))?,
+        )),
         state: dir.join("state"),
     };
     let client = reqwest::Client::new();
@@ -255,7 +268,10 @@ impl Drop for Fleet {
                 .and_then(|pid| i32::try_from(pid).ok());
             if let Some(pid) = pid {
                 // The proxy's process group: it and anything it started.
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
         }
     }

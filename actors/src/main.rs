@@ -185,7 +185,9 @@ fn get_sites(config: &Path, output: cli::Output) -> ExitCode {
     };
     let text = match output {
         cli::Output::Table | cli::Output::Wide if sites.is_empty() => Ok("No sites learnt yet.\n".to_owned()),
-        cli::Output::Table | cli::Output::Wide => Ok(egress_proxies::telemetry::gateway_stats::site_table(&sites)),
+        cli::Output::Table | cli::Output::Wide => {
+            Ok(egress_proxies::telemetry::gateway_stats::site_table(&sites))
+        }
         cli::Output::Yaml => serde_saphyr::to_string(&sites).map_err(|e| e.to_string()),
         cli::Output::Json => serde_json::to_string_pretty(&sites)
             .map(|json| json + "\n")

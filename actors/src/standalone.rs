@@ -199,7 +199,9 @@ pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::Prox
 /// What the running operator's gateway learnt per site (the dashboard
 /// data's `gateway.sites`), asked of its discovery API with the crawler
 /// token from `EGRESS_PROXIES_TOKEN` or `DISCOVERY_TOKEN`.
-pub fn sites(config_path: &Path) -> Result<Vec<egress_proxies::telemetry::gateway_stats::SiteSummary>, String> {
+pub fn sites(
+    config_path: &Path,
+) -> Result<Vec<egress_proxies::telemetry::gateway_stats::SiteSummary>, String> {
     let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
     let egress_proxies::bind_address::BindAddress::Listen(mut addr) = config.discovery_bind_address else {
         return Err("the discovery API is disabled (discoveryBindAddress: 0)".into());
@@ -215,7 +217,8 @@ pub fn sites(config_path: &Path) -> Result<Vec<egress_proxies::telemetry::gatewa
         .build()
         .map_err(|e| e.to_string())?;
     let body = runtime.block_on(dashboard_data(addr, token.as_deref()))?;
-    let data: serde_json::Value = serde_json::from_slice(&body).map_err(|e| format!("GET /v1/dashboard: {e}"))?;
+    let data: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| format!("GET /v1/dashboard: {e}"))?;
     serde_json::from_value(data["gateway"]["sites"].clone()).map_err(|e| format!("GET /v1/dashboard: {e}"))
 }
 
@@ -240,7 +243,10 @@ async fn dashboard_data(addr: std::net::SocketAddr, token: Option<&str>) -> Resu
         401 => Err(format!(
             "GET /v1/dashboard at {addr}: 401; set EGRESS_PROXIES_TOKEN (or DISCOVERY_TOKEN) to the crawler token"
         )),
-        other => Err(format!("GET /v1/dashboard at {addr}: {other} {}", String::from_utf8_lossy(&body))),
+        other => Err(format!(
+            "GET /v1/dashboard at {addr}: {other} {}",
+            String::from_utf8_lossy(&body)
+        )),
     }
 }
 

@@ -73,7 +73,11 @@ impl Fleet {
             .start()
             .await;
         operator.wait_ready(count).await;
-        Self { operator, gateway, dir }
+        Self {
+            operator,
+            gateway,
+            dir,
+        }
     }
 
     /// `egress-proxies-operator get sites -o <output>` against this operator.
@@ -122,7 +126,11 @@ impl Fleet {
 
     /// `error` reports on the proxies' leases, in all.
     async fn errors(&self) -> u64 {
-        self.proxies().await.iter().map(|p| p["errors"].as_u64().unwrap_or(0)).sum()
+        self.proxies()
+            .await
+            .iter()
+            .map(|p| p["errors"].as_u64().unwrap_or(0))
+            .sum()
     }
 }
 
@@ -205,13 +213,19 @@ async fn a_site_answering_407_or_proxy_status_500_takes_no_proxy_out_of_service(
     let (good, _) = site("127.0.13.2", |_, _| OK).await;
     for round in 0..10 {
         let (status, text) = get(fleet.gateway, hostile, "/407").await;
-        assert_eq!(status, 407, "round {round}: the site's own 407 is relayed: {text}");
+        assert_eq!(
+            status, 407,
+            "round {round}: the site's own 407 is relayed: {text}"
+        );
         assert!(!text.contains("egress-gateway-error"), "{text}");
         let (status, text) = get(fleet.gateway, hostile, "/500").await;
         assert_eq!(status, 502, "round {round}: {text}");
         for _ in 0..3 {
             let (status, text) = get(fleet.gateway, good, "/").await;
-            assert_eq!(status, 200, "round {round}: another site keeps its capacity: {text}");
+            assert_eq!(
+                status, 200,
+                "round {round}: another site keeps its capacity: {text}"
+            );
         }
     }
     assert_eq!(fleet.errors().await, 0, "no proxy was rested for every target");
@@ -244,7 +258,10 @@ async fn a_hundred_requests_in_a_row_to_one_site_are_all_served_spread_over_the_
     assert!(sources.values().all(|n| *n >= 10), "{sources:?}");
     assert!(took < Duration::from_secs(30), "100 requests took {took:?}");
     let leases = fleet.leases().await;
-    assert_eq!(leases["denied"], 0, "no request was refused, none counted: {leases}");
+    assert_eq!(
+        leases["denied"], 0,
+        "no request was refused, none counted: {leases}"
+    );
     fleet.operator.stop().await;
 }
 
@@ -332,7 +349,11 @@ async fn a_tunnel_s_lease_comes_back_within_a_second_of_its_client_closing() {
         drop(second);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    assert_eq!(held.lock().unwrap().len(), 4, "the site kept every connection open");
+    assert_eq!(
+        held.lock().unwrap().len(),
+        4,
+        "the site kept every connection open"
+    );
     fleet.operator.stop().await;
 }
 
@@ -362,7 +383,11 @@ async fn a_proxy_one_site_refuses_is_learnt_for_that_site_only() {
         assert_eq!(status, 200, "{text}");
     }
     let sources = other_sources.lock().unwrap().clone();
-    assert_eq!(sources.len(), 4, "the other site still uses every proxy: {sources:?}");
+    assert_eq!(
+        sources.len(),
+        4,
+        "the other site still uses every proxy: {sources:?}"
+    );
 
     // What was learnt is published about once a second: `get sites` shows it.
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -370,7 +395,12 @@ async fn a_proxy_one_site_refuses_is_learnt_for_that_site_only() {
     let sites: Vec<Value> = serde_json::from_str(&fleet.get_sites("json")).unwrap();
     let avoided = |site: SocketAddr| {
         let site = sites.iter().find(|s| s["site"] == site.ip().to_string()).unwrap();
-        site["proxies"].as_array().unwrap().iter().filter(|p| p["avoided"] == true).count()
+        site["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["avoided"] == true)
+            .count()
     };
     assert_eq!(avoided(refusing), 1, "{sites:?}");
     assert_eq!(avoided(other), 0, "{sites:?}");

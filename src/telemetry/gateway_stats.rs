@@ -90,7 +90,11 @@ pub struct SiteProxy {
 /// `get sites`: SITE REQUESTS FIRST-TRY PROXIES AVOIDED, aligned like
 /// kubectl; each proxy with its recent success rate, the best first.
 pub fn site_table(sites: &[SiteSummary]) -> String {
-    let mut rows = vec![["SITE", "REQUESTS", "FIRST-TRY", "PROXIES", "AVOIDED"].map(str::to_owned).to_vec()];
+    let mut rows = vec![
+        ["SITE", "REQUESTS", "FIRST-TRY", "PROXIES", "AVOIDED"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
     for site in sites {
         let percent = |rate: f64| format!("{:.0}%", rate * 100.0);
         let first_try = if site.requests == 0 {
@@ -105,7 +109,11 @@ pub fn site_table(sites: &[SiteSummary]) -> String {
                 .filter(|p| p.avoided == avoided)
                 .map(|p| format!("{}={}", p.proxy, percent(p.success_rate)))
                 .collect();
-            if names.is_empty() { "-".to_owned() } else { names.join(",") }
+            if names.is_empty() {
+                "-".to_owned()
+            } else {
+                names.join(",")
+            }
         };
         rows.push(vec![
             site.site.clone(),

@@ -119,7 +119,12 @@ impl SiteLearning {
         let site = self.site_mut(site, now);
         if !site.pairs.contains_key(proxy) && site.pairs.len() >= max_pairs {
             // The least recently updated pair makes room.
-            if let Some(oldest) = site.pairs.iter().min_by_key(|(_, p)| p.updated).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = site
+                .pairs
+                .iter()
+                .min_by_key(|(_, p)| p.updated)
+                .map(|(k, _)| k.clone())
+            {
                 site.pairs.remove(&oldest);
             }
         }
@@ -196,7 +201,9 @@ impl SiteLearning {
             let Some(pair) = entry.pairs.get_mut(&key) else {
                 continue;
             };
-            let due = pair.trial.is_some_and(|at| now.saturating_duration_since(at) >= s.recheck);
+            let due = pair
+                .trial
+                .is_some_and(|at| now.saturating_duration_since(at) >= s.recheck);
             if due && choice.trial.is_none() {
                 pair.trial = Some(now);
                 choice.trial = Some(key);
@@ -234,7 +241,8 @@ impl SiteLearning {
                     .collect();
                 let best = proxies.iter().map(|p| p.rate).fold(0.0, f64::max);
                 for p in &mut proxies {
-                    p.avoided = p.successes + p.failures >= s.min_observations && p.rate < s.avoid_below * best;
+                    p.avoided =
+                        p.successes + p.failures >= s.min_observations && p.rate < s.avoid_below * best;
                 }
                 proxies.sort_by(|a, b| b.rate.total_cmp(&a.rate).then_with(|| a.proxy.cmp(&b.proxy)));
                 SiteView {
@@ -267,12 +275,19 @@ mod tests {
             }
         }
         l.record("a.example", &key("d"), false, t);
-        assert!(l.choice("a.example", t).avoid.is_empty(), "one failure is not enough");
+        assert!(
+            l.choice("a.example", t).avoid.is_empty(),
+            "one failure is not enough"
+        );
         l.record("a.example", &key("d"), false, t);
         l.record("b.example", &key("d"), true, t);
         assert_eq!(l.choice("a.example", t).avoid, vec![key("d")]);
         assert_eq!(l.choice("b.example", t), Choice::default());
-        assert_eq!(l.choice("c.example", t), Choice::default(), "an unknown site avoids nothing");
+        assert_eq!(
+            l.choice("c.example", t),
+            Choice::default(),
+            "an unknown site avoids nothing"
+        );
     }
 
     #[test]
@@ -300,8 +315,16 @@ mod tests {
         assert_eq!(l.choice("s", t + Duration::from_secs(1)).avoid, vec![key("bad")]);
         let due = t + settings.recheck;
         let trial = l.choice("s", due);
-        assert_eq!((trial.avoid.len(), trial.trial), (0, Some(key("bad"))), "its trial");
-        assert_eq!(l.choice("s", due).avoid, vec![key("bad")], "one trial per recheck");
+        assert_eq!(
+            (trial.avoid.len(), trial.trial),
+            (0, Some(key("bad"))),
+            "its trial"
+        );
+        assert_eq!(
+            l.choice("s", due).avoid,
+            vec![key("bad")],
+            "one trial per recheck"
+        );
         // The site lets it through again: a few successes bring it back.
         for _ in 0..6 {
             l.record("s", &key("bad"), true, due);
@@ -337,7 +360,10 @@ mod tests {
         }
         assert!(l.sites(usize::MAX, t).len() <= 10);
         let kept = l.sites(usize::MAX, t + Duration::from_secs(1));
-        let kept = kept.iter().find(|s| s.site == "kept").expect("the busiest site stays");
+        let kept = kept
+            .iter()
+            .find(|s| s.site == "kept")
+            .expect("the busiest site stays");
         assert_eq!(kept.proxies.len(), 3);
     }
 }

@@ -10,15 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::RequestContext;
-use crate::config::GatewaySettings;
+use crate::adapters::gateway::sessions::Sessions;
 use crate::adapters::gateway::site_learning::{Bounds, SiteLearning, SiteView};
 use crate::adapters::gateway::{GatewayError, Leases, Upstream, locked};
-use crate::adapters::gateway::sessions::Sessions;
+use crate::config::GatewaySettings;
 use crate::lease::rendezvous::session_digest;
 use crate::resource::ObjectKey;
-use crate::telemetry::events::{GatewayFirstTryServed, GatewayLeaseTaken, GatewayLearnt};
+use crate::telemetry::events::{GatewayFirstTryServed, GatewayLearnt, GatewayLeaseTaken};
 use crate::telemetry::gateway_stats::{SITES_SHOWN, SiteProxy, SiteSummary};
-
 
 /// The choose phase's state: where leases come from, the sticky sessions
 /// and what was learnt per site.
@@ -148,7 +147,10 @@ impl Chooser {
         }
         *published = Some(now);
         let all = learning.sites(usize::MAX, now);
-        let avoided = all.iter().map(|s| s.proxies.iter().filter(|p| p.avoided).count()).sum();
+        let avoided = all
+            .iter()
+            .map(|s| s.proxies.iter().filter(|p| p.avoided).count())
+            .sum();
         GatewayLearnt {
             remembered: all.len(),
             avoided,

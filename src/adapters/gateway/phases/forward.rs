@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use http::Response;
 
+use super::RequestContext;
 use super::answers::refusal;
 use super::choose::Chooser;
 use super::judge::{Blame, Circumstances, Learned, Refusal, Seen, Then, judge, same_answer};
-use super::RequestContext;
-use crate::config::GatewaySettings;
-use crate::forward_proxy::body::ProxyBody;
 use crate::adapters::gateway::blocks::BlockRules;
 use crate::adapters::gateway::upstream::UpstreamPool;
 use crate::adapters::gateway::{GatewayError, Leases, Upstream};
+use crate::config::GatewaySettings;
+use crate::forward_proxy::body::ProxyBody;
 use crate::lease::Outcome;
 use crate::telemetry::events::{GatewayBlocked, GatewayTryFailed};
 
@@ -90,7 +90,12 @@ impl Forwarder {
 
     /// Tries `hop` on chosen proxies until the judge relays an answer or
     /// refuses; the response, or the gateway's own answer.
-    pub async fn forward(&self, mut hop: Hop, mut context: RequestContext, chooser: &Chooser) -> Response<ProxyBody> {
+    pub async fn forward(
+        &self,
+        mut hop: Hop,
+        mut context: RequestContext,
+        chooser: &Chooser,
+    ) -> Response<ProxyBody> {
         if let Hop::Plain(plain) = &mut hop {
             // A body within the bound is read whole, so that it can be sent again.
             match plain.keep_whole(self.retry_body_limit, self.idle_timeout).await {
@@ -194,16 +199,21 @@ impl Forwarder {
                 }
                 .emit();
                 let detail = format!("gateway: {status} from {target} matched a block rule");
-                self.leases.report(upstream.lease_id.clone(), Outcome::Blocked, detail);
+                self.leases
+                    .report(upstream.lease_id.clone(), Outcome::Blocked, detail);
             }
             Some(outcome) => {
                 context.rested_one = true;
-                self.leases
-                    .report(upstream.lease_id.clone(), outcome, format!("gateway: {}", tried.detail));
+                self.leases.report(
+                    upstream.lease_id.clone(),
+                    outcome,
+                    format!("gateway: {}", tried.detail),
+                );
             }
             None => {}
         }
-        let failed = matches!(verdict.blame, Blame::Proxy | Blame::Site) && verdict.learned == Learned::Failure;
+        let failed =
+            matches!(verdict.blame, Blame::Proxy | Blame::Site) && verdict.learned == Learned::Failure;
         if failed && verdict.report != Some(Outcome::Blocked) {
             if verdict.then == Then::Retry {
                 context.exchange.failed_over += 1;
@@ -236,7 +246,9 @@ fn error_of(why: Refusal, seen: &Seen, upstream: &Upstream, detail: &str) -> Gat
             proxy,
             why: detail.to_owned(),
         },
-        Refusal::DestinationRefused => GatewayError::DestinationRefused(format!("upstream proxy {proxy} refused it")),
+        Refusal::DestinationRefused => {
+            GatewayError::DestinationRefused(format!("upstream proxy {proxy} refused it"))
+        }
         Refusal::RequestRejected(status) => GatewayError::RequestRejected { proxy, status },
         Refusal::ClientBody => GatewayError::ClientBody(detail.to_owned()),
         Refusal::ClientTimeout => GatewayError::ClientTimeout,

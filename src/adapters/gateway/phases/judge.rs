@@ -157,7 +157,13 @@ const fn verdict(blame: Blame, report: Option<Outcome>, learned: Learned, then: 
 pub fn judge(seen: &Seen, at: Circumstances<'_>) -> Verdict {
     use Blame::{Client, Nobody, Proxy, Site};
     use Learned::{Failure, Nothing, Success};
-    let retry_or = |refusal| if at.can_retry { Then::Retry } else { Then::Refuse(refusal) };
+    let retry_or = |refusal| {
+        if at.can_retry {
+            Then::Retry
+        } else {
+            Then::Refuse(refusal)
+        }
+    };
     // The proxy's own fault: rested for every target, once per request.
     let proxy_failed = |refusal| {
         let report = (!at.rested_one).then_some(Outcome::Error);
@@ -176,7 +182,10 @@ pub fn judge(seen: &Seen, at: Circumstances<'_>) -> Verdict {
         Seen::Opened => verdict(Nobody, None, Success, Then::Relay),
         // The site's answer is relayed; a refusal-like one still teaches
         // the learning that this proxy does not get through here.
-        Seen::SiteAnswered { status, blocked: false } => {
+        Seen::SiteAnswered {
+            status,
+            blocked: false,
+        } => {
             let learned = if refusal_like(*status) { Failure } else { Success };
             verdict(Nobody, None, learned, Then::Relay)
         }
@@ -200,15 +209,23 @@ pub fn judge(seen: &Seen, at: Circumstances<'_>) -> Verdict {
             } else {
                 // A proxy whose realm is unknown (External): its or the
                 // site's; another proxy tells.
-                verdict(Site, None, Failure, if at.can_retry { Then::Retry } else { Then::Relay })
+                verdict(
+                    Site,
+                    None,
+                    Failure,
+                    if at.can_retry { Then::Retry } else { Then::Relay },
+                )
             }
         }
         Seen::SiteUnreachable { .. } => site_failed(Refusal::UpstreamFailed),
         Seen::NoAnswer => site_failed(Refusal::UpstreamTimeout),
         Seen::DestinationRefused => verdict(Nobody, None, Nothing, Then::Refuse(Refusal::DestinationRefused)),
-        Seen::RequestRejected { status } => {
-            verdict(Client, None, Nothing, Then::Refuse(Refusal::RequestRejected(*status)))
-        }
+        Seen::RequestRejected { status } => verdict(
+            Client,
+            None,
+            Nothing,
+            Then::Refuse(Refusal::RequestRejected(*status)),
+        ),
         Seen::ClientBodyFailed => verdict(Client, None, Nothing, Then::Refuse(Refusal::ClientBody)),
         Seen::ClientStalled => verdict(Client, None, Nothing, Then::Refuse(Refusal::ClientTimeout)),
     }
@@ -262,7 +279,10 @@ mod tests {
     /// and the verdict (blame, report, learned, then).
     #[test]
     fn every_outcome_has_its_verdict() {
-        let tunnel = Circumstances { plain: false, ..plain() };
+        let tunnel = Circumstances {
+            plain: false,
+            ..plain()
+        };
         let last_try = Circumstances {
             can_retry: false,
             ..plain()

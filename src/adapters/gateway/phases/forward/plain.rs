@@ -12,9 +12,6 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 
 use super::{Forwarder, Tried};
-use crate::config::BODY_SCAN_LIMIT;
-use crate::forward_proxy::body::{BodyWatch, ProxyBody, read_up_to};
-use crate::forward_proxy::request::drop_hop_by_hop;
 use crate::adapters::gateway::GatewayError;
 use crate::adapters::gateway::Upstream;
 use crate::adapters::gateway::blocks::HeadVerdict;
@@ -26,6 +23,9 @@ use crate::adapters::gateway::phases::judge::Seen;
 use crate::adapters::gateway::phases::log::{ExchangeOutcome, meter};
 use crate::adapters::gateway::upstream::{Connection, UpstreamPool, authorize, open};
 use crate::adapters::gateway::upstream_identity::{Author, author, strip_proxy_headers};
+use crate::config::BODY_SCAN_LIMIT;
+use crate::forward_proxy::body::{BodyWatch, ProxyBody, read_up_to};
+use crate::forward_proxy::request::drop_hop_by_hop;
 
 /// A plain request on its way: its head for the next hop, its body kept
 /// whole (it can be sent again) or streamed once.
@@ -87,7 +87,12 @@ impl Plain {
     }
 
     /// One try on `upstream`.
-    pub async fn try_on(&mut self, forwarder: &Forwarder, upstream: &Upstream, context: &RequestContext) -> Tried {
+    pub async fn try_on(
+        &mut self,
+        forwarder: &Forwarder,
+        upstream: &Upstream,
+        context: &RequestContext,
+    ) -> Tried {
         let deadline = tokio::time::Instant::from_std(context.deadline);
         match tokio::time::timeout_at(deadline, self.send(forwarder, upstream, context)).await {
             Ok(Ok((response, connection))) => observe(forwarder, context, response, connection).await,
@@ -105,7 +110,10 @@ impl Plain {
         context: &RequestContext,
     ) -> Result<(Response<Incoming>, Connection), Tried> {
         let transferred = &context.exchange.transferred;
-        let mut pooled = self.kept.as_ref().and_then(|_| forwarder.pool.take(&upstream.url));
+        let mut pooled = self
+            .kept
+            .as_ref()
+            .and_then(|_| forwarder.pool.take(&upstream.url));
         let watch = Arc::new(BodyWatch::default());
         loop {
             let mut connection = match pooled.take() {
@@ -122,7 +130,9 @@ impl Plain {
             };
             let body = match &self.kept {
                 Some(bytes) => ProxyBody::read_ahead(bytes.clone(), None, None),
-                None => ProxyBody::read_ahead(Bytes::new(), self.streamed.take(), None).watched(watch.clone()),
+                None => {
+                    ProxyBody::read_ahead(Bytes::new(), self.streamed.take(), None).watched(watch.clone())
+                }
             };
             let mut request = Request::new(body);
             *request.method_mut() = self.parts.method.clone();
@@ -145,7 +155,10 @@ impl Plain {
                 Ok(response) => return Ok((response, connection)),
                 // The client's body failed: its fault, whatever the upstream said.
                 Err(e) if watch.failed() => {
-                    return Err(Tried::failed(Seen::ClientBodyFailed, format!("the request body failed: {e}")));
+                    return Err(Tried::failed(
+                        Seen::ClientBodyFailed,
+                        format!("the request body failed: {e}"),
+                    ));
                 }
                 // A kept connection the proxy closed meanwhile: a new one.
                 Err(_) if connection.reused => continue,
@@ -183,7 +196,14 @@ async fn observe(
         let realm = challenge_realm(response.headers());
         let detail = format!("407 naming realm {:?}", realm.as_deref().unwrap_or(""));
         let (head, rest) = response.into_parts();
-        return answered(Seen::AuthenticationRequired { realm }, detail, head, Bytes::new(), rest, false);
+        return answered(
+            Seen::AuthenticationRequired { realm },
+            detail,
+            head,
+            Bytes::new(),
+            rest,
+            false,
+        );
     }
     let said = || format!("it answered {status} itself");
     match author(status, response.headers()) {
@@ -208,8 +228,18 @@ async fn observe(
             }
         }
     };
-    let seen = Seen::SiteAnswered { status: code, blocked };
-    answered(seen, format!("the site answered {status}"), head, read, rest, ended)
+    let seen = Seen::SiteAnswered {
+        status: code,
+        blocked,
+    };
+    answered(
+        seen,
+        format!("the site answered {status}"),
+        head,
+        read,
+        rest,
+        ended,
+    )
 }
 
 impl Answer {
@@ -249,7 +279,8 @@ impl Answer {
         let rest = (!ended).then_some(rest);
         // Kept for the next request once this response has ended.
         let kept_alive = GiveBack(Some((pool.clone(), upstream.url.clone(), connection)));
-        let body = ProxyBody::read_ahead(read, rest, Some(in_flight)).holding(Box::new((held, exchange, kept_alive)));
+        let body = ProxyBody::read_ahead(read, rest, Some(in_flight))
+            .holding(Box::new((held, exchange, kept_alive)));
         Response::from_parts(head, body)
     }
 }

@@ -19,9 +19,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::{Forwarder, Tried};
-use crate::forward_proxy::body::ProxyBody;
-use crate::forward_proxy::tunnel::{Splice, Tally, established, splice};
-use crate::forward_proxy::zero_copy::Way;
 use crate::adapters::gateway::Upstream;
 use crate::adapters::gateway::challenge::challenge_realm;
 use crate::adapters::gateway::phases::RequestContext;
@@ -30,6 +27,9 @@ use crate::adapters::gateway::phases::choose::Held;
 use crate::adapters::gateway::phases::judge::Seen;
 use crate::adapters::gateway::phases::log::{ExchangeOutcome, Transferred, meter};
 use crate::adapters::gateway::upstream::{Connection, open};
+use crate::forward_proxy::body::ProxyBody;
+use crate::forward_proxy::tunnel::{Splice, Tally, established, splice};
+use crate::forward_proxy::zero_copy::Way;
 
 /// How long a tunnel stays once one side has closed: a side that closed is
 /// done with it, and the lease must not wait on the other.
@@ -48,7 +48,12 @@ pub(in crate::adapters::gateway) type Answer = TokioIo<hyper::upgrade::Upgraded>
 impl Tunnel {
     /// One try on `upstream`: its `CONNECT` to each checked address in turn
     /// until one opens.
-    pub async fn try_on(&mut self, forwarder: &Forwarder, upstream: &Upstream, context: &RequestContext) -> Tried {
+    pub async fn try_on(
+        &mut self,
+        forwarder: &Forwarder,
+        upstream: &Upstream,
+        context: &RequestContext,
+    ) -> Tried {
         let deadline = tokio::time::Instant::from_std(context.deadline);
         let mut last = Tried::failed(Seen::SiteUnreachable { status: 502 }, "no address to ask it for");
         for &address in &self.addresses {
@@ -105,7 +110,12 @@ impl Tunnel {
 }
 
 /// The leased proxy's own `CONNECT` to one checked address.
-async fn connect_to(address: SocketAddr, forwarder: &Forwarder, upstream: &Upstream, context: &RequestContext) -> Tried {
+async fn connect_to(
+    address: SocketAddr,
+    forwarder: &Forwarder,
+    upstream: &Upstream,
+    context: &RequestContext,
+) -> Tried {
     // `[v6]:port` for an IPv6 address.
     let authority = address.to_string();
     let mut connect = match Request::builder()
@@ -143,7 +153,12 @@ async fn connect_to(address: SocketAddr, forwarder: &Forwarder, upstream: &Upstr
         }
         status => {
             let detail = format!("it answered {status} to CONNECT {authority}");
-            return Tried::failed(Seen::SiteUnreachable { status: status.as_u16() }, detail);
+            return Tried::failed(
+                Seen::SiteUnreachable {
+                    status: status.as_u16(),
+                },
+                detail,
+            );
         }
     }
     match hyper::upgrade::on(response).await {
