@@ -364,6 +364,7 @@ mod tests {
             attributes: Default::default(),
             latency: Some(Duration::from_millis(5)),
             credentials: None,
+            realm: None,
             retiring: false,
         }
     }

@@ -241,7 +241,6 @@ mod tests {
             credentials: None,
             realm: None,
             ttl: Duration::from_secs(60),
-            realm: None,
             revoked: super::super::Revocation::never(),
         };
         let pool = Arc::new(UpstreamPool::default());

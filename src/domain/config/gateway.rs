@@ -229,10 +229,6 @@ impl GatewaySettings {
 
     pub(crate) fn from_raw(raw: RawGatewaySettings) -> Result<Self, GatewaySettingsError> {
         let defaults = Self::default();
-        let duration = |field: &str, value: Option<String>, default: Duration| match value {
-            None => Ok(default),
-            Some(v) => humantime::parse_duration(&v).map_err(|e| invalid(field, format!("{v:?}: {e}"))),
-        };
         let client_networks = raw
             .client_networks
             .iter()
@@ -333,7 +329,7 @@ impl GatewaySettings {
         if pacing > Duration::from_secs(3600) {
             return Err(invalid("pacing", "at most 1h"));
         }
-        let learning = learning(raw.learning, defaults.learning, &duration)?;
+        let learning = learning(raw.learning, defaults.learning)?;
         Ok(Self {
             destinations: raw.destinations,
             client_networks,
@@ -356,11 +352,18 @@ impl GatewaySettings {
     }
 }
 
+/// A duration field, `default` when absent.
+fn duration(field: &str, value: Option<String>, default: Duration) -> Result<Duration, GatewaySettingsError> {
+    match value {
+        None => Ok(default),
+        Some(v) => humantime::parse_duration(&v).map_err(|e| invalid(field, format!("{v:?}: {e}"))),
+    }
+}
+
 /// The `learning:` block, checked.
 fn learning(
     raw: Option<RawLearning>,
     defaults: SiteLearningSettings,
-    duration: &dyn Fn(&str, Option<String>, Duration) -> Result<Duration, GatewaySettingsError>,
 ) -> Result<SiteLearningSettings, GatewaySettingsError> {
     let Some(raw) = raw else {
         return Ok(defaults);
