@@ -12,9 +12,9 @@ use actix::prelude::*;
 use egress_proxies::leader::Tenure;
 use egress_proxies::lease::fair_share::Turn;
 use egress_proxies::lease::{
-    AcquireError, AcquireRequest, Availability, Caller, Durable, FairShare, Footprint, Grant, JournalError,
-    LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, Outcome, PoolFigures,
-    ProxyView, RenewError, UnknownLease, is_gateway_client, owner_key,
+    AcquireError, AcquireRequest, Act, Availability, Caller, Durable, FairShare, Footprint, Grant,
+    JournalError, LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, Outcome,
+    PoolFigures, ProxyView, RenewError, UnknownLease, is_gateway_client, owner_key,
 };
 use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::ProxyPoolStatus;
@@ -361,7 +361,7 @@ impl LeaseDesk {
         let mut ledger = locked(&self.0);
         if ledger
             .book
-            .check_owner(id, &Caller::Gateway, Instant::now())
+            .check_owner(id, &Caller::Gateway, Act::Release, Instant::now())
             .is_err()
         {
             return;
@@ -374,7 +374,7 @@ impl LeaseDesk {
     pub fn report(&self, id: &str, outcome: Outcome, detail: String) -> Result<(), ReportRefused> {
         let mut ledger = locked(&self.0);
         let now = Instant::now();
-        ledger.book.check_owner(id, &Caller::Gateway, now)?;
+        ledger.book.check_owner(id, &Caller::Gateway, Act::Report, now)?;
         let result = ledger.book.report(id, outcome, Some(detail), now);
         let _ = ledger.persist();
         Ok(result?)
@@ -387,7 +387,7 @@ impl LeaseDesk {
             return Err(RenewError::NotLeader.into());
         }
         let now = Instant::now();
-        ledger.book.check_owner(id, &Caller::Gateway, now)?;
+        ledger.book.check_owner(id, &Caller::Gateway, Act::Renew, now)?;
         let renewed = ledger.book.renew(id, None, now).map_err(RenewRefused::from);
         let _ = ledger.persist();
         renewed
@@ -797,7 +797,10 @@ impl Handler<Release> for LeaseStore {
     fn handle(&mut self, msg: Release, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
         // Checked under the same lock as the release: nothing between.
-        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, Instant::now()) {
+        if let Err(refused) = ledger
+            .book
+            .check_owner(&msg.id, &msg.by, Act::Release, Instant::now())
+        {
             return Box::pin(fut::ready(Err(refused)));
         }
         let held = ledger.release(&msg.id, None);
@@ -811,7 +814,7 @@ impl Handler<Report> for LeaseStore {
     fn handle(&mut self, msg: Report, _: &mut Self::Context) -> Self::Result {
         let mut ledger = self.ledger();
         let now = Instant::now();
-        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, now) {
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, Act::Report, now) {
             return Box::pin(fut::ready(Err(refused.into())));
         }
         let result = ledger
@@ -831,7 +834,7 @@ impl Handler<Renew> for LeaseStore {
             return Box::pin(fut::ready(Err(RenewError::NotLeader.into())));
         }
         let now = Instant::now();
-        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, now) {
+        if let Err(refused) = ledger.book.check_owner(&msg.id, &msg.by, Act::Renew, now) {
             return Box::pin(fut::ready(Err(refused.into())));
         }
         let ttl = match ledger.book.renew(&msg.id, msg.ttl, now) {

@@ -528,9 +528,9 @@ async fn capacity_bounds_the_tunnels_open_upstream() {
     assert!(most <= 3, "{most} tunnels were open at the site at once");
     assert!(most >= 2, "the proxies were used side by side: {most}");
 
-    // The 200 names the proxy and the lease; the lease is the gateway's:
-    // a report through the API is refused (crawler_identities.rs has the
-    // rest of the rule).
+    // The 200 names the proxy and the lease: the crawler reports a block
+    // seen inside the tunnel after closing it (its own identity may;
+    // crawler_identities.rs has the rest of the rule).
     let mut s = TcpStream::connect(fleet.gateway).await.unwrap();
     let head = format!(
         "CONNECT {site} HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {}\r\n\r\n",
@@ -560,15 +560,14 @@ async fn capacity_bounds_the_tunnels_open_upstream() {
         Some(r#"{"outcome":"blocked","detail":"captcha inside the tunnel"}"#),
     )
     .await;
-    assert_eq!(status, 403, "{body}");
-    assert!(body.contains("not_owner"), "{body}");
+    assert!((200..300).contains(&status), "{status}: {body}");
     let reported = fleet
         .proxies()
         .await
         .into_iter()
         .find(|p| format!("crawl/{}", p["name"].as_str().unwrap()) == proxy)
         .unwrap();
-    assert_eq!(reported["blockedTargets"], 0, "{reported}");
+    assert_eq!(reported["blockedTargets"], 1, "{reported}");
     fleet.operator.stop().await;
 }
 

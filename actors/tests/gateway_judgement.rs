@@ -159,6 +159,16 @@ async fn site(ip: &str, answer: Answer) -> (SocketAddr, Arc<Mutex<BTreeMap<IpAdd
                 *seen.lock().unwrap().entry(peer.ip()).or_default() += 1;
                 let head = String::from_utf8_lossy(&got).into_owned();
                 let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                // A site answers once it has the whole request: a chunked
+                // body up to its last chunk (one that never ends, never).
+                if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                    while !got.ends_with(b"0\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                }
                 let _ = s.write_all(answer(&path, peer.ip())).await;
                 let _ = s.shutdown().await;
             });

@@ -19,7 +19,7 @@ use self::target::TargetState;
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
 use super::{
-    AcquireError, AcquireRequest, Availability, Caller, Footprint, Grant, LeaseLimits, LeaseSettings,
+    AcquireError, AcquireRequest, Act, Availability, Caller, Footprint, Grant, LeaseLimits, LeaseSettings,
     MAX_BLOCKED_TARGETS, NotOwner, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts,
     TableFull, UnknownLease, rendezvous, target_digest,
 };
@@ -633,17 +633,17 @@ impl LeaseBook {
         }
     }
 
-    /// Whether `caller` may release, report on or renew lease `id` (held,
+    /// Whether `caller` may `act` on lease `id` (held,
     /// or ended and still taking reports). An id the book does not know is
     /// nobody's: the operation itself answers it as before.
-    pub fn check_owner(&self, id: &str, caller: &Caller, now: Instant) -> Result<(), NotOwner> {
+    pub fn check_owner(&self, id: &str, caller: &Caller, act: Act, now: Instant) -> Result<(), NotOwner> {
         if let Some(lease) = self.leases.get(id) {
-            return super::owners::check(id, lease.client.as_deref(), lease.owner.as_deref(), caller);
+            return super::owners::check(id, lease.client.as_deref(), lease.owner.as_deref(), caller, act);
         }
         match self.ended.get(id) {
             Some(ended) if ended.until > now => {
                 let client = ended.gateway.then_some(super::GATEWAY_CLIENT);
-                super::owners::check(id, client, ended.owner.as_deref(), caller)
+                super::owners::check(id, client, ended.owner.as_deref(), caller, act)
             }
             _ => Ok(()),
         }

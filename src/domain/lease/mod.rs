@@ -23,7 +23,7 @@ pub use book::{LeaseBook, owner_key};
 pub use fair_share::FairShare;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
-pub use owners::{Caller, NotOwner, may_act};
+pub use owners::{Act, Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
 
 /// Tunables of the lease store.

@@ -993,31 +993,40 @@ fn only_a_lease_s_owner_acts_on_it_held_ended_and_after_a_restart() {
     let (a, b) = (Caller::Identity("a".into()), Caller::Identity("b".into()));
     let api = book.acquire(&owned_by("a", Some("spider")), t0).unwrap();
     let gateway = book.acquire(&owned_by("a", Some("gateway/a")), t0).unwrap();
-    assert!(book.check_owner(&api.id, &a, t0).is_ok());
+    let check = |id: &str, who: &Caller, act: Act, at: Instant| book.check_owner(id, who, act, at);
+    assert!(check(&api.id, &a, Act::Release, t0).is_ok());
     assert_eq!(
-        book.check_owner(&api.id, &b, t0),
+        check(&api.id, &b, Act::Report, t0),
         Err(NotOwner::OtherIdentity(api.id.clone()))
     );
-    assert!(book.check_owner(&api.id, &Caller::Gateway, t0).is_err());
+    assert!(check(&api.id, &Caller::Gateway, Act::Release, t0).is_err());
     assert_eq!(
-        book.check_owner(&gateway.id, &a, t0),
+        check(&gateway.id, &a, Act::Release, t0),
         Err(NotOwner::GatewayLease(gateway.id.clone())),
-        "even its client's identity goes through the gateway"
+        "only the gateway ends what it holds"
     );
-    assert!(book.check_owner(&gateway.id, &Caller::Gateway, t0).is_ok());
+    assert!(check(&gateway.id, &a, Act::Renew, t0).is_err());
     assert!(
-        book.check_owner("no-such-lease", &b, t0).is_ok(),
+        check(&gateway.id, &a, Act::Report, t0).is_ok(),
+        "the identity it serves reports a block seen in its tunnel"
+    );
+    assert!(check(&gateway.id, &b, Act::Report, t0).is_err());
+    assert!(check(&gateway.id, &Caller::Gateway, Act::Release, t0).is_ok());
+    assert!(
+        check("no-such-lease", &b, Act::Release, t0).is_ok(),
         "answered as before"
     );
     // Ended, in the report grace: still its owner's only.
     assert!(book.release(&api.id, t0));
     assert!(book.release(&gateway.id, t0));
-    assert!(book.check_owner(&api.id, &b, t0).is_err());
-    assert!(book.check_owner(&api.id, &a, t0).is_ok());
-    assert!(book.check_owner(&gateway.id, &a, t0).is_err());
+    let check = |id: &str, who: &Caller, act: Act, at: Instant| book.check_owner(id, who, act, at);
+    assert!(check(&api.id, &b, Act::Report, t0).is_err());
+    assert!(check(&api.id, &a, Act::Report, t0).is_ok());
+    assert!(check(&gateway.id, &a, Act::Report, t0).is_ok());
+    assert!(check(&gateway.id, &b, Act::Report, t0).is_err());
     let after_grace = t0 + Duration::from_secs(601);
     assert!(
-        book.check_owner(&api.id, &b, after_grace).is_ok(),
+        check(&api.id, &b, Act::Report, after_grace).is_ok(),
         "unknown by then"
     );
     // The owner is journaled and restored, held and ended.
@@ -1034,16 +1043,16 @@ fn only_a_lease_s_owner_acts_on_it_held_ended_and_after_a_restart() {
     for name in ["a", "b", "c", "d"] {
         restored.upsert(proxy(name, true, 10, &[]), t0);
     }
-    assert!(restored.check_owner(&held.id, &b, t0).is_err());
-    assert!(restored.check_owner(&held.id, &a, t0).is_ok());
-    assert!(restored.check_owner(&api.id, &b, t0).is_err());
+    assert!(restored.check_owner(&held.id, &b, Act::Report, t0).is_err());
+    assert!(restored.check_owner(&held.id, &a, Act::Report, t0).is_ok());
+    assert!(restored.check_owner(&api.id, &b, Act::Report, t0).is_err());
     assert!(
-        restored.check_owner(&gateway.id, &b, t0).is_ok(),
+        restored.check_owner(&gateway.id, &b, Act::Report, t0).is_ok(),
         "a gateway lease ends with its process: unknown after a restart"
     );
     // A lease without an owner (written before owners existed): anyone.
     let ownerless = restored.acquire(&req("u"), t0).unwrap();
-    assert!(restored.check_owner(&ownerless.id, &b, t0).is_ok());
+    assert!(restored.check_owner(&ownerless.id, &b, Act::Report, t0).is_ok());
 }
 
 /// What fair shares count: leases by owner (ended ones no longer), and
