@@ -78,9 +78,10 @@ mod tests {
         let a = Caller::Identity("team-a".into());
         let b = Caller::Identity("team-b".into());
         let gw = Caller::Gateway;
-        // (lease client, lease owner, caller, may release and renew, may report)
+        /// (lease client, lease owner, caller, may release and renew, may report)
+        type Row<'a> = (Option<&'a str>, Option<&'a str>, &'a Caller, bool, bool);
         #[rustfmt::skip]
-        let rows: [(Option<&str>, Option<&str>, &Caller, bool, bool); 13] = [
+        let rows: [Row; 13] = [
             // An API lease: its owner only.
             (Some("spider"), Some("team-a"), &a, true, true),
             (Some("spider"), Some("team-a"), &b, false, false),
