@@ -9,6 +9,8 @@
 //! - 100 requests whose bodies are malformed or cut off are the clients'
 //!   fault: each gets a `400`, no proxy is rested, and the next request is
 //!   served;
+//! - with `pacing: 500ms`, no proxy sends a site two requests less than
+//!   about 500 ms apart;
 //! - 100 requests in a row to one site with the quickstart's lease
 //!   settings are all served, spread over the four proxies, and none is
 //!   counted denied;
@@ -272,6 +274,47 @@ async fn a_hundred_requests_in_a_row_to_one_site_are_all_served_spread_over_the_
         leases["denied"], 0,
         "no request was refused, none counted: {leases}"
     );
+    fleet.operator.stop().await;
+}
+
+#[tokio::test]
+async fn pacing_keeps_each_proxy_to_one_request_per_interval_for_a_site() {
+    let fleet = Fleet::start(2, "127.0.26.0/29", "capacityWait: 5s, pacing: 500ms").await;
+    // When each source address's requests arrived.
+    let listener = TcpListener::bind("127.0.27.1:0").await.unwrap();
+    let site = listener.local_addr().unwrap();
+    let arrivals: Arc<Mutex<BTreeMap<IpAddr, Vec<Instant>>>> = Arc::default();
+    let seen = arrivals.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, peer)) = listener.accept().await {
+            seen.lock()
+                .unwrap()
+                .entry(peer.ip())
+                .or_default()
+                .push(Instant::now());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(OK).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    for i in 0..6 {
+        let (status, text) = get(fleet.gateway, site, "/").await;
+        assert_eq!(status, 200, "request {i}: {text}");
+    }
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 2, "both proxies used: {arrivals:?}");
+    for (source, times) in &arrivals {
+        for pair in times.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(
+                gap >= Duration::from_millis(450),
+                "{source}: {gap:?} between two requests"
+            );
+        }
+    }
     fleet.operator.stop().await;
 }
 

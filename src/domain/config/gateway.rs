@@ -56,7 +56,8 @@ pub struct GatewaySettings {
     pub unauthenticated: UnauthenticatedLimits,
     /// After a plain request (not a sticky session's), its proxy rests
     /// this long for the request's site: the gateway's own pacing, in
-    /// place of the lease cooldown meant for long leases.
+    /// place of the lease cooldown meant for long leases. Off (zero) by
+    /// default: per-request rotation runs at the crawler's speed.
     pub pacing: Duration,
     /// What the gateway learns per site (the `learning:` block).
     pub learning: SiteLearningSettings,
@@ -126,7 +127,7 @@ impl Default for GatewaySettings {
             burst_per_client: 0.0,
             trace_exchanges: false,
             unauthenticated: UnauthenticatedLimits::default(),
-            pacing: Duration::from_millis(50),
+            pacing: Duration::ZERO,
             learning: SiteLearningSettings::default(),
         }
     }
