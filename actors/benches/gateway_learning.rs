@@ -42,6 +42,7 @@ fn main() -> ExitCode {
     let requests = number("--requests", 2000);
     let clients = number("--clients", 8);
     let upstreams = number("--upstreams", 4);
+    egress_proxies::tls::ensure_crypto_provider();
     let runtime = common::load_generator_runtime();
     runtime.block_on(async move {
         tokio::select! {
@@ -57,6 +58,11 @@ fn main() -> ExitCode {
 async fn bench(requests: usize, clients: usize, upstreams: usize) -> ExitCode {
     {
         let site = site().await;
+        let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!(
+            "{upstreams} proxies, one refused by the site; {requests} requests from {clients} clients; load average {}",
+            load().trim()
+        );
         println!("learning   first-try served   requests/s");
         for learning in [true, false] {
             match measure(site, learning, upstreams, requests, clients).await {
@@ -73,6 +79,7 @@ async fn bench(requests: usize, clients: usize, upstreams: usize) -> ExitCode {
                 }
             }
         }
+        println!("load average at the end: {}", load().trim());
         ExitCode::SUCCESS
     }
 }
