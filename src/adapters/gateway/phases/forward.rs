@@ -14,7 +14,7 @@ use http::Response;
 
 use super::RequestContext;
 use super::answers::refusal;
-use super::choose::Chooser;
+use super::choose::{Chooser, Held};
 use super::judge::{Blame, Circumstances, Learned, Refusal, Seen, Then, judge, same_answer};
 use crate::adapters::gateway::blocks::BlockRules;
 use crate::adapters::gateway::upstream::UpstreamPool;
@@ -33,21 +33,53 @@ pub(in crate::adapters::gateway) enum Hop {
     Tunnel(Tunnel),
 }
 
-/// What a try that got through hands on to the client.
-pub(super) enum Answer {
-    Plain(plain::Answer),
-    Tunnel(tunnel::Answer),
+/// One kind of request the try loop forwards: a [`Plain`] request or a
+/// [`Tunnel`]. Each knows how to try itself on a proxy and how to hand a
+/// try's answer to the client; the loop, the judge and what follows a
+/// verdict are the same for both.
+pub(super) trait Attempt {
+    /// What a try that got through hands on.
+    type Answer;
+    /// A tunnel: a `407` to its `CONNECT` can only be the proxy's.
+    const TUNNEL: bool;
+    /// Before the first try (a plain request's body read whole when it
+    /// can be, so that it can be sent again).
+    async fn prepare(
+        &mut self,
+        forwarder: &Forwarder,
+        context: &mut RequestContext,
+    ) -> Result<(), GatewayError>;
+    /// Whether another try could still send the request.
+    fn can_retry(&self) -> bool;
+    /// One try on `upstream`.
+    async fn try_on(
+        &mut self,
+        forwarder: &Forwarder,
+        upstream: &Upstream,
+        context: &RequestContext,
+    ) -> Tried<Self::Answer>;
+    /// Hands the answer the judge relays to the client; the lease and the
+    /// access record go when it is done with.
+    fn relay(
+        self,
+        answer: Self::Answer,
+        forwarder: &Forwarder,
+        upstream: Upstream,
+        held: Held,
+        context: RequestContext,
+        blocked: bool,
+    ) -> Response<ProxyBody>;
 }
 
 /// One try: what it saw (for the judge), why (for logs and reports), and
 /// the answer to relay if the judge says so.
-pub(super) struct Tried {
+pub(super) struct Tried<A> {
     pub seen: Seen,
     pub detail: String,
-    pub answer: Option<Answer>,
+    pub answer: Option<A>,
 }
 
-impl Tried {
+impl<A> Tried<A> {
     fn failed(seen: Seen, detail: impl std::fmt::Display) -> Self {
         Self {
             seen,
@@ -88,39 +120,27 @@ impl Forwarder {
         self.deadline
     }
 
-    /// Tries `hop` on chosen proxies until the judge relays an answer or
-    /// refuses; the response, or the gateway's own answer.
-    pub async fn forward(
+    /// Tries `attempt` on chosen proxies until the judge relays an answer
+    /// or refuses; the response, or the gateway's own answer.
+    pub async fn forward<A: Attempt>(
         &self,
-        mut hop: Hop,
+        mut attempt: A,
         mut context: RequestContext,
         chooser: &Chooser,
     ) -> Response<ProxyBody> {
-        if let Hop::Plain(plain) = &mut hop {
-            // A body within the bound is read whole, so that it can be sent again.
-            match plain.keep_whole(self.retry_body_limit, self.idle_timeout).await {
-                Ok(kept) => {
-                    let up = &context.exchange.transferred.up;
-                    up.fetch_add(kept, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(e) => return refuse(context, &e, true),
-            }
+        if let Err(e) = attempt.prepare(self, &mut context).await {
+            return refuse(context, &e, true);
         }
-        let tunnel = matches!(hop, Hop::Tunnel(_));
+        let tunnel = A::TUNNEL;
         let mut last_failure = None;
         loop {
             let (upstream, held) = match chooser.lease(&mut context).await {
                 Ok(leased) => leased,
                 Err(e) => return refuse(context, &last_failure.unwrap_or(e), tunnel),
             };
-            let tried = match &mut hop {
-                Hop::Plain(plain) => plain.try_on(self, &upstream, &context).await,
-                Hop::Tunnel(tunnel) => tunnel.try_on(self, &upstream, &context).await,
-            };
-            let can_retry = match &hop {
-                Hop::Plain(plain) => plain.can_retry(),
-                Hop::Tunnel(_) => true,
-            } && context.exchange.tries < self.tries
+            let tried = attempt.try_on(self, &upstream, &context).await;
+            let can_retry = attempt.can_retry()
+                && context.exchange.tries < self.tries
                 && Instant::now() < context.deadline;
             let at = Circumstances {
                 plain: !tunnel,
@@ -138,16 +158,7 @@ impl Forwarder {
                     let first_try = context.exchange.tries == 1;
                     chooser.finished(&context.admitted.ask.target, first_try);
                     let blocked = verdict.report == Some(Outcome::Blocked);
-                    return match (hop, answer) {
-                        (Hop::Plain(_), Answer::Plain(answer)) => {
-                            answer.relay(&self.pool, upstream, held, context, blocked)
-                        }
-                        (Hop::Tunnel(tunnel), Answer::Tunnel(answer)) => {
-                            tunnel.relay(answer, &upstream, held, context, self.idle_timeout)
-                        }
-                        // A try answers the way it was asked.
-                        _ => unreachable_answer(context),
-                    };
+                    return attempt.relay(answer, self, upstream, held, context, blocked);
                 }
                 (Then::Retry, _) => {
                     last_failure = Some(error_of(Refusal::UpstreamFailed, &seen, &upstream, &detail));
@@ -173,7 +184,7 @@ impl Forwarder {
     fn act(
         &self,
         verdict: &super::judge::Verdict,
-        tried: &Tried,
+        tried: &Tried<impl Sized>,
         upstream: &Upstream,
         context: &mut RequestContext,
         chooser: &Chooser,
@@ -262,9 +273,4 @@ fn refuse(context: RequestContext, e: &GatewayError, close: bool) -> Response<Pr
         ..
     } = context;
     refusal(e, &mut exchange, close, in_flight)
-}
-
-fn unreachable_answer(context: RequestContext) -> Response<ProxyBody> {
-    let e = GatewayError::LeaseStore("a try answered another kind of request".into());
-    refuse(context, &e, true)
 }

@@ -42,7 +42,7 @@ use tracing::Instrument;
 use self::admit::{Admission, Admitted};
 use self::answers::refusal;
 use self::choose::Chooser;
-use self::forward::Forwarder;
+use self::forward::{Forwarder, Hop};
 use self::judge::Seen;
 use self::log::{Exchange, exchange_span};
 use super::{Leases, Options, REASON_HEADER};
@@ -158,6 +158,9 @@ impl Gateway {
             rested_one: false,
             seen: Vec::new(),
         };
-        self.forwarder.forward(hop, context, &self.chooser).await
+        match hop {
+            Hop::Plain(plain) => self.forwarder.forward(plain, context, &self.chooser).await,
+            Hop::Tunnel(tunnel) => self.forwarder.forward(tunnel, context, &self.chooser).await,
+        }
     }
 }

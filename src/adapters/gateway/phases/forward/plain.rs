@@ -11,7 +11,7 @@ use http::header;
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 
-use super::{Forwarder, Tried};
+use super::{Attempt, Forwarder, Tried};
 use crate::adapters::gateway::GatewayError;
 use crate::adapters::gateway::Upstream;
 use crate::adapters::gateway::blocks::HeadVerdict;
@@ -81,26 +81,6 @@ impl Plain {
         }
     }
 
-    /// Whether another try can send the body (kept, or not streamed yet).
-    pub fn can_retry(&self) -> bool {
-        self.kept.is_some() || self.streamed.is_some()
-    }
-
-    /// One try on `upstream`.
-    pub async fn try_on(
-        &mut self,
-        forwarder: &Forwarder,
-        upstream: &Upstream,
-        context: &RequestContext,
-    ) -> Tried {
-        let deadline = tokio::time::Instant::from_std(context.deadline);
-        match tokio::time::timeout_at(deadline, self.send(forwarder, upstream, context)).await {
-            Ok(Ok((response, connection))) => observe(forwarder, context, response, connection).await,
-            Ok(Err(failed)) => failed,
-            Err(_) => Tried::failed(Seen::NoAnswer, "no response head before the deadline"),
-        }
-    }
-
     /// Sends the request, on a kept connection when its body can be sent
     /// again: the response head and the connection, or what went wrong.
     async fn send(
@@ -108,7 +88,7 @@ impl Plain {
         forwarder: &Forwarder,
         upstream: &Upstream,
         context: &RequestContext,
-    ) -> Result<(Response<Incoming>, Connection), Tried> {
+    ) -> Result<(Response<Incoming>, Connection), Tried<Answer>> {
         let transferred = &context.exchange.transferred;
         let mut pooled = self
             .kept
@@ -169,25 +149,74 @@ impl Plain {
     }
 }
 
+impl Attempt for Plain {
+    type Answer = Answer;
+    const TUNNEL: bool = false;
+
+    async fn prepare(
+        &mut self,
+        forwarder: &Forwarder,
+        context: &mut RequestContext,
+    ) -> Result<(), GatewayError> {
+        let kept = self
+            .keep_whole(forwarder.retry_body_limit, forwarder.idle_timeout)
+            .await?;
+        let up = &context.exchange.transferred.up;
+        up.fetch_add(kept, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The body is kept, or not streamed yet.
+    fn can_retry(&self) -> bool {
+        self.kept.is_some() || self.streamed.is_some()
+    }
+
+    async fn try_on(
+        &mut self,
+        forwarder: &Forwarder,
+        upstream: &Upstream,
+        context: &RequestContext,
+    ) -> Tried<Answer> {
+        let deadline = tokio::time::Instant::from_std(context.deadline);
+        match tokio::time::timeout_at(deadline, self.send(forwarder, upstream, context)).await {
+            Ok(Ok((response, connection))) => observe(forwarder, context, response, connection).await,
+            Ok(Err(failed)) => failed,
+            Err(_) => Tried::failed(Seen::NoAnswer, "no response head before the deadline"),
+        }
+    }
+
+    fn relay(
+        self,
+        answer: Answer,
+        forwarder: &Forwarder,
+        upstream: Upstream,
+        held: Held,
+        context: RequestContext,
+        blocked: bool,
+    ) -> Response<ProxyBody> {
+        answer.relay(&forwarder.pool, upstream, held, context, blocked)
+    }
+}
+
 /// What the answer is, for the judge: who wrote it and whether it is a block.
 async fn observe(
     forwarder: &Forwarder,
     context: &RequestContext,
     response: Response<Incoming>,
     connection: Connection,
-) -> Tried {
+) -> Tried<Answer> {
     let status = response.status();
     let code = status.as_u16();
     let answered = |seen: Seen, detail: String, head, read, rest, ended| Tried {
         seen,
         detail,
-        answer: Some(super::Answer::Plain(Answer {
+        answer: Some(Answer {
             head,
             read,
             rest,
             ended,
             connection,
-        })),
+        }),
     };
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Tried::failed(Seen::ProxyBroken, "it switched protocols unasked");

@@ -18,8 +18,7 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::{Forwarder, Tried};
-use crate::adapters::gateway::Upstream;
+use super::{Attempt, Forwarder, Tried};
 use crate::adapters::gateway::challenge::challenge_realm;
 use crate::adapters::gateway::phases::RequestContext;
 use crate::adapters::gateway::phases::answers::describe;
@@ -27,6 +26,7 @@ use crate::adapters::gateway::phases::choose::Held;
 use crate::adapters::gateway::phases::judge::Seen;
 use crate::adapters::gateway::phases::log::{ExchangeOutcome, Transferred, meter};
 use crate::adapters::gateway::upstream::{Connection, open};
+use crate::adapters::gateway::{GatewayError, Upstream};
 use crate::forward_proxy::body::ProxyBody;
 use crate::forward_proxy::tunnel::{Splice, Tally, established, splice};
 use crate::forward_proxy::zero_copy::Way;
@@ -45,15 +45,26 @@ pub(in crate::adapters::gateway) struct Tunnel {
 /// A tunnel the proxy opened.
 pub(in crate::adapters::gateway) type Answer = TokioIo<hyper::upgrade::Upgraded>;
 
-impl Tunnel {
-    /// One try on `upstream`: its `CONNECT` to each checked address in turn
-    /// until one opens.
-    pub async fn try_on(
+impl Attempt for Tunnel {
+    type Answer = Answer;
+    const TUNNEL: bool = true;
+
+    async fn prepare(&mut self, _: &Forwarder, _: &mut RequestContext) -> Result<(), GatewayError> {
+        Ok(())
+    }
+
+    /// Nothing is sent before the tunnel opens.
+    fn can_retry(&self) -> bool {
+        true
+    }
+
+    /// The proxy's `CONNECT` to each checked address in turn until one opens.
+    async fn try_on(
         &mut self,
         forwarder: &Forwarder,
         upstream: &Upstream,
         context: &RequestContext,
-    ) -> Tried {
+    ) -> Tried<Answer> {
         let deadline = tokio::time::Instant::from_std(context.deadline);
         let mut last = Tried::failed(Seen::SiteUnreachable { status: 502 }, "no address to ask it for");
         for &address in &self.addresses {
@@ -71,13 +82,14 @@ impl Tunnel {
     }
 
     /// Answers `200` and splices the crawler's connection to the proxy's.
-    pub fn relay(
+    fn relay(
         self,
         opened: Answer,
-        upstream: &Upstream,
+        forwarder: &Forwarder,
+        upstream: Upstream,
         held: Held,
         context: RequestContext,
-        idle_timeout: Duration,
+        _blocked: bool,
     ) -> Response<ProxyBody> {
         let RequestContext {
             mut exchange,
@@ -85,7 +97,7 @@ impl Tunnel {
             ..
         } = context;
         let mut response = established();
-        describe(response.headers_mut(), upstream, &exchange, false);
+        describe(response.headers_mut(), &upstream, &exchange, false);
         exchange.status = 200;
         exchange.outcome = ExchangeOutcome::Served;
         let held = held.renewed(upstream.ttl);
@@ -98,7 +110,7 @@ impl Tunnel {
             counter.fetch_add(n as u64, Ordering::Relaxed);
         });
         let how = Splice {
-            idle_timeout,
+            idle_timeout: forwarder.idle_timeout,
             linger: Some(LINGER),
             held: Some(Box::new((held, exchange))),
             tally: Some(tally),
@@ -115,7 +127,7 @@ async fn connect_to(
     forwarder: &Forwarder,
     upstream: &Upstream,
     context: &RequestContext,
-) -> Tried {
+) -> Tried<Answer> {
     // `[v6]:port` for an IPv6 address.
     let authority = address.to_string();
     let mut connect = match Request::builder()
@@ -165,7 +177,7 @@ async fn connect_to(
         Ok(upgraded) => Tried {
             seen: Seen::Opened,
             detail: format!("CONNECT {authority} opened"),
-            answer: Some(super::Answer::Tunnel(TokioIo::new(upgraded))),
+            answer: Some(TokioIo::new(upgraded)),
         },
         Err(e) => Tried::failed(Seen::ProxyBroken, e),
     }
