@@ -35,7 +35,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 mod common;
-use common::{arg, free_addr};
+use common::{arg, free_addr, remove_squid_segments};
 
 /// The small response's body, in bytes.
 const SMALL_BYTES: usize = 128;
@@ -374,18 +374,6 @@ impl Drop for SquidService {
     fn drop(&mut self) {
         remove_squid_segments(&self.0);
         STARTED.lock().unwrap_or_else(|e| e.into_inner()).squid_service = None;
-    }
-}
-
-/// Removes the shared memory segments Squid's service may leave behind.
-fn remove_squid_segments(service: &str) {
-    let prefix = format!("{service}-");
-    if let Ok(entries) = std::fs::read_dir("/dev/shm") {
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
     }
 }
 

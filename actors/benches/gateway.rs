@@ -62,13 +62,15 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 mod common;
-use common::{arg, free_addr, pct};
+use common::{
+    arg, free_addr, healthy_proxies, local_proxy_pids, pct, reap_local_proxies, remove_squid_segments,
+};
 #[path = "gateway/bare_relay.rs"]
 mod bare_relay;
 
@@ -210,46 +212,6 @@ impl Drop for LocalProxies {
     fn drop(&mut self) {
         reap_local_proxies(&self.0);
         started().state = None;
-    }
-}
-
-/// The local provider's instances' pids (`process.json`).
-fn local_proxy_pids(state: &Path) -> Vec<i32> {
-    let Ok(instances) = std::fs::read_dir(state.join("local/local/instances")) else {
-        return Vec::new();
-    };
-    instances
-        .flatten()
-        .filter_map(|instance| {
-            let record = std::fs::read_to_string(instance.path().join("process.json")).ok()?;
-            let identity: serde_json::Value = serde_json::from_str(&record).ok()?;
-            identity["pid"].as_i64().and_then(|p| i32::try_from(p).ok())
-        })
-        .collect()
-}
-
-fn reap_local_proxies(state: &Path) {
-    for pid in local_proxy_pids(state) {
-        // The process group of the proxy: it and anything it started.
-        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-    }
-    // A killed Squid leaves its shared memory: its service is the instance's name without dashes.
-    if let Ok(instances) = std::fs::read_dir(state.join("local/local/instances")) {
-        for instance in instances.flatten() {
-            remove_squid_segments(&instance.file_name().to_string_lossy().replace('-', ""));
-        }
-    }
-}
-
-/// Removes the shared memory segments a Squid service may leave behind.
-fn remove_squid_segments(service: &str) {
-    let prefix = format!("{service}-");
-    if let Ok(entries) = std::fs::read_dir("/dev/shm") {
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
     }
 }
 
@@ -936,15 +898,7 @@ async fn start_operator(
             let log = std::fs::read_to_string(dir.join("operator.log")).unwrap_or_default();
             format!("{e}\n{log}")
         })?;
-        let healthy = match client
-            .get(format!("http://{api}/v1/proxies?healthy=true"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-        {
-            Ok(r) => r.json::<Vec<serde_json::Value>>().await.map_or(0, |l| l.len()),
-            Err(_) => 0,
-        };
+        let healthy = healthy_proxies(&client, api, TOKEN).await;
         if healthy == upstreams {
             return Ok(operator);
         }

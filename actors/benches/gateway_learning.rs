@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 mod common;
-use common::{Kill, arg, free_addr};
+use common::{Kill, arg, free_addr, healthy_proxies, reap_local_proxies};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const TOKEN: &str = "bench-learning-t0ken";
@@ -235,15 +235,7 @@ async fn start_operator(
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let healthy = match client
-            .get(format!("http://{api}/v1/proxies?healthy=true"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-        {
-            Ok(r) => r.json::<Vec<serde_json::Value>>().await.map_or(0, |l| l.len()),
-            Err(_) => 0,
-        };
+        let healthy = healthy_proxies(&client, api, TOKEN).await;
         if healthy == upstreams {
             return Ok(operator);
         }
@@ -264,22 +256,6 @@ struct Fleet {
 impl Drop for Fleet {
     fn drop(&mut self) {
         drop(self.operator.take());
-        let Ok(instances) = std::fs::read_dir(self.state.join("local/local/instances")) else {
-            return;
-        };
-        for instance in instances.flatten() {
-            let pid = std::fs::read_to_string(instance.path().join("process.json"))
-                .ok()
-                .and_then(|record| serde_json::from_str::<serde_json::Value>(&record).ok())
-                .and_then(|identity| identity["pid"].as_i64())
-                .and_then(|pid| i32::try_from(pid).ok());
-            if let Some(pid) = pid {
-                // The proxy's process group: it and anything it started.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
+        reap_local_proxies(&self.state);
     }
 }

@@ -1,5 +1,6 @@
 //! What the benchmarks share: a keep-alive HTTP/1.1 client connection,
-//! percentiles, and a child process killed on drop.
+//! percentiles, a child process killed on drop, the local proxies an
+//! operator leaves behind, and its healthy proxies.
 #![allow(
     dead_code,
     reason = "each test binary uses its own part of the shared support"
@@ -151,4 +152,59 @@ pub async fn target() -> SocketAddr {
         }
     });
     addr
+}
+
+/// The local provider's instances' pids (`process.json`).
+pub fn local_proxy_pids(state: &std::path::Path) -> Vec<i32> {
+    let Ok(instances) = std::fs::read_dir(state.join("local/local/instances")) else {
+        return Vec::new();
+    };
+    instances
+        .flatten()
+        .filter_map(|instance| {
+            let record = std::fs::read_to_string(instance.path().join("process.json")).ok()?;
+            let identity: serde_json::Value = serde_json::from_str(&record).ok()?;
+            identity["pid"].as_i64().and_then(|p| i32::try_from(p).ok())
+        })
+        .collect()
+}
+
+/// Kills the local proxies an operator on `state` left running by design
+/// (to adopt them at its next start), and what a killed Squid leaves.
+pub fn reap_local_proxies(state: &std::path::Path) {
+    for pid in local_proxy_pids(state) {
+        // The process group of the proxy: it and anything it started.
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    // A killed Squid leaves its shared memory: its service is the instance's name without dashes.
+    if let Ok(instances) = std::fs::read_dir(state.join("local/local/instances")) {
+        for instance in instances.flatten() {
+            remove_squid_segments(&instance.file_name().to_string_lossy().replace('-', ""));
+        }
+    }
+}
+
+/// Removes the shared memory segments a Squid service may leave behind.
+pub fn remove_squid_segments(service: &str) {
+    let prefix = format!("{service}-");
+    if let Ok(entries) = std::fs::read_dir("/dev/shm") {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Proxies the discovery API at `api` lists as healthy (0 while it does not answer).
+pub async fn healthy_proxies(client: &reqwest::Client, api: SocketAddr, token: &str) -> usize {
+    match client
+        .get(format!("http://{api}/v1/proxies?healthy=true"))
+        .bearer_auth(token)
+        .send()
+        .await
+    {
+        Ok(r) => r.json::<Vec<serde_json::Value>>().await.map_or(0, |l| l.len()),
+        Err(_) => 0,
+    }
 }
