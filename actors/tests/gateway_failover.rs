@@ -233,20 +233,8 @@ impl Fleet {
     /// The proxies as the lease book sees them (the dashboard's rows:
     /// leases, blocks and errors reported).
     async fn proxies(&self) -> Vec<Value> {
-        let auth = format!("Bearer {TOKEN}");
-        let (status, text) = support::http::request(
-            self.operator.discovery(),
-            "GET",
-            "/v1/dashboard",
-            &[("Authorization", &auth)],
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["proxies"]
-            .as_array()
-            .unwrap()
-            .clone()
+        let dashboard = support::http::dashboard(self.operator.discovery(), TOKEN).await;
+        dashboard["proxies"].as_array().unwrap().clone()
     }
 
     /// SIGKILLs the process of the proxy named `crawl/<name>`.

@@ -96,34 +96,13 @@ impl Fleet {
 
     /// The proxies as the lease book sees them (the dashboard's rows).
     async fn proxies(&self) -> Vec<Value> {
-        let auth = format!("Bearer {TOKEN}");
-        let (status, text) = support::http::request(
-            self.operator.discovery(),
-            "GET",
-            "/v1/dashboard",
-            &[("Authorization", &auth)],
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["proxies"]
-            .as_array()
-            .unwrap()
-            .clone()
+        let dashboard = support::http::dashboard(self.operator.discovery(), TOKEN).await;
+        dashboard["proxies"].as_array().unwrap().clone()
     }
 
     /// The dashboard's lease counters (`granted`, `denied`...).
     async fn leases(&self) -> Value {
-        let auth = format!("Bearer {TOKEN}");
-        let (_, text) = support::http::request(
-            self.operator.discovery(),
-            "GET",
-            "/v1/dashboard",
-            &[("Authorization", &auth)],
-            None,
-        )
-        .await;
-        serde_json::from_str::<Value>(&text).unwrap()["leases"].clone()
+        support::http::dashboard(self.operator.discovery(), TOKEN).await["leases"].clone()
     }
 
     /// `error` reports on the proxies' leases, in all.

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use hyper::HeaderMap;
 use hyper::header::{HeaderName, HeaderValue};
-use serde_json::Value;
 use support::operator::{OperatorDir, OperatorProcess};
 use support::process::{health_target, instance_pid};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -62,17 +61,7 @@ async fn ask_without_credentials(proxy: SocketAddr) -> Result<(u16, HeaderMap), 
 /// Each Ready proxy's address and realm as the lease book holds them (the
 /// dashboard's rows).
 async fn booked(operator: &OperatorProcess) -> BTreeMap<String, (SocketAddr, Option<String>)> {
-    let auth = format!("Bearer {TOKEN}");
-    let (status, text) = support::http::request(
-        operator.discovery(),
-        "GET",
-        "/v1/dashboard",
-        &[("Authorization", &auth)],
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let dashboard = support::http::dashboard(operator.discovery(), TOKEN).await;
     dashboard["proxies"]
         .as_array()
         .unwrap()

@@ -25,6 +25,15 @@ pub async fn request(
     (status, body)
 }
 
+/// `GET /v1/dashboard` of the discovery API at `addr` with `token`: the
+/// dashboard's data (the fleet's rows, the lease counters, the gateway's).
+pub async fn dashboard(addr: SocketAddr, token: &str) -> serde_json::Value {
+    let auth = format!("Bearer {token}");
+    let (status, text) = request(addr, "GET", "/v1/dashboard", &[("Authorization", &auth)], None).await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
 /// Sends a request without a body; its status, or why there is none (a
 /// process not listening yet, say).
 pub async fn try_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<u16> {
