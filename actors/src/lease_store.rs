@@ -918,11 +918,12 @@ impl Handler<GetLeaseStats> for LeaseStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use egress_proxies::lease::{Availability, GATEWAY_CLIENT};
 
-    fn ready(name: &str) -> Availability {
+    /// A Ready proxy `ns/<name>` as the ProxyActor reports it.
+    pub(crate) fn ready(name: &str) -> Availability {
         Availability {
             key: ObjectKey::new("ns", name),
             ready: true,

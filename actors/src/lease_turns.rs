@@ -352,22 +352,8 @@ impl Turns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use egress_proxies::lease::{Availability, LeaseSettings};
-
-    fn ready(name: &str) -> Availability {
-        Availability {
-            key: ObjectKey::new("ns", name),
-            ready: true,
-            phase: "Ready".into(),
-            healthy: Some(true),
-            url: Some(format!("http://{name}:3128")),
-            attributes: Default::default(),
-            latency: Some(Duration::from_millis(5)),
-            credentials: None,
-            realm: None,
-            retiring: false,
-        }
-    }
+    use crate::lease_store::tests::ready;
+    use egress_proxies::lease::LeaseSettings;
 
     fn book(proxies: &[&str]) -> LeaseBook {
         let mut book = LeaseBook::new(LeaseSettings {
