@@ -35,9 +35,11 @@
 #![cfg_attr(not(test), warn(unused_crate_dependencies))]
 
 pub mod adapters;
-pub mod domain;
+/// The domain crate, under the name its paths read by here.
+pub use egress_proxies_domain as domain;
+/// The telemetry crate, likewise.
+pub use egress_proxies_telemetry as telemetry;
 
-pub mod bind_address;
 pub mod file_limit;
 pub mod listener_limits;
 pub mod memory_limit;
@@ -45,13 +47,4 @@ pub mod metrics_access;
 pub mod private_files;
 pub mod rate_limit;
 pub mod serving_cert;
-pub mod telemetry;
 pub mod tls;
-
-// Every module by its own name (`egress_proxies::lease`,
-// `egress_proxies::providers::kvm`), wherever it sits.
-pub use adapters::{forward_proxy, gateway, guarded_listener, kube_client, leader, probe, providers, stores};
-pub use domain::{
-    config, credentials, destinations, gc, health, identity, installation, lease, pool, provider, reconcile,
-    resource, store,
-};

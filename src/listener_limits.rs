@@ -10,48 +10,10 @@
 //! the kernel's accept queue, without starving the other listeners or the
 //! process of files. A cap also fits the process's memory limit
 //! ([`memory_cap`]), and what a client that has not authenticated may make
-//! the proxy listeners hold is bounded by [`UnauthenticatedLimits`].
+//! the proxy listeners hold is bounded by
+//! [`UnauthenticatedLimits`](egress_proxies_domain::config::unauthenticated_limits::UnauthenticatedLimits).
 
 use std::time::Duration;
-
-/// What the proxy listeners (the gateway, the built-in proxy) let clients
-/// that have not authenticated yet hold (docs/security.md, "Hostile
-/// clients"). A connection counts as unauthenticated until one of its
-/// requests passed the credentials check (or came from a client network
-/// served without credentials).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnauthenticatedLimits {
-    /// Bytes of an unfinished request head each connection may hold of its own.
-    pub free_head: usize,
-    /// Bytes beyond `free_head` that the unfinished heads of all of a
-    /// listener's connections may hold together; a head that finds it
-    /// spent is answered `431`.
-    pub head_budget: usize,
-    /// Connections one source address (an IPv6 /64) may hold open before
-    /// authenticating; the next is answered `429`.
-    pub connections_per_source: usize,
-}
-
-impl UnauthenticatedLimits {
-    /// A usual request head (URL, cookies, user agent) fits in 4 KiB.
-    pub const DEFAULT_FREE_HEAD: usize = 4 * 1024;
-    /// About 300 slow heads of 56 KB at once; little next to the default
-    /// memory limit (256 MiB) and the reserve kept for the rest of the process.
-    pub const DEFAULT_HEAD_BUDGET: usize = 16 * 1024 * 1024;
-    /// A crawler pod or node behind one address opens connections in bursts
-    /// well below this, and each stops counting once it has authenticated.
-    pub const DEFAULT_CONNECTIONS_PER_SOURCE: usize = 256;
-}
-
-impl Default for UnauthenticatedLimits {
-    fn default() -> Self {
-        Self {
-            free_head: Self::DEFAULT_FREE_HEAD,
-            head_budget: Self::DEFAULT_HEAD_BUDGET,
-            connections_per_source: Self::DEFAULT_CONNECTIONS_PER_SOURCE,
-        }
-    }
-}
 
 /// Memory kept for everything but a listener's connections: the operator's
 /// own state, its other listeners, the runtime, the allocator's slack.

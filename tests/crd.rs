@@ -3,7 +3,7 @@
 //! (OpenAPI structure via a JSON-schema validator, `x-kubernetes-validations`
 //! via a CEL evaluator).
 
-use egress_proxies::resource::{CrdKind, Proxy, ProxyPool, crd_yaml, crd_yaml_of};
+use egress_proxies::domain::resource::{CrdKind, Proxy, ProxyPool, crd_yaml, crd_yaml_of};
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
@@ -151,7 +151,7 @@ fn defaults_come_from_the_types() {
 
 #[test]
 fn durations_are_checked_with_a_clear_message() {
-    let mut hc = egress_proxies::resource::HealthCheck {
+    let mut hc = egress_proxies::domain::resource::HealthCheck {
         interval: "1m30s".into(),
         ..Default::default()
     };

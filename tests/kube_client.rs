@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use egress_proxies::kube_client::{self, ApiBudget};
+use egress_proxies::adapters::kube_client::{self, ApiBudget};
 use egress_proxies::telemetry::metrics::metrics;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};

@@ -1,6 +1,6 @@
 //! Every validation rule of the providers configuration, with the exact message.
 
-use egress_proxies::config::{
+use egress_proxies::domain::config::{
     DomainType, Firmware, ImageFormat, LocalImplementation, ProviderSettings, ProvidersConfig,
 };
 

@@ -27,9 +27,9 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use egress_proxies::credentials::{ProxyCredentials, htpasswd_line, write_credentials_file};
-use egress_proxies::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, squid_rules};
-use egress_proxies::provider::squid_auth::auth_section;
+use egress_proxies::domain::credentials::{ProxyCredentials, htpasswd_line, write_credentials_file};
+use egress_proxies::domain::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, squid_rules};
+use egress_proxies::domain::provider::squid_auth::auth_section;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;

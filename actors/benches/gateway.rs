@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use egress_proxies::forward_proxy::zero_copy;
+use egress_proxies::adapters::forward_proxy::zero_copy;
 use futures::StreamExt as _;
 use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::{Bytes, Incoming};

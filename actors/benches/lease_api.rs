@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use egress_proxies::lease::{Availability, LeaseLimits, LeaseSettings};
+use egress_proxies::domain::lease::{Availability, LeaseLimits, LeaseSettings};
 use egress_proxies::rate_limit::RateLimits;
-use egress_proxies::resource::ObjectKey;
+use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
 use tokio::net::TcpStream;
@@ -55,7 +55,7 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
         _ => LeaseStore::durable(
             settings,
             limits,
-            Box::new(egress_proxies::stores::embedded::LeaseLog::open(state).unwrap()),
+            Box::new(egress_proxies::adapters::stores::embedded::LeaseLog::open(state).unwrap()),
         )
         .unwrap(),
     };

@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use egress_proxies::bind_address::BindAddress;
-use egress_proxies::destinations::{
+use egress_proxies::domain::config::BindAddress;
+use egress_proxies::domain::destinations::{
     DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr,
 };
-use egress_proxies::guarded_listener::ListenerSettings;
-use egress_proxies::installation::InstallationId;
+use egress_proxies::adapters::guarded_listener::ListenerSettings;
+use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 
 /// Version line: crate version and the commit the binary was built from.
@@ -115,8 +115,8 @@ pub struct ConnectionLimitArgs {
 impl ConnectionLimitArgs {
     pub fn settings(&self) -> ListenerSettings {
         let mut settings = ListenerSettings::for_process_limits(
-            egress_proxies::forward_proxy::FDS_PER_CONNECTION,
-            egress_proxies::forward_proxy::unauthenticated_limits(),
+            egress_proxies::adapters::forward_proxy::FDS_PER_CONNECTION,
+            egress_proxies::adapters::forward_proxy::unauthenticated_limits(),
         );
         if let Some(max) = self.max_connections {
             settings.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
@@ -328,8 +328,8 @@ pub struct RunArgs {
 
     /// Weights of crawler identities' fair shares of a scarce fleet:
     /// `team-a=2,team-b=3`; identities not named weigh 1.
-    #[arg(long, env = "FAIR_SHARE_WEIGHTS", value_parser = egress_proxies::lease::FairShare::parse)]
-    pub fair_share_weights: Option<egress_proxies::lease::FairShare>,
+    #[arg(long, env = "FAIR_SHARE_WEIGHTS", value_parser = egress_proxies::domain::lease::FairShare::parse)]
+    pub fair_share_weights: Option<egress_proxies::domain::lease::FairShare>,
 
     /// Time between orphan-GC sweeps.
     #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
@@ -404,7 +404,7 @@ pub enum CrdArg {
     Proxypools,
 }
 
-impl From<CrdArg> for egress_proxies::resource::CrdKind {
+impl From<CrdArg> for egress_proxies::domain::resource::CrdKind {
     fn from(arg: CrdArg) -> Self {
         match arg {
             CrdArg::Proxies => Self::Proxies,

@@ -1,16 +1,16 @@
 //! The gateway's wiring (docs/gateway.md): its listener
-//! (`egress_proxies::gateway`) leases from the lease store's book in
+//! (`egress_proxies::adapters::gateway`) leases from the lease store's book in
 //! process, at its [`LeaseDesk`] on the gateway's own threads, so API
 //! leases and gateway traffic share one book.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::config::GatewaySettings;
-use egress_proxies::destinations::{DestinationPolicy, IpNet};
-use egress_proxies::gateway::{self, Ask, GatewayError, Leases, Options, Upstream, Waiting};
-use egress_proxies::guarded_listener::ListenerSettings;
-use egress_proxies::lease::{AcquireError, AcquireRequest, Outcome};
+use egress_proxies::domain::config::GatewaySettings;
+use egress_proxies::domain::destinations::{DestinationPolicy, IpNet};
+use egress_proxies::adapters::gateway::{self, Ask, GatewayError, Leases, Options, Upstream, Waiting};
+use egress_proxies::adapters::guarded_listener::ListenerSettings;
+use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;
 use crate::lease_store::{Granted, LeaseDesk};

@@ -7,10 +7,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use std::collections::HashSet;
 
-use egress_proxies::gc::{self, Scope, SweepReport};
-use egress_proxies::provider::ProviderId;
-use egress_proxies::provider::Providers;
-use egress_proxies::store::ProxyStore;
+use egress_proxies::domain::gc::{self, Scope, SweepReport};
+use egress_proxies::domain::provider::ProviderId;
+use egress_proxies::domain::provider::Providers;
+use egress_proxies::domain::store::ProxyStore;
 use egress_proxies::telemetry::events::{GcNotOurs, GcSweepCompleted};
 use tracing::Instrument;
 use tracing::field::Empty;

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use actix::WeakRecipient;
 use actix::prelude::*;
-use egress_proxies::health::{HealthState, LatencyRule, ProbeTarget, RecordedVerdict, Sample};
-use egress_proxies::probe::{ProbeFailure, ProbeResult, Prober};
-use egress_proxies::resource::ObjectKey;
+use egress_proxies::domain::health::{HealthState, LatencyRule, ProbeTarget, RecordedVerdict, Sample};
+use egress_proxies::adapters::probe::{ProbeFailure, ProbeResult, Prober};
+use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use futures::FutureExt;
 use opentelemetry::trace::TraceContextExt;
@@ -32,7 +32,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct HealthVerdict(
-    pub egress_proxies::health::Verdict,
+    pub egress_proxies::domain::health::Verdict,
     /// The `health.probe` span behind it (when probes are traced): the
     /// reconcile a flip triggers links to it.
     pub Option<opentelemetry::trace::SpanContext>,

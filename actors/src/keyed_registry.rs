@@ -13,8 +13,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::store::{StoreError, StoreEvent};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::store::{StoreError, StoreEvent};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc::UnboundedReceiver;
 

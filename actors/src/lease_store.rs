@@ -9,15 +9,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use egress_proxies::leader::Tenure;
-use egress_proxies::lease::fair_share::Turn;
-use egress_proxies::lease::{
+use egress_proxies::adapters::leader::Tenure;
+use egress_proxies::domain::lease::fair_share::Turn;
+use egress_proxies::domain::lease::{
     AcquireError, AcquireRequest, Act, Availability, Caller, Durable, FairShare, Footprint, Grant,
     JournalError, LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, Outcome,
     PoolFigures, ProxyView, RenewError, UnknownLease, is_gateway_client, owner_key,
 };
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::ProxyPoolStatus;
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::ProxyPoolStatus;
 use egress_proxies::telemetry::events::LeaseEvent;
 use egress_proxies::telemetry::metrics;
 
@@ -134,7 +134,7 @@ pub struct GetLeaseDashboard;
 
 #[derive(Clone, Debug)]
 pub struct LeaseDashboard {
-    pub proxies: Vec<egress_proxies::lease::ProxyView>,
+    pub proxies: Vec<egress_proxies::domain::lease::ProxyView>,
     pub stats: LeaseStats,
     /// The latest denials, newest first: (target, when).
     pub recent_denials: Vec<(String, jiff::Timestamp)>,
@@ -920,7 +920,7 @@ impl Handler<GetLeaseStats> for LeaseStore {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use egress_proxies::lease::{Availability, GATEWAY_CLIENT};
+    use egress_proxies::domain::lease::{Availability, GATEWAY_CLIENT};
 
     /// A Ready proxy `ns/<name>` as the ProxyActor reports it.
     pub(crate) fn ready(name: &str) -> Availability {

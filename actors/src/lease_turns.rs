@@ -2,15 +2,15 @@
 //! requests waiting for a proxy, the gateway leases fair shares may take
 //! back, and the identities asking. Kept beside the book in the lease
 //! store's [`Ledger`](crate::lease_store::Ledger); what is fair is decided
-//! by `egress_proxies::lease::fair_share`, this holds the state it looks at.
+//! by `egress_proxies::domain::lease::fair_share`, this holds the state it looks at.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use egress_proxies::gateway::{Revocation, Revoker, revocation};
-use egress_proxies::lease::fair_share::{self, Demand, Turn};
-use egress_proxies::lease::{AcquireRequest, FairShare, Grant, LeaseBook, owner_key};
-use egress_proxies::resource::ObjectKey;
+use egress_proxies::adapters::gateway::{Revocation, Revoker, revocation};
+use egress_proxies::domain::lease::fair_share::{self, Demand, Turn};
+use egress_proxies::domain::lease::{AcquireRequest, FairShare, Grant, LeaseBook, owner_key};
+use egress_proxies::domain::resource::ObjectKey;
 use tokio::sync::{oneshot, watch};
 
 /// A lease-API identity refused for lack of capacity counts as asking
@@ -353,7 +353,7 @@ impl Turns {
 mod tests {
     use super::*;
     use crate::lease_store::tests::ready;
-    use egress_proxies::lease::LeaseSettings;
+    use egress_proxies::domain::lease::LeaseSettings;
 
     fn book(proxies: &[&str]) -> LeaseBook {
         let mut book = LeaseBook::new(LeaseSettings {

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use egress_proxies::config::ProvidersConfig;
-use egress_proxies::resource::{ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table};
+use egress_proxies::domain::config::ProvidersConfig;
+use egress_proxies::domain::resource::{ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table};
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
 use egress_proxies_operator::cli::{self, Cli, Command, LoggingArgs, RunArgs};
 use egress_proxies_operator::{operator, standalone, system};
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             listen,
             &instance_dir,
             pid_file.as_deref(),
-            egress_proxies::forward_proxy::Options {
+            egress_proxies::adapters::forward_proxy::Options {
                 destinations: destinations.policy().into(),
                 auth: None,
                 realm: None,
@@ -100,7 +100,7 @@ fn raise_file_limit() {
     }
 }
 
-fn print_crd(kind: egress_proxies::resource::CrdKind) -> ExitCode {
+fn print_crd(kind: egress_proxies::domain::resource::CrdKind) -> ExitCode {
     match crd_yaml_of(kind) {
         Ok(yaml) => {
             print!("{yaml}");
@@ -186,7 +186,7 @@ fn get_sites(config: &Path, output: cli::Output) -> ExitCode {
     let text = match output {
         cli::Output::Table | cli::Output::Wide if sites.is_empty() => Ok("No sites learnt yet.\n".to_owned()),
         cli::Output::Table | cli::Output::Wide => {
-            Ok(egress_proxies::telemetry::gateway_stats::site_table(&sites))
+            Ok(egress_proxies::domain::resource::site_table(&sites))
         }
         cli::Output::Yaml => serde_saphyr::to_string(&sites).map_err(|e| e.to_string()),
         cli::Output::Json => serde_json::to_string_pretty(&sites)
@@ -222,7 +222,7 @@ fn forward_proxy(
     listen: std::net::SocketAddr,
     instance_dir: &Path,
     pid_file: Option<&Path>,
-    mut options: egress_proxies::forward_proxy::Options,
+    mut options: egress_proxies::adapters::forward_proxy::Options,
     credentials_file: Option<&Path>,
     limits: &cli::ConnectionLimitArgs,
 ) -> ExitCode {
@@ -236,9 +236,9 @@ fn forward_proxy(
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
-    match credentials_file.map(egress_proxies::credentials::read_credentials_file) {
+    match credentials_file.map(egress_proxies::domain::credentials::read_credentials_file) {
         Some(Ok(credentials)) => {
-            options.auth = Some(egress_proxies::credentials::BasicAuthorization::of(&credentials));
+            options.auth = Some(egress_proxies::domain::credentials::BasicAuthorization::of(&credentials));
             // Its 407 names the credentials' own realm, as a local Squid's does.
             options.realm = Some(credentials.realm());
         }
@@ -265,7 +265,7 @@ fn forward_proxy(
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            served = egress_proxies::forward_proxy::serve_with(listener, options, settings) => served,
+            served = egress_proxies::adapters::forward_proxy::serve_with(listener, options, settings) => served,
             _ = term.recv() => Ok(()),
         }
     });
@@ -285,7 +285,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         Ok(tokens) => tokens,
         Err(e) => return fail(e),
     };
-    if tokens.is_open() && args.discovery_bind_address != egress_proxies::bind_address::BindAddress::Disabled
+    if tokens.is_open() && args.discovery_bind_address != egress_proxies::domain::config::BindAddress::Disabled
     {
         if !args.insecure_discovery_without_token {
             return fail(
@@ -311,7 +311,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         lease_duration: args.lease_duration,
         proxy_namespace: args.proxy_namespace.clone(),
         health_ca_file: args.health_ca_file,
-        gcp: egress_proxies::providers::gcp::GcpOptions {
+        gcp: egress_proxies::adapters::providers::gcp::GcpOptions {
             wire_log_full_payloads: args.gcp_wire_log_full_payloads,
         },
         cluster_networks: args.cluster_networks,
@@ -332,7 +332,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             tenure: None,
             proxy_namespace: args.proxy_namespace.clone(),
             external_endpoints: Some(std::sync::Arc::new(
-                egress_proxies::destinations::DestinationPolicy::external_endpoints(
+                egress_proxies::domain::destinations::DestinationPolicy::external_endpoints(
                     &args.allow_external_endpoint_networks,
                 ),
             )),
@@ -340,7 +340,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         installation_id: args.installation_id.clone(),
         kube_api_budget: args
             .kube_api_qps
-            .map(|qps| egress_proxies::kube_client::ApiBudget::new(qps, args.kube_api_burst)),
+            .map(|qps| egress_proxies::adapters::kube_client::ApiBudget::new(qps, args.kube_api_burst)),
     };
     match operator::run(options) {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,7 @@
 //! that cannot renew within the renew deadline stops acting at that instant
 //! and exits (code 1) so its pod restarts as a follower; `/readyz` answers
 //! 200 only while leading. Timings and the safety argument:
-//! [`egress_proxies::leader`].
+//! [`egress_proxies::adapters::leader`].
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -13,16 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::bind_address::BindAddress;
-use egress_proxies::config::{GatewaySettings, ProvidersConfig};
-use egress_proxies::installation::InstallationId;
-use egress_proxies::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
-use egress_proxies::probe::Prober;
-use egress_proxies::providers::BuildContext;
-use egress_proxies::store::{PoolStore, ProxyStore};
-use egress_proxies::stores::kubernetes::KubeStore;
-use egress_proxies::stores::lease_checkpoint::{CheckpointJournal, Writer};
-use egress_proxies::stores::{FencedPools, FencedStore, installation};
+use egress_proxies::domain::config::BindAddress;
+use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
+use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::adapters::probe::Prober;
+use egress_proxies::adapters::providers::BuildContext;
+use egress_proxies::domain::store::{PoolStore, ProxyStore};
+use egress_proxies::adapters::stores::kubernetes::KubeStore;
+use egress_proxies::adapters::stores::lease_checkpoint::{CheckpointJournal, Writer};
+use egress_proxies::adapters::stores::{FencedPools, FencedStore, installation};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -51,24 +51,24 @@ pub struct Options {
     pub lease_duration: Duration,
     pub proxy_namespace: Option<String>,
     pub health_ca_file: Option<PathBuf>,
-    pub gcp: egress_proxies::providers::gcp::GcpOptions,
+    pub gcp: egress_proxies::adapters::providers::gcp::GcpOptions,
     /// `--cluster-networks`: pod and service ranges every proxy denies by default.
-    pub cluster_networks: Vec<egress_proxies::destinations::IpNet>,
+    pub cluster_networks: Vec<egress_proxies::domain::destinations::IpNet>,
     pub settings: system::Settings,
     /// `--installation-id`: overrides the id kept in the cluster.
     pub installation_id: Option<InstallationId>,
     /// `--kube-api-qps`, `--kube-api-burst`: none by default.
-    pub kube_api_budget: Option<egress_proxies::kube_client::ApiBudget>,
+    pub kube_api_budget: Option<egress_proxies::adapters::kube_client::ApiBudget>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
     #[error(transparent)]
-    Config(#[from] egress_proxies::config::ConfigError),
+    Config(#[from] egress_proxies::domain::config::ConfigError),
     #[error(transparent)]
-    Build(#[from] egress_proxies::providers::BuildError),
+    Build(#[from] egress_proxies::adapters::providers::BuildError),
     #[error(transparent)]
-    Prober(#[from] egress_proxies::probe::ProberError),
+    Prober(#[from] egress_proxies::adapters::probe::ProberError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("connecting to the Kubernetes API: {0}")]
@@ -78,7 +78,7 @@ pub enum OperatorError {
     #[error("stepped down: {0}; stopping so the pod restarts as a follower")]
     SteppedDown(String),
     #[error(transparent)]
-    Leases(#[from] egress_proxies::lease::JournalError),
+    Leases(#[from] egress_proxies::domain::lease::JournalError),
     #[error(transparent)]
     Installation(#[from] installation::InstallationRecordError),
     #[error("metrics listener: {0}")]
@@ -87,10 +87,10 @@ pub enum OperatorError {
     GatewayConfig {
         path: String,
         #[source]
-        source: egress_proxies::config::GatewaySettingsError,
+        source: egress_proxies::domain::config::GatewaySettingsError,
     },
     #[error(transparent)]
-    Gateway(#[from] egress_proxies::gateway::GatewayError),
+    Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
 }
 
 /// The gateway as `run` sets it up before anything starts.
@@ -133,7 +133,7 @@ fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
         return Ok(None);
     };
     let open = options.settings.discovery_tokens.is_open();
-    egress_proxies::gateway::check_exposure(listener.local_addr()?, !open)?;
+    egress_proxies::adapters::gateway::check_exposure(listener.local_addr()?, !open)?;
     Ok(Some(Gateway { listener, settings }))
 }
 
@@ -149,11 +149,11 @@ async fn operate(
     // kube's default client with our layer: 429s waited out, the budget
     // if asked for, every request counted (docs/kubernetes.md, API budget).
     let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
-    let client = egress_proxies::kube_client::client(config.clone(), options.kube_api_budget)?;
+    let client = egress_proxies::adapters::kube_client::client(config.clone(), options.kube_api_budget)?;
     // The leader Lease on a client and connections of its own: a renewal
     // never queues behind the bulk of a start (a missed renew deadline
     // would end this replica's leadership).
-    let election_client = egress_proxies::kube_client::client(config, None)?;
+    let election_client = egress_proxies::adapters::kube_client::client(config, None)?;
     let build = BuildContext {
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,
@@ -162,7 +162,7 @@ async fn operate(
         gcp: options.gcp.clone(),
         cluster_networks: options.cluster_networks.clone(),
     };
-    let providers = Arc::new(egress_proxies::providers::build(&providers_config, &build)?);
+    let providers = Arc::new(egress_proxies::adapters::providers::build(&providers_config, &build)?);
     tracing::info!(
         namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
         providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"

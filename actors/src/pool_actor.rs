@@ -1,6 +1,6 @@
 //! `PoolActor`: one per ProxyPool. Every turn it reads the pool and its
 //! members from the store and their lease figures from the lease store,
-//! lets [`egress_proxies::pool::step`] decide, and writes what it decided:
+//! lets [`egress_proxies::domain::pool::step`] decide, and writes what it decided:
 //! new members, retiring annotations, deletions, the pool's status. The
 //! members' own ProxyActors do the rest (instances, health, leases).
 //!
@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::pool::{Inputs, Memory, RetireReason, invalid_spec_status, note_creates, step};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::{
+use egress_proxies::domain::pool::{Inputs, Memory, RetireReason, invalid_spec_status, note_creates, step};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::{
     ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
 };
-use egress_proxies::store::{PoolStore, ProxyStore, StoreError};
+use egress_proxies::domain::store::{PoolStore, ProxyStore, StoreError};
 use egress_proxies::telemetry::events::{
     PoolMemberCreated, PoolMemberDeleted, PoolMemberRetiring, PoolRemoved, PoolTurnCompleted,
 };
@@ -154,7 +154,7 @@ impl PoolActor {
         self.denied += u64::from(turned.denied);
         PoolTurnCompleted {
             pool: &self.key.to_string(),
-            status: turned.status.as_ref(),
+            status: turned.status.as_ref().map(ProxyPoolStatus::figures),
             denied: turned.denied,
         }
         .emit();

@@ -2,8 +2,8 @@
 //! by the store's pool events (a [`KeyedRegistry`]).
 
 use actix::prelude::*;
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::store::StoreError;
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::store::StoreError;
 use futures::future::BoxFuture;
 
 use crate::keyed_registry::{KeyedRegistry, Kind};

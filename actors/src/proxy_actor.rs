@@ -1,6 +1,6 @@
 //! `ProxyActor`: one per Proxy. Runs the reconcile for its object — never two
 //! at once — and sets its one timer for the next as the Proxy's
-//! [`Schedule`](egress_proxies::reconcile::Schedule) says. It registers its proxy with the HealthProber
+//! [`Schedule`](egress_proxies::domain::reconcile::Schedule) says. It registers its proxy with the HealthProber
 //! while the proxy serves, and folds verdicts into the status. A panicking
 //! reconcile panics the actor: its supervisor restarts it, and it resumes
 //! from the stored state, still serving where it served.
@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use actix::prelude::*;
-use egress_proxies::health::ProbeTarget;
-use egress_proxies::reconcile::{self, Job, Memory, Next, ReconcileError, jobs_for_verdict};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::Phase;
+use egress_proxies::domain::health::ProbeTarget;
+use egress_proxies::domain::reconcile::{self, Job, Memory, Next, ReconcileError, jobs_for_verdict};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::Phase;
 use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
 use futures::FutureExt;
 use tracing::Instrument;
@@ -34,7 +34,7 @@ pub struct Reconcile;
 #[rtype(result = "()")]
 pub struct Shutdown;
 
-pub use egress_proxies::reconcile::Timing;
+pub use egress_proxies::domain::reconcile::Timing;
 
 type JobResult = std::thread::Result<Result<Next, ReconcileError>>;
 
@@ -63,7 +63,7 @@ pub struct ProxyActor {
     key: ObjectKey,
     shared: Arc<ProxyActorShared>,
     /// What the lease store was last told.
-    announced: Option<Arc<egress_proxies::lease::Availability>>,
+    announced: Option<Arc<egress_proxies::domain::lease::Availability>>,
     /// The phase this proxy is counted under in the proxies-by-phase gauge.
     counted_phase: Option<Phase>,
     /// The probe span whose verdict asked for the next reconcile (linked to it).

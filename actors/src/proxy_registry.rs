@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use actix::prelude::*;
-use egress_proxies::reconcile;
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::store::StoreError;
+use egress_proxies::domain::reconcile;
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::store::StoreError;
 use futures::future::BoxFuture;
 
 use crate::health_prober::HealthProber;

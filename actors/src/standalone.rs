@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use egress_proxies::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
-use egress_proxies::providers::{BuildContext, BuildError};
-use egress_proxies::stores::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
+use egress_proxies::domain::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
+use egress_proxies::adapters::providers::{BuildContext, BuildError};
+use egress_proxies::adapters::stores::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -35,11 +35,11 @@ pub enum StandaloneError {
     #[error("actor system: {0}")]
     System(std::io::Error),
     #[error("health probes: {0}")]
-    Prober(#[from] egress_proxies::probe::ProberError),
+    Prober(#[from] egress_proxies::adapters::probe::ProberError),
     #[error(transparent)]
-    Leases(egress_proxies::lease::JournalError),
+    Leases(egress_proxies::domain::lease::JournalError),
     #[error(transparent)]
-    Gateway(#[from] egress_proxies::gateway::GatewayError),
+    Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
 }
 
 /// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
@@ -57,13 +57,13 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
         kube_client: None,
         kvm_runner: Some(crate::kvm::router::runner_factory()),
-        gcp: egress_proxies::providers::gcp::GcpOptions {
+        gcp: egress_proxies::adapters::providers::gcp::GcpOptions {
             wire_log_full_payloads: config.gcp_wire_log_full_payloads,
         },
         cluster_networks: Vec::new(),
     };
-    let providers = egress_proxies::providers::build(&providers_config, &build)?;
-    let prober = egress_proxies::probe::Prober::new(config.health_ca_file.as_deref())?;
+    let providers = egress_proxies::adapters::providers::build(&providers_config, &build)?;
+    let prober = egress_proxies::adapters::probe::Prober::new(config.health_ca_file.as_deref())?;
     // Listeners first: a taken port fails the start before any actor exists.
     let discovery_listener =
         crate::system::bind(config.discovery_bind_address).map_err(StandaloneError::Listen)?;
@@ -79,7 +79,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     if let Some(listener) = &gateway_listener {
         // Before anything starts: never an open proxy on a reachable address.
         let addr = listener.local_addr().map_err(StandaloneError::Listen)?;
-        egress_proxies::gateway::check_exposure(addr, !tokens.is_open())?;
+        egress_proxies::adapters::gateway::check_exposure(addr, !tokens.is_open())?;
     }
     let (store, events) = EmbeddedStore::open(&config.state_dir)?;
     let installation = store.installation_id(config.installation_id.as_ref())?;
@@ -110,7 +110,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
     let system = System::new();
     system.block_on(async move {
         let providers = Arc::new(providers);
-        let port: Arc<dyn egress_proxies::store::ProxyStore> = store.clone();
+        let port: Arc<dyn egress_proxies::domain::store::ProxyStore> = store.clone();
         let running = crate::system::start(
             port.clone(),
             events,
@@ -179,7 +179,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
 }
 
 /// Lease settings from the standalone configuration.
-pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::lease::LeaseSettings {
+pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::domain::lease::LeaseSettings {
     crate::system::lease_settings(
         config.lease_cooldown,
         config.max_lease_ttl,
@@ -188,7 +188,7 @@ pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::lease::Lease
 }
 
 /// The stored proxies, read without disturbing a running operator.
-pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::Proxy>, String> {
+pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::domain::resource::Proxy>, String> {
     let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
     if !config.state_dir.join(embedded::DATABASE_FILE).exists() {
         return Ok(Vec::new());
@@ -203,7 +203,7 @@ pub fn sites(
     config_path: &Path,
 ) -> Result<Vec<egress_proxies::telemetry::gateway_stats::SiteSummary>, String> {
     let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
-    let egress_proxies::bind_address::BindAddress::Listen(mut addr) = config.discovery_bind_address else {
+    let egress_proxies::domain::config::BindAddress::Listen(mut addr) = config.discovery_bind_address else {
         return Err("the discovery API is disabled (discoveryBindAddress: 0)".into());
     };
     if addr.ip().is_unspecified() {
@@ -251,7 +251,7 @@ async fn dashboard_data(addr: std::net::SocketAddr, token: Option<&str>) -> Resu
 }
 
 /// The stored pools, read without disturbing a running operator.
-pub fn pool_snapshot(config_path: &Path) -> Result<Vec<egress_proxies::resource::ProxyPool>, String> {
+pub fn pool_snapshot(config_path: &Path) -> Result<Vec<egress_proxies::domain::resource::ProxyPool>, String> {
     let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
     if !config.state_dir.join(embedded::DATABASE_FILE).exists() {
         return Ok(Vec::new());

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::gc::Scope;
-use egress_proxies::installation::InstallationId;
-use egress_proxies::leader::Tenure;
-use egress_proxies::lease::LeaseSettings;
-use egress_proxies::probe::Prober;
-use egress_proxies::provider::Providers;
-use egress_proxies::reconcile;
-use egress_proxies::store::{ProxyStore, StoreEvent};
-use egress_proxies::stores::FencedStore;
+use egress_proxies::domain::gc::Scope;
+use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::adapters::leader::Tenure;
+use egress_proxies::domain::lease::LeaseSettings;
+use egress_proxies::adapters::probe::Prober;
+use egress_proxies::domain::provider::Providers;
+use egress_proxies::domain::reconcile;
+use egress_proxies::domain::store::{ProxyStore, StoreEvent};
+use egress_proxies::adapters::stores::FencedStore;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
@@ -33,7 +33,7 @@ pub struct Settings {
     pub trace_health_probes: bool,
     pub leases: LeaseSettings,
     /// Weights of crawler identities' fair shares (default: equal).
-    pub fair_share: egress_proxies::lease::FairShare,
+    pub fair_share: egress_proxies::domain::lease::FairShare,
     pub gc_interval: Duration,
     pub gc_grace_period: Duration,
     /// How long an autoscaled pool's demand must stay low before it shrinks.
@@ -41,7 +41,7 @@ pub struct Settings {
     /// Bearer tokens of the discovery API (`DISCOVERY_TOKEN`, `DISCOVERY_READ_TOKEN`).
     pub discovery_tokens: crate::discovery::Tokens,
     /// Where leases are kept across restarts (`None`: in memory only).
-    pub lease_journal: Option<Box<dyn egress_proxies::lease::LeaseJournal>>,
+    pub lease_journal: Option<Box<dyn egress_proxies::domain::lease::LeaseJournal>>,
     /// With leader election: the store answers and leases are granted only
     /// while this lasts (set by `operator::run`).
     pub tenure: Option<Tenure>,
@@ -49,7 +49,7 @@ pub struct Settings {
     pub proxy_namespace: Option<String>,
     /// Where External endpoints may not point (Kubernetes mode, see
     /// `--allow-external-endpoint-networks`); `None` in standalone mode.
-    pub external_endpoints: Option<Arc<egress_proxies::destinations::DestinationPolicy>>,
+    pub external_endpoints: Option<Arc<egress_proxies::domain::destinations::DestinationPolicy>>,
 }
 
 /// Addresses of the started actors.
@@ -178,10 +178,10 @@ pub async fn wait_for_shutdown() -> std::io::Result<()> {
 }
 
 /// Binds a listener unless disabled.
-pub fn bind(address: egress_proxies::bind_address::BindAddress) -> std::io::Result<Option<TcpListener>> {
+pub fn bind(address: egress_proxies::domain::config::BindAddress) -> std::io::Result<Option<TcpListener>> {
     match address {
-        egress_proxies::bind_address::BindAddress::Disabled => Ok(None),
-        egress_proxies::bind_address::BindAddress::Listen(addr) => listen(addr)
+        egress_proxies::domain::config::BindAddress::Disabled => Ok(None),
+        egress_proxies::domain::config::BindAddress::Listen(addr) => listen(addr)
             .map(Some)
             .map_err(|e| std::io::Error::new(e.kind(), format!("listener {addr}: {e}"))),
     }

@@ -10,11 +10,11 @@ mod support;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use egress_proxies::config::{LocalConfig, LocalImplementation};
-use egress_proxies::destinations::DestinationRules;
-use egress_proxies::provider::{CreateRequest, InstanceState, Provider, instance_name};
-use egress_proxies::providers::LocalProvider;
-use egress_proxies::resource::Placement;
+use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
+use egress_proxies::domain::destinations::DestinationRules;
+use egress_proxies::domain::provider::{CreateRequest, InstanceState, Provider, instance_name};
+use egress_proxies::adapters::providers::LocalProvider;
+use egress_proxies::domain::resource::Placement;
 use support::address_bed::AddressBed;
 use support::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -272,11 +272,11 @@ async fn the_kubernetes_pods_squid_config_parses() {
         assert!(std::env::var_os("CI").is_none(), "CI must have squid installed");
         return;
     };
-    let policy = egress_proxies::destinations::DestinationPolicy::new(
+    let policy = egress_proxies::domain::destinations::DestinationPolicy::new(
         &rules(r#"{"allow": ["10.1.0.0/16", "fd00::1", 8443, "9000-9009"], "deny": ["10.1.2.0/24", 25]}"#),
         &["10.96.0.0/12".parse().unwrap()],
     );
-    let conf = egress_proxies::providers::kubernetes::squid_config(3128, &policy);
+    let conf = egress_proxies::adapters::providers::kubernetes::squid_config(3128, &policy);
     assert!(
         conf.contains("acl epo_default_denied_dst dst ") && conf.contains(" 10.96.0.0/12\n"),
         "{conf}"
@@ -454,7 +454,7 @@ async fn forward_proxy_refuses_ipv6_forms_embedding_loopback() {
 /// A local Squid instance with `rules`; dropped with its provider's state.
 struct LocalSquid {
     provider: LocalProvider,
-    id: egress_proxies::provider::ProviderId,
+    id: egress_proxies::domain::provider::ProviderId,
     proxy: SocketAddr,
     _reaper: support::process::Reaper,
     _state: tempfile::TempDir,

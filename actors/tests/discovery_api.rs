@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::credentials::ProxyCredentials;
-use egress_proxies::lease::{Availability, LeaseSettings};
-use egress_proxies::resource::ObjectKey;
+use egress_proxies::domain::credentials::ProxyCredentials;
+use egress_proxies::domain::lease::{Availability, LeaseSettings};
+use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, ListProxies, UpdateAvailability};
 use serde_json::{Value, json};
@@ -341,7 +341,7 @@ fn the_openapi_document_describes_every_endpoint() {
         }
     }
     // The bounds the server enforces, stated from the same constants.
-    use egress_proxies::lease::input;
+    use egress_proxies::domain::lease::input;
     let target = &doc["components"]["schemas"]["LeaseRequest"]["properties"]["target"];
     assert_eq!(target["pattern"], json!(input::target_pattern()));
     assert_eq!(

@@ -1056,7 +1056,7 @@ fn expect_from(page: &Path, expected: &mut BTreeMap<(String, String), String>) {
 async fn add_own_proxy(kubelet: &mut Kubelet) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
         None,

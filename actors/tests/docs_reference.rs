@@ -48,7 +48,7 @@ use config_facts::{
     load_standalone, objects,
 };
 use crd_facts::{field_path, rejections, span_names};
-use egress_proxies::config::StandaloneConfig;
+use egress_proxies::domain::config::StandaloneConfig;
 use egress_proxies_operator::cli::Cli;
 use markdown::{Page, repo_root, user_docs};
 use metric_names::{metric_names, registered_metrics, sample_names};
@@ -816,7 +816,7 @@ fn words(line: &str) -> Vec<String> {
 /// kubectl's (the CRD's printer columns) or the standalone table's.
 #[test]
 fn sample_tables_have_the_columns_the_commands_print() {
-    use egress_proxies::resource::{pool_table, proxy_table};
+    use egress_proxies::domain::resource::{pool_table, proxy_table};
     let now = jiff::Timestamp::now();
     let first_line = |table: String| words(table.lines().next().unwrap_or(""));
     let mut proxies = kubectl_headers(&crd("deploy/crd/proxies.yaml"));

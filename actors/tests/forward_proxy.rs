@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use egress_proxies::credentials::{ProxyCredentials, write_credentials_file};
+use egress_proxies::domain::credentials::{ProxyCredentials, write_credentials_file};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use support::process::{Killed, free_port};

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::gc;
-use egress_proxies::provider::{ErrorClass, Op, Provider, Providers};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::Proxy;
-use egress_proxies::store::ProxyStore;
-use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::domain::gc;
+use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::Proxy;
+use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::gc_sweeper::{GcSweeper, SweepNow};
 use serde_json::json;
 use support::scripted_provider::{Call, ScriptedProvider};
@@ -236,7 +236,7 @@ async fn reaps_only_this_installations_instances_in_scope() {
         HOUR,
     );
     sim.plant("proxy-released", "dead-5", HOUR);
-    sim.release(&egress_proxies::provider::ProviderId("sim/proxy-released".into()))
+    sim.release(&egress_proxies::domain::provider::ProviderId("sim/proxy-released".into()))
         .await
         .unwrap();
     sim.plant_owned(
@@ -293,7 +293,7 @@ async fn reaps_only_this_installations_instances_in_scope() {
         report.untagged,
         [(
             "sim".to_owned(),
-            egress_proxies::provider::ProviderId("sim/proxy-untagged".into())
+            egress_proxies::domain::provider::ProviderId("sim/proxy-untagged".into())
         )]
     );
 

@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use egress_proxies::installation::InstallationId;
-use egress_proxies::resource::Phase;
+use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::domain::resource::Phase;
 use fake_compute::FakeCompute;
 use serde_json::json;
 
@@ -106,7 +106,7 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
             "the user-data carries the hash, not the password"
         );
         // The realm placeholder became the proxy's own realm.
-        let realm = egress_proxies::credentials::ProxyCredentials::new(username, password)
+        let realm = egress_proxies::domain::credentials::ProxyCredentials::new(username, password)
             .unwrap()
             .realm();
         assert!(
@@ -135,7 +135,7 @@ async fn a_gcp_proxy_lives_and_dies_against_the_fake_compute_api() {
         );
     }
     // The lease book holds that realm for the gateway (the dashboard's row).
-    let realm = egress_proxies::credentials::ProxyCredentials::new(username, password)
+    let realm = egress_proxies::domain::credentials::ProxyCredentials::new(username, password)
         .unwrap()
         .realm();
     let (code, dashboard) = support::http::request(discovery, "GET", "/v1/dashboard", &[], None).await;

@@ -12,11 +12,11 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use egress_proxies::gc;
-use egress_proxies::provider::{ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::Proxy;
-use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::domain::gc;
+use egress_proxies::domain::provider::{ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::Proxy;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use fake_compute::{FakeCompute, Fault, fingerprint_of};
 use serde_json::{Value, json};
 use support::gcp::{ZONE, key_file, provider, request};
@@ -372,7 +372,7 @@ async fn release_sends_set_labels_with_the_fingerprint_and_retries_a_stale_one()
 struct Installation {
     scope: gc::Scope,
     providers: Providers,
-    gcp: Arc<egress_proxies::providers::gcp::GcpProvider>,
+    gcp: Arc<egress_proxies::adapters::providers::gcp::GcpProvider>,
     store: EmbeddedStore,
     live_uid: String,
     _dir: tempfile::TempDir,
@@ -395,7 +395,7 @@ impl Installation {
                 ..Default::default()
             })
             .unwrap();
-        let live_uid = egress_proxies::store::ProxyStore::get(&store, &key)
+        let live_uid = egress_proxies::domain::store::ProxyStore::get(&store, &key)
             .await
             .unwrap()
             .unwrap()

@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use async_trait::async_trait;
-use egress_proxies::config::{LocalConfig, LocalImplementation};
-use egress_proxies::probe::Prober;
-use egress_proxies::provider::{Provider, Providers};
-use egress_proxies::providers::LocalProvider;
-use egress_proxies::reconcile;
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
-use egress_proxies::store::{CloudInitError, ProxyStore, StoreError};
-use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
+use egress_proxies::adapters::probe::Prober;
+use egress_proxies::domain::provider::{Provider, Providers};
+use egress_proxies::adapters::providers::LocalProvider;
+use egress_proxies::domain::reconcile;
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
+use egress_proxies::domain::store::{CloudInitError, ProxyStore, StoreError};
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;
@@ -72,7 +72,7 @@ impl ProxyStore for Counting {
         key: &ObjectKey,
         uid: &str,
         generation: &str,
-    ) -> Result<egress_proxies::credentials::ProxyCredentials, StoreError> {
+    ) -> Result<egress_proxies::domain::credentials::ProxyCredentials, StoreError> {
         self.inner.proxy_credentials(key, uid, generation).await
     }
     async fn secret_key(&self, namespace: &str, name: &str, key: &str) -> Result<Vec<u8>, CloudInitError> {
@@ -314,7 +314,7 @@ impl Handler<egress_proxies_operator::health_prober::HealthVerdict> for Verdicts
 
 #[actix_rt::test]
 async fn a_small_worker_pool_probes_every_proxy_in_turn_never_more_at_once() {
-    use egress_proxies::health::{CheckSpec, ProbeTarget, Thresholds};
+    use egress_proxies::domain::health::{CheckSpec, ProbeTarget, Thresholds};
     use egress_proxies_operator::health_prober::Watch;
     // A "proxy" answering every request after 50 ms, counting the
     // connections open at once and the requests per probed proxy (the path).

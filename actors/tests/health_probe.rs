@@ -7,8 +7,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use egress_proxies::health::{CheckSpec, Thresholds};
-use egress_proxies::probe::{ProbeFailure, Prober};
+use egress_proxies::domain::health::{CheckSpec, Thresholds};
+use egress_proxies::adapters::probe::{ProbeFailure, Prober};
 use rustls::pki_types::CertificateDer;
 use support::squid::Squid;
 use support::target_server::{
@@ -37,7 +37,7 @@ fn prober_trusting(ca: &CertificateDer<'static>) -> Prober {
 async fn builtin_proxy() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
         None,
@@ -289,13 +289,13 @@ async fn an_extra_ca_file_is_trusted() {
 /// the built-in proxy and through Squid's `basic_ncsa_auth`.
 #[tokio::test]
 async fn probes_present_the_proxys_credentials() {
-    use egress_proxies::credentials::{BasicAuthorization, ProxyCredentials, htpasswd_line};
+    use egress_proxies::domain::credentials::{BasicAuthorization, ProxyCredentials, htpasswd_line};
     use std::os::unix::fs::PermissionsExt;
 
     let credentials = ProxyCredentials::generate().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let builtin = listener.local_addr().unwrap();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
         Some(BasicAuthorization::of(&credentials)),
@@ -357,8 +357,8 @@ async fn a_guarded_probe_never_connects_to_a_refused_address() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use egress_proxies::destinations::DestinationPolicy;
-    use egress_proxies::health::ProbeTarget;
+    use egress_proxies::domain::destinations::DestinationPolicy;
+    use egress_proxies::domain::health::ProbeTarget;
 
     // A listener counting connections: only the guard stands before it.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use egress_proxies::stores::credentials_secret::credentials_secret_name;
+use egress_proxies::adapters::stores::credentials_secret::credentials_secret_name;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -135,11 +135,11 @@ async fn the_operator_runs_every_path_against_the_api_server() {
     // the credentials of a Secret the Proxy names; probed through with them.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ext_port = listener.local_addr().unwrap().port();
-    let vendor = egress_proxies::credentials::ProxyCredentials::new("vendor", "vendor-s3cret").unwrap();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    let vendor = egress_proxies::domain::credentials::ProxyCredentials::new("vendor", "vendor-s3cret").unwrap();
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
-        Some(egress_proxies::credentials::BasicAuthorization::of(&vendor)),
+        Some(egress_proxies::domain::credentials::BasicAuthorization::of(&vendor)),
     ));
     let vendor_secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "vendor-proxy", "namespace": "crawl"},
@@ -1157,7 +1157,7 @@ async fn external_proxies_come_up_with_one_status_write_each_and_a_restart_write
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy_port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
         None,

@@ -6,12 +6,12 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use egress_proxies::config::KubernetesConfig;
-use egress_proxies::provider::{
+use egress_proxies::domain::config::KubernetesConfig;
+use egress_proxies::domain::provider::{
     CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
 };
-use egress_proxies::providers::kubernetes::KubernetesProvider;
-use egress_proxies::resource::Placement;
+use egress_proxies::adapters::providers::kubernetes::KubernetesProvider;
+use egress_proxies::domain::resource::Placement;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -52,13 +52,13 @@ async fn mark(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
 #[actix_rt::test]
 async fn the_pods_squid_config_carries_the_destination_rules() {
     let fake = FakeApiServer::start().unwrap();
-    let config = egress_proxies::config::ProvidersConfig::parse(
+    let config = egress_proxies::domain::config::ProvidersConfig::parse(
         "providers:\n  - {name: kubernetes, type: kubernetes, kubernetes: {destinations: {allow: [10.1.0.0/16, 8443], deny: [10.1.2.0/24]}}}\n",
         "test",
     )
     .unwrap();
     let state = tempfile::tempdir().unwrap();
-    let ctx = egress_proxies::providers::BuildContext {
+    let ctx = egress_proxies::adapters::providers::BuildContext {
         state_dir: state.path().to_owned(),
         operator_exe: env!("CARGO_BIN_EXE_egress-proxies-operator").into(),
         kube_client: Some(client(&fake)),
@@ -66,7 +66,7 @@ async fn the_pods_squid_config_carries_the_destination_rules() {
         gcp: Default::default(),
         cluster_networks: vec!["10.96.0.0/12".parse().unwrap()],
     };
-    let providers = egress_proxies::providers::build(&config, &ctx).unwrap();
+    let providers = egress_proxies::adapters::providers::build(&config, &ctx).unwrap();
     let req = request("uid-rules", 3128);
     providers.get("kubernetes").unwrap().create(&req).await.unwrap();
     let pod = Api::<Pod>::namespaced(client(&fake), "crawl")
@@ -109,7 +109,7 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     let fake = FakeApiServer::start().unwrap();
     let c = client(&fake);
     let provider = KubernetesProvider::new("kubernetes", KubernetesConfig::default(), c.clone());
-    let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
+    let credentials = egress_proxies::domain::credentials::ProxyCredentials::generate().unwrap();
     let req = CreateRequest {
         credentials: Some(credentials.clone()),
         ..request("uid-1", 3128)
@@ -171,7 +171,7 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     assert_eq!((i.state, i.ip), (InstanceState::Provisioning, None));
     assert_eq!(
         i.owner,
-        egress_proxies::provider::Ownership {
+        egress_proxies::domain::provider::Ownership {
             uid: Some("uid-1".into()),
             namespace: Some("crawl".into()),
             installation: Some(support::INSTALLATION.into()),
@@ -269,7 +269,7 @@ async fn a_kubernetes_provider_proxy_runs_when_its_pod_runs() {
     // The "pod" serves on loopback: a built-in forward proxy run by the test.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
         None,
@@ -409,7 +409,7 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     };
     let provider = KubernetesProvider::new("kubernetes", config, c.clone());
     let port = support::process::free_port();
-    let credentials = egress_proxies::credentials::ProxyCredentials::generate().unwrap();
+    let credentials = egress_proxies::domain::credentials::ProxyCredentials::generate().unwrap();
     let req = CreateRequest {
         credentials: Some(credentials.clone()),
         ..request("uid-hardened", port)
@@ -444,7 +444,7 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     let secret = tempfile::tempdir().unwrap();
     std::fs::write(
         secret.path().join("passwd"),
-        egress_proxies::credentials::htpasswd_line(&credentials).unwrap() + "\n",
+        egress_proxies::domain::credentials::htpasswd_line(&credentials).unwrap() + "\n",
     )
     .unwrap();
     let _squid = run_like_the_kubelet(&pod, &[("auth", secret.path())]);

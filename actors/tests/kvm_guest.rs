@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use egress_proxies::providers::kvm::base_image::{base_volume, marker_name};
-use egress_proxies::resource::Phase;
+use egress_proxies::adapters::providers::kvm::base_image::{base_volume, marker_name};
+use egress_proxies::domain::resource::Phase;
 use sha2::Digest;
 use support::operator::OperatorDir;
 
@@ -169,7 +169,7 @@ async fn a_kvm_proxy_boots_becomes_ready_is_leased_and_leaves_only_its_base() {
     let target = target_server(&bridge_ip);
     let release = Arc::new(AtomicBool::new(false));
     let stalled_url = stalled_server(&bridge_ip, release.clone());
-    let base = base_volume(&digest, egress_proxies::config::ImageFormat::Qcow2);
+    let base = base_volume(&digest, egress_proxies::domain::config::ImageFormat::Qcow2);
     // Fetched for real: no base from an earlier run.
     virsh(&["vol-delete", "--pool", "default", &marker_name(&base)]);
     virsh(&["vol-delete", "--pool", "default", &base]);

@@ -17,19 +17,19 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_proxies::config::{ImageFormat, KvmConfig};
-use egress_proxies::gc;
-use egress_proxies::installation::InstallationId;
-use egress_proxies::provider::{
+use egress_proxies::domain::config::{ImageFormat, KvmConfig};
+use egress_proxies::domain::gc;
+use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::domain::provider::{
     CloudInitBytes, CreateRequest, Instance, Provider, ProviderError, ProviderId, Providers, instance_name,
 };
-use egress_proxies::providers::kvm::metadata::{self, METADATA_URI};
-use egress_proxies::providers::kvm::ops::{overlay_name, seed_name};
-use egress_proxies::providers::kvm::provider::KvmProvider;
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::{Placement, Proxy};
-use egress_proxies::store::ProxyStore;
-use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::adapters::providers::kvm::metadata::{self, METADATA_URI};
+use egress_proxies::adapters::providers::kvm::ops::{overlay_name, seed_name};
+use egress_proxies::adapters::providers::kvm::provider::KvmProvider;
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::{Placement, Proxy};
+use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::kvm::router::runner_factory;
 use serde_json::json;
 use sha2::Digest;
@@ -270,7 +270,7 @@ async fn two_installations_on_one_host_never_reap_each_other() {
     let bed = bed_or_skip!();
     let (url, digest) = image_server().await;
     let cfg = config(&bed, &url, &digest);
-    let base = egress_proxies::providers::kvm::base_image::base_volume(&digest, ImageFormat::Qcow2);
+    let base = egress_proxies::adapters::providers::kvm::base_image::base_volume(&digest, ImageFormat::Qcow2);
     let a = Installation::new("epo-test-a", &cfg);
     let b = Installation::new("epo-test-b", &cfg);
 

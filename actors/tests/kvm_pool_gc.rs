@@ -13,13 +13,13 @@ mod support;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::provider::{Provider, instance_name};
-use egress_proxies::providers::kvm::base_image::{
+use egress_proxies::domain::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+use egress_proxies::domain::provider::{Provider, instance_name};
+use egress_proxies::adapters::providers::kvm::base_image::{
     Pinned, base_volume, marker_name, pin_content, pin_name, url_base_volume,
 };
-use egress_proxies::providers::kvm::provider::KvmProvider;
-use egress_proxies::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::adapters::providers::kvm::provider::KvmProvider;
+use egress_proxies::adapters::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
 use egress_proxies_operator::kvm::router::runner_factory;
 use egress_proxies_operator::kvm::session::HostSession;
 
@@ -52,7 +52,7 @@ fn config(bed: &HashMap<String, String>, configured_digest: &str, latest_url: &s
             ),
         ]),
         allow_image_urls: false,
-        max_image_size_gb: egress_proxies::config::DEFAULT_MAX_IMAGE_SIZE_GB,
+        max_image_size_gb: egress_proxies::domain::config::DEFAULT_MAX_IMAGE_SIZE_GB,
         machine_types: BTreeMap::from([(
             "small".to_owned(),
             MachineType {

@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use egress_proxies::config::KvmConfig;
+use egress_proxies::domain::config::KvmConfig;
 use std::time::Duration;
 
-use egress_proxies::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
+use egress_proxies::domain::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
 use support::eventually;
 use support::kvm_bed::{
     RemoveOnDrop, create_request, domain_exists, image_server, image_server_of, kvm_provider, past_transient,
@@ -32,7 +32,7 @@ async fn own_image(
         .trim_end_matches(".qcow2")
         .to_owned();
     cfg.images.get_mut("tiny").unwrap().sha256 = Some(digest);
-    let marker = egress_proxies::providers::kvm::base_image::marker_name(&base);
+    let marker = egress_proxies::adapters::providers::kvm::base_image::marker_name(&base);
     for v in [&marker, &base] {
         let _ = std::process::Command::new("virsh")
             .args(["-c", "qemu:///system", "vol-delete", "--pool", "default", v])
@@ -43,7 +43,7 @@ async fn own_image(
 
 async fn retry<T>(
     what: &str,
-    f: impl AsyncFnMut() -> Result<T, egress_proxies::provider::ProviderError>,
+    f: impl AsyncFnMut() -> Result<T, egress_proxies::domain::provider::ProviderError>,
 ) -> T {
     past_transient(what, Duration::from_secs(60), f)
         .await

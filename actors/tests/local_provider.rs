@@ -7,11 +7,11 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use egress_proxies::config::{LocalConfig, LocalImplementation};
-use egress_proxies::credentials::ProxyCredentials;
-use egress_proxies::provider::{CreateRequest, InstanceState, Provider, instance_name};
-use egress_proxies::providers::LocalProvider;
-use egress_proxies::resource::Placement;
+use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
+use egress_proxies::domain::credentials::ProxyCredentials;
+use egress_proxies::domain::provider::{CreateRequest, InstanceState, Provider, instance_name};
+use egress_proxies::adapters::providers::LocalProvider;
+use egress_proxies::domain::resource::Placement;
 use support::{eventually, target_server};
 
 fn provider(state: &std::path::Path, implementation: LocalImplementation) -> LocalProvider {
@@ -156,7 +156,7 @@ async fn squid_lifecycle_forwards_connect_and_absolute_uri() {
     let state = tempfile::tempdir().unwrap();
     assert!(matches!(
         provider(state.path(), LocalImplementation::Squid).launcher(),
-        egress_proxies::providers::local::Launcher::Squid(_)
+        egress_proxies::adapters::providers::local::Launcher::Squid(_)
     ));
     lifecycle(LocalImplementation::Squid).await;
 }
@@ -224,12 +224,12 @@ async fn foreign_provider_ids_are_permanent_errors() {
     let p = provider(state.path(), LocalImplementation::Builtin);
     for bad in ["zones/x/instances/y", "instances/../../etc", "instances/"] {
         let err = p
-            .get(&egress_proxies::provider::ProviderId(bad.into()))
+            .get(&egress_proxies::domain::provider::ProviderId(bad.into()))
             .await
             .unwrap_err();
         assert_eq!(
             err.class,
-            egress_proxies::provider::ErrorClass::Permanent,
+            egress_proxies::domain::provider::ErrorClass::Permanent,
             "{bad}"
         );
     }
@@ -298,7 +298,7 @@ async fn a_config_squid_rejects_fails_with_squids_words() {
     );
     let req = request("picky-squid");
     let err = p.create(&req).await.unwrap_err();
-    assert_eq!(err.class, egress_proxies::provider::ErrorClass::Permanent);
+    assert_eq!(err.class, egress_proxies::domain::provider::ErrorClass::Permanent);
     let text = err.to_string();
     assert!(
         text.contains("`squid -k parse` rejected the generated configuration (exited with status 1)")
@@ -339,7 +339,7 @@ async fn a_run_directory_squids_user_cannot_reach_is_refused() {
         },
     );
     let err = p.create(&request("unreachable-run-dir")).await.unwrap_err();
-    assert_eq!(err.class, egress_proxies::provider::ErrorClass::Permanent);
+    assert_eq!(err.class, egress_proxies::domain::provider::ErrorClass::Permanent);
     let text = err.to_string();
     assert!(
         text.contains("Squid's user proxy cannot write its run directory")
@@ -360,7 +360,7 @@ async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
     let req = request("5e7d3c1e-2222-4222-8333-444455556666");
     let id = p.create(&req).await.unwrap();
     let created = p.get(&id).await.unwrap();
-    assert_eq!(created.owner, egress_proxies::provider::Ownership::of(&req));
+    assert_eq!(created.owner, egress_proxies::domain::provider::Ownership::of(&req));
     let dir = state.path().join("local/local/instances").join(req.name.as_str());
     let pid = eventually("the proxy process", Duration::from_secs(20), async || {
         support::process::instance_pid(&dir)
@@ -379,7 +379,7 @@ async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
         (record["managed"].clone(), record["released"].clone()),
         (false.into(), true.into())
     );
-    p.release(&egress_proxies::provider::ProviderId(
+    p.release(&egress_proxies::domain::provider::ProviderId(
         "instances/proxy-gone".into(),
     ))
     .await
@@ -463,7 +463,7 @@ async fn outgoing_addresses(implementation: LocalImplementation, network: &str) 
         },
     );
     let expected: Vec<std::net::IpAddr> = network
-        .parse::<egress_proxies::config::OutgoingNetwork>()
+        .parse::<egress_proxies::domain::config::OutgoingNetwork>()
         .unwrap()
         .addresses()
         .collect();
@@ -512,7 +512,7 @@ async fn outgoing_addresses(implementation: LocalImplementation, network: &str) 
     let err = p.create(&third).await.unwrap_err();
     assert_eq!(
         err.class,
-        egress_proxies::provider::ErrorClass::QuotaExceeded,
+        egress_proxies::domain::provider::ErrorClass::QuotaExceeded,
         "{err}"
     );
     assert!(
@@ -571,7 +571,7 @@ async fn an_outgoing_address_this_machine_lacks_fails_the_create_in_words() {
     let err = p.create(&request("no-such-address")).await.unwrap_err();
     assert_eq!(
         err.class,
-        egress_proxies::provider::ErrorClass::Permanent,
+        egress_proxies::domain::provider::ErrorClass::Permanent,
         "{err}"
     );
     assert!(

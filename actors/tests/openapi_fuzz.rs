@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::lease::{Availability, LeaseSettings};
-use egress_proxies::resource::ObjectKey;
+use egress_proxies::domain::lease::{Availability, LeaseSettings};
+use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseFootprint, LeaseStore, UpdateAvailability};
 use support::process::Killed;

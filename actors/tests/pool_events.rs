@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::leader::{SystemClock, Tenure};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::store::PoolStore;
-use egress_proxies::stores::FencedPools;
-use egress_proxies::stores::kubernetes::KubeStore;
+use egress_proxies::adapters::leader::{SystemClock, Tenure};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::store::PoolStore;
+use egress_proxies::adapters::stores::FencedPools;
+use egress_proxies::adapters::stores::kubernetes::KubeStore;
 use fake_apiserver::FakeApiServer;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use egress_proxies::resource::RETIRING_ANNOTATION;
+use egress_proxies::domain::resource::RETIRING_ANNOTATION;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -157,7 +157,7 @@ async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
             .proxies()
             .iter()
             .filter(|p| {
-                p.status.as_ref().and_then(|s| s.phase) == Some(egress_proxies::resource::Phase::Ready)
+                p.status.as_ref().and_then(|s| s.phase) == Some(egress_proxies::domain::resource::Phase::Ready)
             })
             .count();
         (ready == 3).then_some(())

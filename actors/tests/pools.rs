@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use egress_proxies::resource::{Phase, Proxy, RETIRING_ANNOTATION};
+use egress_proxies::domain::resource::{Phase, Proxy, RETIRING_ANNOTATION};
 use serde_json::{Value, json};
 
 mod support;

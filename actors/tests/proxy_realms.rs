@@ -92,7 +92,7 @@ async fn realms_named(operator: &OperatorProcess, count: usize) -> Result<BTreeM
         if status != 407 {
             return Err(format!("{name} at {addr}: {status} {headers:?}"));
         }
-        let realm = egress_proxies::gateway::challenge_realm(&headers)
+        let realm = egress_proxies::adapters::gateway::challenge_realm(&headers)
             .ok_or_else(|| format!("{name}: no Basic realm in {headers:?}"))?;
         if !realm.starts_with("egress-proxies-") || realm.len() == "egress-proxies-".len() {
             return Err(format!("{name} names {realm:?}, not a realm of its own"));

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use egress_proxies::credentials::ProxyCredentials;
-use egress_proxies::resource::{Phase, Proxy};
+use egress_proxies::domain::credentials::ProxyCredentials;
+use egress_proxies::domain::resource::{Phase, Proxy};
 use nix::unistd::User;
 use support::operator::{BIN, OperatorDir, OperatorProcess};
 use support::process::free_port;

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::provider::{ErrorClass, Op, Provider, Providers, instance_name};
-use egress_proxies::reconcile::{self, ReplacementBackoff};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::{
+use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers, instance_name};
+use egress_proxies::domain::reconcile::{self, ReplacementBackoff};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::{
     FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
-use egress_proxies::store::ProxyStore;
-use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::GetRegistryStats;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;
@@ -408,11 +408,11 @@ async fn an_instance_that_cannot_be_looked_up_is_not_deleted_but_left_to_gc() {
     assert_eq!(bed.provider.instances().len(), 1);
     // It is this installation's and its Proxy is gone: orphan GC reaps it.
     let providers = Providers::from_providers([bed.provider.clone() as Arc<dyn Provider>]);
-    let scope = egress_proxies::gc::Scope {
+    let scope = egress_proxies::domain::gc::Scope {
         installation: support::installation(),
         namespaces: None,
     };
-    let report = egress_proxies::gc::sweep(
+    let report = egress_proxies::domain::gc::sweep(
         bed.store.as_ref(),
         &providers,
         &scope,
@@ -764,7 +764,7 @@ async fn a_deletion_the_provider_refuses_is_retried_and_never_given_up() {
 /// not come in time leaves it `Running`, as without a prober.
 #[actix_rt::test]
 async fn an_external_proxys_first_status_waits_for_its_first_verdict_but_not_past_due() {
-    use egress_proxies::health::Verdict;
+    use egress_proxies::domain::health::Verdict;
     use reconcile::Next;
     let external = |name: &str| -> Proxy {
         serde_json::from_value(json!({

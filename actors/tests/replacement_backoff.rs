@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use egress_proxies::resource::{Phase, Proxy};
+use egress_proxies::domain::resource::{Phase, Proxy};
 use support::operator::{OperatorBuilder, OperatorDir};
 use support::process::{free_port, health_target};
 /// How long the crash loop is watched.

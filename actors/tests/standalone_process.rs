@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use egress_proxies::resource::{Phase, Proxy, SPEC_HASH_ANNOTATION};
+use egress_proxies::domain::resource::{Phase, Proxy, SPEC_HASH_ANNOTATION};
 
 mod support;
 
@@ -291,7 +291,7 @@ async fn external_proxies_come_up_in_one_write_and_a_restart_rewrites_no_status(
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy_port = listener.local_addr().unwrap().port();
-    tokio::spawn(egress_proxies::forward_proxy::serve(
+    tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
         None,

@@ -12,12 +12,12 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_proxies::probe::Prober;
-use egress_proxies::provider::{Provider, Providers};
-use egress_proxies::resource::ObjectKey;
-use egress_proxies::resource::{Phase, Proxy};
-use egress_proxies::store::ProxyStore;
-use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::adapters::probe::Prober;
+use egress_proxies::domain::provider::{Provider, Providers};
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::resource::{Phase, Proxy};
+use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::gc_sweeper::SweepNow;
 use egress_proxies_operator::health_prober::GetProberStats;
 use egress_proxies_operator::lease_store::GetLeaseStats;

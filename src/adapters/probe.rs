@@ -19,9 +19,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsConnector;
 
-use crate::credentials::ProxyCredentials;
-use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
-use crate::health::{CheckSpec, ProbeTarget};
+use crate::domain::credentials::ProxyCredentials;
+use crate::domain::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
+use crate::domain::health::{CheckSpec, ProbeTarget};
 
 /// Largest response head read.
 const MAX_HEAD: usize = 16 * 1024;

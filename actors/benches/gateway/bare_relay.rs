@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use egress_proxies::forward_proxy::zero_copy;
+use egress_proxies::adapters::forward_proxy::zero_copy;
 use http_body_util::Empty;
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::http1 as client;

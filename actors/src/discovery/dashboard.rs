@@ -241,8 +241,8 @@ pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
 
 #[cfg(test)]
 mod tests {
-    use egress_proxies::resource::ObjectKey;
-    use egress_proxies::resource::ProxyPoolStatus;
+    use egress_proxies::domain::resource::ObjectKey;
+    use egress_proxies::domain::resource::ProxyPoolStatus;
     use serde_json::json;
 
     use super::*;

@@ -2,7 +2,7 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use egress_proxies::lease::TableFull;
+use egress_proxies::domain::lease::TableFull;
 use egress_proxies::rate_limit::{Limited, retry_after_secs};
 
 use super::types::ErrorBody;

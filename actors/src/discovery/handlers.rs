@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use actix::Addr;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
-use egress_proxies::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
-use egress_proxies::lease::{AcquireError, AcquireRequest, Caller, Outcome, RenewError};
+use egress_proxies::domain::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
+use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Caller, Outcome, RenewError};
 use futures::StreamExt;
 
 use super::BODY_LIMIT;

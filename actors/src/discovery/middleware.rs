@@ -8,8 +8,8 @@ use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, ResponseError};
-use egress_proxies::identity::{ANONYMOUS_IDENTITY, Identities, SharedIdentities};
-use egress_proxies::stores::crawler_tokens::{CrawlerTokensError, TokenSources};
+use egress_proxies::domain::identity::{ANONYMOUS_IDENTITY, Identities, SharedIdentities};
+use egress_proxies::adapters::stores::crawler_tokens::{CrawlerTokensError, TokenSources};
 use futures::FutureExt;
 use subtle::ConstantTimeEq;
 
@@ -58,7 +58,7 @@ impl Tokens {
     }
 
     /// The tokens of `sources`, kept current from the tokens directory
-    /// (see [`egress_proxies::stores::crawler_tokens`]).
+    /// (see [`egress_proxies::adapters::stores::crawler_tokens`]).
     pub fn load(sources: TokenSources) -> Result<Self, TokensError> {
         let set = |t: Option<String>| t.filter(|t| !t.is_empty());
         let sources = TokenSources {

@@ -1,10 +1,10 @@
 //! The OpenAPI document at `/v1/openapi.json`: generated from the handlers'
 //! types, then given the bounds the server enforces (from
-//! `egress_proxies::lease::input`, the same constants the handlers check),
+//! `egress_proxies::domain::lease::input`, the same constants the handlers check),
 //! the 405 and 429 answers every operation can give, and the links from a
 //! granted lease to its renew, report and release.
 
-use egress_proxies::lease::input::{
+use egress_proxies::domain::lease::input::{
     self, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_CHARS, MAX_CLIENT_CHARS, MAX_DETAIL_CHARS,
     MAX_SELECTOR_PAIRS, MAX_TARGET_LEN, MAX_TTL_SECONDS,
 };

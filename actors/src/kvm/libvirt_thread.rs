@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::kvm::host_calls::HostCall;
 use crate::kvm::session::HostSession;
-use egress_proxies::providers::kvm::errors::KvmError;
-use egress_proxies::providers::kvm::ops::OpError;
+use egress_proxies::adapters::providers::kvm::errors::KvmError;
+use egress_proxies::adapters::providers::kvm::ops::OpError;
 use tokio::sync::oneshot;
 
 /// One call boxed for the thread. Dropped unrun (the link went down, the

@@ -1,5 +1,5 @@
 //! The kvm provider's hosts in the running system: everything that runs on
-//! a host's link. The provider (`egress_proxies::providers::kvm`) plans
+//! a host's link. The provider (`egress_proxies::adapters::providers::kvm`) plans
 //! each request as data and reaches this module through one port, its
 //! `HostRunner`; from here on only pure pieces of the library are used.
 //!

@@ -12,12 +12,12 @@ use crate::kvm::host_calls::{
 use crate::kvm::image_fetch::Downloader;
 use actix::prelude::*;
 use async_trait::async_trait;
-use egress_proxies::config::{KvmConfig, KvmHost};
-use egress_proxies::providers::KvmRunnerFactory;
-use egress_proxies::providers::kvm::host_runner::{HostRunner, RunError};
-use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, ImageSpec};
-use egress_proxies::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
-use egress_proxies::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
+use egress_proxies::domain::config::{KvmConfig, KvmHost};
+use egress_proxies::adapters::providers::KvmRunnerFactory;
+use egress_proxies::adapters::providers::kvm::host_runner::{HostRunner, RunError};
+use egress_proxies::adapters::providers::kvm::image::{CachedBase, DownloadLimits, ImageSpec};
+use egress_proxies::adapters::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
+use egress_proxies::adapters::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
 use super::image_cache::{Ensure, FetchingVolumes, Forget, ImageCacheActor};
@@ -33,7 +33,7 @@ impl KvmHosts {
     /// Starts one supervised actor per configured host (call inside the actix
     /// system); each lets a call run `job_deadline` once started.
     pub fn start(config: &KvmConfig, job_deadline: Duration) -> Result<Self, reqwest::Error> {
-        egress_proxies::providers::kvm::libvirt::ensure_client_setup();
+        egress_proxies::adapters::providers::kvm::libvirt::ensure_client_setup();
         egress_proxies::tls::ensure_crypto_provider();
         let shared = Arc::new(config.clone());
         let keys = Arc::new(KeyCache::default());

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::kvm::image_fetch::Progress;
-use egress_proxies::providers::kvm::host_runner::RunError;
-use egress_proxies::providers::kvm::image::{CachedBase, ImageSpec};
+use egress_proxies::adapters::providers::kvm::host_runner::RunError;
+use egress_proxies::adapters::providers::kvm::image::{CachedBase, ImageSpec};
 use serde::Serialize;
 
 /// The image cache as the dashboard shows it.

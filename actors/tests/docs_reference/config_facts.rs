@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use egress_proxies::config::{ProvidersConfig, StandaloneConfig};
+use egress_proxies::domain::config::{ProvidersConfig, StandaloneConfig};
 use serde_json::Value;
 
 use super::markdown;

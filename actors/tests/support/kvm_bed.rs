@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use egress_proxies::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
-use egress_proxies::providers::kvm::libvirt::ensure_client_setup;
-use egress_proxies::providers::kvm::ssh_key::load_private_key;
-use egress_proxies::resource::Placement;
+use egress_proxies::domain::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+use egress_proxies::domain::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
+use egress_proxies::adapters::providers::kvm::libvirt::ensure_client_setup;
+use egress_proxies::adapters::providers::kvm::ssh_key::load_private_key;
+use egress_proxies::domain::resource::Placement;
 use egress_proxies_operator::kvm::ssh_link::{LinkTarget, SshLink};
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -113,7 +113,7 @@ pub async fn image_server_of(size: &str) -> (String, Arc<AtomicUsize>, String) {
             .success()
     );
     let body = Arc::new(std::fs::read(&path).unwrap());
-    let base = egress_proxies::providers::kvm::base_image::base_volume(
+    let base = egress_proxies::adapters::providers::kvm::base_image::base_volume(
         &hex::encode(sha2::Sha256::digest(body.as_slice())),
         ImageFormat::Qcow2,
     );
@@ -173,7 +173,7 @@ pub fn provider_config(bed: &HashMap<String, String>, url: &str) -> KvmConfig {
             },
         )]),
         allow_image_urls: false,
-        max_image_size_gb: egress_proxies::config::DEFAULT_MAX_IMAGE_SIZE_GB,
+        max_image_size_gb: egress_proxies::domain::config::DEFAULT_MAX_IMAGE_SIZE_GB,
         machine_types: BTreeMap::from([(
             "small".to_owned(),
             MachineType {
@@ -195,7 +195,7 @@ pub fn create_request(uid: &str, zone: &str) -> CreateRequest {
         uid: uid.into(),
         namespace: "crawl".into(),
         installation: super::installation(),
-        cloud_init: Some(egress_proxies::provider::CloudInitBytes(
+        cloud_init: Some(egress_proxies::domain::provider::CloudInitBytes(
             b"#!/bin/sh\necho proxy\n".to_vec(),
         )),
         placement: Placement {
@@ -269,8 +269,8 @@ impl Drop for RemoveOnDrop {
                 "--checkpoints-metadata",
             ]);
             for volume in [
-                egress_proxies::providers::kvm::ops::overlay_name(name),
-                egress_proxies::providers::kvm::ops::seed_name(name),
+                egress_proxies::adapters::providers::kvm::ops::overlay_name(name),
+                egress_proxies::adapters::providers::kvm::ops::seed_name(name),
             ] {
                 let _ = virsh(&["vol-delete", "--pool", "default", &volume]);
             }
@@ -280,7 +280,7 @@ impl Drop for RemoveOnDrop {
 
 /// The kvm provider `name` over `cfg`, its hosts driven by host actors as
 /// the operator runs them.
-pub fn kvm_provider(name: &str, cfg: KvmConfig) -> egress_proxies::providers::kvm::provider::KvmProvider {
+pub fn kvm_provider(name: &str, cfg: KvmConfig) -> egress_proxies::adapters::providers::kvm::provider::KvmProvider {
     let runner = egress_proxies_operator::kvm::router::runner_factory()(name, &cfg).unwrap();
-    egress_proxies::providers::kvm::provider::KvmProvider::new(name, cfg, runner)
+    egress_proxies::adapters::providers::kvm::provider::KvmProvider::new(name, cfg, runner)
 }

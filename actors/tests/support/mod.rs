@@ -21,7 +21,7 @@ pub mod target_server;
 
 use std::time::{Duration, Instant};
 
-use egress_proxies::installation::InstallationId;
+use egress_proxies::domain::installation::InstallationId;
 
 /// The Python client's interpreter (a virtual environment with its test
 /// dependencies, made by tests/python-clients-setup.sh; tests/run.sh sets
@@ -100,16 +100,16 @@ pub async fn eventually_explained<L: Look>(
 
 /// Destination rules for proxies the tests fetch through: loopback targets
 /// (where the tests' servers listen) on any port.
-pub fn loopback_rules() -> egress_proxies::destinations::DestinationRules {
-    egress_proxies::destinations::DestinationRules {
+pub fn loopback_rules() -> egress_proxies::domain::destinations::DestinationRules {
+    egress_proxies::domain::destinations::DestinationRules {
         allow: vec!["127.0.0.0/8".parse().unwrap(), "1-65535".parse().unwrap()],
         deny: Vec::new(),
     }
 }
 
 /// [`loopback_rules`] for an in-process built-in proxy standing in for someone else's.
-pub fn open_to_loopback() -> std::sync::Arc<egress_proxies::destinations::DestinationPolicy> {
-    std::sync::Arc::new(egress_proxies::destinations::DestinationPolicy::new(
+pub fn open_to_loopback() -> std::sync::Arc<egress_proxies::domain::destinations::DestinationPolicy> {
+    std::sync::Arc::new(egress_proxies::domain::destinations::DestinationPolicy::new(
         &loopback_rules(),
         &[],
     ))

@@ -5,15 +5,15 @@ use http::{Response, StatusCode};
 use hyper_util::client::legacy;
 
 use super::body::ProxyBody;
-use crate::destinations::CheckedConnectError;
-use crate::guarded_listener::InFlight;
+use crate::domain::destinations::CheckedConnectError;
+use crate::adapters::guarded_listener::InFlight;
 
 /// The `Proxy-Authenticate` challenge of a listener without a realm of its
 /// own (the gateway's, to crawlers).
 const SHARED_CHALLENGE: &str = "Basic realm=\"egress-proxies\"";
 
 /// The `Proxy-Authenticate` challenge naming `realm` (a proxy's own, see
-/// [`crate::credentials::realm_of`]: letters, digits and `-`, nothing to
+/// [`crate::domain::credentials::realm_of`]: letters, digits and `-`, nothing to
 /// escape); the shared one if `realm` cannot be a header value.
 pub fn challenge_naming(realm: &str) -> HeaderValue {
     HeaderValue::from_str(&format!("Basic realm=\"{realm}\""))
@@ -87,7 +87,7 @@ pub fn connect_error_in(e: &legacy::Error) -> Option<&CheckedConnectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guarded_listener::ConnectionSlots;
+    use crate::adapters::guarded_listener::ConnectionSlots;
 
     #[test]
     fn the_proxy_s_own_failures_say_so_with_proxy_status() {

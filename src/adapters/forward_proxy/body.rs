@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::guarded_listener::InFlight;
+use crate::adapters::guarded_listener::InFlight;
 
 pub struct ProxyBody {
     /// Sent first, when there.

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use super::body::ProxyBody;
 use super::framing::{FramingGuard, MAX_HEAD, Verdicts};
-use crate::guarded_listener::{ListenerSettings, Phase, Slot, Tracked};
+use crate::adapters::guarded_listener::{ListenerSettings, Phase, Slot, Tracked};
 
 /// The HTTP/1 server settings every proxy listener uses.
 pub(crate) fn server(settings: &ListenerSettings) -> http1::Builder {

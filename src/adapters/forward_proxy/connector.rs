@@ -13,7 +13,7 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::destinations::{CheckedConnectError, DestinationPolicy, connect_checked_from};
+use crate::domain::destinations::{CheckedConnectError, DestinationPolicy, connect_checked_from};
 
 /// Connects the client's pooled connections (a `tower` service from URI to stream).
 #[derive(Clone)]

@@ -8,7 +8,7 @@ use super::Proxy;
 use super::answers::{answer, connect_error_in, status_of_connect_error};
 use super::body::ProxyBody;
 use super::request::{drop_hop_by_hop, forwarded_headers};
-use crate::guarded_listener::InFlight;
+use crate::adapters::guarded_listener::InFlight;
 
 impl Proxy {
     pub(super) async fn forward(

@@ -31,8 +31,8 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-use crate::guarded_listener::head_budget::{Growth, HeadAllowance};
-use crate::guarded_listener::{LINGER, Refusal, Slot};
+use crate::adapters::guarded_listener::head_budget::{Growth, HeadAllowance};
+use crate::adapters::guarded_listener::{LINGER, Refusal, Slot};
 
 /// Largest request head followed (hyper refuses larger ones itself).
 pub const MAX_HEAD: usize = 64 * 1024;

@@ -19,7 +19,7 @@
 //! `guarded_listener`: capped to the file limit, idle ones evicted at the
 //! cap, timeouts on heads, idle keep-alive connections and stalled relays.
 
-// Shared with the gateway (`crate::gateway`), which relays through leased proxies.
+// Shared with the gateway (`crate::adapters::gateway`), which relays through leased proxies.
 pub(crate) mod answers;
 pub(crate) mod body;
 pub(crate) mod client_connection;
@@ -44,10 +44,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::credentials::{BasicAuthorization, SHARED_REALM};
-use crate::destinations::DestinationPolicy;
-use crate::guarded_listener::{ListenerSettings, Slot, serve_connections};
-use crate::listener_limits::UnauthenticatedLimits;
+use crate::domain::credentials::{BasicAuthorization, SHARED_REALM};
+use crate::domain::destinations::DestinationPolicy;
+use crate::adapters::guarded_listener::{ListenerSettings, Slot, serve_connections};
+use crate::domain::config::UnauthenticatedLimits;
 use answers::{answer, challenge, challenge_naming};
 use body::ProxyBody;
 use connector::CheckedConnector;
@@ -88,7 +88,7 @@ pub struct Options {
     /// Every request must present these.
     pub auth: Option<BasicAuthorization>,
     /// The realm its 407 names: the credentials' own
-    /// ([`crate::credentials::realm_of`]); the shared one when `None`.
+    /// ([`crate::domain::credentials::realm_of`]); the shared one when `None`.
     pub realm: Option<String>,
     /// Destinations are reached from this address (those of its family).
     pub outgoing: Option<IpAddr>,
@@ -104,7 +104,7 @@ pub async fn serve(
 }
 
 /// [`serve`], connecting to destinations from `outgoing` (those of its IP
-/// family; see [`crate::destinations::connect_checked_from`]).
+/// family; see [`crate::domain::destinations::connect_checked_from`]).
 pub async fn serve_from(
     listener: TcpListener,
     destinations: Arc<DestinationPolicy>,

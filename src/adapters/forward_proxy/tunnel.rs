@@ -20,7 +20,7 @@ use super::body::ProxyBody;
 use super::framing::FramingGuard;
 use super::relay;
 use super::zero_copy::{self, End, Way};
-use crate::guarded_listener::{InFlight, Phase, Slot, Tracked};
+use crate::adapters::guarded_listener::{InFlight, Phase, Slot, Tracked};
 
 impl Proxy {
     pub(super) async fn tunnel(

@@ -2,7 +2,7 @@
 //! status codes (and body markers) of which targets mean "this proxy is
 //! blocked here".
 
-use crate::config::BlockRule;
+use crate::domain::config::BlockRule;
 
 /// What a response's head says about a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,8 +16,8 @@
 use std::net::IpAddr;
 
 use super::{GatewayError, Parameters, basic_credentials, username};
-use crate::destinations::IpNet;
-use crate::identity::{ANONYMOUS_IDENTITY, Identities};
+use crate::domain::destinations::IpNet;
+use crate::domain::identity::{ANONYMOUS_IDENTITY, Identities};
 
 /// An admitted request: who it is and what its username asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -25,10 +25,10 @@ use std::net::SocketAddr;
 use data_encoding::BASE64;
 use http::StatusCode;
 
-use crate::credentials::ProxyCredentials;
-use crate::forward_proxy::request::TargetError;
-use crate::lease::Outcome;
-use crate::resource::ObjectKey;
+use crate::domain::credentials::ProxyCredentials;
+use crate::adapters::forward_proxy::request::TargetError;
+use crate::domain::lease::Outcome;
+use crate::domain::resource::ObjectKey;
 
 pub use blocks::{BlockRules, HeadVerdict};
 pub use challenge::challenge_realm;
@@ -46,12 +46,12 @@ pub const FDS_PER_CONNECTION: u64 = 2;
 
 /// What the gateway enforces and where it leases.
 pub struct Options {
-    pub settings: crate::config::GatewaySettings,
-    pub destinations: std::sync::Arc<crate::destinations::DestinationPolicy>,
+    pub settings: crate::domain::config::GatewaySettings,
+    pub destinations: std::sync::Arc<crate::domain::destinations::DestinationPolicy>,
     /// The crawler identities, whose tokens are presented as the proxy
     /// password; open (none): no auth (the caller binds loopback only, see
     /// [`check_exposure`]).
-    pub identities: crate::identity::SharedIdentities,
+    pub identities: crate::domain::identity::SharedIdentities,
     pub leases: std::sync::Arc<dyn Leases>,
 }
 
@@ -81,7 +81,7 @@ pub struct Ask {
     pub selector: std::collections::BTreeMap<String, String>,
     /// `client` recorded on the lease: `gateway/<identity>`.
     pub client: String,
-    /// The identity the request is made for (`crate::identity`): the
+    /// The identity the request is made for (`crate::domain::identity`): the
     /// lease's owner, which fair shares and waiting turns count by.
     pub owner: String,
     /// A sticky session's proxy, granted if still eligible.
@@ -260,7 +260,7 @@ pub fn basic_credentials(header: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
 /// bracketed IPv6 one): what an API client would pass as `target`.
 pub fn lease_target(host: &str) -> Result<String, GatewayError> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    crate::lease::input::normalize_target(bare).map_err(|_| GatewayError::BadHost(host.to_owned()))
+    crate::domain::lease::input::normalize_target(bare).map_err(|_| GatewayError::BadHost(host.to_owned()))
 }
 
 #[cfg(test)]

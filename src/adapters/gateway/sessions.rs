@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::resource::ObjectKey;
+use crate::domain::resource::ObjectKey;
 
 /// A session: the client's name (empty without one) and its id.
 pub type SessionKey = (String, String);

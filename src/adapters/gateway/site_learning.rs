@@ -16,9 +16,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::resource::ObjectKey;
+use crate::domain::resource::ObjectKey;
 
-pub use crate::config::SiteLearningSettings;
+pub use crate::domain::config::SiteLearningSettings;
 
 /// How much the learning remembers (the least recently used go first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

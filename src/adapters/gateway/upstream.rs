@@ -16,9 +16,9 @@ use tokio::net::TcpStream;
 
 use super::phases::log::{Counted, Meter};
 use super::{GatewayError, Upstream};
-use crate::forward_proxy::body::ProxyBody;
-use crate::forward_proxy::tunnel::TunnelUpstream;
-use crate::forward_proxy::zero_copy::End;
+use crate::adapters::forward_proxy::body::ProxyBody;
+use crate::adapters::forward_proxy::tunnel::TunnelUpstream;
+use crate::adapters::forward_proxy::zero_copy::End;
 
 /// Time allowed to connect to an upstream proxy.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -186,7 +186,7 @@ pub fn upstream_failed(upstream: &Upstream, why: &dyn std::fmt::Display) -> Gate
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::ObjectKey;
+    use crate::domain::resource::ObjectKey;
     use http::{Request, Response};
     use http_body::Body as _;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::lease::input::select_pool;
+use crate::domain::lease::input::select_pool;
 
 /// Longest client name or session id, in bytes.
 pub const MAX_NAME_LEN: usize = 64;
@@ -127,7 +127,7 @@ pub fn parse(username: &str) -> Result<Parameters, UsernameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::POOL_LABEL;
+    use crate::domain::resource::POOL_LABEL;
 
     #[test]
     fn every_parameter_with_dashes_in_values() {

@@ -6,7 +6,7 @@
 //! budget spent is answered `431` and closed, so a flood of slow, large
 //! heads holds at most the budget plus the allowance per connection.
 //!
-//! [`UnauthenticatedLimits::free_head`]: crate::listener_limits::UnauthenticatedLimits::free_head
+//! [`UnauthenticatedLimits::free_head`]: crate::domain::config::UnauthenticatedLimits::free_head
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -42,7 +42,8 @@ pub use slots::{ConnectionSlots, InFlight, Phase, Slot};
 pub use tracked::Tracked;
 pub use unauthenticated::{LINGER, Refusal, Unauthenticated};
 
-use crate::listener_limits::{MEMORY_PER_CONNECTION, PROXY_LISTENER_PART, UnauthenticatedLimits, memory_cap};
+use crate::domain::config::UnauthenticatedLimits;
+use crate::listener_limits::{MEMORY_PER_CONNECTION, PROXY_LISTENER_PART, memory_cap};
 
 /// Pause after an accept error for want of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);

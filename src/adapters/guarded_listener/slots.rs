@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::source_cap::SourceTicket;
 use super::unauthenticated::Unauthenticated;
-use crate::listener_limits::UnauthenticatedLimits;
+use crate::domain::config::UnauthenticatedLimits;
 
 /// What a connection is doing, as far as closing it goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::Bursts;
 use super::head_budget::{HeadAllowance, HeadBudget};
 use super::source_cap::{SourceCounts, SourceTicket};
-use crate::listener_limits::UnauthenticatedLimits;
+use crate::domain::config::UnauthenticatedLimits;
 use crate::telemetry::events::ConnectionRefused;
 
 /// After its answer, a refused connection's further bytes are read and
@@ -139,7 +139,8 @@ impl Unauthenticated {
             peer,
             log: unlogged,
             budget_left: self.budget.left(),
-            limits: &self.limits,
+            head_budget: self.limits.head_budget,
+            connections_per_source: self.limits.connections_per_source,
         }
         .emit();
     }

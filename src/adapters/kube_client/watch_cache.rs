@@ -30,7 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store, store};
 use kube::runtime::watcher::{self, Event};
 
 use super::watch_retry::retrying;
-use crate::resource::ObjectKey;
+use crate::domain::resource::ObjectKey;
 
 /// The longest a written copy is preferred: a watch that has not delivered
 /// it by then is lagging, and the cache is as good as anything we know.

@@ -23,17 +23,17 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 
-use crate::config::KubernetesConfig;
-use crate::destinations::{DestinationPolicy, IpNet, squid_rules};
-use crate::kube_client::watch_cache::WatchCache;
-use crate::provider::squid_auth::with_auth;
-use crate::provider::squid_identity::identity_section;
-use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
-use crate::provider::{
+use crate::domain::config::KubernetesConfig;
+use crate::domain::destinations::{DestinationPolicy, IpNet, squid_rules};
+use crate::adapters::kube_client::watch_cache::WatchCache;
+use crate::domain::provider::squid_auth::with_auth;
+use crate::domain::provider::squid_identity::identity_section;
+use crate::domain::provider::squid_limits::MAX_FILEDESCRIPTORS;
+use crate::domain::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
-use crate::provider::{HTPASSWD_KEY, credentials_secret_name};
-use crate::resource::ObjectKey;
+use crate::domain::provider::{HTPASSWD_KEY, credentials_secret_name};
+use crate::domain::resource::ObjectKey;
 
 /// Label every operator-made pod carries.
 pub const MANAGED_LABEL: &str = "crawl.example.com/managed";
@@ -214,7 +214,7 @@ pub fn reason_of(pod: &Pod) -> Option<String> {
             parts.push(format!("container {} waiting: {reason}{message}{last}", c.name));
         }
     }
-    (!parts.is_empty()).then(|| crate::provider::reason::clip(&parts.join("; "), 600))
+    (!parts.is_empty()).then(|| crate::domain::provider::reason::clip(&parts.join("; "), 600))
 }
 
 impl KubernetesProvider {

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::{ProviderSettings, ProvidersConfig};
+use crate::domain::config::{ProviderSettings, ProvidersConfig};
 
-use crate::provider::{Provider, Providers};
+use crate::domain::provider::{Provider, Providers};
 
 use super::gcp::{GcpOptions, GcpProvider, api::AdcTokens};
 use super::kubernetes::KubernetesProvider;
@@ -29,12 +29,12 @@ pub struct BuildContext {
     pub gcp: GcpOptions,
     /// The cluster's pod and service ranges (Kubernetes mode): proxies deny
     /// them like the other internal networks.
-    pub cluster_networks: Vec<crate::destinations::IpNet>,
+    pub cluster_networks: Vec<crate::domain::destinations::IpNet>,
 }
 
 /// Makes the [`HostRunner`] of one kvm provider instance.
 pub type KvmRunnerFactory =
-    Arc<dyn Fn(&str, &crate::config::KvmConfig) -> Result<Arc<dyn HostRunner>, String> + Send + Sync>;
+    Arc<dyn Fn(&str, &crate::domain::config::KvmConfig) -> Result<Arc<dyn HostRunner>, String> + Send + Sync>;
 
 /// A provider could not be built.
 #[derive(Debug, thiserror::Error)]

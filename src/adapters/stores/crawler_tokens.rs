@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::identity::{Identities, IdentityError, SharedIdentities};
+use crate::domain::identity::{Identities, IdentityError, SharedIdentities};
 
 /// How often the directory is read again: a change on disk takes effect
 /// within this (Kubernetes updates a mounted Secret's files up to about a

@@ -9,9 +9,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::credentials::{CredentialsError, ProxyCredentials, htpasswd_line};
-pub use crate::provider::{HTPASSWD_KEY, credentials_secret_name};
-use crate::resource::ObjectKey;
+use crate::domain::credentials::{CredentialsError, ProxyCredentials, htpasswd_line};
+pub use crate::domain::provider::{HTPASSWD_KEY, credentials_secret_name};
+use crate::domain::resource::ObjectKey;
 
 /// Key holding the username.
 pub const USERNAME_KEY: &str = "username";

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::leader::Tenure;
-use crate::resource::{ObjectKey, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
+use crate::adapters::leader::Tenure;
+use crate::domain::resource::{ObjectKey, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
 
-use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
+use crate::domain::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
 
 /// `Ok` while leading; else the error every fenced store answers with.
 fn fence(tenure: &Tenure) -> Result<(), StoreError> {
@@ -78,7 +78,7 @@ impl ProxyStore for FencedStore {
         key: &ObjectKey,
         uid: &str,
         generation: &str,
-    ) -> Result<crate::credentials::ProxyCredentials, StoreError> {
+    ) -> Result<crate::domain::credentials::ProxyCredentials, StoreError> {
         self.check()?;
         self.inner.proxy_credentials(key, uid, generation).await
     }
@@ -198,7 +198,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::leader::Clock;
+    use crate::adapters::leader::Clock;
 
     /// A clock the test moves by hand.
     struct StepClock {
@@ -270,7 +270,7 @@ mod tests {
             _: &ObjectKey,
             _: &str,
             _: &str,
-        ) -> Result<crate::credentials::ProxyCredentials, StoreError> {
+        ) -> Result<crate::domain::credentials::ProxyCredentials, StoreError> {
             Err(StoreError::Backend("unreachable".into()))
         }
         async fn secret_key(&self, _: &str, _: &str, _: &str) -> Result<Vec<u8>, CloudInitError> {

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
-use crate::installation::{InstallationId, InvalidInstallationId};
+use crate::domain::installation::{InstallationId, InvalidInstallationId};
 
 /// Name of the ConfigMap holding the id.
 pub const CONFIG_MAP: &str = "egress-proxies-installation";

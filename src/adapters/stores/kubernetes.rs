@@ -29,14 +29,14 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::credentials_secret;
-use crate::credentials::ProxyCredentials;
-use crate::kube_client::watch_cache::WatchCache;
-use crate::kube_client::watch_retry::retrying;
-use crate::resource::ObjectKey;
-use crate::resource::{
+use crate::domain::credentials::ProxyCredentials;
+use crate::adapters::kube_client::watch_cache::WatchCache;
+use crate::adapters::kube_client::watch_retry::retrying;
+use crate::domain::resource::ObjectKey;
+use crate::domain::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
-use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
+use crate::domain::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 /// How long a read waits for a watch's first list before it fails (and
 /// its reconcile is retried): the API server is down or the operator may
@@ -205,7 +205,7 @@ impl KubeStore {
             pool_cache: WatchCache::default(),
             credentials_cache: WatchCache::default(),
             cloud_init_cache: WatchCache::default(),
-            writing: tokio::sync::Semaphore::new(crate::kube_client::layer::MAX_IN_FLIGHT),
+            writing: tokio::sync::Semaphore::new(crate::adapters::kube_client::layer::MAX_IN_FLIGHT),
         };
         (store, rx)
     }
@@ -257,7 +257,7 @@ impl KubeStore {
             let _ = events.send(event);
         };
         while let Some(event) = watch.next().await {
-            let announce = known.follow(&event, crate::store::pool_key);
+            let announce = known.follow(&event, crate::domain::store::pool_key);
             self.pool_cache.apply(event);
             announce.into_iter().for_each(send);
         }
@@ -265,7 +265,7 @@ impl KubeStore {
 
     /// Watches Proxies until the stream ends, keeping the Proxy cache; every
     /// change becomes an event once the cache shows it. The watcher re-lists
-    /// and resumes by itself after errors and 410s, pausing as [`WatchRetry`](crate::kube_client::watch_retry::WatchRetry)
+    /// and resumes by itself after errors and 410s, pausing as [`WatchRetry`](crate::adapters::kube_client::watch_retry::WatchRetry)
     /// says (at most 2 s while the API server does not answer, none before
     /// the re-list a 410 calls for). A re-list is compared with what was
     /// known: a Proxy deleted during the gap (its deletion never seen as an
@@ -611,7 +611,7 @@ impl ProxyStore for KubeStore {
         {
             return Ok(kept);
         }
-        let unusable = |e: crate::credentials::CredentialsError| StoreError::Backend(e.to_string());
+        let unusable = |e: crate::domain::credentials::CredentialsError| StoreError::Backend(e.to_string());
         let fresh = ProxyCredentials::generate().map_err(unusable)?;
         let mut secret = credentials_secret::build(key, uid, generation, &fresh).map_err(unusable)?;
         // A racing writer makes this fail (conflict or exists); the retry
@@ -780,12 +780,12 @@ impl PoolStore for KubeStore {
             .pool_cache
             .all()
             .iter()
-            .map(|p| crate::store::pool_key(p))
+            .map(|p| crate::domain::store::pool_key(p))
             .collect())
     }
 
     async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
-        let key = crate::store::pool_key(pool);
+        let key = crate::domain::store::pool_key(pool);
         let proxies = self.cached_proxies().await?;
         // The label is a hint; the controller reference decides.
         Ok(proxies
@@ -795,7 +795,7 @@ impl PoolStore for KubeStore {
                 let label = p.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL));
                 label == Some(&key.name)
             })
-            .filter(|p| crate::pool::is_member(p, pool))
+            .filter(|p| crate::domain::pool::is_member(p, pool))
             .map(|p| p.as_ref().clone())
             .collect())
     }

@@ -15,14 +15,14 @@ use hyper::body::Incoming;
 use super::forward::{Hop, Plain, Tunnel};
 use crate::adapters::gateway::sessions::SessionKey;
 use crate::adapters::gateway::{Ask, GatewayError, Identified, identify, lease_target};
-use crate::config::GatewaySettings;
-use crate::destinations::{CheckedConnectError, DestinationPolicy, IpNet, check_destination};
-use crate::forward_proxy::framing::{Verdict, Verdicts};
-use crate::forward_proxy::holds_a_large_buffer;
-use crate::forward_proxy::request::{Target, forwarded_headers, target_of};
-use crate::guarded_listener::Slot;
-use crate::identity::SharedIdentities;
-use crate::lease::GATEWAY_CLIENT;
+use crate::domain::config::GatewaySettings;
+use crate::domain::destinations::{CheckedConnectError, DestinationPolicy, IpNet, check_destination};
+use crate::adapters::forward_proxy::framing::{Verdict, Verdicts};
+use crate::adapters::forward_proxy::holds_a_large_buffer;
+use crate::adapters::forward_proxy::request::{Target, forwarded_headers, target_of};
+use crate::adapters::guarded_listener::Slot;
+use crate::domain::identity::SharedIdentities;
+use crate::domain::lease::GATEWAY_CLIENT;
 use crate::rate_limit::{RateLimiter, RateLimits, retry_after_secs};
 
 /// Time allowed to resolve a destination.

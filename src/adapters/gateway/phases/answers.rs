@@ -10,9 +10,9 @@ use super::log::Exchange;
 use crate::adapters::gateway::{
     BLOCKED_HEADER, GatewayError, LEASE_HEADER, PROXY_HEADER, REASON_HEADER, SESSION_MOVED_HEADER, Upstream,
 };
-use crate::forward_proxy::answers::{answer, authentication_required};
-use crate::forward_proxy::body::ProxyBody;
-use crate::guarded_listener::InFlight;
+use crate::adapters::forward_proxy::answers::{answer, authentication_required};
+use crate::adapters::forward_proxy::body::ProxyBody;
+use crate::adapters::guarded_listener::InFlight;
 
 /// The headers that tell the crawler which proxy and lease served it.
 pub(super) fn describe(headers: &mut HeaderMap, upstream: &Upstream, exchange: &Exchange, blocked: bool) {

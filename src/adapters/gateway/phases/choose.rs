@@ -13,9 +13,9 @@ use super::RequestContext;
 use crate::adapters::gateway::sessions::Sessions;
 use crate::adapters::gateway::site_learning::{Bounds, SiteLearning, SiteView};
 use crate::adapters::gateway::{GatewayError, Leases, Upstream, locked};
-use crate::config::GatewaySettings;
-use crate::lease::rendezvous::session_digest;
-use crate::resource::ObjectKey;
+use crate::domain::config::GatewaySettings;
+use crate::domain::lease::rendezvous::session_digest;
+use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::{GatewayFirstTryServed, GatewayLearnt, GatewayLeaseTaken};
 use crate::telemetry::gateway_stats::{SITES_SHOWN, SiteProxy, SiteSummary};
 

@@ -19,9 +19,9 @@ use super::judge::{Blame, Circumstances, Learned, Refusal, Seen, Then, judge, sa
 use crate::adapters::gateway::blocks::BlockRules;
 use crate::adapters::gateway::upstream::UpstreamPool;
 use crate::adapters::gateway::{GatewayError, Leases, Upstream};
-use crate::config::GatewaySettings;
-use crate::forward_proxy::body::ProxyBody;
-use crate::lease::Outcome;
+use crate::domain::config::GatewaySettings;
+use crate::adapters::forward_proxy::body::ProxyBody;
+use crate::domain::lease::Outcome;
 use crate::telemetry::events::{GatewayBlocked, GatewayTryFailed};
 
 pub(in crate::adapters::gateway) use self::plain::Plain;

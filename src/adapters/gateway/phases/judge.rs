@@ -21,7 +21,7 @@
 //! - the **client**: its body (malformed, aborted) or its stall. Nothing
 //!   rests, nothing is tried again, the client gets a 4xx.
 
-use crate::lease::Outcome;
+use crate::domain::lease::Outcome;
 
 /// What one try saw, as the forward phase observed it.
 #[derive(Clone, Debug, PartialEq, Eq)]

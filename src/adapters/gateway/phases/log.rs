@@ -16,7 +16,7 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tracing::field::Empty;
 
-use crate::resource::ObjectKey;
+use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::{GatewayExchangeEnded, GatewayExchangeStarted};
 
 /// How an exchange ended.

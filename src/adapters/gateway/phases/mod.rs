@@ -46,11 +46,11 @@ use self::forward::{Forwarder, Hop};
 use self::judge::Seen;
 use self::log::{Exchange, exchange_span};
 use super::{Leases, Options, REASON_HEADER};
-use crate::forward_proxy::body::ProxyBody;
-use crate::forward_proxy::client_connection;
-use crate::forward_proxy::framing::Verdicts;
-use crate::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
-use crate::resource::ObjectKey;
+use crate::adapters::forward_proxy::body::ProxyBody;
+use crate::adapters::forward_proxy::client_connection;
+use crate::adapters::forward_proxy::framing::Verdicts;
+use crate::adapters::guarded_listener::{InFlight, ListenerSettings, Slot, serve_connections};
+use crate::domain::resource::ObjectKey;
 
 /// One request or tunnel on its way through the phases.
 pub(super) struct RequestContext {

@@ -2,8 +2,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::config::GcpConfig;
-use crate::provider::CreateRequest;
+use crate::domain::config::GcpConfig;
+use crate::domain::provider::CreateRequest;
 
 /// Label marking the operator's VMs (label keys allow no dots or slashes).
 pub const MANAGED_LABEL: &str = "egress-proxies-managed";
@@ -106,8 +106,8 @@ pub fn released_labels(current: &Map<String, Value>) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{CloudInitBytes, instance_name};
-    use crate::resource::Placement as ProxyPlacement;
+    use crate::domain::provider::{CloudInitBytes, instance_name};
+    use crate::domain::resource::Placement as ProxyPlacement;
 
     fn config() -> GcpConfig {
         serde_json::from_value(

@@ -17,8 +17,8 @@ use super::body::{
     BodyError, INSTALLATION_LABEL, MANAGED_LABEL, NAMESPACE_LABEL, RELEASED_LABEL, UID_LABEL, instance_body,
     placement, released_labels,
 };
-use crate::config::GcpConfig;
-use crate::provider::{
+use crate::domain::config::GcpConfig;
+use crate::domain::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 

@@ -13,7 +13,7 @@ use quick_xml::Writer;
 use quick_xml::events::BytesText;
 
 use super::metadata::{InstanceMetadata, METADATA_PREFIX, METADATA_URI};
-use crate::config::{DomainType, Firmware};
+use crate::domain::config::{DomainType, Firmware};
 
 /// Guest-agent channel name (how the provider reads a VM's address).
 pub const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";

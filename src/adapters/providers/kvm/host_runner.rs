@@ -11,8 +11,8 @@ use super::image::{CachedBase, ImageError, ImageSpec};
 use super::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::ssh_key::KeyError;
-use crate::config::KvmHost;
-use crate::provider::ErrorClass;
+use crate::domain::config::KvmHost;
+use crate::domain::provider::ErrorClass;
 
 /// Why a request to a host failed; [`RunError::class`] decides the retry.
 /// Cloned to every caller waiting on the same work (one image download
@@ -110,7 +110,7 @@ pub trait HostRunner: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::kvm::errors::KvmError;
+    use crate::adapters::providers::kvm::errors::KvmError;
 
     #[test]
     fn the_class_follows_the_cause() {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::base_image::{base_volume, marker_name, pin_name};
 use super::errors::KvmError;
 use super::qcow2_header::Qcow2HeaderError;
-use crate::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmConfig};
-use crate::provider::ErrorClass;
+use crate::domain::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmConfig};
+use crate::domain::provider::ErrorClass;
 
 /// Bounds on an image download: a server that stalls, loops or sends more
 /// than any image should fails the fetch (and its waiters) instead of

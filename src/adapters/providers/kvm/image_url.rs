@@ -6,7 +6,7 @@
 //! (default uefi) may follow, joined by `&`.
 
 use super::image::ImageSpec;
-use crate::config::{Firmware, ImageFormat, is_sha256_hex};
+use crate::domain::config::{Firmware, ImageFormat, is_sha256_hex};
 
 /// Why `placement.image` is not an acceptable image URL.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -5,7 +5,7 @@
 
 use super::image::ImageSpec;
 use super::image_url;
-use crate::config::KvmConfig;
+use crate::domain::config::KvmConfig;
 
 /// The image `placement.image` names on provider `provider`; the error
 /// (for the Proxy's status) says what is refused and why.
@@ -53,7 +53,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmImage};
+    use crate::domain::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmImage};
 
     const D: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 

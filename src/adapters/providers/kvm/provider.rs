@@ -22,8 +22,8 @@ use super::placement_image;
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::provider_id::{parse, provider_id};
 use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
-use crate::config::{Firmware, KvmConfig, KvmHost};
-use crate::provider::{
+use crate::domain::config::{Firmware, KvmConfig, KvmHost};
+use crate::domain::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, LeftoverSweep, Op, Provider, ProviderError,
     ProviderId,
 };

@@ -16,7 +16,7 @@
 //! crates open whole files), so these fixed fields are read here.
 
 use super::base_image::detect_format;
-use crate::config::ImageFormat;
+use crate::domain::config::ImageFormat;
 
 /// How many leading bytes of an image are kept to inspect its header: the
 /// header and its extensions sit in the first cluster, and images with

@@ -2,7 +2,7 @@
 //! them: a policy Squid's config is rendered from, and the built-in proxy's
 //! command-line arguments.
 
-use crate::destinations::{DestinationPolicy, DestinationRules, IpNet};
+use crate::domain::destinations::{DestinationPolicy, DestinationRules, IpNet};
 
 pub(super) struct Destinations {
     pub policy: DestinationPolicy,

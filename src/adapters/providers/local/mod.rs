@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::{
+use crate::domain::config::{
     DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation, OutgoingNetwork,
 };
-use crate::credentials::{ProxyCredentials, write_credentials_file};
-use crate::destinations::IpNet;
-use crate::provider::{
+use crate::domain::credentials::{ProxyCredentials, write_credentials_file};
+use crate::domain::destinations::IpNet;
+use crate::domain::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 
@@ -147,7 +147,7 @@ impl LocalProvider {
         let name = id
             .as_str()
             .strip_prefix(ID_PREFIX)
-            .filter(|n| crate::config::is_identifier(n))
+            .filter(|n| crate::domain::config::is_identifier(n))
             .ok_or_else(|| {
                 self.error(
                     ErrorClass::Permanent,

@@ -13,8 +13,8 @@ use std::path::Path;
 
 use jiff::Timestamp;
 
-use crate::config::OutgoingNetwork;
-use crate::provider::QuarantinedAddress;
+use crate::domain::config::OutgoingNetwork;
+use crate::domain::provider::QuarantinedAddress;
 
 use super::record;
 

@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::Launcher;
-use crate::provider::CreateRequest;
+use crate::domain::provider::CreateRequest;
 
 const RECORD_FILE: &str = "instance.json";
 

@@ -18,12 +18,12 @@ use std::time::Duration;
 use nix::unistd::User;
 
 use super::record::InstanceRecord;
-use crate::credentials::{ProxyCredentials, htpasswd_line};
-use crate::destinations::{DestinationPolicy, squid_rules};
-use crate::provider::reason::{clip, telling_lines};
-use crate::provider::squid_auth::auth_section;
-use crate::provider::squid_identity::identity_section;
-use crate::provider::squid_limits::MAX_FILEDESCRIPTORS;
+use crate::domain::credentials::{ProxyCredentials, htpasswd_line};
+use crate::domain::destinations::{DestinationPolicy, squid_rules};
+use crate::domain::provider::reason::{clip, telling_lines};
+use crate::domain::provider::squid_auth::auth_section;
+use crate::domain::provider::squid_identity::identity_section;
+use crate::domain::provider::squid_limits::MAX_FILEDESCRIPTORS;
 
 pub const CONFIG_FILE: &str = "squid.conf";
 pub const PID_FILE: &str = "squid.pid";

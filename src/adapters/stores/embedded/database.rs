@@ -6,13 +6,13 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::credentials::ProxyCredentials;
-use crate::installation::InstallationId;
+use crate::domain::credentials::ProxyCredentials;
+use crate::domain::installation::InstallationId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::resource::ObjectKey;
-use crate::resource::{Proxy, ProxyPool};
+use crate::domain::resource::ObjectKey;
+use crate::domain::resource::{Proxy, ProxyPool};
 
 /// Persistence failed.
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +167,7 @@ impl Database {
 
     /// Inserts or replaces one ProxyPool (durable when this returns).
     pub fn put_pool(&self, pool: &ProxyPool) -> Result<(), DatabaseError> {
-        self.put_row("pools", &crate::store::pool_key(pool), pool)
+        self.put_row("pools", &crate::domain::store::pool_key(pool), pool)
     }
 
     /// [`Self::put`] without waiting for the disk: for observed state

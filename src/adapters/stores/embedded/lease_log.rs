@@ -35,7 +35,7 @@ use std::sync::{Arc, mpsc};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::lease::journal::{
+use crate::domain::lease::journal::{
     Durable, EndedRecord, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseRecord, LeaseSnapshot,
     key_string, parse_key, parse_ms,
 };

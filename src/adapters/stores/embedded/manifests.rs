@@ -15,9 +15,9 @@ use serde_json::Value;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
-use crate::resource::ObjectKey;
-use crate::resource::{API_GROUP, MAX_POOL_NAME_LEN, Proxy, ProxyPool};
-use crate::store::pool_key;
+use crate::domain::resource::ObjectKey;
+use crate::domain::resource::{API_GROUP, MAX_POOL_NAME_LEN, Proxy, ProxyPool};
+use crate::domain::store::pool_key;
 
 /// API version of Proxy documents.
 const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
@@ -453,7 +453,7 @@ fn is_dns_subdomain(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::Mode;
+    use crate::domain::resource::Mode;
 
     const TWO: &str = "\
 apiVersion: crawl.example.com/v1alpha1

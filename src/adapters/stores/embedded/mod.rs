@@ -20,13 +20,13 @@ use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::mpsc;
 
-use crate::credentials::ProxyCredentials;
-use crate::resource::ObjectKey;
-use crate::resource::{
+use crate::domain::credentials::ProxyCredentials;
+use crate::domain::resource::ObjectKey;
+use crate::domain::resource::{
     CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SPEC_HASH_ANNOTATION,
     SecretKeyRef,
 };
-use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
+use crate::domain::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 pub use database::{Database, DatabaseError};
 pub use lease_log::{LEASES_DIR, LeaseLog};
@@ -92,7 +92,7 @@ fn load_pools(db: &Database) -> Result<BTreeMap<ObjectKey, ProxyPool>, DatabaseE
     Ok(db
         .load_pools()?
         .into_iter()
-        .map(|p| (crate::store::pool_key(&p), p))
+        .map(|p| (crate::domain::store::pool_key(&p), p))
         .collect())
 }
 
@@ -187,8 +187,8 @@ impl EmbeddedStore {
     /// [`Database::installation_id`]).
     pub fn installation_id(
         &self,
-        configured: Option<&crate::installation::InstallationId>,
-    ) -> Result<crate::installation::InstallationId, EmbeddedStoreError> {
+        configured: Option<&crate::domain::installation::InstallationId>,
+    ) -> Result<crate::domain::installation::InstallationId, EmbeddedStoreError> {
         Ok(self.lock().db.installation_id(configured)?)
     }
 
@@ -297,7 +297,7 @@ impl EmbeddedStore {
                     p.metadata
                         .annotations
                         .as_ref()
-                        .and_then(|a| a.get(crate::resource::RETIRING_ANNOTATION).cloned())
+                        .and_then(|a| a.get(crate::domain::resource::RETIRING_ANNOTATION).cloned())
                 };
                 relabelled = retiring(&next) != retiring(current)
                     || next.metadata.deletion_timestamp != current.metadata.deletion_timestamp;

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::pool::{new_member, template_hash};
+use crate::domain::pool::{new_member, template_hash};
 
 fn pool(name: &str, replicas: u32) -> ProxyPool {
     serde_json::from_value(json!({
@@ -19,7 +19,7 @@ fn pools(declared: &[ProxyPool]) -> ManifestSet {
     ManifestSet {
         pools: declared
             .iter()
-            .map(|p| (crate::store::pool_key(p), p.clone()))
+            .map(|p| (crate::domain::store::pool_key(p), p.clone()))
             .collect(),
         ..Default::default()
     }
@@ -69,7 +69,7 @@ async fn members_outlive_manifest_scans_and_restarts_and_go_with_their_pool() {
 
     // Retiring is an annotation change: the member's actor hears of it.
     store
-        .set_annotation(&key, &uid, crate::resource::RETIRING_ANNOTATION, Some("x"))
+        .set_annotation(&key, &uid, crate::domain::resource::RETIRING_ANNOTATION, Some("x"))
         .await
         .unwrap();
     assert_eq!(drain(&mut rx), vec![StoreEvent::Changed(key.clone())]);

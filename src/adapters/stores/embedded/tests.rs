@@ -1,7 +1,7 @@
 //! The embedded store plays the API server's part: these pin its semantics.
 
 use super::*;
-use crate::resource::{Proxy, SecretKeyRef};
+use crate::domain::resource::{Proxy, SecretKeyRef};
 use serde_json::json;
 
 fn proxy(name: &str, provider: &str) -> Proxy {
@@ -164,7 +164,7 @@ async fn cloud_init_comes_only_from_labelled_secrets_and_rotation_triggers_a_rec
     let dir = tempfile::tempdir().unwrap();
     let (store, mut rx) = EmbeddedStore::open(dir.path()).unwrap();
     let mut p = proxy("a", "p");
-    p.spec.cloud_init = Some(crate::resource::CloudInit {
+    p.spec.cloud_init = Some(crate::domain::resource::CloudInit {
         inline: None,
         secret_ref: Some(SecretKeyRef {
             name: "ci".into(),
@@ -285,7 +285,7 @@ fn the_installation_id_is_generated_once_and_kept() {
         "kept across restarts"
     );
     // A configured id wins, and is kept from then on.
-    let configured = crate::installation::InstallationId::parse("prod-eu").unwrap();
+    let configured = crate::domain::installation::InstallationId::parse("prod-eu").unwrap();
     assert_eq!(store.installation_id(Some(&configured)).unwrap(), configured);
     assert_eq!(store.installation_id(None).unwrap(), configured);
     let other = tempfile::tempdir().unwrap();
@@ -475,7 +475,7 @@ async fn status_is_stored_without_a_sync_and_every_other_write_with_one() {
     assert_eq!(store.lock().db.synchronous(), full);
 
     let status = ProxyStatus {
-        phase: Some(crate::resource::Phase::Running),
+        phase: Some(crate::domain::resource::Phase::Running),
         ..Default::default()
     };
     store.write_status(&k("a"), &uid, &status).await.unwrap();
@@ -487,14 +487,14 @@ async fn status_is_stored_without_a_sync_and_every_other_write_with_one() {
     let stored = read_snapshot(dir.path()).unwrap();
     assert_eq!(
         stored[0].status.as_ref().and_then(|s| s.phase),
-        Some(crate::resource::Phase::Running)
+        Some(crate::domain::resource::Phase::Running)
     );
     drop(store);
     let (reopened, _rx) = EmbeddedStore::open(dir.path()).unwrap();
     let a = reopened.get(&k("a")).await.unwrap().unwrap();
     assert_eq!(
         a.status.and_then(|s| s.phase),
-        Some(crate::resource::Phase::Running)
+        Some(crate::domain::resource::Phase::Running)
     );
     assert!(a.metadata.finalizers.is_some_and(|f| !f.is_empty()));
 }

@@ -23,9 +23,9 @@ use crate::adapters::gateway::phases::judge::Seen;
 use crate::adapters::gateway::phases::log::{ExchangeOutcome, meter};
 use crate::adapters::gateway::upstream::{Connection, UpstreamPool, authorize, open};
 use crate::adapters::gateway::upstream_identity::{Author, author, strip_proxy_headers};
-use crate::config::BODY_SCAN_LIMIT;
-use crate::forward_proxy::body::{BodyWatch, ProxyBody, read_up_to};
-use crate::forward_proxy::request::drop_hop_by_hop;
+use crate::domain::config::BODY_SCAN_LIMIT;
+use crate::adapters::forward_proxy::body::{BodyWatch, ProxyBody, read_up_to};
+use crate::adapters::forward_proxy::request::drop_hop_by_hop;
 
 /// A plain request on its way: its head for the next hop, its body kept
 /// whole (it can be sent again) or streamed once.

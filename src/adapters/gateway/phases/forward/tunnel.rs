@@ -27,9 +27,9 @@ use crate::adapters::gateway::phases::judge::Seen;
 use crate::adapters::gateway::phases::log::{ExchangeOutcome, Transferred, meter};
 use crate::adapters::gateway::upstream::{Connection, open};
 use crate::adapters::gateway::{GatewayError, Upstream};
-use crate::forward_proxy::body::ProxyBody;
-use crate::forward_proxy::tunnel::{Splice, Tally, established, splice};
-use crate::forward_proxy::zero_copy::Way;
+use crate::adapters::forward_proxy::body::ProxyBody;
+use crate::adapters::forward_proxy::tunnel::{Splice, Tally, established, splice};
+use crate::adapters::forward_proxy::zero_copy::Way;
 
 /// How long a tunnel stays once one side has closed: a side that closed is
 /// done with it, and the lease must not wait on the other.

@@ -3,8 +3,8 @@ use std::time::{Duration, Instant};
 use std::io::Write;
 
 use super::*;
-use crate::lease::ProxyTally;
-use crate::resource::ObjectKey;
+use crate::domain::lease::ProxyTally;
+use crate::domain::resource::ObjectKey;
 use std::fs::OpenOptions;
 
 fn key(name: &str) -> ObjectKey {

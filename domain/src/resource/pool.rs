@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use egress_proxies_telemetry::events::PoolFigures;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -262,6 +264,19 @@ pub struct ProxyPoolStatus {
     /// while another address is free until the blocked rest ends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined_addresses: Vec<QuarantinedAddress>,
+}
+
+impl ProxyPoolStatus {
+    /// The member counts this status reports, for the pool's metrics.
+    pub fn figures(&self) -> PoolFigures {
+        PoolFigures {
+            desired: self.desired_replicas.unwrap_or_default(),
+            replicas: self.replicas,
+            ready: self.ready,
+            leased: self.leased,
+            rotating: self.rotating,
+        }
+    }
 }
 
 /// An outgoing address a member was blocked on.

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::telemetry::otel::record_ids;
+use egress_proxies_telemetry::otel::record_ids;
 
 use super::{CreateRequest, ErrorClass, Instance, LeftoverSweep, Provider, ProviderError, ProviderId};
 

@@ -146,8 +146,9 @@ impl Tracer {
 /// Builds the tracer provider for `exporter` and installs the W3C
 /// propagator. Keep it: [`Tracer::shutdown`] flushes.
 pub fn tracer(exporter: TracesExporter) -> Result<Tracer, OtelError> {
-    // The OTLP HTTP client is rustls without a built-in provider: ours (ring) first.
-    crate::tls::ensure_crypto_provider();
+    // The OTLP HTTP client is rustls without a built-in provider: ours (ring)
+    // first. An error means one is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let builder = SdkTracerProvider::builder().with_resource(resource());
     let mut runtime = None;
     let provider = match exporter {

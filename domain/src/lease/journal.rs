@@ -102,12 +102,6 @@ pub struct LeaseSnapshot {
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     #[error("lease journal {path}: {source}")]
-    Sqlite {
-        path: String,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("lease journal {path}: {source}")]
     Io {
         path: String,
         #[source]

@@ -102,7 +102,7 @@ pub struct PoolLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolReasonLabels {
     pub pool: String,
-    /// A [`crate::pool::RetireReason`]: `blocked`, `errors`, `template`, `age`, `scale-down`.
+    /// A pool retirement reason (the domain's `pool::RetireReason`): `blocked`, `errors`, `template`, `age`, `scale-down`.
     pub reason: String,
 }
 
@@ -155,7 +155,7 @@ pub struct KubeApiLabels {
     /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`, `other`.
     pub verb: &'static str,
     /// The plural resource name, with a subresource (`proxies/status`);
-    /// `discovery` or `other` ([`crate::kube_client::ApiRequest`]).
+    /// `discovery` or `other` (the Kubernetes client's `ApiRequest`).
     pub resource: String,
     /// The HTTP status, or `error` when no answer came.
     pub code: String,
@@ -163,7 +163,7 @@ pub struct KubeApiLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KubeWaitLabel {
-    /// `budget`, `retry_after` or `backoff` ([`crate::kube_client::WaitSource`]).
+    /// `budget`, `retry_after` or `backoff` (the Kubernetes client's `WaitSource`).
     pub reason: &'static str,
 }
 

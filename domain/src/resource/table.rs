@@ -1,7 +1,10 @@
 //! The `kubectl get px` and `kubectl get pp` tables, for
-//! `egress-proxies-operator get proxies` and `get pools`.
+//! `egress-proxies-operator get proxies` and `get pools`, and the gateway's
+//! `get sites` table.
 
 use jiff::Timestamp;
+
+use egress_proxies_telemetry::gateway_stats::SiteSummary;
 
 use super::{Proxy, ProxyPool};
 
@@ -110,6 +113,45 @@ pub fn aligned(rows: Vec<Vec<String>>) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `get sites`: SITE REQUESTS FIRST-TRY PROXIES AVOIDED, aligned like
+/// kubectl; each proxy with its recent success rate, the best first.
+pub fn site_table(sites: &[SiteSummary]) -> String {
+    let mut rows = vec![
+        ["SITE", "REQUESTS", "FIRST-TRY", "PROXIES", "AVOIDED"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    for site in sites {
+        let percent = |rate: f64| format!("{:.0}%", rate * 100.0);
+        let first_try = if site.requests == 0 {
+            "-".to_owned()
+        } else {
+            percent(site.first_try_served as f64 / site.requests as f64)
+        };
+        let listed = |avoided: bool| {
+            let names: Vec<String> = site
+                .proxies
+                .iter()
+                .filter(|p| p.avoided == avoided)
+                .map(|p| format!("{}={}", p.proxy, percent(p.success_rate)))
+                .collect();
+            if names.is_empty() {
+                "-".to_owned()
+            } else {
+                names.join(",")
+            }
+        };
+        rows.push(vec![
+            site.site.clone(),
+            site.requests.to_string(),
+            first_try,
+            listed(false),
+            listed(true),
+        ]);
+    }
+    aligned(rows)
 }
 
 /// kubectl's short ages: 45s, 12m, 3h, 5d.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{CreateRequest, Instance, LeftoverSweep, Provider, ProviderError, ProviderId};
-use crate::telemetry::events::ProviderCallCompleted;
+use egress_proxies_telemetry::events::ProviderCallCompleted;
 
 pub struct Instrumented {
     inner: Arc<dyn Provider>,

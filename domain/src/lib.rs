@@ -3,6 +3,9 @@
 //! through, the provider contract and the object store. Nothing here
 //! imports an adapter (`tests/layout.rs` checks it); what talks to the
 //! world lives in [`crate::adapters`].
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+// Dependencies the crate does not use (dev-dependencies only count for tests).
+#![cfg_attr(not(test), warn(unused_crate_dependencies))]
 
 pub mod config;
 pub mod credentials;

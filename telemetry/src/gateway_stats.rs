@@ -87,45 +87,6 @@ pub struct SiteProxy {
     pub avoided: bool,
 }
 
-/// `get sites`: SITE REQUESTS FIRST-TRY PROXIES AVOIDED, aligned like
-/// kubectl; each proxy with its recent success rate, the best first.
-pub fn site_table(sites: &[SiteSummary]) -> String {
-    let mut rows = vec![
-        ["SITE", "REQUESTS", "FIRST-TRY", "PROXIES", "AVOIDED"]
-            .map(str::to_owned)
-            .to_vec(),
-    ];
-    for site in sites {
-        let percent = |rate: f64| format!("{:.0}%", rate * 100.0);
-        let first_try = if site.requests == 0 {
-            "-".to_owned()
-        } else {
-            percent(site.first_try_served as f64 / site.requests as f64)
-        };
-        let listed = |avoided: bool| {
-            let names: Vec<String> = site
-                .proxies
-                .iter()
-                .filter(|p| p.avoided == avoided)
-                .map(|p| format!("{}={}", p.proxy, percent(p.success_rate)))
-                .collect();
-            if names.is_empty() {
-                "-".to_owned()
-            } else {
-                names.join(",")
-            }
-        };
-        rows.push(vec![
-            site.site.clone(),
-            site.requests.to_string(),
-            first_try,
-            listed(false),
-            listed(true),
-        ]);
-    }
-    crate::resource::aligned(rows)
-}
-
 #[derive(Default)]
 pub struct GatewayStats {
     requests: AtomicU64,

@@ -23,4 +23,4 @@ pub use pool::*;
 pub use probe_duration::DurationError;
 pub use spec::*;
 pub use status::*;
-pub use table::{aligned, pool_table, proxy_table};
+pub use table::{aligned, pool_table, proxy_table, site_table};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::destinations::{DestinationRules, IpNet};
-use crate::listener_limits::UnauthenticatedLimits;
+use crate::config::UnauthenticatedLimits;
 
 /// Validated gateway settings.
 #[derive(Clone, Debug, PartialEq)]

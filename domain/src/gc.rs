@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use crate::installation::InstallationId;
 use crate::provider::{Instance, ProviderId, Providers};
 use crate::store::ProxyStore;
-use crate::telemetry::events::SweepFigures;
+use egress_proxies_telemetry::events::SweepFigures;
 
 /// Whose instances a sweep may reap.
 #[derive(Clone, Debug)]

@@ -15,7 +15,6 @@ use super::metrics::{
     PoolReasonLabels, ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel,
     ReplacementLabels, ResultLabel, RpcLabel, metrics,
 };
-use crate::resource::ProxyPoolStatus;
 
 /// A provider call returned.
 pub struct ProviderCallCompleted<'a> {
@@ -564,8 +563,18 @@ impl PoolMemberDeleted<'_> {
 /// capacity since its previous turn.
 pub struct PoolTurnCompleted<'a> {
     pub pool: &'a str,
-    pub status: Option<&'a ProxyPoolStatus>,
+    pub status: Option<PoolFigures>,
     pub denied: u32,
+}
+
+/// The member counts a pool's status reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolFigures {
+    pub desired: u32,
+    pub replicas: u32,
+    pub ready: u32,
+    pub leased: u32,
+    pub rotating: u32,
 }
 
 impl PoolTurnCompleted<'_> {
@@ -586,7 +595,7 @@ impl PoolTurnCompleted<'_> {
         let Some(s) = self.status else {
             return;
         };
-        let desired = s.desired_replicas.unwrap_or_default();
+        let desired = s.desired;
         // Every second per pool: trace level, as probes.
         tracing::trace!(
             pool = self.pool,
@@ -910,7 +919,7 @@ impl GatewayBlocked<'_> {
 
 /// A proxy listener answered a connection that had not authenticated and
 /// closed it (docs/security.md, "Hostile clients").
-pub struct ConnectionRefused<'a> {
+pub struct ConnectionRefused {
     pub listener: &'static str,
     pub reason: &'static str,
     pub status: u16,
@@ -921,10 +930,12 @@ pub struct ConnectionRefused<'a> {
     pub log: Option<u64>,
     /// Bytes of the head budget left.
     pub budget_left: usize,
-    pub limits: &'a crate::listener_limits::UnauthenticatedLimits,
+    /// The listener's head budget and connections-per-source cap, in bytes and connections.
+    pub head_budget: usize,
+    pub connections_per_source: usize,
 }
 
-impl ConnectionRefused<'_> {
+impl ConnectionRefused {
     pub fn emit(self) {
         if let Some(unlogged) = self.log {
             let what = match self.reason {
@@ -943,8 +954,8 @@ impl ConnectionRefused<'_> {
                 peer = %self.peer,
                 moreSinceLastReport = unlogged,
                 headBudgetLeft = self.budget_left,
-                headBudget = self.limits.head_budget,
-                connectionsPerSource = self.limits.connections_per_source,
+                headBudget = self.head_budget,
+                connectionsPerSource = self.connections_per_source,
                 "{what}"
             );
         }
@@ -1019,15 +1030,14 @@ mod tests {
             member: "events-test/eu-bcdfg",
         }
         .emit();
-        let status = ProxyPoolStatus {
+        let status = PoolFigures {
             replicas: 3,
             ready: 2,
             leased: 5,
             rotating: 1,
-            desired_replicas: Some(2),
-            ..Default::default()
+            desired: 2,
         };
-        for (status, denied) in [(Some(&status), 2), (None, 1)] {
+        for (status, denied) in [(Some(status), 2), (None, 1)] {
             PoolTurnCompleted { pool, status, denied }.emit();
         }
         let got = series(pool);

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::provider::Provider;
 use crate::resource::{ObjectKey, SPEC_HASH_ANNOTATION};
-use crate::telemetry::events::{InstanceLost, InstanceReplaced};
+use egress_proxies_telemetry::events::{InstanceLost, InstanceReplaced};
 
 use super::decide::{Action, Notice, Plan};
 use super::status::StatusDraft;

@@ -9,6 +9,7 @@
 //!     kvm: { ... }            # the block named after the type
 //! ```
 
+mod bind_address;
 mod gateway;
 mod gcp;
 mod kubernetes;
@@ -17,6 +18,7 @@ mod local;
 mod outgoing_addresses;
 mod problems;
 mod standalone;
+mod unauthenticated_limits;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,6 +26,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use bind_address::{BindAddress, BindAddressError};
 pub use gateway::{BODY_SCAN_LIMIT, BlockRule, GatewaySettings, GatewaySettingsError, SiteLearningSettings};
 pub use gcp::GcpConfig;
 pub use kubernetes::{DEFAULT_SQUID_IMAGE, KubernetesConfig};
@@ -35,6 +38,7 @@ pub use local::{DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImp
 pub use outgoing_addresses::{OutgoingAddressError, OutgoingNetwork};
 pub use problems::{IDENTIFIER_RULE, Problem, is_identifier};
 pub use standalone::{StandaloneConfig, StandaloneConfigError};
+pub use unauthenticated_limits::UnauthenticatedLimits;
 
 use problems::Problems;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::bind_address::BindAddress;
+use crate::config::BindAddress;
 use crate::installation::InstallationId;
 
 /// Settings of `egress-proxies-operator standalone`.
