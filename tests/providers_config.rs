@@ -432,8 +432,10 @@ fn local_and_kubernetes_blocks_may_be_omitted() {
 #[test]
 fn the_shipped_samples_are_valid() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let config =
-        ProvidersConfig::load(std::path::Path::new(&format!("{root}/config/providers.yaml"))).unwrap();
+    let config = egress_proxies::adapters::config_files::providers_config(std::path::Path::new(&format!(
+        "{root}/config/providers.yaml"
+    )))
+    .unwrap();
     let kinds: Vec<&str> = config.providers.iter().map(|p| p.settings.kind()).collect();
     assert_eq!(kinds, ["kubernetes", "gcp", "kvm", "local"]);
 }

@@ -68,7 +68,8 @@ fn kvm() -> impl Strategy<Value = KvmConfig> {
                 install_guest_agent: !insecure,
                 images,
                 allow_image_urls: insecure,
-                max_image_size_gb: egress_proxies::domain::config::DEFAULT_MAX_IMAGE_SIZE_GB + disk_size_gb % 100,
+                max_image_size_gb: egress_proxies::domain::config::DEFAULT_MAX_IMAGE_SIZE_GB
+                    + disk_size_gb % 100,
                 machine_types: machine_types
                     .into_iter()
                     .map(|(k, (vcpus, memory_mib))| (k, MachineType { vcpus, memory_mib }))

@@ -27,8 +27,11 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use egress_proxies::domain::credentials::{ProxyCredentials, htpasswd_line, write_credentials_file};
-use egress_proxies::domain::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, squid_rules};
+use egress_proxies::adapters::stores::credentials_file::write_credentials_file;
+use egress_proxies::domain::credentials::{ProxyCredentials, htpasswd_line};
+use egress_proxies::domain::destinations::{
+    DestinationEntry, DestinationPolicy, DestinationRules, squid_rules,
+};
 use egress_proxies::domain::provider::squid_auth::auth_section;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};

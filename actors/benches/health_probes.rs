@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use egress_proxies::domain::health::{CheckSpec, ProbeTarget, Thresholds};
 use egress_proxies::adapters::probe::Prober;
+use egress_proxies::domain::health::{CheckSpec, ProbeTarget, Thresholds};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies_operator::health_prober::HealthVerdict;
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads, Watch};

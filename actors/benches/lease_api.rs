@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::domain::lease::{Availability, LeaseLimits, LeaseSettings};
-use egress_proxies::rate_limit::RateLimits;
 use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::rate_limit::RateLimits;
 use egress_proxies_operator::discovery;
 use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
 use tokio::net::TcpStream;

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use egress_proxies::adapters::guarded_listener::ListenerSettings;
 use egress_proxies::domain::config::BindAddress;
 use egress_proxies::domain::destinations::{
     DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr,
 };
-use egress_proxies::adapters::guarded_listener::ListenerSettings;
 use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::telemetry::LogFormat;
 

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::domain::config::GatewaySettings;
-use egress_proxies::domain::destinations::{DestinationPolicy, IpNet};
 use egress_proxies::adapters::gateway::{self, Ask, GatewayError, Leases, Options, Upstream, Waiting};
 use egress_proxies::adapters::guarded_listener::ListenerSettings;
+use egress_proxies::domain::config::GatewaySettings;
+use egress_proxies::domain::destinations::{DestinationPolicy, IpNet};
 use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;

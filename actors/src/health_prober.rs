@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use actix::WeakRecipient;
 use actix::prelude::*;
-use egress_proxies::domain::health::{HealthState, LatencyRule, ProbeTarget, RecordedVerdict, Sample};
 use egress_proxies::adapters::probe::{ProbeFailure, ProbeResult, Prober};
+use egress_proxies::domain::health::{HealthState, LatencyRule, ProbeTarget, RecordedVerdict, Sample};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::telemetry::events::ProbeCompleted;
 use futures::FutureExt;

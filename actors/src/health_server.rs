@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix_web::{App, HttpResponse, HttpServer, dev::Server, get, web};
-use egress_proxies::file_limit;
 use egress_proxies::adapters::leader::Tenure;
+use egress_proxies::file_limit;
 use egress_proxies::listener_limits::{Listener, ListenerLimits};
 
 /// Whether the operator is ready (for standalone: started; with leader

@@ -204,7 +204,7 @@ impl LeaseStore {
 
     pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits) -> Self {
         Self::holding(Ledger {
-            book: LeaseBook::with_limits(settings, limits),
+            book: LeaseBook::with_limits(settings, limits, egress_proxies::adapters::clock::now()),
             stats: LeaseStats::default(),
             recent_denials: std::collections::VecDeque::new(),
             journal: None,

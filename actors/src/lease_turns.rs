@@ -356,11 +356,14 @@ mod tests {
     use egress_proxies::domain::lease::LeaseSettings;
 
     fn book(proxies: &[&str]) -> LeaseBook {
-        let mut book = LeaseBook::new(LeaseSettings {
-            capacity: 1,
-            cooldown: Duration::ZERO,
-            ..Default::default()
-        });
+        let mut book = LeaseBook::new(
+            LeaseSettings {
+                capacity: 1,
+                cooldown: Duration::ZERO,
+                ..Default::default()
+            },
+            egress_proxies::adapters::clock::now(),
+        );
         for p in proxies {
             book.upsert(ready(p), Instant::now());
         }

@@ -5,8 +5,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use egress_proxies::domain::config::ProvidersConfig;
-use egress_proxies::domain::resource::{ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table};
+use egress_proxies::adapters::config_files;
+use egress_proxies::domain::resource::{
+    ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table,
+};
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
 use egress_proxies_operator::cli::{self, Cli, Command, LoggingArgs, RunArgs};
 use egress_proxies_operator::{operator, standalone, system};
@@ -111,7 +113,7 @@ fn print_crd(kind: egress_proxies::domain::resource::CrdKind) -> ExitCode {
 }
 
 fn validate_config(file: &Path) -> ExitCode {
-    match ProvidersConfig::load(file) {
+    match config_files::providers_config(file) {
         Ok(config) => {
             let names: Vec<String> = config
                 .providers
@@ -185,9 +187,7 @@ fn get_sites(config: &Path, output: cli::Output) -> ExitCode {
     };
     let text = match output {
         cli::Output::Table | cli::Output::Wide if sites.is_empty() => Ok("No sites learnt yet.\n".to_owned()),
-        cli::Output::Table | cli::Output::Wide => {
-            Ok(egress_proxies::domain::resource::site_table(&sites))
-        }
+        cli::Output::Table | cli::Output::Wide => Ok(egress_proxies::domain::resource::site_table(&sites)),
         cli::Output::Yaml => serde_saphyr::to_string(&sites).map_err(|e| e.to_string()),
         cli::Output::Json => serde_json::to_string_pretty(&sites)
             .map(|json| json + "\n")
@@ -236,9 +236,11 @@ fn forward_proxy(
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
-    match credentials_file.map(egress_proxies::domain::credentials::read_credentials_file) {
+    match credentials_file.map(egress_proxies::adapters::stores::credentials_file::read_credentials_file) {
         Some(Ok(credentials)) => {
-            options.auth = Some(egress_proxies::domain::credentials::BasicAuthorization::of(&credentials));
+            options.auth = Some(egress_proxies::domain::credentials::BasicAuthorization::of(
+                &credentials,
+            ));
             // Its 407 names the credentials' own realm, as a local Squid's does.
             options.realm = Some(credentials.realm());
         }
@@ -285,7 +287,8 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         Ok(tokens) => tokens,
         Err(e) => return fail(e),
     };
-    if tokens.is_open() && args.discovery_bind_address != egress_proxies::domain::config::BindAddress::Disabled
+    if tokens.is_open()
+        && args.discovery_bind_address != egress_proxies::domain::config::BindAddress::Disabled
     {
         if !args.insecure_discovery_without_token {
             return fail(

@@ -13,16 +13,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::domain::config::BindAddress;
-use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
-use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::providers::BuildContext;
-use egress_proxies::domain::store::{PoolStore, ProxyStore};
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
 use egress_proxies::adapters::stores::lease_checkpoint::{CheckpointJournal, Writer};
 use egress_proxies::adapters::stores::{FencedPools, FencedStore, installation};
+use egress_proxies::domain::config::BindAddress;
+use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
+use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::domain::store::{PoolStore, ProxyStore};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -101,7 +102,7 @@ struct Gateway {
 
 /// Runs until SIGTERM (Ok) or a lost leadership (Err).
 pub fn run(options: Options) -> Result<(), OperatorError> {
-    let providers_config = ProvidersConfig::load(&options.providers_config)?;
+    let providers_config = config_files::providers_config(&options.providers_config)?;
     let prober = Prober::new(options.health_ca_file.as_deref())?;
     let health_listener = system::bind(options.health_probe_bind_address)?;
     let metrics_listener = system::bind(options.metrics_bind_address)?;
@@ -123,10 +124,12 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
 /// fail the start.
 fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
     let settings = match &options.gateway_config {
-        Some(path) => GatewaySettings::load(path).map_err(|source| OperatorError::GatewayConfig {
-            path: path.display().to_string(),
-            source,
-        })?,
+        Some(path) => {
+            config_files::gateway_settings(path).map_err(|source| OperatorError::GatewayConfig {
+                path: path.display().to_string(),
+                source,
+            })?
+        }
         None => GatewaySettings::default(),
     };
     let Some(listener) = system::bind(options.gateway_bind_address)? else {
@@ -162,7 +165,10 @@ async fn operate(
         gcp: options.gcp.clone(),
         cluster_networks: options.cluster_networks.clone(),
     };
-    let providers = Arc::new(egress_proxies::adapters::providers::build(&providers_config, &build)?);
+    let providers = Arc::new(egress_proxies::adapters::providers::build(
+        &providers_config,
+        &build,
+    )?);
     tracing::info!(
         namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
         providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"

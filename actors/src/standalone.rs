@@ -5,9 +5,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use egress_proxies::domain::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
+use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::providers::{BuildContext, BuildError};
-use egress_proxies::adapters::stores::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
+use egress_proxies::adapters::stores::embedded::{
+    self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir,
+};
+use egress_proxies::domain::config::{ConfigError, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -45,8 +48,8 @@ pub enum StandaloneError {
 /// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
 /// are re-adopted at the next start.
 pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
-    let config = StandaloneConfig::load(config_path)?;
-    let providers_config = ProvidersConfig::load(&config.providers_config)?;
+    let config = config_files::standalone_config(config_path)?;
+    let providers_config = config_files::providers_config(&config.providers_config)?;
     if !config.manifests.is_dir() {
         return Err(StandaloneError::NoManifests(
             config.manifests.display().to_string(),
@@ -189,7 +192,7 @@ pub fn lease_settings(config: &StandaloneConfig) -> egress_proxies::domain::leas
 
 /// The stored proxies, read without disturbing a running operator.
 pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::domain::resource::Proxy>, String> {
-    let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
+    let config = config_files::standalone_config(config_path).map_err(|e| e.to_string())?;
     if !config.state_dir.join(embedded::DATABASE_FILE).exists() {
         return Ok(Vec::new());
     }
@@ -202,7 +205,7 @@ pub fn snapshot(config_path: &Path) -> Result<Vec<egress_proxies::domain::resour
 pub fn sites(
     config_path: &Path,
 ) -> Result<Vec<egress_proxies::telemetry::gateway_stats::SiteSummary>, String> {
-    let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
+    let config = config_files::standalone_config(config_path).map_err(|e| e.to_string())?;
     let egress_proxies::domain::config::BindAddress::Listen(mut addr) = config.discovery_bind_address else {
         return Err("the discovery API is disabled (discoveryBindAddress: 0)".into());
     };
@@ -252,7 +255,7 @@ async fn dashboard_data(addr: std::net::SocketAddr, token: Option<&str>) -> Resu
 
 /// The stored pools, read without disturbing a running operator.
 pub fn pool_snapshot(config_path: &Path) -> Result<Vec<egress_proxies::domain::resource::ProxyPool>, String> {
-    let config = StandaloneConfig::load(config_path).map_err(|e| e.to_string())?;
+    let config = config_files::standalone_config(config_path).map_err(|e| e.to_string())?;
     if !config.state_dir.join(embedded::DATABASE_FILE).exists() {
         return Ok(Vec::new());
     }

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::adapters::leader::Tenure;
+use egress_proxies::adapters::probe::Prober;
+use egress_proxies::adapters::stores::FencedStore;
 use egress_proxies::domain::gc::Scope;
 use egress_proxies::domain::installation::InstallationId;
-use egress_proxies::adapters::leader::Tenure;
 use egress_proxies::domain::lease::LeaseSettings;
-use egress_proxies::adapters::probe::Prober;
 use egress_proxies::domain::provider::Providers;
 use egress_proxies::domain::reconcile;
 use egress_proxies::domain::store::{ProxyStore, StoreEvent};
-use egress_proxies::adapters::stores::FencedStore;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
@@ -83,10 +83,11 @@ pub fn start(
     let ctx = reconcile::Context {
         store: store.clone(),
         providers: providers.clone(),
-        now: jiff::Timestamp::now,
+        now: egress_proxies::adapters::clock::now,
         replacement: Default::default(),
         installation: installation.clone(),
         external_endpoints: settings.external_endpoints.clone(),
+        names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
     };
     let scope = Scope {
         installation,

@@ -10,10 +10,10 @@ mod support;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
 use egress_proxies::domain::destinations::DestinationRules;
 use egress_proxies::domain::provider::{CreateRequest, InstanceState, Provider, instance_name};
-use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::domain::resource::Placement;
 use support::address_bed::AddressBed;
 use support::eventually;

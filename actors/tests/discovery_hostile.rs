@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::domain::lease::{Availability, Footprint, LeaseLimits, LeaseSettings};
-use egress_proxies::rate_limit::RateLimits;
 use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::rate_limit::RateLimits;
 use egress_proxies_operator::discovery::{self, Limiter};
 use egress_proxies_operator::lease_store::{GetLeaseFootprint, LeaseStore, UpdateAvailability};
 use serde_json::{Value, json};

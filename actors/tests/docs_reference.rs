@@ -48,7 +48,6 @@ use config_facts::{
     load_standalone, objects,
 };
 use crd_facts::{field_path, rejections, span_names};
-use egress_proxies::domain::config::StandaloneConfig;
 use egress_proxies_operator::cli::Cli;
 use markdown::{Page, repo_root, user_docs};
 use metric_names::{metric_names, registered_metrics, sample_names};
@@ -297,7 +296,7 @@ fn yaml_blocks(page: &Page) -> impl Iterator<Item = &markdown::CodeBlock> {
 
 /// Providers configuration examples parse with `ProvidersConfig::parse`,
 /// what `validate-config` runs; standalone configurations (a top-level
-/// `providersConfig:`) load with `StandaloneConfig::load`, what
+/// `providersConfig:`) load with `config_files::standalone_config`, what
 /// `standalone` runs.
 #[test]
 fn configuration_examples_parse_with_the_operators_parsers() {
@@ -320,7 +319,7 @@ fn configuration_examples_parse_with_the_operators_parsers() {
                     checked += 1;
                     let file = dir.path().join("standalone.yaml");
                     std::fs::write(&file, &text).expect("a writable temporary file");
-                    if let Err(e) = StandaloneConfig::load(&file) {
+                    if let Err(e) = egress_proxies::adapters::config_files::standalone_config(&file) {
                         wrong.push(format!("{at}: {e}"));
                     }
                 } else if let Some(problems) = config_problems(document, &text, &at) {

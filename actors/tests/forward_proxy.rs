@@ -15,7 +15,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use egress_proxies::domain::credentials::{ProxyCredentials, write_credentials_file};
+use egress_proxies::adapters::stores::credentials_file::write_credentials_file;
+use egress_proxies::domain::credentials::ProxyCredentials;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use support::process::{Killed, free_port};

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::gc;
-use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers};
+use egress_proxies::domain::provider::{ErrorClass, Op, Provider};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::Proxy;
 use egress_proxies::domain::store::ProxyStore;
-use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::gc_sweeper::{GcSweeper, SweepNow};
 use serde_json::json;
 use support::scripted_provider::{Call, ScriptedProvider};
@@ -82,7 +82,7 @@ async fn reaps_old_orphans_and_spares_live_deleting_and_young_instances() {
     sim.plant("proxy-going", &uids[1], HOUR);
     sim.plant("proxy-orphan", "uid-of-a-deleted-proxy", HOUR);
     sim.plant("proxy-in-flight", "uid-not-yet-visible", Duration::from_secs(5));
-    let providers = Providers::from_providers([sim.clone() as Arc<dyn Provider>]);
+    let providers = egress_proxies::adapters::providers::decorated([sim.clone() as Arc<dyn Provider>]);
 
     let report = gc::sweep(
         store.as_ref(),
@@ -113,7 +113,7 @@ async fn a_provider_that_cannot_list_is_skipped_and_failed_deletes_are_not_count
     flaky.plant("proxy-y", "gone-uid-2", HOUR);
     flaky.plant("proxy-z", "gone-uid-3", HOUR);
     flaky.fail(Op::Delete, ErrorClass::Transient, 1);
-    let providers = Providers::from_providers([
+    let providers = egress_proxies::adapters::providers::decorated([
         broken.clone() as Arc<dyn Provider>,
         flaky.clone() as Arc<dyn Provider>,
     ]);
@@ -162,7 +162,9 @@ async fn the_sweeper_actor_sweeps_on_demand_and_on_its_interval() {
     let (store, _dir, _) = store_with(&[]).await;
     let sim = Arc::new(ScriptedProvider::new("sim", 0, 0));
     sim.plant("proxy-a", "dead", HOUR);
-    let providers = Arc::new(Providers::from_providers([sim.clone() as Arc<dyn Provider>]));
+    let providers = Arc::new(egress_proxies::adapters::providers::decorated([
+        sim.clone() as Arc<dyn Provider>
+    ]));
     let sweeper = GcSweeper::new(
         store.clone(),
         providers,
@@ -203,7 +205,9 @@ async fn a_sweep_that_could_not_finish_is_counted_as_incomplete_with_its_failed_
     flaky.plant("proxy-m1", "gone-m1", HOUR);
     flaky.plant("proxy-m2", "gone-m2", HOUR);
     flaky.fail(Op::Delete, ErrorClass::Transient, 1);
-    let providers = Arc::new(Providers::from_providers([flaky.clone() as Arc<dyn Provider>]));
+    let providers = Arc::new(egress_proxies::adapters::providers::decorated([
+        flaky.clone() as Arc<dyn Provider>
+    ]));
     let sweeper = GcSweeper::new(store.clone(), providers, scope(None), HOUR, GRACE).start();
     let first = sweeper.send(SweepNow).await.unwrap().expect("a sweep ran");
     assert_eq!((first.deleted, first.failed_deletes), (1, 1));
@@ -236,9 +240,11 @@ async fn reaps_only_this_installations_instances_in_scope() {
         HOUR,
     );
     sim.plant("proxy-released", "dead-5", HOUR);
-    sim.release(&egress_proxies::domain::provider::ProviderId("sim/proxy-released".into()))
-        .await
-        .unwrap();
+    sim.release(&egress_proxies::domain::provider::ProviderId(
+        "sim/proxy-released".into(),
+    ))
+    .await
+    .unwrap();
     sim.plant_owned(
         "proxy-released-listed",
         "dead-6",
@@ -247,7 +253,7 @@ async fn reaps_only_this_installations_instances_in_scope() {
         HOUR,
     );
     sim.set_released_but_listed("proxy-released-listed");
-    let providers = Providers::from_providers([sim.clone() as Arc<dyn Provider>]);
+    let providers = egress_proxies::adapters::providers::decorated([sim.clone() as Arc<dyn Provider>]);
 
     // Scoped to namespace "crawl": many sweeps, only the own orphan in scope goes.
     for _ in 0..5 {

@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use async_trait::async_trait;
-use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
 use egress_proxies::adapters::probe::Prober;
-use egress_proxies::domain::provider::{Provider, Providers};
 use egress_proxies::adapters::providers::LocalProvider;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
+use egress_proxies::domain::provider::Provider;
 use egress_proxies::domain::reconcile;
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
 use egress_proxies::domain::store::{CloudInitError, ProxyStore, StoreError};
-use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;
@@ -114,11 +114,14 @@ impl Bed {
         });
         let ctx = reconcile::Context {
             store: counting.clone(),
-            providers: Arc::new(Providers::from_providers(providers(state.path()))),
-            now: jiff::Timestamp::now,
+            providers: Arc::new(egress_proxies::adapters::providers::decorated(providers(
+                state.path(),
+            ))),
+            now: egress_proxies::adapters::clock::now,
             replacement: Default::default(),
             installation: support::installation(),
             external_endpoints: None,
+            names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
         };
         // As the operator runs them: probes on threads of their own.
         let threads = ProbeThreads::new(2).unwrap();

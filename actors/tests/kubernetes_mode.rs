@@ -135,11 +135,14 @@ async fn the_operator_runs_every_path_against_the_api_server() {
     // the credentials of a Secret the Proxy names; probed through with them.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ext_port = listener.local_addr().unwrap().port();
-    let vendor = egress_proxies::domain::credentials::ProxyCredentials::new("vendor", "vendor-s3cret").unwrap();
+    let vendor =
+        egress_proxies::domain::credentials::ProxyCredentials::new("vendor", "vendor-s3cret").unwrap();
     tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
         listener,
         support::open_to_loopback(),
-        Some(egress_proxies::domain::credentials::BasicAuthorization::of(&vendor)),
+        Some(egress_proxies::domain::credentials::BasicAuthorization::of(
+            &vendor,
+        )),
     ));
     let vendor_secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "vendor-proxy", "namespace": "crawl"},

@@ -6,11 +6,11 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use egress_proxies::adapters::providers::kubernetes::KubernetesProvider;
 use egress_proxies::domain::config::KubernetesConfig;
 use egress_proxies::domain::provider::{
     CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
 };
-use egress_proxies::adapters::providers::kubernetes::KubernetesProvider;
 use egress_proxies::domain::resource::Placement;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;

@@ -7,10 +7,10 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
 use egress_proxies::domain::credentials::ProxyCredentials;
 use egress_proxies::domain::provider::{CreateRequest, InstanceState, Provider, instance_name};
-use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::domain::resource::Placement;
 use support::{eventually, target_server};
 
@@ -360,7 +360,10 @@ async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
     let req = request("5e7d3c1e-2222-4222-8333-444455556666");
     let id = p.create(&req).await.unwrap();
     let created = p.get(&id).await.unwrap();
-    assert_eq!(created.owner, egress_proxies::domain::provider::Ownership::of(&req));
+    assert_eq!(
+        created.owner,
+        egress_proxies::domain::provider::Ownership::of(&req)
+    );
     let dir = state.path().join("local/local/instances").join(req.name.as_str());
     let pid = eventually("the proxy process", Duration::from_secs(20), async || {
         support::process::instance_pid(&dir)

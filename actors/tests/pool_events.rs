@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_proxies::adapters::leader::{SystemClock, Tenure};
-use egress_proxies::domain::resource::ObjectKey;
-use egress_proxies::domain::store::PoolStore;
 use egress_proxies::adapters::stores::FencedPools;
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
+use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::domain::store::PoolStore;
 use fake_apiserver::FakeApiServer;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};

@@ -157,7 +157,8 @@ async fn a_banned_address_goes_to_no_later_member_and_ages_keep_rotating() {
             .proxies()
             .iter()
             .filter(|p| {
-                p.status.as_ref().and_then(|s| s.phase) == Some(egress_proxies::domain::resource::Phase::Ready)
+                p.status.as_ref().and_then(|s| s.phase)
+                    == Some(egress_proxies::domain::resource::Phase::Ready)
             })
             .count();
         (ready == 3).then_some(())

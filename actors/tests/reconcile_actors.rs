@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers, instance_name};
 use egress_proxies::domain::reconcile::{self, ReplacementBackoff};
 use egress_proxies::domain::resource::ObjectKey;
@@ -15,7 +16,6 @@ use egress_proxies::domain::resource::{
     FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
 use egress_proxies::domain::store::ProxyStore;
-use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::GetRegistryStats;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;
@@ -82,11 +82,14 @@ impl Bed {
         let provider = Arc::new(provider);
         let ctx = reconcile::Context {
             store: store.clone(),
-            providers: Arc::new(Providers::from_providers(configure(provider.clone()))),
-            now: jiff::Timestamp::now,
+            providers: Arc::new(egress_proxies::adapters::providers::decorated(configure(
+                provider.clone(),
+            ))),
+            now: egress_proxies::adapters::clock::now,
             replacement: fast_replacement(),
             installation: support::installation(),
             external_endpoints: None,
+            names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
         };
         let registry = ProxyRegistry::new(ctx, fast(), None).run(events);
         Self {
@@ -407,7 +410,8 @@ async fn an_instance_that_cannot_be_looked_up_is_not_deleted_but_left_to_gc() {
     assert_eq!(deletes(&bed.provider), 0);
     assert_eq!(bed.provider.instances().len(), 1);
     // It is this installation's and its Proxy is gone: orphan GC reaps it.
-    let providers = Providers::from_providers([bed.provider.clone() as Arc<dyn Provider>]);
+    let providers =
+        egress_proxies::adapters::providers::decorated([bed.provider.clone() as Arc<dyn Provider>]);
     let scope = egress_proxies::domain::gc::Scope {
         installation: support::installation(),
         namespaces: None,
@@ -546,10 +550,11 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
     let ctx = reconcile::Context {
         store: store.clone(),
         providers: Arc::new(Providers::default()),
-        now: jiff::Timestamp::now,
+        now: egress_proxies::adapters::clock::now,
         replacement: Default::default(),
         installation: support::installation(),
         external_endpoints: None,
+        names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
     };
     let _registry = ProxyRegistry::new(ctx, fast(), None).run(events);
     let message = eventually("the not-configured message", WAIT, async || {
@@ -636,11 +641,14 @@ impl Direct {
         let provider = Arc::new(ScriptedProvider::new("sim", 0, 0));
         let ctx = reconcile::Context {
             store: store.clone(),
-            providers: Arc::new(Providers::from_providers([provider.clone() as Arc<dyn Provider>])),
-            now: jiff::Timestamp::now,
+            providers: Arc::new(egress_proxies::adapters::providers::decorated([
+                provider.clone() as Arc<dyn Provider>
+            ])),
+            now: egress_proxies::adapters::clock::now,
             replacement: fast_replacement(),
             installation: support::installation(),
             external_endpoints: None,
+            names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
         };
         Self {
             store,

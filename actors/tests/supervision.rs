@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_proxies::adapters::probe::Prober;
-use egress_proxies::domain::provider::{Provider, Providers};
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
+use egress_proxies::domain::provider::Provider;
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Phase, Proxy};
 use egress_proxies::domain::store::ProxyStore;
-use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::gc_sweeper::SweepNow;
 use egress_proxies_operator::health_prober::GetProberStats;
 use egress_proxies_operator::lease_store::GetLeaseStats;
@@ -68,7 +68,8 @@ impl Bed {
         let (store, events) = EmbeddedStore::open(&dir.path().join("state")).unwrap();
         let store = Arc::new(store);
         let gc_provider = Arc::new(ScriptedProvider::new("sim", 0, 0));
-        let providers = Providers::from_providers([gc_provider.clone() as Arc<dyn Provider>]);
+        let providers =
+            egress_proxies::adapters::providers::decorated([gc_provider.clone() as Arc<dyn Provider>]);
         let settings = Settings {
             health_workers: 8,
             trace_health_probes: false,

@@ -15,6 +15,7 @@ pub mod health;
 pub mod identity;
 pub mod installation;
 pub mod lease;
+pub mod now;
 pub mod pool;
 pub mod provider;
 pub mod reconcile;

@@ -6,11 +6,15 @@
 //! gateway) with their guarded listeners. A new way to reach the world
 //! goes here.
 
+pub mod checked_connect;
+pub mod clock;
+pub mod config_files;
 pub mod forward_proxy;
 pub mod gateway;
 pub mod guarded_listener;
 pub mod kube_client;
 pub mod leader;
+pub mod name_resolver;
 pub mod probe;
 pub mod providers;
 pub mod stores;

@@ -19,8 +19,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsConnector;
 
+use crate::adapters::checked_connect::{CheckedConnectError, connect_checked};
 use crate::domain::credentials::ProxyCredentials;
-use crate::domain::destinations::{CheckedConnectError, DestinationPolicy, connect_checked};
+use crate::domain::destinations::DestinationPolicy;
 use crate::domain::health::{CheckSpec, ProbeTarget};
 
 /// Largest response head read.

@@ -8,8 +8,8 @@ use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage, ResponseError};
-use egress_proxies::domain::identity::{ANONYMOUS_IDENTITY, Identities, SharedIdentities};
 use egress_proxies::adapters::stores::crawler_tokens::{CrawlerTokensError, TokenSources};
+use egress_proxies::domain::identity::{ANONYMOUS_IDENTITY, Identities, SharedIdentities};
 use futures::FutureExt;
 use subtle::ConstantTimeEq;
 

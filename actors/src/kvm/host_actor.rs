@@ -16,9 +16,9 @@ use crate::kvm::host_calls::HostCall;
 use crate::kvm::redial::Redial;
 use crate::kvm::ssh_link::{LinkTarget, SshLink};
 use actix::prelude::*;
-use egress_proxies::domain::config::{KvmConfig, KvmHost};
 use egress_proxies::adapters::providers::kvm::host_runner::RunError;
 use egress_proxies::adapters::providers::kvm::ssh_key::load_private_key;
+use egress_proxies::domain::config::{KvmConfig, KvmHost};
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
 

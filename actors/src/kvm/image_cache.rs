@@ -10,9 +10,9 @@ use std::sync::Arc;
 use crate::kvm::host_calls::LookupBase;
 use crate::kvm::image_fetch::{Downloader, Progress, fetch_to_pool};
 use actix::prelude::*;
-use egress_proxies::domain::config::KvmHost;
 use egress_proxies::adapters::providers::kvm::host_runner::RunError;
 use egress_proxies::adapters::providers::kvm::image::{CachedBase, ImageSpec};
+use egress_proxies::domain::config::KvmHost;
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::domain::config::ImageFormat;
 use egress_proxies::adapters::providers::kvm::base_image::{
     PIN_MAX_BYTES, Pinned, base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name,
     url_base_volume,
@@ -18,8 +17,11 @@ use egress_proxies::adapters::providers::kvm::base_image::{
 use egress_proxies::adapters::providers::kvm::errors::KvmError;
 use egress_proxies::adapters::providers::kvm::image::{CachedBase, DownloadLimits, ImageError, ImageSpec};
 use egress_proxies::adapters::providers::kvm::ops::OpError;
-use egress_proxies::adapters::providers::kvm::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
+use egress_proxies::adapters::providers::kvm::qcow2_header::{
+    HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone,
+};
 use egress_proxies::adapters::providers::kvm::volume_xml::plain_volume_xml;
+use egress_proxies::domain::config::ImageFormat;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 

@@ -12,12 +12,12 @@ use crate::kvm::host_calls::{
 use crate::kvm::image_fetch::Downloader;
 use actix::prelude::*;
 use async_trait::async_trait;
-use egress_proxies::domain::config::{KvmConfig, KvmHost};
 use egress_proxies::adapters::providers::KvmRunnerFactory;
 use egress_proxies::adapters::providers::kvm::host_runner::{HostRunner, RunError};
 use egress_proxies::adapters::providers::kvm::image::{CachedBase, DownloadLimits, ImageSpec};
 use egress_proxies::adapters::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
 use egress_proxies::adapters::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
+use egress_proxies::domain::config::{KvmConfig, KvmHost};
 
 use super::host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
 use super::image_cache::{Ensure, FetchingVolumes, Forget, ImageCacheActor};

@@ -16,7 +16,9 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
 use egress_proxies::adapters::providers::kvm::errors::KvmError;
-use egress_proxies::adapters::providers::kvm::metadata::{self, InstanceMetadata, METADATA_PREFIX, METADATA_URI};
+use egress_proxies::adapters::providers::kvm::metadata::{
+    self, InstanceMetadata, METADATA_PREFIX, METADATA_URI,
+};
 use egress_proxies::adapters::providers::kvm::ops::{DomainRunState, VolumeInfo};
 
 /// libvirt's reason for a shut-off or crashed domain, as a sentence.

@@ -100,7 +100,7 @@ pub fn load_standalone(dir: &Path, extra: &str) -> Result<StandaloneConfig, Stri
         format!("providersConfig: p.yaml\nmanifests: m\nstateDir: s\n{extra}"),
     )
     .expect("a writable temporary file");
-    StandaloneConfig::load(&file).map_err(|e| e.to_string())
+    egress_proxies::adapters::config_files::standalone_config(&file).map_err(|e| e.to_string())
 }
 
 /// The settings a documented default stands for: the one code span of a

@@ -16,8 +16,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use egress_proxies::domain::resource::{Phase, Proxy};
 use egress_proxies::adapters::stores::embedded::read_snapshot;
+use egress_proxies::domain::resource::{Phase, Proxy};
 
 use super::process::{free_port, reap_under};
 use super::{Look, eventually, eventually_explained};

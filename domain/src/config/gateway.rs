@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::destinations::{DestinationRules, IpNet};
 use crate::config::UnauthenticatedLimits;
+use crate::destinations::{DestinationRules, IpNet};
 
 /// Validated gateway settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -204,14 +204,11 @@ fn invalid(field: &str, message: impl Into<String>) -> GatewaySettingsError {
 }
 
 impl GatewaySettings {
-    /// The file `--gateway-config` names: the same fields as the standalone
-    /// configuration's `gateway:` block, at the top level.
-    pub fn load(path: &Path) -> Result<Self, GatewaySettingsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| GatewaySettingsError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_yaml(&text).map_err(|e| match e {
+    /// The text of the file `--gateway-config` names (read from `path`):
+    /// the same fields as the standalone configuration's `gateway:` block,
+    /// at the top level.
+    pub fn from_file_text(text: &str, path: &Path) -> Result<Self, GatewaySettingsError> {
+        Self::from_yaml(text).map_err(|e| match e {
             GatewaySettingsError::Parse(m) => GatewaySettingsError::Parse(format!("{}: {m}", path.display())),
             // The file holds the block's fields at its top level.
             GatewaySettingsError::Invalid { field, message } => GatewaySettingsError::Invalid {

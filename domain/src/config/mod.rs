@@ -21,7 +21,6 @@ mod standalone;
 mod unauthenticated_limits;
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -138,16 +137,6 @@ struct RawInstance {
 const KINDS: [&str; 4] = ["kubernetes", "gcp", "kvm", "local"];
 
 impl ProvidersConfig {
-    /// Reads and validates a file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        Self::parse(&text, &shown)
-    }
-
     /// Parses and validates YAML; `origin` names the source in messages.
     pub fn parse(yaml: &str, origin: &str) -> Result<Self, ConfigError> {
         let raw: RawFile = if yaml.trim().is_empty() {

@@ -165,24 +165,16 @@ pub enum StandaloneConfigError {
 }
 
 impl StandaloneConfig {
-    pub fn load(path: &Path) -> Result<Self, StandaloneConfigError> {
+    /// The configuration in `text`, read from `path`; relative paths in it
+    /// are taken from `base`, the file's directory made absolute, so they
+    /// survive any later change of working directory.
+    pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Self, StandaloneConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| StandaloneConfigError::Read {
-            path: shown.clone(),
-            source,
-        })?;
         let invalid = |message: String| StandaloneConfigError::Invalid {
             path: shown.clone(),
             message,
         };
-        let raw: Raw = serde_saphyr::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-        // Absolute, so that paths survive any later change of working directory.
-        // `standalone.yaml` has the empty path as its parent: the current directory.
-        let parent = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let base = std::path::absolute(parent).map_err(|e| invalid(e.to_string()))?;
+        let raw: Raw = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let health_probe_bind_address = raw
             .health_probe_bind_address

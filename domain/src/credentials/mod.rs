@@ -5,7 +5,6 @@
 
 mod basic;
 mod cloud_init;
-mod file;
 mod htpasswd;
 mod realm;
 
@@ -13,7 +12,6 @@ use std::fmt;
 
 pub use basic::BasicAuthorization;
 pub use cloud_init::{HTPASSWD_PLACEHOLDER, REALM_PLACEHOLDER, names_realm, substitute_placeholders};
-pub use file::{read_credentials_file, write_credentials_file};
 pub use htpasswd::htpasswd_line;
 pub use realm::{SHARED_REALM, realm_of};
 

@@ -5,19 +5,17 @@
 //! that. The same [`DestinationPolicy`] drives the built-in forward proxy
 //! and the generated Squid configurations.
 
-mod checked_connect;
 mod embedded;
 mod entry;
+mod names;
 mod policy;
 mod squid;
 
 use serde::{Deserialize, Serialize};
 
-pub use checked_connect::{
-    CheckedConnectError, check_destination, connect_checked, connect_checked_from, every_address_allowed,
-};
 pub use entry::{DestinationEntry, DestinationEntryError, parse_cidr};
 pub use ipnet::IpNet;
+pub use names::NameResolver;
 pub use policy::{DEFAULT_DENIED, DestinationPolicy, EXTERNAL_ENDPOINT_DENIED, Refusal, TLS_PORT};
 pub use squid::squid_rules;
 

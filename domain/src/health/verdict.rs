@@ -153,7 +153,7 @@ impl HealthState {
             self.healthy = Some(healthy);
             self.last_transition = Some(now);
             self.reported_latency = healthy.then_some(sample.latency);
-            return Some(self.verdict(sample, true));
+            return Some(self.verdict(sample, true, now));
         }
         let latency_moved = self.healthy == Some(true)
             && sample.ok
@@ -162,12 +162,12 @@ impl HealthState {
                 .is_some_and(|reported| rule.is_material(reported, sample.latency));
         if latency_moved {
             self.reported_latency = Some(sample.latency);
-            return Some(self.verdict(sample, false));
+            return Some(self.verdict(sample, false, now));
         }
         None
     }
 
-    fn verdict(&self, sample: &Sample, flipped: bool) -> Verdict {
+    fn verdict(&self, sample: &Sample, flipped: bool, now: Timestamp) -> Verdict {
         let healthy = self.healthy == Some(true);
         Verdict {
             uid: self.uid.clone(),
@@ -175,7 +175,7 @@ impl HealthState {
             latency: healthy.then_some(sample.latency),
             reason: (!healthy).then(|| sample.reason.clone()).flatten(),
             consecutive_failures: self.failures,
-            last_transition: self.last_transition.unwrap_or_else(Timestamp::now),
+            last_transition: self.last_transition.unwrap_or(now),
             flipped,
         }
     }

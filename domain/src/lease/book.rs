@@ -23,6 +23,7 @@ use super::{
     MAX_BLOCKED_TARGETS, NotOwner, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts,
     TableFull, UnknownLease, rendezvous, target_digest,
 };
+use crate::now::Now;
 use crate::pool::LeaseFigures;
 use crate::resource::ObjectKey;
 
@@ -153,11 +154,13 @@ fn serves(availability: &Availability) -> bool {
 pub const TALLY_GRACE: Duration = Duration::from_secs(600);
 
 impl LeaseBook {
-    pub fn new(settings: LeaseSettings) -> Self {
-        Self::with_limits(settings, LeaseLimits::default())
+    /// A book opened at `opened` (which maps its monotonic instants to
+    /// wall-clock times).
+    pub fn new(settings: LeaseSettings, opened: Now) -> Self {
+        Self::with_limits(settings, LeaseLimits::default(), opened)
     }
 
-    pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits) -> Self {
+    pub fn with_limits(settings: LeaseSettings, limits: LeaseLimits, opened: Now) -> Self {
         Self {
             limits,
             ended_order: VecDeque::new(),
@@ -177,7 +180,7 @@ impl LeaseBook {
             global_cooling: BTreeSet::new(),
             placeholders: HashSet::new(),
             changes: None,
-            epoch: (Instant::now(), Timestamp::now()),
+            epoch: (opened.mono, opened.wall),
             pool_denials: HashMap::new(),
             restored_at: None,
             held_by: BTreeMap::new(),

@@ -52,7 +52,7 @@ fn name(grant: &Grant) -> &str {
 #[test]
 fn tie_breaks_fewest_leases_then_longest_unused_for_target_then_latency() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.upsert(proxy("slow", true, 90, &[]), t0);
     book.upsert(proxy("fast", true, 10, &[]), t0);
     book.upsert(proxy("mid", true, 50, &[]), t0);
@@ -77,7 +77,7 @@ fn tie_breaks_fewest_leases_then_longest_unused_for_target_then_latency() {
 #[test]
 fn capacity_readiness_and_selectors_decide_eligibility() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     book.upsert(proxy("eu", true, 10, &[("geo", "eu")]), t0);
     book.upsert(proxy("us", true, 10, &[("geo", "us")]), t0);
     book.upsert(proxy("down", false, 1, &[("geo", "eu")]), t0);
@@ -102,7 +102,7 @@ fn capacity_readiness_and_selectors_decide_eligibility() {
 #[test]
 fn release_is_idempotent_and_rests_the_proxy_for_that_target_only() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let lease = book.acquire(&req("a.example"), t0).unwrap();
     assert!(book.release(&lease.id, t0));
@@ -127,7 +127,7 @@ fn release_is_idempotent_and_rests_the_proxy_for_that_target_only() {
 #[test]
 fn reports_blocked_rests_for_the_target_longer_and_error_rests_everywhere() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let lease = book.acquire(&req("shop"), t0).unwrap();
     book.report(&lease.id, Outcome::Blocked, Some("captcha".into()), t0)
@@ -170,7 +170,7 @@ fn reports_blocked_rests_for_the_target_longer_and_error_rests_everywhere() {
 #[test]
 fn ttl_is_capped_and_expiry_frees_capacity() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let mut r = req("t");
     r.ttl = Some(Duration::from_secs(86_400));
@@ -188,7 +188,7 @@ fn ttl_is_capped_and_expiry_frees_capacity() {
 #[test]
 fn removing_a_proxy_ends_its_leases() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[("geo", "eu")]), t0);
     let lease = book.acquire(&req("t"), t0).unwrap();
     book.remove(&ObjectKey::new("ns", "p"), t0);
@@ -257,7 +257,7 @@ proptest! {
         let mut now = t0;
         let s = settings(capacity);
         let limits = LeaseLimits { max_leases: 64, max_targets: limits.0, max_ended: limits.1, recent_reports: limits.2 };
-        let mut book = LeaseBook::with_limits(s, limits);
+        let mut book = LeaseBook::with_limits(s, limits, crate::now::Now::read());
         let mut ready: BTreeMap<u8, (bool, u8)> = BTreeMap::new();
         let mut granted: Vec<(String, u8, u8, Instant)> = Vec::new(); // id, proxy, target, expires
         let mut released: Vec<String> = Vec::new();
@@ -353,7 +353,7 @@ proptest! {
 fn restarted(old: &mut LeaseBook, now: Instant, capacity: u32) -> LeaseBook {
     // Replay the journaled changes the way a journal would, through a snapshot.
     let snapshot = old.snapshot(now);
-    let mut book = LeaseBook::new(settings(capacity));
+    let mut book = LeaseBook::new(settings(capacity), crate::now::Now::read());
     book.journal_changes();
     book.restore(snapshot, now);
     assert!(book.take_changes().is_empty(), "restoring journals nothing again");
@@ -363,7 +363,7 @@ fn restarted(old: &mut LeaseBook, now: Instant, capacity: u32) -> LeaseBook {
 #[test]
 fn a_restored_book_keeps_leases_capacity_and_rests() {
     let t0 = Instant::now();
-    let mut old = LeaseBook::new(settings(1));
+    let mut old = LeaseBook::new(settings(1), crate::now::Now::read());
     old.journal_changes();
     for name in ["a", "b", "c"] {
         old.upsert(proxy(name, true, 10, &[]), t0);
@@ -416,7 +416,7 @@ fn a_restored_book_keeps_leases_capacity_and_rests() {
 #[test]
 fn a_rebuilt_book_holds_the_same_leases_rests_proxies_and_reports() {
     let t0 = Instant::now();
-    let mut old = LeaseBook::new(settings(1));
+    let mut old = LeaseBook::new(settings(1), crate::now::Now::read());
     for name in ["a", "b", "c", "d"] {
         old.upsert(proxy(name, true, 10, &[("geo", "eu")]), t0);
     }
@@ -456,7 +456,7 @@ fn a_rebuilt_book_holds_the_same_leases_rests_proxies_and_reports() {
 #[test]
 fn restored_placeholders_of_deleted_proxies_are_dropped_once_idle() {
     let t0 = Instant::now();
-    let mut old = LeaseBook::new(settings(1));
+    let mut old = LeaseBook::new(settings(1), crate::now::Now::read());
     old.upsert(proxy("gone", true, 10, &[]), t0);
     let lease = old
         .acquire(
@@ -494,7 +494,7 @@ fn limits(max_leases: usize, max_targets: usize, max_ended: usize) -> LeaseLimit
 #[test]
 fn renew_extends_from_now_with_the_original_ttl_capped_and_keeps_expiry_consistent() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let mut r = req("t");
     r.ttl = Some(Duration::from_secs(100));
@@ -556,7 +556,7 @@ fn renew_extends_from_now_with_the_original_ttl_capped_and_keeps_expiry_consiste
 #[test]
 fn reports_keep_counts_per_lease_and_a_bounded_tail_of_details() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::with_limits(settings(0), limits(10, 10, 10));
+    let mut book = LeaseBook::with_limits(settings(0), limits(10, 10, 10), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let lease = book.acquire(&req("t"), t0).unwrap();
     for i in 0..3000 {
@@ -582,7 +582,7 @@ fn reports_keep_counts_per_lease_and_a_bounded_tail_of_details() {
 #[test]
 fn held_leases_are_bounded() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::with_limits(settings(0), limits(2, 10, 10));
+    let mut book = LeaseBook::with_limits(settings(0), limits(2, 10, 10), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let a = book.acquire(&req("a"), t0).unwrap();
     book.acquire(&req("b"), t0).unwrap();
@@ -600,7 +600,7 @@ fn held_leases_are_bounded() {
 #[test]
 fn targets_are_forgotten_only_when_idle_and_a_full_table_of_rests_refuses() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::with_limits(settings(0), limits(100, 10, 100));
+    let mut book = LeaseBook::with_limits(settings(0), limits(100, 10, 100), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     // Ten targets, each released: each rests for 30 s and takes reports for 600 s.
     for i in 0..10 {
@@ -634,7 +634,7 @@ fn a_blocked_rest_survives_target_eviction() {
     let t0 = Instant::now();
     let mut s = settings(0);
     s.report_grace = Duration::from_secs(1);
-    let mut book = LeaseBook::with_limits(s, limits(100, 2, 100));
+    let mut book = LeaseBook::with_limits(s, limits(100, 2, 100), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let shop = book.acquire(&req("shop"), t0).unwrap();
     book.report(&shop.id, Outcome::Blocked, None, t0).unwrap();
@@ -655,7 +655,7 @@ fn a_blocked_rest_survives_target_eviction() {
 #[test]
 fn ended_leases_are_bounded_oldest_forgotten_first() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::with_limits(settings(0), limits(100, 100, 3));
+    let mut book = LeaseBook::with_limits(settings(0), limits(100, 100, 3), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     let ids: Vec<String> = (0..5)
         .map(|i| {
@@ -672,7 +672,7 @@ fn ended_leases_are_bounded_oldest_forgotten_first() {
 #[test]
 fn a_retiring_proxy_takes_no_leases_and_its_leases_are_not_renewed() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.upsert(proxy("old", true, 10, &[]), t0);
     let held = book.acquire(&req("t"), t0).unwrap();
     book.renew(&held.id, None, t0).unwrap();
@@ -701,7 +701,7 @@ fn a_retiring_proxy_takes_no_leases_and_its_leases_are_not_renewed() {
 #[test]
 fn blocking_targets_are_counted_once_each_and_errors_every_time() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     for target in ["a.example", "b.example"] {
         let grant = book.acquire(&req(target), t0).unwrap();
@@ -720,7 +720,7 @@ fn blocking_targets_are_counted_once_each_and_errors_every_time() {
 #[test]
 fn blocking_targets_counted_per_proxy_are_bounded() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.upsert(proxy("p", true, 10, &[]), t0);
     for i in 0..MAX_BLOCKED_TARGETS + 50 {
         let target = format!("t{i}.example");
@@ -734,7 +734,7 @@ fn blocking_targets_counted_per_proxy_are_bounded() {
 #[test]
 fn acquires_refused_for_a_pool_are_counted_for_its_autoscaler() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     let pool = crate::resource::POOL_LABEL;
     book.upsert(proxy("eu-abcde", true, 10, &[(pool, "eu")]), t0);
     let for_pool = |target: &str| AcquireRequest {
@@ -756,7 +756,7 @@ fn acquires_refused_for_a_pool_are_counted_for_its_autoscaler() {
 #[test]
 fn a_pool_learns_its_members_figures_and_its_refused_acquires() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     let pool = crate::resource::POOL_LABEL;
     book.upsert(proxy("eu-aaaaa", true, 10, &[(pool, "eu")]), t0);
     book.upsert(proxy("us-bbbbb", true, 10, &[(pool, "us")]), t0);
@@ -812,7 +812,7 @@ fn a_pool_learns_its_members_figures_and_its_refused_acquires() {
 #[test]
 fn a_refusal_with_room_left_in_the_pool_is_no_demand() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(2));
+    let mut book = LeaseBook::new(settings(2), crate::now::Now::read());
     let pool = crate::resource::POOL_LABEL;
     book.upsert(proxy("eu-aaaaa", true, 10, &[(pool, "eu")]), t0);
     let for_eu = AcquireRequest {
@@ -833,7 +833,7 @@ fn blocked_and_error_tallies_outlive_a_restart_through_the_journal() {
     let t0 = Instant::now();
     // Far enough apart that no rest from one round holds the next.
     let at = |s: u64| t0 + Duration::from_secs(s);
-    let mut old = LeaseBook::new(settings(0));
+    let mut old = LeaseBook::new(settings(0), crate::now::Now::read());
     old.journal_changes();
     old.upsert(proxy("p", true, 10, &[]), t0);
     for (round, target) in ["a.example", "b.example", "a.example"].into_iter().enumerate() {
@@ -858,7 +858,7 @@ fn blocked_and_error_tallies_outlive_a_restart_through_the_journal() {
     journal.into_snapshot(&mut snapshot).unwrap();
     assert_eq!(snapshot.tallies.len(), 1);
 
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.journal_changes();
     book.restore(snapshot, at(1400));
     assert!(book.take_changes().is_empty());
@@ -876,14 +876,14 @@ fn blocked_and_error_tallies_outlive_a_restart_through_the_journal() {
 #[test]
 fn a_tally_whose_proxy_never_returns_is_forgotten_after_the_grace() {
     let t0 = Instant::now();
-    let mut old = LeaseBook::new(settings(0));
+    let mut old = LeaseBook::new(settings(0), crate::now::Now::read());
     old.upsert(proxy("gone", true, 10, &[]), t0);
     let grant = old.acquire(&req("t"), t0).unwrap();
     old.report(&grant.id, Outcome::Error, None, t0).unwrap();
     old.release(&grant.id, t0);
     let snapshot = old.snapshot(t0);
     assert_eq!(snapshot.tallies.len(), 1);
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.journal_changes();
     book.restore(snapshot, t0);
     // Its rests and its reportable lease are over long before the grace.
@@ -909,7 +909,7 @@ fn a_tally_whose_proxy_never_returns_is_forgotten_after_the_grace() {
 #[test]
 fn the_gateway_s_leases_end_with_the_process_that_held_them() {
     let t0 = Instant::now();
-    let mut old = LeaseBook::new(settings(1));
+    let mut old = LeaseBook::new(settings(1), crate::now::Now::read());
     old.upsert(proxy("a", true, 10, &[]), t0);
     old.upsert(proxy("b", true, 20, &[]), t0);
     let by = |client: &str| AcquireRequest {
@@ -927,7 +927,7 @@ fn the_gateway_s_leases_end_with_the_process_that_held_them() {
 #[test]
 fn the_gateway_s_leases_are_not_journaled_but_their_rests_are() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(0));
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
     book.journal_changes();
     book.upsert(proxy("a", true, 10, &[]), t0);
     book.take_changes();
@@ -961,10 +961,13 @@ fn the_gateway_s_leases_are_not_journaled_but_their_rests_are() {
 #[test]
 fn a_rest_already_over_is_not_journaled() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(LeaseSettings {
-        cooldown: Duration::ZERO,
-        ..settings(0)
-    });
+    let mut book = LeaseBook::new(
+        LeaseSettings {
+            cooldown: Duration::ZERO,
+            ..settings(0)
+        },
+        crate::now::Now::read(),
+    );
     book.journal_changes();
     book.upsert(proxy("a", true, 10, &[]), t0);
     let lease = book.acquire(&req("t"), t0).unwrap();
@@ -980,7 +983,7 @@ fn a_rest_already_over_is_not_journaled() {
 #[test]
 fn only_a_lease_s_owner_acts_on_it_held_ended_and_after_a_restart() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     book.journal_changes();
     for name in ["a", "b", "c", "d"] {
         book.upsert(proxy(name, true, 10, &[]), t0);
@@ -1062,7 +1065,7 @@ fn only_a_lease_s_owner_acts_on_it_held_ended_and_after_a_restart() {
 #[test]
 fn holdings_count_by_owner_and_slots_by_serving_proxies() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(2));
+    let mut book = LeaseBook::new(settings(2), crate::now::Now::read());
     book.upsert(proxy("a", true, 1, &[]), t0);
     book.upsert(proxy("b", true, 1, &[]), t0);
     book.upsert(proxy("down", false, 1, &[]), t0);

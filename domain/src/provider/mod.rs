@@ -19,11 +19,8 @@ pub mod squid_auth;
 pub mod squid_identity;
 pub mod squid_limits;
 
-// Built over any provider: the decorators every provider is wrapped in,
-// and the set of configured ones.
-mod instrumented;
+// The set of configured ones, built over any provider.
 mod providers;
-mod traced;
 
 use async_trait::async_trait;
 
@@ -31,11 +28,9 @@ pub use error::{ErrorClass, Op, ProviderError};
 pub use instance::{
     CloudInitBytes, CreateRequest, Instance, InstanceState, Ownership, ProviderId, QuarantinedAddress,
 };
-pub use instrumented::Instrumented;
 pub use naming::{HTPASSWD_KEY, INSTANCE_NAME_PREFIX, InstanceName, credentials_secret_name, instance_name};
 pub use providers::Providers;
 pub use spec_hash::{SpecHash, spec_hash};
-pub use traced::Traced;
 
 /// A source of proxy instances (a cluster, a cloud, KVM hosts, this machine).
 #[async_trait]

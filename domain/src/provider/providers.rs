@@ -4,12 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Instrumented, Provider, Traced};
-
-/// Every provider is wrapped by the metrics and (outermost) tracing decorators.
-fn wrap(provider: Arc<dyn Provider>) -> Arc<dyn Provider> {
-    Traced::wrap(Instrumented::wrap(provider))
-}
+use super::Provider;
 
 /// Every configured provider, all built or none.
 #[derive(Clone, Default)]
@@ -18,13 +13,11 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// A set of the given providers, each wrapped in the decorators.
+    /// A set of the given providers, as they are (the adapters' registry
+    /// wraps each in the metrics and tracing decorators first).
     pub fn from_providers(providers: impl IntoIterator<Item = Arc<dyn Provider>>) -> Self {
         Self {
-            by_name: providers
-                .into_iter()
-                .map(|p| (p.name().to_owned(), wrap(p)))
-                .collect(),
+            by_name: providers.into_iter().map(|p| (p.name().to_owned(), p)).collect(),
         }
     }
 

@@ -30,28 +30,11 @@ use crate::resource::{
 };
 
 pub use super::endpoint_admission::EndpointRefused;
+use crate::now::Now;
 
 /// A delete still unfinished after this long is requested again; until
 /// then polls only look.
 const REDELETE_AFTER: Duration = Duration::from_secs(60);
-
-/// The clock, read once per reconcile.
-#[derive(Clone, Copy, Debug)]
-pub struct Now {
-    /// Written into the status (conditions, the replacement record).
-    pub wall: Timestamp,
-    /// Measures waits kept in memory (a delete in flight, a held first status).
-    pub mono: Instant,
-}
-
-impl Now {
-    pub fn read(clock: fn() -> Timestamp) -> Now {
-        Now {
-            wall: clock(),
-            mono: Instant::now(),
-        }
-    }
-}
 
 /// What the decisions follow besides the object.
 pub struct Rules<'a> {

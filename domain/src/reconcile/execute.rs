@@ -3,8 +3,6 @@
 //! memory recorded (a delete requested, an instance created, a first
 //! status held). The first action that fails ends the plan with its error.
 
-use std::time::Instant;
-
 use tracing::Instrument;
 
 use crate::provider::Provider;
@@ -15,6 +13,7 @@ use super::decide::{Action, Notice, Plan};
 use super::status::StatusDraft;
 use super::{Context, Memory, Next, ReconcileError};
 use crate::health::ProbeTarget;
+use crate::now::Now;
 
 /// What carrying a plan out left.
 pub(super) struct Executed {
@@ -32,6 +31,7 @@ pub(super) async fn execute(
     uid: &str,
     ctx: &Context,
     memory: &mut Memory,
+    now: Now,
 ) -> Executed {
     let Plan {
         mut status,
@@ -50,7 +50,7 @@ pub(super) async fn execute(
         memory.delete_requested = None;
         memory.health = None;
     }
-    let result = match act(actions, key, uid, ctx, &mut status, memory).await {
+    let result = match act(actions, key, uid, ctx, &mut status, memory, now).await {
         Ok(()) => outcome,
         Err(e) => Err(e),
     };
@@ -115,6 +115,7 @@ async fn act(
     ctx: &Context,
     status: &mut StatusDraft,
     memory: &mut Memory,
+    now: Now,
 ) -> Result<(), ReconcileError> {
     for action in actions {
         match action {
@@ -135,7 +136,7 @@ async fn act(
                     .delete(&id)
                     .instrument(tracing::info_span!("reconcile.deleteInstance", providerID = %id))
                     .await?;
-                memory.delete_requested = Some((id, Instant::now()));
+                memory.delete_requested = Some((id, now.mono));
             }
             Action::Release { provider, id } => {
                 configured(ctx, &provider)?.release(&id).await?;

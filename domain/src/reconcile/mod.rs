@@ -21,7 +21,7 @@
 //! asks the Proxy's [`Schedule`] how long to wait.
 
 mod decide;
-mod endpoint_admission;
+pub mod endpoint_admission;
 mod execute;
 mod first_status;
 mod observe;
@@ -31,20 +31,20 @@ mod status;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::credentials::{CredentialsError, ProxyCredentials};
-use crate::destinations::DestinationPolicy;
+use crate::destinations::{DestinationPolicy, NameResolver};
 use crate::health::{ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
 use crate::lease::Availability;
+use crate::now::Now;
 use crate::provider::{ErrorClass, ProviderError, ProviderId, Providers};
 use crate::resource::{Mode, ObjectKey, Phase, Proxy, SKIP_CLEANUP_ANNOTATION};
 use crate::store::{CloudInitError, ProxyStore, StoreError};
 
 pub use decide::{
-    Action, Desired, EndpointSeen, Loss, ManagedSeen, Notice, Now, Plan, Recorded, Rules, Seen, decide,
+    Action, Desired, EndpointSeen, Loss, ManagedSeen, Notice, Plan, Recorded, Rules, Seen, decide,
     settle_error,
 };
 pub use schedule::{Job, ReplacementBackoff, Schedule, Timing, jobs_for_verdict};
@@ -55,8 +55,9 @@ pub use status::StatusDraft;
 pub struct Context {
     pub store: Arc<dyn ProxyStore>,
     pub providers: Arc<Providers>,
-    /// Injectable clock (condition and health timestamps).
-    pub now: fn() -> Timestamp,
+    /// The clock, read once per reconcile (conditions, health timestamps,
+    /// waits); injected, so tests set the time.
+    pub now: fn() -> Now,
     /// How quickly lost instances are replaced.
     pub replacement: ReplacementBackoff,
     /// This installation: written on every instance, checked before one is
@@ -65,6 +66,8 @@ pub struct Context {
     /// Where External endpoints may not point (Kubernetes mode); `None`
     /// admits every endpoint (standalone: the manifests are the operator's own).
     pub external_endpoints: Option<Arc<DestinationPolicy>>,
+    /// What External endpoints' names resolve to, for that check.
+    pub names: Arc<dyn NameResolver>,
 }
 
 impl Context {
@@ -240,8 +243,9 @@ pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> R
         serving,
     } = async {
         let seen = observe::observe(&proxy, ctx, memory).await;
-        let plan = decide::decide(&proxy, seen, memory, &ctx.rules(), Now::read(ctx.now));
-        execute::execute(plan, key, &uid, ctx, memory).await
+        let now = (ctx.now)();
+        let plan = decide::decide(&proxy, seen, memory, &ctx.rules(), now);
+        execute::execute(plan, key, &uid, ctx, memory, now).await
     }
     .instrument(span)
     .await;
@@ -315,7 +319,7 @@ pub async fn record_health(
     if proxy.metadata.deletion_timestamp.is_some() || !serving || memory.holds_first_status() {
         return Ok(());
     }
-    let mut draft = StatusDraft::new(&proxy, (ctx.now)());
+    let mut draft = StatusDraft::new(&proxy, (ctx.now)().wall);
     if let Some(verdict) = &memory.health {
         draft.health(verdict);
     }

@@ -151,7 +151,7 @@ async fn endpoint(proxy: &Proxy, ctx: &Context, declared: &Endpoint) -> Result<E
         None => None,
     };
     let refused = match &ctx.external_endpoints {
-        Some(policy) => endpoint_admission::admit(policy, &declared.host, declared.port)
+        Some(policy) => endpoint_admission::admit(policy, ctx.names.as_ref(), &declared.host, declared.port)
             .await
             .err(),
         None => None,

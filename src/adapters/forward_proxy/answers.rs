@@ -5,7 +5,7 @@ use http::{Response, StatusCode};
 use hyper_util::client::legacy;
 
 use super::body::ProxyBody;
-use crate::domain::destinations::CheckedConnectError;
+use crate::adapters::checked_connect::CheckedConnectError;
 use crate::adapters::guarded_listener::InFlight;
 
 /// The `Proxy-Authenticate` challenge of a listener without a realm of its

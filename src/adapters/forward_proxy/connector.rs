@@ -13,7 +13,8 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::domain::destinations::{CheckedConnectError, DestinationPolicy, connect_checked_from};
+use crate::adapters::checked_connect::{CheckedConnectError, connect_checked_from};
+use crate::domain::destinations::DestinationPolicy;
 
 /// Connects the client's pooled connections (a `tower` service from URI to stream).
 #[derive(Clone)]

@@ -44,10 +44,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::domain::credentials::{BasicAuthorization, SHARED_REALM};
-use crate::domain::destinations::DestinationPolicy;
 use crate::adapters::guarded_listener::{ListenerSettings, Slot, serve_connections};
 use crate::domain::config::UnauthenticatedLimits;
+use crate::domain::credentials::{BasicAuthorization, SHARED_REALM};
+use crate::domain::destinations::DestinationPolicy;
 use answers::{answer, challenge, challenge_naming};
 use body::ProxyBody;
 use connector::CheckedConnector;
@@ -104,7 +104,7 @@ pub async fn serve(
 }
 
 /// [`serve`], connecting to destinations from `outgoing` (those of its IP
-/// family; see [`crate::domain::destinations::connect_checked_from`]).
+/// family; see [`crate::adapters::checked_connect::connect_checked_from`]).
 pub async fn serve_from(
     listener: TcpListener,
     destinations: Arc<DestinationPolicy>,

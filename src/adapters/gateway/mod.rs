@@ -25,8 +25,8 @@ use std::net::SocketAddr;
 use data_encoding::BASE64;
 use http::StatusCode;
 
-use crate::domain::credentials::ProxyCredentials;
 use crate::adapters::forward_proxy::request::TargetError;
+use crate::domain::credentials::ProxyCredentials;
 use crate::domain::lease::Outcome;
 use crate::domain::resource::ObjectKey;
 

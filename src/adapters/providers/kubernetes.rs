@@ -23,9 +23,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 
+use crate::adapters::kube_client::watch_cache::WatchCache;
 use crate::domain::config::KubernetesConfig;
 use crate::domain::destinations::{DestinationPolicy, IpNet, squid_rules};
-use crate::adapters::kube_client::watch_cache::WatchCache;
 use crate::domain::provider::squid_auth::with_auth;
 use crate::domain::provider::squid_identity::identity_section;
 use crate::domain::provider::squid_limits::MAX_FILEDESCRIPTORS;

@@ -102,5 +102,5 @@ pub fn build(config: &ProvidersConfig, ctx: &BuildContext) -> Result<Providers, 
         };
         built.push(provider);
     }
-    Ok(Providers::from_providers(built))
+    Ok(super::decorated(built))
 }

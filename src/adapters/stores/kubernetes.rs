@@ -29,9 +29,9 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::credentials_secret;
-use crate::domain::credentials::ProxyCredentials;
 use crate::adapters::kube_client::watch_cache::WatchCache;
 use crate::adapters::kube_client::watch_retry::retrying;
+use crate::domain::credentials::ProxyCredentials;
 use crate::domain::resource::ObjectKey;
 use crate::domain::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,

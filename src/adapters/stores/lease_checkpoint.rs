@@ -38,11 +38,11 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use tokio::sync::{Notify, watch};
 
 use crate::adapters::leader::Tenure;
+use crate::adapters::stores::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
 use crate::domain::lease::journal::{
     Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
 use crate::domain::resource::ObjectKey;
-use crate::adapters::stores::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
 use crate::telemetry::events::CheckpointConflict;
 
 /// ConfigMaps the state is spread over.

@@ -5,6 +5,7 @@
 
 mod checkpoint_shard;
 pub mod crawler_tokens;
+pub mod credentials_file;
 pub mod credentials_secret;
 pub mod embedded;
 mod fenced;

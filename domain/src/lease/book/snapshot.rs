@@ -8,6 +8,7 @@
 //! one that holds only a tally of blocks and errors waits [`TALLY_GRACE`]
 //! for its proxy first.
 
+use crate::now::Now;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -187,8 +188,8 @@ impl LeaseBook {
     /// this book's indexes half-updated, its records are what count.
     /// Changes are not journaled by the new book until asked.
     pub fn rebuilt(&self, now: Instant) -> LeaseBook {
-        let mut book = LeaseBook::with_limits(self.settings, self.limits);
-        book.epoch = self.epoch;
+        let (mono, wall) = self.epoch;
+        let mut book = LeaseBook::with_limits(self.settings, self.limits, Now { wall, mono });
         book.restore(self.snapshot(now), now);
         for (id, entry) in &self.proxies {
             if !self.placeholders.contains(id) {

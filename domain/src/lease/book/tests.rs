@@ -80,12 +80,15 @@ fn op() -> impl Strategy<Value = Op> {
 /// Applies `ops`, checking every acquire against [`reference`].
 fn run(capacity: u32, proxies: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut now = Instant::now();
-    let mut book = LeaseBook::new(LeaseSettings {
-        cooldown: Duration::from_secs(30),
-        blocked_cooldown: Duration::from_secs(90),
-        error_cooldown: Duration::from_secs(45),
-        ..settings(capacity)
-    });
+    let mut book = LeaseBook::new(
+        LeaseSettings {
+            cooldown: Duration::from_secs(30),
+            blocked_cooldown: Duration::from_secs(90),
+            error_cooldown: Duration::from_secs(45),
+            ..settings(capacity)
+        },
+        crate::now::Now::read(),
+    );
     for i in 0..proxies {
         book.upsert(availability(i, true, (i as u64 * 7) % 5), now);
     }
@@ -163,7 +166,7 @@ proptest! {
 fn a_hot_target_never_walks_past_its_resting_proxies() {
     const PROXIES: usize = 10_000;
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     for i in 0..PROXIES {
         book.upsert(availability(i, true, (i % 200) as u64), t0);
     }
@@ -204,7 +207,10 @@ fn a_session_lands_on_the_proxy_ranking_highest_for_it_in_any_book() {
     let t0 = Instant::now();
     let fleet: Vec<Availability> = (0..6).map(|i| availability(i, true, i as u64)).collect();
     // Two books that learnt the same fleet in opposite orders, with other latencies.
-    let (mut one, mut other) = (LeaseBook::new(settings(2)), LeaseBook::new(settings(2)));
+    let (mut one, mut other) = (
+        LeaseBook::new(settings(2), crate::now::Now::read()),
+        LeaseBook::new(settings(2), crate::now::Now::read()),
+    );
     for a in &fleet {
         one.upsert(a.clone(), t0);
     }
@@ -275,7 +281,7 @@ fn a_session_lands_on_the_proxy_ranking_highest_for_it_in_any_book() {
 #[test]
 fn a_preferred_proxy_is_granted_only_while_eligible() {
     let t0 = Instant::now();
-    let mut book = LeaseBook::new(settings(1));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
     for i in 0..4 {
         book.upsert(availability(i, true, i as u64), t0);
     }

@@ -7,11 +7,11 @@ use http::Response;
 use http::header::{self, HeaderName, HeaderValue};
 
 use super::log::Exchange;
+use crate::adapters::forward_proxy::answers::{answer, authentication_required};
+use crate::adapters::forward_proxy::body::ProxyBody;
 use crate::adapters::gateway::{
     BLOCKED_HEADER, GatewayError, LEASE_HEADER, PROXY_HEADER, REASON_HEADER, SESSION_MOVED_HEADER, Upstream,
 };
-use crate::adapters::forward_proxy::answers::{answer, authentication_required};
-use crate::adapters::forward_proxy::body::ProxyBody;
 use crate::adapters::guarded_listener::InFlight;
 
 /// The headers that tell the crawler which proxy and lease served it.

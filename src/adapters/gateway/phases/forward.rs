@@ -16,11 +16,11 @@ use super::RequestContext;
 use super::answers::refusal;
 use super::choose::{Chooser, Held};
 use super::judge::{Blame, Circumstances, Learned, Refusal, Seen, Then, judge, same_answer};
+use crate::adapters::forward_proxy::body::ProxyBody;
 use crate::adapters::gateway::blocks::BlockRules;
 use crate::adapters::gateway::upstream::UpstreamPool;
 use crate::adapters::gateway::{GatewayError, Leases, Upstream};
 use crate::domain::config::GatewaySettings;
-use crate::adapters::forward_proxy::body::ProxyBody;
 use crate::domain::lease::Outcome;
 use crate::telemetry::events::{GatewayBlocked, GatewayTryFailed};
 

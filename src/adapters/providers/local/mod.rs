@@ -23,10 +23,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::adapters::stores::credentials_file::write_credentials_file;
 use crate::domain::config::{
     DEFAULT_RUN_DIRECTORY, DEFAULT_SQUID_USER, LocalConfig, LocalImplementation, OutgoingNetwork,
 };
-use crate::domain::credentials::{ProxyCredentials, write_credentials_file};
+use crate::domain::credentials::ProxyCredentials;
 use crate::domain::destinations::IpNet;
 use crate::domain::provider::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,

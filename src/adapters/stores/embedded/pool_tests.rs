@@ -69,7 +69,12 @@ async fn members_outlive_manifest_scans_and_restarts_and_go_with_their_pool() {
 
     // Retiring is an annotation change: the member's actor hears of it.
     store
-        .set_annotation(&key, &uid, crate::domain::resource::RETIRING_ANNOTATION, Some("x"))
+        .set_annotation(
+            &key,
+            &uid,
+            crate::domain::resource::RETIRING_ANNOTATION,
+            Some("x"),
+        )
         .await
         .unwrap();
     assert_eq!(drain(&mut rx), vec![StoreEvent::Changed(key.clone())]);

@@ -12,6 +12,8 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::{Body, Incoming};
 
 use super::{Attempt, Forwarder, Tried};
+use crate::adapters::forward_proxy::body::{BodyWatch, ProxyBody, read_up_to};
+use crate::adapters::forward_proxy::request::drop_hop_by_hop;
 use crate::adapters::gateway::GatewayError;
 use crate::adapters::gateway::Upstream;
 use crate::adapters::gateway::blocks::HeadVerdict;
@@ -24,8 +26,6 @@ use crate::adapters::gateway::phases::log::{ExchangeOutcome, meter};
 use crate::adapters::gateway::upstream::{Connection, UpstreamPool, authorize, open};
 use crate::adapters::gateway::upstream_identity::{Author, author, strip_proxy_headers};
 use crate::domain::config::BODY_SCAN_LIMIT;
-use crate::adapters::forward_proxy::body::{BodyWatch, ProxyBody, read_up_to};
-use crate::adapters::forward_proxy::request::drop_hop_by_hop;
 
 /// A plain request on its way: its head for the next hop, its body kept
 /// whole (it can be sent again) or streamed once.

@@ -19,6 +19,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::{Attempt, Forwarder, Tried};
+use crate::adapters::forward_proxy::body::ProxyBody;
+use crate::adapters::forward_proxy::tunnel::{Splice, Tally, established, splice};
+use crate::adapters::forward_proxy::zero_copy::Way;
 use crate::adapters::gateway::challenge::challenge_realm;
 use crate::adapters::gateway::phases::RequestContext;
 use crate::adapters::gateway::phases::answers::describe;
@@ -27,9 +30,6 @@ use crate::adapters::gateway::phases::judge::Seen;
 use crate::adapters::gateway::phases::log::{ExchangeOutcome, Transferred, meter};
 use crate::adapters::gateway::upstream::{Connection, open};
 use crate::adapters::gateway::{GatewayError, Upstream};
-use crate::adapters::forward_proxy::body::ProxyBody;
-use crate::adapters::forward_proxy::tunnel::{Splice, Tally, established, splice};
-use crate::adapters::forward_proxy::zero_copy::Way;
 
 /// How long a tunnel stays once one side has closed: a side that closed is
 /// done with it, and the lease must not wait on the other.

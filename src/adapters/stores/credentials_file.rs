@@ -5,7 +5,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::{CredentialsError, ProxyCredentials};
+use crate::domain::credentials::{CredentialsError, ProxyCredentials};
 
 /// Writes `username:password` to `path`, readable by its owner only.
 pub fn write_credentials_file(path: &Path, credentials: &ProxyCredentials) -> std::io::Result<()> {

@@ -12,7 +12,9 @@ use tracing::field::Empty;
 
 use egress_proxies_telemetry::otel::record_ids;
 
-use super::{CreateRequest, ErrorClass, Instance, LeftoverSweep, Provider, ProviderError, ProviderId};
+use crate::domain::provider::{
+    CreateRequest, ErrorClass, Instance, LeftoverSweep, Provider, ProviderError, ProviderId,
+};
 
 pub struct Traced {
     inner: Arc<dyn Provider>,

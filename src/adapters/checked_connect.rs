@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use super::{DestinationPolicy, Refusal};
+use crate::domain::destinations::{DestinationPolicy, Refusal};
 
 /// Why no connection to a destination was made.
 #[derive(Debug, thiserror::Error)]
@@ -208,7 +208,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, CheckedConnectError::Refused { .. }), "{err}");
-        let rules: super::super::DestinationRules =
+        let rules: crate::domain::destinations::DestinationRules =
             serde_json::from_str(r#"{"allow":["127.0.0.0/8"]}"#).unwrap();
         let policy = DestinationPolicy::new(&rules, &[]);
         // Nothing listens on port 9: only the rules are asked.
@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn a_name_is_refused_when_any_of_its_addresses_is() {
         let at = |ip: &str| SocketAddr::new(ip.parse().unwrap(), 80);
-        let rules: super::super::DestinationRules =
+        let rules: crate::domain::destinations::DestinationRules =
             serde_json::from_str(r#"{"allow": ["127.0.0.10"], "deny": ["127.0.0.11"]}"#).unwrap();
         let policy = DestinationPolicy::new(&rules, &[]);
         for (addresses, refused) in [
@@ -285,7 +285,7 @@ mod tests {
                 "{host}: {err}"
             );
         }
-        let allowed: super::super::DestinationRules =
+        let allowed: crate::domain::destinations::DestinationRules =
             serde_json::from_str(r#"{"allow": ["127.0.0.0/8"]}"#).unwrap();
         let policy = DestinationPolicy::new(&allowed, &[]);
         connect_checked(&policy, "127.0.0.1", port, false, Duration::from_secs(5))
@@ -297,7 +297,7 @@ mod tests {
     async fn a_connection_from_an_outgoing_address_arrives_from_it() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let allowed: super::super::DestinationRules =
+        let allowed: crate::domain::destinations::DestinationRules =
             serde_json::from_str(r#"{"allow": ["127.0.0.0/8"]}"#).unwrap();
         let policy = DestinationPolicy::new(&allowed, &[]);
         for from in ["127.0.3.7", "127.0.3.8"] {
