@@ -227,6 +227,8 @@ async fn one_turn(
         denied: figures.denied,
         blocked_rest: ctx.timing.blocked_rest,
         now,
+        // The names of this turn's new members are drawn from it.
+        seed: fastrand::u64(..),
     };
     let decided = {
         let mut memory = memory.lock().unwrap_or_else(|p| p.into_inner());

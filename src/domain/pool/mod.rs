@@ -10,7 +10,7 @@ mod step;
 
 pub use autoscale::{Bounds, Demand, SCALE_DOWN_DELAY, ScaleDownWindow, recommended_replicas};
 pub use members::{
-    LeaseFigures, is_member, new_member, parse_retiring, planned, random_suffix, retiring_value,
+    LeaseFigures, is_member, name_suffixes, new_member, parse_retiring, planned, retiring_value,
     template_hash,
 };
 pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};
