@@ -379,6 +379,9 @@ pub fn is_retiring(proxy: &Proxy) -> bool {
 }
 
 #[cfg(test)]
+mod table_tests;
+
+#[cfg(test)]
 mod tests {
     use serde_json::json;
 
