@@ -1,28 +1,24 @@
-//! `PoolActor`: one per ProxyPool. Every turn it reads the pool and its
-//! members from the store and their lease figures from the lease store,
-//! lets [`egress_proxies::domain::pool::step`] decide, and writes what it decided:
-//! new members, retiring annotations, deletions, the pool's status. The
-//! members' own ProxyActors do the rest (instances, health, leases).
+//! `PoolActor`: one per ProxyPool, the glue of its turns. Every second (or
+//! when the pool changes) it runs one turn: [`egress_proxies::domain::pool::observe`]
+//! reads the pool and its members, the lease store gives their lease
+//! figures, [`egress_proxies::domain::pool::step`] decides with the clock and a
+//! random seed this actor supplies, and [`egress_proxies::domain::pool::execute`]
+//! writes what it decided (deletions, retiring annotations, quarantine
+//! annotations, new members, the pool's status). The members' own
+//! ProxyActors do the rest (instances, health, leases).
 //!
-//! Each change is an internal event (`egress_proxies::telemetry::events`):
-//! its log line and its metrics, labelled by pool. A member that starts
-//! retiring is also an Event on the pool. After every turn the pool's
-//! gauges are set from the status it wrote, and the lease store gets the
-//! pool's figures for the dashboard; when the pool goes, both forget it.
+//! After every turn the pool's gauges are set from the status it wrote, and
+//! the lease store gets the pool's figures for the dashboard; when the pool
+//! goes, both forget it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::domain::pool::{Inputs, Memory, RetireReason, invalid_spec_status, note_creates, step};
-use egress_proxies::domain::resource::ObjectKey;
-use egress_proxies::domain::resource::{
-    ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
-};
+use egress_proxies::domain::pool::{Inputs, Memory, Observed, RetireReason, execute, observe, step};
+use egress_proxies::domain::resource::{ObjectKey, ProxyPoolStatus};
 use egress_proxies::domain::store::{PoolStore, ProxyStore, StoreError};
-use egress_proxies::telemetry::events::{
-    PoolMemberCreated, PoolMemberDeleted, PoolMemberRetiring, PoolRemoved, PoolTurnCompleted,
-};
+use egress_proxies::telemetry::events::{PoolRemoved, PoolTurnCompleted};
 
 use crate::lease_store::{ForgetPool, GetPoolFigures, LeaseStore, PoolReport, ReportPool};
 
@@ -194,19 +190,17 @@ impl PoolActor {
     }
 }
 
+/// One turn: observe, the lease figures, decide, execute. The next turn
+/// comes from the interval timer (or a [`Turn`] when the pool changes).
 async fn one_turn(
     key: &ObjectKey,
     ctx: &PoolContext,
     memory: &Mutex<Memory>,
     turned: &mut Turned,
 ) -> Result<(), PoolError> {
-    let Some(pool) = ctx.pools.get_pool(key).await? else {
+    let Some(Observed { pool, members }) = observe(ctx.pools.as_ref(), key).await? else {
         return Ok(());
     };
-    if pool.metadata.deletion_timestamp.is_some() {
-        return Ok(());
-    }
-    let members = ctx.pools.members(&pool).await?;
     let name = pool.metadata.name.clone().unwrap_or_default();
     let figures = match &ctx.leases {
         Some(leases) => {
@@ -227,116 +221,16 @@ async fn one_turn(
         denied: figures.denied,
         blocked_rest: ctx.timing.blocked_rest,
         now,
+        // The names of this turn's new members are drawn from it.
+        seed: fastrand::u64(..),
     };
     let decided = {
         let mut memory = memory.lock().unwrap_or_else(|p| p.into_inner());
         step(&pool, &members, &figures.members, inputs, &mut memory)
     };
-    let mut decided = match decided {
-        Ok(decided) => decided,
-        Err(problems) => {
-            tracing::error!(pool = %key, problems = %problems.join("; "), "pool spec is invalid; nothing changes");
-            let status = invalid_spec_status(&pool, &problems, now);
-            write_status(ctx, key, &pool, &status).await?;
-            turned.status = Some(status);
-            return Ok(());
-        }
-    };
-    let pool_name = key.to_string();
-    let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
-    // Deletions first, then retirements, then creates: a create the
-    // provider or the API refuses must not keep drained members alive.
-    for (member, uid) in &decided.delete {
-        match ctx.pools.delete_member(member, uid).await {
-            Ok(()) => PoolMemberDeleted {
-                pool: &pool_name,
-                member: &member.to_string(),
-            }
-            .emit(),
-            // Deleted already (by an earlier turn whose answer was lost, or by someone else).
-            Err(StoreError::Gone { .. }) => {
-                tracing::debug!(pool = %key, proxy = %member, "pool member gone already")
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    for (member, uid, value, reason) in &decided.retire {
-        ctx.proxies
-            .set_annotation(member, uid, RETIRING_ANNOTATION, Some(value))
-            .await?;
-        let name = member.to_string();
-        PoolMemberRetiring {
-            pool: &pool_name,
-            member: &name,
-            reason: reason.as_str(),
-        }
-        .emit();
-        let note = format!(
-            "member {name} retiring ({}): no new leases; deleted once drained",
-            reason.as_str()
-        );
-        ctx.pools
-            .publish_pool_event(key, &pool_uid, (member, uid), "MemberRetiring", &note)
-            .await;
-    }
-    // Before creates: a member waiting for an address gets the quarantine
-    // before its next try.
-    for (member, uid, value) in &decided.annotate {
-        match ctx
-            .proxies
-            .set_annotation(member, uid, QUARANTINED_ADDRESSES_ANNOTATION, Some(value))
-            .await
-        {
-            Ok(()) | Err(StoreError::Gone { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let mut failed_create = None;
-    for member in &decided.create {
-        match ctx.pools.create_member(member).await {
-            Ok(()) => PoolMemberCreated {
-                pool: &pool_name,
-                member: &ObjectKey::of(member).to_string(),
-            }
-            .emit(),
-            // A drawn name was taken: the next turn draws another.
-            Err(StoreError::AlreadyExists(taken)) => {
-                tracing::debug!(pool = %key, proxy = %taken, "member name taken")
-            }
-            Err(e) => {
-                tracing::warn!(pool = %key, error = %e, "creating a pool member failed; trying again next turn");
-                failed_create = Some(e.to_string());
-                break;
-            }
-        }
-    }
-    let created = !decided.create.is_empty() && failed_create.is_none();
-    note_creates(
-        &mut decided.status,
-        failed_create.as_deref(),
-        created,
-        pool.metadata.generation,
-        now,
-    );
-    write_status(ctx, key, &pool, &decided.status).await?;
-    turned.status = Some(decided.status);
+    let status = execute(key, &pool, decided, ctx.pools.as_ref(), ctx.proxies.as_ref(), now).await?;
+    turned.status = Some(status);
     Ok(())
-}
-
-async fn write_status(
-    ctx: &PoolContext,
-    key: &ObjectKey,
-    pool: &ProxyPool,
-    status: &ProxyPoolStatus,
-) -> Result<(), PoolError> {
-    if pool.status.as_ref() == Some(status) {
-        return Ok(());
-    }
-    let uid = pool.metadata.uid.clone().unwrap_or_default();
-    match ctx.pools.write_pool_status(key, &uid, status).await {
-        Ok(()) | Err(StoreError::Gone { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 impl Actor for PoolActor {

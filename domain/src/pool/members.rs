@@ -25,11 +25,16 @@ pub fn template_hash(template: &ProxyTemplate) -> String {
     hex::encode(&digest[..5])
 }
 
-/// A fresh suffix for a member's name.
-pub fn random_suffix() -> String {
-    (0..SUFFIX_LEN)
-        .map(|_| SUFFIX_ALPHABET[fastrand::usize(..SUFFIX_ALPHABET.len())] as char)
-        .collect()
+/// Suffixes for members' names, drawn from `seed`: the caller draws the
+/// seed from its own random source (a fixed one in tests), so the decision
+/// that names members stays a function of its inputs.
+pub fn name_suffixes(seed: u64) -> impl Iterator<Item = String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    std::iter::repeat_with(move || {
+        (0..SUFFIX_LEN)
+            .map(|_| SUFFIX_ALPHABET[rng.usize(..SUFFIX_ALPHABET.len())] as char)
+            .collect()
+    })
 }
 
 /// The Proxy for a new member `<pool>-<suffix>`, owned by the pool.
@@ -199,8 +204,15 @@ mod tests {
 
     #[test]
     fn suffixes_are_names_and_rarely_collide() {
-        let suffixes: std::collections::HashSet<String> = (0..1000).map(|_| random_suffix()).collect();
+        let suffixes: std::collections::HashSet<String> = name_suffixes(7).take(1000).collect();
         assert!(suffixes.len() > 990);
+        let again: Vec<String> = name_suffixes(7).take(3).collect();
+        assert_eq!(
+            again,
+            name_suffixes(7).take(3).collect::<Vec<_>>(),
+            "one seed, one draw"
+        );
+        assert_ne!(again, name_suffixes(8).take(3).collect::<Vec<_>>());
         assert!(suffixes.iter().all(
             |s| s.len() == SUFFIX_LEN && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         ));

@@ -2,7 +2,9 @@
 //! members as stored and the lease store's figures, what to write — the
 //! members to make, the annotations that retire members, the members to
 //! delete, the quarantine annotations to refresh, and the pool's status.
-//! The PoolActor reads, calls this, writes.
+//! The decision between [`observe`](super::observe()) and
+//! [`execute`](super::execute()): the clock and the randomness it needs
+//! come in with [`Inputs`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::autoscale::{Bounds, Demand, ScaleDownWindow, recommended_replicas};
 use super::members::parse_retiring;
-use super::members::{LeaseFigures, new_member, planned, random_suffix, retiring_value, template_hash};
+use super::members::{LeaseFigures, name_suffixes, new_member, planned, retiring_value, template_hash};
 use super::plan::{Plan, RetireReason, Settings, plan};
 use super::quarantine::{BlockedOn, Leaving, annotation_stale, annotation_value, note_condition, quarantine};
 use crate::resource::ObjectKey;
@@ -32,6 +34,9 @@ pub struct Inputs {
     /// address a member was blocked on is quarantined this long.
     pub blocked_rest: Duration,
     pub now: Timestamp,
+    /// Where this turn's new member names are drawn from (the caller's
+    /// random draw; a taken name is drawn again next turn, from another).
+    pub seed: u64,
 }
 
 /// What a pool's loop remembers between turns. Lost on a restart: the
@@ -199,9 +204,10 @@ pub fn step(
     let by_name = |name: &str| live.iter().find(|m| m.metadata.name.as_deref() == Some(name));
     let incarnation = |m: &Proxy| m.metadata.uid.clone().unwrap_or_default();
     let mut out = Step {
-        create: (0..create)
-            .map(|_| {
-                let mut member = new_member(pool, &random_suffix(), &hash);
+        create: name_suffixes(inputs.seed)
+            .take(create as usize)
+            .map(|suffix| {
+                let mut member = new_member(pool, &suffix, &hash);
                 if !annotation.is_empty() {
                     member
                         .metadata
@@ -373,6 +379,9 @@ pub fn is_retiring(proxy: &Proxy) -> bool {
 }
 
 #[cfg(test)]
+mod table_tests;
+
+#[cfg(test)]
 mod tests {
     use serde_json::json;
 
@@ -403,6 +412,7 @@ mod tests {
             denied: 0,
             blocked_rest: Duration::from_secs(600),
             now,
+            seed: 1,
         }
     }
 
