@@ -11,72 +11,47 @@ const fn s(seconds: u64) -> Duration {
     Duration::from_secs(seconds)
 }
 
+const ZERO: Duration = Duration::ZERO;
+
 /// Each ladder's steps (the waits before jitter) for attempts 0, 1, 2, …
 /// until the cap, which the next attempt keeps: today's values, unchanged.
 #[test]
 fn every_ladder_waits_as_its_table_says() {
+    #[rustfmt::skip]
     let table: [(&str, &[Duration]); 15] = [
-        (
-            "PROXY_POLL",
-            &[ms(500), s(1), s(2), s(4), s(8), s(15)],
-        ),
-        (
-            "PROXY_ERROR",
-            &[s(1), s(2), s(4), s(8), s(16), s(32), s(64), s(128), s(256), s(300)],
-        ),
-        ("PROXY_QUOTA", &[s(120), s(240), s(480), s(600)]),
-        (
-            "DELETION_REFUSED",
-            &[s(30), s(60), s(120), s(240), s(480), s(600)],
-        ),
-        (
-            "REPLACEMENT",
-            &[Duration::ZERO, s(10), s(20), s(40), s(80), s(160), s(300)],
-        ),
-        (
-            "KUBE_API_REFUSED",
-            &[ms(500), s(1), s(2), s(4), s(8)],
-        ),
-        ("WATCH_UNREACHABLE", &[ms(500), s(1), s(2)]),
-        (
-            "WATCH_REFUSED",
-            &[ms(800), ms(1600), ms(3200), ms(6400), ms(12_800), ms(25_600), s(30)],
-        ),
-        (
-            "KVM_REDIAL",
-            &[Duration::ZERO, s(1), s(2), s(4), s(8), s(16), s(30)],
-        ),
-        (
-            "ACTOR_RESTART",
-            &[
-                Duration::ZERO,
-                Duration::ZERO,
-                Duration::ZERO,
-                ms(200),
-                ms(400),
-                ms(800),
-                ms(1600),
-                ms(3200),
-                ms(6400),
-                ms(12_800),
-                ms(25_600),
-                s(30),
-            ],
-        ),
-        ("REGISTRY_RELIST", &[s(5)]),
+        ("PROXY_POLL",             &[ms(500), s(1), s(2), s(4), s(8), s(15)]),
+        ("PROXY_ERROR",            &[s(1), s(2), s(4), s(8), s(16), s(32), s(64), s(128), s(256), s(300)]),
+        ("PROXY_QUOTA",            &[s(120), s(240), s(480), s(600)]),
+        ("DELETION_REFUSED",       &[s(30), s(60), s(120), s(240), s(480), s(600)]),
+        ("REPLACEMENT",            &[ZERO, s(10), s(20), s(40), s(80), s(160), s(300)]),
+        ("KUBE_API_REFUSED",       &[ms(500), s(1), s(2), s(4), s(8)]),
+        ("WATCH_UNREACHABLE",      &[ms(500), s(1), s(2)]),
+        ("WATCH_REFUSED",          &[ms(800), ms(1600), ms(3200), ms(6400), ms(12_800), ms(25_600), s(30)]),
+        ("KVM_REDIAL",             &[ZERO, s(1), s(2), s(4), s(8), s(16), s(30)]),
+        ("ACTOR_RESTART",          &[ZERO, ZERO, ZERO, ms(200), ms(400), ms(800), ms(1600), ms(3200),
+                                     ms(6400), ms(12_800), ms(25_600), s(30)]),
+        ("REGISTRY_RELIST",        &[s(5)]),
         ("LEASE_CHECKPOINT_WRITE", &[ms(500)]),
-        ("ACCEPT_EXHAUSTED", &[ms(100)]),
-        ("ACCEPT_ERROR", &[ms(5)]),
-        ("LIBVIRT_EVENT_LOOP", &[ms(100)]),
+        ("ACCEPT_EXHAUSTED",       &[ms(100)]),
+        ("ACCEPT_ERROR",           &[ms(5)]),
+        ("LIBVIRT_EVENT_LOOP",     &[ms(100)]),
     ];
-    assert_eq!(table.map(|(name, _)| name), ALL.map(|(name, _)| name), "one row per ladder");
+    assert_eq!(
+        table.map(|(name, _)| name),
+        ALL.map(|(name, _)| name),
+        "one row per ladder"
+    );
     for ((name, steps), (_, ladder)) in table.into_iter().zip(ALL) {
         let seen: Vec<Duration> = (0..steps.len() as u32).map(|n| ladder.step(n)).collect();
         assert_eq!(seen, steps, "{name}");
         let cap = *steps.last().unwrap_or(&Duration::ZERO);
         assert_eq!(cap, ladder.cap, "{name}: the table ends at the cap");
         for attempt in [steps.len() as u32, steps.len() as u32 + 1, 64, u32::MAX] {
-            assert_eq!(ladder.step(attempt), cap, "{name}: attempt {attempt} stays at the cap");
+            assert_eq!(
+                ladder.step(attempt),
+                cap,
+                "{name}: attempt {attempt} stays at the cap"
+            );
         }
     }
 }
@@ -105,7 +80,10 @@ fn jitter_spreads_each_ladder_within_its_bounds() {
         if ladder.jitter == Jitter::NONE {
             assert_eq!(top, highest, "{ladder:?}");
         } else {
-            assert!(top < highest && top > highest.mul_f64(0.999), "{ladder:?}: {top:?}");
+            assert!(
+                top < highest && top > highest.mul_f64(0.999),
+                "{ladder:?}: {top:?}"
+            );
             assert_eq!(ladder.delay(attempt, 2.0), highest, "clamped: {ladder:?}");
         }
     }

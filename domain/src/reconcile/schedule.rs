@@ -217,7 +217,10 @@ mod tests {
                 .into(),
         );
         assert_eq!(s.after(&hinted, &t, JITTER), Some(Duration::from_secs(3)));
-        assert!(within(s.after(&error(ErrorClass::Transient), &t, JITTER), t.errors.first));
+        assert!(within(
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first
+        ));
     }
 
     #[test]
@@ -227,7 +230,10 @@ mod tests {
         assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first));
         assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first * 2));
         // An error in between does not reset the polls, nor they the errors.
-        assert!(within(s.after(&error(ErrorClass::Transient), &t, JITTER), t.errors.first));
+        assert!(within(
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first
+        ));
         assert!(within(
             s.after(&error(ErrorClass::Transient), &t, JITTER),
             t.errors.first * 2
@@ -247,7 +253,10 @@ mod tests {
         }
         // A success resets the error backoffs; the polls go on until settled.
         assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first * 4));
-        assert!(within(s.after(&error(ErrorClass::Transient), &t, JITTER), t.errors.first));
+        assert!(within(
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first
+        ));
         assert!(within(
             s.after(&error(ErrorClass::QuotaExceeded), &t, JITTER),
             t.quota.first
@@ -282,7 +291,11 @@ mod tests {
         let b = ReplacementBackoff::default();
         let secs: Vec<u64> = (1..=9).map(|n| b.delay(n).as_secs()).collect();
         assert_eq!(secs, [0, 10, 20, 40, 80, 160, 300, 300, 300]);
-        assert_eq!(b.delay(u32::MAX), b.ladder.cap, "no overflow however long the loop");
+        assert_eq!(
+            b.delay(u32::MAX),
+            b.ladder.cap,
+            "no overflow however long the loop"
+        );
         assert_eq!(b.delay(0), Duration::ZERO);
     }
 
