@@ -13,16 +13,13 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::domain::backoff::{Attempts, ladders};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::store::{StoreError, StoreEvent};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::supervision::{self, Node};
-
-/// How long a restarted registry waits before asking the store again when
-/// it could not list the keys.
-const RESYNC_RETRY: Duration = Duration::from_secs(5);
 
 /// A kind of object with one member actor each.
 pub trait Kind: Unpin + 'static {
@@ -122,19 +119,22 @@ impl<K: Kind> KeyedRegistry<K> {
         }
     }
 
-    /// Lists the store's keys (after a restart), retrying until it answers.
-    fn list_keys(&self, ctx: &mut Context<Self>) {
+    /// Lists the store's keys (after a restart), retrying until it answers
+    /// as [`ladders::REGISTRY_RELIST`] says; `failed` counts the lists that
+    /// failed so far.
+    fn list_keys(&self, mut failed: Attempts, ctx: &mut Context<Self>) {
         ctx.spawn(
             K::keys(&self.shared)
                 .into_actor(self)
-                .map(|listed, _, ctx| match listed {
+                .map(move |listed, _, ctx| match listed {
                     Ok(keys) => ctx.notify(Listed(keys)),
                     Err(e) => {
+                        let retry_in = failed.next_step(&ladders::REGISTRY_RELIST);
                         tracing::warn!(
-                            registry = K::REGISTRY, error = %e, retryIn = ?RESYNC_RETRY,
+                            registry = K::REGISTRY, error = %e, retryIn = ?retry_in,
                             "restarted registry could not list the store's keys"
                         );
-                        ctx.run_later(RESYNC_RETRY, |registry, ctx| registry.list_keys(ctx));
+                        ctx.run_later(retry_in, move |registry, ctx| registry.list_keys(failed, ctx));
                     }
                 }),
         );
@@ -154,7 +154,7 @@ impl<K: Kind> Actor for KeyedRegistry<K> {
         supervision::beat_while_running::<Self>(K::REGISTRY, ctx);
         ctx.run_interval(Duration::from_secs(1), |registry, _| registry.report_tree());
         if std::mem::take(&mut self.resync) {
-            self.list_keys(ctx);
+            self.list_keys(Attempts::default(), ctx);
         }
     }
 }

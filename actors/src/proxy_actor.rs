@@ -234,7 +234,8 @@ impl ProxyActor {
                 None
             }
             (Job::Reconcile, _) => {
-                let delay = memory.schedule.after(&outcome, timing);
+                // The schedule is pure: its jitter is drawn here.
+                let delay = memory.schedule.after(&outcome, timing, fastrand::f64());
                 if let Err(error) = &outcome {
                     tracing::warn!(
                         proxy = %self.key, error = %error, class = %error.class(),

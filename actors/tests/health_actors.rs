@@ -17,6 +17,7 @@ use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
 use egress_proxies::domain::provider::Provider;
+use egress_proxies::domain::backoff::{Backoff, ladders};
 use egress_proxies::domain::reconcile;
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
@@ -130,8 +131,11 @@ impl Bed {
             .start();
         let p = prober.clone();
         let timing = Timing {
-            poll_min: Duration::from_millis(20),
-            poll_max: Duration::from_millis(200),
+            polls: Backoff {
+                first: Duration::from_millis(20),
+                cap: Duration::from_millis(200),
+                ..ladders::PROXY_POLL
+            },
             resync: Duration::from_secs(30),
             ..Timing::default()
         };

@@ -10,6 +10,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers, instance_name};
+use egress_proxies::domain::backoff::{Backoff, ladders};
 use egress_proxies::domain::reconcile::{self, ReplacementBackoff};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{
@@ -25,23 +26,28 @@ use support::scripted_provider::{Call, ScriptedProvider};
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A ladder of the shape `like` has, between `first` and `cap`.
+fn ladder(like: Backoff, first: u64, cap: u64) -> Backoff {
+    Backoff {
+        first: Duration::from_millis(first),
+        cap: Duration::from_millis(cap),
+        ..like
+    }
+}
+
 fn fast() -> Timing {
     Timing {
-        poll_min: Duration::from_millis(10),
-        poll_max: Duration::from_millis(50),
+        polls: ladder(ladders::PROXY_POLL, 10, 50),
         resync: Duration::from_millis(100),
-        error_min: Duration::from_millis(20),
-        error_max: Duration::from_millis(100),
-        quota_min: Duration::from_millis(400),
-        quota_max: Duration::from_millis(500),
+        errors: ladder(ladders::PROXY_ERROR, 20, 100),
+        quota: ladder(ladders::PROXY_QUOTA, 400, 500),
     }
 }
 
 /// The replacement backoff's shape at test speed: 0, 300 ms, 600 ms, 1.2 s, 1.2 s …
 fn fast_replacement() -> ReplacementBackoff {
     ReplacementBackoff {
-        base: Duration::from_millis(300),
-        max: Duration::from_millis(1200),
+        ladder: ladder(ladders::REPLACEMENT, 300, 1200),
         stable_after: Duration::from_secs(600),
     }
 }
@@ -227,7 +233,7 @@ async fn quota_errors_back_off_slowly_and_say_so() {
     assert!(msg.contains("will retry"), "{msg}");
     bed.wait_phase("a", Phase::Running).await;
     assert!(
-        start.elapsed() >= fast().quota_min / 2,
+        start.elapsed() >= fast().quota.first / 2,
         "retried after {:?}",
         start.elapsed()
     );

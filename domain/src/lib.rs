@@ -7,6 +7,7 @@
 // Dependencies the crate does not use (dev-dependencies only count for tests).
 #![cfg_attr(not(test), warn(unused_crate_dependencies))]
 
+pub mod backoff;
 pub mod config;
 pub mod credentials;
 pub mod destinations;

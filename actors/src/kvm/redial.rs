@@ -1,20 +1,22 @@
 //! How long a KVM host's link waits before it dials again: at once after
 //! the first loss, then doubling up to half a minute while dials keep
-//! failing — and from the start again once a link has stayed up for
-//! [`HEALTHY_AFTER`], so a host that drops once a day is not redialed as
-//! slowly as one that never comes up.
+//! failing ([`ladders::KVM_REDIAL`]) — and from the start again once a link
+//! has stayed up for [`HEALTHY_AFTER`], so a host that drops once a day is
+//! not redialed as slowly as one that never comes up.
 
 use std::time::{Duration, Instant};
+
+use egress_proxies::domain::backoff::{Attempts, ladders};
 
 /// A link up this long counts as healthy: the next loss redials at once.
 pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// The longest wait between dials.
-pub const MAX_WAIT: Duration = Duration::from_secs(30);
+pub const MAX_WAIT: Duration = ladders::KVM_REDIAL.cap;
 
 #[derive(Clone, Debug, Default)]
 pub struct Redial {
     /// Losses since the link was last healthy.
-    losses: u32,
+    losses: Attempts,
     /// When the current link came up.
     up_since: Option<Instant>,
 }
@@ -32,14 +34,9 @@ impl Redial {
             .take()
             .is_some_and(|since| now.duration_since(since) >= HEALTHY_AFTER)
         {
-            self.losses = 0;
+            self.losses.reset();
         }
-        let wait = match self.losses {
-            0 => Duration::ZERO,
-            n => Duration::from_secs(1u64 << (n - 1).min(5)).min(MAX_WAIT),
-        };
-        self.losses = self.losses.saturating_add(1);
-        wait
+        self.losses.next_step(&ladders::KVM_REDIAL)
     }
 }
 

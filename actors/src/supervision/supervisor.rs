@@ -20,14 +20,10 @@ use std::time::Duration;
 
 use actix::dev::ContextFut;
 use actix::prelude::*;
+use egress_proxies::domain::backoff::ladders;
 use egress_proxies::telemetry::events::ActorRestarted;
 
 use super::Node;
-
-/// Restarts within [`super::RESTART_WINDOW`] allowed without a pause.
-const FREE_RESTARTS: usize = 3;
-/// The longest pause before a restart.
-const MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// Starts `make`'s actor on the current arbiter under a supervisor.
 pub fn start<A, F>(node: Node, make: F) -> Addr<A>
@@ -105,11 +101,11 @@ where
 }
 
 /// How long to wait before restarting an actor that restarted `recent`
-/// times lately (this one included).
+/// times lately (this one included): the [`ladders::ACTOR_RESTART`] ladder's
+/// attempt `recent - 1`, `None` while it restarts at once.
 fn pause_after(recent: usize) -> Option<Duration> {
-    let over = recent.checked_sub(FREE_RESTARTS).filter(|n| *n > 0)?;
-    let pause = Duration::from_millis(100).saturating_mul(1 << over.min(16));
-    Some(pause.min(MAX_PAUSE))
+    let attempt = u32::try_from(recent.saturating_sub(1)).unwrap_or(u32::MAX);
+    Some(ladders::ACTOR_RESTART.step(attempt)).filter(|pause| !pause.is_zero())
 }
 
 impl<A> Future for Restarting<A>
@@ -151,6 +147,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Restarts within [`super::super::RESTART_WINDOW`] allowed without a pause.
+    const FREE_RESTARTS: usize = ladders::ACTOR_RESTART.immediate as usize;
+    /// The longest pause before a restart.
+    const MAX_PAUSE: Duration = ladders::ACTOR_RESTART.cap;
 
     #[test]
     fn a_few_restarts_are_immediate_then_pauses_grow_to_a_cap() {

@@ -6,46 +6,39 @@
 //! instead: neither a restart nor a leader change may reset it.
 //!
 //! The ProxyActor asks the schedule and sets its one timer; nothing else
-//! decides a delay.
+//! decides a delay. Every backoff here is a ladder of
+//! [`crate::backoff::ladders`]; the jitter sample is the caller's draw.
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use jiff::Timestamp;
 
 use super::{Next, ReconcileError};
+use crate::backoff::{Attempts, Backoff, ladders};
 use crate::provider::ErrorClass;
 
 /// How often a Proxy is looked at again.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
-    pub poll_min: Duration,
-    pub poll_max: Duration,
+    /// Work in flight polled ([`ladders::PROXY_POLL`]).
+    pub polls: Backoff,
     pub resync: Duration,
-    pub error_min: Duration,
-    pub error_max: Duration,
-    pub quota_min: Duration,
-    pub quota_max: Duration,
+    /// A failed reconcile tried again ([`ladders::PROXY_ERROR`]).
+    pub errors: Backoff,
+    /// A reconcile refused for quota tried again ([`ladders::PROXY_QUOTA`]).
+    pub quota: Backoff,
 }
 
 impl Default for Timing {
     fn default() -> Self {
         Self {
-            poll_min: Duration::from_millis(500),
-            poll_max: Duration::from_secs(15),
+            polls: ladders::PROXY_POLL,
             resync: Duration::from_secs(30),
-            error_min: Duration::from_secs(1),
-            error_max: Duration::from_secs(300),
-            quota_min: Duration::from_secs(120),
-            quota_max: Duration::from_secs(600),
+            errors: ladders::PROXY_ERROR,
+            quota: ladders::PROXY_QUOTA,
         }
     }
 }
-
-/// A deletion the provider refuses for good is retried after this long,
-/// doubling up to [`MAX_DELETION_RETRY`]: something outside may fix it.
-const FIRST_DELETION_RETRY: Duration = Duration::from_secs(30);
-const MAX_DELETION_RETRY: Duration = Duration::from_secs(600);
 
 /// The two kinds of work on one Proxy, never two at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,28 +65,34 @@ pub fn jobs_for_verdict(healthy: bool, first_status_held: bool) -> &'static [Job
 /// restart, which starts each backoff from its shortest delay again.
 #[derive(Debug, Default)]
 pub struct Schedule {
-    polls: Backoff,
-    errors: Backoff,
-    quota: Backoff,
+    polls: Attempts,
+    errors: Attempts,
+    quota: Attempts,
     /// Deletes refused for good in a row.
-    deletion_refusals: u32,
+    deletion_refusals: Attempts,
 }
 
 impl Schedule {
     /// When to run the next reconcile after one ended with `outcome`;
-    /// `None`: only when something changes.
-    pub fn after(&mut self, outcome: &Result<Next, ReconcileError>, timing: &Timing) -> Option<Duration> {
+    /// `None`: only when something changes. `jitter` is a draw uniform in
+    /// [0, 1) that spreads a backoff's wait.
+    pub fn after(
+        &mut self,
+        outcome: &Result<Next, ReconcileError>,
+        timing: &Timing,
+        jitter: f64,
+    ) -> Option<Duration> {
         let next = match outcome {
             Ok(next) => next,
-            Err(error) => return self.after_error(error, timing),
+            Err(error) => return self.after_error(error, timing, jitter),
         };
         self.errors.reset();
         self.quota.reset();
         if !matches!(next, Next::After(_)) {
-            self.deletion_refusals = 0;
+            self.deletion_refusals.reset();
         }
         match *next {
-            Next::Poll => self.polls.next(timing.poll_min, timing.poll_max),
+            Next::Poll => Some(self.polls.next_delay(&timing.polls, jitter)),
             Next::Resync => {
                 self.polls.reset();
                 Some(timing.resync)
@@ -110,53 +109,24 @@ impl Schedule {
         }
     }
 
-    fn after_error(&mut self, error: &ReconcileError, timing: &Timing) -> Option<Duration> {
+    fn after_error(&mut self, error: &ReconcileError, timing: &Timing, jitter: f64) -> Option<Duration> {
         match (error.retry_after(), error.class()) {
             // Work still under way (an image download): back soon, backoff untouched.
             (Some(after), _) => Some(after),
-            (None, ErrorClass::QuotaExceeded) => self.quota.next(timing.quota_min, timing.quota_max),
-            (None, _) => self.errors.next(timing.error_min, timing.error_max),
+            (None, ErrorClass::QuotaExceeded) => Some(self.quota.next_delay(&timing.quota, jitter)),
+            (None, _) => Some(self.errors.next_delay(&timing.errors, jitter)),
         }
     }
 
     /// The provider refused the deletion once more: how long until it is
-    /// asked again (30 s, doubling up to 10 minutes).
+    /// asked again ([`ladders::DELETION_REFUSED`]: 30 s, doubling up to 10 minutes).
     pub fn deletion_refused(&mut self) -> Duration {
-        let wait = FIRST_DELETION_RETRY.saturating_mul(1 << self.deletion_refusals.min(10));
-        self.deletion_refusals += 1;
-        wait.min(MAX_DELETION_RETRY)
+        self.deletion_refusals.next_step(&ladders::DELETION_REFUSED)
     }
 
     /// A restart: polls start again from the shortest delay.
     pub fn restarted(&mut self) {
         self.polls.reset();
-    }
-}
-
-/// An exponential backoff with jitter that holds nothing until it is used:
-/// of ten thousand Proxies, few ever back off.
-#[derive(Debug, Default)]
-struct Backoff(Option<Box<ExponentialBackoff>>);
-
-impl Backoff {
-    fn next(&mut self, min: Duration, max: Duration) -> Option<Duration> {
-        self.0
-            .get_or_insert_with(|| {
-                Box::new(
-                    ExponentialBuilder::default()
-                        .with_min_delay(min)
-                        .with_max_delay(max)
-                        .with_jitter()
-                        .without_max_times()
-                        .build(),
-                )
-            })
-            .next()
-    }
-
-    /// Starts again from the shortest delay.
-    fn reset(&mut self) {
-        self.0 = None;
     }
 }
 
@@ -166,12 +136,11 @@ impl Backoff {
 /// whose instances die at start would create and delete VMs as fast as the
 /// provider allows (image copies, API quota, money). The count and the
 /// time the next instance may be created live in `status.replacement`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplacementBackoff {
-    /// Delay before the second replacement in a row; doubled for each after it.
-    pub base: Duration,
-    /// The longest delay.
-    pub max: Duration,
+    /// The waits before the first, second, … replacement in a row
+    /// ([`ladders::REPLACEMENT`]: none, then 10 s doubling up to 5 minutes).
+    pub ladder: Backoff,
     /// An instance up this long resets the count: its loss is a new story.
     pub stable_after: Duration,
 }
@@ -179,24 +148,17 @@ pub struct ReplacementBackoff {
 impl Default for ReplacementBackoff {
     fn default() -> Self {
         Self {
-            base: Duration::from_secs(10),
-            max: Duration::from_secs(300),
+            ladder: ladders::REPLACEMENT,
             stable_after: Duration::from_secs(600),
         }
     }
 }
 
 impl ReplacementBackoff {
-    /// The wait before creating the `count`-th replacement in a row: none
-    /// for the first, then `base`, doubling up to `max`.
+    /// The wait before creating the `count`-th replacement in a row (the
+    /// ladder's attempt `count - 1`; none for the first).
     pub fn delay(&self, count: u32) -> Duration {
-        match count {
-            0 | 1 => Duration::ZERO,
-            n => {
-                let factor = 1u32.checked_shl(n - 2).unwrap_or(u32::MAX);
-                self.base.saturating_mul(factor).min(self.max)
-            }
-        }
+        self.ladder.step(count.saturating_sub(1))
     }
 
     /// Whether an instance up since `since` has stayed up long enough to
@@ -212,16 +174,21 @@ mod tests {
     use crate::provider::{Op, ProviderError};
 
     fn timing() -> Timing {
+        let ladder = |first, cap| Backoff {
+            first,
+            cap,
+            ..ladders::PROXY_POLL
+        };
         Timing {
-            poll_min: Duration::from_millis(100),
-            poll_max: Duration::from_millis(400),
+            polls: ladder(Duration::from_millis(100), Duration::from_millis(400)),
             resync: Duration::from_secs(30),
-            error_min: Duration::from_secs(1),
-            error_max: Duration::from_secs(4),
-            quota_min: Duration::from_secs(120),
-            quota_max: Duration::from_secs(480),
+            errors: ladder(Duration::from_secs(1), Duration::from_secs(4)),
+            quota: ladder(Duration::from_secs(120), Duration::from_secs(480)),
         }
     }
+
+    /// The jitter draw: the top of the spread, where a cap is tested hardest.
+    const JITTER: f64 = 0.999_999;
 
     fn error(class: ErrorClass) -> Result<Next, ReconcileError> {
         Err(ProviderError::new(class, Op::Get, "sim", None, "no").into())
@@ -236,57 +203,66 @@ mod tests {
     fn every_outcome_has_its_wait() {
         let t = timing();
         let mut s = Schedule::default();
-        assert_eq!(s.after(&Ok(Next::Resync), &t), Some(t.resync));
+        assert_eq!(s.after(&Ok(Next::Resync), &t, JITTER), Some(t.resync));
         assert_eq!(
-            s.after(&Ok(Next::After(Duration::from_secs(7))), &t),
+            s.after(&Ok(Next::After(Duration::from_secs(7))), &t, JITTER),
             Some(Duration::from_secs(7))
         );
-        assert_eq!(s.after(&Ok(Next::Idle), &t), None);
-        assert_eq!(s.after(&Ok(Next::Gone), &t), None);
+        assert_eq!(s.after(&Ok(Next::Idle), &t, JITTER), None);
+        assert_eq!(s.after(&Ok(Next::Gone), &t, JITTER), None);
         // The provider's own hint wins and leaves the backoff where it was.
         let hinted = Err(
             ProviderError::new(ErrorClass::Transient, Op::Create, "sim", None, "busy")
                 .retry_after(Duration::from_secs(3))
                 .into(),
         );
-        assert_eq!(s.after(&hinted, &t), Some(Duration::from_secs(3)));
-        assert!(within(s.after(&error(ErrorClass::Transient), &t), t.error_min));
+        assert_eq!(s.after(&hinted, &t, JITTER), Some(Duration::from_secs(3)));
+        assert!(within(
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first
+        ));
     }
 
     #[test]
     fn polls_errors_and_quota_back_off_apart_and_success_resets_them() {
         let t = timing();
         let mut s = Schedule::default();
-        assert!(within(s.after(&Ok(Next::Poll), &t), t.poll_min));
-        assert!(within(s.after(&Ok(Next::Poll), &t), t.poll_min * 2));
+        assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first));
+        assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first * 2));
         // An error in between does not reset the polls, nor they the errors.
-        assert!(within(s.after(&error(ErrorClass::Transient), &t), t.error_min));
         assert!(within(
-            s.after(&error(ErrorClass::Transient), &t),
-            t.error_min * 2
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first
         ));
         assert!(within(
-            s.after(&error(ErrorClass::QuotaExceeded), &t),
-            t.quota_min
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first * 2
         ));
         assert!(within(
-            s.after(&error(ErrorClass::QuotaExceeded), &t),
-            t.quota_min * 2
+            s.after(&error(ErrorClass::QuotaExceeded), &t, JITTER),
+            t.quota.first
+        ));
+        assert!(within(
+            s.after(&error(ErrorClass::QuotaExceeded), &t, JITTER),
+            t.quota.first * 2
         ));
         // Capped.
         for _ in 0..10 {
-            let d = s.after(&error(ErrorClass::Transient), &t).unwrap();
-            assert!(d <= t.error_max * 2, "{d:?}");
+            let d = s.after(&error(ErrorClass::Transient), &t, JITTER).unwrap();
+            assert!(d <= t.errors.cap * 2, "{d:?}");
         }
         // A success resets the error backoffs; the polls go on until settled.
-        assert!(within(s.after(&Ok(Next::Poll), &t), t.poll_min * 4));
-        assert!(within(s.after(&error(ErrorClass::Transient), &t), t.error_min));
+        assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first * 4));
         assert!(within(
-            s.after(&error(ErrorClass::QuotaExceeded), &t),
-            t.quota_min
+            s.after(&error(ErrorClass::Transient), &t, JITTER),
+            t.errors.first
         ));
-        s.after(&Ok(Next::Resync), &t);
-        assert!(within(s.after(&Ok(Next::Poll), &t), t.poll_min));
+        assert!(within(
+            s.after(&error(ErrorClass::QuotaExceeded), &t, JITTER),
+            t.quota.first
+        ));
+        s.after(&Ok(Next::Resync), &t, JITTER);
+        assert!(within(s.after(&Ok(Next::Poll), &t, JITTER), t.polls.first));
     }
 
     #[test]
@@ -296,9 +272,9 @@ mod tests {
         let waits: Vec<u64> = (0..7).map(|_| s.deletion_refused().as_secs()).collect();
         assert_eq!(waits, [30, 60, 120, 240, 480, 600, 600]);
         // The blocked reconcile's own After keeps the count.
-        s.after(&Ok(Next::After(Duration::from_secs(600))), &t);
+        s.after(&Ok(Next::After(Duration::from_secs(600))), &t, JITTER);
         assert_eq!(s.deletion_refused().as_secs(), 600);
-        s.after(&Ok(Next::Poll), &t);
+        s.after(&Ok(Next::Poll), &t, JITTER);
         assert_eq!(s.deletion_refused().as_secs(), 30);
     }
 
@@ -315,7 +291,11 @@ mod tests {
         let b = ReplacementBackoff::default();
         let secs: Vec<u64> = (1..=9).map(|n| b.delay(n).as_secs()).collect();
         assert_eq!(secs, [0, 10, 20, 40, 80, 160, 300, 300, 300]);
-        assert_eq!(b.delay(u32::MAX), b.max, "no overflow however long the loop");
+        assert_eq!(
+            b.delay(u32::MAX),
+            b.ladder.cap,
+            "no overflow however long the loop"
+        );
         assert_eq!(b.delay(0), Duration::ZERO);
     }
 

@@ -42,14 +42,10 @@ pub use slots::{ConnectionSlots, InFlight, Phase, Slot};
 pub use tracked::Tracked;
 pub use unauthenticated::{LINGER, Refusal, Unauthenticated};
 
+use crate::domain::backoff::{Attempts, ladders};
 use crate::domain::config::UnauthenticatedLimits;
 use crate::listener_limits::{MEMORY_PER_CONNECTION, PROXY_LISTENER_PART, memory_cap};
 
-/// Pause after an accept error for want of descriptors or memory.
-const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
-/// Pause after any other accept error (a connection reset before it was
-/// accepted, say): the next one is most likely fine.
-const ERROR_BACKOFF: Duration = Duration::from_millis(5);
 /// At the cap, how long to wait for an evicted connection to close before
 /// looking for another one to evict.
 const EVICTION_PATIENCE: Duration = Duration::from_millis(200);
@@ -123,6 +119,10 @@ where
     let unauthenticated = Unauthenticated::new(name, reason_header, settings.unauthenticated);
     let slots = ConnectionSlots::with_limits(max_connections, unauthenticated.clone());
     let mut accept_errors = Bursts::new(BURST_QUIET);
+    // Accept errors in a row: the pause after each is
+    // `ladders::ACCEPT_EXHAUSTED` (no descriptors or memory) or
+    // `ladders::ACCEPT_ERROR` (anything else).
+    let mut failed_accepts = Attempts::default();
     let mut full = Bursts::new(BURST_QUIET);
     loop {
         let permit = loop {
@@ -143,7 +143,10 @@ where
             }
         };
         let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
+            Ok(accepted) => {
+                failed_accepts.reset();
+                accepted
+            }
             Err(e) => {
                 let exhausted = is_exhaustion(&e);
                 if let Some(unlogged) = accept_errors.occurred(Instant::now()) {
@@ -157,12 +160,12 @@ where
                     slots.evict_longest_idle();
                 }
                 drop(permit);
-                tokio::time::sleep(if exhausted {
-                    EXHAUSTED_BACKOFF
+                let ladder = if exhausted {
+                    ladders::ACCEPT_EXHAUSTED
                 } else {
-                    ERROR_BACKOFF
-                })
-                .await;
+                    ladders::ACCEPT_ERROR
+                };
+                tokio::time::sleep(failed_accepts.next_step(&ladder)).await;
                 continue;
             }
         };

@@ -14,15 +14,15 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::request::ApiRequest;
+use crate::domain::backoff::{Backoff, ladders};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RetryRules {
     pub max_retries: u32,
     /// The retry waits of one request together.
     pub max_wait: Duration,
-    /// The first backoff without `Retry-After`; it doubles each retry.
-    pub first_backoff: Duration,
-    pub max_backoff: Duration,
+    /// The wait without `Retry-After` ([`ladders::KUBE_API_REFUSED`]).
+    pub backoff: Backoff,
 }
 
 impl Default for RetryRules {
@@ -30,8 +30,7 @@ impl Default for RetryRules {
         Self {
             max_retries: 3,
             max_wait: Duration::from_secs(60),
-            first_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(8),
+            backoff: ladders::KUBE_API_REFUSED,
         }
     }
 }
@@ -92,11 +91,7 @@ impl RetryRules {
         // Full backoff halved by jitter: [b/2, b), so that clients refused
         // together do not come back together.
         let jitter = jitter.clamp(0.0, 1.0);
-        let backoff = self
-            .first_backoff
-            .saturating_mul(1u32.checked_shl(retries).unwrap_or(u32::MAX))
-            .min(self.max_backoff)
-            .mul_f64(0.5 + jitter / 2.0);
+        let backoff = self.backoff.delay(retries, jitter);
         // Never sooner than the server asked, and spread over a quarter of
         // its delay after that: the requests it refused in one second do
         // not all return in the same instant to be refused again. Never a

@@ -19,21 +19,16 @@
 //!
 //! Every event resets both pauses: the first successful response after an
 //! outage ends its backoff. Pauses are spread ±20 % so replicas and
-//! watches do not retry in step.
+//! watches do not retry in step. The two ladders are
+//! [`ladders::WATCH_UNREACHABLE`] and [`ladders::WATCH_REFUSED`].
 
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher::{self, Event};
 
-/// First pause while the server does not answer.
-const UNREACHABLE_FIRST: Duration = Duration::from_millis(500);
-/// Longest pause while the server does not answer.
-const UNREACHABLE_CAP: Duration = Duration::from_secs(2);
-/// First pause after a refusal (client-go's reflector).
-const REFUSED_FIRST: Duration = Duration::from_millis(800);
-/// Longest pause after refusals (client-go's reflector).
-const REFUSED_CAP: Duration = Duration::from_secs(30);
+use crate::domain::backoff::{Attempts, ladders};
+
 /// A 410 re-lists at once only if the last immediate re-list was longer ago.
 pub const RELIST_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
@@ -67,49 +62,37 @@ impl WatchFailure {
 /// The pause of one watch between its errors.
 #[derive(Debug, Default)]
 pub struct WatchRetry {
-    unreachable: u32,
-    refused: u32,
+    unreachable: Attempts,
+    refused: Attempts,
     /// When a 410 last led to an immediate re-list (not reset by events).
     last_relist: Option<Instant>,
-}
-
-fn doubled(first: Duration, cap: Duration, failures: u32) -> Duration {
-    first.saturating_mul(1u32 << failures.min(16)).min(cap)
 }
 
 impl WatchRetry {
     /// An event arrived: the next error starts from the first pause.
     pub fn succeeded(&mut self) {
-        self.unreachable = 0;
-        self.refused = 0;
+        self.unreachable.reset();
+        self.refused.reset();
     }
 
     /// How long to wait before the watcher tries again; `jitter` in [0, 1)
     /// spreads the pause by ±20 %.
     pub fn pause_after(&mut self, failure: WatchFailure, now: Instant, jitter: f64) -> Duration {
-        let base = match failure {
+        match failure {
             WatchFailure::Expired
                 if self
                     .last_relist
                     .is_none_or(|at| now.saturating_duration_since(at) >= RELIST_AGAIN_AFTER) =>
             {
                 self.last_relist = Some(now);
-                self.unreachable = 0;
-                self.refused = 0;
-                return Duration::ZERO;
+                self.succeeded();
+                Duration::ZERO
             }
-            WatchFailure::Unreachable => {
-                let pause = doubled(UNREACHABLE_FIRST, UNREACHABLE_CAP, self.unreachable);
-                self.unreachable = self.unreachable.saturating_add(1);
-                pause
-            }
+            WatchFailure::Unreachable => self.unreachable.next_delay(&ladders::WATCH_UNREACHABLE, jitter),
             WatchFailure::Expired | WatchFailure::Refused => {
-                let pause = doubled(REFUSED_FIRST, REFUSED_CAP, self.refused);
-                self.refused = self.refused.saturating_add(1);
-                pause
+                self.refused.next_delay(&ladders::WATCH_REFUSED, jitter)
             }
-        };
-        base.mul_f64(0.8 + 0.4 * jitter.clamp(0.0, 1.0))
+        }
     }
 
     /// Logs `error` and waits as [`Self::pause_after`] says.

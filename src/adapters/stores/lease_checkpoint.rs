@@ -39,6 +39,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::adapters::leader::Tenure;
 use crate::adapters::stores::checkpoint_shard::{self, ConflictCause, FIELD_MANAGER};
+use crate::domain::backoff::{Attempts, ladders};
 use crate::domain::lease::journal::{
     Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
@@ -53,8 +54,6 @@ pub const NAME_PREFIX: &str = "egress-proxies-leases-";
 pub const MIN_ROUND_INTERVAL: Duration = Duration::from_millis(100);
 /// Every shard is written again this often (a no-op unless someone changed it).
 pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
-/// A failed round is retried after this long.
-const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// The longest a shard write may take (less when the tenure ends sooner).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Re-reads after conflicts within one shard write before the round fails.
@@ -276,6 +275,8 @@ impl WriterTask {
     async fn run(self) {
         // Since when changes have waited for a round that keeps failing.
         let mut failing_since: Option<Instant> = None;
+        // Failed rounds in a row, retried as `ladders::LEASE_CHECKPOINT_WRITE` says.
+        let mut failed_rounds = Attempts::default();
         let start = tokio::time::Instant::now() + REFRESH_EVERY;
         let mut refresh = tokio::time::interval_at(start, REFRESH_EVERY);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -321,6 +322,7 @@ impl WriterTask {
                 }
                 if failed.is_empty() {
                     failing_since = None;
+                    failed_rounds.reset();
                     self.shared.written.send_replace(Written::Upto(generation));
                     tokio::time::sleep(MIN_ROUND_INTERVAL).await;
                 } else {
@@ -336,7 +338,7 @@ impl WriterTask {
                         self.shared.unwritable.send_replace(Some(why));
                     }
                     self.state().dirty.extend(failed);
-                    tokio::time::sleep(RETRY_AFTER).await;
+                    tokio::time::sleep(failed_rounds.next_step(&ladders::LEASE_CHECKPOINT_WRITE)).await;
                 }
             }
         }

@@ -5,6 +5,8 @@
 
 use std::sync::Once;
 
+use crate::domain::backoff::{Attempts, ladders};
+
 static SETUP: Once = Once::new();
 
 /// Registers libvirt's default event loop and runs it on a dedicated thread
@@ -20,10 +22,14 @@ pub fn ensure_client_setup() {
         let spawned = std::thread::Builder::new()
             .name("libvirt-events".into())
             .spawn(|| {
+                let mut failed = Attempts::default();
                 loop {
-                    if let Err(e) = virt::event::event_run_default_impl() {
-                        tracing::warn!(error = %e, "libvirt event loop iteration failed");
-                        std::thread::sleep(std::time::Duration::from_millis(100));
+                    match virt::event::event_run_default_impl() {
+                        Ok(()) => failed.reset(),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "libvirt event loop iteration failed");
+                            std::thread::sleep(failed.next_step(&ladders::LIBVIRT_EVENT_LOOP));
+                        }
                     }
                 }
             });
