@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
-use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers, instance_name};
 use egress_proxies::domain::backoff::{Backoff, ladders};
+use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers, instance_name};
 use egress_proxies::domain::reconcile::{self, ReplacementBackoff};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{
