@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use egress_proxies::adapters::stores::credentials_file::write_credentials_file;
-use egress_proxies::domain::credentials::{ProxyCredentials, htpasswd_line};
+use egress_proxies::domain::credentials::ProxyCredentials;
 use egress_proxies::domain::destinations::{
     DestinationEntry, DestinationPolicy, DestinationRules, squid_rules,
 };
@@ -305,7 +305,7 @@ fn start_squid(
     let io = |e: std::io::Error| format!("writing Squid's files: {e}");
     std::fs::create_dir(&run_dir).map_err(io)?;
     let passwd = run_dir.join("passwd");
-    let line = htpasswd_line(credentials).map_err(|e| e.to_string())?;
+    let line = egress_proxies::adapters::random::htpasswd_line(credentials).map_err(|e| e.to_string())?;
     std::fs::write(&passwd, format!("{line}\n")).map_err(io)?;
     let user = if nix::unistd::geteuid().is_root() {
         let user = nix::unistd::User::from_name("proxy")
@@ -634,7 +634,8 @@ fn run() -> Result<bool, String> {
     let squid_bin = find_tool("squid", "squid")?;
 
     let dir = RunDir::new()?;
-    let credentials = ProxyCredentials::generate().map_err(|e| e.to_string())?;
+    let credentials = ProxyCredentials::generate(&egress_proxies::adapters::random::SystemRandom)
+        .map_err(|e| e.to_string())?;
     let rules = DestinationRules {
         allow: vec![
             "127.0.0.0/8"

@@ -88,6 +88,7 @@ pub fn start(
         installation: installation.clone(),
         external_endpoints: settings.external_endpoints.clone(),
         names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
+        random: std::sync::Arc::new(egress_proxies::adapters::random::SystemRandom),
     };
     let scope = Scope {
         installation,

@@ -123,6 +123,7 @@ impl Bed {
             installation: support::installation(),
             external_endpoints: None,
             names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
+            random: std::sync::Arc::new(egress_proxies::adapters::random::SystemRandom),
         };
         // As the operator runs them: probes on threads of their own.
         let threads = ProbeThreads::new(2).unwrap();

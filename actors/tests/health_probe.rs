@@ -289,10 +289,10 @@ async fn an_extra_ca_file_is_trusted() {
 /// the built-in proxy and through Squid's `basic_ncsa_auth`.
 #[tokio::test]
 async fn probes_present_the_proxys_credentials() {
-    use egress_proxies::domain::credentials::{BasicAuthorization, ProxyCredentials, htpasswd_line};
+    use egress_proxies::domain::credentials::{BasicAuthorization, ProxyCredentials};
     use std::os::unix::fs::PermissionsExt;
 
-    let credentials = ProxyCredentials::generate().unwrap();
+    let credentials = ProxyCredentials::generate(&egress_proxies::adapters::random::SystemRandom).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let builtin = listener.local_addr().unwrap();
     tokio::spawn(egress_proxies::adapters::forward_proxy::serve(
@@ -305,7 +305,14 @@ async fn probes_present_the_proxys_credentials() {
     let auth_dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(auth_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let passwd = auth_dir.path().join("passwd");
-    std::fs::write(&passwd, format!("{}\n", htpasswd_line(&credentials).unwrap())).unwrap();
+    std::fs::write(
+        &passwd,
+        format!(
+            "{}\n",
+            egress_proxies::adapters::random::htpasswd_line(&credentials).unwrap()
+        ),
+    )
+    .unwrap();
     std::fs::set_permissions(&passwd, std::fs::Permissions::from_mode(0o644)).unwrap();
     let squid = Squid::start(&format!(
         "auth_param basic program /usr/lib/squid/basic_ncsa_auth {}\n\

@@ -109,7 +109,10 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     let fake = FakeApiServer::start().unwrap();
     let c = client(&fake);
     let provider = KubernetesProvider::new("kubernetes", KubernetesConfig::default(), c.clone());
-    let credentials = egress_proxies::domain::credentials::ProxyCredentials::generate().unwrap();
+    let credentials = egress_proxies::domain::credentials::ProxyCredentials::generate(
+        &egress_proxies::adapters::random::SystemRandom,
+    )
+    .unwrap();
     let req = CreateRequest {
         credentials: Some(credentials.clone()),
         ..request("uid-1", 3128)
@@ -409,7 +412,10 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     };
     let provider = KubernetesProvider::new("kubernetes", config, c.clone());
     let port = support::process::free_port();
-    let credentials = egress_proxies::domain::credentials::ProxyCredentials::generate().unwrap();
+    let credentials = egress_proxies::domain::credentials::ProxyCredentials::generate(
+        &egress_proxies::adapters::random::SystemRandom,
+    )
+    .unwrap();
     let req = CreateRequest {
         credentials: Some(credentials.clone()),
         ..request("uid-hardened", port)
@@ -444,7 +450,7 @@ async fn the_squid_pod_meets_the_restricted_profile_and_serves_read_only_as_non_
     let secret = tempfile::tempdir().unwrap();
     std::fs::write(
         secret.path().join("passwd"),
-        egress_proxies::domain::credentials::htpasswd_line(&credentials).unwrap() + "\n",
+        egress_proxies::adapters::random::htpasswd_line(&credentials).unwrap() + "\n",
     )
     .unwrap();
     let _squid = run_like_the_kubelet(&pod, &[("auth", secret.path())]);

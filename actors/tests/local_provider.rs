@@ -55,7 +55,7 @@ async fn lifecycle(implementation: LocalImplementation) {
     let _reaper = support::process::Reaper(state.path().to_owned());
     let p = provider(state.path(), implementation);
     let uid = "0b7d3c1e-1111-4222-8333-444455556666";
-    let credentials = ProxyCredentials::generate().unwrap();
+    let credentials = ProxyCredentials::generate(&egress_proxies::adapters::random::SystemRandom).unwrap();
     let req = CreateRequest {
         credentials: Some(credentials.clone()),
         ..request(uid)
@@ -471,7 +471,7 @@ async fn outgoing_addresses(implementation: LocalImplementation, network: &str) 
         .addresses()
         .collect();
     let (target, peers) = peer_recorder().await;
-    let credentials = ProxyCredentials::generate().unwrap();
+    let credentials = ProxyCredentials::generate(&egress_proxies::adapters::random::SystemRandom).unwrap();
     let authorization = credentials.basic_authorization();
     let mut ids = Vec::new();
     for (i, uid) in [

@@ -96,6 +96,7 @@ impl Bed {
             installation: support::installation(),
             external_endpoints: None,
             names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
+            random: std::sync::Arc::new(egress_proxies::adapters::random::SystemRandom),
         };
         let registry = ProxyRegistry::new(ctx, fast(), None).run(events);
         Self {
@@ -561,6 +562,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
         installation: support::installation(),
         external_endpoints: None,
         names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
+        random: std::sync::Arc::new(egress_proxies::adapters::random::SystemRandom),
     };
     let _registry = ProxyRegistry::new(ctx, fast(), None).run(events);
     let message = eventually("the not-configured message", WAIT, async || {
@@ -655,6 +657,7 @@ impl Direct {
             installation: support::installation(),
             external_endpoints: None,
             names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
+            random: std::sync::Arc::new(egress_proxies::adapters::random::SystemRandom),
         };
         Self {
             store,

@@ -17,4 +17,5 @@ pub mod leader;
 pub mod name_resolver;
 pub mod probe;
 pub mod providers;
+pub mod random;
 pub mod stores;

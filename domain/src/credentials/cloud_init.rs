@@ -3,7 +3,7 @@
 //! before creating the VM. The hash travels, never the password (user-data
 //! is readable on the VM and, on some clouds, by its metadata server).
 
-use super::{CredentialsError, ProxyCredentials, htpasswd_line, realm_of};
+use super::{CredentialsError, ProxyCredentials, Salt, htpasswd_line, realm_of};
 
 /// Replaced by `user:<sha512-crypt hash>` wherever it appears in cloud-init.
 pub const HTPASSWD_PLACEHOLDER: &str = "{{ proxy_htpasswd }}";
@@ -12,15 +12,16 @@ pub const HTPASSWD_PLACEHOLDER: &str = "{{ proxy_htpasswd }}";
 pub const REALM_PLACEHOLDER: &str = "{{ proxy_realm }}";
 
 /// `cloud_init` with every [`HTPASSWD_PLACEHOLDER`] replaced by the passwd
-/// line of `credentials` and every [`REALM_PLACEHOLDER`] by their realm;
-/// unchanged when it has neither.
+/// line of `credentials` (hashed with `salt`) and every
+/// [`REALM_PLACEHOLDER`] by their realm; unchanged when it has neither.
 pub fn substitute_placeholders(
     cloud_init: &[u8],
     credentials: &ProxyCredentials,
+    salt: &Salt,
 ) -> Result<Vec<u8>, CredentialsError> {
     let mut out = cloud_init.to_vec();
     if contains(&out, HTPASSWD_PLACEHOLDER) {
-        out = replace_all(&out, HTPASSWD_PLACEHOLDER, &htpasswd_line(credentials)?);
+        out = replace_all(&out, HTPASSWD_PLACEHOLDER, &htpasswd_line(credentials, salt)?);
     }
     if contains(&out, REALM_PLACEHOLDER) {
         out = replace_all(&out, REALM_PLACEHOLDER, &realm_of(credentials));
@@ -56,9 +57,17 @@ mod tests {
 
     #[test]
     fn the_placeholder_becomes_the_hash_line() {
-        let c = ProxyCredentials::generate().unwrap();
+        let c = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
         let doc = b"#cloud-config\nwrite_files:\n  - path: /etc/squid/passwd\n    content: |\n      {{ proxy_htpasswd }}\n";
-        let out = String::from_utf8(substitute_placeholders(doc, &c).unwrap()).unwrap();
+        let out = String::from_utf8(
+            substitute_placeholders(
+                doc,
+                &c,
+                &Salt::draw(&crate::credentials::random::TestRandom).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         assert!(!out.contains(HTPASSWD_PLACEHOLDER));
         assert!(out.contains(&format!("      {}:$6$", c.username)), "{out}");
         assert!(!out.contains(&c.password));
@@ -66,10 +75,18 @@ mod tests {
 
     #[test]
     fn the_realm_placeholder_becomes_the_proxy_s_realm() {
-        let c = ProxyCredentials::generate().unwrap();
+        let c = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
         let doc = b"#cloud-config\n# auth_param basic realm {{ proxy_realm }}\nauth_param basic realm {{ proxy_realm }}\n";
         assert!(names_realm(doc));
-        let out = String::from_utf8(substitute_placeholders(doc, &c).unwrap()).unwrap();
+        let out = String::from_utf8(
+            substitute_placeholders(
+                doc,
+                &c,
+                &Salt::draw(&crate::credentials::random::TestRandom).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         assert!(!out.contains(REALM_PLACEHOLDER) && !names_realm(out.as_bytes()));
         assert_eq!(out.matches(&realm_of(&c)).count(), 2, "{out}");
         assert!(!out.contains(&c.password));
@@ -77,9 +94,17 @@ mod tests {
 
     #[test]
     fn cloud_init_without_the_placeholders_is_unchanged() {
-        let c = ProxyCredentials::generate().unwrap();
+        let c = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
         let doc = b"#cloud-config\npackages: [squid]\n";
         assert!(!names_realm(doc));
-        assert_eq!(substitute_placeholders(doc, &c).unwrap(), doc.to_vec());
+        assert_eq!(
+            substitute_placeholders(
+                doc,
+                &c,
+                &Salt::draw(&crate::credentials::random::TestRandom).unwrap()
+            )
+            .unwrap(),
+            doc.to_vec()
+        );
     }
 }

@@ -1,18 +1,20 @@
 //! Proxy credentials: the username and password a Managed proxy demands in
-//! `Proxy-Authorization` (Basic), generated per instance from the operating
-//! system's CSPRNG. The password is a secret: `Debug` never shows it, and
+//! `Proxy-Authorization` (Basic), generated per instance from randomness handed
+//! in ([`RandomSource`]: the operating system's CSPRNG). The password is a secret: `Debug` never shows it, and
 //! nothing here logs it.
 
 mod basic;
 mod cloud_init;
 mod htpasswd;
+mod random;
 mod realm;
 
 use std::fmt;
 
 pub use basic::BasicAuthorization;
 pub use cloud_init::{HTPASSWD_PLACEHOLDER, REALM_PLACEHOLDER, names_realm, substitute_placeholders};
-pub use htpasswd::htpasswd_line;
+pub use htpasswd::{Salt, htpasswd_line};
+pub use random::RandomSource;
 pub use realm::{SHARED_REALM, realm_of};
 
 /// Random bytes in a generated username (hex-encoded after a letter).
@@ -55,10 +57,10 @@ impl fmt::Debug for ProxyCredentials {
 impl ProxyCredentials {
     /// New random credentials: letters and digits only, so they fit a URL's
     /// user-info and a passwd file as they are.
-    pub fn generate() -> Result<Self, CredentialsError> {
+    pub fn generate(random: &dyn RandomSource) -> Result<Self, CredentialsError> {
         Ok(Self {
-            username: format!("u{}", random_hex(USERNAME_BYTES)?),
-            password: random_hex(PASSWORD_BYTES)?,
+            username: format!("u{}", random_hex(random, USERNAME_BYTES)?),
+            password: random_hex(random, PASSWORD_BYTES)?,
         })
     }
 
@@ -114,9 +116,9 @@ fn check(what: &'static str, value: &str) -> Result<(), CredentialsError> {
     Ok(())
 }
 
-fn random_hex(bytes: usize) -> Result<String, CredentialsError> {
+fn random_hex(random: &dyn RandomSource, bytes: usize) -> Result<String, CredentialsError> {
     let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| CredentialsError::Random(e.to_string()))?;
+    random.fill(&mut buf)?;
     Ok(hex::encode(buf))
 }
 
@@ -126,8 +128,8 @@ mod tests {
 
     #[test]
     fn generated_credentials_are_random_and_url_safe() {
-        let a = ProxyCredentials::generate().unwrap();
-        let b = ProxyCredentials::generate().unwrap();
+        let a = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
+        let b = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
         assert_ne!(a.username, b.username);
         assert_ne!(a.password, b.password);
         assert_eq!(a.password.len(), 2 * PASSWORD_BYTES);
@@ -141,7 +143,7 @@ mod tests {
 
     #[test]
     fn debug_never_shows_the_password() {
-        let c = ProxyCredentials::generate().unwrap();
+        let c = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
         let shown = format!("{c:?}");
         assert!(shown.contains(&c.username));
         assert!(!shown.contains(&c.password), "{shown}");

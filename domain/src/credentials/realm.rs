@@ -41,8 +41,8 @@ mod tests {
 
     #[test]
     fn a_realm_is_stable_per_credentials_and_reveals_nothing() {
-        let a = ProxyCredentials::generate().unwrap();
-        let b = ProxyCredentials::generate().unwrap();
+        let a = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
+        let b = ProxyCredentials::generate(&crate::credentials::random::TestRandom).unwrap();
         let realm = realm_of(&a);
         assert_eq!(
             realm,

@@ -17,7 +17,7 @@ use super::first_status::{FirstStatus, first_status, first_verdict_due};
 use super::schedule::{ReplacementBackoff, Schedule};
 use super::status::StatusDraft;
 use super::{Memory, Next, ReconcileError};
-use crate::credentials::{ProxyCredentials, substitute_placeholders};
+use crate::credentials::{ProxyCredentials, Salt, substitute_placeholders};
 use crate::destinations::DestinationPolicy;
 use crate::health::{CheckSpec, ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
@@ -104,6 +104,8 @@ pub struct Desired {
     pub hash: SpecHash,
     /// The credentials of this spec generation.
     pub credentials: ProxyCredentials,
+    /// A fresh salt, should the cloud-init's passwd line be hashed.
+    pub salt: Salt,
     /// The realm the instance's 407 names, when the operator makes it name
     /// the credentials' own: the provider writes the proxy's configuration,
     /// or the cloud-init names it by placeholder. `None`: unknown.
@@ -396,6 +398,7 @@ impl Deciding<'_> {
             Some(c) => Some(CloudInitBytes(substitute_placeholders(
                 &c.0,
                 &desired.credentials,
+                &desired.salt,
             )?)),
             None => None,
         };

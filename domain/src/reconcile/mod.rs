@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::credentials::{CredentialsError, ProxyCredentials};
+use crate::credentials::{CredentialsError, ProxyCredentials, RandomSource};
 use crate::destinations::{DestinationPolicy, NameResolver};
 use crate::health::{ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
@@ -68,6 +68,8 @@ pub struct Context {
     pub external_endpoints: Option<Arc<DestinationPolicy>>,
     /// What External endpoints' names resolve to, for that check.
     pub names: Arc<dyn NameResolver>,
+    /// Randomness: the salts of password hashes.
+    pub random: Arc<dyn RandomSource>,
 }
 
 impl Context {

@@ -15,6 +15,7 @@ use crate::store::CloudInitError;
 
 use super::decide::{Desired, EndpointSeen, ManagedSeen, Recorded, Seen, annotation, has_finalizer};
 use super::{Context, Memory, ReconcileError, endpoint_admission};
+use crate::credentials::Salt;
 
 /// Looks at what deciding about `proxy` needs.
 pub(super) async fn observe(proxy: &Proxy, ctx: &Context, memory: &mut Memory) -> Seen {
@@ -89,6 +90,10 @@ async fn managed(
         Ok(c) => c,
         Err(e) => return ManagedSeen::Unresolved(e),
     };
+    let salt = match Salt::draw(ctx.random.as_ref()) {
+        Ok(s) => s,
+        Err(e) => return ManagedSeen::Unresolved(e.into()),
+    };
     let names_realm = provider.names_own_realm() || cloud_init.as_ref().is_some_and(|c| names_realm(&c.0));
     let realm = names_realm.then(|| credentials.realm());
     let recorded = match recorded(proxy, Some(provider)).await {
@@ -101,6 +106,7 @@ async fn managed(
             cloud_init,
             hash,
             credentials,
+            salt,
             realm,
         }),
         recorded,

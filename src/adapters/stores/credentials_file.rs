@@ -42,7 +42,7 @@ mod tests {
     fn a_written_file_is_private_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("credentials");
-        let c = ProxyCredentials::generate().unwrap();
+        let c = ProxyCredentials::generate(&crate::adapters::random::SystemRandom).unwrap();
         write_credentials_file(&path, &c).unwrap();
         assert_eq!(
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,

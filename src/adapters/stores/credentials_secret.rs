@@ -9,7 +9,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::domain::credentials::{CredentialsError, ProxyCredentials, htpasswd_line};
+use crate::domain::credentials::{CredentialsError, ProxyCredentials};
 pub use crate::domain::provider::{HTPASSWD_KEY, credentials_secret_name};
 use crate::domain::resource::ObjectKey;
 
@@ -50,7 +50,10 @@ pub fn build(
         (PASSWORD_KEY.to_owned(), bytes(&credentials.password)),
         (
             HTPASSWD_KEY.to_owned(),
-            bytes(&format!("{}\n", htpasswd_line(credentials)?)),
+            bytes(&format!(
+                "{}\n",
+                crate::adapters::random::htpasswd_line(credentials)?
+            )),
         ),
     ]);
     Ok(Secret {
@@ -88,7 +91,7 @@ mod tests {
     #[test]
     fn a_built_secret_is_kept_only_for_its_uid_and_generation() {
         let key = ObjectKey::new("crawl", "p1");
-        let c = ProxyCredentials::generate().unwrap();
+        let c = ProxyCredentials::generate(&crate::adapters::random::SystemRandom).unwrap();
         let secret = build(&key, "u1", "h1", &c).unwrap();
         assert_eq!(kept(&secret, "u1", "h1"), Some(c.clone()));
         assert_eq!(kept(&secret, "u1", "h2"), None);

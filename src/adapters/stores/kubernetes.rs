@@ -612,7 +612,7 @@ impl ProxyStore for KubeStore {
             return Ok(kept);
         }
         let unusable = |e: crate::domain::credentials::CredentialsError| StoreError::Backend(e.to_string());
-        let fresh = ProxyCredentials::generate().map_err(unusable)?;
+        let fresh = ProxyCredentials::generate(&crate::adapters::random::SystemRandom).map_err(unusable)?;
         let mut secret = credentials_secret::build(key, uid, generation, &fresh).map_err(unusable)?;
         // A racing writer makes this fail (conflict or exists); the retry
         // reads theirs once the watch has brought it.

@@ -160,6 +160,7 @@ fn desired() -> Desired {
         cloud_init: None,
         hash: hash(),
         credentials: ProxyCredentials::new("proxy", "secret").unwrap(),
+        salt: crate::credentials::Salt([7; 12]),
         realm: Some("egress-proxies-of-sim".into()),
     }
 }

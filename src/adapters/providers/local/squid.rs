@@ -18,7 +18,7 @@ use std::time::Duration;
 use nix::unistd::User;
 
 use super::record::InstanceRecord;
-use crate::domain::credentials::{ProxyCredentials, htpasswd_line};
+use crate::domain::credentials::ProxyCredentials;
 use crate::domain::destinations::{DestinationPolicy, squid_rules};
 use crate::domain::provider::reason::{clip, telling_lines};
 use crate::domain::provider::squid_auth::auth_section;
@@ -169,7 +169,7 @@ impl SquidRuntime {
             nix::unistd::chown(run_dir, Some(user.uid), Some(user.gid)).map_err(io::Error::from)?;
         }
         if let Some(credentials) = credentials {
-            let line = htpasswd_line(credentials).map_err(io::Error::other)?;
+            let line = crate::adapters::random::htpasswd_line(credentials).map_err(io::Error::other)?;
             let passwd = run_dir.join(PASSWD_FILE);
             let mut file = std::fs::OpenOptions::new()
                 .write(true)

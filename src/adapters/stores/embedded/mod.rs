@@ -571,7 +571,8 @@ impl ProxyStore for EmbeddedStore {
         if let Some(kept) = inner.db.credentials(key, uid, generation).map_err(backend)? {
             return Ok(kept);
         }
-        let fresh = ProxyCredentials::generate().map_err(|e| StoreError::Backend(e.to_string()))?;
+        let fresh = ProxyCredentials::generate(&crate::adapters::random::SystemRandom)
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         inner
             .db
             .put_credentials(key, uid, generation, &fresh)
