@@ -30,7 +30,7 @@ use egress_proxies::resource::ObjectKey;
 use egress_proxies::resource::{Placement, Proxy};
 use egress_proxies::store::ProxyStore;
 use egress_proxies::stores::embedded::{EmbeddedStore, ManifestSet};
-use egress_proxies_operator::kvm::router::runner_factory;
+use egress_proxies_operator::kvm::runner_factory;
 use serde_json::json;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

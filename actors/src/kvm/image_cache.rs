@@ -2,15 +2,17 @@
 //! arrive meanwhile wait for its result. The fetch itself runs beside the
 //! actor, on a libvirt connection of its own, so neither a ProxyActor nor the
 //! host's other callers wait on it. Where each image stands is reported to
-//! [`crate::supervision`] (dashboard).
+//! the image table the dashboard shows
+//! ([`image_status`](egress_proxies::providers::kvm::host::image_status)).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::kvm::host_calls::LookupBase;
-use crate::kvm::image_fetch::{Downloader, Progress, fetch_to_pool};
 use actix::prelude::*;
 use egress_proxies::config::KvmHost;
+use egress_proxies::providers::kvm::host::{
+    Downloader, LookupBase, Progress, fetch_to_pool, report_fetched, report_fetching,
+};
 use egress_proxies::providers::kvm::host_runner::RunError;
 use egress_proxies::providers::kvm::image::{CachedBase, ImageSpec};
 use tokio::sync::oneshot;
@@ -105,7 +107,7 @@ impl Handler<Ensure> for ImageCacheActor {
         queue.push(tx);
         if queue.len() == 1 {
             let progress = Arc::new(Progress::default());
-            crate::supervision::report_fetching(&key.0, &key.1, progress.clone());
+            report_fetching(&key.0, &key.1, progress.clone());
             let (http, me) = (self.http.clone(), ctx.address());
             actix::spawn(async move {
                 let fetch = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress);
@@ -131,7 +133,7 @@ impl Handler<Finished> for ImageCacheActor {
     type Result = ();
 
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
-        crate::supervision::report_fetched(&msg.key.0, &msg.key.1.url, msg.result.as_ref());
+        report_fetched(&msg.key.0, &msg.key.1.url, msg.result.as_ref());
         if let Ok(base) = &msg.result {
             self.known.insert(msg.key.clone(), base.clone());
         }

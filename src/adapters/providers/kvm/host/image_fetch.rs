@@ -10,16 +10,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::config::ImageFormat;
-use egress_proxies::providers::kvm::base_image::{
+use crate::adapters::providers::kvm::base_image::{
     PIN_MAX_BYTES, Pinned, base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name,
     url_base_volume,
 };
-use egress_proxies::providers::kvm::errors::KvmError;
-use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, ImageError, ImageSpec};
-use egress_proxies::providers::kvm::ops::OpError;
-use egress_proxies::providers::kvm::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
-use egress_proxies::providers::kvm::volume_xml::plain_volume_xml;
+use crate::adapters::providers::kvm::errors::KvmError;
+use crate::adapters::providers::kvm::image::{CachedBase, DownloadLimits, ImageError, ImageSpec};
+use crate::adapters::providers::kvm::ops::OpError;
+use crate::adapters::providers::kvm::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
+use crate::adapters::providers::kvm::volume_xml::plain_volume_xml;
+use crate::config::ImageFormat;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
@@ -44,7 +44,7 @@ pub struct Downloader {
 
 impl Downloader {
     pub fn new(limits: DownloadLimits) -> Result<Self, reqwest::Error> {
-        egress_proxies::tls::ensure_crypto_provider();
+        crate::tls::ensure_crypto_provider();
         let client = reqwest::Client::builder()
             .connect_timeout(limits.connect_timeout)
             .read_timeout(limits.idle_timeout)
@@ -270,7 +270,7 @@ pub async fn fetch_to_pool(
         .map_err(|e| ImageError::Task(e.to_string()))??;
     let session = Arc::new(session);
     let result = fetch_into(client, image, &session, started, progress).await;
-    egress_proxies::telemetry::events::ImageDownloadCompleted {
+    crate::telemetry::events::ImageDownloadCompleted {
         host,
         url,
         result: match &result {
@@ -553,7 +553,7 @@ mod download_limit_tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use egress_proxies::provider::ErrorClass;
+    use crate::provider::ErrorClass;
 
     /// A loopback server answering every connection with `reply(port)`,
     /// then holding the connection open for `hold`.
