@@ -1,5 +1,6 @@
 //! The kvm provider's hosts in the running system: the host actors, the
-//! image cache, and the provider's [`HostRunner`] over them. The provider
+//! image cache, and the [`HostRouter`] over them that the library's
+//! [`RoutedRunner`] makes the provider's [`HostRunner`]. The provider
 //! (`egress_proxies::providers::kvm`) plans each request as data and
 //! reaches this module through that one port; what runs on a host's link
 //! (the SSH link, the libvirt thread and session, the requests, image
@@ -7,8 +8,8 @@
 //! (`egress_proxies::providers::kvm::host`), which the actors drive.
 //!
 //! ```text
-//!  KvmProvider ──HostRunner──► LazyKvmHosts → KvmHosts (this file)
-//!  (src/adapters/providers/kvm)   │ Call<C> (typed)      │ Ensure
+//!  KvmProvider ──HostRunner──► RoutedRunner ──HostRouter──► LazyKvmHosts → KvmHosts
+//!  (src/adapters/providers/kvm)   │ Call<C> (typed)      │ Ensure       (this file)
 //!                                 ▼                      ▼
 //!                KvmHostActor (one per host,      ImageCacheActor
 //!                each under a Supervisor)         (one fetch per host+image,
@@ -21,9 +22,9 @@
 //!   thread; a dead link, a transport error or a call past its deadline
 //!   restarts only that host's actor.
 //! - [`image_cache`]: one download per (host, image), shared by its waiters.
-//! - Here, [`KvmHosts`] / [`LazyKvmHosts`]: each request goes, as a typed
-//!   [`Call`], to the actor of the host it names; images go through the
-//!   image cache, one download per (host, image).
+//! - Here, [`KvmHosts`] / [`LazyKvmHosts`], the [`HostRouter`]: each call
+//!   goes, as a typed [`Call`], to the actor of the host it names; images
+//!   go through the image cache, one download per (host, image).
 //!
 //! Each request is a [`HostCall`] answered with its own type: no caller
 //! picks its answer out of a sum.
@@ -39,13 +40,9 @@ use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
 use egress_proxies::providers::KvmRunnerFactory;
-use egress_proxies::providers::kvm::host::{
-    CreateDomain, DeleteDomain, Downloader, GetDomain, HostCall, ListManaged, ReleaseDomain, SweepPool,
-};
+use egress_proxies::providers::kvm::host::{Downloader, HostCall, HostRouter, RoutedRunner};
 use egress_proxies::providers::kvm::host_runner::{HostRunner, RunError};
 use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, ImageSpec};
-use egress_proxies::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
-use egress_proxies::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use crate::supervision::{self, Node};
 use host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
@@ -112,19 +109,14 @@ impl KvmHosts {
             .map_err(|_| RunError::ImageCacheRestarted)?
     }
 
-    /// One pool sweep, sparing what downloads are writing right now.
-    pub async fn sweep_pool(&self, host: &KvmHost, mut plan: SweepPlan) -> Result<PoolSweep, RunError> {
+    /// The volumes fetches are writing on `host` right now.
+    pub async fn fetching_volumes(&self, host: &KvmHost) -> Result<Vec<String>, RunError> {
         // An unconfigured host fails before the image cache is asked.
         self.addr(host)?;
-        // Asked right before the sweep: a fetch starting later writes volumes
-        // too new to be due, so it cannot lose them.
-        let fetching = self
-            .images
+        self.images
             .send(FetchingVolumes(host.name.clone()))
             .await
-            .map_err(|_| RunError::ImageCacheRestarted)?;
-        plan.protect.extend(fetching);
-        self.call(host, SweepPool(plan)).await
+            .map_err(|_| RunError::ImageCacheRestarted)
     }
 }
 
@@ -146,42 +138,27 @@ impl LazyKvmHosts {
 }
 
 #[async_trait]
-impl HostRunner for LazyKvmHosts {
-    async fn create(&self, host: &KvmHost, plan: CreatePlan) -> Result<(), RunError> {
-        let hosts = self.started()?;
-        let result = hosts.call(host, CreateDomain(Box::new(plan))).await;
-        if let Err(RunError::Call(OpError::BaseMissing(volume))) = &result {
-            // Deleted behind the cache's back: the retry looks (or fetches) anew.
-            hosts.images.do_send(Forget {
-                host: host.name.clone(),
-                volume: volume.clone(),
-            });
-        }
-        result
-    }
-
-    async fn get(&self, host: &KvmHost, domain: &str) -> Result<Option<Observed>, RunError> {
-        self.started()?.call(host, GetDomain(domain.to_owned())).await
-    }
-
-    async fn delete(&self, host: &KvmHost, domain: &str) -> Result<(), RunError> {
-        self.started()?.call(host, DeleteDomain(domain.to_owned())).await
-    }
-
-    async fn release(&self, host: &KvmHost, domain: &str) -> Result<Released, RunError> {
-        self.started()?.call(host, ReleaseDomain(domain.to_owned())).await
-    }
-
-    async fn list_managed(&self, host: &KvmHost) -> Result<Vec<ManagedDomain>, RunError> {
-        self.started()?.call(host, ListManaged).await
+impl HostRouter for LazyKvmHosts {
+    async fn call<C: HostCall>(&self, host: &KvmHost, call: C) -> Result<C::Output, RunError> {
+        self.started()?.call(host, call).await
     }
 
     async fn ensure_image(&self, host: &KvmHost, image: &ImageSpec) -> Result<CachedBase, RunError> {
         self.started()?.ensure_image(host, image).await
     }
 
-    async fn sweep_pool(&self, host: &KvmHost, plan: SweepPlan) -> Result<PoolSweep, RunError> {
-        self.started()?.sweep_pool(host, plan).await
+    async fn fetching_volumes(&self, host: &KvmHost) -> Result<Vec<String>, RunError> {
+        self.started()?.fetching_volumes(host).await
+    }
+
+    fn forget_base(&self, host: &KvmHost, volume: String) {
+        // Only after a call ran, so the hosts are started: never start them here.
+        if let Some(Ok(hosts)) = self.hosts.get() {
+            hosts.images.do_send(Forget {
+                host: host.name.clone(),
+                volume,
+            });
+        }
     }
 }
 
@@ -193,10 +170,10 @@ pub fn runner_factory() -> KvmRunnerFactory {
 /// [`runner_factory`] with another deadline for calls (tests make hung calls fail fast).
 pub fn runner_factory_with_job_deadline(job_deadline: Duration) -> KvmRunnerFactory {
     Arc::new(move |_name, config| {
-        Ok(Arc::new(LazyKvmHosts {
+        Ok(Arc::new(RoutedRunner(LazyKvmHosts {
             config: config.clone(),
             job_deadline,
             hosts: OnceLock::new(),
-        }) as Arc<dyn HostRunner>)
+        })) as Arc<dyn HostRunner>)
     })
 }

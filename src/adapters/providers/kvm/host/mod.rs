@@ -6,7 +6,8 @@
 //!
 //! The running system's host actors own a link and a libvirt thread per
 //! host and queue calls on it; the image cache actor runs fetches and
-//! reports them here. They use the names re-exported below — this
+//! reports them here; together they are the [`HostRouter`] that
+//! [`RoutedRunner`] makes the provider's `HostRunner` of. They use the names re-exported below — this
 //! module's public surface — and nothing deeper.
 
 pub mod calls;
@@ -16,6 +17,7 @@ pub mod image_status;
 pub mod libvirt_thread;
 pub mod pool_sweep;
 pub mod redial;
+pub mod routed_runner;
 pub mod session;
 pub mod ssh_link;
 
@@ -26,5 +28,6 @@ pub use image_fetch::{Downloader, Progress, fetch_to_pool};
 pub use image_status::{ImageInfo, images, report_fetched, report_fetching};
 pub use libvirt_thread::{Job, LibvirtThread, Waited};
 pub use redial::Redial;
+pub use routed_runner::{HostRouter, RoutedRunner};
 pub use session::HostSession;
 pub use ssh_link::{LinkError, LinkTarget, SshLink};
