@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use egress_proxies::config::{KvmConfig, KvmHost};
 use egress_proxies::providers::kvm::host::{
-    HostCall, Job, LibvirtThread, LinkTarget, Redial, SshLink, Waited,
+    HostCall, Job, LibvirtThread, LinkTarget, Redial, RunError, SshLink, Waited, load_private_key,
 };
-use egress_proxies::providers::kvm::host_runner::RunError;
-use egress_proxies::providers::kvm::ssh_key::load_private_key;
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
 

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use egress_proxies::config::KvmHost;
 use egress_proxies::providers::kvm::host::{
-    Downloader, LookupBase, Progress, fetch_to_pool, report_fetched, report_fetching,
+    CachedBase, Downloader, ImageSpec, LookupBase, Progress, RunError, fetch_to_pool, report_fetched,
+    report_fetching,
 };
-use egress_proxies::providers::kvm::host_runner::RunError;
-use egress_proxies::providers::kvm::image::{CachedBase, ImageSpec};
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};

@@ -40,9 +40,10 @@ use actix::prelude::*;
 use async_trait::async_trait;
 use egress_proxies::config::{KvmConfig, KvmHost};
 use egress_proxies::providers::KvmRunnerFactory;
-use egress_proxies::providers::kvm::host::{Downloader, HostCall, HostRouter, RoutedRunner};
-use egress_proxies::providers::kvm::host_runner::{HostRunner, RunError};
-use egress_proxies::providers::kvm::image::{CachedBase, DownloadLimits, ImageSpec};
+use egress_proxies::providers::kvm::host::{
+    CachedBase, DownloadLimits, Downloader, HostCall, HostRouter, HostRunner, ImageSpec, RoutedRunner,
+    RunError, ensure_client_setup,
+};
 
 use crate::supervision::{self, Node};
 use host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};
@@ -58,7 +59,7 @@ impl KvmHosts {
     /// Starts one supervised actor per configured host (call inside the actix
     /// system); each lets a call run `job_deadline` once started.
     pub fn start(config: &KvmConfig, job_deadline: Duration) -> Result<Self, reqwest::Error> {
-        egress_proxies::providers::kvm::libvirt::ensure_client_setup();
+        ensure_client_setup();
         egress_proxies::tls::ensure_crypto_provider();
         let shared = Arc::new(config.clone());
         let keys = Arc::new(KeyCache::default());
