@@ -212,14 +212,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_sweep_spares_what_fetches_are_writing_and_waits_for_the_answer() {
+    async fn a_sweep_spares_what_fetches_are_writing_and_needs_to_know_it() {
         let runner = RoutedRunner(Recorder::new(link_down, Ok(vec!["base-new.qcow2".into()])));
         let plan = SweepPlan {
             protect: BTreeSet::from(["pin-old".to_owned()]),
             ..SweepPlan::default()
         };
         runner.sweep_pool(&host(), plan).await.unwrap_err();
-        let swept = runner.0.swept.lock().unwrap();
+        let swept = runner.0.swept.lock().unwrap().clone();
         assert_eq!(swept.len(), 1);
         assert_eq!(
             swept[0].protect,
