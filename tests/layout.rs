@@ -685,3 +685,35 @@ fn the_file_map_names_every_file_over_200_lines() {
         missing.join("\n")
     );
 }
+
+/// The running system reaches the kvm provider through one surface, the
+/// names `src/adapters/providers/kvm/host/mod.rs` re-exports: a path into
+/// any other part of the provider from `actors/src/` is reported (a text
+/// scan of the lines outside comments, grouped `providers::{kvm::…}`
+/// paths included).
+#[test]
+fn the_actors_reach_the_kvm_provider_only_through_its_host_surface() {
+    let mut wrong = Vec::new();
+    for file in rust_files(&root().join("actors/src")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            let deeper = line.match_indices("providers::kvm").any(|(at, _)| {
+                let rest = &line[at + "providers::kvm".len()..];
+                !(rest.starts_with("::host::") || rest.starts_with("::host;"))
+            });
+            let grouped = line.contains("providers::{") && line.contains("kvm");
+            if deeper || grouped {
+                wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the actors reach past the kvm provider's host surface \
+         (providers::kvm::host):\n{}",
+        wrong.join("\n")
+    );
+}

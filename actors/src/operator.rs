@@ -161,7 +161,7 @@ async fn operate(
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,
         kube_client: Some(client.clone()),
-        kvm_runner: Some(crate::kvm::router::runner_factory()),
+        kvm_runner: Some(crate::kvm::runner_factory()),
         gcp: options.gcp.clone(),
         cluster_networks: options.cluster_networks.clone(),
     };

@@ -59,7 +59,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         state_dir: config.state_dir.clone(),
         operator_exe: std::env::current_exe().map_err(StandaloneError::Exe)?,
         kube_client: None,
-        kvm_runner: Some(crate::kvm::router::runner_factory()),
+        kvm_runner: Some(crate::kvm::runner_factory()),
         gcp: egress_proxies::adapters::providers::gcp::GcpOptions {
             wire_log_full_payloads: config.gcp_wire_log_full_payloads,
         },

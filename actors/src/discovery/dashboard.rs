@@ -10,13 +10,14 @@ use std::sync::LazyLock;
 use actix::Addr;
 use actix_web::{HttpResponse, web};
 use data_encoding::BASE64;
+use egress_proxies::adapters::providers::kvm::host::{ImageInfo, images};
 use egress_proxies::telemetry::gateway_stats::{GatewaySummary, gateway_stats};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::errors::ApiError;
 use crate::lease_store::{GetLeaseDashboard, LeaseStore, PoolReport};
-use crate::supervision::{self, ActorInfo, ImageInfo};
+use crate::supervision::{self, ActorInfo};
 
 const PAGE: &str = include_str!("dashboard.html");
 
@@ -233,7 +234,7 @@ pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
         pools: pool_rows(leases.pools),
         gateway: gateway_stats().summary(),
         kvm_hosts,
-        images: supervision::images(),
+        images: images(),
         actors,
     };
     Ok(body)

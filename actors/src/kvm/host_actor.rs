@@ -1,6 +1,6 @@
 //! `KvmHostActor`: one per configured KVM host, each under its own
 //! Supervisor. It owns the host's SSH link and the host's
-//! [libvirt thread](super::libvirt_thread), where every blocking libvirt
+//! [libvirt thread](egress_proxies::adapters::providers::kvm::host::libvirt_thread), where every blocking libvirt
 //! call runs. A dead link, a transport error or a call past its deadline
 //! stops the actor — tearing the link down, which also releases a call
 //! blocked on it — and its supervisor restarts it (fresh dial, with
@@ -12,17 +12,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::kvm::host_calls::HostCall;
-use crate::kvm::redial::Redial;
-use crate::kvm::ssh_link::{LinkTarget, SshLink};
 use actix::prelude::*;
-use egress_proxies::adapters::providers::kvm::host_runner::RunError;
-use egress_proxies::adapters::providers::kvm::ssh_key::load_private_key;
 use egress_proxies::domain::config::{KvmConfig, KvmHost};
+use egress_proxies::adapters::providers::kvm::host::{
+    HostCall, Job, LibvirtThread, LinkTarget, Redial, RunError, SshLink, Waited, load_private_key,
+};
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
-
-use super::libvirt_thread::{Job, LibvirtThread, Waited};
 
 /// Longest a single libvirt call may run, counted from when it starts on
 /// the host's libvirt thread, before the link is torn down.

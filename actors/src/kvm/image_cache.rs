@@ -2,17 +2,18 @@
 //! arrive meanwhile wait for its result. The fetch itself runs beside the
 //! actor, on a libvirt connection of its own, so neither a ProxyActor nor the
 //! host's other callers wait on it. Where each image stands is reported to
-//! [`crate::supervision`] (dashboard).
+//! the image table the dashboard shows
+//! ([`image_status`](egress_proxies::adapters::providers::kvm::host::image_status)).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::kvm::host_calls::LookupBase;
-use crate::kvm::image_fetch::{Downloader, Progress, fetch_to_pool};
 use actix::prelude::*;
-use egress_proxies::adapters::providers::kvm::host_runner::RunError;
-use egress_proxies::adapters::providers::kvm::image::{CachedBase, ImageSpec};
 use egress_proxies::domain::config::KvmHost;
+use egress_proxies::adapters::providers::kvm::host::{
+    CachedBase, Downloader, ImageSpec, LookupBase, Progress, RunError, fetch_to_pool, report_fetched,
+    report_fetching,
+};
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};
@@ -105,7 +106,7 @@ impl Handler<Ensure> for ImageCacheActor {
         queue.push(tx);
         if queue.len() == 1 {
             let progress = Arc::new(Progress::default());
-            crate::supervision::report_fetching(&key.0, &key.1, progress.clone());
+            report_fetching(&key.0, &key.1, progress.clone());
             let (http, me) = (self.http.clone(), ctx.address());
             actix::spawn(async move {
                 let fetch = ensure(&http, &msg.host, &msg.image, &msg.host_actor, &progress);
@@ -131,7 +132,7 @@ impl Handler<Finished> for ImageCacheActor {
     type Result = ();
 
     fn handle(&mut self, msg: Finished, _: &mut Self::Context) {
-        crate::supervision::report_fetched(&msg.key.0, &msg.key.1.url, msg.result.as_ref());
+        report_fetched(&msg.key.0, &msg.key.1.url, msg.result.as_ref());
         if let Ok(base) = &msg.result {
             self.known.insert(msg.key.clone(), base.clone());
         }

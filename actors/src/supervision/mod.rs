@@ -19,7 +19,6 @@
 //! unhealthy when one falls silent or keeps crashing.
 
 mod heartbeat;
-mod images;
 pub mod supervisor;
 
 #[cfg(feature = "fault-injection")]
@@ -32,7 +31,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use heartbeat::*;
-pub use images::*;
 pub use supervisor::{start, start_in_arbiter};
 
 /// One actor in the tree.

@@ -1,50 +1,23 @@
-//! The kvm test bed (tests/kvm-testbed.sh): its settings, links to it, and
-//! what the kvm provider needs to run on it.
+//! The kvm test bed (tests/kvm-testbed.sh): its settings and links to it
+//! (shared with the library's tests: [`super::kvm_bed_links`]), and what the
+//! kvm provider needs to run on it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use egress_proxies::adapters::providers::kvm::libvirt::ensure_client_setup;
-use egress_proxies::adapters::providers::kvm::ssh_key::load_private_key;
-use egress_proxies::domain::config::{
-    DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
-};
+use egress_proxies::domain::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
 use egress_proxies::domain::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
 use egress_proxies::domain::resource::Placement;
-use egress_proxies_operator::kvm::ssh_link::{LinkTarget, SshLink};
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// The bed's settings, when it is set up.
-pub fn bed() -> Option<HashMap<String, String>> {
-    let text = std::fs::read_to_string("/run/epo-kvm-testbed/env").ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
-
-/// The bed, or a skip that says why (never in CI, where the bed must exist).
-#[macro_export]
-macro_rules! bed_or_skip {
-    () => {
-        match support::kvm_bed::bed() {
-            Some(b) => b,
-            None => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI must set up the kvm test bed (tests/kvm-testbed.sh up)"
-                );
-                eprintln!("SKIPPED: no kvm test bed (run `sudo tests/kvm-testbed.sh up`)");
-                return;
-            }
-        }
-    };
-}
+#[allow(
+    unused_imports,
+    reason = "each test binary uses its own part of the shared support"
+)]
+pub use super::kvm_bed_links::{bed, link, target, tiny_qcow2};
 
 /// Calls `f` until it answers anything but a Transient error (a host's link
 /// coming up, an image being fetched) and returns that answer.
@@ -58,38 +31,6 @@ pub async fn past_transient<T>(
         answer => Ok(answer),
     })
     .await
-}
-
-/// How to reach host `EPO_KVM_HOST_A` or `EPO_KVM_HOST_B`.
-pub fn target(bed: &HashMap<String, String>, host: &str) -> LinkTarget {
-    LinkTarget {
-        address: bed[host].clone(),
-        user: bed["EPO_KVM_USER"].clone(),
-        remote_socket: "/var/run/libvirt/libvirt-sock".into(),
-        known_hosts: Some(bed["EPO_KVM_KNOWN_HOSTS"].clone().into()),
-    }
-}
-
-/// A live link to one of the bed's hosts.
-pub async fn link(bed: &HashMap<String, String>, host: &str) -> SshLink {
-    ensure_client_setup();
-    let key = Arc::new(load_private_key(bed["EPO_KVM_SSH_KEY"].as_ref()).unwrap());
-    SshLink::dial(&target(bed, host), key, Duration::from_secs(10))
-        .await
-        .unwrap()
-}
-
-/// The bytes of an empty qcow2 image of `size` (e.g. "64M"), made by qemu-img.
-pub fn tiny_qcow2(size: &str) -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("image.qcow2");
-    let made = std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2"])
-        .arg(&path)
-        .arg(size)
-        .status();
-    assert!(made.unwrap().success(), "qemu-img create");
-    std::fs::read(&path).unwrap()
 }
 
 // The kvm provider on the bed.
@@ -282,10 +223,7 @@ impl Drop for RemoveOnDrop {
 
 /// The kvm provider `name` over `cfg`, its hosts driven by host actors as
 /// the operator runs them.
-pub fn kvm_provider(
-    name: &str,
-    cfg: KvmConfig,
-) -> egress_proxies::adapters::providers::kvm::provider::KvmProvider {
-    let runner = egress_proxies_operator::kvm::router::runner_factory()(name, &cfg).unwrap();
+pub fn kvm_provider(name: &str, cfg: KvmConfig) -> egress_proxies::adapters::providers::kvm::provider::KvmProvider {
+    let runner = egress_proxies_operator::kvm::runner_factory()(name, &cfg).unwrap();
     egress_proxies::adapters::providers::kvm::provider::KvmProvider::new(name, cfg, runner)
 }

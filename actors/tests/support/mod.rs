@@ -11,6 +11,9 @@ pub mod doc_blocks;
 pub mod gcp;
 pub mod http;
 pub mod kvm_bed;
+// The bed's settings and links to its hosts: one file with the library's tests.
+#[path = "../../../tests/support/kvm_bed.rs"]
+pub mod kvm_bed_links;
 pub mod operator;
 pub mod pod_security;
 pub mod process;

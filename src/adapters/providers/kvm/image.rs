@@ -2,7 +2,7 @@
 //! ([`super::base_image`] names them by content): what an image is, where
 //! a complete base stands, what may go wrong fetching one, and the bounds
 //! on a download. The fetch itself runs beside the host's actors
-//! (`egress_proxies_operator::kvm::image_fetch`).
+//! ([`image_fetch`](super::host::image_fetch)).
 
 use std::time::Duration;
 

@@ -1,15 +1,17 @@
 //! The kvm provider (contract: docs/kvm-internals.md) and its building
 //! blocks: domain and volume XML, the operator's metadata element, the
 //! NoCloud seed ISO, providerIDs, images and libvirt error classification,
-//! the plans and answers of the operations — pure, all of it. Everything
-//! that runs on a host's link (the SSH link, its redial, the libvirt
-//! session, the requests it serves, image fetches, pool sweeps) lives with
-//! the host actors in `egress_proxies_operator::kvm`; the provider reaches
-//! it through one port, [`host_runner::HostRunner`].
+//! the plans and answers of the operations — pure, all of it — and, in
+//! [`host`], everything that runs on a host's link (the SSH link, its
+//! redial, the libvirt session, the requests it serves, image fetches,
+//! pool sweeps). The provider reaches its hosts through one port,
+//! [`host_runner::HostRunner`], which the running system's host actors
+//! (`egress_proxies_operator::kvm`) implement on top of [`host`].
 
 pub mod base_image;
 pub mod domain_xml;
 pub mod errors;
+pub mod host;
 pub mod host_runner;
 pub mod image;
 pub mod image_url;

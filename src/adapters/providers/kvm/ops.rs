@@ -1,7 +1,7 @@
 //! What the kvm provider asks of a host and what it hears back
 //! (docs/kvm-internals.md#operations): the plans, the answers and the
 //! errors of the operations a host's libvirt session runs
-//! (`egress_proxies_operator::kvm::domain_ops`).
+//! ([`domain_ops`](super::host::domain_ops)).
 
 use std::net::IpAddr;
 

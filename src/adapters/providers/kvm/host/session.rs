@@ -15,11 +15,9 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
-use egress_proxies::adapters::providers::kvm::errors::KvmError;
-use egress_proxies::adapters::providers::kvm::metadata::{
-    self, InstanceMetadata, METADATA_PREFIX, METADATA_URI,
-};
-use egress_proxies::adapters::providers::kvm::ops::{DomainRunState, VolumeInfo};
+use crate::adapters::providers::kvm::errors::KvmError;
+use crate::adapters::providers::kvm::metadata::{self, InstanceMetadata, METADATA_PREFIX, METADATA_URI};
+use crate::adapters::providers::kvm::ops::{DomainRunState, VolumeInfo};
 
 /// libvirt's reason for a shut-off or crashed domain, as a sentence.
 fn stop_reason(reason: &virt::domain::DomainStateReasonEnum) -> &'static str {
@@ -153,7 +151,7 @@ impl HostSession {
     ) -> Result<T, KvmError> {
         let started = Instant::now();
         let result = f();
-        egress_proxies::telemetry::events::LibvirtCallCompleted {
+        crate::telemetry::events::LibvirtCallCompleted {
             rpc,
             duration: started.elapsed(),
         }
@@ -288,7 +286,7 @@ impl HostSession {
         self.delete_volume(name)?;
         let vol = self.create_volume_from(
             name,
-            &egress_proxies::adapters::providers::kvm::volume_xml::plain_volume_xml(name, "raw", len),
+            &crate::adapters::providers::kvm::volume_xml::plain_volume_xml(name, "raw", len),
         )?;
         let stream = self.call("virStreamNew", name, || Stream::new(&self.conn, 0))?;
         self.call("virStorageVolUpload", name, || vol.upload(&stream, 0, len, 0))?;

@@ -9,10 +9,10 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::kvm::host_calls::HostCall;
-use crate::kvm::session::HostSession;
-use egress_proxies::adapters::providers::kvm::errors::KvmError;
-use egress_proxies::adapters::providers::kvm::ops::OpError;
+use super::calls::HostCall;
+use super::session::HostSession;
+use crate::adapters::providers::kvm::errors::KvmError;
+use crate::adapters::providers::kvm::ops::OpError;
 use tokio::sync::oneshot;
 
 /// One call boxed for the thread. Dropped unrun (the link went down, the

@@ -3,9 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use egress_proxies::adapters::providers::kvm::base_image::{PIN_MAX_BYTES, PoolName, parse_pin};
-use egress_proxies::adapters::providers::kvm::errors::KvmError;
-use egress_proxies::adapters::providers::kvm::pool_gc::{PoolSweep, SweepPlan, leftovers};
+use crate::adapters::providers::kvm::base_image::{PIN_MAX_BYTES, PoolName, parse_pin};
+use crate::adapters::providers::kvm::errors::KvmError;
+use crate::adapters::providers::kvm::pool_gc::{PoolSweep, SweepPlan, leftovers};
 
 use super::session::HostSession;
 

@@ -10,18 +10,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::adapters::providers::kvm::base_image::{
+use crate::adapters::providers::kvm::base_image::{
     PIN_MAX_BYTES, Pinned, base_volume, detect_format, marker_name, parse_pin, pin_content, pin_name,
     url_base_volume,
 };
-use egress_proxies::adapters::providers::kvm::errors::KvmError;
-use egress_proxies::adapters::providers::kvm::image::{CachedBase, DownloadLimits, ImageError, ImageSpec};
-use egress_proxies::adapters::providers::kvm::ops::OpError;
-use egress_proxies::adapters::providers::kvm::qcow2_header::{
-    HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone,
-};
-use egress_proxies::adapters::providers::kvm::volume_xml::plain_volume_xml;
-use egress_proxies::domain::config::ImageFormat;
+use crate::adapters::providers::kvm::errors::KvmError;
+use crate::adapters::providers::kvm::image::{CachedBase, DownloadLimits, ImageError, ImageSpec};
+use crate::adapters::providers::kvm::ops::OpError;
+use crate::adapters::providers::kvm::qcow2_header::{HEADER_PROBE_BYTES, Qcow2HeaderError, check_standalone};
+use crate::adapters::providers::kvm::volume_xml::plain_volume_xml;
+use crate::domain::config::ImageFormat;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
@@ -46,7 +44,7 @@ pub struct Downloader {
 
 impl Downloader {
     pub fn new(limits: DownloadLimits) -> Result<Self, reqwest::Error> {
-        egress_proxies::tls::ensure_crypto_provider();
+        crate::tls::ensure_crypto_provider();
         let client = reqwest::Client::builder()
             .connect_timeout(limits.connect_timeout)
             .read_timeout(limits.idle_timeout)
@@ -272,7 +270,7 @@ pub async fn fetch_to_pool(
         .map_err(|e| ImageError::Task(e.to_string()))??;
     let session = Arc::new(session);
     let result = fetch_into(client, image, &session, started, progress).await;
-    egress_proxies::telemetry::events::ImageDownloadCompleted {
+    crate::telemetry::events::ImageDownloadCompleted {
         host,
         url,
         result: match &result {
@@ -555,7 +553,7 @@ mod download_limit_tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use egress_proxies::domain::provider::ErrorClass;
+    use crate::domain::provider::ErrorClass;
 
     /// A loopback server answering every connection with `reply(port)`,
     /// then holding the connection open for `hold`.

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use crate::kvm::image_fetch::Progress;
-use egress_proxies::adapters::providers::kvm::host_runner::RunError;
-use egress_proxies::adapters::providers::kvm::image::{CachedBase, ImageSpec};
+use super::image_fetch::Progress;
+use crate::adapters::providers::kvm::host_runner::RunError;
+use crate::adapters::providers::kvm::image::{CachedBase, ImageSpec};
 use serde::Serialize;
 
 /// The image cache as the dashboard shows it.

@@ -4,9 +4,9 @@
 //! one at a time, on the host's libvirt thread (a host actor's worker in the
 //! running system).
 
-use egress_proxies::adapters::providers::kvm::image::{CachedBase, ImageSpec};
-use egress_proxies::adapters::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
-use egress_proxies::adapters::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
+use crate::adapters::providers::kvm::image::{CachedBase, ImageSpec};
+use crate::adapters::providers::kvm::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
+use crate::adapters::providers::kvm::pool_gc::{PoolSweep, SweepPlan};
 
 use super::session::HostSession;
 use super::{domain_ops as ops, image_fetch as image, pool_sweep as pool_gc};

@@ -3,13 +3,13 @@
 //! having got that far, so a create interrupted anywhere is finished by the
 //! next one.
 
-use egress_proxies::adapters::providers::kvm::domain_xml::{DomainSpec, domain_xml};
-use egress_proxies::adapters::providers::kvm::errors::KvmError;
-use egress_proxies::adapters::providers::kvm::ops::{
+use crate::adapters::providers::kvm::domain_xml::{DomainSpec, domain_xml};
+use crate::adapters::providers::kvm::errors::KvmError;
+use crate::adapters::providers::kvm::ops::{
     CreatePlan, DomainRunState, Observed, OpError, Released, overlay_name, seed_name,
 };
-use egress_proxies::adapters::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
-use egress_proxies::domain::provider::InstanceState;
+use crate::adapters::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use crate::domain::provider::InstanceState;
 use virt::error::ErrorNumber;
 
 use super::session::HostSession;

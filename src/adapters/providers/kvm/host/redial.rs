@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use egress_proxies::domain::backoff::{Attempts, ladders};
+use crate::domain::backoff::{Attempts, ladders};
 
 /// A link up this long counts as healthy: the next loss redials at once.
 pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
