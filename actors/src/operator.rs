@@ -12,17 +12,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::prelude::*;
-use egress_proxies::domain::config::BindAddress;
-use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
-use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::providers::BuildContext;
-use egress_proxies::domain::store::{PoolStore, ProxyStore};
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
 use egress_proxies::adapters::stores::lease_checkpoint::{CheckpointJournal, Writer};
 use egress_proxies::adapters::stores::{FencedPools, FencedStore, installation};
+use egress_proxies::domain::config::BindAddress;
+use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
+use egress_proxies::domain::installation::InstallationId;
+use egress_proxies::domain::store::{PoolStore, ProxyStore};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -99,15 +98,27 @@ struct Gateway {
     settings: GatewaySettings,
 }
 
-/// Runs until SIGTERM (Ok) or a lost leadership (Err).
-pub fn run(options: Options) -> Result<(), OperatorError> {
+/// What [`prepare`] checked and bound, for [`run`].
+pub struct Prepared {
+    options: Options,
+    providers_config: ProvidersConfig,
+    prober: Prober,
+    health_listener: Option<TcpListener>,
+    metrics_listener: Option<TcpListener>,
+    discovery_listener: Option<TcpListener>,
+    gateway: Option<Gateway>,
+}
+
+/// Loads the configuration and binds the listeners, before any actor
+/// exists: a bad file or a taken port fails the start here.
+pub fn prepare(options: Options) -> Result<Prepared, OperatorError> {
     let providers_config = ProvidersConfig::load(&options.providers_config)?;
     let prober = Prober::new(options.health_ca_file.as_deref())?;
     let health_listener = system::bind(options.health_probe_bind_address)?;
     let metrics_listener = system::bind(options.metrics_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
     let gateway = gateway(&options)?;
-    System::new().block_on(operate(
+    Ok(Prepared {
         options,
         providers_config,
         prober,
@@ -115,7 +126,7 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
         metrics_listener,
         discovery_listener,
         gateway,
-    ))
+    })
 }
 
 /// The gateway's settings and listener, checked before any actor exists: a
@@ -137,15 +148,18 @@ fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
     Ok(Some(Gateway { listener, settings }))
 }
 
-async fn operate(
-    mut options: Options,
-    providers_config: ProvidersConfig,
-    prober: Prober,
-    health_listener: Option<TcpListener>,
-    metrics_listener: Option<TcpListener>,
-    discovery_listener: Option<TcpListener>,
-    gateway: Option<Gateway>,
-) -> Result<(), OperatorError> {
+/// Runs on the actix system (started by the binary) until SIGTERM (Ok) or
+/// a lost leadership (Err).
+pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
+    let Prepared {
+        mut options,
+        providers_config,
+        prober,
+        health_listener,
+        metrics_listener,
+        discovery_listener,
+        gateway,
+    } = prepared;
     // kube's default client with our layer: 429s waited out, the budget
     // if asked for, every request counted (docs/kubernetes.md, API budget).
     let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
@@ -162,7 +176,10 @@ async fn operate(
         gcp: options.gcp.clone(),
         cluster_networks: options.cluster_networks.clone(),
     };
-    let providers = Arc::new(egress_proxies::adapters::providers::build(&providers_config, &build)?);
+    let providers = Arc::new(egress_proxies::adapters::providers::build(
+        &providers_config,
+        &build,
+    )?);
     tracing::info!(
         namespace = options.proxy_namespace.as_deref().unwrap_or("<all>"),
         providers = ?providers.names(), leaderElect = options.leader_elect, "Kubernetes mode starting"

@@ -6,6 +6,8 @@
 //! gateway) with their guarded listeners. A new way to reach the world
 //! goes here.
 
+pub mod command_line;
+pub mod discovery_api;
 pub mod forward_proxy;
 pub mod gateway;
 pub mod guarded_listener;
