@@ -47,4 +47,5 @@ pub mod metrics_access;
 pub mod private_files;
 pub mod rate_limit;
 pub mod serving_cert;
+pub mod supervision_tree;
 pub mod tls;
