@@ -12,11 +12,13 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::gc;
-use egress_proxies::domain::provider::{ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers};
+use egress_proxies::domain::provider::{
+    ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers,
+};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::Proxy;
-use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use fake_compute::{FakeCompute, Fault, fingerprint_of};
 use serde_json::{Value, json};
 use support::gcp::{ZONE, key_file, provider, request};

@@ -7,8 +7,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use egress_proxies::domain::health::{CheckSpec, Thresholds};
 use egress_proxies::adapters::probe::{ProbeFailure, Prober};
+use egress_proxies::domain::health::{CheckSpec, Thresholds};
 use rustls::pki_types::CertificateDer;
 use support::squid::Squid;
 use support::target_server::{

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use egress_proxies::domain::config::GcpConfig;
-use egress_proxies::domain::provider::{CloudInitBytes, CreateRequest, instance_name};
 use egress_proxies::adapters::providers::gcp::api::AdcTokens;
 use egress_proxies::adapters::providers::gcp::{GcpOptions, GcpProvider};
+use egress_proxies::domain::config::GcpConfig;
+use egress_proxies::domain::provider::{CloudInitBytes, CreateRequest, instance_name};
 use egress_proxies::domain::resource::Placement;
 use fake_compute::FakeCompute;
 use serde_json::json;
