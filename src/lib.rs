@@ -8,8 +8,10 @@
 //!   they act through: the provider contract and the object store.
 //! - [`adapters`]: what talks to the world for the domain — the providers,
 //!   the stores, the Kubernetes client and leader election, the health
-//!   probe, the built-in forward proxy and the gateway.
-//! - Shared by both: telemetry, TLS, listener limits, bind addresses.
+//!   probe, the built-in forward proxy and the gateway, the command line
+//!   and the discovery API's contract.
+//! - Shared by both: telemetry, TLS, listener limits, bind addresses, the
+//!   supervision tree's record.
 //!
 //! The domain imports no adapter (`tests/layout.rs` checks it). Every
 //! module is also re-exported under its own name, so paths read
@@ -47,4 +49,5 @@ pub mod metrics_access;
 pub mod private_files;
 pub mod rate_limit;
 pub mod serving_cert;
+pub mod supervision_tree;
 pub mod tls;

@@ -14,7 +14,6 @@
 //! defined in its own file (docs/architecture.md#messages).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod cli;
 pub mod discovery;
 pub mod gateway;
 pub mod gc_sweeper;

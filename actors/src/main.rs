@@ -1,16 +1,20 @@
-//! `egress-proxies-operator`: the binary.
+//! `egress-proxies-operator`: the binary. It parses the command line (the
+//! library's `adapters::command_line`) and starts what it asks for: the
+//! operator's actors on an actix system of their own in `run` and
+//! `standalone`; the one-shot commands and the forward-proxy helper process
+//! run without actors.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
+use egress_proxies::adapters::command_line::{self as cli, Cli, Command, LoggingArgs, RunArgs};
 use egress_proxies::adapters::config_files;
 use egress_proxies::domain::resource::{
     ListFormat, crd_yaml_of, pool_list, pool_table, proxy_list, proxy_table,
 };
 use egress_proxies::telemetry::{TelemetryGuard, init_logging};
-use egress_proxies_operator::cli::{self, Cli, Command, LoggingArgs, RunArgs};
 use egress_proxies_operator::{operator, standalone, system};
 
 /// jemalloc instead of the system allocator: thousands of actors and
@@ -21,8 +25,16 @@ use egress_proxies_operator::{operator, standalone, system};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Version line: crate version and the commit the binary was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("EPO_GIT_COMMIT"),
+    ")"
+);
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = command_line();
     match cli.command {
         Some(Command::Crd { kind }) => print_crd(kind.into()),
         Some(Command::ValidateConfig { file }) => validate_config(&file),
@@ -67,6 +79,15 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run(&cli.logging, *args),
         None => run(&cli.logging, cli.run),
     }
+}
+
+/// The command line as given; `--version` names this build's commit.
+fn command_line() -> Cli {
+    let mut command = Cli::command().version(VERSION);
+    let mut matches = command.get_matches_mut();
+    Cli::from_arg_matches_mut(&mut matches)
+        .map_err(|e| e.format(&mut command))
+        .unwrap_or_else(|e| e.exit())
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -208,7 +229,11 @@ fn run_standalone(log: &LoggingArgs, config: &Path) -> ExitCode {
         Err(code) => return code,
     };
     starting();
-    match standalone::run(config) {
+    // Checked and bound first; then the actors start on an actix system
+    // that lasts until SIGTERM.
+    let ran = standalone::prepare(config)
+        .and_then(|prepared| actix::System::new().block_on(standalone::run(prepared)));
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "standalone mode stopped");
@@ -345,7 +370,11 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
             .kube_api_qps
             .map(|qps| egress_proxies::adapters::kube_client::ApiBudget::new(qps, args.kube_api_burst)),
     };
-    match operator::run(options) {
+    // Checked and bound first; then the actors start on an actix system
+    // that lasts until SIGTERM or a lost leadership.
+    let ran = operator::prepare(options)
+        .and_then(|prepared| actix::System::new().block_on(operator::run(prepared)));
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "operator stopped");
@@ -356,7 +385,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
 
 /// Says which build starts: in the log and as `egress_proxies_build_info`.
 fn starting() {
-    tracing::info!(version = cli::VERSION, "starting egress-proxies-operator");
+    tracing::info!(version = VERSION, "starting egress-proxies-operator");
     let build = egress_proxies::telemetry::metrics::BuildInfo {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         commit: env!("EPO_GIT_COMMIT").to_owned(),

@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::prelude::*;
 use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::adapters::probe::Prober;
@@ -100,15 +99,27 @@ struct Gateway {
     settings: GatewaySettings,
 }
 
-/// Runs until SIGTERM (Ok) or a lost leadership (Err).
-pub fn run(options: Options) -> Result<(), OperatorError> {
+/// What [`prepare`] checked and bound, for [`run`].
+pub struct Prepared {
+    options: Options,
+    providers_config: ProvidersConfig,
+    prober: Prober,
+    health_listener: Option<TcpListener>,
+    metrics_listener: Option<TcpListener>,
+    discovery_listener: Option<TcpListener>,
+    gateway: Option<Gateway>,
+}
+
+/// Loads the configuration and binds the listeners, before any actor
+/// exists: a bad file or a taken port fails the start here.
+pub fn prepare(options: Options) -> Result<Prepared, OperatorError> {
     let providers_config = config_files::providers_config(&options.providers_config)?;
     let prober = Prober::new(options.health_ca_file.as_deref())?;
     let health_listener = system::bind(options.health_probe_bind_address)?;
     let metrics_listener = system::bind(options.metrics_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
     let gateway = gateway(&options)?;
-    System::new().block_on(operate(
+    Ok(Prepared {
         options,
         providers_config,
         prober,
@@ -116,7 +127,7 @@ pub fn run(options: Options) -> Result<(), OperatorError> {
         metrics_listener,
         discovery_listener,
         gateway,
-    ))
+    })
 }
 
 /// The gateway's settings and listener, checked before any actor exists: a
@@ -140,15 +151,18 @@ fn gateway(options: &Options) -> Result<Option<Gateway>, OperatorError> {
     Ok(Some(Gateway { listener, settings }))
 }
 
-async fn operate(
-    mut options: Options,
-    providers_config: ProvidersConfig,
-    prober: Prober,
-    health_listener: Option<TcpListener>,
-    metrics_listener: Option<TcpListener>,
-    discovery_listener: Option<TcpListener>,
-    gateway: Option<Gateway>,
-) -> Result<(), OperatorError> {
+/// Runs on the actix system (started by the binary) until SIGTERM (Ok) or
+/// a lost leadership (Err).
+pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
+    let Prepared {
+        mut options,
+        providers_config,
+        prober,
+        health_listener,
+        metrics_listener,
+        discovery_listener,
+        gateway,
+    } = prepared;
     // kube's default client with our layer: 429s waited out, the budget
     // if asked for, every request counted (docs/kubernetes.md, API budget).
     let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;

@@ -4,7 +4,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use actix::prelude::*;
 use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::providers::{BuildContext, BuildError};
 use egress_proxies::adapters::stores::embedded::{
@@ -45,9 +44,27 @@ pub enum StandaloneError {
     Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
 }
 
-/// Runs until SIGTERM or Ctrl-C. Proxy processes keep running after exit and
-/// are re-adopted at the next start.
-pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
+/// What [`prepare`] checked, opened and bound, for [`run`].
+pub struct Prepared {
+    config: StandaloneConfig,
+    providers: egress_proxies::domain::provider::Providers,
+    prober: egress_proxies::adapters::probe::Prober,
+    discovery_listener: Option<std::net::TcpListener>,
+    health_listener: Option<std::net::TcpListener>,
+    metrics_listener: Option<std::net::TcpListener>,
+    gateway_listener: Option<std::net::TcpListener>,
+    tokens: crate::discovery::Tokens,
+    store: Arc<EmbeddedStore>,
+    events: tokio::sync::mpsc::UnboundedReceiver<egress_proxies::domain::store::StoreEvent>,
+    installation: egress_proxies::domain::installation::InstallationId,
+    settings: crate::system::Settings,
+    pool_timing: crate::pool_actor::PoolTiming,
+}
+
+/// Loads the configuration, builds the providers, binds the listeners and
+/// opens the state, before any actor exists: a bad file, a taken port or a
+/// second operator on the same state fails the start here.
+pub fn prepare(config_path: &Path) -> Result<Prepared, StandaloneError> {
     let config = config_files::standalone_config(config_path)?;
     let providers_config = config_files::providers_config(&config.providers_config)?;
     if !config.manifests.is_dir() {
@@ -110,74 +127,105 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         external_endpoints: None,
     };
     let pool_timing = crate::pool_actor::PoolTiming::of(&settings);
-    let system = System::new();
-    system.block_on(async move {
-        let providers = Arc::new(providers);
-        let port: Arc<dyn egress_proxies::domain::store::ProxyStore> = store.clone();
-        let running = crate::system::start(
-            port.clone(),
-            events,
-            providers,
-            prober,
-            settings,
-            installation,
-            discovery_listener,
-        )
+    Ok(Prepared {
+        config,
+        providers,
+        prober,
+        discovery_listener,
+        health_listener,
+        metrics_listener,
+        gateway_listener,
+        tokens,
+        store,
+        events,
+        installation,
+        settings,
+        pool_timing,
+    })
+}
+
+/// Runs on the actix system (started by the binary) until SIGTERM or
+/// Ctrl-C. Proxy processes keep running after exit and are re-adopted at
+/// the next start.
+pub async fn run(prepared: Prepared) -> Result<(), StandaloneError> {
+    let Prepared {
+        config,
+        providers,
+        prober,
+        discovery_listener,
+        health_listener,
+        metrics_listener,
+        gateway_listener,
+        tokens,
+        store,
+        events,
+        installation,
+        settings,
+        pool_timing,
+    } = prepared;
+    let providers = Arc::new(providers);
+    let port: Arc<dyn egress_proxies::domain::store::ProxyStore> = store.clone();
+    let running = crate::system::start(
+        port.clone(),
+        events,
+        providers,
+        prober,
+        settings,
+        installation,
+        discovery_listener,
+    )
+    .map_err(StandaloneError::System)?;
+    if let Some(listener) = gateway_listener {
+        // Standalone mode has no cluster networks.
+        crate::gateway::start(
+            listener,
+            running.lease_desk.clone(),
+            &tokens,
+            &config.gateway,
+            &[],
+        )?;
+    }
+    if let Some(pool_events) = store.pool_events() {
+        let pools = crate::pool_actor::PoolContext {
+            pools: store.clone(),
+            proxies: port,
+            leases: Some(running.leases.clone()),
+            timing: pool_timing,
+        };
+        crate::pool_registry::PoolRegistry::new(pools).run(pool_events);
+    }
+    store.resync();
+    actix::spawn(embedded::watch_manifests(
+        store.clone(),
+        ManifestDir::new(&config.manifests),
+        config.manifest_poll_interval,
+    ));
+    let readiness = Readiness::default();
+    if let Some(listener) = health_listener {
+        let addr = listener.local_addr().map_err(StandaloneError::System)?;
+        let server = health_server::start(listener, readiness.clone()).map_err(StandaloneError::System)?;
+        actix::spawn(server);
+        tracing::info!(%addr, "health probes listening");
+    }
+    if let Some(listener) = metrics_listener {
+        let addr = listener.local_addr().map_err(StandaloneError::System)?;
+        actix::spawn(
+            crate::metrics_server::start(listener, crate::metrics_server::Protection::Open, None)
+                .map_err(StandaloneError::System)?,
+        );
+        tracing::info!(%addr, "metrics listening");
+    }
+    // The state database's lock makes this process the only one acting.
+    LeadershipChanged {
+        identity: "standalone",
+        leading: true,
+    }
+    .emit();
+    readiness.set(true);
+    crate::system::wait_for_shutdown()
+        .await
         .map_err(StandaloneError::System)?;
-        if let Some(listener) = gateway_listener {
-            // Standalone mode has no cluster networks.
-            crate::gateway::start(
-                listener,
-                running.lease_desk.clone(),
-                &tokens,
-                &config.gateway,
-                &[],
-            )?;
-        }
-        if let Some(pool_events) = store.pool_events() {
-            let pools = crate::pool_actor::PoolContext {
-                pools: store.clone(),
-                proxies: port,
-                leases: Some(running.leases.clone()),
-                timing: pool_timing,
-            };
-            crate::pool_registry::PoolRegistry::new(pools).run(pool_events);
-        }
-        store.resync();
-        actix::spawn(embedded::watch_manifests(
-            store.clone(),
-            ManifestDir::new(&config.manifests),
-            config.manifest_poll_interval,
-        ));
-        let readiness = Readiness::default();
-        if let Some(listener) = health_listener {
-            let addr = listener.local_addr().map_err(StandaloneError::System)?;
-            let server =
-                health_server::start(listener, readiness.clone()).map_err(StandaloneError::System)?;
-            actix::spawn(server);
-            tracing::info!(%addr, "health probes listening");
-        }
-        if let Some(listener) = metrics_listener {
-            let addr = listener.local_addr().map_err(StandaloneError::System)?;
-            actix::spawn(
-                crate::metrics_server::start(listener, crate::metrics_server::Protection::Open, None)
-                    .map_err(StandaloneError::System)?,
-            );
-            tracing::info!(%addr, "metrics listening");
-        }
-        // The state database's lock makes this process the only one acting.
-        LeadershipChanged {
-            identity: "standalone",
-            leading: true,
-        }
-        .emit();
-        readiness.set(true);
-        crate::system::wait_for_shutdown()
-            .await
-            .map_err(StandaloneError::System)?;
-        tracing::info!("shutting down; proxies keep running and are re-adopted at the next start");
-        Ok::<(), StandaloneError>(())
-    })?;
+    tracing::info!("shutting down; proxies keep running and are re-adopted at the next start");
     Ok(())
 }
 

@@ -317,7 +317,7 @@ async fn concurrent_acquires_never_exceed_capacity() {
 
 #[test]
 fn the_openapi_document_describes_every_endpoint() {
-    let doc: Value = serde_json::from_str(&discovery::openapi_json()).unwrap();
+    let doc: Value = serde_json::from_str(&egress_proxies::adapters::discovery_api::openapi_json()).unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     for (path, method) in [
         ("/v1/proxies", "get"),

@@ -48,7 +48,7 @@ use config_facts::{
     load_standalone, objects,
 };
 use crd_facts::{field_path, rejections, span_names};
-use egress_proxies_operator::cli::Cli;
+use egress_proxies::adapters::command_line::Cli;
 use markdown::{Page, repo_root, user_docs};
 use metric_names::{metric_names, registered_metrics, sample_names};
 use serde_json::Value;
@@ -85,7 +85,7 @@ fn references() -> Vec<(&'static str, String)> {
     vec![
         (
             "docs/reference/cli.md",
-            cli_doc::render(&Cli::command(), &header("actors/src/cli.rs")),
+            cli_doc::render(&Cli::command(), &header("src/adapters/command_line.rs")),
         ),
         (
             "docs/reference/proxy.md",

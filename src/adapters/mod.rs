@@ -2,13 +2,16 @@
 //! behalf — the providers (Kubernetes pods, Compute Engine, libvirt over
 //! SSH, local processes), the stores (the Kubernetes API, SQLite), the
 //! Kubernetes client and leader election, the health probe's network side,
-//! and the proxies the operator serves (the built-in forward proxy and the
-//! gateway) with their guarded listeners. A new way to reach the world
-//! goes here.
+//! the proxies the operator serves (the built-in forward proxy and the
+//! gateway) with their guarded listeners, and what its users speak to it
+//! (the command line, the discovery API's contract). A new way to reach
+//! the world goes here.
 
 pub mod checked_connect;
 pub mod clock;
+pub mod command_line;
 pub mod config_files;
+pub mod discovery_api;
 pub mod forward_proxy;
 pub mod gateway;
 pub mod guarded_listener;

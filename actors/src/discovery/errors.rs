@@ -5,7 +5,7 @@ use actix_web::{HttpResponse, ResponseError};
 use egress_proxies::domain::lease::TableFull;
 use egress_proxies::rate_limit::{Limited, retry_after_secs};
 
-use super::types::ErrorBody;
+use egress_proxies::adapters::discovery_api::bodies::ErrorBody;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -44,27 +44,6 @@ pub enum ApiError {
     #[error("{0}")]
     NotOwner(String),
 }
-
-/// Every `error` code, for the OpenAPI document (a test checks each
-/// variant's code is here: a client validating answers against the
-/// document must accept every one the server sends).
-pub const CODES: [&str; 15] = [
-    "no_capacity",
-    "unknown_lease",
-    "invalid_request",
-    "unauthorized",
-    "forbidden",
-    "payload_too_large",
-    "not_found",
-    "method_not_allowed",
-    "rate_limited",
-    "lease_store_full",
-    "unavailable",
-    "not_leader",
-    "internal",
-    "proxy_retiring",
-    "not_owner",
-];
 
 impl ApiError {
     pub fn code(&self) -> &'static str {
@@ -144,6 +123,7 @@ pub struct ErrorCode(pub &'static str);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use egress_proxies::adapters::discovery_api::bodies::ERROR_CODES;
 
     #[test]
     fn every_code_the_server_sends_is_documented() {
@@ -164,13 +144,13 @@ mod tests {
         ];
         for error in &every {
             assert!(
-                CODES.contains(&error.code()),
-                "{} is missing from CODES",
+                ERROR_CODES.contains(&error.code()),
+                "{} is missing from ERROR_CODES",
                 error.code()
             );
         }
         for code in ["rate_limited", "lease_store_full"] {
-            assert!(CODES.contains(&code));
+            assert!(ERROR_CODES.contains(&code));
         }
     }
 }

@@ -234,7 +234,7 @@ pub async fn traced(
     let started = std::time::Instant::now();
     let client = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
     let method = req.method().clone();
-    let route = super::routes::route_of(req.path()).unwrap_or("unmatched");
+    let route = egress_proxies::adapters::discovery_api::routes::route_of(req.path()).unwrap_or("unmatched");
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));
     let span = tracing::info_span!(
         parent: None, "HTTP request", otel.name = %format!("{method} {route}"), otel.kind = "server",

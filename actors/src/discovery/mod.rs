@@ -1,7 +1,9 @@
 //! The discovery API for crawler clients (`--discovery-bind-address`):
 //! list proxies, take, report on and release leases. JSON in and out,
 //! errors as `{error, message}`, optional bearer auth, bodies capped,
-//! OpenAPI at `/v1/openapi.json`.
+//! OpenAPI at `/v1/openapi.json`. The contract it serves — routes, bodies,
+//! error codes, the document — is the library's
+//! (`egress_proxies::adapters::discovery_api`); this is the actix-web side.
 
 mod dashboard;
 mod dashboard_feed;
@@ -9,9 +11,6 @@ mod errors;
 mod handlers;
 mod limiter;
 mod middleware;
-mod openapi;
-mod routes;
-pub mod types;
 
 use std::net::TcpListener;
 
@@ -19,6 +18,7 @@ use actix::Addr;
 use actix_web::dev::Server;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpResponse, HttpServer, web};
+use egress_proxies::adapters::discovery_api::{openapi_json, routes};
 use egress_proxies::file_limit;
 use egress_proxies::listener_limits::{Listener, ListenerLimits};
 use egress_proxies::rate_limit::RateLimits;
@@ -27,7 +27,6 @@ use crate::lease_store::LeaseStore;
 use errors::ApiError;
 pub use limiter::Limiter;
 pub use middleware::{Identity, Tokens, TokensError};
-pub use openapi::openapi_json;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;

@@ -1,5 +1,6 @@
-//! Heartbeats: each singleton beats once a second from its own context, so
-//! a dead actor or a stuck thread shows as silence.
+//! Heartbeats: each singleton beats once a second from its own context
+//! (`actors/src/supervision/`), so a dead actor or a stuck thread shows as
+//! silence.
 
 use std::collections::BTreeMap;
 use std::sync::{LazyLock, Mutex};
@@ -17,17 +18,7 @@ fn beats() -> std::sync::MutexGuard<'static, BTreeMap<String, Instant>> {
 
 /// A singleton is alive and its thread turns: call once a second.
 pub fn heartbeat(kind: &str) {
-    beats().insert(kind.to_owned(), Instant::now());
-}
-
-/// Starts `kind`'s heartbeat: now, then every second while the actor runs.
-pub fn beat_while_running<A>(kind: &'static str, ctx: &mut A::Context)
-where
-    A: actix::Actor<Context = actix::Context<A>>,
-{
-    use actix::AsyncContext;
-    heartbeat(kind);
-    ctx.run_interval(Duration::from_secs(1), move |_, _| heartbeat(kind));
+    heartbeat_at(kind, Instant::now());
 }
 
 /// A singleton stopped on purpose (shutdown): no longer expected to beat.
@@ -44,7 +35,7 @@ pub fn silent(deadline: Duration) -> Vec<(String, Duration)> {
         .collect()
 }
 
-#[cfg(test)]
-pub(crate) fn heartbeat_at(kind: &str, at: Instant) {
+/// A beat at `at` (tests set one in the past).
+pub fn heartbeat_at(kind: &str, at: Instant) {
     beats().insert(kind.to_owned(), at);
 }

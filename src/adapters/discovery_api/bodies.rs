@@ -1,4 +1,5 @@
-//! The discovery API's JSON bodies (and their OpenAPI schemas).
+//! The discovery API's JSON bodies (and their OpenAPI schemas), and the
+//! codes its errors carry.
 
 use std::collections::BTreeMap;
 
@@ -147,6 +148,27 @@ pub struct ErrorBody {
     pub error: String,
     pub message: String,
 }
+
+/// Every `error` code, for the OpenAPI document (a test checks each of the
+/// server's errors has its code here: a client validating answers against
+/// the document must accept every one the server sends).
+pub const ERROR_CODES: [&str; 15] = [
+    "no_capacity",
+    "unknown_lease",
+    "invalid_request",
+    "unauthorized",
+    "forbidden",
+    "payload_too_large",
+    "not_found",
+    "method_not_allowed",
+    "rate_limited",
+    "lease_store_full",
+    "unavailable",
+    "not_leader",
+    "internal",
+    "proxy_retiring",
+    "not_owner",
+];
 
 /// A non-negative whole number, also written as `30.0`: JSON Schema counts
 /// that as an integer, so a client that sends it is not wrong.

@@ -1,28 +1,25 @@
-//! The command line: every flag of the operator, with environment equivalents.
+//! The command line: every flag of the operator, with environment
+//! equivalents. The binary (`actors/src/main.rs`) parses it, adding its
+//! build's version for `--version`, and starts what it asks for.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::adapters::guarded_listener::ListenerSettings;
+use crate::domain::config::BindAddress;
+use crate::domain::destinations::{DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr};
+use crate::domain::installation::InstallationId;
+use crate::telemetry::LogFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use egress_proxies::adapters::guarded_listener::ListenerSettings;
-use egress_proxies::domain::config::BindAddress;
-use egress_proxies::domain::destinations::{
-    DestinationEntry, DestinationPolicy, DestinationRules, IpNet, parse_cidr,
-};
-use egress_proxies::domain::installation::InstallationId;
-use egress_proxies::telemetry::LogFormat;
-
-/// Version line: crate version and the commit the binary was built from.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("EPO_GIT_COMMIT"),
-    ")"
-);
 
 /// Keeps a fleet of egress HTTP proxies alive and hands them out through a lease API.
 #[derive(Parser, Debug)]
-#[command(name = "egress-proxies-operator", version = VERSION, args_conflicts_with_subcommands = true)]
+// `version`: the crate's; the binary names its build's commit too.
+#[command(
+    name = "egress-proxies-operator",
+    version,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -115,8 +112,8 @@ pub struct ConnectionLimitArgs {
 impl ConnectionLimitArgs {
     pub fn settings(&self) -> ListenerSettings {
         let mut settings = ListenerSettings::for_process_limits(
-            egress_proxies::adapters::forward_proxy::FDS_PER_CONNECTION,
-            egress_proxies::adapters::forward_proxy::unauthenticated_limits(),
+            crate::adapters::forward_proxy::FDS_PER_CONNECTION,
+            crate::adapters::forward_proxy::unauthenticated_limits(),
         );
         if let Some(max) = self.max_connections {
             settings.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
@@ -328,8 +325,8 @@ pub struct RunArgs {
 
     /// Weights of crawler identities' fair shares of a scarce fleet:
     /// `team-a=2,team-b=3`; identities not named weigh 1.
-    #[arg(long, env = "FAIR_SHARE_WEIGHTS", value_parser = egress_proxies::domain::lease::FairShare::parse)]
-    pub fair_share_weights: Option<egress_proxies::domain::lease::FairShare>,
+    #[arg(long, env = "FAIR_SHARE_WEIGHTS", value_parser = crate::domain::lease::FairShare::parse)]
+    pub fair_share_weights: Option<crate::domain::lease::FairShare>,
 
     /// Time between orphan-GC sweeps.
     #[arg(long, env = "GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
@@ -404,7 +401,7 @@ pub enum CrdArg {
     Proxypools,
 }
 
-impl From<CrdArg> for egress_proxies::domain::resource::CrdKind {
+impl From<CrdArg> for crate::domain::resource::CrdKind {
     fn from(arg: CrdArg) -> Self {
         match arg {
             CrdArg::Proxies => Self::Proxies,

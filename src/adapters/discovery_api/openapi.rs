@@ -1,17 +1,17 @@
-//! The OpenAPI document at `/v1/openapi.json`: generated from the handlers'
-//! types, then given the bounds the server enforces (from
-//! `egress_proxies::domain::lease::input`, the same constants the handlers check),
+//! The OpenAPI document at `/v1/openapi.json`: generated from the
+//! [operations](super::operations) and their [bodies](super::bodies), then given the bounds the server enforces (from
+//! `domain::lease::input`, the same constants the handlers check),
 //! the 405 and 429 answers every operation can give, and the links from a
 //! granted lease to its renew, report and release.
 
-use egress_proxies::domain::lease::input::{
+use crate::domain::lease::input::{
     self, MAX_ATTRIBUTE_KEY_CHARS, MAX_ATTRIBUTE_VALUE_CHARS, MAX_CLIENT_CHARS, MAX_DETAIL_CHARS,
     MAX_SELECTOR_PAIRS, MAX_TARGET_LEN, MAX_TTL_SECONDS,
 };
 use serde_json::{Value, json};
 use utoipa::OpenApi;
 
-use super::{handlers, types};
+use super::{bodies, operations};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,12 +20,12 @@ use super::{handlers, types};
         description = "Lists the egress proxy fleet and hands proxies out to crawler clients as leases."
     ),
     paths(
-        handlers::list_proxies, handlers::acquire, handlers::release, handlers::report, handlers::renew,
-        handlers::healthz
+        operations::list_proxies, operations::acquire, operations::release, operations::report, operations::renew,
+        operations::healthz
     ),
     components(schemas(
-        types::ProxyInfo, types::LeaseRequest, types::Lease, types::LeasedProxy,
-        types::LeaseReport, types::ReportOutcome, types::RenewRequest, types::Renewal, types::ErrorBody
+        bodies::ProxyInfo, bodies::LeaseRequest, bodies::Lease, bodies::LeasedProxy,
+        bodies::LeaseReport, bodies::ReportOutcome, bodies::RenewRequest, bodies::Renewal, bodies::ErrorBody
     )),
     modifiers(&BearerAuth)
 )]
@@ -131,7 +131,7 @@ pub fn document() -> Value {
     merge(
         &mut doc,
         &format!("{schemas}/ErrorBody/properties/error"),
-        json!({"enum": super::errors::CODES}),
+        json!({"enum": bodies::ERROR_CODES}),
     );
     for path in [
         "/v1/leases/{id}",
