@@ -12,18 +12,20 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use egress_proxies::domain::config::{Firmware, ImageFormat};
-use egress_proxies::domain::provider::ErrorClass;
 use egress_proxies::adapters::providers::kvm::base_image::{
     PoolName, base_volume, marker_name, pin_name, pin_of_url_base,
 };
 use egress_proxies::adapters::providers::kvm::host::HostSession;
-use egress_proxies::adapters::providers::kvm::host::image_fetch::{Downloader, Progress, fetch_to_pool, lookup};
+use egress_proxies::adapters::providers::kvm::host::image_fetch::{
+    Downloader, Progress, fetch_to_pool, lookup,
+};
 use egress_proxies::adapters::providers::kvm::image::{DownloadLimits, ImageError, ImageSpec};
 use egress_proxies::adapters::providers::kvm::ops::OpError;
 use egress_proxies::adapters::providers::kvm::qcow2_header::Qcow2HeaderError;
 use egress_proxies::adapters::providers::kvm::volume_xml::overlay_volume_xml;
 use egress_proxies::adapters::providers::kvm::volume_xml::plain_volume_xml;
+use egress_proxies::domain::config::{Firmware, ImageFormat};
+use egress_proxies::domain::provider::ErrorClass;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

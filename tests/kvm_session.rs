@@ -4,13 +4,13 @@
 
 mod support;
 
-use egress_proxies::domain::config::{DomainType, Firmware};
 use egress_proxies::adapters::providers::kvm::domain_xml::{DomainSpec, domain_xml};
 use egress_proxies::adapters::providers::kvm::host::HostSession;
 use egress_proxies::adapters::providers::kvm::metadata::InstanceMetadata;
 use egress_proxies::adapters::providers::kvm::ops::DomainRunState;
 use egress_proxies::adapters::providers::kvm::seed::{SeedFiles, build_iso, meta_data, vendor_data};
 use egress_proxies::adapters::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::domain::config::{DomainType, Firmware};
 
 #[tokio::test]
 async fn volumes_seed_and_a_domain_through_the_link() {
@@ -116,9 +116,11 @@ async fn volumes_seed_and_a_domain_through_the_link() {
 
 #[tokio::test]
 async fn create_get_delete_resume_from_every_partial_state() {
-    use egress_proxies::domain::provider::{ErrorClass, InstanceState};
     use egress_proxies::adapters::providers::kvm::host::domain_ops as ops;
-    use egress_proxies::adapters::providers::kvm::ops::{CreatePlan, OpError, Released, overlay_name, seed_name};
+    use egress_proxies::adapters::providers::kvm::ops::{
+        CreatePlan, OpError, Released, overlay_name, seed_name,
+    };
+    use egress_proxies::domain::provider::{ErrorClass, InstanceState};
     let bed = bed_or_skip!();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_B").await;
     let uri = link.libvirt_uri();

@@ -20,7 +20,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_proxies::domain::config::{Firmware, ImageFormat};
 use egress_proxies::adapters::providers::kvm::base_image::{base_volume, marker_name, pin_name};
 use egress_proxies::adapters::providers::kvm::host::HostSession;
 use egress_proxies::adapters::providers::kvm::host::{Downloader, Progress, fetch_to_pool};
@@ -28,6 +27,7 @@ use egress_proxies::adapters::providers::kvm::host::{LinkTarget, SshLink};
 use egress_proxies::adapters::providers::kvm::image::{DownloadLimits, ImageSpec};
 use egress_proxies::adapters::providers::kvm::libvirt::ensure_client_setup;
 use egress_proxies::adapters::providers::kvm::ssh_key::load_private_key;
+use egress_proxies::domain::config::{Firmware, ImageFormat};
 use sha2::Digest;
 
 fn arg(name: &str) -> Option<String> {

@@ -17,19 +17,19 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use egress_proxies::adapters::providers::kvm::metadata::{self, METADATA_URI};
+use egress_proxies::adapters::providers::kvm::ops::{overlay_name, seed_name};
+use egress_proxies::adapters::providers::kvm::provider::KvmProvider;
+use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::config::{ImageFormat, KvmConfig};
 use egress_proxies::domain::gc;
 use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::domain::provider::{
     CloudInitBytes, CreateRequest, Instance, Provider, ProviderError, ProviderId, Providers, instance_name,
 };
-use egress_proxies::adapters::providers::kvm::metadata::{self, METADATA_URI};
-use egress_proxies::adapters::providers::kvm::ops::{overlay_name, seed_name};
-use egress_proxies::adapters::providers::kvm::provider::KvmProvider;
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Placement, Proxy};
 use egress_proxies::domain::store::ProxyStore;
-use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies_operator::kvm::runner_factory;
 use serde_json::json;
 use sha2::Digest;

@@ -13,14 +13,16 @@ mod support;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use egress_proxies::domain::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
-use egress_proxies::domain::provider::{Provider, instance_name};
 use egress_proxies::adapters::providers::kvm::base_image::{
     Pinned, base_volume, marker_name, pin_content, pin_name, url_base_volume,
 };
 use egress_proxies::adapters::providers::kvm::host::HostSession;
 use egress_proxies::adapters::providers::kvm::provider::KvmProvider;
 use egress_proxies::adapters::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
+use egress_proxies::domain::config::{
+    DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
+};
+use egress_proxies::domain::provider::{Provider, instance_name};
 use egress_proxies_operator::kvm::runner_factory;
 
 fn config(bed: &HashMap<String, String>, configured_digest: &str, latest_url: &str) -> KvmConfig {

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use egress_proxies::domain::config::{KvmConfig, KvmHost};
 use egress_proxies::adapters::providers::kvm::host::{
     HostCall, Job, LibvirtThread, LinkTarget, Redial, RunError, SshLink, Waited, load_private_key,
 };
+use egress_proxies::domain::config::{KvmConfig, KvmHost};
 use egress_proxies::telemetry::events::KvmHostLinkChanged;
 use russh::keys::PrivateKey;
 

@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use egress_proxies::domain::config::KvmHost;
 use egress_proxies::adapters::providers::kvm::host::{
     CachedBase, Downloader, ImageSpec, LookupBase, Progress, RunError, fetch_to_pool, report_fetched,
     report_fetching,
 };
+use egress_proxies::domain::config::KvmHost;
 use tokio::sync::oneshot;
 
 use super::host_actor::{Call, KvmHostActor, LinkUri};

@@ -38,12 +38,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use async_trait::async_trait;
-use egress_proxies::domain::config::{KvmConfig, KvmHost};
 use egress_proxies::adapters::providers::KvmRunnerFactory;
 use egress_proxies::adapters::providers::kvm::host::{
     CachedBase, DownloadLimits, Downloader, HostCall, HostRouter, HostRunner, ImageSpec, RoutedRunner,
     RunError, ensure_client_setup,
 };
+use egress_proxies::domain::config::{KvmConfig, KvmHost};
 
 use crate::supervision::{self, Node};
 use host_actor::{Call, JOB_DEADLINE, KeyCache, KvmHostActor};

@@ -3,14 +3,14 @@
 
 use super::markdown::repo_root;
 
-/// The metric families `src/telemetry/metrics.rs` registers, by name,
+/// The metric families `telemetry/src/metrics.rs` registers, by name,
 /// with their type. Read from its `register` calls: a family shows in the
 /// encoded registry only once it has a sample, and most have labels none
 /// of which is set before the operator runs. The families that do show are
 /// compared with what is read, so the reading cannot drift from the code.
 pub fn registered_metrics() -> Vec<(String, String)> {
     let source =
-        std::fs::read_to_string(repo_root().join("src/telemetry/metrics.rs")).expect("the metrics source");
+        std::fs::read_to_string(repo_root().join("telemetry/src/metrics.rs")).expect("the metrics source");
     let kind_of_field = |field: &str| {
         let declaration = source
             .lines()

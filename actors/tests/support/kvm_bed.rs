@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use egress_proxies::domain::config::{DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType};
+use egress_proxies::domain::config::{
+    DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
+};
 use egress_proxies::domain::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
 use egress_proxies::domain::resource::Placement;
 use sha2::Digest;
@@ -223,7 +225,10 @@ impl Drop for RemoveOnDrop {
 
 /// The kvm provider `name` over `cfg`, its hosts driven by host actors as
 /// the operator runs them.
-pub fn kvm_provider(name: &str, cfg: KvmConfig) -> egress_proxies::adapters::providers::kvm::provider::KvmProvider {
+pub fn kvm_provider(
+    name: &str,
+    cfg: KvmConfig,
+) -> egress_proxies::adapters::providers::kvm::provider::KvmProvider {
     let runner = egress_proxies_operator::kvm::runner_factory()(name, &cfg).unwrap();
     egress_proxies::adapters::providers::kvm::provider::KvmProvider::new(name, cfg, runner)
 }
