@@ -16,18 +16,16 @@ use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::providers::BuildContext;
+use egress_proxies::adapters::stores::installation;
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
 use egress_proxies::adapters::stores::lease_checkpoint::{CheckpointJournal, Writer};
-use egress_proxies::adapters::stores::{FencedPools, FencedStore, installation};
 use egress_proxies::domain::config::BindAddress;
 use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
 use egress_proxies::domain::installation::InstallationId;
-use egress_proxies::domain::store::{PoolStore, ProxyStore};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
-use crate::pool_actor::{PoolContext, PoolTiming};
-use crate::pool_registry::PoolRegistry;
+use crate::pool_actor::PoolTiming;
 use crate::system;
 
 /// Name of the leader-election Lease.
@@ -91,6 +89,15 @@ pub enum OperatorError {
     },
     #[error(transparent)]
     Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
+}
+
+impl From<system::StartError> for OperatorError {
+    fn from(e: system::StartError) -> Self {
+        match e {
+            system::StartError::Io(e) => e.into(),
+            system::StartError::Gateway(e) => e.into(),
+        }
+    }
 }
 
 /// The gateway as `run` sets it up before anything starts.
@@ -319,36 +326,32 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
             actix::spawn(store.clone().watch_credentials());
             let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
             actix::spawn(store.clone().watch_pools(pool_events));
-            let pools = pool_context(&store, &settings);
-            let tokens = settings.discovery_tokens.clone();
             // Held until this future ends: dropping it stops the probes.
-            let running = system::start(
-                store,
+            // Like the discovery API, only the leader serves the gateway: its
+            // lease store is the book (a replica whose tenure lapsed answers
+            // 503 `unavailable` until it exits), and only the leader is ready,
+            // so the Service routes crawlers to it.
+            let timing = PoolTiming::of(&settings);
+            let running = system::start(system::Parts {
+                store: store.clone(),
                 events,
                 providers,
                 prober,
                 settings,
                 installation,
-                discovery_listener,
-            )?;
-            // Like the discovery API, only the leader serves it: its lease store is
-            // the book (a replica whose tenure lapsed answers 503 `unavailable`
-            // until it exits), and only the leader is ready, so the Service routes
-            // crawlers to it.
-            if let Some(Gateway { listener, settings }) = gateway {
-                crate::gateway::start(
+                discovery: discovery_listener,
+                gateway: gateway.map(|Gateway { listener, settings }| system::GatewayParts {
                     listener,
-                    running.lease_desk.clone(),
-                    &tokens,
-                    &settings,
-                    &cluster_networks,
-                )?;
-            }
-            PoolRegistry::new(PoolContext {
-                leases: Some(running.leases.clone()),
-                ..pools
-            })
-            .run(pool_stream);
+                    settings,
+                    cluster_networks: cluster_networks.clone(),
+                }),
+                pools: Some(system::PoolParts {
+                    pools: store.clone(),
+                    proxies: store,
+                    events: pool_stream,
+                    timing,
+                }),
+            })?;
             if !electing {
                 // Without election this replica acts alone, as the leader would.
                 LeadershipChanged {
@@ -396,24 +399,6 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
         tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
     }
     outcome
-}
-
-/// What the pools' loops work with: the cluster's store, fenced by the
-/// leader's tenure when there is one (the lease store is added once started).
-fn pool_context(store: &Arc<KubeStore>, settings: &system::Settings) -> PoolContext {
-    let (pools, proxies): (Arc<dyn PoolStore>, Arc<dyn ProxyStore>) = match &settings.tenure {
-        Some(tenure) => (
-            Arc::new(FencedPools::new(store.clone(), tenure.clone())),
-            Arc::new(FencedStore::new(store.clone(), tenure.clone())),
-        ),
-        None => (store.clone(), store.clone()),
-    };
-    PoolContext {
-        pools,
-        proxies,
-        leases: None,
-        timing: PoolTiming::of(settings),
-    }
 }
 
 /// Renews the Lease until shutdown (Ok), or until the tenure ends without a

@@ -44,6 +44,15 @@ pub enum StandaloneError {
     Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
 }
 
+impl From<crate::system::StartError> for StandaloneError {
+    fn from(e: crate::system::StartError) -> Self {
+        match e {
+            crate::system::StartError::Io(e) => StandaloneError::System(e),
+            crate::system::StartError::Gateway(e) => StandaloneError::Gateway(e),
+        }
+    }
+}
+
 /// What [`prepare`] checked, opened and bound, for [`run`].
 pub struct Prepared {
     config: StandaloneConfig,
@@ -53,7 +62,6 @@ pub struct Prepared {
     health_listener: Option<std::net::TcpListener>,
     metrics_listener: Option<std::net::TcpListener>,
     gateway_listener: Option<std::net::TcpListener>,
-    tokens: crate::discovery::Tokens,
     store: Arc<EmbeddedStore>,
     events: tokio::sync::mpsc::UnboundedReceiver<egress_proxies::domain::store::StoreEvent>,
     installation: egress_proxies::domain::installation::InstallationId,
@@ -135,7 +143,6 @@ pub fn prepare(config_path: &Path) -> Result<Prepared, StandaloneError> {
         health_listener,
         metrics_listener,
         gateway_listener,
-        tokens,
         store,
         events,
         installation,
@@ -156,7 +163,6 @@ pub async fn run(prepared: Prepared) -> Result<(), StandaloneError> {
         health_listener,
         metrics_listener,
         gateway_listener,
-        tokens,
         store,
         events,
         installation,
@@ -165,35 +171,29 @@ pub async fn run(prepared: Prepared) -> Result<(), StandaloneError> {
     } = prepared;
     let providers = Arc::new(providers);
     let port: Arc<dyn egress_proxies::domain::store::ProxyStore> = store.clone();
-    let running = crate::system::start(
-        port.clone(),
+    let pools = store.pool_events().map(|events| crate::system::PoolParts {
+        pools: store.clone(),
+        proxies: port.clone(),
+        events,
+        timing: pool_timing,
+    });
+    // Held until this function returns: dropping it stops the probes.
+    let _running = crate::system::start(crate::system::Parts {
+        store: port,
         events,
         providers,
         prober,
         settings,
         installation,
-        discovery_listener,
-    )
-    .map_err(StandaloneError::System)?;
-    if let Some(listener) = gateway_listener {
-        // Standalone mode has no cluster networks.
-        crate::gateway::start(
+        discovery: discovery_listener,
+        gateway: gateway_listener.map(|listener| crate::system::GatewayParts {
             listener,
-            running.lease_desk.clone(),
-            &tokens,
-            &config.gateway,
-            &[],
-        )?;
-    }
-    if let Some(pool_events) = store.pool_events() {
-        let pools = crate::pool_actor::PoolContext {
-            pools: store.clone(),
-            proxies: port,
-            leases: Some(running.leases.clone()),
-            timing: pool_timing,
-        };
-        crate::pool_registry::PoolRegistry::new(pools).run(pool_events);
-    }
+            settings: config.gateway.clone(),
+            // Standalone mode has no cluster networks.
+            cluster_networks: Vec::new(),
+        }),
+        pools,
+    })?;
     store.resync();
     actix::spawn(embedded::watch_manifests(
         store.clone(),

@@ -1,6 +1,8 @@
 //! The actor system both modes run: ProxyRegistry (with its ProxyActors),
-//! HealthProber, LeaseStore, GcSweeper and the discovery API, over whichever
-//! object store the mode provides. Every actor runs under a supervisor that
+//! HealthProber, LeaseStore, GcSweeper, the discovery API, the gateway and
+//! the PoolRegistry (with its PoolActors), over whichever object store the
+//! mode provides; `operator::run` and `standalone::run` differ only in what
+//! they hand to [`start`]. Every actor runs under a supervisor that
 //! restarts it in place when it crashes (see [`crate::supervision`]).
 
 use std::collections::BTreeSet;
@@ -11,18 +13,22 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::adapters::leader::Tenure;
 use egress_proxies::adapters::probe::Prober;
-use egress_proxies::adapters::stores::FencedStore;
+use egress_proxies::adapters::stores::{FencedPools, FencedStore};
+use egress_proxies::domain::config::GatewaySettings;
+use egress_proxies::domain::destinations::IpNet;
 use egress_proxies::domain::gc::Scope;
 use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::domain::lease::LeaseSettings;
 use egress_proxies::domain::provider::Providers;
 use egress_proxies::domain::reconcile;
-use egress_proxies::domain::store::{ProxyStore, StoreEvent};
+use egress_proxies::domain::store::{PoolStore, ProxyStore, StoreEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
 use crate::health_prober::{HealthProber, ProbeThreads};
 use crate::lease_store::{LeaseDesk, LeaseStore};
+use crate::pool_actor::{PoolContext, PoolTiming};
+use crate::pool_registry::PoolRegistry;
 use crate::proxy_actor::Timing;
 use crate::proxy_registry::ProxyRegistry;
 use crate::supervision::{self, Node};
@@ -64,18 +70,64 @@ pub struct Running {
     pub probe_threads: ProbeThreads,
 }
 
-/// Starts every actor (call inside the actix system) and the discovery API
-/// on `discovery`. `installation` tags every instance made and bounds what
-/// orphan GC may reap.
-pub fn start(
-    store: Arc<dyn ProxyStore>,
-    events: UnboundedReceiver<StoreEvent>,
-    providers: Arc<Providers>,
-    prober: Prober,
-    settings: Settings,
-    installation: InstallationId,
-    discovery: Option<TcpListener>,
-) -> std::io::Result<Running> {
+/// What a mode hands to [`start`].
+pub struct Parts {
+    /// Where Proxies are kept, and their changes.
+    pub store: Arc<dyn ProxyStore>,
+    pub events: UnboundedReceiver<StoreEvent>,
+    pub providers: Arc<Providers>,
+    pub prober: Prober,
+    pub settings: Settings,
+    /// Tags every instance made and bounds what orphan GC may reap.
+    pub installation: InstallationId,
+    /// Where the discovery API listens (`None`: switched off).
+    pub discovery: Option<TcpListener>,
+    /// Where the gateway listens (`None`: switched off).
+    pub gateway: Option<GatewayParts>,
+    /// ProxyPools, where the mode keeps them (`None`: no pools).
+    pub pools: Option<PoolParts>,
+}
+
+/// The gateway's listener and settings.
+pub struct GatewayParts {
+    pub listener: TcpListener,
+    pub settings: GatewaySettings,
+    /// Client networks served without credentials (Kubernetes mode's
+    /// `--cluster-networks`; none in standalone mode).
+    pub cluster_networks: Vec<IpNet>,
+}
+
+/// Where ProxyPools and their members are kept, and the pools' changes.
+pub struct PoolParts {
+    pub pools: Arc<dyn PoolStore>,
+    pub proxies: Arc<dyn ProxyStore>,
+    pub events: UnboundedReceiver<StoreEvent>,
+    pub timing: PoolTiming,
+}
+
+/// Starting the system failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
+}
+
+/// Starts every actor and server (call inside the actix system). With a
+/// leader's tenure in the settings, every store write is fenced by it.
+pub fn start(parts: Parts) -> Result<Running, StartError> {
+    let Parts {
+        store,
+        events,
+        providers,
+        prober,
+        settings,
+        installation,
+        discovery,
+        gateway,
+        pools,
+    } = parts;
     let store = match &settings.tenure {
         Some(tenure) => Arc::new(FencedStore::new(store, tenure.clone())) as Arc<dyn ProxyStore>,
         None => store,
@@ -111,7 +163,7 @@ pub fn start(
             .map_err(std::io::Error::other)?,
         None => LeaseStore::new(settings.leases),
     };
-    if let Some(tenure) = settings.tenure {
+    if let Some(tenure) = settings.tenure.clone() {
         leases = leases.with_tenure(tenure);
     }
     let leases = leases.with_fair_share(settings.fair_share);
@@ -129,9 +181,34 @@ pub fn start(
     actix::spawn(close_history_intervals());
     if let Some(listener) = discovery {
         let addr = listener.local_addr()?;
-        let server = crate::discovery::start(listener, leases.clone(), settings.discovery_tokens)?;
+        let server = crate::discovery::start(listener, leases.clone(), settings.discovery_tokens.clone())?;
         actix::spawn(server);
         tracing::info!(%addr, "discovery API listening");
+    }
+    if let Some(gateway) = gateway {
+        crate::gateway::start(
+            gateway.listener,
+            lease_desk.clone(),
+            &settings.discovery_tokens,
+            &gateway.settings,
+            &gateway.cluster_networks,
+        )?;
+    }
+    if let Some(parts) = pools {
+        let (pools, proxies): (Arc<dyn PoolStore>, Arc<dyn ProxyStore>) = match &settings.tenure {
+            Some(tenure) => (
+                Arc::new(FencedPools::new(parts.pools, tenure.clone())),
+                Arc::new(FencedStore::new(parts.proxies, tenure.clone())),
+            ),
+            None => (parts.pools, parts.proxies),
+        };
+        PoolRegistry::new(PoolContext {
+            pools,
+            proxies,
+            leases: Some(leases.clone()),
+            timing: parts.timing,
+        })
+        .run(parts.events);
     }
     Ok(Running {
         registry,

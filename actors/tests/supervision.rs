@@ -87,15 +87,17 @@ impl Bed {
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let api = listener.local_addr().unwrap();
-        let running = system::start(
-            store.clone() as Arc<dyn ProxyStore>,
+        let running = system::start(system::Parts {
+            store: store.clone() as Arc<dyn ProxyStore>,
             events,
-            Arc::new(providers),
-            Prober::new(None).unwrap(),
+            providers: Arc::new(providers),
+            prober: Prober::new(None).unwrap(),
             settings,
-            support::installation(),
-            Some(listener),
-        )
+            installation: support::installation(),
+            discovery: Some(listener),
+            gateway: None,
+            pools: None,
+        })
         .unwrap();
         Self {
             store,
