@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::gc;
-use egress_proxies::domain::provider::{
+use egress_proxies::domain::provider_contract::{
     ErrorClass, InstanceState, Ownership, Provider, ProviderId, Providers,
 };
 use egress_proxies::domain::resource::ObjectKey;
@@ -397,7 +397,7 @@ impl Installation {
                 ..Default::default()
             })
             .unwrap();
-        let live_uid = egress_proxies::domain::store::ProxyStore::get(&store, &key)
+        let live_uid = egress_proxies::domain::resource_store::ProxyStore::get(&store, &key)
             .await
             .unwrap()
             .unwrap()

@@ -8,7 +8,7 @@ mod support;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use egress_proxies::domain::provider::{CloudInitBytes, Provider};
+use egress_proxies::domain::provider_contract::{CloudInitBytes, Provider};
 use fake_compute::FakeCompute;
 use support::gcp::{key_file, provider, request};
 

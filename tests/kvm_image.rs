@@ -25,7 +25,7 @@ use egress_proxies::adapters::providers::kvm::qcow2_header::Qcow2HeaderError;
 use egress_proxies::adapters::providers::kvm::volume_xml::overlay_volume_xml;
 use egress_proxies::adapters::providers::kvm::volume_xml::plain_volume_xml;
 use egress_proxies::domain::config::{Firmware, ImageFormat};
-use egress_proxies::domain::provider::ErrorClass;
+use egress_proxies::domain::provider_contract::ErrorClass;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -120,7 +120,7 @@ async fn create_get_delete_resume_from_every_partial_state() {
     use egress_proxies::adapters::providers::kvm::ops::{
         CreatePlan, OpError, Released, overlay_name, seed_name,
     };
-    use egress_proxies::domain::provider::{ErrorClass, InstanceState};
+    use egress_proxies::domain::provider_contract::{ErrorClass, InstanceState};
     let bed = bed_or_skip!();
     let link = support::kvm_bed::link(&bed, "EPO_KVM_HOST_B").await;
     let uri = link.libvirt_uri();

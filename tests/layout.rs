@@ -846,7 +846,7 @@ const DECISIONS: [&str; 10] = [
     "domain/src/pool/autoscale.rs",
     "domain/src/lease/book.rs",
     "domain/src/health/verdict.rs",
-    "domain/src/provider/spec_hash.rs",
+    "domain/src/provider_contract/spec_hash.rs",
     "domain/src/backoff/mod.rs",
 ];
 

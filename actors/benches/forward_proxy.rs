@@ -32,7 +32,7 @@ use egress_proxies::domain::credentials::ProxyCredentials;
 use egress_proxies::domain::destinations::{
     DestinationEntry, DestinationPolicy, DestinationRules, squid_rules,
 };
-use egress_proxies::domain::provider::squid_auth::auth_section;
+use egress_proxies::domain::provider_contract::squid_auth::auth_section;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;

@@ -8,9 +8,9 @@ use actix::prelude::*;
 use std::collections::HashSet;
 
 use egress_proxies::domain::gc::{self, Scope, SweepReport};
-use egress_proxies::domain::provider::ProviderId;
-use egress_proxies::domain::provider::Providers;
-use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::domain::provider_contract::ProviderId;
+use egress_proxies::domain::provider_contract::Providers;
+use egress_proxies::domain::resource_store::ProxyStore;
 use egress_proxies::telemetry::events::{GcNotOurs, GcSweepCompleted};
 use tracing::Instrument;
 use tracing::field::Empty;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::domain::backoff::{Attempts, ladders};
 use egress_proxies::domain::resource::ObjectKey;
-use egress_proxies::domain::store::{StoreError, StoreEvent};
+use egress_proxies::domain::resource_store::{StoreError, StoreEvent};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc::UnboundedReceiver;
 

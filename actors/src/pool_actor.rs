@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use egress_proxies::domain::pool::{Inputs, Memory, Observed, RetireReason, execute, observe, step};
+use egress_proxies::domain::pool::{Inputs, Observed, PoolMemory, RetireReason, execute, observe, step};
 use egress_proxies::domain::resource::{ObjectKey, ProxyPoolStatus};
-use egress_proxies::domain::store::{PoolStore, ProxyStore, StoreError};
+use egress_proxies::domain::resource_store::{PoolStore, ProxyStore, StoreError};
 use egress_proxies::telemetry::events::{PoolRemoved, PoolTurnCompleted};
 
 use crate::lease_store::{ForgetPool, GetPoolFigures, LeaseStore, PoolReport, ReportPool};
@@ -82,7 +82,7 @@ pub struct PoolActor {
     /// The autoscaler's recent recommendations and the rotation's turns
     /// (empty after a restart: the autoscaler then watches a whole
     /// scale-down delay before shrinking).
-    memory: Arc<Mutex<Memory>>,
+    memory: Arc<Mutex<PoolMemory>>,
 }
 
 /// What one turn saw and decided, for the pool's metrics and the dashboard.
@@ -115,7 +115,7 @@ impl PoolActor {
             gone: false,
             denied: 0,
             reported: None,
-            memory: Arc::new(Mutex::new(Memory::new(delay, jiff::Timestamp::now()))),
+            memory: Arc::new(Mutex::new(PoolMemory::new(delay, jiff::Timestamp::now()))),
         }
     }
 
@@ -195,7 +195,7 @@ impl PoolActor {
 async fn one_turn(
     key: &ObjectKey,
     ctx: &PoolContext,
-    memory: &Mutex<Memory>,
+    memory: &Mutex<PoolMemory>,
     turned: &mut Turned,
 ) -> Result<(), PoolError> {
     let Some(Observed { pool, members }) = observe(ctx.pools.as_ref(), key).await? else {

@@ -3,7 +3,7 @@
 
 use actix::prelude::*;
 use egress_proxies::domain::resource::ObjectKey;
-use egress_proxies::domain::store::StoreError;
+use egress_proxies::domain::resource_store::StoreError;
 use futures::future::BoxFuture;
 
 use crate::keyed_registry::{KeyedRegistry, Kind};

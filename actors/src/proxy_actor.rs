@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use egress_proxies::domain::health::ProbeTarget;
-use egress_proxies::domain::reconcile::{self, Job, Memory, Next, ReconcileError, jobs_for_verdict};
+use egress_proxies::domain::reconcile::{self, Job, Next, ProxyMemory, ReconcileError, jobs_for_verdict};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::Phase;
 use egress_proxies::telemetry::events::{ProxyPhaseChanged, ReconcileCompleted};
@@ -42,7 +42,7 @@ type JobResult = std::thread::Result<Result<Next, ReconcileError>>;
 /// not one per proxy (and another in each supervisor's restart closure).
 #[derive(Clone)]
 pub struct ProxyActorShared {
-    pub ctx: reconcile::Context,
+    pub ctx: reconcile::ReconcileContext,
     pub timing: Timing,
     /// Restarts of all the registry's actors.
     pub restarts: Arc<AtomicU64>,
@@ -79,7 +79,7 @@ pub struct ProxyActor {
 /// Where the actor's work stands.
 enum Work {
     /// No job runs; the memory waits here for the next.
-    Waiting(Box<Memory>),
+    Waiting(Box<ProxyMemory>),
     /// A job runs with the memory. What is asked meanwhile runs after it:
     /// the strongest job asked for, and the latest verdict.
     Running {
@@ -90,7 +90,7 @@ enum Work {
 
 impl ProxyActor {
     pub fn new(key: ObjectKey, shared: Arc<ProxyActorShared>) -> Self {
-        let memory = Memory::default().with_verdicts(shared.prober.is_some());
+        let memory = ProxyMemory::default().with_verdicts(shared.prober.is_some());
         Self {
             key,
             shared,
@@ -103,7 +103,7 @@ impl ProxyActor {
         }
     }
 
-    fn memory(&self) -> Option<&Memory> {
+    fn memory(&self) -> Option<&ProxyMemory> {
         match &self.work {
             Work::Waiting(memory) => Some(memory),
             Work::Running { .. } => None,
@@ -212,7 +212,7 @@ impl ProxyActor {
         &mut self,
         job: Job,
         result: JobResult,
-        mut memory: Box<Memory>,
+        mut memory: Box<ProxyMemory>,
         span: &tracing::Span,
         ctx: &mut Context<Self>,
     ) {
@@ -387,7 +387,7 @@ impl Supervised for ProxyActor {
         // The memory may be lost with the job the crash dropped; what the
         // prober and the lease store were told is not.
         self.work = Work::Waiting(Box::new(
-            Memory::resuming(self.watching.clone(), self.announced.clone())
+            ProxyMemory::resuming(self.watching.clone(), self.announced.clone())
                 .with_verdicts(self.shared.prober.is_some()),
         ));
     }

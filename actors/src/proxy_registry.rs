@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use actix::prelude::*;
 use egress_proxies::domain::reconcile;
 use egress_proxies::domain::resource::ObjectKey;
-use egress_proxies::domain::store::StoreError;
+use egress_proxies::domain::resource_store::StoreError;
 use futures::future::BoxFuture;
 
 use crate::health_prober::HealthProber;
@@ -53,7 +53,7 @@ impl Kind for Proxies {
 
 impl KeyedRegistry<Proxies> {
     /// Without a prober, proxies stop at Running (tests of the reconcile alone).
-    pub fn new(ctx: reconcile::Context, timing: Timing, prober: Option<Addr<HealthProber>>) -> Self {
+    pub fn new(ctx: reconcile::ReconcileContext, timing: Timing, prober: Option<Addr<HealthProber>>) -> Self {
         Self::with_shared(Arc::new(ProxyActorShared {
             ctx,
             timing,

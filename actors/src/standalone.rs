@@ -56,14 +56,14 @@ impl From<crate::system::StartError> for StandaloneError {
 /// What [`prepare`] checked, opened and bound, for [`run`].
 pub struct Prepared {
     config: StandaloneConfig,
-    providers: egress_proxies::domain::provider::Providers,
+    providers: egress_proxies::domain::provider_contract::Providers,
     prober: egress_proxies::adapters::probe::Prober,
     discovery_listener: Option<std::net::TcpListener>,
     health_listener: Option<std::net::TcpListener>,
     metrics_listener: Option<std::net::TcpListener>,
     gateway_listener: Option<std::net::TcpListener>,
     store: Arc<EmbeddedStore>,
-    events: tokio::sync::mpsc::UnboundedReceiver<egress_proxies::domain::store::StoreEvent>,
+    events: tokio::sync::mpsc::UnboundedReceiver<egress_proxies::domain::resource_store::StoreEvent>,
     installation: egress_proxies::domain::installation::InstallationId,
     settings: crate::system::Settings,
     pool_timing: crate::pool_actor::PoolTiming,
@@ -170,7 +170,7 @@ pub async fn run(prepared: Prepared) -> Result<(), StandaloneError> {
         pool_timing,
     } = prepared;
     let providers = Arc::new(providers);
-    let port: Arc<dyn egress_proxies::domain::store::ProxyStore> = store.clone();
+    let port: Arc<dyn egress_proxies::domain::resource_store::ProxyStore> = store.clone();
     let pools = store.pool_events().map(|events| crate::system::PoolParts {
         pools: store.clone(),
         proxies: port.clone(),

@@ -19,9 +19,9 @@ use egress_proxies::domain::destinations::IpNet;
 use egress_proxies::domain::gc::Scope;
 use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::domain::lease::LeaseSettings;
-use egress_proxies::domain::provider::Providers;
+use egress_proxies::domain::provider_contract::Providers;
 use egress_proxies::domain::reconcile;
-use egress_proxies::domain::store::{PoolStore, ProxyStore, StoreEvent};
+use egress_proxies::domain::resource_store::{PoolStore, ProxyStore, StoreEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
@@ -132,7 +132,7 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         Some(tenure) => Arc::new(FencedStore::new(store, tenure.clone())) as Arc<dyn ProxyStore>,
         None => store,
     };
-    let ctx = reconcile::Context {
+    let ctx = reconcile::ReconcileContext {
         store: store.clone(),
         providers: providers.clone(),
         now: egress_proxies::adapters::clock::now,

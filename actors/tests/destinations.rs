@@ -13,7 +13,7 @@ use std::time::Duration;
 use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
 use egress_proxies::domain::destinations::DestinationRules;
-use egress_proxies::domain::provider::{CreateRequest, InstanceState, Provider, instance_name};
+use egress_proxies::domain::provider_contract::{CreateRequest, InstanceState, Provider, instance_name};
 use egress_proxies::domain::resource::Placement;
 use support::address_bed::AddressBed;
 use support::eventually;
@@ -454,7 +454,7 @@ async fn forward_proxy_refuses_ipv6_forms_embedding_loopback() {
 /// A local Squid instance with `rules`; dropped with its provider's state.
 struct LocalSquid {
     provider: LocalProvider,
-    id: egress_proxies::domain::provider::ProviderId,
+    id: egress_proxies::domain::provider_contract::ProviderId,
     proxy: SocketAddr,
     _reaper: support::process::Reaper,
     _state: tempfile::TempDir,

@@ -8,10 +8,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::gc;
-use egress_proxies::domain::provider::{ErrorClass, Op, Provider};
+use egress_proxies::domain::provider_contract::{ErrorClass, Op, Provider};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::Proxy;
-use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::domain::resource_store::ProxyStore;
 use egress_proxies_operator::gc_sweeper::{GcSweeper, SweepNow};
 use serde_json::json;
 use support::scripted_provider::{Call, ScriptedProvider};
@@ -240,7 +240,7 @@ async fn reaps_only_this_installations_instances_in_scope() {
         HOUR,
     );
     sim.plant("proxy-released", "dead-5", HOUR);
-    sim.release(&egress_proxies::domain::provider::ProviderId(
+    sim.release(&egress_proxies::domain::provider_contract::ProviderId(
         "sim/proxy-released".into(),
     ))
     .await
@@ -299,7 +299,7 @@ async fn reaps_only_this_installations_instances_in_scope() {
         report.untagged,
         [(
             "sim".to_owned(),
-            egress_proxies::domain::provider::ProviderId("sim/proxy-untagged".into())
+            egress_proxies::domain::provider_contract::ProviderId("sim/proxy-untagged".into())
         )]
     );
 

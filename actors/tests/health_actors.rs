@@ -17,11 +17,11 @@ use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::backoff::{Backoff, ladders};
 use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
-use egress_proxies::domain::provider::Provider;
+use egress_proxies::domain::provider_contract::Provider;
 use egress_proxies::domain::reconcile;
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Phase, Proxy, ProxyStatus, SecretKeyRef};
-use egress_proxies::domain::store::{CloudInitError, ProxyStore, StoreError};
+use egress_proxies::domain::resource_store::{CloudInitError, ProxyStore, StoreError};
 use egress_proxies_operator::health_prober::{GetProberStats, HealthProber, ProbeThreads};
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;
@@ -113,7 +113,7 @@ impl Bed {
             writes: Default::default(),
             total: AtomicUsize::new(0),
         });
-        let ctx = reconcile::Context {
+        let ctx = reconcile::ReconcileContext {
             store: counting.clone(),
             providers: Arc::new(egress_proxies::adapters::providers::decorated(providers(
                 state.path(),

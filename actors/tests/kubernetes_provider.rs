@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use egress_proxies::adapters::providers::kubernetes::KubernetesProvider;
 use egress_proxies::domain::config::KubernetesConfig;
-use egress_proxies::domain::provider::{
+use egress_proxies::domain::provider_contract::{
     CreateRequest, ErrorClass, InstanceState, Provider, ProviderId, instance_name,
 };
 use egress_proxies::domain::resource::Placement;
@@ -174,7 +174,7 @@ async fn pods_are_created_mapped_listed_and_deleted() {
     assert_eq!((i.state, i.ip), (InstanceState::Provisioning, None));
     assert_eq!(
         i.owner,
-        egress_proxies::domain::provider::Ownership {
+        egress_proxies::domain::provider_contract::Ownership {
             uid: Some("uid-1".into()),
             namespace: Some("crawl".into()),
             installation: Some(support::INSTALLATION.into()),

@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use egress_proxies::domain::provider::{Provider, ProviderError};
+use egress_proxies::domain::provider_contract::{Provider, ProviderError};
 use support::kvm_bed::{create_request, image_server_of, kvm_provider, past_transient, provider_config};
 
 /// Calls made so far, per libvirt API.

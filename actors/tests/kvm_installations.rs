@@ -24,12 +24,12 @@ use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::config::{ImageFormat, KvmConfig};
 use egress_proxies::domain::gc;
 use egress_proxies::domain::installation::InstallationId;
-use egress_proxies::domain::provider::{
+use egress_proxies::domain::provider_contract::{
     CloudInitBytes, CreateRequest, Instance, Provider, ProviderError, ProviderId, Providers, instance_name,
 };
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Placement, Proxy};
-use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::domain::resource_store::ProxyStore;
 use egress_proxies_operator::kvm::runner_factory;
 use serde_json::json;
 use sha2::Digest;

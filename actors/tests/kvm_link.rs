@@ -13,7 +13,7 @@ use egress_proxies::adapters::providers::kvm::host::{LinkError, SshLink};
 use egress_proxies::adapters::providers::kvm::libvirt::ensure_client_setup;
 use egress_proxies::adapters::providers::kvm::provider::KvmProvider;
 use egress_proxies::adapters::providers::kvm::ssh_key::load_private_key;
-use egress_proxies::domain::provider::{ErrorClass, Provider, ProviderId};
+use egress_proxies::domain::provider_contract::{ErrorClass, Provider, ProviderId};
 use egress_proxies_operator::kvm::runner_factory_with_job_deadline;
 use egress_proxies_operator::supervision;
 use support::kvm_bed::{

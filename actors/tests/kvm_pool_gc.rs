@@ -22,7 +22,7 @@ use egress_proxies::adapters::providers::kvm::volume_xml::{overlay_volume_xml, p
 use egress_proxies::domain::config::{
     DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
 };
-use egress_proxies::domain::provider::{Provider, instance_name};
+use egress_proxies::domain::provider_contract::{Provider, instance_name};
 use egress_proxies_operator::kvm::runner_factory;
 
 fn config(bed: &HashMap<String, String>, configured_digest: &str, latest_url: &str) -> KvmConfig {

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use egress_proxies::domain::config::KvmConfig;
 use std::time::Duration;
 
-use egress_proxies::domain::provider::{CreateRequest, ErrorClass, InstanceState, Provider, ProviderId};
+use egress_proxies::domain::provider_contract::{
+    CreateRequest, ErrorClass, InstanceState, Provider, ProviderId,
+};
 use support::eventually;
 use support::kvm_bed::{
     RemoveOnDrop, create_request, domain_exists, image_server, image_server_of, kvm_provider, past_transient,
@@ -43,7 +45,7 @@ async fn own_image(
 
 async fn retry<T>(
     what: &str,
-    f: impl AsyncFnMut() -> Result<T, egress_proxies::domain::provider::ProviderError>,
+    f: impl AsyncFnMut() -> Result<T, egress_proxies::domain::provider_contract::ProviderError>,
 ) -> T {
     past_transient(what, Duration::from_secs(60), f)
         .await

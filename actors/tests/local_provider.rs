@@ -10,7 +10,7 @@ use std::time::Duration;
 use egress_proxies::adapters::providers::LocalProvider;
 use egress_proxies::domain::config::{LocalConfig, LocalImplementation};
 use egress_proxies::domain::credentials::ProxyCredentials;
-use egress_proxies::domain::provider::{CreateRequest, InstanceState, Provider, instance_name};
+use egress_proxies::domain::provider_contract::{CreateRequest, InstanceState, Provider, instance_name};
 use egress_proxies::domain::resource::Placement;
 use support::{eventually, target_server};
 
@@ -224,12 +224,12 @@ async fn foreign_provider_ids_are_permanent_errors() {
     let p = provider(state.path(), LocalImplementation::Builtin);
     for bad in ["zones/x/instances/y", "instances/../../etc", "instances/"] {
         let err = p
-            .get(&egress_proxies::domain::provider::ProviderId(bad.into()))
+            .get(&egress_proxies::domain::provider_contract::ProviderId(bad.into()))
             .await
             .unwrap_err();
         assert_eq!(
             err.class,
-            egress_proxies::domain::provider::ErrorClass::Permanent,
+            egress_proxies::domain::provider_contract::ErrorClass::Permanent,
             "{bad}"
         );
     }
@@ -298,7 +298,10 @@ async fn a_config_squid_rejects_fails_with_squids_words() {
     );
     let req = request("picky-squid");
     let err = p.create(&req).await.unwrap_err();
-    assert_eq!(err.class, egress_proxies::domain::provider::ErrorClass::Permanent);
+    assert_eq!(
+        err.class,
+        egress_proxies::domain::provider_contract::ErrorClass::Permanent
+    );
     let text = err.to_string();
     assert!(
         text.contains("`squid -k parse` rejected the generated configuration (exited with status 1)")
@@ -339,7 +342,10 @@ async fn a_run_directory_squids_user_cannot_reach_is_refused() {
         },
     );
     let err = p.create(&request("unreachable-run-dir")).await.unwrap_err();
-    assert_eq!(err.class, egress_proxies::domain::provider::ErrorClass::Permanent);
+    assert_eq!(
+        err.class,
+        egress_proxies::domain::provider_contract::ErrorClass::Permanent
+    );
     let text = err.to_string();
     assert!(
         text.contains("Squid's user proxy cannot write its run directory")
@@ -362,7 +368,7 @@ async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
     let created = p.get(&id).await.unwrap();
     assert_eq!(
         created.owner,
-        egress_proxies::domain::provider::Ownership::of(&req)
+        egress_proxies::domain::provider_contract::Ownership::of(&req)
     );
     let dir = state.path().join("local/local/instances").join(req.name.as_str());
     let pid = eventually("the proxy process", Duration::from_secs(20), async || {
@@ -382,7 +388,7 @@ async fn a_released_instance_keeps_running_and_is_no_longer_listed() {
         (record["managed"].clone(), record["released"].clone()),
         (false.into(), true.into())
     );
-    p.release(&egress_proxies::domain::provider::ProviderId(
+    p.release(&egress_proxies::domain::provider_contract::ProviderId(
         "instances/proxy-gone".into(),
     ))
     .await
@@ -515,7 +521,7 @@ async fn outgoing_addresses(implementation: LocalImplementation, network: &str) 
     let err = p.create(&third).await.unwrap_err();
     assert_eq!(
         err.class,
-        egress_proxies::domain::provider::ErrorClass::QuotaExceeded,
+        egress_proxies::domain::provider_contract::ErrorClass::QuotaExceeded,
         "{err}"
     );
     assert!(
@@ -574,7 +580,7 @@ async fn an_outgoing_address_this_machine_lacks_fails_the_create_in_words() {
     let err = p.create(&request("no-such-address")).await.unwrap_err();
     assert_eq!(
         err.class,
-        egress_proxies::domain::provider::ErrorClass::Permanent,
+        egress_proxies::domain::provider_contract::ErrorClass::Permanent,
         "{err}"
     );
     assert!(

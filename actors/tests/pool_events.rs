@@ -12,7 +12,7 @@ use egress_proxies::adapters::leader::{SystemClock, Tenure};
 use egress_proxies::adapters::stores::FencedPools;
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
 use egress_proxies::domain::resource::ObjectKey;
-use egress_proxies::domain::store::PoolStore;
+use egress_proxies::domain::resource_store::PoolStore;
 use fake_apiserver::FakeApiServer;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};

@@ -10,13 +10,13 @@ use std::time::Duration;
 use actix::prelude::*;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
 use egress_proxies::domain::backoff::{Backoff, ladders};
-use egress_proxies::domain::provider::{ErrorClass, Op, Provider, Providers, instance_name};
+use egress_proxies::domain::provider_contract::{ErrorClass, Op, Provider, Providers, instance_name};
 use egress_proxies::domain::reconcile::{self, ReplacementBackoff};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{
     FINALIZER, Phase, Proxy, ProxyStatus, SKIP_CLEANUP_ANNOTATION, SPEC_HASH_ANNOTATION,
 };
-use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::domain::resource_store::ProxyStore;
 use egress_proxies_operator::proxy_actor::Timing;
 use egress_proxies_operator::proxy_registry::GetRegistryStats;
 use egress_proxies_operator::proxy_registry::ProxyRegistry;
@@ -86,7 +86,7 @@ impl Bed {
         let (store, events) = EmbeddedStore::open(state.path()).unwrap();
         let store = Arc::new(store);
         let provider = Arc::new(provider);
-        let ctx = reconcile::Context {
+        let ctx = reconcile::ReconcileContext {
             store: store.clone(),
             providers: Arc::new(egress_proxies::adapters::providers::decorated(configure(
                 provider.clone(),
@@ -554,7 +554,7 @@ async fn deleting_with_an_unconfigured_provider_holds_until_skip_cleanup() {
     set.proxies.clear();
     store.apply(&set).unwrap();
 
-    let ctx = reconcile::Context {
+    let ctx = reconcile::ReconcileContext {
         store: store.clone(),
         providers: Arc::new(Providers::default()),
         now: egress_proxies::adapters::clock::now,
@@ -636,8 +636,8 @@ async fn external_proxies_get_their_endpoint_and_no_provider_calls() {
 struct Direct {
     store: Arc<EmbeddedStore>,
     provider: Arc<ScriptedProvider>,
-    ctx: reconcile::Context,
-    memory: reconcile::Memory,
+    ctx: reconcile::ReconcileContext,
+    memory: reconcile::ProxyMemory,
     _state: tempfile::TempDir,
 }
 
@@ -647,7 +647,7 @@ impl Direct {
         let (store, _events) = EmbeddedStore::open(state.path()).unwrap();
         let store = Arc::new(store);
         let provider = Arc::new(ScriptedProvider::new("sim", 0, 0));
-        let ctx = reconcile::Context {
+        let ctx = reconcile::ReconcileContext {
             store: store.clone(),
             providers: Arc::new(egress_proxies::adapters::providers::decorated([
                 provider.clone() as Arc<dyn Provider>
@@ -796,7 +796,7 @@ async fn an_external_proxys_first_status_waits_for_its_first_verdict_but_not_pas
     };
     let due = Duration::from_millis(2001);
     let mut d = Direct::new();
-    d.memory = reconcile::Memory::default().with_verdicts(true);
+    d.memory = reconcile::ProxyMemory::default().with_verdicts(true);
     d.store
         .apply(&ManifestSet {
             proxies: [(key("a"), external("a"))].into(),
@@ -851,7 +851,7 @@ async fn an_external_proxys_first_status_waits_for_its_first_verdict_but_not_pas
 
     // No verdict in time: Running, as it always was.
     let mut d = Direct::new();
-    d.memory = reconcile::Memory::default().with_verdicts(true);
+    d.memory = reconcile::ProxyMemory::default().with_verdicts(true);
     d.store
         .apply(&ManifestSet {
             proxies: [(key("a"), external("a"))].into(),

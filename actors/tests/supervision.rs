@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::stores::embedded::{EmbeddedStore, ManifestSet};
-use egress_proxies::domain::provider::Provider;
+use egress_proxies::domain::provider_contract::Provider;
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource::{Phase, Proxy};
-use egress_proxies::domain::store::ProxyStore;
+use egress_proxies::domain::resource_store::ProxyStore;
 use egress_proxies_operator::gc_sweeper::SweepNow;
 use egress_proxies_operator::health_prober::GetProberStats;
 use egress_proxies_operator::lease_store::GetLeaseStats;

@@ -19,8 +19,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use crate::installation::InstallationId;
-use crate::provider::{Instance, ProviderId, Providers};
-use crate::store::ProxyStore;
+use crate::provider_contract::{Instance, ProviderId, Providers};
+use crate::resource_store::ProxyStore;
 use egress_proxies_telemetry::events::SweepFigures;
 
 /// Whose instances a sweep may reap.
@@ -117,7 +117,7 @@ impl SweepReport {
 /// The live Proxy UIDs could not be read; nothing was deleted.
 #[derive(Debug, thiserror::Error)]
 #[error("listing live Proxies failed, sweep skipped: {0}")]
-pub struct SweepError(#[from] crate::store::StoreError);
+pub struct SweepError(#[from] crate::resource_store::StoreError);
 
 /// One sweep over every provider.
 pub async fn sweep(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use egress_proxies::adapters::providers::gcp::api::AdcTokens;
 use egress_proxies::adapters::providers::gcp::{GcpOptions, GcpProvider};
 use egress_proxies::domain::config::GcpConfig;
-use egress_proxies::domain::provider::{CloudInitBytes, CreateRequest, instance_name};
+use egress_proxies::domain::provider_contract::{CloudInitBytes, CreateRequest, instance_name};
 use egress_proxies::domain::resource::Placement;
 use fake_compute::FakeCompute;
 use serde_json::json;

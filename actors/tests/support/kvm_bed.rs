@@ -10,7 +10,7 @@ use std::time::Duration;
 use egress_proxies::domain::config::{
     DomainType, Firmware, ImageFormat, KvmConfig, KvmHost, KvmImage, MachineType,
 };
-use egress_proxies::domain::provider::{CreateRequest, ErrorClass, ProviderError, instance_name};
+use egress_proxies::domain::provider_contract::{CreateRequest, ErrorClass, ProviderError, instance_name};
 use egress_proxies::domain::resource::Placement;
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -140,7 +140,7 @@ pub fn create_request(uid: &str, zone: &str) -> CreateRequest {
         uid: uid.into(),
         namespace: "crawl".into(),
         installation: super::installation(),
-        cloud_init: Some(egress_proxies::domain::provider::CloudInitBytes(
+        cloud_init: Some(egress_proxies::domain::provider_contract::CloudInitBytes(
             b"#!/bin/sh\necho proxy\n".to_vec(),
         )),
         placement: Placement {

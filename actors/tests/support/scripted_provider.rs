@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use egress_proxies::domain::provider::{
+use egress_proxies::domain::provider_contract::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Provider, ProviderError, ProviderId,
 };
 
@@ -331,7 +331,7 @@ impl ScriptedProvider {
             ip: (state == InstanceState::Running).then_some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
             port: Some(sim.spec_port),
             outgoing_address: None,
-            owner: egress_proxies::domain::provider::Ownership {
+            owner: egress_proxies::domain::provider_contract::Ownership {
                 uid: Some(sim.uid.clone()),
                 namespace: Some(sim.namespace.clone()),
                 installation: Some(sim.installation.clone()).filter(|i| !i.is_empty()),

@@ -29,7 +29,7 @@ use super::step::{Step, invalid_spec_status, note_creates};
 use crate::resource::{
     ObjectKey, ProxyPool, ProxyPoolStatus, QUARANTINED_ADDRESSES_ANNOTATION, RETIRING_ANNOTATION,
 };
-use crate::store::{PoolStore, ProxyStore, StoreError};
+use crate::resource_store::{PoolStore, ProxyStore, StoreError};
 use egress_proxies_telemetry::events::{PoolMemberCreated, PoolMemberDeleted, PoolMemberRetiring};
 
 /// Carries out `decided` for the pool `key` (as observed: `pool`) at `now`:

@@ -30,6 +30,6 @@ pub use members::{
     template_hash,
 };
 pub use observe::{Observed, observe};
-pub use plan::{Member, Plan, RetireReason, Retiring, Settings, plan};
+pub use plan::{Member, PoolPlan, RetireReason, Retiring, Settings, plan};
 pub use quarantine::{ADDRESSES_AVAILABLE, MAX_QUARANTINED, parse_annotation, quarantined_of};
-pub use step::{Inputs, Memory, Step, invalid_spec_status, is_retiring, note_creates, step};
+pub use step::{Inputs, PoolMemory, Step, invalid_spec_status, is_retiring, note_creates, step};

@@ -4,7 +4,7 @@
 //! the caller asks (it lives in the running system, not behind this port).
 
 use crate::resource::{ObjectKey, Proxy, ProxyPool};
-use crate::store::{PoolStore, StoreError};
+use crate::resource_store::{PoolStore, StoreError};
 
 /// What the store says about a pool that is there to be turned.
 #[derive(Clone, Debug)]

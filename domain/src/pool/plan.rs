@@ -112,7 +112,7 @@ pub struct Settings {
 
 /// What to do now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct PoolPlan {
     /// New members to make.
     pub create: u32,
     /// Members to stop leasing and drain.
@@ -159,15 +159,15 @@ impl Settings {
 /// Plans one step for `members` under `settings` at `now`; `deleting`
 /// members are on their way out but still hold their instances; `served`
 /// is the reason whose turn was taken last (the previous plan's
-/// [`Plan::served`], `None` after a start).
+/// [`PoolPlan::served`], `None` after a start).
 pub fn plan(
     settings: &Settings,
     members: &[Member],
     deleting: usize,
     served: Option<RetireReason>,
     now: Timestamp,
-) -> Plan {
-    let mut plan = Plan::default();
+) -> PoolPlan {
+    let mut plan = PoolPlan::default();
     let (retiring, mut active): (Vec<&Member>, Vec<&Member>) =
         members.iter().partition(|m| m.retiring.is_some());
 
@@ -326,7 +326,7 @@ mod tests {
         let p = plan(&settings(3), &[], 0, None, at(0));
         assert_eq!((p.create, p.retire.len(), p.delete.len()), (3, 0, 0));
         let full: Vec<Member> = ["a", "b", "c"].iter().map(|n| member(n, 0, true)).collect();
-        assert_eq!(plan(&settings(3), &full, 0, None, at(10)), Plan::default());
+        assert_eq!(plan(&settings(3), &full, 0, None, at(10)), PoolPlan::default());
     }
 
     #[test]

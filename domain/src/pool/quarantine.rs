@@ -8,7 +8,7 @@
 //! The quarantine lives in the pool's status (durable with it: a restart
 //! forgets nothing) and reaches the provider through an annotation on each
 //! member, which the member's instance creation hands on
-//! ([`crate::provider::CreateRequest::quarantined`]). When every free
+//! ([`crate::provider_contract::CreateRequest::quarantined`]). When every free
 //! address is quarantined the provider still gives the one blocked longest
 //! ago — the pool keeps serving — and the pool's `AddressesAvailable`
 //! condition turns `False` naming the quarantine.
@@ -20,7 +20,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::provider::QuarantinedAddress as Avoid;
+use crate::provider_contract::QuarantinedAddress as Avoid;
 use crate::resource::{Proxy, QUARANTINED_ADDRESSES_ANNOTATION, QuarantinedAddress, set_condition};
 
 /// At most this many addresses are quarantined at once, the latest kept:

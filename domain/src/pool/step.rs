@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::autoscale::{Bounds, Demand, ScaleDownWindow, recommended_replicas};
 use super::members::parse_retiring;
 use super::members::{LeaseFigures, name_suffixes, new_member, planned, retiring_value, template_hash};
-use super::plan::{Plan, RetireReason, Settings, plan};
+use super::plan::{PoolPlan, RetireReason, Settings, plan};
 use super::quarantine::{BlockedOn, Leaving, annotation_stale, annotation_value, note_condition, quarantine};
 use crate::resource::ObjectKey;
 use crate::resource::{
@@ -43,14 +43,14 @@ pub struct Inputs {
 /// autoscaler then watches a whole delay before shrinking, and the
 /// rotation's turns start again with the most urgent reason.
 #[derive(Clone, Debug)]
-pub struct Memory {
+pub struct PoolMemory {
     /// The autoscaler's recent recommendations.
     pub window: ScaleDownWindow,
-    /// The reason whose turn was taken last ([`super::Plan::served`]).
+    /// The reason whose turn was taken last ([`super::PoolPlan::served`]).
     pub served: Option<RetireReason>,
 }
 
-impl Memory {
+impl PoolMemory {
     pub fn new(scale_down_delay: Duration, now: Timestamp) -> Self {
         Self {
             window: ScaleDownWindow::new(scale_down_delay, now),
@@ -81,7 +81,7 @@ pub fn step(
     members: &[Proxy],
     figures: &HashMap<ObjectKey, LeaseFigures>,
     inputs: Inputs,
-    memory: &mut Memory,
+    memory: &mut PoolMemory,
 ) -> Result<Step, Vec<String>> {
     pool.spec.validate()?;
     let spec = &pool.spec;
@@ -149,7 +149,7 @@ pub fn step(
         template_hash: hash.clone(),
     };
     let planned_members: Vec<_> = live.iter().map(|m| planned(m, figures_of(m), now)).collect();
-    let Plan {
+    let PoolPlan {
         create,
         retire,
         delete,
@@ -416,8 +416,8 @@ mod tests {
         }
     }
 
-    fn window() -> Memory {
-        Memory::new(std::time::Duration::from_secs(60), at(0))
+    fn window() -> PoolMemory {
+        PoolMemory::new(std::time::Duration::from_secs(60), at(0))
     }
 
     /// A stored member: created at `created`, Ready or not.

@@ -17,7 +17,7 @@ use crate::resource::{
     ObjectKey, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, QUARANTINED_ADDRESSES_ANNOTATION,
     RETIRING_ANNOTATION, SecretKeyRef,
 };
-use crate::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
+use crate::resource_store::{CloudInitError, PoolStore, ProxyStore, StoreError};
 
 /// How the fake answers one call.
 #[derive(Clone, Copy)]
@@ -80,7 +80,7 @@ impl PoolStore for Recorder {
         self.calls
             .lock()
             .unwrap()
-            .push(format!("members {}", crate::store::pool_key(pool)));
+            .push(format!("members {}", crate::resource_store::pool_key(pool)));
         Ok(self.members.clone())
     }
 

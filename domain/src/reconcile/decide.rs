@@ -16,12 +16,12 @@ use jiff::Timestamp;
 use super::first_status::{FirstStatus, first_status, first_verdict_due};
 use super::schedule::{ReplacementBackoff, Schedule};
 use super::status::StatusDraft;
-use super::{Memory, Next, ReconcileError};
+use super::{Next, ProxyMemory, ReconcileError};
 use crate::credentials::{ProxyCredentials, Salt, substitute_placeholders};
 use crate::destinations::DestinationPolicy;
 use crate::health::{CheckSpec, ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
-use crate::provider::{
+use crate::provider_contract::{
     CloudInitBytes, CreateRequest, ErrorClass, Instance, InstanceState, ProviderError, ProviderId, SpecHash,
     instance_name,
 };
@@ -214,7 +214,7 @@ impl Loss {
 }
 
 /// Decides what one reconcile of `proxy` does.
-pub fn decide(proxy: &Proxy, seen: Seen, memory: &Memory, rules: &Rules, now: Now) -> Plan {
+pub fn decide(proxy: &Proxy, seen: Seen, memory: &ProxyMemory, rules: &Rules, now: Now) -> Plan {
     let mut d = Deciding {
         proxy,
         memory,
@@ -292,7 +292,7 @@ pub(super) fn annotation<'a>(proxy: &'a Proxy, name: &str) -> Option<&'a str> {
 
 struct Deciding<'a> {
     proxy: &'a Proxy,
-    memory: &'a Memory,
+    memory: &'a ProxyMemory,
     rules: &'a Rules<'a>,
     now: Now,
     plan: Plan,

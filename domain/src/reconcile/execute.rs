@@ -5,13 +5,13 @@
 
 use tracing::Instrument;
 
-use crate::provider::Provider;
+use crate::provider_contract::Provider;
 use crate::resource::{ObjectKey, SPEC_HASH_ANNOTATION};
 use egress_proxies_telemetry::events::{InstanceLost, InstanceReplaced};
 
 use super::decide::{Action, Notice, Plan};
 use super::status::StatusDraft;
-use super::{Context, Memory, Next, ReconcileError};
+use super::{Next, ProxyMemory, ReconcileContext, ReconcileError};
 use crate::health::ProbeTarget;
 use crate::now::Now;
 
@@ -29,8 +29,8 @@ pub(super) async fn execute(
     plan: Plan,
     key: &ObjectKey,
     uid: &str,
-    ctx: &Context,
-    memory: &mut Memory,
+    ctx: &ReconcileContext,
+    memory: &mut ProxyMemory,
     now: Now,
 ) -> Executed {
     let Plan {
@@ -68,7 +68,7 @@ pub(super) async fn execute(
 }
 
 /// Tells one notice: an Event through the store, a log line, a metric.
-pub(super) async fn tell(notice: Notice, key: &ObjectKey, uid: &str, ctx: &Context) {
+pub(super) async fn tell(notice: Notice, key: &ObjectKey, uid: &str, ctx: &ReconcileContext) {
     match notice {
         Notice::Event {
             reason,
@@ -112,9 +112,9 @@ async fn act(
     actions: Vec<Action>,
     key: &ObjectKey,
     uid: &str,
-    ctx: &Context,
+    ctx: &ReconcileContext,
     status: &mut StatusDraft,
-    memory: &mut Memory,
+    memory: &mut ProxyMemory,
     now: Now,
 ) -> Result<(), ReconcileError> {
     for action in actions {
@@ -147,7 +147,7 @@ async fn act(
     Ok(())
 }
 
-fn configured<'a>(ctx: &'a Context, name: &str) -> Result<&'a dyn Provider, ReconcileError> {
+fn configured<'a>(ctx: &'a ReconcileContext, name: &str) -> Result<&'a dyn Provider, ReconcileError> {
     ctx.providers
         .get(name)
         .map(AsRef::as_ref)

@@ -39,9 +39,9 @@ use crate::health::{ProbeTarget, RecordedVerdict, Verdict};
 use crate::installation::InstallationId;
 use crate::lease::Availability;
 use crate::now::Now;
-use crate::provider::{ErrorClass, ProviderError, ProviderId, Providers};
+use crate::provider_contract::{ErrorClass, ProviderError, ProviderId, Providers};
 use crate::resource::{Mode, ObjectKey, Phase, Proxy, SKIP_CLEANUP_ANNOTATION};
-use crate::store::{CloudInitError, ProxyStore, StoreError};
+use crate::resource_store::{CloudInitError, ProxyStore, StoreError};
 
 pub use decide::{
     Action, Desired, EndpointSeen, Loss, ManagedSeen, Notice, Plan, Recorded, Rules, Seen, decide,
@@ -52,7 +52,7 @@ pub use status::StatusDraft;
 
 /// What the reconcile needs: where objects live and the providers.
 #[derive(Clone)]
-pub struct Context {
+pub struct ReconcileContext {
     pub store: Arc<dyn ProxyStore>,
     pub providers: Arc<Providers>,
     /// The clock, read once per reconcile (conditions, health timestamps,
@@ -72,7 +72,7 @@ pub struct Context {
     pub random: Arc<dyn RandomSource>,
 }
 
-impl Context {
+impl ReconcileContext {
     /// What the decisions follow.
     pub fn rules(&self) -> Rules<'_> {
         Rules {
@@ -86,7 +86,7 @@ impl Context {
 /// What a ProxyActor remembers between reconciles of its object. Lost on a
 /// restart, which costs at most one repeated (idempotent) delete.
 #[derive(Debug, Default)]
-pub struct Memory {
+pub struct ProxyMemory {
     /// The instance a delete was last requested for, and when.
     delete_requested: Option<(ProviderId, Instant)>,
     /// The latest health verdict for the current instance (from the health engine).
@@ -114,20 +114,23 @@ pub struct Memory {
     credentials: Option<(String, ProxyCredentials)>,
 }
 
-impl Memory {
+impl ProxyMemory {
     /// What a restarted ProxyActor starts from: where the proxy serves and
     /// what the lease store was told (so it stays probed and leasable, as on
     /// a hiccup, until a reconcile says otherwise); the rest afresh.
-    pub fn resuming(serving: Option<Arc<ProbeTarget>>, availability: Option<Arc<Availability>>) -> Memory {
-        Memory {
+    pub fn resuming(
+        serving: Option<Arc<ProbeTarget>>,
+        availability: Option<Arc<Availability>>,
+    ) -> ProxyMemory {
+        ProxyMemory {
             serving,
             availability,
-            ..Memory::default()
+            ..ProxyMemory::default()
         }
     }
 
     /// Verdicts on the proxies it serves will come (a prober watches them).
-    pub fn with_verdicts(mut self, verdicts: bool) -> Memory {
+    pub fn with_verdicts(mut self, verdicts: bool) -> ProxyMemory {
         self.verdicts = verdicts;
         self
     }
@@ -225,7 +228,11 @@ impl ReconcileError {
 }
 
 /// Reconciles the Proxy at `key` once: observe, decide, execute, write.
-pub async fn reconcile(key: &ObjectKey, ctx: &Context, memory: &mut Memory) -> Result<Next, ReconcileError> {
+pub async fn reconcile(
+    key: &ObjectKey,
+    ctx: &ReconcileContext,
+    memory: &mut ProxyMemory,
+) -> Result<Next, ReconcileError> {
     let Some(proxy) = ctx.store.get(key).await? else {
         return Ok(Next::Gone);
     };
@@ -307,8 +314,8 @@ fn keep_if_same<T: PartialEq>(slot: &mut Option<Arc<T>>, next: T) {
 /// proxy's flips and latency changes need no call to the provider).
 pub async fn record_health(
     key: &ObjectKey,
-    ctx: &Context,
-    memory: &mut Memory,
+    ctx: &ReconcileContext,
+    memory: &mut ProxyMemory,
 ) -> Result<(), ReconcileError> {
     let Some(proxy) = ctx.store.get(key).await? else {
         return Ok(());
@@ -334,7 +341,7 @@ pub async fn record_health(
 }
 
 /// The proxy as the lease store sees it: leasable only while Ready and serving.
-fn availability(proxy: &Proxy, status: &crate::resource::ProxyStatus, memory: &Memory) -> Availability {
+fn availability(proxy: &Proxy, status: &crate::resource::ProxyStatus, memory: &ProxyMemory) -> Availability {
     let serving = memory.serving.is_some() && proxy.metadata.deletion_timestamp.is_none();
     let scheme = match proxy.spec.endpoint.as_ref().and_then(|e| e.scheme) {
         Some(crate::resource::ProxyScheme::Https) if proxy.spec.mode == Mode::External => "https",

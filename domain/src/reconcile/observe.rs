@@ -7,18 +7,18 @@
 //! no endpoint while a managed instance is left.
 
 use crate::credentials::{ProxyCredentials, names_realm};
-use crate::provider::{CloudInitBytes, Provider, ProviderId, spec_hash};
+use crate::provider_contract::{CloudInitBytes, Provider, ProviderId, spec_hash};
 use crate::resource::{
     CredentialsSecretRef, Endpoint, Mode, ObjectKey, Proxy, ROTATE_CREDENTIALS_ANNOTATION,
 };
-use crate::store::CloudInitError;
+use crate::resource_store::CloudInitError;
 
 use super::decide::{Desired, EndpointSeen, ManagedSeen, Recorded, Seen, annotation, has_finalizer};
-use super::{Context, Memory, ReconcileError, endpoint_admission};
+use super::{ProxyMemory, ReconcileContext, ReconcileError, endpoint_admission};
 use crate::credentials::Salt;
 
 /// Looks at what deciding about `proxy` needs.
-pub(super) async fn observe(proxy: &Proxy, ctx: &Context, memory: &mut Memory) -> Seen {
+pub(super) async fn observe(proxy: &Proxy, ctx: &ReconcileContext, memory: &mut ProxyMemory) -> Seen {
     let provider = proxy
         .spec
         .provider
@@ -65,8 +65,8 @@ async fn recorded(proxy: &Proxy, provider: Option<&dyn Provider>) -> Recorded {
 
 async fn managed(
     proxy: &Proxy,
-    ctx: &Context,
-    memory: &mut Memory,
+    ctx: &ReconcileContext,
+    memory: &mut ProxyMemory,
     provider: Option<&dyn Provider>,
 ) -> ManagedSeen {
     let name = proxy.spec.provider.clone().unwrap_or_default();
@@ -116,8 +116,8 @@ async fn managed(
 /// The credentials of spec generation `generation`, from memory or the store.
 async fn credentials(
     proxy: &Proxy,
-    ctx: &Context,
-    memory: &mut Memory,
+    ctx: &ReconcileContext,
+    memory: &mut ProxyMemory,
     generation: &str,
 ) -> Result<ProxyCredentials, ReconcileError> {
     if let Some((kept_for, kept)) = &memory.credentials
@@ -134,7 +134,10 @@ async fn credentials(
     Ok(credentials)
 }
 
-async fn resolve_cloud_init(proxy: &Proxy, ctx: &Context) -> Result<Option<CloudInitBytes>, CloudInitError> {
+async fn resolve_cloud_init(
+    proxy: &Proxy,
+    ctx: &ReconcileContext,
+) -> Result<Option<CloudInitBytes>, CloudInitError> {
     let Some(ci) = &proxy.spec.cloud_init else {
         return Ok(None);
     };
@@ -151,7 +154,11 @@ async fn resolve_cloud_init(proxy: &Proxy, ctx: &Context) -> Result<Option<Cloud
 }
 
 /// An External endpoint: its credentials, and whether it is admitted.
-async fn endpoint(proxy: &Proxy, ctx: &Context, declared: &Endpoint) -> Result<EndpointSeen, ReconcileError> {
+async fn endpoint(
+    proxy: &Proxy,
+    ctx: &ReconcileContext,
+    declared: &Endpoint,
+) -> Result<EndpointSeen, ReconcileError> {
     let credentials = match &declared.credentials_secret_ref {
         Some(r) => Some(external_credentials(ctx, &ObjectKey::of(proxy).namespace, r).await?),
         None => None,
@@ -172,7 +179,7 @@ async fn endpoint(proxy: &Proxy, ctx: &Context, declared: &Endpoint) -> Result<E
 
 /// The credentials an External proxy declares by Secret reference.
 async fn external_credentials(
-    ctx: &Context,
+    ctx: &ReconcileContext,
     namespace: &str,
     r: &CredentialsSecretRef,
 ) -> Result<ProxyCredentials, ReconcileError> {

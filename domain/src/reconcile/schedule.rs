@@ -15,7 +15,7 @@ use jiff::Timestamp;
 
 use super::{Next, ReconcileError};
 use crate::backoff::{Attempts, Backoff, ladders};
-use crate::provider::ErrorClass;
+use crate::provider_contract::ErrorClass;
 
 /// How often a Proxy is looked at again.
 #[derive(Clone, Copy, Debug)]
@@ -171,7 +171,7 @@ impl ReplacementBackoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{Op, ProviderError};
+    use crate::provider_contract::{Op, ProviderError};
 
     fn timing() -> Timing {
         let ladder = |first, cap| Backoff {

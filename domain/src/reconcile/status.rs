@@ -7,12 +7,12 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::health::{RecordedVerdict, Verdict};
-use crate::provider::ProviderId;
+use crate::provider_contract::ProviderId;
 use crate::resource::ObjectKey;
 use crate::resource::{
     HealthStatus, Mode, Phase, Proxy, ProxyStatus, ReplacementStatus, condition, set_condition,
 };
-use crate::store::{ProxyStore, StoreError};
+use crate::resource_store::{ProxyStore, StoreError};
 
 use super::ReconcileError;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::instrumented::Instrumented;
 use super::traced::Traced;
-use crate::domain::provider::{Provider, Providers};
+use crate::domain::provider_contract::{Provider, Providers};
 
 /// The set of `providers`, each wrapped in the decorators.
 pub fn decorated(providers: impl IntoIterator<Item = Arc<dyn Provider>>) -> Providers {

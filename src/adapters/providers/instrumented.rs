@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::domain::provider::{CreateRequest, Instance, LeftoverSweep, Provider, ProviderError, ProviderId};
+use crate::domain::provider_contract::{
+    CreateRequest, Instance, LeftoverSweep, Provider, ProviderError, ProviderId,
+};
 use egress_proxies_telemetry::events::ProviderCallCompleted;
 
 pub struct Instrumented {

@@ -26,13 +26,13 @@ use serde_json::json;
 use crate::adapters::kube_client::watch_cache::WatchCache;
 use crate::domain::config::KubernetesConfig;
 use crate::domain::destinations::{DestinationPolicy, IpNet, squid_rules};
-use crate::domain::provider::squid_auth::with_auth;
-use crate::domain::provider::squid_identity::identity_section;
-use crate::domain::provider::squid_limits::MAX_FILEDESCRIPTORS;
-use crate::domain::provider::{
+use crate::domain::provider_contract::squid_auth::with_auth;
+use crate::domain::provider_contract::squid_identity::identity_section;
+use crate::domain::provider_contract::squid_limits::MAX_FILEDESCRIPTORS;
+use crate::domain::provider_contract::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
-use crate::domain::provider::{HTPASSWD_KEY, credentials_secret_name};
+use crate::domain::provider_contract::{HTPASSWD_KEY, credentials_secret_name};
 use crate::domain::resource::ObjectKey;
 
 /// Label every operator-made pod carries.
@@ -214,7 +214,7 @@ pub fn reason_of(pod: &Pod) -> Option<String> {
             parts.push(format!("container {} waiting: {reason}{message}{last}", c.name));
         }
     }
-    (!parts.is_empty()).then(|| crate::domain::provider::reason::clip(&parts.join("; "), 600))
+    (!parts.is_empty()).then(|| crate::domain::provider_contract::reason::clip(&parts.join("; "), 600))
 }
 
 impl KubernetesProvider {

@@ -1,4 +1,4 @@
-//! The providers that keep the provider contract (`crate::domain::provider`), and
+//! The providers that keep the provider contract (`crate::domain::provider_contract`), and
 //! the registry that builds the configured ones. Each depends on the
 //! contract's shared types, never on the registry or on another provider.
 

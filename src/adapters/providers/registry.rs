@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::domain::config::{ProviderSettings, ProvidersConfig};
 
-use crate::domain::provider::{Provider, Providers};
+use crate::domain::provider_contract::{Provider, Providers};
 
 use super::gcp::{GcpOptions, GcpProvider, api::AdcTokens};
 use super::kubernetes::KubernetesProvider;

@@ -12,7 +12,7 @@ use tracing::field::Empty;
 
 use egress_proxies_telemetry::otel::record_ids;
 
-use crate::domain::provider::{
+use crate::domain::provider_contract::{
     CreateRequest, ErrorClass, Instance, LeftoverSweep, Provider, ProviderError, ProviderId,
 };
 

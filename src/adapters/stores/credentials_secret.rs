@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::domain::credentials::{CredentialsError, ProxyCredentials};
-pub use crate::domain::provider::{HTPASSWD_KEY, credentials_secret_name};
+pub use crate::domain::provider_contract::{HTPASSWD_KEY, credentials_secret_name};
 use crate::domain::resource::ObjectKey;
 
 /// Key holding the username.

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use crate::adapters::leader::Tenure;
 use crate::domain::resource::{ObjectKey, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef};
 
-use crate::domain::store::{CloudInitError, PoolStore, ProxyStore, StoreError};
+use crate::domain::resource_store::{CloudInitError, PoolStore, ProxyStore, StoreError};
 
 /// `Ok` while leading; else the error every fenced store answers with.
 fn fence(tenure: &Tenure) -> Result<(), StoreError> {

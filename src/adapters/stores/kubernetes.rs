@@ -36,7 +36,7 @@ use crate::domain::resource::ObjectKey;
 use crate::domain::resource::{
     CLOUD_INIT_LABEL, FINALIZER, POOL_LABEL, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SecretKeyRef,
 };
-use crate::domain::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
+use crate::domain::resource_store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 /// How long a read waits for a watch's first list before it fails (and
 /// its reconcile is retried): the API server is down or the operator may
@@ -257,7 +257,7 @@ impl KubeStore {
             let _ = events.send(event);
         };
         while let Some(event) = watch.next().await {
-            let announce = known.follow(&event, crate::domain::store::pool_key);
+            let announce = known.follow(&event, crate::domain::resource_store::pool_key);
             self.pool_cache.apply(event);
             announce.into_iter().for_each(send);
         }
@@ -780,12 +780,12 @@ impl PoolStore for KubeStore {
             .pool_cache
             .all()
             .iter()
-            .map(|p| crate::domain::store::pool_key(p))
+            .map(|p| crate::domain::resource_store::pool_key(p))
             .collect())
     }
 
     async fn members(&self, pool: &ProxyPool) -> Result<Vec<Proxy>, StoreError> {
-        let key = crate::domain::store::pool_key(pool);
+        let key = crate::domain::resource_store::pool_key(pool);
         let proxies = self.cached_proxies().await?;
         // The label is a hint; the controller reference decides.
         Ok(proxies

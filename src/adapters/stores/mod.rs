@@ -1,4 +1,4 @@
-//! The adapters of the object-store port (`crate::domain::store`): the Kubernetes
+//! The adapters of the object-store port (`crate::domain::resource_store`): the Kubernetes
 //! API server and the embedded store of standalone mode, each with where it
 //! keeps leases, credentials and the installation id; and the ports fenced
 //! by the leader's tenure.

@@ -230,18 +230,18 @@ fn quarantining_2(since: Timestamp, until: Timestamp) -> Value {
 }
 
 /// What the loop remembers after a whole scale-down delay of watching.
-fn watched() -> Memory {
-    Memory::new(DELAY, at(0))
+fn watched() -> PoolMemory {
+    PoolMemory::new(DELAY, at(0))
 }
 
 /// What the loop remembers right after an operator start.
-fn just_started() -> Memory {
-    Memory::new(DELAY, at(NOW))
+fn just_started() -> PoolMemory {
+    PoolMemory::new(DELAY, at(NOW))
 }
 
 /// The reason whose turn was taken last.
-fn served(reason: RetireReason) -> Memory {
-    Memory {
+fn served(reason: RetireReason) -> PoolMemory {
+    PoolMemory {
         served: Some(reason),
         ..watched()
     }
@@ -308,7 +308,7 @@ struct Row {
     case: &'static str,
     pool: ProxyPool,
     members: Vec<M>,
-    memory: Memory,
+    memory: PoolMemory,
     denied: u32,
     want: Summary,
     /// Conditions the status must hold, `"<type>=<status>/<reason>"`.
@@ -334,7 +334,7 @@ fn row(case: &'static str, pool: P, members: &[M]) -> Row {
 }
 
 impl Row {
-    fn memory(mut self, memory: Memory) -> Row {
+    fn memory(mut self, memory: PoolMemory) -> Row {
         self.memory = memory;
         self
     }

@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::health::Verdict;
-use crate::provider::{Op, Ownership, spec_hash};
+use crate::provider_contract::{Op, Ownership, spec_hash};
 use crate::resource::{Placement, RETIRING_ANNOTATION};
-use crate::store::CloudInitError;
+use crate::resource_store::CloudInitError;
 
 const UID: &str = "u1";
 const ID: &str = "i-1";
@@ -258,7 +258,7 @@ struct Row {
     name: &'static str,
     proxy: Proxy,
     seen: Seen,
-    memory: Memory,
+    memory: ProxyMemory,
     actions: &'static [&'static str],
     notices: &'static [&'static str],
     phase: Phase,
@@ -273,7 +273,7 @@ fn row(name: &'static str, proxy: P, seen: Seen) -> Row {
         name,
         proxy: proxy.build(),
         seen,
-        memory: Memory::default(),
+        memory: ProxyMemory::default(),
         actions: &[],
         notices: &[],
         phase: Phase::Pending,
@@ -284,7 +284,7 @@ fn row(name: &'static str, proxy: P, seen: Seen) -> Row {
 }
 
 impl Row {
-    fn memory(mut self, memory: Memory) -> Row {
+    fn memory(mut self, memory: ProxyMemory) -> Row {
         self.memory = memory;
         self
     }
@@ -316,10 +316,10 @@ impl Row {
     }
 }
 
-fn delete_requested(at: Instant) -> Memory {
-    Memory {
+fn delete_requested(at: Instant) -> ProxyMemory {
+    ProxyMemory {
         delete_requested: Some((ProviderId(ID.into()), at)),
-        ..Memory::default()
+        ..ProxyMemory::default()
     }
 }
 
@@ -428,9 +428,9 @@ fn table(now: Now) -> Vec<Row> {
             P::managed().status(json!({"phase": "Provisioning", "providerID": ID})),
             managed(Some(Ok(running()))),
         )
-        .memory(Memory {
+        .memory(ProxyMemory {
             health: Some(verdict(true)),
-            ..Memory::default()
+            ..ProxyMemory::default()
         })
         .gives(Ready, "Resync")
         .serving(),
@@ -439,9 +439,9 @@ fn table(now: Now) -> Vec<Row> {
             P::managed().serving(),
             managed(Some(Ok(running()))),
         )
-        .memory(Memory {
+        .memory(ProxyMemory {
             health: Some(verdict(false)),
-            ..Memory::default()
+            ..ProxyMemory::default()
         })
         .gives(Unhealthy, "Resync")
         .serving()
@@ -665,9 +665,9 @@ fn table(now: Now) -> Vec<Row> {
             P::external(),
             endpoint(false),
         )
-        .memory(Memory {
+        .memory(ProxyMemory {
             health: Some(verdict(true)),
-            ..Memory::default()
+            ..ProxyMemory::default()
         })
         .gives(Ready, "Idle")
         .serving(),
@@ -802,7 +802,7 @@ fn a_created_instance_carries_the_proxy_its_installation_and_credentials() {
             desired: Box::new(seen),
             recorded: None,
         }),
-        &Memory::default(),
+        &ProxyMemory::default(),
         &rules,
         now,
     );
@@ -843,7 +843,7 @@ fn a_serving_proxy_s_realm_is_the_one_its_instance_names_and_none_for_an_externa
     let plan = decide(
         &provisioning,
         managed(Some(Ok(running()))),
-        &Memory::default(),
+        &ProxyMemory::default(),
         &rules,
         now,
     );
@@ -856,7 +856,7 @@ fn a_serving_proxy_s_realm_is_the_one_its_instance_names_and_none_for_an_externa
             desired: Box::new(unknown),
             recorded: Some((ProviderId(ID.into()), Ok(running()))),
         }),
-        &Memory::default(),
+        &ProxyMemory::default(),
         &rules,
         now,
     );
@@ -868,7 +868,7 @@ fn a_serving_proxy_s_realm_is_the_one_its_instance_names_and_none_for_an_externa
     let plan = decide(
         &P::external().build(),
         endpoint(false),
-        &Memory::default(),
+        &ProxyMemory::default(),
         &rules,
         now,
     );
@@ -884,16 +884,16 @@ fn a_first_status_is_held_for_the_first_verdict_until_due() {
         wall: wall(),
         mono: start + Duration::from_secs(secs),
     };
-    let waiting = Memory::default().with_verdicts(true);
+    let waiting = ProxyMemory::default().with_verdicts(true);
     // Nothing recorded: held, looked at again when the verdict is due (19 s by default).
     let plan = decide(&P::external().build(), endpoint(false), &waiting, &rules, at(0));
     assert_eq!(summary(&plan).outcome, "After(19s)");
     assert_eq!(plan.held_since, Some(start));
     assert!(plan.serve.is_some() && plan.status.is_held());
     // Held since then: the rest of the wait.
-    let held = Memory {
+    let held = ProxyMemory {
         held: Some((UID.into(), start)),
-        ..Memory::default().with_verdicts(true)
+        ..ProxyMemory::default().with_verdicts(true)
     };
     let plan = decide(&P::external().build(), endpoint(false), &held, &rules, at(5));
     assert_eq!(summary(&plan).outcome, "After(14s)");
@@ -908,7 +908,7 @@ fn a_first_status_is_held_for_the_first_verdict_until_due() {
         (Some(Phase::Running), "Idle", None)
     );
     // The verdict known: written with it.
-    let known = Memory {
+    let known = ProxyMemory {
         health: Some(verdict(true)),
         ..held
     };
@@ -921,7 +921,7 @@ fn a_first_status_is_held_for_the_first_verdict_until_due() {
     let plan = decide(
         &P::external().build(),
         endpoint(false),
-        &Memory::default(),
+        &ProxyMemory::default(),
         &rules,
         at(0),
     );

@@ -19,7 +19,7 @@ use tracing::field::Empty;
 use url::Url;
 
 use super::wire_log::loggable;
-use crate::domain::provider::ErrorClass;
+use crate::domain::provider_contract::ErrorClass;
 
 /// Enough to manage instances, nothing more.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/compute";

@@ -3,7 +3,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::domain::config::GcpConfig;
-use crate::domain::provider::CreateRequest;
+use crate::domain::provider_contract::CreateRequest;
 
 /// Label marking the operator's VMs (label keys allow no dots or slashes).
 pub const MANAGED_LABEL: &str = "egress-proxies-managed";
@@ -106,7 +106,7 @@ pub fn released_labels(current: &Map<String, Value>) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::provider::{CloudInitBytes, instance_name};
+    use crate::domain::provider_contract::{CloudInitBytes, instance_name};
     use crate::domain::resource::Placement as ProxyPlacement;
 
     fn config() -> GcpConfig {

@@ -18,7 +18,7 @@ use super::body::{
     placement, released_labels,
 };
 use crate::domain::config::GcpConfig;
-use crate::domain::provider::{
+use crate::domain::provider_contract::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 

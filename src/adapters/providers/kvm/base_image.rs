@@ -15,7 +15,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::domain::config::ImageFormat;
-use crate::domain::provider::INSTANCE_NAME_PREFIX;
+use crate::domain::provider_contract::INSTANCE_NAME_PREFIX;
 
 /// The base volume holding bytes with `digest`.
 pub fn base_volume(digest: &str, format: ImageFormat) -> String {
@@ -194,7 +194,7 @@ fn is_instance(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::provider::instance_name;
+    use crate::domain::provider_contract::instance_name;
 
     const D: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 

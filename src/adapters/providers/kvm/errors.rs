@@ -6,7 +6,7 @@
 
 use virt::error::ErrorNumber;
 
-use crate::domain::provider::ErrorClass;
+use crate::domain::provider_contract::ErrorClass;
 
 /// The class of a libvirt error number.
 pub fn classify(code: ErrorNumber) -> ErrorClass {

@@ -12,7 +12,7 @@ use super::ops::{CreatePlan, ManagedDomain, Observed, OpError, Released};
 use super::pool_gc::{PoolSweep, SweepPlan};
 use super::ssh_key::KeyError;
 use crate::domain::config::KvmHost;
-use crate::domain::provider::ErrorClass;
+use crate::domain::provider_contract::ErrorClass;
 
 /// Why a request to a host failed; [`RunError::class`] decides the retry.
 /// Cloned to every caller waiting on the same work (one image download

@@ -10,7 +10,7 @@ use super::base_image::{base_volume, marker_name, pin_name};
 use super::errors::KvmError;
 use super::qcow2_header::Qcow2HeaderError;
 use crate::domain::config::{DEFAULT_MAX_IMAGE_SIZE_GB, Firmware, ImageFormat, KvmConfig};
-use crate::domain::provider::ErrorClass;
+use crate::domain::provider_contract::ErrorClass;
 
 /// Bounds on an image download: a server that stalls, loops or sends more
 /// than any image should fails the fetch (and its waiters) instead of

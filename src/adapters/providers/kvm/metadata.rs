@@ -40,8 +40,8 @@ impl InstanceMetadata {
     }
 
     /// The owner this mark names.
-    pub fn ownership(&self) -> crate::domain::provider::Ownership {
-        crate::domain::provider::Ownership {
+    pub fn ownership(&self) -> crate::domain::provider_contract::Ownership {
+        crate::domain::provider_contract::Ownership {
             uid: Some(self.uid.clone()),
             namespace: self.namespace.clone(),
             installation: self.installation.clone(),

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use super::domain_xml::DomainSpec;
 use super::errors::KvmError;
 use super::metadata::InstanceMetadata;
-use crate::domain::provider::{ErrorClass, InstanceState};
+use crate::domain::provider_contract::{ErrorClass, InstanceState};
 
 /// Why an operation failed.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -110,7 +110,7 @@ mod tests {
     use super::*;
     use crate::adapters::providers::kvm::base_image::{base_volume, marker_name, pin_name, url_base_volume};
     use crate::domain::config::ImageFormat;
-    use crate::domain::provider::instance_name;
+    use crate::domain::provider_contract::instance_name;
 
     fn vol(name: &str, backing: Option<&str>) -> VolumeInfo {
         VolumeInfo {

@@ -23,7 +23,7 @@ use super::pool_gc::{PoolSweep, SweepPlan};
 use super::provider_id::{parse, provider_id};
 use super::seed::{SeedFiles, build_iso, meta_data, vendor_data};
 use crate::domain::config::{Firmware, KvmConfig, KvmHost};
-use crate::domain::provider::{
+use crate::domain::provider_contract::{
     CreateRequest, ErrorClass, Instance, InstanceState, LeftoverSweep, Op, Provider, ProviderError,
     ProviderId,
 };

@@ -1,7 +1,7 @@
 //! kvm providerIDs: `hosts/<host>/domains/<name>`.
 
 use crate::domain::config::is_identifier;
-use crate::domain::provider::ProviderId;
+use crate::domain::provider_contract::ProviderId;
 
 pub fn provider_id(host: &str, domain: &str) -> ProviderId {
     ProviderId(format!("hosts/{host}/domains/{domain}"))

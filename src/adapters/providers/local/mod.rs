@@ -29,7 +29,7 @@ use crate::domain::config::{
 };
 use crate::domain::credentials::ProxyCredentials;
 use crate::domain::destinations::IpNet;
-use crate::domain::provider::{
+use crate::domain::provider_contract::{
     CreateRequest, ErrorClass, Instance, InstanceState, Op, Ownership, Provider, ProviderError, ProviderId,
 };
 

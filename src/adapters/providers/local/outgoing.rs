@@ -14,7 +14,7 @@ use std::path::Path;
 use jiff::Timestamp;
 
 use crate::domain::config::OutgoingNetwork;
-use crate::domain::provider::QuarantinedAddress;
+use crate::domain::provider_contract::QuarantinedAddress;
 
 use super::record;
 

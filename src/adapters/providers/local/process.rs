@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::provider::reason::{clip, telling_lines};
+use crate::domain::provider_contract::reason::{clip, telling_lines};
 
 /// The identity file in the instance directory, written right after spawn.
 pub const PROCESS_FILE: &str = "process.json";

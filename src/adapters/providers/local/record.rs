@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::Launcher;
-use crate::domain::provider::CreateRequest;
+use crate::domain::provider_contract::CreateRequest;
 
 const RECORD_FILE: &str = "instance.json";
 

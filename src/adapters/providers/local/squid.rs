@@ -20,10 +20,10 @@ use nix::unistd::User;
 use super::record::InstanceRecord;
 use crate::domain::credentials::ProxyCredentials;
 use crate::domain::destinations::{DestinationPolicy, squid_rules};
-use crate::domain::provider::reason::{clip, telling_lines};
-use crate::domain::provider::squid_auth::auth_section;
-use crate::domain::provider::squid_identity::identity_section;
-use crate::domain::provider::squid_limits::MAX_FILEDESCRIPTORS;
+use crate::domain::provider_contract::reason::{clip, telling_lines};
+use crate::domain::provider_contract::squid_auth::auth_section;
+use crate::domain::provider_contract::squid_identity::identity_section;
+use crate::domain::provider_contract::squid_limits::MAX_FILEDESCRIPTORS;
 
 pub const CONFIG_FILE: &str = "squid.conf";
 pub const PID_FILE: &str = "squid.pid";

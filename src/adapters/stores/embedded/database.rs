@@ -167,7 +167,7 @@ impl Database {
 
     /// Inserts or replaces one ProxyPool (durable when this returns).
     pub fn put_pool(&self, pool: &ProxyPool) -> Result<(), DatabaseError> {
-        self.put_row("pools", &crate::domain::store::pool_key(pool), pool)
+        self.put_row("pools", &crate::domain::resource_store::pool_key(pool), pool)
     }
 
     /// [`Self::put`] without waiting for the disk: for observed state

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::resource::ObjectKey;
 use crate::domain::resource::{API_GROUP, MAX_POOL_NAME_LEN, Proxy, ProxyPool};
-use crate::domain::store::pool_key;
+use crate::domain::resource_store::pool_key;
 
 /// API version of Proxy documents.
 const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";

@@ -26,7 +26,7 @@ use crate::domain::resource::{
     CLOUD_INIT_LABEL, FINALIZER, Proxy, ProxyPool, ProxyPoolStatus, ProxyStatus, SPEC_HASH_ANNOTATION,
     SecretKeyRef,
 };
-use crate::domain::store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
+use crate::domain::resource_store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 pub use database::{Database, DatabaseError};
 pub use lease_log::{LEASES_DIR, LeaseLog};
@@ -92,7 +92,7 @@ fn load_pools(db: &Database) -> Result<BTreeMap<ObjectKey, ProxyPool>, DatabaseE
     Ok(db
         .load_pools()?
         .into_iter()
-        .map(|p| (crate::domain::store::pool_key(&p), p))
+        .map(|p| (crate::domain::resource_store::pool_key(&p), p))
         .collect())
 }
 

@@ -19,7 +19,7 @@ fn pools(declared: &[ProxyPool]) -> ManifestSet {
     ManifestSet {
         pools: declared
             .iter()
-            .map(|p| (crate::domain::store::pool_key(p), p.clone()))
+            .map(|p| (crate::domain::resource_store::pool_key(p), p.clone()))
             .collect(),
         ..Default::default()
     }

@@ -9,7 +9,7 @@ use crate::adapters::providers::kvm::ops::{
     CreatePlan, DomainRunState, Observed, OpError, Released, overlay_name, seed_name,
 };
 use crate::adapters::providers::kvm::volume_xml::{overlay_volume_xml, plain_volume_xml};
-use crate::domain::provider::InstanceState;
+use crate::domain::provider_contract::InstanceState;
 use virt::error::ErrorNumber;
 
 use super::session::HostSession;

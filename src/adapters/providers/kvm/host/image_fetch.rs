@@ -553,7 +553,7 @@ mod download_limit_tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::domain::provider::ErrorClass;
+    use crate::domain::provider_contract::ErrorClass;
 
     /// A loopback server answering every connection with `reply(port)`,
     /// then holding the connection open for `hold`.
