@@ -1,87 +1,17 @@
 //! The gateway's wiring (docs/gateway.md): its listener
-//! (`egress_proxies::adapters::gateway`) leases from the lease store's book in
-//! process, at its [`LeaseDesk`] on the gateway's own threads, so API
-//! leases and gateway traffic share one book.
+//! (`egress_proxies::adapters::gateway`) leases from the lease store
+//! (`egress_proxies::adapters::lease_store`, the gateway's `Leases`) on the
+//! gateway's own threads, so API leases and gateway traffic share one book.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
+use egress_proxies::adapters::gateway::{self, GatewayError, Options};
+use egress_proxies::adapters::guarded_listener::ListenerSettings;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::domain::config::GatewaySettings;
 use egress_proxies::domain::destinations::{DestinationPolicy, IpNet};
-use egress_proxies::adapters::gateway::{self, Ask, GatewayError, Leases, Options, Upstream, Waiting};
-use egress_proxies::adapters::guarded_listener::ListenerSettings;
-use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Outcome};
 
 use crate::discovery::Tokens;
-use crate::lease_store::{Granted, LeaseDesk};
-
-/// Asked for every gateway lease; the book caps it at `maxLeaseTtl`. A
-/// tunnel's lease is renewed while it stays open, and every lease is
-/// released the moment its request or tunnel ends.
-const LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
-
-/// The lease store as the gateway sees it: its desk, each call done when
-/// it returns (in the order made).
-struct StoreLeases(LeaseDesk);
-
-fn request(ask: Ask) -> AcquireRequest {
-    AcquireRequest {
-        target: ask.target,
-        selector: ask.selector,
-        ttl: Some(LEASE_TTL),
-        client: Some(ask.client),
-        owner: Some(ask.owner),
-        prefer: ask.prefer,
-        session: ask.session,
-        avoid: ask.avoid,
-    }
-}
-
-fn upstream(granted: Result<Granted, AcquireError>) -> Result<Upstream, GatewayError> {
-    granted
-        .map(|Granted { grant, revoked }| Upstream {
-            lease_id: grant.id,
-            proxy: grant.proxy,
-            url: grant.url,
-            credentials: grant.credentials,
-            ttl: grant.ttl,
-            realm: grant.realm,
-            revoked,
-        })
-        .map_err(|e| match e {
-            AcquireError::NoCapacity { target } | AcquireError::OverShare { target, .. } => {
-                GatewayError::NoProxy { target }
-            }
-            other => GatewayError::LeaseStore(other.to_string()),
-        })
-}
-
-impl Leases for StoreLeases {
-    fn acquire(&self, ask: Ask) -> Result<Upstream, GatewayError> {
-        upstream(self.0.acquire(&request(ask)))
-    }
-
-    fn acquire_within(&self, ask: Ask, until: Instant) -> Waiting {
-        let waiting = self.0.acquire_within(request(ask), until);
-        Box::pin(async move { upstream(waiting.await) })
-    }
-
-    fn release(&self, lease_id: String, rest: Option<Duration>) {
-        self.0.release(&lease_id, rest);
-    }
-
-    fn report(&self, lease_id: String, outcome: Outcome, detail: String) {
-        // Unknown: the lease ended meanwhile (expired); nothing to count.
-        let _ = self.0.report(&lease_id, outcome, detail);
-    }
-
-    fn renew(&self, lease_id: String) -> Result<(), GatewayError> {
-        self.0
-            .renew(&lease_id)
-            .map(|_| ())
-            .map_err(|e| GatewayError::LeaseStore(e.to_string()))
-    }
-}
 
 /// Starts the gateway on `listener` (call inside the actix system): with
 /// crawler tokens it demands one; without any it refuses any address but
@@ -89,7 +19,7 @@ impl Leases for StoreLeases {
 /// denies, as they do every proxy's.
 pub fn start(
     listener: std::net::TcpListener,
-    desk: LeaseDesk,
+    leases: LeaseStore,
     tokens: &Tokens,
     settings: &GatewaySettings,
     cluster_networks: &[IpNet],
@@ -111,7 +41,7 @@ pub fn start(
         destinations: Arc::new(DestinationPolicy::new(&settings.destinations, cluster_networks)),
         settings: settings.clone(),
         identities,
-        leases: Arc::new(StoreLeases(desk)),
+        leases: Arc::new(leases),
     };
     let settings =
         ListenerSettings::for_process_limits(gateway::FDS_PER_CONNECTION, options.settings.unauthenticated);

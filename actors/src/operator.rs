@@ -21,7 +21,7 @@ use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::providers::BuildContext;
 use egress_proxies::domain::store::{PoolStore, ProxyStore};
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
-use egress_proxies::adapters::stores::lease_checkpoint::{CheckpointJournal, Writer};
+use egress_proxies::adapters::stores::configmap_lease_journal::{ConfigMapLeaseJournal, Writer};
 use egress_proxies::adapters::stores::{FencedPools, FencedStore, installation};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
@@ -275,7 +275,7 @@ async fn operate(
             };
             tracing::info!(%installation, "installation");
             let mut settings = options.settings;
-            let journal = CheckpointJournal::open(
+            let journal = ConfigMapLeaseJournal::open(
                 client.clone(),
                 &lease_namespace,
                 Writer {
@@ -318,7 +318,7 @@ async fn operate(
             if let Some(Gateway { listener, settings }) = gateway {
                 crate::gateway::start(
                     listener,
-                    running.lease_desk.clone(),
+                    running.lease_store.clone(),
                     &tokens,
                     &settings,
                     &cluster_networks,

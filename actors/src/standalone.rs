@@ -7,7 +7,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use egress_proxies::domain::config::{ConfigError, ProvidersConfig, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::adapters::providers::{BuildContext, BuildError};
-use egress_proxies::adapters::stores::embedded::{self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir};
+use egress_proxies::adapters::stores::embedded::{self, EmbeddedStore, EmbeddedStoreError, FileLeaseJournal, ManifestDir};
 use egress_proxies::telemetry::events::LeadershipChanged;
 
 use crate::health_server::{self, Readiness};
@@ -99,7 +99,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         pool_scale_down_delay: config.pool_scale_down_delay,
         discovery_tokens: tokens.clone(),
         lease_journal: Some(Box::new(
-            LeaseLog::open(&config.state_dir).map_err(StandaloneError::Leases)?,
+            FileLeaseJournal::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),
         tenure: None,
         proxy_namespace: None,
@@ -125,7 +125,7 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
             // Standalone mode has no cluster networks.
             crate::gateway::start(
                 listener,
-                running.lease_desk.clone(),
+                running.lease_store.clone(),
                 &tokens,
                 &config.gateway,
                 &[],

@@ -1,5 +1,5 @@
 //! The actor system both modes run: ProxyRegistry (with its ProxyActors),
-//! HealthProber, LeaseStore, GcSweeper and the discovery API, over whichever
+//! HealthProber, LeaseStoreActor, GcSweeper and the discovery API, over whichever
 //! object store the mode provides. Every actor runs under a supervisor that
 //! restarts it in place when it crashes (see [`crate::supervision`]).
 
@@ -12,6 +12,7 @@ use actix::prelude::*;
 use egress_proxies::domain::gc::Scope;
 use egress_proxies::domain::installation::InstallationId;
 use egress_proxies::adapters::leader::Tenure;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::domain::lease::LeaseSettings;
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::domain::provider::Providers;
@@ -22,7 +23,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
 use crate::health_prober::{HealthProber, ProbeThreads};
-use crate::lease_store::{LeaseDesk, LeaseStore};
+use crate::lease_store_actor::LeaseStoreActor;
 use crate::proxy_actor::Timing;
 use crate::proxy_registry::ProxyRegistry;
 use crate::supervision::{self, Node};
@@ -56,9 +57,9 @@ pub struct Settings {
 pub struct Running {
     pub registry: Addr<ProxyRegistry>,
     pub prober: Addr<HealthProber>,
-    pub leases: Addr<LeaseStore>,
-    /// The same book as `leases`, for the gateway to lease on its own threads.
-    pub lease_desk: LeaseDesk,
+    pub leases: Addr<LeaseStoreActor>,
+    /// The store `leases` hosts, for the gateway to lease on its own threads.
+    pub lease_store: LeaseStore,
     pub gc: Addr<GcSweeper>,
     /// Where the health probes run (stopped when this is dropped).
     pub probe_threads: ProbeThreads,
@@ -112,14 +113,14 @@ pub fn start(
     if let Some(tenure) = settings.tenure {
         leases = leases.with_tenure(tenure);
     }
-    let leases = leases.with_fair_share(settings.fair_share);
-    let lease_desk = leases.desk();
+    let lease_store = leases.with_fair_share(settings.fair_share);
+    let hosted = lease_store.clone();
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.
     let leases = supervision::start_in_arbiter(
         &Arbiter::new().handle(),
         Node::singleton("lease_store"),
-        move |_| leases,
+        move |_| LeaseStoreActor::new(hosted),
     );
     let registry = ProxyRegistry::new(ctx, Timing::default(), Some(prober.clone()))
         .with_leases(leases.clone())
@@ -135,7 +136,7 @@ pub fn start(
         registry,
         prober,
         leases,
-        lease_desk,
+        lease_store,
         gc,
         probe_threads,
     })

@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod guarded_listener;
 pub mod kube_client;
 pub mod leader;
+pub mod lease_store;
 pub mod probe;
 pub mod providers;
 pub mod stores;

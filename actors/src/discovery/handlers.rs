@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use actix::Addr;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use egress_proxies::adapters::lease_store::{RenewRefused, ReportRefused};
 use egress_proxies::domain::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
 use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Caller, Outcome, RenewError};
 use futures::StreamExt;
@@ -16,9 +17,7 @@ use super::types::{
     ErrorBody, Lease, LeaseReport, LeaseRequest, LeasedProxy, Object, ProxyInfo, RenewRequest, Renewal,
     ReportOutcome,
 };
-use crate::lease_store::{
-    Acquire, LeaseStore, ListProxies, Release, Renew, RenewRefused, Report, ReportRefused,
-};
+use crate::lease_store_actor::{Acquire, LeaseStoreActor, ListProxies, Release, Renew, Report};
 
 /// The lease store did not answer: it is restarting after a crash (the
 /// request was in its hands) — a retry is answered by the restarted store.
@@ -56,7 +55,7 @@ fn expires_at(ttl: Duration) -> String {
 )]
 pub async fn list_proxies(
     req: HttpRequest,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let mut wanted: BTreeMap<String, String> = BTreeMap::new();
     let mut healthy: Option<bool> = None;
@@ -125,7 +124,7 @@ pub async fn list_proxies(
 pub async fn acquire(
     identity: Option<web::ReqData<Identity>>,
     body: web::Json<Object<LeaseRequest>>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let owner = caller(identity)?;
     let mut body = body.into_inner().0;
@@ -189,7 +188,7 @@ pub async fn acquire(
 pub async fn release(
     identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let by = Caller::Identity(caller(identity)?);
     store
@@ -228,7 +227,7 @@ pub async fn report(
     identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
     body: web::Json<Object<LeaseReport>>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let by = Caller::Identity(caller(identity)?);
     let body = body.into_inner().0;
@@ -275,7 +274,7 @@ pub async fn renew(
     req: HttpRequest,
     id: web::Path<String>,
     payload: web::Payload,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let by = Caller::Identity(caller(identity)?);
     let Object(body) = optional_json::<Object<RenewRequest>>(&req, payload).await?;

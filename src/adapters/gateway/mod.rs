@@ -7,7 +7,7 @@
 //! (admit, choose, forward, judge, log); the other modules hold what the
 //! phases use: the block rules, sticky sessions, the site learning, the
 //! upstream connections. The lease store itself is reached through
-//! [`Leases`] (the actors implement it).
+//! [`Leases`], which `crate::adapters::lease_store::LeaseStore` implements.
 
 mod blocks;
 mod challenge;
@@ -95,6 +95,7 @@ pub struct Ask {
 }
 
 /// A proxy the gateway leased for one try of a request or tunnel.
+#[derive(Debug)]
 pub struct Upstream {
     pub lease_id: String,
     pub proxy: ObjectKey,

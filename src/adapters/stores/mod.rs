@@ -5,11 +5,11 @@
 
 mod checkpoint_shard;
 pub mod crawler_tokens;
+pub mod configmap_lease_journal;
 pub mod credentials_secret;
 pub mod embedded;
 mod fenced;
 pub mod installation;
 pub mod kubernetes;
-pub mod lease_checkpoint;
 
 pub use fenced::{FencedPools, FencedStore};
