@@ -16,7 +16,6 @@
 
 pub mod cli;
 pub mod discovery;
-pub mod gateway;
 pub mod gc_sweeper;
 pub mod health_prober;
 pub mod health_server;

@@ -316,10 +316,10 @@ async fn operate(
             // until it exits), and only the leader is ready, so the Service routes
             // crawlers to it.
             if let Some(Gateway { listener, settings }) = gateway {
-                crate::gateway::start(
+                egress_proxies::adapters::gateway::start(
                     listener,
-                    running.lease_store.clone(),
-                    &tokens,
+                    Arc::new(running.lease_store.clone()),
+                    tokens.identities(),
                     &settings,
                     &cluster_networks,
                 )?;

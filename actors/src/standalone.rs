@@ -123,10 +123,10 @@ pub fn run(config_path: &Path) -> Result<(), StandaloneError> {
         .map_err(StandaloneError::System)?;
         if let Some(listener) = gateway_listener {
             // Standalone mode has no cluster networks.
-            crate::gateway::start(
+            egress_proxies::adapters::gateway::start(
                 listener,
-                running.lease_store.clone(),
-                &tokens,
+                Arc::new(running.lease_store.clone()),
+                tokens.identities(),
                 &config.gateway,
                 &[],
             )?;

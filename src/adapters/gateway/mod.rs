@@ -16,6 +16,7 @@ mod phases;
 mod revocation;
 mod sessions;
 mod site_learning;
+mod start;
 mod upstream;
 mod upstream_identity;
 pub mod username;
@@ -38,6 +39,7 @@ pub use phases::log::{Exchange, ExchangeOutcome, exchange_span};
 pub use phases::serve;
 pub use revocation::{Revocation, Revoker, revocation};
 pub use sessions::{SessionKey, Sessions};
+pub use start::start;
 pub use site_learning::{PairView, SiteView};
 pub use username::{Parameters, UsernameError};
 

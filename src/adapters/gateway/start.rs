@@ -1,31 +1,28 @@
-//! The gateway's wiring (docs/gateway.md): its listener
-//! (`egress_proxies::adapters::gateway`) leases from the lease store
-//! (`egress_proxies::adapters::lease_store`, the gateway's `Leases`) on the
-//! gateway's own threads, so API leases and gateway traffic share one book.
+//! The gateway's start (docs/gateway.md): its listener served on threads
+//! of its own, leasing from the lease store it is given (the operator's
+//! `LeaseStore`, `crate::adapters::lease_store`), so API leases and
+//! gateway traffic share one book.
 
 use std::sync::Arc;
 
-use egress_proxies::adapters::gateway::{self, GatewayError, Options};
-use egress_proxies::adapters::guarded_listener::ListenerSettings;
-use egress_proxies::adapters::lease_store::LeaseStore;
-use egress_proxies::domain::config::GatewaySettings;
-use egress_proxies::domain::destinations::{DestinationPolicy, IpNet};
+use crate::adapters::gateway::{self, GatewayError, Leases, Options};
+use crate::adapters::guarded_listener::ListenerSettings;
+use crate::domain::config::GatewaySettings;
+use crate::domain::destinations::{DestinationPolicy, IpNet};
+use crate::domain::identity::SharedIdentities;
 
-use crate::discovery::Tokens;
-
-/// Starts the gateway on `listener` (call inside the actix system): with
-/// crawler tokens it demands one; without any it refuses any address but
-/// loopback. `cluster_networks` (`--cluster-networks`) join its default
+/// Starts the gateway on `listener`, leasing from `leases`: with crawler
+/// tokens (`identities`) it demands one; without any it refuses any address
+/// but loopback. `cluster_networks` (`--cluster-networks`) join its default
 /// denies, as they do every proxy's.
 pub fn start(
     listener: std::net::TcpListener,
-    leases: LeaseStore,
-    tokens: &Tokens,
+    leases: Arc<dyn Leases>,
+    identities: SharedIdentities,
     settings: &GatewaySettings,
     cluster_networks: &[IpNet],
 ) -> Result<(), GatewayError> {
     let addr = listener.local_addr()?;
-    let identities = tokens.identities();
     let open = identities.current().is_open();
     gateway::check_exposure(addr, !open)?;
     listener.set_nonblocking(true)?;
@@ -41,15 +38,15 @@ pub fn start(
         destinations: Arc::new(DestinationPolicy::new(&settings.destinations, cluster_networks)),
         settings: settings.clone(),
         identities,
-        leases: Arc::new(leases),
+        leases,
     };
     let settings =
         ListenerSettings::for_process_limits(gateway::FDS_PER_CONNECTION, options.settings.unauthenticated);
     tracing::info!(
         %addr,
         max_connections = settings.max_connections,
-        file_limit = egress_proxies::file_limit::current(),
-        memory_limit = egress_proxies::memory_limit::current().map(tracing::field::display),
+        file_limit = crate::file_limit::current(),
+        memory_limit = crate::memory_limit::current().map(tracing::field::display),
         head_budget = settings.unauthenticated.head_budget,
         free_head = settings.unauthenticated.free_head,
         connections_per_source = settings.unauthenticated.connections_per_source,
