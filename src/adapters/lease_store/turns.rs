@@ -14,7 +14,7 @@ use crate::domain::resource::ObjectKey;
 use tokio::sync::{oneshot, watch};
 
 /// A lease-API identity refused for lack of capacity counts as asking
-/// (waiting) this long: API clients retry rather than wait at the desk.
+/// (waiting) this long: API clients retry rather than wait in turn.
 pub const API_ASKING_FOR: Duration = Duration::from_secs(10);
 
 /// A gateway request waiting in turn.
