@@ -152,7 +152,7 @@ impl LeaseStore {
                 let store = self.clone();
                 async move {
                     let flushed = tokio::time::timeout(DURABLE_WITHIN, flush).await;
-                    let outcome = flushed.unwrap_or_else(|_| Err(JournalError::Timeout(DURABLE_WITHIN)));
+                    let outcome = flushed.unwrap_or(Err(JournalError::Timeout(DURABLE_WITHIN)));
                     finish(outcome, &mut store.lock())
                 }
                 .boxed()
