@@ -1,6 +1,7 @@
 //! The adapters: everything that talks to the world on the domain's
 //! behalf — the providers (Kubernetes pods, Compute Engine, libvirt over
-//! SSH, local processes), the stores (the Kubernetes API, SQLite), the
+//! SSH, local processes), the stores (the Kubernetes API, SQLite) with
+//! their lease journals, the lease store every lease is taken at, the
 //! Kubernetes client and leader election, the health probe's network side,
 //! and the proxies the operator serves (the built-in forward proxy and the
 //! gateway) with their guarded listeners. A new way to reach the world
