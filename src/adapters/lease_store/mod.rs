@@ -30,11 +30,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::adapters::leader::Tenure;
-use crate::domain::lease::Availability;
 use crate::domain::lease::fair_share::Turn;
 use crate::domain::lease::{
-    AcquireError, AcquireRequest, Durable, FairShare, Footprint, Grant, JournalError, LeaseBook, LeaseChange,
-    LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, PoolFigures, ProxyView, RenewError, UnknownLease,
+    AcquireError, AcquireRequest, Availability, Durable, FairShare, Footprint, Grant, JournalError,
+    LeaseBook, LeaseChange, LeaseJournal, LeaseLimits, LeaseSettings, NotOwner, PoolFigures, ProxyView,
+    RenewError, UnknownLease,
 };
 use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::LeaseEvent;
