@@ -421,7 +421,7 @@ fn the_messages_table_names_every_handler() {
                     .collect()
             })
             .collect();
-        // "LeaseStore" or "KeyedRegistry (ProxyRegistry in …)": the leading name.
+        // "LeaseStoreActor" or "KeyedRegistry (ProxyRegistry in …)": the leading name.
         for actor in actors.split(',') {
             let actor: String = actor
                 .trim()

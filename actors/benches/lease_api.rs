@@ -24,11 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::domain::lease::{Availability, LeaseLimits, LeaseSettings};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::rate_limit::RateLimits;
 use egress_proxies_operator::discovery;
-use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, UpdateAvailability};
+use egress_proxies_operator::lease_store_actor::{GetLeaseStats, LeaseStoreActor, UpdateAvailability};
 use tokio::net::TcpStream;
 
 mod common;
@@ -55,13 +56,14 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
         _ => LeaseStore::durable(
             settings,
             limits,
-            Box::new(egress_proxies::adapters::stores::embedded::LeaseLog::open(state).unwrap()),
+            Box::new(egress_proxies::adapters::stores::embedded::FileLeaseJournal::open(state).unwrap()),
         )
         .unwrap(),
     };
     System::new().block_on(async move {
         // As the operator runs it: on an arbiter of its own.
-        let store = LeaseStore::start_in_arbiter(&Arbiter::new().handle(), move |_| store);
+        let store =
+            LeaseStoreActor::start_in_arbiter(&Arbiter::new().handle(), move |_| LeaseStoreActor::new(store));
         let geos = ["eu", "us", "asia", "sa"];
         for i in 0..proxies {
             store.do_send(UpdateAvailability(Availability {

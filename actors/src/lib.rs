@@ -15,14 +15,12 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod discovery;
-pub mod gateway;
 pub mod gc_sweeper;
 pub mod health_prober;
 pub mod health_server;
 pub mod keyed_registry;
 pub mod kvm;
-pub mod lease_store;
-pub mod lease_turns;
+pub mod lease_store_actor;
 pub mod metrics_server;
 pub mod operator;
 pub mod pool_actor;

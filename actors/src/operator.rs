@@ -16,9 +16,9 @@ use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::providers::BuildContext;
+use egress_proxies::adapters::stores::configmap_lease_journal::{ConfigMapLeaseJournal, Writer};
 use egress_proxies::adapters::stores::installation;
 use egress_proxies::adapters::stores::kubernetes::KubeStore;
-use egress_proxies::adapters::stores::lease_checkpoint::{CheckpointJournal, Writer};
 use egress_proxies::domain::config::BindAddress;
 use egress_proxies::domain::config::{GatewaySettings, ProvidersConfig};
 use egress_proxies::domain::installation::InstallationId;
@@ -302,7 +302,7 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
             };
             tracing::info!(%installation, "installation");
             let mut settings = options.settings;
-            let journal = CheckpointJournal::open(
+            let journal = ConfigMapLeaseJournal::open(
                 client.clone(),
                 &lease_namespace,
                 Writer {

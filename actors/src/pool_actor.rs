@@ -20,14 +20,14 @@ use egress_proxies::domain::resource::{ObjectKey, ProxyPoolStatus};
 use egress_proxies::domain::resource_store::{PoolStore, ProxyStore, StoreError};
 use egress_proxies::telemetry::events::{PoolRemoved, PoolTurnCompleted};
 
-use crate::lease_store::{ForgetPool, GetPoolFigures, LeaseStore, PoolReport, ReportPool};
+use crate::lease_store_actor::{ForgetPool, GetPoolFigures, LeaseStoreActor, PoolReport, ReportPool};
 
 /// What every pool's loop shares.
 #[derive(Clone)]
 pub struct PoolContext {
     pub pools: Arc<dyn PoolStore>,
     pub proxies: Arc<dyn ProxyStore>,
-    pub leases: Option<Addr<LeaseStore>>,
+    pub leases: Option<Addr<LeaseStoreActor>>,
     pub timing: PoolTiming,
 }
 

@@ -22,7 +22,7 @@ use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::health_prober::{HealthProber, HealthVerdict, Unwatch, Watch};
-use crate::lease_store::{LeaseStore, RemoveProxy, UpdateAvailability};
+use crate::lease_store_actor::{LeaseStoreActor, RemoveProxy, UpdateAvailability};
 
 /// Look at the proxy again now (its object changed, or a caller asks).
 #[derive(Message, Debug, Clone, Copy)]
@@ -47,7 +47,7 @@ pub struct ProxyActorShared {
     /// Restarts of all the registry's actors.
     pub restarts: Arc<AtomicU64>,
     pub prober: Option<Addr<HealthProber>>,
-    pub leases: Option<Addr<LeaseStore>>,
+    pub leases: Option<Addr<LeaseStoreActor>>,
     /// Jobs running at once, across every proxy ([`MAX_RUNNING_JOBS`]).
     pub slots: Arc<tokio::sync::Semaphore>,
 }

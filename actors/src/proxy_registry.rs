@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 
 use crate::health_prober::HealthProber;
 use crate::keyed_registry::{KeyedRegistry, Kind};
-use crate::lease_store::LeaseStore;
+use crate::lease_store_actor::LeaseStoreActor;
 use crate::proxy_actor::{MAX_RUNNING_JOBS, ProxyActor, ProxyActorShared, Reconcile, Shutdown, Timing};
 
 pub use crate::keyed_registry::{GetRegistryStats, RegistryStats, StoreChanged};
@@ -65,7 +65,7 @@ impl KeyedRegistry<Proxies> {
     }
 
     /// ProxyActors will keep this lease store informed.
-    pub fn with_leases(self, leases: Addr<LeaseStore>) -> Self {
+    pub fn with_leases(self, leases: Addr<LeaseStoreActor>) -> Self {
         Self::with_shared(Arc::new(ProxyActorShared {
             leases: Some(leases),
             ..(**self.shared()).clone()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use egress_proxies::adapters::config_files;
 use egress_proxies::adapters::providers::{BuildContext, BuildError};
 use egress_proxies::adapters::stores::embedded::{
-    self, EmbeddedStore, EmbeddedStoreError, LeaseLog, ManifestDir,
+    self, EmbeddedStore, EmbeddedStoreError, FileLeaseJournal, ManifestDir,
 };
 use egress_proxies::domain::config::{ConfigError, StandaloneConfig, StandaloneConfigError};
 use egress_proxies::telemetry::events::LeadershipChanged;
@@ -127,7 +127,7 @@ pub fn prepare(config_path: &Path) -> Result<Prepared, StandaloneError> {
         pool_scale_down_delay: config.pool_scale_down_delay,
         discovery_tokens: tokens.clone(),
         lease_journal: Some(Box::new(
-            LeaseLog::open(&config.state_dir).map_err(StandaloneError::Leases)?,
+            FileLeaseJournal::open(&config.state_dir).map_err(StandaloneError::Leases)?,
         )),
         tenure: None,
         proxy_namespace: None,

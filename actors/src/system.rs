@@ -1,5 +1,5 @@
 //! The actor system both modes run: ProxyRegistry (with its ProxyActors),
-//! HealthProber, LeaseStore, GcSweeper, the discovery API, the gateway and
+//! HealthProber, LeaseStoreActor, GcSweeper, the discovery API, the gateway and
 //! the PoolRegistry (with its PoolActors), over whichever object store the
 //! mode provides; `operator::run` and `standalone::run` differ only in what
 //! they hand to [`start`]. Every actor runs under a supervisor that
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use egress_proxies::adapters::leader::Tenure;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::stores::{FencedPools, FencedStore};
 use egress_proxies::domain::config::GatewaySettings;
@@ -26,7 +27,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::gc_sweeper::GcSweeper;
 use crate::health_prober::{HealthProber, ProbeThreads};
-use crate::lease_store::{LeaseDesk, LeaseStore};
+use crate::lease_store_actor::LeaseStoreActor;
 use crate::pool_actor::{PoolContext, PoolTiming};
 use crate::pool_registry::PoolRegistry;
 use crate::proxy_actor::Timing;
@@ -62,9 +63,9 @@ pub struct Settings {
 pub struct Running {
     pub registry: Addr<ProxyRegistry>,
     pub prober: Addr<HealthProber>,
-    pub leases: Addr<LeaseStore>,
-    /// The same book as `leases`, for the gateway to lease on its own threads.
-    pub lease_desk: LeaseDesk,
+    pub leases: Addr<LeaseStoreActor>,
+    /// The store `leases` hosts, for the gateway to lease on its own threads.
+    pub lease_store: LeaseStore,
     pub gc: Addr<GcSweeper>,
     /// Where the health probes run (stopped when this is dropped).
     pub probe_threads: ProbeThreads,
@@ -166,14 +167,14 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
     if let Some(tenure) = settings.tenure.clone() {
         leases = leases.with_tenure(tenure);
     }
-    let leases = leases.with_fair_share(settings.fair_share);
-    let lease_desk = leases.desk();
+    let lease_store = leases.with_fair_share(settings.fair_share);
+    let hosted = lease_store.clone();
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.
     let leases = supervision::start_in_arbiter(
         &Arbiter::new().handle(),
         Node::singleton("lease_store"),
-        move |_| leases,
+        move |_| LeaseStoreActor::new(hosted),
     );
     let registry = ProxyRegistry::new(ctx, Timing::default(), Some(prober.clone()))
         .with_leases(leases.clone())
@@ -186,10 +187,10 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         tracing::info!(%addr, "discovery API listening");
     }
     if let Some(gateway) = gateway {
-        crate::gateway::start(
+        egress_proxies::adapters::gateway::start(
             gateway.listener,
-            lease_desk.clone(),
-            &settings.discovery_tokens,
+            Arc::new(lease_store.clone()),
+            settings.discovery_tokens.identities(),
             &gateway.settings,
             &gateway.cluster_networks,
         )?;
@@ -214,7 +215,7 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         registry,
         prober,
         leases,
-        lease_desk,
+        lease_store,
         gc,
         probe_threads,
     })

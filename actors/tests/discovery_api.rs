@@ -9,11 +9,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::domain::credentials::ProxyCredentials;
 use egress_proxies::domain::lease::{Availability, LeaseSettings};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies_operator::discovery;
-use egress_proxies_operator::lease_store::{GetLeaseStats, LeaseStore, ListProxies, UpdateAvailability};
+use egress_proxies_operator::lease_store_actor::{
+    GetLeaseStats, LeaseStoreActor, ListProxies, UpdateAvailability,
+};
 use serde_json::{Value, json};
 use support::http::{request, request_from};
 
@@ -43,11 +46,11 @@ fn credentials(name: &str) -> ProxyCredentials {
     ProxyCredentials::new(&format!("user-{name}"), &format!("pw-{name}-s3cret")).unwrap()
 }
 
-async fn serve(capacity: u32, token: Option<&str>) -> (SocketAddr, Addr<LeaseStore>) {
-    let store = LeaseStore::new(LeaseSettings {
+async fn serve(capacity: u32, token: Option<&str>) -> (SocketAddr, Addr<LeaseStoreActor>) {
+    let store = LeaseStoreActor::new(LeaseStore::new(LeaseSettings {
         capacity,
         ..LeaseSettings::default()
-    })
+    }))
     .start();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();

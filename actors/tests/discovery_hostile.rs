@@ -10,11 +10,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::domain::lease::{Availability, Footprint, LeaseLimits, LeaseSettings};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::rate_limit::RateLimits;
 use egress_proxies_operator::discovery::{self, Limiter};
-use egress_proxies_operator::lease_store::{GetLeaseFootprint, LeaseStore, UpdateAvailability};
+use egress_proxies_operator::lease_store_actor::{GetLeaseFootprint, LeaseStoreActor, UpdateAvailability};
 use serde_json::{Value, json};
 use support::http::{Response, request_from};
 
@@ -35,14 +36,14 @@ fn unlimited_rate() -> RateLimits {
     }
 }
 
-async fn serve(rate: RateLimits) -> (SocketAddr, Addr<LeaseStore>, Limiter) {
-    let store = LeaseStore::with_limits(
+async fn serve(rate: RateLimits) -> (SocketAddr, Addr<LeaseStoreActor>, Limiter) {
+    let store = LeaseStoreActor::new(LeaseStore::with_limits(
         LeaseSettings {
             capacity: 0,
             ..LeaseSettings::default()
         },
         LIMITS,
-    )
+    ))
     .start();
     for i in 0..10 {
         store.do_send(UpdateAvailability(Availability {

@@ -1,6 +1,6 @@
 //! Fair shares through the real binary in standalone mode, on loopback:
 //! three local proxies of capacity 1 behind the gateway. A crawler waiting
-//! in `capacityWait` waits in turn at the lease desk: a request that ends
+//! in `capacityWait` waits in turn at the lease store: a request that ends
 //! in `503 no_capacity` is one denial on the dashboard, not one per look
 //! at the book; a crawler holding every proxy in idle tunnels loses its
 //! latest one to another identity waiting below its share, which is served

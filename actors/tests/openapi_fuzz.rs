@@ -14,10 +14,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use actix::prelude::*;
+use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::domain::lease::{Availability, LeaseSettings};
 use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies_operator::discovery;
-use egress_proxies_operator::lease_store::{GetLeaseFootprint, LeaseStore, UpdateAvailability};
+use egress_proxies_operator::lease_store_actor::{GetLeaseFootprint, LeaseStoreActor, UpdateAvailability};
 use support::process::Killed;
 
 const TOKEN: &str = "fuzz-token-0123456789";
@@ -46,11 +47,11 @@ async fn schemathesis_finds_nothing() {
         eprintln!("SKIP: Schemathesis is not installed; run tests/openapi-fuzz-setup.sh");
         return;
     };
-    let store = LeaseStore::new(LeaseSettings {
+    let store = LeaseStoreActor::new(LeaseStore::new(LeaseSettings {
         capacity: 0,
         cooldown: Duration::from_secs(1),
         ..LeaseSettings::default()
-    })
+    }))
     .start();
     for i in 0..8 {
         store.do_send(UpdateAvailability(Availability {

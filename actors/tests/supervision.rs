@@ -20,7 +20,7 @@ use egress_proxies::domain::resource::{Phase, Proxy};
 use egress_proxies::domain::resource_store::ProxyStore;
 use egress_proxies_operator::gc_sweeper::SweepNow;
 use egress_proxies_operator::health_prober::GetProberStats;
-use egress_proxies_operator::lease_store::GetLeaseStats;
+use egress_proxies_operator::lease_store_actor::GetLeaseStats;
 use egress_proxies_operator::proxy_registry::GetRegistryStats;
 use egress_proxies_operator::supervision::{self, fault::Crash};
 use egress_proxies_operator::system::{self, Running, Settings};
@@ -170,7 +170,7 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     })
     .await;
 
-    // ── LeaseStore: crashed with leases held and acquires in flight. ──
+    // ── LeaseStoreActor: crashed with leases held and acquires in flight. ──
     let (status, held) = bed.acquire("shop.example").await;
     assert_eq!(status, 201, "{held}");
     let (status, other) = bed.acquire("news.example").await;

@@ -16,7 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::errors::ApiError;
-use crate::lease_store::{GetLeaseDashboard, LeaseStore, PoolReport};
+use crate::lease_store_actor::{GetLeaseDashboard, LeaseStoreActor, PoolReport};
 use crate::supervision::{self, ActorInfo};
 
 const PAGE: &str = include_str!("dashboard.html");
@@ -166,14 +166,14 @@ pub async fn page() -> HttpResponse {
         .body(PAGE)
 }
 
-pub async fn data(store: web::Data<Addr<LeaseStore>>) -> Result<HttpResponse, ApiError> {
+pub async fn data(store: web::Data<Addr<LeaseStoreActor>>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok()
         .insert_header(("Cache-Control", "no-store"))
         .json(snapshot(&store).await?))
 }
 
 /// The page's data as of now.
-pub async fn snapshot(store: &Addr<LeaseStore>) -> Result<Dashboard, ApiError> {
+pub async fn snapshot(store: &Addr<LeaseStoreActor>) -> Result<Dashboard, ApiError> {
     let leases = store
         .send(GetLeaseDashboard)
         .await

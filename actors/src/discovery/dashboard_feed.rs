@@ -37,7 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::dashboard::snapshot;
 use super::errors::ApiError;
-use crate::lease_store::LeaseStore;
+use crate::lease_store_actor::LeaseStoreActor;
 
 /// Streams open at once; more are refused with 503 until one closes.
 pub const MAX_STREAMS: usize = 32;
@@ -98,7 +98,7 @@ impl Drop for ClientSlot {
 
 impl Feed {
     /// Starts the snapshot task (on the current actix system).
-    pub fn start(store: Addr<LeaseStore>) -> Self {
+    pub fn start(store: Addr<LeaseStoreActor>) -> Self {
         let (snapshots, _) = watch::channel(Bytes::new());
         let sender = snapshots.clone();
         actix::spawn(async move {
@@ -178,7 +178,7 @@ impl Stream {
 pub async fn stream(
     req: HttpRequest,
     feed: web::Data<Feed>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     // The peer address, as the rate limits count it.
     let client = req

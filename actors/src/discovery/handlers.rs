@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use actix::Addr;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use egress_proxies::adapters::lease_store::{RenewRefused, ReportRefused};
 use egress_proxies::domain::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
 use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Caller, Outcome, RenewError};
 use futures::StreamExt;
@@ -13,9 +14,7 @@ use futures::StreamExt;
 use super::BODY_LIMIT;
 use super::errors::ApiError;
 use super::middleware::Identity;
-use crate::lease_store::{
-    Acquire, LeaseStore, ListProxies, Release, Renew, RenewRefused, Report, ReportRefused,
-};
+use crate::lease_store_actor::{Acquire, LeaseStoreActor, ListProxies, Release, Renew, Report};
 use egress_proxies::adapters::discovery_api::bodies::{
     Lease, LeaseReport, LeaseRequest, LeasedProxy, Object, ProxyInfo, RenewRequest, Renewal, ReportOutcome,
 };
@@ -43,7 +42,7 @@ fn expires_at(ttl: Duration) -> String {
 /// List proxies, optionally filtered by attributes (`attr=k=v`, repeatable) and health.
 pub async fn list_proxies(
     req: HttpRequest,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let mut wanted: BTreeMap<String, String> = BTreeMap::new();
     let mut healthy: Option<bool> = None;
@@ -101,7 +100,7 @@ pub async fn list_proxies(
 pub async fn acquire(
     identity: Option<web::ReqData<Identity>>,
     body: web::Json<Object<LeaseRequest>>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let owner = caller(identity)?;
     let mut body = body.into_inner().0;
@@ -155,7 +154,7 @@ pub async fn acquire(
 pub async fn release(
     identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let by = Caller::Identity(caller(identity)?);
     store
@@ -181,7 +180,7 @@ pub async fn report(
     identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
     body: web::Json<Object<LeaseReport>>,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let by = Caller::Identity(caller(identity)?);
     let body = body.into_inner().0;
@@ -213,7 +212,7 @@ pub async fn renew(
     req: HttpRequest,
     id: web::Path<String>,
     payload: web::Payload,
-    store: web::Data<Addr<LeaseStore>>,
+    store: web::Data<Addr<LeaseStoreActor>>,
 ) -> Result<HttpResponse, ApiError> {
     let by = Caller::Identity(caller(identity)?);
     let Object(body) = optional_json::<Object<RenewRequest>>(&req, payload).await?;

@@ -23,7 +23,7 @@ use egress_proxies::file_limit;
 use egress_proxies::listener_limits::{Listener, ListenerLimits};
 use egress_proxies::rate_limit::RateLimits;
 
-use crate::lease_store::LeaseStore;
+use crate::lease_store_actor::LeaseStoreActor;
 use errors::ApiError;
 pub use limiter::Limiter;
 pub use middleware::{Identity, Tokens, TokensError};
@@ -64,7 +64,7 @@ fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
 
 /// Serves the discovery API on a bound listener, behind `tokens`, within
 /// [`ListenerLimits`].
-pub fn start(listener: TcpListener, store: Addr<LeaseStore>, tokens: Tokens) -> std::io::Result<Server> {
+pub fn start(listener: TcpListener, store: Addr<LeaseStoreActor>, tokens: Tokens) -> std::io::Result<Server> {
     start_with(listener, store, tokens, Limiter::new(RateLimits::default()))
 }
 
@@ -72,7 +72,7 @@ pub fn start(listener: TcpListener, store: Addr<LeaseStore>, tokens: Tokens) -> 
 /// how many clients it tracks).
 pub fn start_with(
     listener: TcpListener,
-    store: Addr<LeaseStore>,
+    store: Addr<LeaseStoreActor>,
     tokens: Tokens,
     limiter: Limiter,
 ) -> std::io::Result<Server> {

@@ -24,7 +24,7 @@ macro_rules! crash_on_request {
 crash_on_request!(
     crate::proxy_registry::ProxyRegistry,
     crate::health_prober::HealthProber,
-    crate::lease_store::LeaseStore,
+    crate::lease_store_actor::LeaseStoreActor,
     crate::gc_sweeper::GcSweeper,
     crate::proxy_actor::ProxyActor,
 );

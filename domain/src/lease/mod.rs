@@ -1,6 +1,7 @@
 //! Lease bookkeeping: which proxies a crawler may use for a target right
 //! now, and the leases it holds. A pure data structure with an injectable
-//! clock (every operation takes `now`); the `LeaseStore` actor owns one.
+//! clock (every operation takes `now`); the lease store
+//! (`egress_proxies::adapters::lease_store::LeaseStore`) holds one.
 
 mod book;
 pub mod fair_share;

@@ -7,7 +7,7 @@
 //! (admit, choose, forward, judge, log); the other modules hold what the
 //! phases use: the block rules, sticky sessions, the site learning, the
 //! upstream connections. The lease store itself is reached through
-//! [`Leases`] (the actors implement it).
+//! [`Leases`], which `crate::adapters::lease_store::LeaseStore` implements.
 
 mod blocks;
 mod challenge;
@@ -16,6 +16,7 @@ mod phases;
 mod revocation;
 mod sessions;
 mod site_learning;
+mod start;
 mod upstream;
 mod upstream_identity;
 pub mod username;
@@ -39,6 +40,7 @@ pub use phases::serve;
 pub use revocation::{Revocation, Revoker, revocation};
 pub use sessions::{SessionKey, Sessions};
 pub use site_learning::{PairView, SiteView};
+pub use start::start;
 pub use username::{Parameters, UsernameError};
 
 /// Descriptors one client connection may need: its own and its upstream's.
@@ -95,6 +97,7 @@ pub struct Ask {
 }
 
 /// A proxy the gateway leased for one try of a request or tunnel.
+#[derive(Debug)]
 pub struct Upstream {
     pub lease_id: String,
     pub proxy: ObjectKey,

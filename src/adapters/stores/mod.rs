@@ -4,6 +4,7 @@
 //! by the leader's tenure.
 
 mod checkpoint_shard;
+pub mod configmap_lease_journal;
 pub mod crawler_tokens;
 pub mod credentials_file;
 pub mod credentials_secret;
@@ -11,6 +12,5 @@ pub mod embedded;
 mod fenced;
 pub mod installation;
 pub mod kubernetes;
-pub mod lease_checkpoint;
 
 pub use fenced::{FencedPools, FencedStore};

@@ -7,7 +7,7 @@
 //! keeps status, finalizers and the operator's annotations across restarts.
 
 mod database;
-mod lease_log;
+mod file_lease_journal;
 mod manifests;
 
 use std::collections::{BTreeMap, HashSet};
@@ -29,7 +29,7 @@ use crate::domain::resource::{
 use crate::domain::resource_store::{CloudInitError, PoolStore, ProxyStore, StoreError, StoreEvent};
 
 pub use database::{Database, DatabaseError};
-pub use lease_log::{LEASES_DIR, LeaseLog};
+pub use file_lease_journal::{FileLeaseJournal, LEASES_DIR};
 pub use manifests::{Document, Held, ManifestDir, ManifestSet, SecretDoc, parse_file};
 
 /// File name of the state database inside the state directory.

@@ -308,7 +308,7 @@ fn the_state_directory_and_its_files_are_private() {
     let (store, _events) = EmbeddedStore::open(&state).unwrap();
     store.apply(&set(&[proxy("a", "local")])).unwrap();
     // Opening the lease log makes its directory and first log file.
-    let _log = LeaseLog::open(&state).unwrap();
+    let _log = FileLeaseJournal::open(&state).unwrap();
     let mut seen = Vec::new();
     for entry in walk(&state) {
         let m = mode(&entry);

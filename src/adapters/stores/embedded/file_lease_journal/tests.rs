@@ -41,7 +41,7 @@ fn ended(id: &str, proxy: &str, until: Timestamp) -> LeaseChange {
     })
 }
 
-fn write(log: &mut LeaseLog, changes: &[LeaseChange]) {
+fn write(log: &mut FileLeaseJournal, changes: &[LeaseChange]) {
     assert!(matches!(log.record(changes).unwrap(), Durable::Now));
 }
 
@@ -49,7 +49,7 @@ fn current_log(dir: &Path) -> PathBuf {
     logs(&dir.join(LEASES_DIR)).unwrap().pop().unwrap().1
 }
 
-fn wait_for_fold(log: &LeaseLog) {
+fn wait_for_fold(log: &FileLeaseJournal) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while log.folding.running.load(Ordering::SeqCst) {
         assert!(Instant::now() < deadline, "fold did not finish");
@@ -59,8 +59,8 @@ fn wait_for_fold(log: &LeaseLog) {
 
 /// Opens the log and waits for the fold of what an earlier run left (so
 /// no fold outlives the test's directory).
-fn open(dir: &Path) -> LeaseLog {
-    let log = LeaseLog::open(dir).unwrap();
+fn open(dir: &Path) -> FileLeaseJournal {
+    let log = FileLeaseJournal::open(dir).unwrap();
     wait_for_fold(&log);
     log
 }
@@ -184,7 +184,7 @@ fn a_line_cut_short_by_a_crash_is_ignored_and_a_corrupt_one_is_named() {
         "{\"op\":\"nonsense\"}\n{\"op\":\"proxyRemoved\",\"proxy\":\"crawl/a\"}\n",
     )
     .unwrap();
-    let err = LeaseLog::open(dir.path())
+    let err = FileLeaseJournal::open(dir.path())
         .err()
         .expect("a corrupt log must not open");
     let shown = err.to_string();

@@ -1,4 +1,5 @@
-//! The Kubernetes lease journal: lease state checkpointed into ConfigMaps in
+//! `ConfigMapLeaseJournal`, Kubernetes mode's adapter of the `LeaseJournal`
+//! port: lease state checkpointed into ConfigMaps in
 //! the operator's namespace, so a new leader starts from what the old one
 //! knew.
 //!
@@ -24,7 +25,7 @@
 //! Every [`REFRESH_EVERY`] the shards are written again (no-op writes when
 //! nobody touched them), so a foreign change to the leases does not stay.
 //! Changes that cannot be written for `give_up_after` (the renew deadline)
-//! make [`CheckpointJournal::unwritable`] say so: the leader steps down
+//! make [`ConfigMapLeaseJournal::unwritable`] say so: the leader steps down
 //! rather than hold the Lease while refusing every grant.
 
 use std::collections::BTreeSet;
@@ -83,7 +84,7 @@ pub struct Writer {
     /// With leader election: nothing is written once it lapses, and no
     /// write is allowed to outlast it.
     pub tenure: Option<Tenure>,
-    /// Changes unwritten this long make [`CheckpointJournal::unwritable`]
+    /// Changes unwritten this long make [`ConfigMapLeaseJournal::unwritable`]
     /// say why (the renew deadline).
     pub give_up_after: Duration,
 }
@@ -114,12 +115,12 @@ struct State {
 }
 
 /// Lease state in ConfigMaps, written behind by a background task.
-pub struct CheckpointJournal {
+pub struct ConfigMapLeaseJournal {
     shared: Arc<Shared>,
     loaded: Option<LeaseSnapshot>,
 }
 
-impl CheckpointJournal {
+impl ConfigMapLeaseJournal {
     /// Reads the checkpoint in `namespace` and starts the writer (on the
     /// current Tokio runtime). Call once this replica leads.
     pub async fn open(client: kube::Client, namespace: &str, writer: Writer) -> Result<Self, JournalError> {
@@ -190,7 +191,7 @@ impl CheckpointJournal {
     }
 }
 
-impl LeaseJournal for CheckpointJournal {
+impl LeaseJournal for ConfigMapLeaseJournal {
     fn load(&mut self, now: Timestamp) -> Result<LeaseSnapshot, JournalError> {
         self.prune(now)?;
         Ok(self.loaded.take().unwrap_or_default())

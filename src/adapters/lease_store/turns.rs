@@ -1,34 +1,27 @@
-//! Turns at the lease desk (docs/gateway.md, "Fair shares"): gateway
+//! Turns at the lease store (docs/gateway.md, "Fair shares"): gateway
 //! requests waiting for a proxy, the gateway leases fair shares may take
-//! back, and the identities asking. Kept beside the book in the lease
-//! store's [`Ledger`](crate::lease_store::Ledger); what is fair is decided
-//! by `egress_proxies::domain::lease::fair_share`, this holds the state it looks at.
+//! back, and the identities asking. Kept beside the book under the
+//! [`LeaseStore`](super::LeaseStore)'s lock; what is fair is decided by
+//! `crate::domain::lease::fair_share`, this holds the state it looks at.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use egress_proxies::adapters::gateway::{Revocation, Revoker, revocation};
-use egress_proxies::domain::lease::fair_share::{self, Demand, Turn};
-use egress_proxies::domain::lease::{AcquireRequest, FairShare, Grant, LeaseBook, owner_key};
-use egress_proxies::domain::resource::ObjectKey;
+use crate::adapters::gateway::{Revoker, Upstream, revocation};
+use crate::domain::lease::fair_share::{self, Demand, Turn};
+use crate::domain::lease::{AcquireRequest, FairShare, Grant, LeaseBook, owner_key};
+use crate::domain::resource::ObjectKey;
 use tokio::sync::{oneshot, watch};
 
 /// A lease-API identity refused for lack of capacity counts as asking
-/// (waiting) this long: API clients retry rather than wait at the desk.
+/// (waiting) this long: API clients retry rather than wait in turn.
 pub const API_ASKING_FOR: Duration = Duration::from_secs(10);
-
-/// A lease handed to the gateway, with how it is taken back.
-#[derive(Debug)]
-pub struct Granted {
-    pub grant: Grant,
-    pub revoked: Revocation,
-}
 
 /// A gateway request waiting in turn.
 struct Waiter {
     request: AcquireRequest,
     owner: String,
-    give: oneshot::Sender<Granted>,
+    give: oneshot::Sender<Upstream>,
 }
 
 /// A gateway lease that can be taken back.
@@ -105,7 +98,7 @@ impl Turns {
     }
 
     /// Queues a request; the receiver gets its lease when its turn comes.
-    pub fn enqueue(&mut self, request: AcquireRequest) -> (u64, oneshot::Receiver<Granted>) {
+    pub fn enqueue(&mut self, request: AcquireRequest) -> (u64, oneshot::Receiver<Upstream>) {
         let (give, receive) = oneshot::channel();
         let seq = self.next_seq();
         let owner = owner_key(request.owner.as_deref()).to_owned();
@@ -140,8 +133,9 @@ impl Turns {
         self.api_asking.insert(owner.to_owned(), now);
     }
 
-    /// The gateway lease just granted, revocable from now on.
-    pub fn granted_to_gateway(&mut self, grant: Grant, owner: Option<&str>) -> Granted {
+    /// The gateway lease just granted, revocable from now on: the
+    /// upstream the gateway tries, with how it is taken back.
+    pub fn granted_to_gateway(&mut self, grant: Grant, owner: Option<&str>) -> Upstream {
         let (revoker, revoked) = revocation();
         let seq = self.next_seq();
         self.revocable.insert(
@@ -153,7 +147,15 @@ impl Turns {
                 revoker,
             },
         );
-        Granted { grant, revoked }
+        Upstream {
+            lease_id: grant.id,
+            proxy: grant.proxy,
+            url: grant.url,
+            credentials: grant.credentials,
+            ttl: grant.ttl,
+            realm: grant.realm,
+            revoked,
+        }
     }
 
     /// Whether `lease` is being taken back for a waiter.
@@ -351,9 +353,9 @@ impl Turns {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::ready;
     use super::*;
-    use crate::lease_store::tests::ready;
-    use egress_proxies::domain::lease::LeaseSettings;
+    use crate::domain::lease::LeaseSettings;
 
     fn book(proxies: &[&str]) -> LeaseBook {
         let mut book = LeaseBook::new(
@@ -362,7 +364,7 @@ mod tests {
                 cooldown: Duration::ZERO,
                 ..Default::default()
             },
-            egress_proxies::adapters::clock::now(),
+            crate::adapters::clock::now(),
         );
         for p in proxies {
             book.upsert(ready(p), Instant::now());
@@ -446,7 +448,7 @@ mod tests {
         for _ in 0..3 {
             let grant = book.try_acquire(&ask("a"), now).unwrap();
             let granted = turns.granted_to_gateway(grant, Some("a"));
-            revocations.push((granted.grant.id.clone(), granted.revoked));
+            revocations.push((granted.lease_id.clone(), granted.revoked));
         }
         assert_eq!(turns.turn(&book, Some("a"), now), Turn::Take, "nobody waits");
         let (_, mut b_rx) = turns.enqueue(ask("b"));

@@ -1,4 +1,5 @@
-//! The standalone lease journal: an append-only log of lease changes in
+//! `FileLeaseJournal`, standalone's adapter of the `LeaseJournal` port:
+//! lease state kept in files, an append-only log of lease changes in
 //! `<state>/leases/`, folded into a compact base in the background.
 //!
 //! ```text
@@ -346,7 +347,7 @@ struct Folding {
 }
 
 /// Lease state as an append-only log with a background-folded base.
-pub struct LeaseLog {
+pub struct FileLeaseJournal {
     dir: PathBuf,
     file: File,
     number: u64,
@@ -360,7 +361,7 @@ pub struct LeaseLog {
     folding: Arc<Folding>,
 }
 
-impl LeaseLog {
+impl FileLeaseJournal {
     /// Opens (creating) `leases/` in `state_dir` and reads what it holds.
     pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
         let dir = state_dir.join(LEASES_DIR);
@@ -475,7 +476,7 @@ fn compactor(dir: PathBuf, queue: mpsc::Receiver<u64>, folding: Arc<Folding>) {
     }
 }
 
-impl LeaseJournal for LeaseLog {
+impl LeaseJournal for FileLeaseJournal {
     fn load(&mut self, now: Timestamp) -> Result<LeaseSnapshot, JournalError> {
         let mut state = self.loaded.take().unwrap_or_default();
         state.prune(now.as_millisecond());
