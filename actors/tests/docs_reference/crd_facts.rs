@@ -102,7 +102,7 @@ pub fn field_path(span: &str) -> Option<String> {
 pub fn span_names() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut files = Vec::new();
-    for dir in ["src", "actors/src"] {
+    for dir in ["src", "domain/src", "telemetry/src", "actors/src"] {
         rust_files(&repo_root().join(dir), &mut files);
     }
     for file in files {

@@ -3,12 +3,12 @@
 //! (OpenAPI structure via a JSON-schema validator, `x-kubernetes-validations`
 //! via a CEL evaluator).
 
-use egress_proxies::domain::resource::{CrdKind, Proxy, ProxyPool, crd_yaml, crd_yaml_of};
+use egress_proxies_domain::resource::{CrdKind, Proxy, ProxyPool, crd_yaml, crd_yaml_of};
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-const COMMITTED: &str = include_str!("../deploy/crd/proxies.yaml");
-const COMMITTED_POOLS: &str = include_str!("../deploy/crd/proxypools.yaml");
+const COMMITTED: &str = include_str!("../../deploy/crd/proxies.yaml");
+const COMMITTED_POOLS: &str = include_str!("../../deploy/crd/proxypools.yaml");
 
 #[test]
 fn committed_crds_match_the_types() {
@@ -151,7 +151,7 @@ fn defaults_come_from_the_types() {
 
 #[test]
 fn durations_are_checked_with_a_clear_message() {
-    let mut hc = egress_proxies::domain::resource::HealthCheck {
+    let mut hc = egress_proxies_domain::resource::HealthCheck {
         interval: "1m30s".into(),
         ..Default::default()
     };

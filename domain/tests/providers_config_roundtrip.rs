@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use egress_proxies::domain::config::{
+use egress_proxies_domain::config::{
     DomainType, Firmware, GcpConfig, ImageFormat, KubernetesConfig, KvmConfig, KvmHost, KvmImage,
     LocalConfig, LocalImplementation, MachineType, ProviderInstance, ProviderSettings, ProvidersConfig,
 };
@@ -68,7 +68,7 @@ fn kvm() -> impl Strategy<Value = KvmConfig> {
                 install_guest_agent: !insecure,
                 images,
                 allow_image_urls: insecure,
-                max_image_size_gb: egress_proxies::domain::config::DEFAULT_MAX_IMAGE_SIZE_GB
+                max_image_size_gb: egress_proxies_domain::config::DEFAULT_MAX_IMAGE_SIZE_GB
                     + disk_size_gb % 100,
                 machine_types: machine_types
                     .into_iter()

@@ -1,6 +1,6 @@
 //! Every validation rule of the providers configuration, with the exact message.
 
-use egress_proxies::domain::config::{
+use egress_proxies_domain::config::{
     DomainType, Firmware, ImageFormat, LocalImplementation, ProviderSettings, ProvidersConfig,
 };
 
@@ -431,11 +431,9 @@ fn local_and_kubernetes_blocks_may_be_omitted() {
 
 #[test]
 fn the_shipped_samples_are_valid() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let config = egress_proxies::adapters::config_files::providers_config(std::path::Path::new(&format!(
-        "{root}/config/providers.yaml"
-    )))
-    .unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/providers.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = ProvidersConfig::parse(&text, path).unwrap();
     let kinds: Vec<&str> = config.providers.iter().map(|p| p.settings.kind()).collect();
     assert_eq!(kinds, ["kubernetes", "gcp", "kvm", "local"]);
 }
