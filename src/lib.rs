@@ -1,24 +1,28 @@
-//! The parts of **egress-proxies-operator**, in two halves and a few
-//! shared pieces:
+//! The library of **egress-proxies-operator**: the adapters, over the
+//! domain crate, and a few pieces the running system shares:
 //!
-//! - [`domain`]: the `Proxy` and `ProxyPool` resources, the providers
-//!   configuration, leases, pools, health verdicts, credentials,
-//!   destination rules and every decision about them (`reconcile::decide`,
-//!   `pool::step`, the lease book, the verdict machine), with the two ports
-//!   they act through: the provider contract and the object store.
+//! - [`domain`] (the `egress-proxies-domain` crate): the `Proxy` and
+//!   `ProxyPool` resources, the providers configuration, leases, pools,
+//!   health verdicts, credentials, destination rules and every decision
+//!   about them (`reconcile::decide`, `pool::step`, the lease book, the
+//!   verdict machine), with the ports they act through: the provider
+//!   contract, the resource store, the lease journal, name resolution and
+//!   randomness. It does no I/O and is given the time.
 //! - [`adapters`]: what talks to the world for the domain — the providers,
-//!   the stores, the Kubernetes client and leader election, the health
-//!   probe, the built-in forward proxy and the gateway, the command line
-//!   and the discovery API's contract.
-//! - Shared by both: telemetry, TLS, listener limits, bind addresses, the
-//!   supervision tree's record.
+//!   the stores, the lease store, the Kubernetes client and leader
+//!   election, the health probe, the built-in forward proxy and the
+//!   gateway, the clocks, the resolver, the random source, the
+//!   configuration files, the command line and the discovery API's
+//!   contract.
+//! - [`telemetry`] (the `egress-proxies-telemetry` crate) and, here, TLS,
+//!   listener and rate limits, the supervision tree's record.
 //!
-//! The domain imports no adapter (`tests/layout.rs` checks it). Every
-//! module is also re-exported under its own name, so paths read
-//! `egress_proxies::lease`. The running system — supervised actix actors,
-//! HTTP servers and the binary — lives in the `actors/` workspace member
-//! and is the only place that imports actix. docs/architecture.md maps each
-//! behaviour to its file.
+//! The domain is a crate below this one, so it cannot import an adapter.
+//! Paths say their side: `egress_proxies::domain::lease`,
+//! `egress_proxies::adapters::gateway`. The running system — supervised
+//! actix actors, HTTP servers and the binary — lives in the `actors/`
+//! workspace member and is the only place that imports actix.
+//! docs/architecture.md maps each behaviour to its file.
 //!
 //! ```text
 //!   Proxy manifests / API server          providers.yaml
@@ -27,10 +31,10 @@
 //!   resource::Proxy (spec, status)     config::ProvidersConfig (validated)
 //!              │                                │
 //!              ▼                                ▼
-//!   reconcile: observe → decide → execute ──► provider::Provider (port)
+//!   reconcile: observe → decide → execute ──► provider_contract::Provider (port)
 //!              │                                 ▲ implemented by adapters::providers:
 //!              ▼                                 │ kubernetes · gcp · kvm · local
-//!   store::ProxyStore (port) ◄── adapters::stores: kubernetes · embedded
+//!   resource_store::ProxyStore (port) ◄── adapters::stores: kubernetes · embedded
 //! ```
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 // Dependencies the library does not use (dev-dependencies only count for tests).

@@ -4,7 +4,7 @@
 //! limits, sticky sessions and fair shares are per identity.
 //!
 //! Pure: the tokens directory is read by an adapter
-//! (`crate::stores::crawler_tokens`), which hands the files here as
+//! (`egress_proxies::adapters::stores::crawler_tokens`), which hands the files here as
 //! (file name, content) pairs.
 
 use std::sync::{Arc, RwLock};

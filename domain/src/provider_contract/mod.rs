@@ -1,6 +1,6 @@
 //! The provider contract (docs/providers.md): idempotent operations over
 //! instances. The providers that keep it are adapters
-//! (`crate::adapters::providers`).
+//! (`egress_proxies::adapters::providers`).
 //!
 //! A provider creates the machine a Managed proxy runs on. None of the
 //! operations blocks until a VM is up: `create` submits and returns, and the

@@ -1,5 +1,5 @@
 //! The object-store port: where Proxy objects live and how the operator
-//! changes them. Two adapters implement it (`crate::adapters::stores`) —
+//! changes them. Two adapters implement it (`egress_proxies::adapters::stores`) —
 //! the Kubernetes API server and the embedded store of standalone mode —
 //! so the same reconcile logic and actors run on both.
 //!
