@@ -526,25 +526,30 @@ fn module_imports() -> std::collections::BTreeMap<String, std::collections::BTre
     imports
 }
 
-/// The workspace crates a crate's `Cargo.toml` depends on (normal
-/// dependencies, not dev-dependencies), by package name.
-fn workspace_dependencies(manifest: &str) -> Vec<String> {
+/// The lines of a crate's `Cargo.toml` `[dependencies]` section (normal
+/// dependencies, not dev-dependencies).
+fn dependency_lines(manifest: &str) -> Vec<String> {
     let text = std::fs::read_to_string(root().join(manifest)).unwrap();
     let section = text
         .split("\n[dependencies]\n")
         .nth(1)
         .and_then(|s| s.split("\n[").next())
         .unwrap_or_else(|| panic!("{manifest} has a [dependencies] section"));
-    section
-        .lines()
+    section.lines().map(str::to_owned).collect()
+}
+
+/// A dependency line's package name (`tokio.workspace = true`, `x = { … }`).
+fn package_of(line: &str) -> &str {
+    line.split(['=', '.', ' ']).next().unwrap_or_default().trim()
+}
+
+/// The workspace crates a crate depends on (normal dependencies), by
+/// package name.
+fn workspace_dependencies(manifest: &str) -> Vec<String> {
+    dependency_lines(manifest)
+        .iter()
         .filter(|l| l.contains("path ="))
-        .map(|l| {
-            l.split(['=', '.', ' '])
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_owned()
-        })
+        .map(|l| package_of(l).to_owned())
         .collect()
 }
 
@@ -589,15 +594,10 @@ const IO_CRATES: [&str; 10] = [
 /// randomness), which the adapters implement.
 #[test]
 fn the_domain_does_no_io() {
-    let text = std::fs::read_to_string(root().join("domain/Cargo.toml")).unwrap();
-    let dependencies = text
-        .split("\n[dependencies]\n")
-        .nth(1)
-        .and_then(|s| s.split("\n[").next())
-        .unwrap();
-    let named: Vec<&str> = dependencies
-        .lines()
-        .filter_map(|l| l.split(['=', '.', ' ']).next())
+    let lines = dependency_lines("domain/Cargo.toml");
+    let named: Vec<&str> = lines
+        .iter()
+        .map(|l| package_of(l))
         .filter(|name| IO_CRATES.contains(name))
         .collect();
     assert!(named.is_empty(), "the domain depends on I/O crates: {named:?}");
