@@ -21,6 +21,7 @@ pub mod health;
 pub mod identity;
 pub mod installation;
 pub mod lease;
+pub mod membership;
 pub mod now;
 pub mod pool;
 pub mod provider_contract;

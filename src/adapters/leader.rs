@@ -37,6 +37,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 
+use crate::domain::membership::{Decision, Liveness, holder_of};
+
 /// How long a leader lasts, renews and waits for the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timings {
@@ -152,89 +154,6 @@ pub enum ElectionError {
     Timeout { call: &'static str, after: Duration },
 }
 
-/// The parts of the record whose change proves the holder is alive.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Record {
-    holder: String,
-    renew_time: Option<Timestamp>,
-    resource_version: Option<String>,
-}
-
-impl Record {
-    fn of(lease: &Lease) -> Self {
-        let spec = lease.spec.as_ref();
-        Self {
-            holder: spec.and_then(|s| s.holder_identity.clone()).unwrap_or_default(),
-            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
-            resource_version: lease.metadata.resource_version.clone(),
-        }
-    }
-}
-
-/// A record and when this candidate first saw it (its own monotonic clock).
-#[derive(Clone, Debug)]
-struct Observation {
-    record: Record,
-    since: Instant,
-    /// The longer of ours and the record's `leaseDurationSeconds`.
-    wait: Duration,
-}
-
-/// What to do about the record just read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Decision {
-    /// Ours: write a new renewTime.
-    Renew,
-    /// Released, or unchanged for the full lease duration: write ourselves in.
-    TakeOver,
-    Follow {
-        holder: String,
-    },
-}
-
-/// The candidate's memory of the record: takeover only after the same
-/// record was seen unchanged for the full duration. Timestamps inside the
-/// record are compared for equality only, never with a clock.
-#[derive(Debug)]
-struct Observer {
-    identity: String,
-    lease_duration: Duration,
-    observed: Option<Observation>,
-}
-
-impl Observer {
-    /// `seen_at`: when the read that returned `lease` completed.
-    fn decide(&mut self, lease: &Lease, seen_at: Instant) -> Decision {
-        let record = Record::of(lease);
-        if self.observed.as_ref().is_none_or(|o| o.record != record) {
-            let theirs = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.lease_duration_seconds)
-                .and_then(|s| u64::try_from(s).ok())
-                .map(Duration::from_secs)
-                .unwrap_or_default();
-            self.observed = Some(Observation {
-                record: record.clone(),
-                since: seen_at,
-                wait: self.lease_duration.max(theirs),
-            });
-        }
-        if record.holder == self.identity {
-            return Decision::Renew;
-        }
-        if record.holder.is_empty() {
-            return Decision::TakeOver;
-        }
-        match &self.observed {
-            Some(o) if seen_at.saturating_duration_since(o.since) >= o.wait => Decision::TakeOver,
-            _ => Decision::Follow {
-                holder: record.holder,
-            },
-        }
-    }
-}
-
 fn code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
@@ -249,7 +168,7 @@ pub struct LeaderElector {
     identity: String,
     timings: Timings,
     clock: Arc<dyn Clock>,
-    observer: Observer,
+    observer: Liveness,
 }
 
 impl LeaderElector {
@@ -267,11 +186,7 @@ impl LeaderElector {
             identity: identity.to_owned(),
             timings,
             clock,
-            observer: Observer {
-                identity: identity.to_owned(),
-                lease_duration: timings.lease_duration,
-                observed: None,
-            },
+            observer: Liveness::new(identity, timings.lease_duration),
         }
     }
 
@@ -345,7 +260,7 @@ impl LeaderElector {
         };
         let holder = match self.observer.decide(&lease, seen_at) {
             Decision::Follow { holder } => return Ok(Attempt::Following { holder }),
-            Decision::Renew | Decision::TakeOver => Record::of(&lease).holder,
+            Decision::Renew | Decision::TakeOver => holder_of(&lease),
         };
         let ours = holder == self.identity;
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -495,85 +410,12 @@ mod tests {
         }
     }
 
-    fn observer(lease_duration: Duration) -> Observer {
-        Observer {
-            identity: "me".into(),
-            lease_duration,
-            observed: None,
-        }
-    }
-
-    fn ten_minutes_off(sign: i64) -> Timestamp {
-        Timestamp::now() + jiff::SignedDuration::from_secs(sign * 600)
-    }
-
     fn follows(d: &Decision) -> bool {
         matches!(d, Decision::Follow { holder } if holder == "other")
     }
 
-    #[test]
-    fn takeover_waits_the_full_duration_from_the_observation() {
-        let clock = FakeClock::new();
-        let mut o = observer(Duration::from_secs(15));
-        // Written ten minutes "ago" by a skewed clock: no premature takeover.
-        let l = lease("other", ten_minutes_off(-1), 7, 15);
-        let seen = clock.now();
-        assert!(follows(&o.decide(&l, seen)));
-        assert!(follows(&o.decide(&l, seen + Duration::from_millis(14_999))));
-        assert_eq!(o.decide(&l, seen + Duration::from_secs(15)), Decision::TakeOver);
-    }
-
-    #[test]
-    fn a_record_that_keeps_changing_is_never_taken_over() {
-        let clock = FakeClock::new();
-        let mut o = observer(Duration::from_secs(3));
-        let past = ten_minutes_off(-1);
-        for i in 0..100u32 {
-            // Renewed every second, with renewTimes minutes in the past.
-            let renewed = past + jiff::SignedDuration::from_micros(i.into());
-            let l = lease("other", renewed, u64::from(i) + 1, 3);
-            assert!(follows(&o.decide(&l, clock.now())), "round {i}");
-            clock.advance(Duration::from_secs(1));
-        }
-    }
-
-    #[test]
-    fn a_renew_time_in_the_future_does_not_delay_takeover() {
-        let clock = FakeClock::new();
-        let mut o = observer(Duration::from_secs(3));
-        let l = lease("other", ten_minutes_off(1), 9, 3);
-        let seen = clock.now();
-        assert!(follows(&o.decide(&l, seen)));
-        assert_eq!(o.decide(&l, seen + Duration::from_secs(3)), Decision::TakeOver);
-    }
-
-    #[test]
-    fn a_change_restarts_the_wait_and_the_longer_duration_wins() {
-        let clock = FakeClock::new();
-        let t0 = clock.now();
-        let mut o = observer(Duration::from_secs(15));
-        let renewed = Timestamp::UNIX_EPOCH;
-        assert!(follows(&o.decide(&lease("other", renewed, 1, 15), t0)));
-        // Renewed (new version) 10 s later: the 15 s count starts again.
-        let l = lease("other", renewed, 2, 15);
-        assert!(follows(&o.decide(&l, t0 + Duration::from_secs(10))));
-        assert!(follows(&o.decide(&l, t0 + Duration::from_secs(24))));
-        assert_eq!(o.decide(&l, t0 + Duration::from_secs(25)), Decision::TakeOver);
-        // A holder that declares 60 s is given 60 s, whatever ours says.
-        let long = lease("other", renewed, 3, 60);
-        assert!(follows(&o.decide(&long, t0 + Duration::from_secs(30))));
-        assert!(follows(&o.decide(&long, t0 + Duration::from_secs(89))));
-        assert_eq!(o.decide(&long, t0 + Duration::from_secs(90)), Decision::TakeOver);
-    }
-
-    #[test]
-    fn released_is_taken_at_once_and_ours_is_renewed() {
-        let clock = FakeClock::new();
-        let mut o = observer(Duration::from_secs(15));
-        let released = lease("", Timestamp::UNIX_EPOCH, 4, 15);
-        assert_eq!(o.decide(&released, clock.now()), Decision::TakeOver);
-        let ours = lease("me", Timestamp::UNIX_EPOCH, 5, 15);
-        assert_eq!(o.decide(&ours, clock.now()), Decision::Renew);
+    fn ten_minutes_off(sign: i64) -> Timestamp {
+        Timestamp::now() + jiff::SignedDuration::from_secs(sign * 600)
     }
 
     /// The safety argument, numerically: the leader's deadline counts from
@@ -589,7 +431,7 @@ mod tests {
         let stop = tenure.until().unwrap();
         let l = lease("other", ten_minutes_off(-1), 11, 3);
         for read_after in [Duration::ZERO, Duration::from_millis(1), Duration::from_secs(2)] {
-            let mut o = observer(t.lease_duration);
+            let mut o = Liveness::new("me", t.lease_duration);
             let seen = renew_sent + read_after;
             assert!(follows(&o.decide(&l, seen)));
             // The first instant this candidate would take over, to the microsecond.
