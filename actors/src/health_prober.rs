@@ -31,12 +31,15 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// watcher named in `Watch`; a notification lives beside its sender).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct HealthVerdict(
-    pub egress_proxies::domain::health::Verdict,
+pub struct HealthVerdict {
+    /// The proxy it is about, so one recipient can take the verdicts of many
+    /// (a replica relaying its probes to the leader).
+    pub key: ObjectKey,
+    pub verdict: egress_proxies::domain::health::Verdict,
     /// The `health.probe` span behind it (when probes are traced): the
     /// reconcile a flip triggers links to it.
-    pub Option<opentelemetry::trace::SpanContext>,
-);
+    pub span: Option<opentelemetry::trace::SpanContext>,
+}
 
 /// Start watching a proxy (or update what is watched).
 #[derive(Message, Debug, Clone)]
@@ -435,7 +438,11 @@ impl Handler<ProbeDone> for HealthProber {
         {
             tracing::debug!(proxy = %msg.key, healthy = verdict.healthy, flipped = verdict.flipped, "health verdict");
             if let Some(owner) = w.owner.upgrade() {
-                owner.do_send(HealthVerdict(verdict, msg.span.clone()));
+                owner.do_send(HealthVerdict {
+                    key: msg.key.clone(),
+                    verdict,
+                    span: msg.span.clone(),
+                });
             }
         }
     }

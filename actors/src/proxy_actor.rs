@@ -342,15 +342,18 @@ impl ProxyActor {
                 return;
             }
         };
-        let current = memory.serving.as_ref().is_some_and(|s| s.uid == verdict.0.uid);
+        let current = memory
+            .serving
+            .as_ref()
+            .is_some_and(|s| s.uid == verdict.verdict.uid);
         if !current {
             return;
         }
-        let healthy = verdict.0.healthy;
+        let healthy = verdict.verdict.healthy;
         if !healthy {
-            self.probe_link = verdict.1.map(Box::new);
+            self.probe_link = verdict.span.map(Box::new);
         }
-        memory.health = Some(verdict.0);
+        memory.health = Some(verdict.verdict);
         let jobs = jobs_for_verdict(healthy, memory.holds_first_status());
         for job in jobs {
             self.start(*job, ctx);

@@ -59,16 +59,28 @@ pub struct Settings {
     pub external_endpoints: Option<Arc<egress_proxies::domain::destinations::DestinationPolicy>>,
 }
 
-/// Addresses of the started actors.
+/// Addresses of the started actors: what serves crawlers and what acts on Proxies.
 pub struct Running {
-    pub registry: Addr<ProxyRegistry>,
+    pub serving: Serving,
+    pub leading: Leading,
+}
+
+/// The part every serving replica runs: the lease store, the discovery
+/// API, the gateway and the health prober.
+pub struct Serving {
     pub prober: Addr<HealthProber>,
     pub leases: Addr<LeaseStoreActor>,
     /// The store `leases` hosts, for the gateway to lease on its own threads.
     pub lease_store: LeaseStore,
-    pub gc: Addr<GcSweeper>,
     /// Where the health probes run (stopped when this is dropped).
     pub probe_threads: ProbeThreads,
+}
+
+/// The part only the acting replica runs: ProxyActors, orphan GC and pools,
+/// every store write fenced by its tenure when it has one.
+pub struct Leading {
+    pub registry: Addr<ProxyRegistry>,
+    pub gc: Addr<GcSweeper>,
 }
 
 /// What a mode hands to [`start`].
@@ -115,8 +127,9 @@ pub enum StartError {
     Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
 }
 
-/// Starts every actor and server (call inside the actix system). With a
-/// leader's tenure in the settings, every store write is fenced by it.
+/// Starts every actor and server (call inside the actix system): what
+/// serves crawlers, then what acts on Proxies. With a leader's tenure in the
+/// settings, every grant and every store write is fenced by it.
 pub fn start(parts: Parts) -> Result<Running, StartError> {
     let Parts {
         store,
@@ -129,45 +142,82 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         gateway,
         pools,
     } = parts;
-    let store = match &settings.tenure {
-        Some(tenure) => Arc::new(FencedStore::new(store, tenure.clone())) as Arc<dyn ProxyStore>,
-        None => store,
-    };
-    let ctx = reconcile::ReconcileContext {
-        store: store.clone(),
-        providers: providers.clone(),
-        now: egress_proxies::adapters::clock::now,
-        replacement: Default::default(),
-        installation: installation.clone(),
-        external_endpoints: settings.external_endpoints.clone(),
-        names: std::sync::Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
-        random: std::sync::Arc::new(egress_proxies::adapters::random::SystemRandom),
-    };
-    let scope = Scope {
-        installation,
-        namespaces: settings.proxy_namespace.map(|ns| BTreeSet::from([ns])),
-    };
-    let gc = GcSweeper::new(
-        store,
-        providers,
-        scope,
-        settings.gc_interval,
-        settings.gc_grace_period,
+    let Settings {
+        health_workers,
+        trace_health_probes,
+        leases,
+        fair_share,
+        gc_interval,
+        gc_grace_period,
+        pool_scale_down_delay: _,
+        discovery_tokens,
+        lease_journal,
+        tenure,
+        proxy_namespace,
+        external_endpoints,
+    } = settings;
+    let serving = serve(ServeParts {
+        prober,
+        health_workers,
+        trace_health_probes,
+        leases,
+        fair_share,
+        lease_journal,
+        tenure: tenure.clone(),
+        discovery_tokens,
+        discovery,
+        gateway,
+    })?;
+    let leading = lead(
+        LeadParts {
+            store,
+            events,
+            providers,
+            installation,
+            gc_interval,
+            gc_grace_period,
+            proxy_namespace,
+            external_endpoints,
+            tenure,
+            pools,
+        },
+        &serving,
     );
-    let gc = supervision::start(Node::singleton("gc_sweeper"), |_| gc);
+    Ok(Running { serving, leading })
+}
+
+/// What [`serve`] needs.
+pub struct ServeParts {
+    pub prober: Prober,
+    pub health_workers: usize,
+    pub trace_health_probes: bool,
+    pub leases: LeaseSettings,
+    pub fair_share: egress_proxies::domain::lease::FairShare,
+    pub lease_journal: Option<Box<dyn egress_proxies::domain::lease::LeaseJournal>>,
+    /// Grants only while this lasts.
+    pub tenure: Option<Tenure>,
+    pub discovery_tokens: crate::discovery::Tokens,
+    pub discovery: Option<TcpListener>,
+    pub gateway: Option<GatewayParts>,
+}
+
+/// Starts what serves crawlers: the health prober, the lease store on a
+/// thread of its own, the discovery API and the gateway.
+pub fn serve(parts: ServeParts) -> Result<Serving, StartError> {
     let probe_threads = ProbeThreads::per_core()?;
     let prober =
-        HealthProber::new(prober, settings.health_workers, settings.trace_health_probes).on(&probe_threads);
+        HealthProber::new(parts.prober, parts.health_workers, parts.trace_health_probes).on(&probe_threads);
     let prober = supervision::start(Node::singleton("health_prober"), |_| prober);
-    let mut leases = match settings.lease_journal {
-        Some(journal) => LeaseStore::durable(settings.leases, Default::default(), journal)
-            .map_err(std::io::Error::other)?,
-        None => LeaseStore::new(settings.leases),
+    let mut leases = match parts.lease_journal {
+        Some(journal) => {
+            LeaseStore::durable(parts.leases, Default::default(), journal).map_err(std::io::Error::other)?
+        }
+        None => LeaseStore::new(parts.leases),
     };
-    if let Some(tenure) = settings.tenure.clone() {
+    if let Some(tenure) = parts.tenure {
         leases = leases.with_tenure(tenure);
     }
-    let lease_store = leases.with_fair_share(settings.fair_share);
+    let lease_store = leases.with_fair_share(parts.fair_share);
     let hosted = lease_store.clone();
     // A thread of its own: lease answers never wait behind reconciles'
     // store writes or process scans on the system arbiter.
@@ -176,49 +226,95 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         Node::singleton("lease_store"),
         move |_| LeaseStoreActor::new(hosted),
     );
-    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(prober.clone()))
-        .with_leases(leases.clone())
-        .run(events);
     actix::spawn(close_history_intervals());
-    if let Some(listener) = discovery {
+    if let Some(listener) = parts.discovery {
         let addr = listener.local_addr()?;
-        let server = crate::discovery::start(listener, leases.clone(), settings.discovery_tokens.clone())?;
+        let server = crate::discovery::start(listener, leases.clone(), parts.discovery_tokens.clone())?;
         actix::spawn(server);
         tracing::info!(%addr, "discovery API listening");
     }
-    if let Some(gateway) = gateway {
+    if let Some(gateway) = parts.gateway {
         egress_proxies::adapters::gateway::start(
             gateway.listener,
             Arc::new(lease_store.clone()),
-            settings.discovery_tokens.identities(),
+            parts.discovery_tokens.identities(),
             &gateway.settings,
             &gateway.cluster_networks,
         )?;
     }
-    if let Some(parts) = pools {
-        let (pools, proxies): (Arc<dyn PoolStore>, Arc<dyn ProxyStore>) = match &settings.tenure {
-            Some(tenure) => (
-                Arc::new(FencedPools::new(parts.pools, tenure.clone())),
-                Arc::new(FencedStore::new(parts.proxies, tenure.clone())),
-            ),
-            None => (parts.pools, parts.proxies),
-        };
-        PoolRegistry::new(PoolContext {
-            pools,
-            proxies,
-            leases: Some(leases.clone()),
-            timing: parts.timing,
-        })
-        .run(parts.events);
-    }
-    Ok(Running {
-        registry,
+    Ok(Serving {
         prober,
         leases,
         lease_store,
-        gc,
         probe_threads,
     })
+}
+
+/// What [`lead`] needs.
+pub struct LeadParts {
+    pub store: Arc<dyn ProxyStore>,
+    pub events: UnboundedReceiver<StoreEvent>,
+    pub providers: Arc<Providers>,
+    pub installation: InstallationId,
+    pub gc_interval: Duration,
+    pub gc_grace_period: Duration,
+    pub proxy_namespace: Option<String>,
+    pub external_endpoints: Option<Arc<egress_proxies::domain::destinations::DestinationPolicy>>,
+    /// Every store write is fenced by this when set.
+    pub tenure: Option<Tenure>,
+    pub pools: Option<PoolParts>,
+}
+
+/// Starts what acts on Proxies: the ProxyRegistry (probing through
+/// `serving`'s prober, publishing availability to its lease store), orphan
+/// GC and the PoolRegistry.
+pub fn lead(parts: LeadParts, serving: &Serving) -> Leading {
+    let store = match &parts.tenure {
+        Some(tenure) => Arc::new(FencedStore::new(parts.store, tenure.clone())) as Arc<dyn ProxyStore>,
+        None => parts.store,
+    };
+    let ctx = reconcile::ReconcileContext {
+        store: store.clone(),
+        providers: parts.providers.clone(),
+        now: egress_proxies::adapters::clock::now,
+        replacement: Default::default(),
+        installation: parts.installation.clone(),
+        external_endpoints: parts.external_endpoints,
+        names: Arc::new(egress_proxies::adapters::name_resolver::SystemResolver),
+        random: Arc::new(egress_proxies::adapters::random::SystemRandom),
+    };
+    let scope = Scope {
+        installation: parts.installation,
+        namespaces: parts.proxy_namespace.map(|ns| BTreeSet::from([ns])),
+    };
+    let gc = GcSweeper::new(
+        store,
+        parts.providers,
+        scope,
+        parts.gc_interval,
+        parts.gc_grace_period,
+    );
+    let gc = supervision::start(Node::singleton("gc_sweeper"), |_| gc);
+    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(serving.prober.clone()))
+        .with_leases(serving.leases.clone())
+        .run(parts.events);
+    if let Some(pools) = parts.pools {
+        let (pool_store, proxies): (Arc<dyn PoolStore>, Arc<dyn ProxyStore>) = match &parts.tenure {
+            Some(tenure) => (
+                Arc::new(FencedPools::new(pools.pools, tenure.clone())),
+                Arc::new(FencedStore::new(pools.proxies, tenure.clone())),
+            ),
+            None => (pools.pools, pools.proxies),
+        };
+        PoolRegistry::new(PoolContext {
+            pools: pool_store,
+            proxies,
+            leases: Some(serving.leases.clone()),
+            timing: pools.timing,
+        })
+        .run(pools.events);
+    }
+    Leading { registry, gc }
 }
 
 /// Ends the dashboard history's open interval every resolution step.

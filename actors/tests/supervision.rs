@@ -175,7 +175,7 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     assert_eq!(status, 201, "{held}");
     let (status, other) = bed.acquire("news.example").await;
     assert_eq!(status, 201, "{other}");
-    bed.running.leases.do_send(Crash);
+    bed.running.serving.leases.do_send(Crash);
     let during = bed.acquire("books.example").await;
     assert!(
         during.0 == 201 || during.0 == 503,
@@ -186,7 +186,7 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
         (restarts("lease_store") == 1).then_some(())
     })
     .await;
-    let stats = bed.running.leases.send(GetLeaseStats).await.unwrap();
+    let stats = bed.running.serving.leases.send(GetLeaseStats).await.unwrap();
     assert_eq!(stats.active, active, "leases survive the restart: {stats:?}");
     let (_, listed) = bed.call("GET", "/v1/proxies", None).await;
     let leased: u64 = listed
@@ -216,15 +216,15 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     );
 
     // ── HealthProber: crashed with probes in flight; probes resume. ──
-    let before = bed.running.prober.send(GetProberStats).await.unwrap();
+    let before = bed.running.serving.prober.send(GetProberStats).await.unwrap();
     assert_eq!(before.watched, 3);
-    bed.running.prober.do_send(Crash);
+    bed.running.serving.prober.do_send(Crash);
     eventually("the prober restarted", WAIT, async || {
         (restarts("health_prober") == 1).then_some(())
     })
     .await;
     eventually("probes to resume after the restart", WAIT, async || {
-        let now = bed.running.prober.send(GetProberStats).await.ok()?;
+        let now = bed.running.serving.prober.send(GetProberStats).await.ok()?;
         (now.watched == 3 && now.probes >= before.probes + 30).then_some(())
     })
     .await;
@@ -249,12 +249,12 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     bed.gc_provider.slow_list(Duration::from_millis(500));
     let lists = || bed.gc_provider.count(|c| matches!(c, Call::List));
     let listed_before = lists();
-    let cut_short = bed.running.gc.send(SweepNow);
+    let cut_short = bed.running.leading.gc.send(SweepNow);
     eventually("the sweep to wait on the slow list", WAIT, async || {
         (lists() > listed_before).then_some(())
     })
     .await;
-    bed.running.gc.do_send(Crash);
+    bed.running.leading.gc.do_send(Crash);
     assert!(
         cut_short.await.is_err(),
         "the sweep under way went with the crash"
@@ -265,6 +265,7 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     .await;
     let report = bed
         .running
+        .leading
         .gc
         .send(SweepNow)
         .await
@@ -275,7 +276,7 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
     assert!(bed.gc_provider.count(|c| matches!(c, Call::Delete(_))) >= 1);
 
     // ── ProxyRegistry: crashed, it still follows the store. ──
-    bed.running.registry.do_send(Crash);
+    bed.running.leading.registry.do_send(Crash);
     bed.declare("d");
     eventually("the registry restarted", WAIT, async || {
         (restarts("proxy_registry") == 1).then_some(())
@@ -292,7 +293,7 @@ async fn every_singleton_killed_mid_work_is_restarted_and_the_system_recovers() 
         (bed.healthy().await == ["b", "c", "d"]).then_some(())
     })
     .await;
-    let stats = bed.running.registry.send(GetRegistryStats).await.unwrap();
+    let stats = bed.running.leading.registry.send(GetRegistryStats).await.unwrap();
     assert_eq!(stats.actors, 3);
     assert_eq!(stats.restarts, 0, "no ProxyActor was restarted by any of this");
 
