@@ -6,6 +6,7 @@
 //! only the proxies it ranks first for.
 
 mod liveness;
+mod probe_plan;
 
 use std::fmt;
 
@@ -15,6 +16,7 @@ use crate::lease::rendezvous::{proxy_digest, rank};
 use crate::resource::ObjectKey;
 
 pub use liveness::{Decision, Liveness, holder_of};
+pub use probe_plan::{ProbeOrder, ProbePlan};
 
 /// A replica's name among the members: 8 hex digits derived from its pod
 /// and its incarnation (random per process start), so a restarted pod is
