@@ -5,6 +5,7 @@
 //! computes the same assignment, and a member that leaves or joins moves
 //! only the proxies it ranks first for.
 
+mod feed;
 mod liveness;
 mod probe_plan;
 
@@ -15,6 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::lease::rendezvous::{proxy_digest, rank};
 use crate::resource::ObjectKey;
 
+pub use feed::{Feed, Since};
 pub use liveness::{Decision, Liveness, holder_of};
 pub use probe_plan::{ProbeOrder, ProbePlan};
 
