@@ -58,6 +58,26 @@ pub struct Watch {
     pub recorded: Option<RecordedVerdict>,
 }
 
+/// Where a ProxyActor sends its `Watch` and `Unwatch`: the HealthProber
+/// itself, or (when every replica serves) the ProbeRouter in front of it.
+#[derive(Clone)]
+pub struct Probes {
+    pub watch: Recipient<Watch>,
+    pub unwatch: Recipient<Unwatch>,
+}
+
+impl<A> From<Addr<A>> for Probes
+where
+    A: Actor<Context = Context<A>> + Handler<Watch> + Handler<Unwatch>,
+{
+    fn from(addr: Addr<A>) -> Self {
+        Self {
+            watch: addr.clone().recipient(),
+            unwatch: addr.recipient(),
+        }
+    }
+}
+
 /// Stop watching a proxy.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]

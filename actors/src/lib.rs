@@ -27,6 +27,7 @@ pub mod pool_actor;
 pub mod pool_registry;
 pub mod proxy_actor;
 pub mod proxy_registry;
+pub mod replicas;
 pub mod standalone;
 pub mod supervision;
 pub mod system;

@@ -21,7 +21,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::health_prober::{HealthProber, HealthVerdict, Unwatch, Watch};
+use crate::health_prober::{HealthVerdict, Probes, Unwatch, Watch};
 use crate::lease_store_actor::{LeaseStoreActor, RemoveProxy, UpdateAvailability};
 
 /// Look at the proxy again now (its object changed, or a caller asks).
@@ -46,7 +46,7 @@ pub struct ProxyActorShared {
     pub timing: Timing,
     /// Restarts of all the registry's actors.
     pub restarts: Arc<AtomicU64>,
-    pub prober: Option<Addr<HealthProber>>,
+    pub prober: Option<Probes>,
     pub leases: Option<Addr<LeaseStoreActor>>,
     /// Jobs running at once, across every proxy ([`MAX_RUNNING_JOBS`]).
     pub slots: Arc<tokio::sync::Semaphore>,
@@ -319,13 +319,13 @@ impl ProxyActor {
         }
         if let Some(prober) = &self.shared.prober {
             match &wanted {
-                Some(target) => prober.do_send(Watch {
+                Some(target) => prober.watch.do_send(Watch {
                     key: self.key.clone(),
                     target: target.clone(),
                     owner: ctx.address().downgrade().recipient(),
                     recorded: self.memory().and_then(|m| m.recorded.clone()),
                 }),
-                None => prober.do_send(Unwatch {
+                None => prober.unwatch.do_send(Unwatch {
                     key: self.key.clone(),
                 }),
             }
@@ -376,7 +376,7 @@ impl Actor for ProxyActor {
             leases.do_send(RemoveProxy(self.key.clone()));
         }
         if let (Some(prober), Some(_)) = (&self.shared.prober, self.watching.take()) {
-            prober.do_send(Unwatch {
+            prober.unwatch.do_send(Unwatch {
                 key: self.key.clone(),
             });
         }

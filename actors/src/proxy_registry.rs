@@ -10,7 +10,7 @@ use egress_proxies::domain::resource::ObjectKey;
 use egress_proxies::domain::resource_store::StoreError;
 use futures::future::BoxFuture;
 
-use crate::health_prober::HealthProber;
+use crate::health_prober::Probes;
 use crate::keyed_registry::{KeyedRegistry, Kind};
 use crate::lease_store_actor::LeaseStoreActor;
 use crate::proxy_actor::{MAX_RUNNING_JOBS, ProxyActor, ProxyActorShared, Reconcile, Shutdown, Timing};
@@ -53,7 +53,7 @@ impl Kind for Proxies {
 
 impl KeyedRegistry<Proxies> {
     /// Without a prober, proxies stop at Running (tests of the reconcile alone).
-    pub fn new(ctx: reconcile::ReconcileContext, timing: Timing, prober: Option<Addr<HealthProber>>) -> Self {
+    pub fn new(ctx: reconcile::ReconcileContext, timing: Timing, prober: Option<Probes>) -> Self {
         Self::with_shared(Arc::new(ProxyActorShared {
             ctx,
             timing,

@@ -295,7 +295,7 @@ pub fn lead(parts: LeadParts, serving: &Serving) -> Leading {
         parts.gc_grace_period,
     );
     let gc = supervision::start(Node::singleton("gc_sweeper"), |_| gc);
-    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(serving.prober.clone()))
+    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(serving.prober.clone().into()))
         .with_leases(serving.leases.clone())
         .run(parts.events);
     if let Some(pools) = parts.pools {

@@ -140,7 +140,7 @@ impl Bed {
             resync: Duration::from_secs(30),
             ..Timing::default()
         };
-        let registry = ProxyRegistry::new(ctx, timing, Some(p)).run(events);
+        let registry = ProxyRegistry::new(ctx, timing, Some(p.into())).run(events);
         Self {
             store,
             counting,

@@ -1,0 +1,4 @@
+//! Every replica serves crawlers (Kubernetes mode with
+//! `--every-replica-serves`): the actors that tie a replica to the others.
+
+pub mod probe_router;
