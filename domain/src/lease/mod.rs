@@ -11,6 +11,7 @@ mod limits;
 mod owners;
 pub mod rendezvous;
 mod reports;
+pub mod shares;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapsho
 pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use owners::{Act, Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
+pub use shares::{Claim, Slots};
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
