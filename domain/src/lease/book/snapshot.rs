@@ -244,7 +244,7 @@ impl LeaseBook {
                 indexed: None,
                 blocked_targets: Default::default(),
                 errors: 0,
-                digest: crate::lease::rendezvous::proxy_digest(key),
+                digest: crate::rendezvous::proxy_digest(key),
                 slots,
             },
         );
