@@ -25,6 +25,7 @@ pub mod membership;
 pub mod now;
 pub mod pool;
 pub mod provider_contract;
+pub mod rendezvous;
 pub mod reconcile;
 pub mod resource;
 pub mod resource_store;

@@ -5,6 +5,7 @@
 //! then the lowest latency. See [`LeaseBook::select`] for how that stays
 //! O(log n) for a hot target whose proxies nearly all rest.
 
+mod shares;
 mod snapshot;
 mod target;
 #[cfg(test)]
@@ -18,6 +19,7 @@ use jiff::Timestamp;
 use self::target::TargetState;
 use super::journal::{EndedRecord, LeaseChange, LeaseRecord};
 use super::reports::RecentReports;
+use super::shares::Slots;
 use super::{
     AcquireError, AcquireRequest, Act, Availability, Caller, Footprint, Grant, LeaseLimits, LeaseSettings,
     MAX_BLOCKED_TARGETS, NotOwner, Outcome, PoolFigures, ProxyView, RecentReport, RenewError, ReportCounts,
@@ -67,6 +69,8 @@ struct Entry {
     errors: u32,
     /// Its [`rendezvous::proxy_digest`], which sticky sessions rank it by.
     digest: u64,
+    /// How many leases this book may hold on it (its share in share mode).
+    slots: Slots,
 }
 
 #[derive(Debug, Clone)]
@@ -135,13 +139,22 @@ pub struct LeaseBook {
     restored_at: Option<Instant>,
     /// Leases held, by owning identity (none: absent): what fair shares count.
     held_by: BTreeMap<String, u32>,
-    /// Proxies serving (ready, not retiring): the fleet fair shares divide.
-    serving: u64,
+    /// Slots of the proxies serving (ready, not retiring): the fleet fair
+    /// shares divide (0 with unlimited capacity).
+    serving_slots: u64,
+    /// In share mode, the slots granted per proxy (a proxy not named has
+    /// none); `None`: every proxy's whole capacity is this book's.
+    shares: Option<HashMap<ObjectKey, u32>>,
 }
 
 /// The identity a lease counts against: its owner, or the unnamed one.
 pub fn owner_key(owner: Option<&str>) -> &str {
     owner.unwrap_or("")
+}
+
+/// What one serving proxy adds to [`LeaseBook::slots`] (0: unlimited).
+fn serving_slots_of(slots: Slots, capacity: u32) -> u64 {
+    slots.cap(capacity).map_or(0, u64::from)
 }
 
 /// A proxy the fleet counts on: ready and not being retired.
@@ -184,7 +197,8 @@ impl LeaseBook {
             pool_denials: HashMap::new(),
             restored_at: None,
             held_by: BTreeMap::new(),
-            serving: 0,
+            serving_slots: 0,
+            shares: None,
         }
     }
 
@@ -244,7 +258,7 @@ impl LeaseBook {
             self.available.remove(&(active, latency, id));
         }
         let cooling = entry.global_cooldown.is_some_and(|until| until > now);
-        let full = self.settings.capacity != 0 && entry.active >= self.settings.capacity;
+        let full = !entry.slots.has_room(self.settings.capacity, entry.active);
         if entry.availability.ready && !entry.availability.retiring && !cooling && !full {
             let key = (entry.active, latency_key(entry.availability.latency), id);
             self.available.insert(key);
@@ -268,6 +282,8 @@ impl LeaseBook {
 
     /// Adds or updates a proxy.
     pub fn upsert(&mut self, availability: Availability, now: Instant) {
+        let slots = self.slots_for(&availability.key);
+        let capacity = self.settings.capacity;
         let next_id = &mut self.next_id;
         let id = *self.ids.entry(availability.key.clone()).or_insert_with(|| {
             *next_id += 1;
@@ -282,9 +298,11 @@ impl LeaseBook {
             blocked_targets: BTreeSet::new(),
             errors: 0,
             digest: rendezvous::proxy_digest(&availability.key),
+            slots,
         });
         let was_serving = known && !self.placeholders.contains(&id) && serves(&entry.availability);
         let now_serving = serves(&availability);
+        let entry_slots = serving_slots_of(entry.slots, capacity);
         for (k, v) in &entry.availability.attributes {
             if let Some(set) = self.postings.get_mut(&(k.clone(), v.clone())) {
                 set.remove(&id);
@@ -298,7 +316,8 @@ impl LeaseBook {
         }
         entry.availability = availability;
         self.placeholders.remove(&id);
-        self.serving = (self.serving + u64::from(now_serving)).saturating_sub(u64::from(was_serving));
+        self.serving_slots = (self.serving_slots + u64::from(now_serving) * entry_slots)
+            .saturating_sub(u64::from(was_serving) * entry_slots);
         self.reindex(id, now);
     }
 
@@ -321,7 +340,8 @@ impl LeaseBook {
         let placeholder = self.placeholders.remove(&id);
         if let Some(entry) = self.proxies.remove(&id) {
             if !placeholder && serves(&entry.availability) {
-                self.serving = self.serving.saturating_sub(1);
+                self.serving_slots = (self.serving_slots)
+                    .saturating_sub(serving_slots_of(entry.slots, self.settings.capacity));
             }
             if let Some((a, l)) = entry.indexed {
                 self.available.remove(&(a, l, id));
@@ -566,6 +586,8 @@ impl LeaseBook {
                 oldest_at_floor = Some(last);
             }
         }
+        // A share never exceeds the capacity: with capacity 1, a proxy
+        // leased for the target is full in every mode.
         if self.settings.capacity != 1 {
             // Leased for the target and still below capacity.
             for (last, id) in target.held() {
@@ -741,9 +763,10 @@ impl LeaseBook {
         self.leases.get(id).map(|l| owner_key(l.owner.as_deref()))
     }
 
-    /// Leases the serving fleet carries at once; 0: unlimited.
+    /// Leases the serving fleet carries at once in this book (in share
+    /// mode: the slots granted it); 0: unlimited.
     pub fn slots(&self) -> u64 {
-        self.serving * u64::from(self.settings.capacity)
+        self.serving_slots
     }
 
     /// Whether `key` would be eligible for `req` if it had room: serving,
@@ -757,6 +780,7 @@ impl LeaseBook {
             return false;
         };
         serves(&entry.availability)
+            && entry.slots.cap(self.settings.capacity) != Some(0)
             && !req.avoid.contains(key)
             && !self.placeholders.contains(&id)
             && entry.global_cooldown.is_none_or(|until| until <= now)
@@ -793,7 +817,7 @@ impl LeaseBook {
             a.attributes.get(crate::resource::POOL_LABEL) == Some(pool)
                 && a.ready
                 && !a.retiring
-                && (capacity == 0 || e.active < capacity)
+                && e.slots.has_room(capacity, e.active)
         });
         if room_left {
             return;

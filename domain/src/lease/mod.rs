@@ -3,14 +3,15 @@
 //! clock (every operation takes `now`); the lease store
 //! (`egress_proxies::adapters::lease_store::LeaseStore`) holds one.
 
+pub mod allocator;
 mod book;
 pub mod fair_share;
 pub mod input;
 pub mod journal;
 mod limits;
 mod owners;
-pub mod rendezvous;
 mod reports;
+pub mod shares;
 #[cfg(test)]
 mod tests;
 
@@ -20,12 +21,16 @@ use std::time::Duration;
 use crate::credentials::ProxyCredentials;
 use crate::resource::ObjectKey;
 
+pub use allocator::{Allocation, Allocator, Allotted, MemberShare, Report};
 pub use book::{LeaseBook, owner_key};
 pub use fair_share::FairShare;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use owners::{Act, Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
+pub use shares::{Claim, Slots};
+/// Sticky sessions rank proxies by it (it lives above both the book and the members).
+pub use crate::rendezvous;
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

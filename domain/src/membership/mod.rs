@@ -13,7 +13,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::lease::rendezvous::{proxy_digest, rank};
+use crate::rendezvous::{proxy_digest, rank};
 use crate::resource::ObjectKey;
 
 pub use feed::{Feed, Since};
@@ -51,8 +51,8 @@ impl MemberTag {
         &self.0
     }
 
-    /// The digest rendezvous ranks this member by.
-    fn digest(&self) -> u64 {
+    /// The digest rendezvous ranks this member by (probes, shares).
+    pub fn digest(&self) -> u64 {
         let mut first = [0u8; 8];
         first.copy_from_slice(&Sha256::digest(self.0.as_bytes())[..8]);
         u64::from_be_bytes(first)

@@ -190,6 +190,7 @@ impl LeaseBook {
     pub fn rebuilt(&self, now: Instant) -> LeaseBook {
         let (mono, wall) = self.epoch;
         let mut book = LeaseBook::with_limits(self.settings, self.limits, Now { wall, mono });
+        book.shares.clone_from(&self.shares);
         book.restore(self.snapshot(now), now);
         for (id, entry) in &self.proxies {
             if !self.placeholders.contains(id) {
@@ -219,6 +220,7 @@ impl LeaseBook {
         if let Some(id) = self.ids.get(key) {
             return *id;
         }
+        let slots = self.slots_for(key);
         let id = self.next_id;
         self.next_id += 1;
         self.ids.insert(key.clone(), id);
@@ -242,7 +244,8 @@ impl LeaseBook {
                 indexed: None,
                 blocked_targets: Default::default(),
                 errors: 0,
-                digest: crate::lease::rendezvous::proxy_digest(key),
+                digest: crate::rendezvous::proxy_digest(key),
+                slots,
             },
         );
         self.placeholders.insert(id);

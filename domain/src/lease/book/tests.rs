@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::*;
-use crate::lease::{AcquireError, LeaseSettings, Outcome};
+use crate::lease::{AcquireError, Claim, LeaseSettings, Outcome};
 
 fn settings(capacity: u32) -> LeaseSettings {
     LeaseSettings {
@@ -313,4 +313,192 @@ fn a_preferred_proxy_is_granted_only_while_eligible() {
     assert_ne!(book.acquire(&prefer("p3", None), later).unwrap().proxy.name, "p3");
     // Unknown: the best one.
     assert!(book.acquire(&prefer("nope", None), later).is_ok());
+}
+
+/// Grants until refused, each for a target never asked for before (so no
+/// rest stands in the way).
+fn grants_until_refused(book: &mut LeaseBook, now: Instant) -> Vec<Grant> {
+    let mut grants = Vec::new();
+    loop {
+        let fresh = format!("share-t{}", book.targets.len());
+        match book.acquire(&ask(&fresh, None), now) {
+            Ok(grant) => grants.push(grant),
+            Err(AcquireError::NoCapacity { .. }) => break,
+            Err(e) => panic!("unexpected {e}"),
+        }
+        if grants.len() >= 10 {
+            break;
+        }
+    }
+    grants
+}
+
+#[test]
+fn in_share_mode_a_proxy_carries_only_the_slots_granted_to_the_book() {
+    let t0 = Instant::now();
+    let p0 = ObjectKey::new("ns", "p0");
+    // (why, capacity, granted: None = whole, leases granted)
+    let rows = [
+        ("whole capacity (no share mode)", 2, None, 2),
+        (
+            "share mode, nothing granted: known but never leased",
+            2,
+            Some(0),
+            0,
+        ),
+        ("granted one of two", 2, Some(1), 1),
+        ("granted both", 2, Some(2), 2),
+        ("granted more than the capacity: the capacity", 2, Some(3), 2),
+        (
+            "unlimited capacity stays unlimited with nothing granted",
+            0,
+            Some(0),
+            10,
+        ),
+    ];
+    for (why, capacity, granted, expected) in rows {
+        let mut book = LeaseBook::new(settings(capacity), crate::now::Now::read());
+        book.upsert(availability(0, true, 1), t0);
+        if let Some(n) = granted {
+            book.set_slots(&p0, n, t0);
+        }
+        let grants = grants_until_refused(&mut book, t0);
+        assert_eq!(grants.len(), expected, "{why}");
+        assert_eq!(book.proxies().len(), 1, "{why}: listed all the same");
+        let fleet_slots = if capacity == 0 { 0 } else { expected as u64 };
+        assert_eq!(book.slots(), fleet_slots, "{why}: the fleet's slots in this book");
+        assert_eq!(
+            book.would_serve(&ask("other", None), &p0, t0),
+            expected > 0,
+            "{why}: a lease taken back frees a slot here only if it has one"
+        );
+    }
+}
+
+#[test]
+fn a_proxy_without_slots_still_ranks_and_rests() {
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(2), crate::now::Now::read());
+    book.set_share_mode(true, t0);
+    for i in 0..2 {
+        book.upsert(availability(i, true, i as u64), t0);
+    }
+    let (p0, p1) = (ObjectKey::new("ns", "p0"), ObjectKey::new("ns", "p1"));
+    book.set_slots(&p1, 2, t0);
+    // A session ranking p0 first lands on p1: p0 has no slots here.
+    let session = AcquireRequest {
+        prefer: Some(p0.clone()),
+        ..ask("t", None)
+    };
+    assert_eq!(book.acquire(&session, t0).unwrap().proxy, p1);
+    // p0 granted later: leased, and a release rests it for the target as ever.
+    book.set_slots(&p0, 1, t0);
+    let lease = book.acquire(&session, t0).unwrap();
+    assert_eq!(lease.proxy, p0);
+    book.release(&lease.id, t0);
+    assert!(!book.would_serve(&ask("t", None), &p0, t0), "resting for t");
+    assert!(book.would_serve(&ask("u", None), &p0, t0));
+}
+
+#[test]
+fn a_lowered_share_keeps_its_leases_but_grants_nothing_new_until_below() {
+    let t0 = Instant::now();
+    let p0 = ObjectKey::new("ns", "p0");
+    let mut book = LeaseBook::new(settings(2), crate::now::Now::read());
+    book.upsert(availability(0, true, 1), t0);
+    book.set_slots(&p0, 2, t0);
+    let held = grants_until_refused(&mut book, t0);
+    assert_eq!(held.len(), 2);
+    book.set_slots(&p0, 1, t0);
+    assert_eq!(book.leases_on(&p0), 2, "lowering ends no lease");
+    assert_eq!(
+        book.claims(),
+        vec![Claim {
+            key: p0.clone(),
+            slots: 1,
+            in_use: 2
+        }]
+    );
+    assert_eq!(
+        book.claims()[0].counted(),
+        2,
+        "the leader counts the leases in use"
+    );
+    assert!(grants_until_refused(&mut book, t0).is_empty(), "over its share");
+    book.release(&held[0].id, t0);
+    assert!(grants_until_refused(&mut book, t0).is_empty(), "at its share");
+    book.release(&held[1].id, t0);
+    assert_eq!(grants_until_refused(&mut book, t0).len(), 1, "below it: one");
+}
+
+#[test]
+fn claims_name_every_proxy_with_slots_or_leases_known_or_not() {
+    let t0 = Instant::now();
+    let (p0, p1, p2, later) = (
+        ObjectKey::new("ns", "p0"),
+        ObjectKey::new("ns", "p1"),
+        ObjectKey::new("ns", "p2"),
+        ObjectKey::new("ns", "not-seen-yet"),
+    );
+    let mut book = LeaseBook::new(settings(3), crate::now::Now::read());
+    for i in 0..3 {
+        book.upsert(availability(i, true, i as u64), t0);
+    }
+    book.set_all_slots(
+        &BTreeMap::from([(p0.clone(), 2), (p1.clone(), 0), (later.clone(), 1)]),
+        t0,
+    );
+    assert_eq!(book.slots(), 2, "only the slots on known serving proxies");
+    let lease = book.acquire(&ask("t", None), t0).unwrap();
+    assert_eq!(lease.proxy, p0);
+    let claim = |key: &ObjectKey, slots, in_use| Claim {
+        key: key.clone(),
+        slots,
+        in_use,
+    };
+    assert_eq!(book.claims(), vec![claim(&later, 1, 0), claim(&p0, 2, 1)]);
+    // The proxy granted before it was known gets its slot when it shows up.
+    book.upsert(
+        Availability {
+            key: later.clone(),
+            ..availability(9, true, 0)
+        },
+        t0,
+    );
+    assert_eq!(book.slots(), 3);
+    // A new allocation replaces the whole: p0 lowered to none, p2 granted.
+    book.set_all_slots(&BTreeMap::from([(p2.clone(), 1)]), t0);
+    assert_eq!(book.claims(), vec![claim(&p0, 0, 1), claim(&p2, 1, 0)]);
+    assert_eq!(book.slots(), 1);
+    // Out of share mode: the whole capacity again, leases kept.
+    book.set_share_mode(false, t0);
+    assert_eq!(book.slots(), 4 * 3);
+    assert_eq!(book.leases_on(&p0), 1);
+    // A rebuilt book keeps its shares.
+    book.set_all_slots(&BTreeMap::from([(p1.clone(), 1)]), t0);
+    let rebuilt = book.rebuilt(t0);
+    assert_eq!(rebuilt.claims(), book.claims());
+    assert_eq!(rebuilt.slots(), 1);
+}
+
+#[test]
+fn a_pool_full_by_its_shares_counts_a_denial() {
+    let t0 = Instant::now();
+    let pool = |i: usize| Availability {
+        attributes: BTreeMap::from([(crate::resource::POOL_LABEL.to_owned(), "pool-a".to_owned())]),
+        ..availability(i, true, 1)
+    };
+    let mut book = LeaseBook::new(settings(2), crate::now::Now::read());
+    book.set_share_mode(true, t0);
+    book.upsert(pool(0), t0);
+    let req = AcquireRequest {
+        selector: BTreeMap::from([(crate::resource::POOL_LABEL.to_owned(), "pool-a".to_owned())]),
+        ..ask("t", None)
+    };
+    assert!(book.acquire(&req, t0).is_err());
+    assert_eq!(
+        book.take_pool_denials("pool-a"),
+        1,
+        "no slots here: the pool is full for this replica"
+    );
 }

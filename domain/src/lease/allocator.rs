@@ -1,0 +1,441 @@
+//! The leader's share of each proxy's capacity per member: what every
+//! replica may lease, decided so that the members' shares never add up to
+//! more than a proxy's capacity, whatever is delayed, lost or reordered on
+//! the way.
+//!
+//! Safety rule: per member and proxy the allocator keeps a *bound*, the
+//! most the member may be using — the larger of what it last reported
+//! (`max(slots, in use)`) and every allocation sent to it that it has not
+//! reported past yet. A member is given `n` slots of a proxy only if `n`
+//! plus the others' bounds fits the capacity; lowering is always allowed.
+//! A bound drops only by the member's own later report, or when the member
+//! is dead *and* its journal has been adopted ([`Allocator::adopted`]):
+//! nothing is freed on a timeout.
+//!
+//! Target: the live members split each ready proxy's capacity evenly, the
+//! remainder going to the members ranking highest for the proxy
+//! (rendezvous over the proxy's and the members' digests), so a member
+//! that joins or leaves moves few slots. A raise waits for room, so slots
+//! move to a newcomer only after their holder has reported the lowered value.
+//!
+//! Rebuild: a new leader's allocator raises no bound until every member
+//! has reported to it (a dead one: or been adopted), or the share lifetime
+//! has passed since it took over (every share the old leader handed out
+//! has expired by then).
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use crate::rendezvous;
+use super::shares::Claim;
+use crate::membership::MemberTag;
+use crate::resource::ObjectKey;
+
+/// What a member tells the leader in each sync request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The highest allocation version it has applied.
+    pub applied: u64,
+    /// What its book holds per proxy ([`crate::lease::LeaseBook::claims`]).
+    pub claims: Vec<Claim>,
+}
+
+/// The slots of one allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Allotted {
+    /// Per proxy; a proxy not named has none.
+    Slots(BTreeMap<ObjectKey, u32>),
+    /// Unlimited capacity: only the share's expiry counts.
+    Unlimited,
+}
+
+/// A member's whole allocation, absolute: it replaces the one before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// Applied only if higher than the member's applied version.
+    pub version: u64,
+    /// The share is valid until the send instant of the request its answer
+    /// carried it + this (on the member's own monotonic clock).
+    pub ttl: Duration,
+    pub slots: Allotted,
+}
+
+/// A member as the leader's dashboard lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberShare {
+    pub tag: MemberTag,
+    pub live: bool,
+    /// Whether it has reported to this leader (a rebuild waits for it).
+    pub reported: bool,
+    pub applied: u64,
+    /// Slots in the last allocation sent to it, over all proxies.
+    pub slots: u64,
+    /// The most it may be using, over all proxies (what the others wait for).
+    pub bound: u64,
+}
+
+#[derive(Debug)]
+struct Member {
+    digest: u64,
+    /// Not declared dead (a dead member keeps its bounds until adopted).
+    live: bool,
+    reported: bool,
+    applied: u64,
+    /// The last version sent to it (versions continue above what it reports).
+    version: u64,
+    /// Its last report's counted claims (`max(slots, in use)`), by proxy.
+    claims: BTreeMap<ObjectKey, u32>,
+    /// Allocations sent in versions at or above `applied`.
+    sent: BTreeMap<u64, Allotted>,
+    /// The slots it holds as last told: the latest allocation sent, or the
+    /// slots it reported before any was sent.
+    holds: Allotted,
+    /// The most it may be using, per proxy (none named: 0).
+    bound: HashMap<ObjectKey, u32>,
+}
+
+impl Member {
+    fn new(tag: &MemberTag) -> Self {
+        Member {
+            digest: tag.digest(),
+            live: true,
+            reported: false,
+            applied: 0,
+            version: 0,
+            claims: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            holds: Allotted::Slots(BTreeMap::new()),
+            bound: HashMap::new(),
+        }
+    }
+
+    fn holds(&self, key: &ObjectKey) -> u32 {
+        match &self.holds {
+            Allotted::Slots(slots) => slots.get(key).copied().unwrap_or(0),
+            Allotted::Unlimited => 0,
+        }
+    }
+
+    fn bound(&self, key: &ObjectKey) -> u32 {
+        self.bound.get(key).copied().unwrap_or(0)
+    }
+
+    /// The bounds as its claims and the allocations it may still apply say.
+    fn computed_bounds(&self) -> HashMap<ObjectKey, u32> {
+        let mut bound: HashMap<ObjectKey, u32> = self.claims.iter().map(|(k, n)| (k.clone(), *n)).collect();
+        for allotted in self.sent.values() {
+            if let Allotted::Slots(slots) = allotted {
+                for (key, n) in slots {
+                    let b = bound.entry(key.clone()).or_default();
+                    *b = (*b).max(*n);
+                }
+            }
+        }
+        bound.retain(|_, n| *n > 0);
+        bound
+    }
+}
+
+/// The leader's allocation of capacity to the members.
+#[derive(Debug)]
+pub struct Allocator {
+    /// Per proxy; 0: unlimited.
+    capacity: u32,
+    /// A share's lifetime.
+    ttl: Duration,
+    /// Ready proxies: the ones given out.
+    proxies: BTreeSet<ObjectKey>,
+    members: BTreeMap<MemberTag, Member>,
+    /// Members whose journal was adopted: they never count again.
+    adopted: BTreeSet<MemberTag>,
+    /// Σ of the members' bounds, per proxy.
+    totals: HashMap<ObjectKey, u32>,
+    /// Since when a new leader rebuilds (raises no bound), until done.
+    rebuilding_since: Option<Instant>,
+}
+
+impl Allocator {
+    /// The allocator of a leader that knows every share there is (the
+    /// first leader of an installation, or tests).
+    pub fn new(capacity: u32, ttl: Duration) -> Self {
+        Allocator {
+            capacity,
+            ttl,
+            proxies: BTreeSet::new(),
+            members: BTreeMap::new(),
+            adopted: BTreeSet::new(),
+            totals: HashMap::new(),
+            rebuilding_since: None,
+        }
+    }
+
+    /// The allocator of a leader that took over at `since`: the members'
+    /// shares from the old leader are learnt from their reports.
+    pub fn rebuilding(capacity: u32, ttl: Duration, since: Instant) -> Self {
+        Allocator {
+            rebuilding_since: Some(since),
+            ..Allocator::new(capacity, ttl)
+        }
+    }
+
+    /// Capacity per proxy; 0: unlimited.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// A member is live (its member Lease is held, or it synced). Returns
+    /// false for a member whose journal was adopted: that incarnation is
+    /// gone for good.
+    pub fn join(&mut self, tag: &MemberTag) -> bool {
+        if self.adopted.contains(tag) {
+            return false;
+        }
+        self.members
+            .entry(tag.clone())
+            .or_insert_with(|| Member::new(tag))
+            .live = true;
+        true
+    }
+
+    /// A member was declared dead: it gets nothing more and leaves the
+    /// split, but what it may be using still counts until
+    /// [`Self::adopted`].
+    pub fn died(&mut self, tag: &MemberTag) {
+        if let Some(member) = self.members.get_mut(tag) {
+            member.live = false;
+        }
+    }
+
+    /// A dead member's journal was adopted (its leases are the leader's
+    /// now, counted by the leader's own claims): its bounds are freed.
+    pub fn adopted(&mut self, tag: &MemberTag) {
+        if let Some(member) = self.members.remove(tag) {
+            for (key, n) in &member.bound {
+                self.lower_total(key, *n);
+            }
+        }
+        self.adopted.insert(tag.clone());
+    }
+
+    /// The proxies given out: ready ones. Others are lowered to none.
+    pub fn set_proxies(&mut self, ready: impl IntoIterator<Item = ObjectKey>) {
+        self.proxies = ready.into_iter().collect();
+    }
+
+    /// A member's sync request: its applied version and its claims. A
+    /// report older than one already taken (a lower applied version) says
+    /// nothing new and is ignored; returns whether it was taken. A member
+    /// not known yet joins (unless adopted).
+    pub fn report(&mut self, tag: &MemberTag, report: &Report) -> bool {
+        if !self.join_quietly(tag) {
+            return false;
+        }
+        let Some(member) = self.members.get_mut(tag) else {
+            return false;
+        };
+        if report.applied < member.applied {
+            return false;
+        }
+        let first = !member.reported;
+        member.reported = true;
+        member.applied = report.applied;
+        member.version = member.version.max(report.applied);
+        // What it applied and anything sent since may still be in use; older ones not.
+        member.sent = member.sent.split_off(&report.applied);
+        member.claims = report
+            .claims
+            .iter()
+            .filter(|c| c.counted() > 0)
+            .map(|c| (c.key.clone(), c.counted()))
+            .collect();
+        if first && member.sent.is_empty() {
+            // What it holds from a former leader, until told otherwise.
+            member.holds = Allotted::Slots(
+                report
+                    .claims
+                    .iter()
+                    .filter(|c| c.slots > 0)
+                    .map(|c| (c.key.clone(), c.slots))
+                    .collect(),
+            );
+        }
+        let bound = member.computed_bounds();
+        let old = std::mem::replace(&mut member.bound, bound);
+        let new = member.bound.clone();
+        for (key, n) in old {
+            self.lower_total(&key, n);
+        }
+        for (key, n) in new {
+            *self.totals.entry(key).or_default() += n;
+        }
+        true
+    }
+
+    /// The allocation to send `tag` now (recorded as sent: its bounds rise
+    /// with it). `None` for a member not known (or adopted). A dead member
+    /// is lowered to nothing. The same allocation as last time keeps its
+    /// version.
+    pub fn allocation_for(&mut self, tag: &MemberTag, now: Instant) -> Option<Allocation> {
+        let rebuilding = self.is_rebuilding(now);
+        let member = self.members.get(tag)?;
+        let allotted = if !member.live {
+            Allotted::Slots(BTreeMap::new())
+        } else if self.capacity == 0 {
+            Allotted::Unlimited
+        } else {
+            let live = self.live_digests();
+            let mut slots = BTreeMap::new();
+            for key in &self.proxies {
+                let target = target(self.capacity, key, member.digest, &live);
+                let holds = member.holds(key);
+                let grant = if target <= holds {
+                    target
+                } else {
+                    let own = member.bound(key);
+                    let room = if rebuilding {
+                        own
+                    } else {
+                        let others = self.totals.get(key).copied().unwrap_or(0).saturating_sub(own);
+                        self.capacity.saturating_sub(others)
+                    };
+                    holds.max(target.min(room))
+                };
+                if grant > 0 {
+                    slots.insert(key.clone(), grant);
+                }
+            }
+            Allotted::Slots(slots)
+        };
+        self.send(tag, allotted)
+    }
+
+    /// Records `allotted` as sent to `tag` (a new version if it differs).
+    fn send(&mut self, tag: &MemberTag, allotted: Allotted) -> Option<Allocation> {
+        let member = self.members.get_mut(tag)?;
+        let unchanged = member.version > 0 && member.sent.get(&member.version) == Some(&allotted);
+        if !unchanged {
+            member.version += 1;
+            member.sent.insert(member.version, allotted.clone());
+            member.holds = allotted.clone();
+            if let Allotted::Slots(slots) = &allotted {
+                for (key, n) in slots {
+                    let b = member.bound.entry(key.clone()).or_default();
+                    if *n > *b {
+                        *self.totals.entry(key.clone()).or_default() += *n - *b;
+                        *b = *n;
+                    }
+                }
+            }
+        }
+        Some(Allocation {
+            version: member.version,
+            ttl: self.ttl,
+            slots: allotted,
+        })
+    }
+
+    /// Whether the allocator still waits for members' reports before it
+    /// raises any bound. Ends for good once every member has reported (or
+    /// was adopted) or the share lifetime has passed since the takeover.
+    pub fn is_rebuilding(&mut self, now: Instant) -> bool {
+        let Some(since) = self.rebuilding_since else {
+            return false;
+        };
+        // A dead member not heard from is waited for too, until adopted: its
+        // API leases may be in use until the leader holds them.
+        let all_reported = self.members.values().all(|m| m.reported);
+        if all_reported || now.saturating_duration_since(since) >= self.ttl {
+            self.rebuilding_since = None;
+            return false;
+        }
+        true
+    }
+
+    /// Proxies whose members' bounds add up to more than the capacity,
+    /// with the sum. Must stay empty: the invariant the rule keeps.
+    pub fn over_capacity(&self) -> Vec<(ObjectKey, u32)> {
+        if self.capacity == 0 {
+            return Vec::new();
+        }
+        let mut over: Vec<(ObjectKey, u32)> = self
+            .totals
+            .iter()
+            .filter(|(_, n)| **n > self.capacity)
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        over.sort();
+        over
+    }
+
+    /// The most `tag` may be using of `key`.
+    pub fn bound(&self, tag: &MemberTag, key: &ObjectKey) -> u32 {
+        self.members.get(tag).map_or(0, |m| m.bound(key))
+    }
+
+    /// Every member, by tag.
+    pub fn members(&self) -> Vec<MemberShare> {
+        self.members
+            .iter()
+            .map(|(tag, m)| MemberShare {
+                tag: tag.clone(),
+                live: m.live,
+                reported: m.reported,
+                applied: m.applied,
+                slots: match &m.holds {
+                    Allotted::Slots(slots) => slots.values().map(|n| u64::from(*n)).sum(),
+                    Allotted::Unlimited => 0,
+                },
+                bound: m.bound.values().map(|n| u64::from(*n)).sum(),
+            })
+            .collect()
+    }
+
+    /// [`Self::join`] without reviving a member declared dead.
+    fn join_quietly(&mut self, tag: &MemberTag) -> bool {
+        if self.adopted.contains(tag) {
+            return false;
+        }
+        self.members
+            .entry(tag.clone())
+            .or_insert_with(|| Member::new(tag));
+        true
+    }
+
+    fn live_digests(&self) -> Vec<u64> {
+        self.members
+            .values()
+            .filter(|m| m.live)
+            .map(|m| m.digest)
+            .collect()
+    }
+
+    fn lower_total(&mut self, key: &ObjectKey, n: u32) {
+        if let Some(total) = self.totals.get_mut(key) {
+            *total = total.saturating_sub(n);
+            if *total == 0 {
+                self.totals.remove(key);
+            }
+        }
+    }
+}
+
+/// A member's even part of `capacity` of `proxy` among the `live` members
+/// (by digest): ⌊c/R⌋, plus one for the c mod R members ranking highest
+/// for the proxy.
+pub fn target(capacity: u32, proxy: &ObjectKey, member: u64, live: &[u64]) -> u32 {
+    let members = u32::try_from(live.len()).unwrap_or(u32::MAX);
+    if members == 0 || !live.contains(&member) {
+        return 0;
+    }
+    let proxy = rendezvous::proxy_digest(proxy);
+    let mine = (rendezvous::rank(proxy, member), member);
+    let above = live
+        .iter()
+        .filter(|other| (rendezvous::rank(proxy, **other), **other) > mine)
+        .count();
+    let place = u32::try_from(above).unwrap_or(u32::MAX);
+    capacity / members + u32::from(place < capacity % members)
+}
