@@ -45,4 +45,7 @@ pub enum ReplicaError {
     /// Another replica's answer could not be read.
     #[error("replica {address} answered something unreadable: {message}")]
     Unreadable { address: String, message: String },
+    /// Another replica sent a value that does not parse.
+    #[error("a replica sent an invalid {what}: {value}")]
+    Malformed { what: &'static str, value: String },
 }
