@@ -23,4 +23,5 @@ pub mod name_resolver;
 pub mod probe;
 pub mod providers;
 pub mod random;
+pub mod replicas;
 pub mod stores;

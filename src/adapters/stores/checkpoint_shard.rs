@@ -2,10 +2,11 @@
 //! over the version it last read or wrote, and who changed the shard when a
 //! guarded write meets a newer version.
 //!
-//! The leader owns three things in a shard: the `leases.json` key (its
+//! The writer owns four things in a shard: the `leases.json` key (its
 //! in-memory book is the truth while it leads, so another replica's late
 //! write never adds or drops a lease), the `app.kubernetes.io/managed-by`
-//! label and the [`WRITER_ANNOTATION`]. Everything else — labels and
+//! label, the journal's own labels (a member's `crawl.example.com/lease-journal`)
+//! and the [`WRITER_ANNOTATION`]. Everything else — labels and
 //! annotations a GitOps tool or an admission controller added, other data
 //! keys — is someone else's and is kept as found.
 
@@ -23,8 +24,15 @@ pub const FIELD_MANAGER: &str = "egress-proxies-operator";
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "egress-proxies-operator");
 
 /// The ConfigMap to write: `base` (the version last read or written; None
-/// to create it) carrying `json` as this leader's leases, written by `writer`.
-pub fn desired(name: &str, base: Option<&ConfigMap>, json: &str, writer: &str) -> ConfigMap {
+/// to create it) carrying `json` as this leader's leases, written by
+/// `writer`, with the journal's `labels`.
+pub fn desired(
+    name: &str,
+    base: Option<&ConfigMap>,
+    json: &str,
+    writer: &str,
+    labels: &BTreeMap<String, String>,
+) -> ConfigMap {
     let mut cm = base.cloned().unwrap_or_else(|| ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -34,10 +42,9 @@ pub fn desired(name: &str, base: Option<&ConfigMap>, json: &str, writer: &str) -
     });
     // Server-owned: an update that leaves them out keeps them.
     cm.metadata.managed_fields = None;
-    cm.metadata
-        .labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned());
+    let ours = cm.metadata.labels.get_or_insert_with(BTreeMap::new);
+    ours.insert(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned());
+    ours.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     cm.metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
@@ -151,7 +158,13 @@ mod tests {
     }
 
     fn shard(writer: &str, managers: Vec<ManagedFieldsEntry>) -> ConfigMap {
-        let mut cm = desired("egress-proxies-leases-03", None, r#"{"leases":{}}"#, writer);
+        let mut cm = desired(
+            "egress-proxies-leases-03",
+            None,
+            r#"{"leases":{}}"#,
+            writer,
+            &BTreeMap::new(),
+        );
         cm.metadata.managed_fields = Some(managers);
         cm
     }
@@ -177,11 +190,16 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert("notes".into(), "keep me".into());
+        let journal = BTreeMap::from([(
+            "crawl.example.com/lease-journal".to_owned(),
+            "0a1b2c3d".to_owned(),
+        )]);
         let ours = desired(
             "egress-proxies-leases-03",
             Some(&theirs),
             r#"{"leases":{"a":1}}"#,
             "me",
+            &journal,
         );
         assert_eq!(
             ours.metadata.resource_version.as_deref(),
@@ -192,6 +210,7 @@ mod tests {
         let labels = ours.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["team"], "crawl");
         assert_eq!(labels["app.kubernetes.io/managed-by"], "egress-proxies-operator");
+        assert_eq!(labels["crawl.example.com/lease-journal"], "0a1b2c3d");
         let annotations = ours.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[WRITER_ANNOTATION], "me");
         assert_eq!(annotations["argocd.argoproj.io/tracking-id"], "x");

@@ -4,9 +4,12 @@
 //! knew.
 //!
 //! The state is split into [`SHARDS`] ConfigMaps by a stable hash of the
-//! proxy (`egress-proxies-leases-00` …), so a checkpoint of 10,000 leases
-//! stays far below the API server's object size limit and a change rewrites
-//! one shard. A writer task writes the changed shards behind the lease
+//! proxy, so a checkpoint of 10,000 leases stays far below the API server's
+//! object size limit and a change rewrites one shard. Their names are a
+//! [`JournalName`]: the leader's journal `egress-proxies-leases-00` … (the
+//! default), or a member's own `egress-proxies-leases-<tag>-00` …, labelled
+//! `crawl.example.com/lease-journal=<tag>` so that the leader finds them by
+//! label when it adopts a dead member's journal ([`super::journal_adoption`]). A writer task writes the changed shards behind the lease
 //! store, one round at a time and no more often than every
 //! [`MIN_ROUND_INTERVAL`]. A change is answered only once the round holding
 //! it is written ([`Durable::Later`]), so a leader that dies forgets
@@ -18,8 +21,9 @@
 //! 409: the shard is read again and written again with this leader's leases
 //! over it, keeping what others set ([`checkpoint_shard`]); an Event on the
 //! ConfigMap and `egress_proxies_lease_checkpoint_conflicts_total` name the
-//! writer. Only the leader writes, and only while its tenure lasts, so the
-//! leases it holds in memory are the truth. A new leader writes every shard
+//! writer. Only the holder of the tenure passed in ([`Writer::tenure`]: the
+//! leader's, or a member's for its own journal) writes, and only while that
+//! tenure lasts, so the leases it holds in memory are the truth. A new leader writes every shard
 //! once as it starts: an earlier leader's write still in flight then meets
 //! a 409 instead of landing over it (or lands first and is overwritten).
 //! Every [`REFRESH_EVERY`] the shards are written again (no-op writes when
@@ -28,7 +32,7 @@
 //! make [`ConfigMapLeaseJournal::unwritable`] say so: the leader steps down
 //! rather than hold the Lease while refusing every grant.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +48,7 @@ use crate::domain::backoff::{Attempts, ladders};
 use crate::domain::lease::journal::{
     Durable, JournalError, JournalState, LeaseChange, LeaseJournal, LeaseSnapshot, key_string,
 };
+use crate::domain::membership::MemberTag;
 use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::CheckpointConflict;
 
@@ -51,6 +56,8 @@ use crate::telemetry::events::CheckpointConflict;
 pub const SHARDS: usize = 16;
 /// Name prefix of the shards (`egress-proxies-leases-07`).
 pub const NAME_PREFIX: &str = "egress-proxies-leases-";
+/// The label naming the member whose journal a shard belongs to.
+pub const JOURNAL_LABEL: &str = "crawl.example.com/lease-journal";
 /// Rounds of writes are at least this far apart (bounds the API write rate).
 pub const MIN_ROUND_INTERVAL: Duration = Duration::from_millis(100);
 /// Every shard is written again this often (a no-op unless someone changed it).
@@ -62,19 +69,73 @@ const CONFLICT_RETRIES: usize = 5;
 /// The Event reason of a conflict.
 pub const CONFLICT_REASON: &str = "LeaseCheckpointConflict";
 
-/// The shard of a proxy: FNV-1a of its key, stable across versions and
-/// machines (a new leader must write an entry where the old one did).
-fn shard_of(key: &ObjectKey) -> usize {
+/// The shard of a proxy among `shards`: FNV-1a of its key, stable across
+/// versions and machines (a new leader must write an entry where the old
+/// one did).
+fn shard_of(key: &ObjectKey, shards: usize) -> usize {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key_string(key).bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
-    (hash % SHARDS as u64) as usize
+    (hash % shards.max(1) as u64) as usize
 }
 
-fn shard_name(index: usize) -> String {
-    format!("{NAME_PREFIX}{index:02}")
+/// Which ConfigMaps a journal is: `<prefix>NN` for NN below `shards`, each
+/// carrying `labels`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalName {
+    pub prefix: String,
+    pub shards: usize,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for JournalName {
+    /// The leader's journal, as every version before per-member journals
+    /// wrote it: `egress-proxies-leases-00` … `-15`, no label of its own.
+    fn default() -> Self {
+        Self {
+            prefix: NAME_PREFIX.to_owned(),
+            shards: SHARDS,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+impl JournalName {
+    /// A member's own journal: `egress-proxies-leases-<tag>-NN`, labelled
+    /// `crawl.example.com/lease-journal=<tag>`.
+    pub fn member(tag: &MemberTag) -> Self {
+        Self {
+            prefix: format!("{NAME_PREFIX}{tag}-"),
+            shards: SHARDS,
+            labels: BTreeMap::from([(JOURNAL_LABEL.to_owned(), tag.to_string())]),
+        }
+    }
+
+    /// The name of shard `index`.
+    pub fn shard(&self, index: usize) -> String {
+        format!("{}{index:02}", self.prefix)
+    }
+
+    /// The label selector finding every shard (`None`: the journal has no
+    /// label of its own, its shards are found by name).
+    pub fn selector(&self) -> Option<String> {
+        (!self.labels.is_empty()).then(|| {
+            self.labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+
+    /// Whether `name` is one of this journal's shards.
+    pub fn owns(&self, name: &str) -> bool {
+        name.strip_prefix(&self.prefix)
+            .and_then(|n| (n.len() == 2).then(|| n.parse::<usize>().ok())?)
+            .is_some_and(|index| index < self.shards)
+    }
 }
 
 /// Who writes the checkpoint, and for how long.
@@ -118,17 +179,31 @@ struct State {
 pub struct ConfigMapLeaseJournal {
     shared: Arc<Shared>,
     loaded: Option<LeaseSnapshot>,
+    name: JournalName,
 }
 
 impl ConfigMapLeaseJournal {
-    /// Reads the checkpoint in `namespace` and starts the writer (on the
-    /// current Tokio runtime). Call once this replica leads.
+    /// Reads the leader's checkpoint ([`JournalName::default`]) in
+    /// `namespace` and starts the writer (on the current Tokio runtime).
+    /// Call once this replica leads.
     pub async fn open(client: kube::Client, namespace: &str, writer: Writer) -> Result<Self, JournalError> {
+        Self::open_named(client, namespace, JournalName::default(), writer).await
+    }
+
+    /// Reads the journal `journal` in `namespace` and starts its writer,
+    /// fenced by `writer.tenure` (a member's tenure for its own journal).
+    pub async fn open_named(
+        client: kube::Client,
+        namespace: &str,
+        journal: JournalName,
+        writer: Writer,
+    ) -> Result<Self, JournalError> {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-        let mut shards = Vec::with_capacity(SHARDS);
-        let mut objects = Vec::with_capacity(SHARDS);
-        for index in 0..SHARDS {
-            let name = shard_name(index);
+        let count = journal.shards.max(1);
+        let mut shards = Vec::with_capacity(count);
+        let mut objects = Vec::with_capacity(count);
+        for index in 0..count {
+            let name = journal.shard(index);
             let failed = |message: String| JournalError::Checkpoint {
                 name: name.clone(),
                 message,
@@ -151,7 +226,7 @@ impl ConfigMapLeaseJournal {
                 shards,
                 objects,
                 // The first round claims every shard (see the module's docs).
-                dirty: (0..SHARDS).collect(),
+                dirty: (0..count).collect(),
                 generation: 0,
             }),
             wake: Notify::new(),
@@ -171,13 +246,20 @@ impl ConfigMapLeaseJournal {
             recorder,
             namespace: namespace.to_owned(),
             writer,
+            journal: journal.clone(),
         };
         tokio::spawn(task.run());
         shared.wake.notify_one();
         Ok(Self {
             shared,
             loaded: Some(snapshot),
+            name: journal,
         })
+    }
+
+    /// Which ConfigMaps this journal writes.
+    pub fn name(&self) -> &JournalName {
+        &self.name
     }
 
     /// Becomes `Some(why)` once changes have stayed unwritten for the
@@ -201,17 +283,18 @@ impl LeaseJournal for ConfigMapLeaseJournal {
         if *self.shared.written.borrow() == Written::Ended {
             return Err(JournalError::NotLeading);
         }
+        let count = self.name.shards;
         let generation = {
             let mut state = self.state();
             for change in changes {
                 let index = match change {
-                    LeaseChange::Granted(l) => shard_of(&l.proxy),
-                    LeaseChange::Ended(e) => shard_of(&e.proxy),
+                    LeaseChange::Granted(l) => shard_of(&l.proxy, count),
+                    LeaseChange::Ended(e) => shard_of(&e.proxy, count),
                     LeaseChange::TargetRest { proxy, .. }
                     | LeaseChange::ProxyRest { proxy, .. }
                     | LeaseChange::BlockedBy { proxy, .. }
                     | LeaseChange::Errors { proxy, .. }
-                    | LeaseChange::ProxyRemoved(proxy) => shard_of(proxy),
+                    | LeaseChange::ProxyRemoved(proxy) => shard_of(proxy, count),
                     // Renewals name only the lease: find its shard.
                     LeaseChange::Extended { id, .. } => match state.shards.iter().position(|s| s.holds(id)) {
                         Some(index) => index,
@@ -226,6 +309,7 @@ impl LeaseJournal for ConfigMapLeaseJournal {
         };
         self.shared.wake.notify_one();
         let mut written = self.shared.written.subscribe();
+        let prefix = self.name.prefix.trim_end_matches('-').to_owned();
         Ok(Durable::Later(Box::pin(async move {
             let outcome = written
                 .wait_for(|w| match w {
@@ -238,7 +322,7 @@ impl LeaseJournal for ConfigMapLeaseJournal {
                 Ok(Written::Upto(_)) => Ok(()),
                 Ok(Written::Ended) => Err(JournalError::NotLeading),
                 Err(_) => Err(JournalError::Checkpoint {
-                    name: NAME_PREFIX.trim_end_matches('-').to_owned(),
+                    name: prefix,
                     message: "the checkpoint writer stopped".into(),
                 }),
             }
@@ -248,7 +332,7 @@ impl LeaseJournal for ConfigMapLeaseJournal {
     fn prune(&mut self, now: Timestamp) -> Result<(), JournalError> {
         let now = now.as_millisecond();
         let mut state = self.state();
-        for index in 0..SHARDS {
+        for index in 0..state.shards.len() {
             if state.shards[index].prune(now) {
                 state.dirty.insert(index);
             }
@@ -266,6 +350,7 @@ struct WriterTask {
     recorder: Recorder,
     namespace: String,
     writer: Writer,
+    journal: JournalName,
 }
 
 impl WriterTask {
@@ -284,7 +369,11 @@ impl WriterTask {
         loop {
             tokio::select! {
                 () = self.shared.wake.notified() => {}
-                _ = refresh.tick() => self.state().dirty.extend(0..SHARDS),
+                _ = refresh.tick() => {
+                    let mut state = self.state();
+                    let every = 0..state.shards.len();
+                    state.dirty.extend(every);
+                }
             }
             loop {
                 let (generation, round) = {
@@ -316,7 +405,7 @@ impl WriterTask {
                     match written {
                         Ok(cm) => self.state().objects[index] = Some(cm),
                         Err(e) => {
-                            tracing::warn!(checkpoint = %shard_name(index), error = %e, "writing the lease checkpoint failed; retrying");
+                            tracing::warn!(checkpoint = %self.journal.shard(index), error = %e, "writing the lease checkpoint failed; retrying");
                             failed.push(index);
                         }
                     }
@@ -360,7 +449,7 @@ impl WriterTask {
     /// Writes one shard over the version last read or written; on a
     /// conflict reads it again, names who changed it, and writes over that.
     async fn write_shard(&self, index: usize, json: &str) -> Result<ConfigMap, WriteError> {
-        let name = shard_name(index);
+        let name = self.journal.shard(index);
         let me = self.writer.identity.as_str();
         let mut base = self.state().objects[index].clone();
         let params = PostParams {
@@ -368,7 +457,7 @@ impl WriterTask {
             ..PostParams::default()
         };
         for _ in 0..CONFLICT_RETRIES {
-            let cm = checkpoint_shard::desired(&name, base.as_ref(), json, me);
+            let cm = checkpoint_shard::desired(&name, base.as_ref(), json, me, &self.journal.labels);
             let result = match cm.metadata.resource_version {
                 Some(_) => self.api.replace(&name, &params, &cm).await,
                 None => self.api.create(&params, &cm).await,
@@ -447,13 +536,36 @@ mod tests {
     fn shards_are_stable_and_spread() {
         // Fixed values: a new version must find entries where an old one wrote them.
         assert_eq!(
-            shard_of(&ObjectKey::new("crawl", "p1")),
-            shard_of(&ObjectKey::new("crawl", "p1"))
+            shard_of(&ObjectKey::new("crawl", "p1"), SHARDS),
+            shard_of(&ObjectKey::new("crawl", "p1"), SHARDS)
         );
         let mut counts = [0usize; SHARDS];
         for i in 0..10_000 {
-            counts[shard_of(&ObjectKey::new("crawl", format!("p{i}")))] += 1;
+            counts[shard_of(&ObjectKey::new("crawl", format!("p{i}")), SHARDS)] += 1;
         }
         assert!(counts.iter().all(|c| (400..=850).contains(c)), "{counts:?}");
+    }
+
+    #[test]
+    fn journal_names_keep_the_leaders_and_tag_a_members() {
+        let leader = JournalName::default();
+        assert_eq!(leader.shard(0), "egress-proxies-leases-00");
+        assert_eq!(leader.shard(15), "egress-proxies-leases-15");
+        assert_eq!(leader.selector(), None);
+        let tag = MemberTag::parse("0a1b2c3d").unwrap();
+        let member = JournalName::member(&tag);
+        assert_eq!(member.shard(7), "egress-proxies-leases-0a1b2c3d-07");
+        assert_eq!(
+            member.selector().as_deref(),
+            Some("crawl.example.com/lease-journal=0a1b2c3d")
+        );
+        assert!(member.owns("egress-proxies-leases-0a1b2c3d-15"));
+        assert!(!member.owns("egress-proxies-leases-0a1b2c3d-16"));
+        assert!(!member.owns("egress-proxies-leases-0a1b2c3d-7"));
+        assert!(leader.owns("egress-proxies-leases-03"));
+        assert!(
+            !leader.owns("egress-proxies-leases-0a1b2c3d-03"),
+            "a member's shard is not the leader's"
+        );
     }
 }

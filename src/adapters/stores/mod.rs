@@ -11,6 +11,7 @@ pub mod credentials_secret;
 pub mod embedded;
 mod fenced;
 pub mod installation;
+pub mod journal_adoption;
 pub mod kubernetes;
 
 pub use fenced::{FencedPools, FencedStore};
