@@ -6,6 +6,7 @@
 //! these parts.
 
 pub mod client;
+pub mod fleet_state;
 mod error;
 pub mod members;
 pub mod token;

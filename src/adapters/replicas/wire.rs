@@ -168,6 +168,11 @@ pub enum FleetItem {
     Available(Box<AvailabilityBody>),
     /// The proxy is gone.
     Removed { proxy: String },
+    /// What a proxy's probes need (down only): every member derives which
+    /// member probes it from the live members the answer names.
+    Probe(Box<ProbeWatch>),
+    /// A proxy no longer probed (down only).
+    ProbeStopped { proxy: String },
 }
 
 impl FleetItem {
@@ -244,7 +249,7 @@ impl FleetItem {
                 changes
             }
             Self::Removed { proxy } => vec![LeaseChange::ProxyRemoved(key(proxy)?)],
-            Self::Available(_) => return Ok(None),
+            Self::Available(_) | Self::Probe(_) | Self::ProbeStopped { .. } => return Ok(None),
         }))
     }
 }
