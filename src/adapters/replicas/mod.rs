@@ -6,6 +6,7 @@
 //! these parts.
 
 pub mod client;
+pub mod desk;
 pub mod fleet_state;
 mod error;
 pub mod members;
