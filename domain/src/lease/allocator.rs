@@ -29,9 +29,9 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::rendezvous;
 use super::shares::Claim;
 use crate::membership::MemberTag;
+use crate::rendezvous;
 use crate::resource::ObjectKey;
 
 /// What a member tells the leader in each sync request.

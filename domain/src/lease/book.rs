@@ -241,6 +241,15 @@ impl LeaseBook {
         self.leases.len()
     }
 
+    /// Every proxy's availability as last upserted (placeholders, known
+    /// only from a restored record, aside).
+    pub fn availabilities(&self) -> impl Iterator<Item = &Availability> {
+        self.proxies
+            .iter()
+            .filter(|(id, _)| !self.placeholders.contains(*id))
+            .map(|(_, entry)| &entry.availability)
+    }
+
     /// Active leases on one proxy.
     pub fn leases_on(&self, key: &ObjectKey) -> u32 {
         self.ids

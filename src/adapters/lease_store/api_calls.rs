@@ -30,8 +30,8 @@ impl LeaseStore {
             state.account(&result);
             return futures::future::ready(result).boxed();
         }
-        if !state.leading() {
-            let result = Err(AcquireError::NotLeader);
+        if let Some(refusal) = state.refusal() {
+            let result = Err(refusal.acquire());
             state.account(&result);
             return futures::future::ready(result).boxed();
         }
@@ -60,10 +60,10 @@ impl LeaseStore {
             let result = match outcome {
                 // Written, but leadership lapsed meanwhile: the next leader
                 // may not have read it.
-                Ok(()) if !state.leading() => {
+                Ok(()) if !state.serving() => {
                     state.book.cancel(&grant.id, Instant::now());
                     let _ = state.persist();
-                    Err(AcquireError::NotLeader)
+                    Err(state.refusal().map_or(AcquireError::NotLeader, |r| r.acquire()))
                 }
                 Ok(()) => Ok(grant),
                 Err(e) => Err(state.take_back(&grant, &e)),
@@ -115,8 +115,8 @@ impl LeaseStore {
         by: &Caller,
     ) -> BoxFuture<'static, Result<Duration, RenewRefused>> {
         let mut state = self.lock();
-        if !state.leading() {
-            return futures::future::ready(Err(RenewError::NotLeader.into())).boxed();
+        if let Some(refusal) = state.refusal() {
+            return futures::future::ready(Err(refusal.renew().into())).boxed();
         }
         let now = Instant::now();
         if let Err(refused) = state.book.check_owner(id, by, Act::Renew, now) {
@@ -130,8 +130,10 @@ impl LeaseStore {
         // Like a grant, a renewal is answered once durable: a forgotten one
         // would free the proxy while its crawler still uses it.
         self.when_durable(move |outcome, state| match outcome {
-            Ok(()) if state.leading() => Ok(ttl),
-            Ok(()) => Err(RenewError::NotLeader.into()),
+            Ok(()) => match state.refusal() {
+                None => Ok(ttl),
+                Some(refusal) => Err(refusal.renew().into()),
+            },
             Err(e) => Err(RenewError::Unavailable(format!("the renewal could not be saved: {e}")).into()),
         })
     }

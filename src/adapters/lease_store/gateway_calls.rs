@@ -11,9 +11,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::adapters::gateway::{Ask, GatewayError, Leases, Upstream, Waiting};
-use crate::domain::lease::{
-    AcquireError, AcquireRequest, Act, Caller, Outcome, RenewError, is_gateway_client,
-};
+use crate::domain::lease::{AcquireError, AcquireRequest, Act, Caller, Outcome, is_gateway_client};
 
 use super::waiting::InTurn;
 use super::{LeaseStore, RenewRefused, ReportRefused};
@@ -102,8 +100,8 @@ impl LeaseStore {
     /// Extends a lease by its TTL (the gateway's own leases only).
     pub fn renew_for_gateway(&self, id: &str) -> Result<Duration, RenewRefused> {
         let mut state = self.lock();
-        if !state.leading() {
-            return Err(RenewError::NotLeader.into());
+        if let Some(refusal) = state.refusal() {
+            return Err(refusal.renew().into());
         }
         let now = Instant::now();
         state.book.check_owner(id, &Caller::Gateway, Act::Renew, now)?;

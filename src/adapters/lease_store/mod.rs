@@ -20,8 +20,11 @@
 
 mod api_calls;
 mod gateway_calls;
+mod shares;
 #[cfg(test)]
-mod tests;
+mod shares_tests;
+#[cfg(test)]
+pub(super) mod tests;
 mod turns;
 mod waiting;
 
@@ -40,6 +43,7 @@ use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::LeaseEvent;
 use crate::telemetry::metrics;
 
+pub use shares::{Allotment, ShareReport, ShareStatus, ShareUpdate};
 pub use turns::API_ASKING_FOR;
 use turns::Turns;
 
@@ -105,6 +109,8 @@ struct State {
     tenure: Option<Tenure>,
     /// Gateway requests waiting in turn, and fair shares' state.
     turns: Turns,
+    /// Serving from a capacity share (every replica serving).
+    share: Option<shares::Share>,
 }
 
 impl LeaseStore {
@@ -123,6 +129,7 @@ impl LeaseStore {
             last_prune: Instant::now(),
             tenure: None,
             turns: Turns::default(),
+            share: None,
         })))
     }
 
@@ -192,6 +199,7 @@ impl LeaseStore {
         let mut state = self.lock();
         let now = Instant::now();
         let expired = state.book.sweep(now);
+        state.cut_if_lapsed();
         let State { turns, book, .. } = &mut *state;
         turns.tidy(book, now);
         state.serve_waiters();
@@ -272,10 +280,12 @@ impl LeaseStore {
 impl State {
     /// Hands the book's latest changes to the journal.
     fn persist(&mut self) -> Result<Durable, JournalError> {
+        let changes = self.book.take_changes();
+        self.share_out(&changes);
         let Some(journal) = self.journal.as_mut() else {
             return Ok(Durable::Now);
         };
-        self.unsaved.extend(self.book.take_changes());
+        self.unsaved.extend(changes);
         if self.unsaved.is_empty() {
             return Ok(Durable::Now);
         }
@@ -337,11 +347,12 @@ impl State {
     /// failure is logged there). Not yet accounted (a waiting request is
     /// counted when its wait ends).
     fn acquire_unjournaled(&mut self, request: &AcquireRequest) -> Result<Grant, AcquireError> {
-        let result = if self.leading() {
-            self.serve_waiters();
-            self.acquire_fairly(request, false)
-        } else {
-            Err(AcquireError::NotLeader)
+        let result = match self.refusal() {
+            None => {
+                self.serve_waiters();
+                self.acquire_fairly(request, false)
+            }
+            Some(refusal) => Err(refusal.acquire()),
         };
         let _ = self.persist();
         result
@@ -370,7 +381,7 @@ impl State {
     /// Freed proxies to the waiting gateway requests, in turn; leases
     /// taken back for those below their share.
     fn serve_waiters(&mut self) {
-        if !self.turns.is_waiting() || !self.leading() {
+        if !self.turns.is_waiting() || self.refusal().is_some() {
             return;
         }
         let now = Instant::now();
@@ -381,8 +392,8 @@ impl State {
         }
     }
 
-    fn leading(&self) -> bool {
-        self.tenure.as_ref().is_none_or(Tenure::is_leading)
+    fn serving(&self) -> bool {
+        self.refusal().is_none()
     }
 
     /// Ends a lease; whether it was held. Its proxy goes to a waiter first.

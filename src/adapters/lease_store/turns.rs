@@ -97,6 +97,24 @@ impl Turns {
         !self.waiters.is_empty()
     }
 
+    /// Gateway requests waiting for a proxy.
+    pub fn waiting_count(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Takes back every gateway lease that can be (its tunnel is cut);
+    /// returns how many.
+    pub fn revoke_all(&mut self) -> usize {
+        let mut revoked = 0;
+        for (id, r) in &self.revocable {
+            if !self.reclaiming.contains_key(id) {
+                r.revoker.revoke();
+                revoked += 1;
+            }
+        }
+        revoked
+    }
+
     /// Queues a request; the receiver gets its lease when its turn comes.
     pub fn enqueue(&mut self, request: AcquireRequest) -> (u64, oneshot::Receiver<Upstream>) {
         let (give, receive) = oneshot::channel();

@@ -26,8 +26,8 @@ use super::fleet_state::FleetState;
 use super::members::MemberTable;
 use super::wire::{self, FleetItem, MemberBody, ProxySlots, SyncRequest, SyncResponse, Term};
 use crate::domain::health::Verdict;
-use crate::domain::lease::{Allotted, Allocator, Claim, MemberShare, Report};
 use crate::domain::lease::journal::{key_string, parse_key};
+use crate::domain::lease::{Allocator, Allotted, Claim, MemberShare, Report};
 use crate::domain::membership::{Feed, MemberTag, Since};
 use crate::domain::resource::ObjectKey;
 
@@ -281,11 +281,7 @@ impl ShareDesk {
     fn answer(&self, tag: &MemberTag, request: &SyncRequest, feed_since: u64) -> (SyncResponse, bool) {
         let mut state = self.lock();
         if state.proxies_changed {
-            let leasable: Vec<ObjectKey> = state
-                .fleet
-                .leasable()
-                .filter_map(|p| parse_key(p).ok())
-                .collect();
+            let leasable: Vec<ObjectKey> = state.fleet.leasable().filter_map(|p| parse_key(p).ok()).collect();
             state.allocator.set_proxies(leasable);
             state.proxies_changed = false;
         }

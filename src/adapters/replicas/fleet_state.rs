@@ -35,7 +35,9 @@ impl FleetState {
             } => {
                 *until_ms > now_ms
                     && raise(
-                        self.target_rests.entry((proxy.clone(), target.clone())).or_default(),
+                        self.target_rests
+                            .entry((proxy.clone(), target.clone()))
+                            .or_default(),
                         *until_ms,
                     )
             }
@@ -46,7 +48,9 @@ impl FleetState {
                 let blocked = self.blocked.entry(proxy.clone()).or_default();
                 blocked.len() < MAX_BLOCKED && blocked.insert(*target_digest)
             }
-            FleetItem::Errors { proxy, count } => raise(self.errors.entry(proxy.clone()).or_default(), *count),
+            FleetItem::Errors { proxy, count } => {
+                raise(self.errors.entry(proxy.clone()).or_default(), *count)
+            }
             FleetItem::Tally {
                 proxy,
                 blocked_targets,
@@ -93,25 +97,39 @@ impl FleetState {
             .values()
             .map(|a| FleetItem::Available(Box::new(a.clone())))
             .collect();
-        items.extend(self.probes.values().map(|p| FleetItem::Probe(Box::new(p.clone()))));
-        items.extend(self.target_rests.iter().map(|((proxy, target), until)| FleetItem::TargetRest {
-            proxy: proxy.clone(),
-            target: target.clone(),
-            until_ms: *until,
-        }));
-        items.extend(self.proxy_rests.iter().map(|(proxy, until)| FleetItem::ProxyRest {
-            proxy: proxy.clone(),
-            until_ms: *until,
-        }));
+        items.extend(
+            self.probes
+                .values()
+                .map(|p| FleetItem::Probe(Box::new(p.clone()))),
+        );
+        items.extend(
+            self.target_rests
+                .iter()
+                .map(|((proxy, target), until)| FleetItem::TargetRest {
+                    proxy: proxy.clone(),
+                    target: target.clone(),
+                    until_ms: *until,
+                }),
+        );
+        items.extend(
+            self.proxy_rests
+                .iter()
+                .map(|(proxy, until)| FleetItem::ProxyRest {
+                    proxy: proxy.clone(),
+                    until_ms: *until,
+                }),
+        );
         let tallied: BTreeSet<&String> = self.blocked.keys().chain(self.errors.keys()).collect();
-        items.extend(tallied.into_iter().map(|proxy| FleetItem::Tally {
-            proxy: proxy.clone(),
-            blocked_targets: self
-                .blocked
-                .get(proxy)
-                .map(|b| b.iter().copied().collect())
-                .unwrap_or_default(),
-            errors: self.errors.get(proxy).copied().unwrap_or(0),
+        items.extend(tallied.into_iter().map(|proxy| {
+            FleetItem::Tally {
+                proxy: proxy.clone(),
+                blocked_targets: self
+                    .blocked
+                    .get(proxy)
+                    .map(|b| b.iter().copied().collect())
+                    .unwrap_or_default(),
+                errors: self.errors.get(proxy).copied().unwrap_or(0),
+            }
         }));
         items
     }
@@ -188,14 +206,34 @@ mod tests {
         };
         let rows: Vec<(&str, Vec<FleetItem>, FleetItem, bool)> = vec![
             ("a first rest", vec![], target_rest(NOW + 10_000), true),
-            ("a later end", vec![target_rest(NOW + 10_000)], target_rest(NOW + 20_000), true),
-            ("an earlier end", vec![target_rest(NOW + 20_000)], target_rest(NOW + 10_000), false),
-            ("the same end twice", vec![target_rest(NOW + 10_000)], target_rest(NOW + 10_000), false),
+            (
+                "a later end",
+                vec![target_rest(NOW + 10_000)],
+                target_rest(NOW + 20_000),
+                true,
+            ),
+            (
+                "an earlier end",
+                vec![target_rest(NOW + 20_000)],
+                target_rest(NOW + 10_000),
+                false,
+            ),
+            (
+                "the same end twice",
+                vec![target_rest(NOW + 10_000)],
+                target_rest(NOW + 10_000),
+                false,
+            ),
             ("a rest already over", vec![], target_rest(NOW - 1), false),
             ("a new blocked target", vec![blocked(1)], blocked(2), true),
             ("a blocked target known", vec![blocked(1)], blocked(1), false),
             ("more errors", vec![errors(2)], errors(3), true),
-            ("fewer errors (another member's count)", vec![errors(3)], errors(2), false),
+            (
+                "fewer errors (another member's count)",
+                vec![errors(3)],
+                errors(2),
+                false,
+            ),
             (
                 "a tally adding nothing",
                 vec![blocked(1), errors(3)],
@@ -217,8 +255,18 @@ mod tests {
                 true,
             ),
             ("a new proxy", vec![], available("crawl/p1", true), true),
-            ("the same availability", vec![available("crawl/p1", true)], available("crawl/p1", true), false),
-            ("a changed availability", vec![available("crawl/p1", true)], available("crawl/p1", false), true),
+            (
+                "the same availability",
+                vec![available("crawl/p1", true)],
+                available("crawl/p1", true),
+                false,
+            ),
+            (
+                "a changed availability",
+                vec![available("crawl/p1", true)],
+                available("crawl/p1", false),
+                true,
+            ),
             (
                 "a removal of a known proxy",
                 vec![target_rest(NOW + 10_000)],
@@ -266,11 +314,18 @@ mod tests {
         assert_eq!(state.leasable().collect::<Vec<_>>(), ["crawl/p1"]);
         let mut replayed = FleetState::default();
         for item in state.items() {
-            assert!(replayed.merge(item, NOW).is_some(), "every item of a full state says something");
+            assert!(
+                replayed.merge(item, NOW).is_some(),
+                "every item of a full state says something"
+            );
         }
         assert_eq!(replayed.items(), state.items());
         state.prune(NOW + 6_000);
-        assert_eq!(state.items().len(), 4, "the proxy rest ended; the target rest did not");
+        assert_eq!(
+            state.items().len(),
+            4,
+            "the proxy rest ended; the target rest did not"
+        );
         state.merge(
             FleetItem::Removed {
                 proxy: "crawl/p1".into(),

@@ -7,8 +7,8 @@
 
 pub mod client;
 pub mod desk;
-pub mod fleet_state;
 mod error;
+pub mod fleet_state;
 pub mod members;
 pub mod token;
 pub mod wire;
