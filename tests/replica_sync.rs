@@ -6,7 +6,8 @@
 //! timeout, a refusal keeps its status and message, an unreadable answer
 //! and a closed port are errors of their own; a forwarded lease call goes
 //! to `/internal/v1/leases/{id}/{op}` with the caller and its answer —
-//! refusals and `Retry-After` included — is passed on as it came.
+//! refusals and `Retry-After` included — is passed on as it came (and
+//! counted in `egress_proxies_lease_forwards_total`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -22,6 +23,7 @@ use egress_proxies::adapters::replicas::token::ReplicaToken;
 use egress_proxies::adapters::replicas::wire::{
     Allocation, ForwardedLeaseCall, LeaseCall, SyncRequest, SyncResponse, Term,
 };
+use egress_proxies::telemetry::metrics::metrics;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
@@ -132,6 +134,15 @@ async fn stand_in(answer: Answer) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
         }
     });
     (addr, seen)
+}
+
+/// The value of one metric line, 0 when absent.
+fn metric(line_start: &str) -> f64 {
+    metrics()
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn timings() -> SyncTimings {
@@ -280,10 +291,16 @@ async fn a_forwarded_call_carries_the_caller_and_its_answer_is_passed_on_as_it_c
             detail: Some("captcha".into()),
         },
     };
+    let refused_before = metric("egress_proxies_lease_forwards_total{result=\"refused\"}");
     let answer = client(Some(&token))
         .forward(&holder.to_string(), id, &call)
         .await
         .unwrap();
+    assert_eq!(
+        metric("egress_proxies_lease_forwards_total{result=\"refused\"}"),
+        refused_before + 1.0,
+        "counted as a refusal passed on"
+    );
     assert_eq!(answer.status, 503);
     assert_eq!(answer.retry_after.as_deref(), Some("1"));
     assert_eq!(answer.content_type.as_deref(), Some("application/json"));

@@ -18,6 +18,7 @@ use super::ReplicaError;
 use super::token::ReplicaToken;
 use super::wire::{ForwardedLeaseCall, SYNC_PATH, SyncRequest, SyncResponse, lease_path};
 use crate::adapters::discovery_api::bodies::ErrorBody;
+use crate::telemetry::events::LeaseForwarded;
 
 /// How long a sync call may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,8 +143,23 @@ impl ReplicaClient {
         id: &str,
         call: &ForwardedLeaseCall,
     ) -> Result<ForwardedAnswer, ReplicaError> {
-        let path = lease_path(id, call.call.op());
-        self.call(holder, &path, call, self.timings.answer_within).await
+        let op = call.call.op();
+        let answer = self
+            .call(holder, &lease_path(id, op), call, self.timings.answer_within)
+            .await;
+        let result = match &answer {
+            Ok(a) if (200..300).contains(&a.status) => "ok",
+            Ok(_) => "refused",
+            Err(ReplicaError::Timeout { .. }) => "timeout",
+            Err(_) => "unreachable",
+        };
+        LeaseForwarded {
+            op: op.as_str(),
+            holder,
+            result,
+        }
+        .emit();
+        answer
     }
 
     async fn call(
