@@ -4,7 +4,8 @@
 //! is judged dead no sooner than the lease duration after its last renew
 //! (its own tenure over by then), a released one at once, a deleted one is
 //! reported gone; a lapsed member renews no more; `keep` publishes tables
-//! and releases the Lease when stopped.
+//! (and `egress_proxies_replicas{state}`) and releases the Lease when
+//! stopped.
 
 mod support;
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use egress_proxies::adapters::leader::{SystemClock, Timings};
 use egress_proxies::adapters::replicas::ReplicaError;
 use egress_proxies::adapters::replicas::members::{self, MemberIdentity, MemberTable, Membership, Roster};
+use egress_proxies::telemetry::metrics::metrics;
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams};
@@ -52,6 +54,15 @@ async fn join(fake: &FakeApiServer, me: &MemberIdentity) -> Membership {
 
 fn roster(fake: &FakeApiServer, me: &MemberIdentity) -> Roster {
     Roster::new(client(fake), NAMESPACE, me, timings(), Arc::new(SystemClock))
+}
+
+/// The value of one metric line, 0 when absent.
+fn metric(line_start: &str) -> f64 {
+    metrics()
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[actix_rt::test]
@@ -201,6 +212,8 @@ async fn keep_publishes_the_members_and_releases_the_lease_when_stopped() {
         stopped,
     ));
     seen.wait_for(|t| t.live.len() == 2).await.unwrap();
+    assert_eq!(metric("egress_proxies_replicas{state=\"live\"}"), 2.0);
+    assert_eq!(metric("egress_proxies_replicas{state=\"dead\"}"), 0.0);
     // Renewed past the first renew deadline.
     tokio::time::sleep(timings().renew_deadline * 2).await;
     assert!(tenure.is_leading(), "keep renews the member Lease");

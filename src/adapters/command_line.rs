@@ -289,6 +289,26 @@ pub struct RunArgs {
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,
 
+    /// Transitional and under construction, off by default; setting it
+    /// changes nothing yet. When finished, every replica will serve the
+    /// gateway and the lease API from a capacity share the leader hands
+    /// out (docs/kubernetes.md). Off: only the leader serves.
+    #[arg(long, env = "EVERY_REPLICA_SERVES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub every_replica_serves: bool,
+
+    /// The replicas' internal listener (sync with the leader, forwarded
+    /// lease calls; under construction, nothing listens yet); `0` disables
+    /// it. Off the loopback only with a `DISCOVERY_TOKEN`, from which the
+    /// replicas' token is derived.
+    #[arg(long, env = "REPLICA_BIND_ADDRESS", default_value = "0")]
+    pub replica_bind_address: BindAddress,
+
+    /// Where the other replicas reach this one's internal listener (`ip:port`).
+    /// Default: `$POD_IP` with the listener's port, else the listener's
+    /// address when it names an IP.
+    #[arg(long, env = "REPLICA_ADVERTISE_ADDRESS", value_name = "IP:PORT")]
+    pub replica_advertise_address: Option<std::net::SocketAddr>,
+
     /// Leader Lease duration: a candidate takes over a Lease unchanged this
     /// long; the leader stops acting 2/3 of it after its last successful
     /// renew began and renews every 2/15 of it.
@@ -392,6 +412,26 @@ pub struct RunArgs {
     /// Log GCP request/response payloads in full at trace level instead of eliding large fields.
     #[arg(long, env = "GCP_WIRE_LOG_FULL_PAYLOADS")]
     pub gcp_wire_log_full_payloads: bool,
+}
+
+impl RunArgs {
+    /// Where the other replicas reach this one: `--replica-advertise-address`,
+    /// else `pod_ip` (`$POD_IP`) with the listener's port, else the
+    /// listener's own address when it names an IP; `None` when the
+    /// listener is off or nothing names an address.
+    pub fn replica_advertise(&self, pod_ip: Option<&str>) -> Option<std::net::SocketAddr> {
+        let BindAddress::Listen(bind) = self.replica_bind_address else {
+            return None;
+        };
+        if let Some(explicit) = self.replica_advertise_address {
+            return Some(explicit);
+        }
+        let pod_ip = pod_ip.and_then(|ip| ip.trim().parse::<std::net::IpAddr>().ok());
+        match pod_ip {
+            Some(ip) => Some(std::net::SocketAddr::new(ip, bind.port())),
+            None => (!bind.ip().is_unspecified()).then_some(bind),
+        }
+    }
 }
 
 /// The `crd` command's argument.
@@ -544,6 +584,59 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("did you mean 10.0.0.0/8"), "{err}");
+    }
+
+    #[test]
+    fn the_replica_flags_parse_and_the_advertised_address_follows_the_pod() {
+        let parse = |args: &[&str]| {
+            let all = ["egress-proxies-operator"].iter().chain(args);
+            Cli::try_parse_from(all).unwrap().run
+        };
+        let off = parse(&[]);
+        assert!(!off.every_replica_serves, "off by default");
+        assert_eq!(off.replica_bind_address, BindAddress::Disabled);
+        assert_eq!(
+            off.replica_advertise(Some("10.1.2.3")),
+            None,
+            "no listener, nothing to advertise"
+        );
+        assert!(parse(&["--every-replica-serves"]).every_replica_serves);
+        assert!(parse(&["--every-replica-serves=true"]).every_replica_serves);
+        assert!(!parse(&["--every-replica-serves=false"]).every_replica_serves);
+
+        let pod = parse(&["--replica-bind-address=:8091"]);
+        assert_eq!(
+            pod.replica_advertise(Some("10.1.2.3")),
+            Some("10.1.2.3:8091".parse().unwrap()),
+            "the pod's IP with the listener's port"
+        );
+        assert_eq!(pod.replica_advertise(None), None, "0.0.0.0 names no address");
+        assert_eq!(pod.replica_advertise(Some("not-an-ip")), None);
+        let loopback = parse(&["--replica-bind-address", "127.0.0.5:8091"]);
+        assert_eq!(
+            loopback.replica_advertise(None),
+            Some("127.0.0.5:8091".parse().unwrap())
+        );
+        assert_eq!(
+            loopback.replica_advertise(Some("fd00::7")),
+            Some("[fd00::7]:8091".parse().unwrap())
+        );
+        let explicit = parse(&[
+            "--replica-bind-address=:8091",
+            "--replica-advertise-address",
+            "192.0.2.9:9000",
+        ]);
+        assert_eq!(
+            explicit.replica_advertise(Some("10.1.2.3")),
+            Some("192.0.2.9:9000".parse().unwrap())
+        );
+        let err = Cli::try_parse_from([
+            "egress-proxies-operator",
+            "--replica-advertise-address",
+            "replica-0:8091",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("--replica-advertise-address"), "{err}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::metrics::{
     ActorLabel, GatewayBytesLabels, GatewayFailureLabels, GatewayKindLabel, GatewayOutcomeLabels,
     GatewayProxyLabel, HandshakeLabel, HostLabel, ListenerRefusalLabels, PhaseLabel, PoolLabel,
     PoolReasonLabels, ProviderCallLabels, ProviderOpLabels, ProviderReasonLabels, ReasonLabel,
-    ReplacementLabels, ResultLabel, RpcLabel, metrics,
+    ReplacementLabels, ResultLabel, RpcLabel, StateLabel, metrics,
 };
 
 /// A provider call returned.
@@ -348,6 +348,54 @@ impl LeadershipChanged<'_> {
             tracing::info!(identity = self.identity, "no longer the leader");
         }
         metrics().leader.set(i64::from(self.leading));
+    }
+}
+
+/// This replica looked at the member Leases (every retry period).
+pub struct MembersSeen {
+    pub live: usize,
+    pub dead: usize,
+}
+
+impl MembersSeen {
+    pub fn emit(self) {
+        tracing::debug!(live = self.live, dead = self.dead, "member replicas");
+        let m = metrics();
+        for (state, count) in [("live", self.live), ("dead", self.dead)] {
+            m.replicas
+                .get_or_create(&StateLabel {
+                    state: state.to_owned(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// A lease call was forwarded to the replica holding the lease.
+pub struct LeaseForwarded<'a> {
+    /// `release`, `renew` or `report`: logged, not a label.
+    pub op: &'a str,
+    /// The holder's `ip:port`: logged, not a label.
+    pub holder: &'a str,
+    /// `ok` (2xx), `refused` (the holder answered otherwise), `timeout`
+    /// or `unreachable`: the label.
+    pub result: &'static str,
+}
+
+impl LeaseForwarded<'_> {
+    pub fn emit(self) {
+        tracing::debug!(
+            op = self.op,
+            holder = self.holder,
+            result = self.result,
+            "lease call forwarded"
+        );
+        metrics()
+            .lease_forwards
+            .get_or_create(&ResultLabel {
+                result: self.result.to_owned(),
+            })
+            .inc();
     }
 }
 

@@ -55,6 +55,11 @@ pub struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HandshakeLabel {
     /// `full` or `resumed`.
     pub kind: &'static str,
@@ -206,6 +211,8 @@ pub struct Metrics {
     pub gc_instances_deleted: Counter,
     pub gc_delete_failures: Counter,
     pub leader: Gauge,
+    pub replicas: Family<StateLabel, Gauge>,
+    pub lease_forwards: Family<ResultLabel, Counter>,
     pub pool_member_creations: Family<PoolLabel, Counter>,
     pub pool_member_retirements: Family<PoolReasonLabels, Counter>,
     pub pool_member_deletions: Family<PoolLabel, Counter>,
@@ -265,6 +272,8 @@ impl Metrics {
             gc_instances_deleted: Counter::default(),
             gc_delete_failures: Counter::default(),
             leader: Gauge::default(),
+            replicas: Family::default(),
+            lease_forwards: Family::default(),
             pool_member_creations: Family::default(),
             pool_member_retirements: Family::default(),
             pool_member_deletions: Family::default(),
@@ -406,6 +415,17 @@ impl Metrics {
             "leader",
             "1 while this replica acts (holds the leader Lease, or runs without election or standalone)",
             m.leader.clone(),
+        );
+        registry.register(
+            "replicas",
+            "Member replicas this replica's latest look at the member Leases found, by state (live, dead)",
+            m.replicas.clone(),
+        );
+        registry.register(
+            "lease_forwards",
+            "Lease calls forwarded to the replica holding the lease, by result \
+             (ok, refused, timeout, unreachable)",
+            m.lease_forwards.clone(),
         );
         registry.register(
             "pool_member_creations",

@@ -26,6 +26,7 @@ use kube::api::{Api, ListParams, PostParams};
 use super::ReplicaError;
 use crate::adapters::leader::{Attempt, Clock, LeaderElector, Tenure, Timings};
 use crate::domain::membership::{Decision, Liveness, MemberTag};
+use crate::telemetry::events::MembersSeen;
 
 /// Name prefix of the member Leases (`egress-proxies-member-0a1b2c3d`).
 pub const LEASE_PREFIX: &str = "egress-proxies-member-";
@@ -352,6 +353,11 @@ pub async fn keep(
         let lapsed = match (lapsed, roster.look().await) {
             (Some(e), _) => Some(e),
             (None, Ok(table)) => {
+                MembersSeen {
+                    live: table.live.len(),
+                    dead: table.dead.len(),
+                }
+                .emit();
                 let listed = table.is_live(&me);
                 tables.send_replace(table);
                 (!listed).then(|| membership.lapse())
