@@ -734,7 +734,9 @@ fn only_declares_modules(text: &str) -> bool {
 
 #[test]
 fn the_actix_check_finds_what_is_planted() {
-    assert!(only_declares_modules("//! Docs.\n#![warn(x)]\npub mod a;\nmod b; // why\n"));
+    assert!(only_declares_modules(
+        "//! Docs.\n#![warn(x)]\npub mod a;\nmod b; // why\n"
+    ));
     assert!(!only_declares_modules("pub mod a;\nfn helper() {}\n"));
     assert!(!only_declares_modules("pub mod a;\npub use a::Thing;\n"));
     assert!(uses_actix("use actix::prelude::*;\nfn f() {}\n"));

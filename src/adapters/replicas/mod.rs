@@ -9,6 +9,7 @@ pub mod client;
 pub mod desk;
 mod error;
 pub mod fleet_state;
+pub mod link;
 pub mod members;
 pub mod token;
 pub mod wire;
