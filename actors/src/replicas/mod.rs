@@ -2,3 +2,4 @@
 //! `--every-replica-serves`): the actors that tie a replica to the others.
 
 pub mod probe_router;
+pub mod server;
