@@ -19,6 +19,7 @@ pub mod pod_security;
 pub mod process;
 pub mod rbac;
 pub mod scripted_provider;
+pub mod site;
 
 // Shared with the library's tests: each file lives once, in its
 // tests/support/, and is included here.
