@@ -1,0 +1,317 @@
+//! The bed of three replicas (support::replicas) against today's
+//! behaviour, where only the leader serves: three operator processes, each
+//! on its own loopback address and its own link to the fake API server;
+//! exactly one leads and is ready; a Service (support::service) sends
+//! crawlers' connections only to it; a crawler fetches from a site
+//! (support::site) through the Service, the gateway and a local proxy,
+//! plain HTTP and through a tunnel; the leader's link made every Proxy
+//! status write, the followers' none; the leader SIGKILLed, another
+//! replica is ready within the lease duration and a margin, and the
+//! Service moves new connections to it; the killed replica restarted comes
+//! back as a follower. And the probe counter (support::probe_counter)
+//! against the real prober: 20 External proxies, each probed once per
+//! interval, plain HTTP and through a TLS tunnel.
+
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::probe_counter::ProbeCounter;
+use support::replicas::{LEASE_DURATION, Port, ReplicaBed};
+use support::site::Site;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One plain-HTTP GET of `site` through the gateway at `gateway`: the
+/// status line and head, lower case.
+async fn fetch(gateway: SocketAddr, site: SocketAddr) -> Result<String, String> {
+    let mut s = TcpStream::connect(gateway).await.map_err(|e| e.to_string())?;
+    let head = format!("GET http://{site}/page HTTP/1.1\r\nHost: {site}\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer in 10 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&answer).to_ascii_lowercase())
+}
+
+/// A `CONNECT` to `site` through the gateway, then one request inside.
+async fn tunnel(gateway: SocketAddr, site: SocketAddr) -> Result<String, String> {
+    let mut s = TcpStream::connect(gateway).await.map_err(|e| e.to_string())?;
+    let connect = format!("CONNECT {site} HTTP/1.1\r\nHost: {site}\r\n\r\n");
+    s.write_all(connect.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(Duration::from_secs(10), s.read(&mut byte)).await {
+            Ok(Ok(1)) => got.push(byte[0]),
+            other => return Err(format!("the CONNECT answer ended: {other:?} after {got:?}")),
+        }
+    }
+    let reply = String::from_utf8_lossy(&got).into_owned();
+    if !reply.starts_with("HTTP/1.1 200") {
+        return Err(reply);
+    }
+    s.write_all(format!("GET /page HTTP/1.1\r\nHost: {site}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[actix_rt::test]
+async fn three_replicas_one_leader_serving_through_the_service_and_a_failover() {
+    let mut bed = ReplicaBed::start(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"]).await;
+    assert_eq!(bed.len(), 3);
+    let ips: Vec<_> = (0..3).map(|i| bed.addrs(i).ip).collect();
+    assert!(
+        ips[0] != ips[1] && ips[1] != ips[2] && ips[0] != ips[2],
+        "each replica on its own address: {ips:?}"
+    );
+    for i in 0..3 {
+        let addrs = bed.addrs(i);
+        for addr in [addrs.health, addrs.discovery, addrs.gateway, addrs.metrics] {
+            assert_eq!(addr.ip(), IpAddr::V4(addrs.ip), "replica {i}: {addrs:?}");
+        }
+    }
+
+    // Exactly one leader, the Lease's holder, and only it ready.
+    let leader = bed.wait_leader().await;
+    for i in 0..3 {
+        let leading = bed.metric(i, "egress_proxies_leader", "").await;
+        let expected = if i == leader { 1.0 } else { 0.0 };
+        assert_eq!(
+            leading,
+            Some(expected),
+            "replica {i}'s leader gauge (leader {leader})"
+        );
+    }
+
+    // Two local proxies, each leaving from its own address in the bed's network.
+    let target = support::process::health_target();
+    for name in ["p0", "p1"] {
+        bed.apply_proxy(
+            name,
+            json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}}),
+        )
+        .await;
+    }
+    bed.wait_phase(&["p0", "p1"], "Ready").await;
+    let dashboard = bed
+        .dashboard(leader)
+        .await
+        .expect("the leader's dashboard answers");
+    assert!(dashboard["proxies"].is_array(), "{dashboard}");
+
+    // The Service routes to the ready replica only.
+    let gateway = bed.service(Port::Gateway).await;
+    support::eventually("the Service to see the leader ready", WAIT, async || {
+        let ready = gateway.ready();
+        (ready == [leader]).then_some(()).ok_or(format!("{ready:?}"))
+    })
+    .await;
+    let site = Site::start().await;
+    let answer = support::eventually_explained(
+        "a fetch through the Service",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let answer = fetch(gateway.addr(), site.addr).await?;
+            if answer.starts_with("http/1.1 200") {
+                Ok(answer)
+            } else {
+                Err(answer)
+            }
+        },
+    )
+    .await;
+    assert!(answer.ends_with("ok"), "{answer}");
+    let reply = tunnel(gateway.addr(), site.addr).await.unwrap();
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.ends_with("ok"),
+        "{reply}"
+    );
+    let network = bed.proxy_network();
+    let prefix = network.rsplit_once('.').unwrap().0;
+    for request in site.log.requests() {
+        assert!(
+            request.source.to_string().starts_with(prefix),
+            "the site was reached from a proxy's address in {network}: {request:?}"
+        );
+        assert_eq!(request.host, site.addr.to_string());
+    }
+    assert!(site.log.requests().len() >= 2);
+    // One connection at a time here: no proxy had two open at once.
+    let most = site.log.most_open_by_source();
+    assert!(!most.is_empty() && most.values().all(|n| *n == 1), "{most:?}");
+    assert_eq!(site.log.open(), 0);
+    // The Service records a connection once both sides have closed it.
+    support::eventually("the Service's connections ended", WAIT, async || {
+        (gateway.open_connections() == 0).then_some(())
+    })
+    .await;
+    let routed = gateway.accepted_per_backend();
+    assert_eq!(routed.keys().collect::<Vec<_>>(), [&Some(leader)], "{routed:?}");
+    for record in gateway.connections() {
+        assert_eq!(record.backend, Some(leader), "{record:?}");
+        assert!(record.sent > 0 && record.received > 0, "{record:?}");
+    }
+
+    // Every Proxy status write came through the leader's link.
+    let writes = |i: usize| {
+        bed.api_requests(i)
+            .0
+            .iter()
+            .filter(|(k, _)| k.resource == "proxies/status" && k.verb != "get")
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    assert!(writes(leader) >= 2, "{:?}", bed.api_requests(leader));
+    for i in (0..3).filter(|&i| i != leader) {
+        assert_eq!(writes(i), 0, "follower {i}: {:?}", bed.api_requests(i));
+        assert!(
+            bed.api_requests(i).on("leases") > 0,
+            "follower {i} tries the leader Lease through its own link"
+        );
+    }
+    let total: u64 = (0..3).map(|i| bed.api_requests(i).total()).sum();
+    assert!(
+        total < bed.fake.requests().total(),
+        "the test's own requests are on no link"
+    );
+
+    // The leader SIGKILLed: another replica ready within L and a margin.
+    bed.kill(leader).await;
+    let killed_at = Instant::now();
+    let (successor, took) = support::eventually_explained(
+        "another replica ready",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let ready = bed.ready_replicas().await;
+            match ready.as_slice() {
+                [one] if *one != leader => Ok((*one, killed_at.elapsed())),
+                _ => Err(format!("{ready:?}")),
+            }
+        },
+    )
+    .await;
+    // The Lease holds until it expires unrenewed (the last renew was at
+    // most one retry period, 0.4 s, before the kill).
+    assert!(
+        took >= LEASE_DURATION - Duration::from_millis(500),
+        "took over after {took:?}"
+    );
+    assert!(
+        took < LEASE_DURATION + Duration::from_secs(5),
+        "took over after {took:?}"
+    );
+    assert_eq!(bed.leader().await, Some(successor));
+
+    // The Service moves new connections to it; the proxies serve again.
+    support::eventually("the Service to see the successor ready", WAIT, async || {
+        let ready = gateway.ready();
+        (ready == [successor]).then_some(()).ok_or(format!("{ready:?}"))
+    })
+    .await;
+    let served_after = Instant::now();
+    support::eventually_explained(
+        "a fetch through the Service after the failover",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let answer = fetch(gateway.addr(), site.addr).await?;
+            answer.starts_with("http/1.1 200").then_some(()).ok_or(answer)
+        },
+    )
+    .await;
+    let after: Vec<_> = gateway
+        .connections()
+        .into_iter()
+        .filter(|r| r.accepted >= served_after)
+        .collect();
+    assert!(!after.is_empty());
+    assert!(
+        after.iter().all(|r| r.backend == Some(successor)),
+        "new connections go to the successor: {after:?}"
+    );
+
+    // The killed replica restarted: a follower, on the same addresses.
+    bed.restart(leader).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!bed.ready(leader).await, "the restarted replica follows");
+    assert_eq!(bed.wait_leader().await, successor);
+    assert_eq!(bed.metric(leader, "egress_proxies_leader", "").await, Some(0.0));
+    eprintln!(
+        "replicas bed: leader replica-{leader}, successor replica-{successor} ready {took:?} after the kill; \
+         Service connections per backend {:?}; API requests per link {:?}",
+        gateway.accepted_per_backend(),
+        (0..3).map(|i| bed.api_requests(i).total()).collect::<Vec<_>>()
+    );
+}
+
+/// The probe counter (support::probe_counter) answers what a health probe
+/// of an External proxy sends, plain HTTP and through a CONNECT tunnel with
+/// TLS: 20 External Proxies pointing at it, each with its own health URL,
+/// all come up Ready and Healthy; each is probed about once per 1 s interval (today
+/// by the leader alone: the followers' links write no Proxy status), and
+/// nothing reaches the counter that names no Proxy.
+#[actix_rt::test]
+async fn the_probe_counter_counts_each_external_proxy_s_probes() {
+    let counter = ProbeCounter::start().await;
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    counter.write_ca(ca.path());
+    let ca_arg = ca.path().to_str().unwrap().to_owned();
+    let bed = ReplicaBed::start(
+        3,
+        &[
+            "--allow-external-endpoint-networks",
+            "127.0.0.0/8",
+            "--health-ca-file",
+            &ca_arg,
+        ],
+    )
+    .await;
+    let leader = bed.wait_leader().await;
+    let names: Vec<String> = (0..20).map(|i| format!("ext-{i:02}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        // Every fifth through a tunnel with TLS, as the default https URL is.
+        let url = if i % 5 == 0 {
+            ProbeCounter::https_url(name)
+        } else {
+            ProbeCounter::health_url(name)
+        };
+        bed.apply_proxy(name, counter.external_spec(&url, "1s")).await;
+    }
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    bed.wait_phase(&all, "Ready").await;
+    // Healthy only once the probes through the counter succeed.
+    bed.wait_condition(&all, "Healthy", "True").await;
+
+    // Over 6 s, each proxy probed once a second, give or take one at each end.
+    let before = counter.counts();
+    let window = Duration::from_secs(6);
+    let from = Instant::now();
+    tokio::time::sleep(window).await;
+    for name in &names {
+        let in_window = counter.probes_of(name).iter().filter(|at| **at >= from).count();
+        assert!(
+            (5..=7).contains(&in_window),
+            "{name}: {in_window} probes in {window:?} (counted before: {:?})",
+            before.get(name)
+        );
+    }
+    assert_eq!(counter.counts().len(), 20, "{:?}", counter.counts());
+    assert_eq!(counter.strays(), 0);
+    assert!(counter.total() >= 20 * 5);
+    for i in (0..3).filter(|&i| i != leader) {
+        assert_eq!(bed.api_requests(i).on("proxies/status"), 0, "follower {i}");
+    }
+    assert!(bed.api_requests(leader).on("proxies/status") >= 20);
+}
