@@ -8,18 +8,22 @@
 //! status write, the followers' none; the leader SIGKILLed, another
 //! replica is ready within the lease duration and a margin, and the
 //! Service moves new connections to it; the killed replica restarted comes
-//! back as a follower. And the probe counter (support::probe_counter)
-//! against the real prober: 20 External proxies, each probed once per
-//! interval, plain HTTP and through a TLS tunnel.
+//! back as a follower; one replica cut off the API server alone. And the
+//! bed's parts: the probe counter (support::probe_counter) against the
+//! real prober (20 External proxies, each probed once per interval, plain
+//! HTTP and through a TLS tunnel), the Service and the site on their own.
 
 mod support;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::probe_counter::ProbeCounter;
 use support::replicas::{LEASE_DURATION, Port, ReplicaBed};
+use support::service::{Backend, FakeService};
 use support::site::Site;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -314,4 +318,295 @@ async fn the_probe_counter_counts_each_external_proxy_s_probes() {
         assert_eq!(bed.api_requests(i).on("proxies/status"), 0, "follower {i}");
     }
     assert!(bed.api_requests(leader).on("proxies/status") >= 20);
+}
+
+/// A stand-in backend for the Service's own test: `/readyz` on `health`
+/// answers 200 while `ready`, 503 otherwise; `serve` greets each
+/// connection with its name, then echoes.
+struct StandIn {
+    health: SocketAddr,
+    serve: SocketAddr,
+    ready: Arc<AtomicBool>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+async fn stand_in(name: &'static str) -> StandIn {
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let serve = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ready = Arc::new(AtomicBool::new(true));
+    let (health_addr, serve_addr, is_ready) = (
+        health.local_addr().unwrap(),
+        serve.local_addr().unwrap(),
+        ready.clone(),
+    );
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = health.accept().await {
+            let answer: &[u8] = if is_ready.load(Ordering::SeqCst) {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            };
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(answer).await;
+        }
+    });
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = serve.accept().await {
+            tokio::spawn(async move {
+                let _ = s.write_all(name.as_bytes()).await;
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    StandIn {
+        health: health_addr,
+        serve: serve_addr,
+        ready,
+        server,
+    }
+}
+
+/// Connects through the Service and reads the backend's greeting.
+async fn greeted(service: SocketAddr) -> (TcpStream, Result<String, std::io::Error>) {
+    let mut s = TcpStream::connect(service).await.unwrap();
+    let mut name = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut name))
+        .await
+        .expect("an answer or an error within 5 s")
+        .map(|_| String::from_utf8_lossy(&name).into_owned());
+    (s, read)
+}
+
+/// The Service on its own: round-robin over the ready backends only; a
+/// connection stays on its backend when that turns unready; with none
+/// ready, or the chosen one refusing, the client's connection is reset;
+/// each connection recorded with its backend, bytes and end.
+#[actix_rt::test]
+async fn the_service_spreads_new_connections_over_ready_backends_only() {
+    let backends = [stand_in("a").await, stand_in("b").await];
+    let service = FakeService::start(
+        backends
+            .iter()
+            .map(|b| Backend {
+                health: b.health,
+                serve: b.serve,
+            })
+            .collect(),
+    )
+    .await;
+    support::eventually("both backends ready", WAIT, async || {
+        (service.ready() == [0, 1]).then_some(())
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let (s, name) = greeted(service.addr()).await;
+        held.push((name.unwrap(), s));
+    }
+    let mut greetings: Vec<&str> = held.iter().map(|(n, _)| n.as_str()).collect();
+    greetings.sort_unstable();
+    assert_eq!(greetings, ["a", "a", "b", "b"], "round-robin");
+
+    // b unready: new connections all go to a; b's open ones stay and work.
+    backends[1].ready.store(false, Ordering::SeqCst);
+    support::eventually("b unready", WAIT, async || (service.ready() == [0]).then_some(())).await;
+    for _ in 0..3 {
+        assert_eq!(greeted(service.addr()).await.1.unwrap(), "a");
+    }
+    let on_b = held.iter().position(|(n, _)| n == "b").unwrap();
+    let (_, mut stay) = held.remove(on_b);
+    stay.write_all(b"ping").await.unwrap();
+    let mut echo = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), stay.read_exact(&mut echo))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&echo, b"ping", "an open connection stays on its backend");
+
+    // None ready: reset at once.
+    backends[0].ready.store(false, Ordering::SeqCst);
+    support::eventually("none ready", WAIT, async || {
+        service.ready().is_empty().then_some(())
+    })
+    .await;
+    let (_, refused) = greeted(service.addr()).await;
+    let refused = refused.expect_err("no backend, no answer");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionReset, "{refused}");
+
+    // a ready again but its port closed (a dead process): reset too.
+    backends[0].server.abort();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backends[0].ready.store(true, Ordering::SeqCst);
+    support::eventually("a ready again", WAIT, async || {
+        (service.ready() == [0]).then_some(())
+    })
+    .await;
+    let (_, dead) = greeted(service.addr()).await;
+    assert_eq!(
+        dead.expect_err("a refused it").kind(),
+        std::io::ErrorKind::ConnectionReset
+    );
+
+    drop(held);
+    drop(stay);
+    support::eventually("every connection ended", WAIT, async || {
+        (service.open_connections() == 0).then_some(())
+    })
+    .await;
+    let records = service.connections();
+    assert_eq!(records.len(), 9, "{records:?}");
+    assert_eq!(
+        service.accepted_per_backend(),
+        [(None, 1), (Some(0), 6), (Some(1), 2)].into()
+    );
+    let errors: Vec<&str> = records.iter().filter_map(|r| r.error.as_deref()).collect();
+    assert_eq!(errors.len(), 2, "{records:?}");
+    assert!(errors.contains(&"no ready backend"), "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.starts_with("connecting to the backend")),
+        "{errors:?}"
+    );
+    let echoed = records
+        .iter()
+        .find(|r| r.sent == 4)
+        .expect("the echoed connection");
+    assert_eq!(
+        (echoed.backend, echoed.received),
+        (Some(1), 5),
+        "greeting and echo: {echoed:?}"
+    );
+}
+
+/// The site on its own: per source address the connections open and the
+/// most at once; each request logged with its host; a (source, host) pair
+/// blocked answers 403, other pairs 200.
+#[actix_rt::test]
+async fn the_site_counts_per_source_and_blocks_a_source_for_one_host() {
+    let site = Site::start().await;
+    let (a, b): (IpAddr, IpAddr) = ("127.0.13.1".parse().unwrap(), "127.0.13.2".parse().unwrap());
+    let connect = async |from: IpAddr| {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(from, 0)).unwrap();
+        socket.connect(site.addr).await.unwrap()
+    };
+    let held = vec![
+        connect(a).await,
+        connect(a).await,
+        connect(a).await,
+        connect(b).await,
+    ];
+    support::eventually("four open", WAIT, async || (site.log.open() == 4).then_some(())).await;
+    assert_eq!((site.log.open_from(a), site.log.open_from(b)), (3, 1));
+    drop(held);
+    support::eventually("all closed", WAIT, async || (site.log.open() == 0).then_some(())).await;
+    assert_eq!(site.log.most_open_by_source(), [(a, 3), (b, 1)].into());
+    assert_eq!(site.log.most_open(), 4);
+
+    site.log.block(a, Some("blocked.test"));
+    let ask = async |from: IpAddr, host: &str| {
+        let mut s = connect(from).await;
+        s.write_all(format!("GET /page HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        answer[9..12].to_owned()
+    };
+    assert_eq!(ask(a, "blocked.test:8080").await, "403");
+    assert_eq!(ask(a, "other.test").await, "200");
+    assert_eq!(ask(b, "blocked.test").await, "200");
+    site.log.unblock(a, Some("blocked.test"));
+    assert_eq!(ask(a, "blocked.test").await, "200");
+    let logged: Vec<(IpAddr, String, u16)> = site
+        .log
+        .requests()
+        .into_iter()
+        .map(|r| (r.source, r.host, r.status))
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            (a, "blocked.test:8080".to_owned(), 403),
+            (a, "other.test".to_owned(), 200),
+            (b, "blocked.test".to_owned(), 200),
+            (a, "blocked.test".to_owned(), 200),
+        ]
+    );
+    assert_eq!(site.log.requests_by_source(), [(a, 3), (b, 1)].into());
+    let events = site.log.events();
+    assert_eq!(events.iter().filter(|e| e.opened).count(), 8);
+    assert_eq!(events.iter().filter(|e| !e.opened).count(), 8);
+}
+
+/// `cut(i)` partitions one replica alone: a follower cut off makes no
+/// request the API server answers (its link's counts stand still) while
+/// the leader leads on, and its held requests are answered at the heal;
+/// the leader cut off stops being ready within the renew deadline (2 s)
+/// and exits with status 1, another replica taking over after the lease
+/// duration; restarted, it follows.
+#[actix_rt::test]
+async fn a_replica_cut_off_alone() {
+    let mut bed = ReplicaBed::start(3, &[]).await;
+    let leader = bed.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    bed.cut(follower);
+    let before = bed.api_requests(follower).total();
+    tokio::time::sleep(LEASE_DURATION + Duration::from_secs(1)).await;
+    assert_eq!(
+        bed.api_requests(follower).total(),
+        before,
+        "nothing answered while cut"
+    );
+    assert_eq!(bed.ready_replicas().await, [leader], "the leader leads on");
+    bed.heal(follower);
+    support::eventually("the follower's held requests answered", WAIT, async || {
+        (bed.api_requests(follower).total() > before).then_some(())
+    })
+    .await;
+
+    bed.cut(leader);
+    let cut = Instant::now();
+    let unready = support::eventually_explained(
+        "the cut-off leader unready",
+        WAIT,
+        || bed.logs(),
+        async || (!bed.ready(leader).await).then(|| cut.elapsed()),
+    )
+    .await;
+    assert!(
+        unready < Duration::from_millis(2_500),
+        "unready {unready:?} after the cut"
+    );
+    let (successor, took) = support::eventually_explained(
+        "a successor",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let ready = bed.ready_replicas().await;
+            match ready.as_slice() {
+                [one] if *one != leader => Ok((*one, cut.elapsed())),
+                _ => Err(format!("{ready:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(
+        took >= LEASE_DURATION - Duration::from_millis(500),
+        "took over {took:?} after the cut"
+    );
+    let status = support::eventually("the cut-off leader to exit", WAIT, async || {
+        bed.process(leader).exited()
+    })
+    .await;
+    assert_eq!(status.code(), Some(1), "exits to restart as a follower");
+    bed.heal(leader);
+    bed.restart(leader).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(bed.ready_replicas().await, [successor]);
+    assert_eq!(bed.leader().await, Some(successor));
+    eprintln!(
+        "cut: leader replica-{leader} unready {unready:?} after its cut, replica-{successor} ready {took:?} after"
+    );
 }
