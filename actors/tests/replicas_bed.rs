@@ -87,6 +87,7 @@ async fn three_replicas_one_leader_serving_through_the_service_and_a_failover() 
 
     // Exactly one leader, the Lease's holder, and only it ready.
     let leader = bed.wait_leader().await;
+    assert_eq!(bed.ready_replicas().await, [leader], "only the leader is ready");
     for i in 0..3 {
         let leading = bed.metric(i, "egress_proxies_leader", "").await;
         let expected = if i == leader { 1.0 } else { 0.0 };
@@ -284,15 +285,16 @@ async fn the_probe_counter_counts_each_external_proxy_s_probes() {
     .await;
     let leader = bed.wait_leader().await;
     let names: Vec<String> = (0..20).map(|i| format!("ext-{i:02}")).collect();
-    for (i, name) in names.iter().enumerate() {
-        // Every fifth through a tunnel with TLS, as the default https URL is.
+    // Every fifth through a tunnel with TLS, as the default https URL is.
+    bed.apply_proxies(names.iter().enumerate().map(|(i, name)| {
         let url = if i % 5 == 0 {
             ProbeCounter::https_url(name)
         } else {
             ProbeCounter::health_url(name)
         };
-        bed.apply_proxy(name, counter.external_spec(&url, "1s")).await;
-    }
+        (name.clone(), counter.external_spec(&url, "1s"))
+    }))
+    .await;
     let all: Vec<&str> = names.iter().map(String::as_str).collect();
     bed.wait_phase(&all, "Ready").await;
     // Healthy only once the probes through the counter succeed.

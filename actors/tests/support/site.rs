@@ -42,11 +42,24 @@ pub struct SiteEvent {
     pub open_after: usize,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct SiteOptions {
     /// Serve requests on a connection until the client closes it or asks
     /// for `Connection: close` (default: one request, then close).
     pub keep_alive: bool,
+    /// The address to listen on (a free port of it): sites on distinct
+    /// loopback addresses are distinct targets for the lease book, as
+    /// names would be (no `*.test` name resolves here). Default 127.0.0.1.
+    pub ip: IpAddr,
+}
+
+impl Default for SiteOptions {
+    fn default() -> Self {
+        Self {
+            keep_alive: false,
+            ip: IpAddr::from([127, 0, 0, 1]),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -206,7 +219,7 @@ impl Site {
     }
 
     pub async fn start_with(options: SiteOptions) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TcpListener::bind((options.ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let log = Arc::new(SiteLog::default());
         let seen = log.clone();
