@@ -24,7 +24,7 @@ use serde_json::json;
 use support::probe_counter::ProbeCounter;
 use support::replicas::{LEASE_DURATION, Port, ReplicaBed};
 use support::service::{Backend, FakeService};
-use support::site::Site;
+use support::site::{Site, SiteOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -542,6 +542,23 @@ async fn the_site_counts_per_source_and_blocks_a_source_for_one_host() {
     let events = site.log.events();
     assert_eq!(events.iter().filter(|e| e.opened).count(), 8);
     assert_eq!(events.iter().filter(|e| !e.opened).count(), 8);
+
+    // Kept alive (and on another loopback address): two requests, one connection.
+    let ip: IpAddr = "127.0.13.9".parse().unwrap();
+    let kept = Site::start_with(SiteOptions { keep_alive: true, ip }).await;
+    assert_eq!(kept.addr.ip(), ip);
+    let mut s = TcpStream::connect(kept.addr).await.unwrap();
+    s.write_all(
+        b"GET /1 HTTP/1.1\r\nHost: one\r\n\r\nGET /2 HTTP/1.1\r\nHost: two\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answers = String::new();
+    s.read_to_string(&mut answers).await.unwrap();
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 2, "{answers}");
+    let hosts: Vec<String> = kept.log.requests().into_iter().map(|r| r.host).collect();
+    assert_eq!(hosts, ["one", "two"]);
+    assert_eq!(kept.log.most_open(), 1);
 }
 
 /// `cut(i)` partitions one replica alone: a follower cut off makes no
