@@ -22,15 +22,16 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
 use support::operator::{OperatorDir, OperatorProcess};
 use support::process::{free_port, health_target, instance_pid};
+use support::site::{Site, SiteLog};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const TOKEN: &str = "gw-failover-t0ken-51ab";
 const DESTINATIONS: &str = "{allow: [127.0.0.0/8, 1024-65535]}";
@@ -42,74 +43,14 @@ fn provider(network: &str) -> String {
     )
 }
 
-/// What the site saw: requests per source address, connections open now
-/// and at most.
-#[derive(Default)]
-struct SiteLog {
-    by_source: Mutex<BTreeMap<IpAddr, usize>>,
-    /// Request bodies received (by `Content-Length`).
-    bodies: Mutex<Vec<Vec<u8>>>,
-    open: AtomicUsize,
-    most_open: AtomicUsize,
-}
-
-/// A loopback site answering each request with 200 (403 to `blocked`),
-/// one request per connection; connections that send nothing (tunnels
-/// held open) are counted while open.
+/// A loopback site (support::site): 200 to every request, or 403 to
+/// `blocked`'s every request.
 async fn site(blocked: Option<IpAddr>) -> (SocketAddr, Arc<SiteLog>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let log = Arc::new(SiteLog::default());
-    let seen = log.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, peer)) = listener.accept().await {
-            let log = seen.clone();
-            tokio::spawn(async move {
-                let now = log.open.fetch_add(1, Ordering::SeqCst) + 1;
-                log.most_open.fetch_max(now, Ordering::SeqCst);
-                let mut buf = vec![0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => {
-                            log.open.fetch_sub(1, Ordering::SeqCst);
-                            return;
-                        }
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                *log.by_source.lock().unwrap().entry(peer.ip()).or_default() += 1;
-                let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                let length = String::from_utf8_lossy(&got[..head_end])
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().parse::<usize>().unwrap())
-                    })
-                    .unwrap_or(0);
-                let mut body = got[head_end..].to_vec();
-                while body.len() < length {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => body.extend_from_slice(&buf[..n]),
-                    }
-                }
-                if length > 0 {
-                    log.bodies.lock().unwrap().push(body);
-                }
-                let answer: &[u8] = if Some(peer.ip()) == blocked {
-                    b"HTTP/1.1 403 Forbidden\r\nContent-Length: 7\r\nConnection: close\r\n\r\nblocked"
-                } else {
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-                };
-                let _ = s.write_all(answer).await;
-                let _ = s.shutdown().await;
-                log.open.fetch_sub(1, Ordering::SeqCst);
-            });
-        }
-    });
-    (addr, log)
+    let site = Site::start().await;
+    if let Some(source) = blocked {
+        site.log.block(source, None);
+    }
+    (site.addr, site.log)
 }
 
 fn basic(user: &str) -> String {
@@ -202,7 +143,7 @@ impl Fleet {
     ) -> OperatorProcess {
         dir.standalone()
             .discovery()
-            .setting("gatewayBindAddress", &format!("\"{gateway}\""))
+            .gateway_at(gateway)
             .setting(
                 "gateway",
                 &format!("{{destinations: {DESTINATIONS}, {settings}}}"),
@@ -216,17 +157,7 @@ impl Fleet {
 
     /// SIGKILLs the operator and starts another on the same state.
     async fn restart(&mut self) {
-        let pid = self.operator.pid();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        self.operator
-            .eventually("the operator to die", Duration::from_secs(10), async || {
-                self.operator.exited().ok_or("running")
-            })
-            .await;
+        self.operator.kill().await;
         self.operator = Self::operator(&self.dir, self.gateway, &self.settings).await;
     }
 
@@ -287,7 +218,7 @@ async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
     assert_eq!(served_by.len(), 1, "one proxy for the session: {served_by:?}");
     let first = served_by.keys().next().unwrap().clone();
     {
-        let sources = log.by_source.lock().unwrap();
+        let sources = log.requests_by_source();
         assert_eq!(sources.len(), 1, "the site saw one source address: {sources:?}");
     }
     // Another session goes its own way (where it ranks; not pinned here).
@@ -305,11 +236,7 @@ async fn a_sticky_session_keeps_its_proxy_and_moves_once_when_it_dies() {
         Some("true"),
         "{head}"
     );
-    assert_eq!(
-        log.bodies.lock().unwrap().as_slice(),
-        [form],
-        "the body arrived whole, once"
-    );
+    assert_eq!(log.bodies(), [form], "the body arrived whole, once");
     let moved_to = header(&head, "egress-gateway-proxy").unwrap().to_owned();
     assert_ne!(moved_to, first, "the session moved");
     let mut after = Vec::new();
@@ -432,7 +359,7 @@ async fn a_proxy_killed_under_eight_clients_costs_no_request() {
         victim_errors.unwrap_or(0) >= 1,
         "the dead proxy was reported: {victim_errors:?}"
     );
-    assert!(log.by_source.lock().unwrap().len() >= 2);
+    assert!(log.requests_by_source().len() >= 2);
     let logs = fleet.operator.logs();
     assert!(!logs.contains(TOKEN), "the token reached the log");
     fleet.operator.stop().await;
@@ -449,7 +376,7 @@ async fn a_proxy_the_site_blocks_is_learnt_and_no_request_fails() {
         assert_eq!(status, 200, "request {i}: {head}");
         assert!(header(&head, "egress-gateway-blocked").is_none());
     }
-    let sources = log.by_source.lock().unwrap().clone();
+    let sources = log.requests_by_source();
     // Never leased for the site, the blocked proxy is tried once (its
     // request then goes to the other), and never again for this site.
     assert_eq!(sources.get(&blocked).copied(), Some(1), "{sources:?}");
@@ -512,7 +439,7 @@ async fn capacity_bounds_the_tunnels_open_upstream() {
         opened += client.await.unwrap();
     }
     assert_eq!(opened, 24, "every tunnel opened in the end");
-    let most = log.most_open.load(Ordering::SeqCst);
+    let most = log.most_open();
     assert!(most <= 3, "{most} tunnels were open at the site at once");
     assert!(most >= 2, "the proxies were used side by side: {most}");
 

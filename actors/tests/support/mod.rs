@@ -16,9 +16,13 @@ pub mod kvm_bed;
 pub mod kvm_bed_links;
 pub mod operator;
 pub mod pod_security;
+pub mod probe_counter;
 pub mod process;
 pub mod rbac;
+pub mod replicas;
 pub mod scripted_provider;
+pub mod service;
+pub mod site;
 
 // Shared with the library's tests: each file lives once, in its
 // tests/support/, and is included here.

@@ -162,6 +162,7 @@ pub struct OperatorBuilder {
     health: SocketAddr,
     discovery: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
+    gateway: Option<SocketAddr>,
     settings: Vec<(String, String)>,
     log_format: String,
     log_level: Option<String>,
@@ -187,6 +188,7 @@ impl OperatorBuilder {
             health: free_addr(),
             discovery: None,
             metrics: None,
+            gateway: None,
             settings: vec![("manifestPollInterval".into(), "100ms".into())],
             log_format: "text".into(),
             log_level: None,
@@ -228,6 +230,16 @@ impl OperatorBuilder {
 
     pub fn metrics_at(mut self, addr: SocketAddr) -> Self {
         self.metrics = Some(addr);
+        self
+    }
+
+    /// Serves the gateway on `addr` (`--gateway-bind-address`; in
+    /// standalone mode the `gatewayBindAddress` setting).
+    pub fn gateway_at(mut self, addr: SocketAddr) -> Self {
+        self.gateway = Some(addr);
+        if matches!(self.mode, Mode::Standalone { .. }) {
+            self = self.setting("gatewayBindAddress", &format!("\"{addr}\""));
+        }
         self
     }
 
@@ -365,6 +377,9 @@ impl OperatorBuilder {
                     .arg(Self::address(self.discovery))
                     .arg("--metrics-bind-address")
                     .arg(Self::address(self.metrics));
+                if let Some(gateway) = self.gateway {
+                    cmd.arg("--gateway-bind-address").arg(gateway.to_string());
+                }
             }
         }
         cmd.args(["--log-format", &self.log_format]);
@@ -413,6 +428,7 @@ impl OperatorBuilder {
             health: self.health,
             discovery: self.discovery,
             metrics: self.metrics,
+            gateway: self.gateway,
             dir: self.dir,
         }
     }
@@ -442,6 +458,7 @@ pub struct OperatorProcess {
     health: SocketAddr,
     discovery: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
+    gateway: Option<SocketAddr>,
     /// Dropped after the process is killed: the directory goes last.
     dir: OperatorDir,
 }
@@ -463,6 +480,10 @@ impl OperatorProcess {
 
     pub fn metrics(&self) -> SocketAddr {
         self.metrics.expect("started without .metrics()")
+    }
+
+    pub fn gateway(&self) -> SocketAddr {
+        self.gateway.expect("started without .gateway_at()")
     }
 
     /// Its log: everything every process of its name wrote.
@@ -545,6 +566,22 @@ impl OperatorProcess {
             }
         })
         .await;
+    }
+
+    /// SIGKILL (a crash: nothing flushed), then waits for the exit.
+    pub async fn kill(&self) -> ExitStatus {
+        if let Some(status) = self.exited() {
+            return status;
+        }
+        let pid = self.pid();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        eventually("the operator to exit after SIGKILL", PATIENCE, async || {
+            self.exited()
+        })
+        .await
     }
 
     /// SIGTERM (a graceful stop: the operator flushes what it holds), then

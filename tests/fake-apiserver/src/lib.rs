@@ -63,7 +63,11 @@
 //! [`FakeApiServer::requests`], and `GET /debug/requests` as JSON
 //! (`{"total", "requests": [{"verb", "group", "resource", "code", "count"}]}`,
 //! read back by [`RequestCounts::from_json`]; that path is never counted,
-//! limited or stalled).
+//! limited or stalled). Each address counts its own too, so a test that
+//! gives every client its own [`link`](FakeApiServer::link) can tell whose
+//! requests were whose: [`FakeApiServer::link_requests`], and the `link`
+//! member of `GET /debug/requests` asked on that address (`{"addr",
+//! "total", "requests"}`, the same shape).
 //!
 //! Whether the operator honours `Retry-After` (the `retry_after` module):
 //! each `429` answered to a request with the kubeconfig's token is
@@ -76,9 +80,12 @@
 //! As a process of its own (the `fake-apiserver` binary, for a benchmark
 //! that must not share the operator's process): `fake-apiserver --listen
 //! 127.0.0.1:PORT [--cluster] [--max-requests-per-second N [--burst M]]
-//! --kubeconfig-out PATH` serves until killed and writes, once listening, a
-//! kubeconfig pointing at itself ([`FakeApiServer::kubeconfig`]; port 0
-//! picks a free port, which the kubeconfig names).
+//! [--links N] --kubeconfig-out PATH` serves until killed and writes, once
+//! listening, a kubeconfig pointing at itself ([`FakeApiServer::kubeconfig`];
+//! port 0 picks a free port, which the kubeconfig names); with `--links N`
+//! first one kubeconfig per link, `PATH.link-0` to `PATH.link-<N-1>`, each
+//! naming its own address (one per client whose requests are to be told
+//! apart).
 //!
 //! Not modelled (no real API server can run here): schema validation and
 //! defaulting (a `fieldValidation` parameter is accepted and not acted on),
@@ -148,8 +155,10 @@ pub struct FakeApiServer {
     running: Arc<Mutex<Option<actix_web::dev::ServerHandle>>>,
     /// The priority levels' budgets; `None` (the default) is unlimited.
     fairness: Arc<Mutex<Option<Fairness>>>,
-    /// Requests served, by verb, resource and code.
+    /// Requests served, by verb, resource and code (every link).
     counts: Arc<Mutex<RequestCounts>>,
+    /// The same, on this address only.
+    link_counts: Arc<Mutex<RequestCounts>>,
     /// Whether the operator waits out each `429`'s `Retry-After`.
     retries: Arc<Mutex<retry_after::RetryAfterCheck>>,
 }
@@ -191,6 +200,7 @@ impl FakeApiServer {
             running: Arc::default(),
             fairness: Arc::default(),
             counts: Arc::default(),
+            link_counts: Arc::default(),
             retries: Arc::default(),
         };
         fake.serve(listener)
@@ -216,6 +226,13 @@ impl FakeApiServer {
         self.counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The requests served on this address only (this link's clients'),
+    /// counted as [`requests`](Self::requests) counts them; also the `link`
+    /// member of `GET /debug/requests` asked on this address.
+    pub fn link_requests(&self) -> RequestCounts {
+        self.link_counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// The `429`s answered to the operator (requests with the
     /// kubeconfig's token) and the requests it sent again before their
     /// `Retry-After` was over (see the `retry_after` module); also the
@@ -224,14 +241,17 @@ impl FakeApiServer {
         self.retries.lock().unwrap_or_else(|p| p.into_inner()).report()
     }
 
-    /// Another loopback address serving the same objects: a separate
-    /// network path one client can use and a test can [`stall`](Self::stall).
+    /// Another address (a free port on this one's IP) serving the same
+    /// objects: a separate network path one client can use, a test can
+    /// [`stall`](Self::stall), with request counts of its own
+    /// ([`link_requests`](Self::link_requests)).
     pub fn link(&self) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = TcpListener::bind((self.addr.ip(), 0))?;
         let link = Self {
             addr: listener.local_addr()?,
             stalled: Arc::new(watch::Sender::new(false)),
             running: Arc::default(),
+            link_counts: Arc::default(),
             ..self.clone()
         };
         link.serve(listener)
@@ -502,6 +522,9 @@ async fn admit(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
     if req.path() == "/debug/requests" && req.method() == actix_web::http::Method::GET {
         let mut answer = fake.requests().to_json();
         answer["retryAfter"] = fake.retry_after().to_json();
+        let mut link = fake.link_requests().to_json();
+        link["addr"] = json!(fake.addr.to_string());
+        answer["link"] = link;
         return HttpResponse::Ok().json(answer);
     }
     if req.path() == "/debug/rate" && req.method() == actix_web::http::Method::PUT {
@@ -532,15 +555,15 @@ async fn admit(req: HttpRequest, body: Bytes, fake: web::Data<FakeApiServer>) ->
             .insert_header(("Retry-After", retry_after.to_string()))
             .json(fairness::too_many_requests(retry_after)),
     };
-    fake.counts
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .add(RequestKey {
-            verb: asked.verb.to_owned(),
-            group: asked.group,
-            resource: asked.resource,
-            code: answer.status().as_u16(),
-        });
+    let key = RequestKey {
+        verb: asked.verb.to_owned(),
+        group: asked.group,
+        resource: asked.resource,
+        code: answer.status().as_u16(),
+    };
+    for counts in [&fake.counts, &fake.link_counts] {
+        counts.lock().unwrap_or_else(|p| p.into_inner()).add(key.clone());
+    }
     answer
 }
 
