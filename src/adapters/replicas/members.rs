@@ -318,6 +318,22 @@ impl Roster {
     }
 }
 
+/// Whether the API server answers a read of `tag`'s member Lease within
+/// `within` (a replica whose membership lapsed waits for this before it
+/// restarts as a new member).
+pub async fn api_answers(
+    client: kube::Client,
+    namespace: &str,
+    tag: &MemberTag,
+    within: std::time::Duration,
+) -> bool {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    matches!(
+        tokio::time::timeout(within, api.get_opt(&lease_name(tag))).await,
+        Ok(Ok(_))
+    )
+}
+
 /// Keeps this replica a member until `stop` turns true: renews its Lease
 /// and looks at every member each retry period, publishing each table in
 /// `tables`; then releases the Lease. Ends with [`ReplicaError::Lapsed`]
