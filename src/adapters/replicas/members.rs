@@ -11,9 +11,11 @@
 //! A member never comes back under the same tag: once its tenure lapses it
 //! renews no more ([`ReplicaError::Lapsed`]); the process restarts as a new
 //! incarnation with a new tag. Known gap: if a live member's Lease is
-//! deleted by hand, the elector writes it again without the member label
-//! on its next renew; the member notices within a retry period, when its
-//! own list no longer shows it as a member, and ends its tenure.
+//! deleted by hand, the elector writes it again, without the member label,
+//! on its next renew; [`keep`] notices at the list that follows that renew
+//! (its own Lease is no longer listed as a member) and ends the tenure, so
+//! the member acted at most one list call longer than it should have. The
+//! unlabelled Lease it leaves is released but not deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
