@@ -207,7 +207,7 @@ pub async fn report(
     let id = id.into_inner();
     if let Some(f) = forwarding.as_ref() {
         let call = LeaseCall::Report {
-            outcome: body.outcome.clone(),
+            outcome: body.outcome,
             detail: body.detail.clone(),
         };
         if let Some(answer) = f.elsewhere(&id, &by, call, false).await? {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::adapters::lease_store::FleetNews;
 use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::adapters::replicas::ReplicaError;
 use egress_proxies::adapters::replicas::client::{ReplicaClient, SyncTimings};
@@ -25,7 +26,7 @@ use egress_proxies::adapters::replicas::desk::{DeskSettings, ShareDesk};
 use egress_proxies::adapters::replicas::link::{ProbeFeed, ReplicaLink, VerdictQueue};
 use egress_proxies::adapters::replicas::members::{self, MemberIdentity, MemberTable, Membership, Roster};
 use egress_proxies::adapters::replicas::token::ReplicaToken;
-use egress_proxies::adapters::replicas::wire::{FleetItem, ProbeWatch, Term};
+use egress_proxies::adapters::replicas::wire::{AvailabilityBody, FleetItem, ProbeWatch, Term};
 use egress_proxies::domain::destinations::DestinationPolicy;
 use egress_proxies::domain::membership::MemberTag;
 use tokio::sync::{mpsc, watch};
@@ -269,7 +270,16 @@ impl Member {
     ) -> Arc<ShareDesk> {
         let router = serving.router.clone();
         let verdicts = router.clone();
-        let mut seed = serving.store.fleet_seed();
+        let mut seed: Vec<FleetItem> = serving
+            .store
+            .fleet_seed()
+            .into_iter()
+            .filter_map(|news| match news {
+                FleetNews::Available(a) => Some(FleetItem::Available(Box::new(AvailabilityBody::from(&a)))),
+                FleetNews::Removed(_) => None,
+                FleetNews::Changed(change) => FleetItem::from_change(&change),
+            })
+            .collect();
         // What the old leader published to probe, as this member's plan holds it.
         if let Ok(plan) = router.send(GetPlan).await {
             seed.extend(plan.into_iter().map(|(key, assigned)| {

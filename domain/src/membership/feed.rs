@@ -73,7 +73,10 @@ impl<T> Feed<T> {
 mod tests {
     use super::*;
 
-    fn items(since: Since<'_, u32>) -> Result<(Vec<u32>, u64), u64> {
+    /// The items and the last number, or the number to start over from.
+    type Got = Result<(Vec<u32>, u64), u64>;
+
+    fn items(since: Since<'_, u32>) -> Got {
         match since {
             Since::Items { items, to } => Ok((items.into_iter().copied().collect(), to)),
             Since::Reset { to } => Err(to),
@@ -89,7 +92,7 @@ mod tests {
             feed.push(v);
         }
         // Row: seen → what it gets.
-        let rows: [(u64, Result<(Vec<u32>, u64), u64>); 4] = [
+        let rows: [(u64, Got); 4] = [
             (0, Ok((vec![10, 11], 2))),
             (1, Ok((vec![11], 2))),
             (2, Ok((vec![], 2))),

@@ -43,7 +43,7 @@ use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::LeaseEvent;
 use crate::telemetry::metrics;
 
-pub use shares::{Allotment, ShareReport, ShareStatus, ShareUpdate};
+pub use shares::{Allotment, FleetNews, ShareReport, ShareStatus, ShareUpdate};
 pub use turns::API_ASKING_FOR;
 use turns::Turns;
 

@@ -14,9 +14,9 @@ use tokio::sync::Notify;
 
 use super::{LeaseStore, State};
 use crate::adapters::leader::Tenure;
-use crate::adapters::replicas::wire::{AvailabilityBody, FleetItem};
-use crate::domain::lease::journal::key_string;
-use crate::domain::lease::{AcquireError, Claim, LeaseChange, LeaseSnapshot, ProxyTally, RenewError};
+use crate::domain::lease::{
+    AcquireError, Availability, Claim, LeaseChange, LeaseSnapshot, ProxyTally, RenewError,
+};
 use crate::domain::membership::MemberTag;
 use crate::domain::resource::ObjectKey;
 
@@ -63,7 +63,7 @@ pub(super) struct Share {
     /// Unlimited capacity: the share gates by its expiry only.
     unlimited: bool,
     next_seq: u64,
-    outbox: VecDeque<(u64, FleetItem)>,
+    outbox: VecDeque<(u64, LeaseChange)>,
     /// Woken when the outbox has news the leader should hear now.
     news: Arc<Notify>,
     /// The gateway's tunnels were cut when the share lapsed.
@@ -78,7 +78,18 @@ pub struct ShareReport {
     /// Gateway requests waiting for a proxy.
     pub waiting: u32,
     /// Changes not yet acknowledged, numbered.
-    pub outbox: Vec<(u64, FleetItem)>,
+    pub outbox: Vec<(u64, LeaseChange)>,
+}
+
+/// What the leader's feed says about the fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FleetNews {
+    /// A proxy as it may be leased now.
+    Available(Availability),
+    /// The proxy is gone.
+    Removed(ObjectKey),
+    /// Rests, blocks and tallies (set semantics).
+    Changed(LeaseChange),
 }
 
 /// A new allocation from the leader.
@@ -102,7 +113,7 @@ pub struct ShareUpdate {
     /// The feed starts over: `feed` is the whole fleet (proxies it does not
     /// name are gone).
     pub reset: bool,
-    pub feed: Vec<FleetItem>,
+    pub feed: Vec<FleetNews>,
 }
 
 /// The share as the dashboard and `/readyz` show it.
@@ -291,40 +302,38 @@ impl LeaseStore {
     /// What this replica knows of the fleet, as the leader's feed would
     /// say it: where a new leader's fleet starts (it had the old leader's
     /// feed), never from nothing.
-    pub fn fleet_seed(&self) -> Vec<FleetItem> {
+    pub fn fleet_seed(&self) -> Vec<FleetNews> {
         let state = self.lock();
         let now = Instant::now();
-        let mut items: Vec<FleetItem> = state
+        let mut news: Vec<FleetNews> = state
             .book
             .availabilities()
-            .map(|a| FleetItem::Available(Box::new(AvailabilityBody::from(a))))
+            .cloned()
+            .map(FleetNews::Available)
             .collect();
         let snapshot = state.book.snapshot(now);
-        items.extend(
-            snapshot
-                .target_rests
-                .into_iter()
-                .map(|(target, proxy, until)| FleetItem::TargetRest {
-                    proxy: key_string(&proxy),
-                    target,
-                    until_ms: until.as_millisecond(),
-                }),
-        );
-        items.extend(
+        news.extend(snapshot.target_rests.into_iter().map(|(target, proxy, until)| {
+            FleetNews::Changed(LeaseChange::TargetRest { target, proxy, until })
+        }));
+        news.extend(
             snapshot
                 .proxy_rests
                 .into_iter()
-                .map(|(proxy, until)| FleetItem::ProxyRest {
-                    proxy: key_string(&proxy),
-                    until_ms: until.as_millisecond(),
-                }),
+                .map(|(proxy, until)| FleetNews::Changed(LeaseChange::ProxyRest { proxy, until })),
         );
-        items.extend(snapshot.tallies.into_iter().map(|t| FleetItem::Tally {
-            proxy: key_string(&t.proxy),
-            blocked_targets: t.blocked_targets,
-            errors: t.errors,
-        }));
-        items
+        for tally in snapshot.tallies {
+            news.extend(tally.blocked_targets.iter().map(|target| {
+                FleetNews::Changed(LeaseChange::BlockedBy {
+                    proxy: tally.proxy.clone(),
+                    target: *target,
+                })
+            }));
+            news.push(FleetNews::Changed(LeaseChange::Errors {
+                proxy: tally.proxy,
+                count: tally.errors,
+            }));
+        }
+        news
     }
 }
 
@@ -360,11 +369,11 @@ impl State {
                 LeaseChange::BlockedBy { .. } | LeaseChange::Errors { .. } => true,
                 _ => false,
             };
-            let Some(item) = passed_on.then(|| FleetItem::from_change(change)).flatten() else {
+            if !passed_on {
                 continue;
-            };
+            }
             share.next_seq += 1;
-            share.outbox.push_back((share.next_seq, item));
+            share.outbox.push_back((share.next_seq, change.clone()));
             urgent = true;
             if share.outbox.len() > OUTBOX_CAPACITY {
                 share.outbox.pop_front();
@@ -398,49 +407,42 @@ impl State {
     /// Applies the leader's feed: availability, rests, blocks, tallies (set
     /// semantics: the later end, the union, the larger count). Not
     /// journaled or passed on again: it is the leader's word.
-    fn apply_feed(&mut self, reset: bool, feed: Vec<FleetItem>, now: Instant) {
+    fn apply_feed(&mut self, reset: bool, feed: Vec<FleetNews>, now: Instant) {
         let mut named = BTreeSet::new();
         let mut remote = LeaseSnapshot::default();
-        for item in feed {
-            match item {
-                FleetItem::Available(body) => match body.to_availability() {
-                    Ok(availability) => {
-                        named.insert(availability.key.clone());
-                        self.book.upsert(availability, now);
+        for news in feed {
+            match news {
+                FleetNews::Available(availability) => {
+                    named.insert(availability.key.clone());
+                    self.book.upsert(availability, now);
+                }
+                FleetNews::Removed(key) => {
+                    if !reset {
+                        self.book.remove(&key, now);
                     }
-                    Err(e) => tracing::warn!(error = %e, "the leader's feed named an invalid proxy"),
-                },
-                FleetItem::Removed { .. } if reset => {}
-                FleetItem::Probe(_) | FleetItem::ProbeStopped { .. } => {}
-                other => match other.to_changes() {
-                    Ok(Some(changes)) => {
-                        for change in changes {
-                            match change {
-                                LeaseChange::ProxyRemoved(key) => {
-                                    self.book.remove(&key, now);
-                                }
-                                LeaseChange::TargetRest { target, proxy, until } => {
-                                    remote.target_rests.push((target, proxy, until))
-                                }
-                                LeaseChange::ProxyRest { proxy, until } => {
-                                    remote.proxy_rests.push((proxy, until))
-                                }
-                                LeaseChange::BlockedBy { proxy, target } => remote.tallies.push(ProxyTally {
-                                    proxy,
-                                    blocked_targets: vec![target],
-                                    errors: 0,
-                                }),
-                                LeaseChange::Errors { proxy, count } => remote.tallies.push(ProxyTally {
-                                    proxy,
-                                    blocked_targets: Vec::new(),
-                                    errors: count,
-                                }),
-                                _ => {}
-                            }
+                }
+                FleetNews::Changed(change) => match change {
+                    LeaseChange::ProxyRemoved(key) => {
+                        if !reset {
+                            self.book.remove(&key, now);
                         }
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "the leader's feed held an invalid change"),
+                    LeaseChange::TargetRest { target, proxy, until } => {
+                        remote.target_rests.push((target, proxy, until))
+                    }
+                    LeaseChange::ProxyRest { proxy, until } => remote.proxy_rests.push((proxy, until)),
+                    LeaseChange::BlockedBy { proxy, target } => remote.tallies.push(ProxyTally {
+                        proxy,
+                        blocked_targets: vec![target],
+                        errors: 0,
+                    }),
+                    LeaseChange::Errors { proxy, count } => remote.tallies.push(ProxyTally {
+                        proxy,
+                        blocked_targets: Vec::new(),
+                        errors: count,
+                    }),
+                    // Leases stay with the member that granted them.
+                    LeaseChange::Granted(_) | LeaseChange::Extended { .. } | LeaseChange::Ended(_) => {}
                 },
             }
         }

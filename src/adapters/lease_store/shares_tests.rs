@@ -10,7 +10,6 @@ use super::tests::ready;
 use super::*;
 use crate::adapters::gateway::Upstream;
 use crate::adapters::leader::SystemClock;
-use crate::adapters::replicas::wire::{AvailabilityBody, FleetItem};
 use crate::domain::lease::{Caller, GATEWAY_CLIENT, Outcome};
 use crate::domain::membership::MemberTag;
 
@@ -165,8 +164,8 @@ async fn what_it_learns_goes_to_the_leader_until_acknowledged() {
     let kinds: Vec<&str> = outbox
         .iter()
         .map(|(_, item)| match item {
-            FleetItem::Blocked { .. } => "blocked",
-            FleetItem::TargetRest { .. } => "target rest",
+            LeaseChange::BlockedBy { .. } => "blocked",
+            LeaseChange::TargetRest { .. } => "target rest",
             _ => "other",
         })
         .collect();
@@ -195,10 +194,10 @@ async fn the_leaders_feed_rests_proxies_and_a_reset_forgets_what_it_does_not_nam
         valid_until: Instant::now() + Duration::from_secs(30),
         acked: 0,
         reset: false,
-        feed: vec![FleetItem::ProxyRest {
-            proxy: "ns/a".into(),
-            until_ms: in_a_minute,
-        }],
+        feed: vec![FleetNews::Changed(LeaseChange::ProxyRest {
+            proxy: ObjectKey::new("ns", "a"),
+            until: jiff::Timestamp::from_millisecond(in_a_minute).unwrap(),
+        })],
     });
     for _ in 0..3 {
         let grant = store
@@ -216,9 +215,7 @@ async fn the_leaders_feed_rests_proxies_and_a_reset_forgets_what_it_does_not_nam
         valid_until: Instant::now() + Duration::from_secs(30),
         acked: 0,
         reset: true,
-        feed: vec![FleetItem::Available(Box::new(AvailabilityBody::from(&ready(
-            "a",
-        ))))],
+        feed: vec![FleetNews::Available(ready("a"))],
     });
     let names: Vec<String> = store
         .proxies()

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use super::ReplicaError;
 use super::client::{ReplicaClient, Synced};
 use super::wire::{self, FleetItem, ProbeVerdict, SyncRequest, Term};
-use crate::adapters::lease_store::{Allotment, LeaseStore, ShareUpdate};
+use crate::adapters::lease_store::{Allotment, FleetNews, LeaseStore, ShareUpdate};
 use crate::domain::destinations::DestinationPolicy;
 use crate::domain::health::{ProbeTarget, RecordedVerdict, Verdict};
 use crate::domain::lease::journal::key_string;
@@ -38,13 +38,16 @@ const MAX_VERDICTS: usize = 65_536;
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
+/// What a proxy's probes need, and the verdict its status records.
+pub type Probed = (ProbeTarget, Option<RecordedVerdict>);
+
 /// What the feed says about probing, for the member's probe router.
 #[derive(Clone, Debug, Default)]
 pub struct ProbeFeed {
     /// Start over: `items` names every proxy to probe.
     pub reset: bool,
     /// `None`: no longer probed.
-    pub items: Vec<(ObjectKey, Option<(ProbeTarget, Option<RecordedVerdict>)>)>,
+    pub items: Vec<(ObjectKey, Option<Probed>)>,
     /// The live members, when they changed.
     pub members: Option<Vec<MemberTag>>,
 }
@@ -220,7 +223,9 @@ impl ReplicaLink {
             outbox: report
                 .outbox
                 .into_iter()
-                .map(|(seq, change)| wire::OutboxItem { seq, change })
+                .filter_map(|(seq, change)| {
+                    FleetItem::from_change(&change).map(|change| wire::OutboxItem { seq, change })
+                })
                 .collect(),
             verdicts,
             feed_since: self.feed_seen,
@@ -270,6 +275,7 @@ impl ReplicaLink {
             self.feed_seen = feed.to;
         }
         let probes = self.probe_feed(reset, &items, &response.members);
+        let feed = items.iter().flat_map(fleet_news).collect();
         self.store.apply_share(ShareUpdate {
             // A renewal (the version applied already) carries no slots: the
             // store keeps what it has.
@@ -277,7 +283,7 @@ impl ReplicaLink {
             valid_until,
             acked: response.acked,
             reset,
-            feed: items,
+            feed,
         });
         if probes.reset || !probes.items.is_empty() || probes.members.is_some() {
             let _ = self.probes.send(probes);
@@ -318,5 +324,31 @@ impl ReplicaLink {
             feed.members = Some(live);
         }
         feed
+    }
+}
+
+/// What one feed item tells the lease store (probe targets aside).
+fn fleet_news(item: &FleetItem) -> Vec<FleetNews> {
+    match item {
+        FleetItem::Available(body) => match body.to_availability() {
+            Ok(availability) => vec![FleetNews::Available(availability)],
+            Err(e) => {
+                tracing::warn!(error = %e, "the leader's feed named an invalid proxy");
+                Vec::new()
+            }
+        },
+        FleetItem::Removed { proxy } => match crate::domain::lease::journal::parse_key(proxy) {
+            Ok(key) => vec![FleetNews::Removed(key)],
+            Err(_) => Vec::new(),
+        },
+        FleetItem::Probe(_) | FleetItem::ProbeStopped { .. } => Vec::new(),
+        other => match other.to_changes() {
+            Ok(Some(changes)) => changes.into_iter().map(FleetNews::Changed).collect(),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the leader's feed held an invalid change");
+                Vec::new()
+            }
+        },
     }
 }
