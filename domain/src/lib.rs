@@ -25,7 +25,7 @@ pub mod membership;
 pub mod now;
 pub mod pool;
 pub mod provider_contract;
-pub mod rendezvous;
 pub mod reconcile;
+pub mod rendezvous;
 pub mod resource;
 pub mod resource_store;

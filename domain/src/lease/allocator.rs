@@ -19,24 +19,31 @@
 //! move to a newcomer only after their holder has reported the lowered value.
 //!
 //! Rebuild: a new leader's allocator raises no bound until every member
-//! has reported to it (a dead one: or been adopted), or the share lifetime
-//! has passed since it took over (every share the old leader handed out
-//! has expired by then).
+//! has reported to it or (dead) been adopted. Not on a timeout: a member
+//! unheard since the takeover may hold API leases, which outlive its share
+//! until its journal is adopted (`domain/tests/share_invariant.rs` finds a
+//! proxy over capacity when the rebuild ends after the share lifetime
+//! instead). A member unheard for a share lifetime stops serving and
+//! releases its member Lease, so it is adopted soon after; meanwhile every
+//! member keeps what it holds, renewed.
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::rendezvous;
 use super::shares::Claim;
 use crate::membership::MemberTag;
+use crate::rendezvous;
 use crate::resource::ObjectKey;
 
 /// What a member tells the leader in each sync request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
+    /// Counts the member's reports (one higher each time it reports): one
+    /// not newer than the last taken (delayed, retried) is ignored.
+    pub seq: u64,
     /// The highest allocation version it has applied.
     pub applied: u64,
     /// What its book holds per proxy ([`crate::lease::LeaseBook::claims`]).
@@ -83,6 +90,8 @@ struct Member {
     /// Not declared dead (a dead member keeps its bounds until adopted).
     live: bool,
     reported: bool,
+    /// The last report taken ([`Report::seq`]).
+    seq: u64,
     applied: u64,
     /// The last version sent to it (versions continue above what it reports).
     version: u64,
@@ -103,6 +112,7 @@ impl Member {
             digest: tag.digest(),
             live: true,
             reported: false,
+            seq: 0,
             applied: 0,
             version: 0,
             claims: BTreeMap::new(),
@@ -153,8 +163,8 @@ pub struct Allocator {
     adopted: BTreeSet<MemberTag>,
     /// Σ of the members' bounds, per proxy.
     totals: HashMap<ObjectKey, u32>,
-    /// Since when a new leader rebuilds (raises no bound), until done.
-    rebuilding_since: Option<Instant>,
+    /// A new leader rebuilds (raises no bound) until every member reported.
+    rebuilding: bool,
 }
 
 impl Allocator {
@@ -168,15 +178,17 @@ impl Allocator {
             members: BTreeMap::new(),
             adopted: BTreeSet::new(),
             totals: HashMap::new(),
-            rebuilding_since: None,
+            rebuilding: false,
         }
     }
 
-    /// The allocator of a leader that took over at `since`: the members'
-    /// shares from the old leader are learnt from their reports.
-    pub fn rebuilding(capacity: u32, ttl: Duration, since: Instant) -> Self {
+    /// The allocator of a leader that took over: the members' shares from
+    /// the old leader are learnt from their reports. Join every member
+    /// whose member Lease exists (live or not) before the first allocation:
+    /// the rebuild waits for each.
+    pub fn rebuilding(capacity: u32, ttl: Duration) -> Self {
         Allocator {
-            rebuilding_since: Some(since),
+            rebuilding: true,
             ..Allocator::new(capacity, ttl)
         }
     }
@@ -226,9 +238,10 @@ impl Allocator {
     }
 
     /// A member's sync request: its applied version and its claims. A
-    /// report older than one already taken (a lower applied version) says
-    /// nothing new and is ignored; returns whether it was taken. A member
-    /// not known yet joins (unless adopted).
+    /// report older than one already taken (not a higher `seq`, or a lower
+    /// applied version) is ignored: a stale one would count leases since
+    /// ended. Returns whether it was taken. A member not known yet joins
+    /// (unless adopted).
     pub fn report(&mut self, tag: &MemberTag, report: &Report) -> bool {
         if !self.join_quietly(tag) {
             return false;
@@ -236,9 +249,11 @@ impl Allocator {
         let Some(member) = self.members.get_mut(tag) else {
             return false;
         };
-        if report.applied < member.applied {
+        let newer = !member.reported || report.seq > member.seq;
+        if !newer || report.applied < member.applied {
             return false;
         }
+        member.seq = report.seq;
         let first = !member.reported;
         member.reported = true;
         member.applied = report.applied;
@@ -278,8 +293,8 @@ impl Allocator {
     /// with it). `None` for a member not known (or adopted). A dead member
     /// is lowered to nothing. The same allocation as last time keeps its
     /// version.
-    pub fn allocation_for(&mut self, tag: &MemberTag, now: Instant) -> Option<Allocation> {
-        let rebuilding = self.is_rebuilding(now);
+    pub fn allocation_for(&mut self, tag: &MemberTag) -> Option<Allocation> {
+        let rebuilding = self.is_rebuilding();
         let member = self.members.get(tag)?;
         let allotted = if !member.live {
             Allotted::Slots(BTreeMap::new())
@@ -338,20 +353,13 @@ impl Allocator {
     }
 
     /// Whether the allocator still waits for members' reports before it
-    /// raises any bound. Ends for good once every member has reported (or
-    /// was adopted) or the share lifetime has passed since the takeover.
-    pub fn is_rebuilding(&mut self, now: Instant) -> bool {
-        let Some(since) = self.rebuilding_since else {
-            return false;
-        };
-        // A dead member not heard from is waited for too, until adopted: its
-        // API leases may be in use until the leader holds them.
-        let all_reported = self.members.values().all(|m| m.reported);
-        if all_reported || now.saturating_duration_since(since) >= self.ttl {
-            self.rebuilding_since = None;
-            return false;
+    /// raises any bound. Ends for good once every member has reported or
+    /// was adopted.
+    pub fn is_rebuilding(&mut self) -> bool {
+        if self.rebuilding && self.members.values().all(|m| m.reported) {
+            self.rebuilding = false;
         }
-        true
+        self.rebuilding
     }
 
     /// Proxies whose members' bounds add up to more than the capacity,

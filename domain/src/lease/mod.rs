@@ -21,6 +21,8 @@ use std::time::Duration;
 use crate::credentials::ProxyCredentials;
 use crate::resource::ObjectKey;
 
+/// Sticky sessions rank proxies by it (it lives above both the book and the members).
+pub use crate::rendezvous;
 pub use allocator::{Allocation, Allocator, Allotted, MemberShare, Report};
 pub use book::{LeaseBook, owner_key};
 pub use fair_share::FairShare;
@@ -29,8 +31,6 @@ pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use owners::{Act, Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
 pub use shares::{Claim, Slots};
-/// Sticky sessions rank proxies by it (it lives above both the book and the members).
-pub use crate::rendezvous;
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
