@@ -5,6 +5,7 @@
 //! then the lowest latency. See [`LeaseBook::select`] for how that stays
 //! O(log n) for a hot target whose proxies nearly all rest.
 
+mod fleet;
 mod shares;
 mod snapshot;
 mod target;
@@ -124,6 +125,9 @@ pub struct LeaseBook {
     placeholders: HashSet<ProxyId>,
     /// Changes not yet taken by the journal; `None` when nothing journals them.
     changes: Option<Vec<LeaseChange>>,
+    /// Changes other replicas' books must learn, not yet taken; `None`
+    /// when this book is the only one.
+    fleet: Option<Vec<super::fleet::FleetChange>>,
     /// One instant with its wall-clock time: how journaled times are converted.
     epoch: (Instant, Timestamp),
     limits: LeaseLimits,
@@ -193,6 +197,7 @@ impl LeaseBook {
             global_cooling: BTreeSet::new(),
             placeholders: HashSet::new(),
             changes: None,
+            fleet: None,
             epoch: (opened.mono, opened.wall),
             pool_denials: HashMap::new(),
             restored_at: None,
@@ -881,6 +886,7 @@ impl LeaseBook {
             }
         });
         if let Some(change) = tallied {
+            self.tell_fleet_tally(&change);
             self.note(change);
         }
         match outcome {
@@ -889,7 +895,7 @@ impl LeaseBook {
                 self.rest_for_target(&target, proxy, now + self.settings.blocked_cooldown, now);
             }
             Outcome::Error => {
-                self.rest_everywhere(proxy, now + self.settings.error_cooldown);
+                self.rest_everywhere(proxy, now + self.settings.error_cooldown, now);
                 self.reindex(proxy, now);
             }
         }
@@ -908,6 +914,7 @@ impl LeaseBook {
         if until > now
             && let Some(key) = self.key_of(proxy)
         {
+            self.tell_fleet_rest(Some(target), &key, until, now);
             self.note(LeaseChange::TargetRest {
                 target: target.to_owned(),
                 proxy: key,
@@ -917,7 +924,7 @@ impl LeaseBook {
     }
 
     /// `proxy` rests for every target until at least `until` (the caller reindexes).
-    fn rest_everywhere(&mut self, proxy: ProxyId, until: Instant) {
+    fn rest_everywhere(&mut self, proxy: ProxyId, until: Instant, now: Instant) {
         let Some(entry) = self.proxies.get_mut(&proxy) else {
             return;
         };
@@ -925,6 +932,7 @@ impl LeaseBook {
         entry.global_cooldown = Some(until);
         self.global_cooling.insert((until, proxy));
         if let Some(key) = self.key_of(proxy) {
+            self.tell_fleet_rest(None, &key, until, now);
             self.note(LeaseChange::ProxyRest {
                 proxy: key,
                 until: self.wall(until),

@@ -6,6 +6,7 @@
 pub mod allocator;
 mod book;
 pub mod fair_share;
+pub mod fleet;
 pub mod input;
 pub mod journal;
 mod limits;
@@ -26,6 +27,7 @@ pub use crate::rendezvous;
 pub use allocator::{Allocation, Allocator, Allotted, MemberShare, Report};
 pub use book::{LeaseBook, owner_key};
 pub use fair_share::FairShare;
+pub use fleet::{FleetChange, Outbox};
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use owners::{Act, Caller, NotOwner, may_act};

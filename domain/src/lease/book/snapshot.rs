@@ -86,6 +86,8 @@ impl LeaseBook {
     /// now is left out). Nothing restored is journaled again.
     pub fn restore(&mut self, snapshot: LeaseSnapshot, now: Instant) {
         let journaling = self.changes.take();
+        // Other replicas learnt these from the replica that made them.
+        let sharing = self.fleet.take();
         let wall_now = self.wall(now);
         let at = |t: Timestamp| -> Option<Instant> {
             let ahead = t.duration_since(wall_now);
@@ -161,7 +163,7 @@ impl LeaseBook {
         for (key, until) in snapshot.proxy_rests {
             let Some(until) = at(until) else { continue };
             let proxy = self.placeholder(&key);
-            self.rest_everywhere(proxy, until);
+            self.rest_everywhere(proxy, until, now);
             self.reindex(proxy, now);
         }
         for tally in snapshot.tallies {
@@ -178,6 +180,7 @@ impl LeaseBook {
         }
         self.restored_at = Some(now);
         self.changes = journaling;
+        self.fleet = sharing;
     }
 
     /// A new book holding what this one holds — leases, ended leases, rests,
@@ -216,7 +219,7 @@ impl LeaseBook {
     }
 
     /// The proxy's id, creating a placeholder for a proxy not known yet.
-    fn placeholder(&mut self, key: &ObjectKey) -> ProxyId {
+    pub(super) fn placeholder(&mut self, key: &ObjectKey) -> ProxyId {
         if let Some(id) = self.ids.get(key) {
             return *id;
         }

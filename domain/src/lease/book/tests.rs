@@ -502,3 +502,174 @@ fn a_pool_full_by_its_shares_counts_a_denial() {
         "no slots here: the pool is full for this replica"
     );
 }
+
+#[test]
+fn the_book_tells_the_fleet_its_rests_and_tallies_but_not_its_pacing() {
+    use crate::lease::fleet::FleetChange;
+    use crate::lease::journal::ProxyTally;
+    let t0 = Instant::now();
+    let p0 = ObjectKey::new("ns", "p0");
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
+    book.upsert(availability(0, true, 1), t0);
+    let lease = book.acquire(&ask("t", None), t0).unwrap();
+    book.release(&lease.id, t0);
+    assert!(book.take_fleet_changes().is_empty(), "only once asked for");
+    book.share_fleet_changes();
+    let rest = |target: &str, secs: u64| FleetChange::TargetRest {
+        target: target.into(),
+        proxy: p0.clone(),
+        remaining: Duration::from_secs(secs),
+    };
+    let tally = |blocked: &[u64], errors: u32| {
+        FleetChange::Tally(ProxyTally {
+            proxy: p0.clone(),
+            blocked_targets: blocked.to_vec(),
+            errors,
+        })
+    };
+    // (why, what the book does, what the fleet is told)
+    type Act = Box<dyn Fn(&mut LeaseBook, Instant)>;
+    let lease_for = |target: &'static str| {
+        move |book: &mut LeaseBook, now: Instant| book.acquire(&ask(target, None), now).unwrap().id
+    };
+    let rows: Vec<(&str, Act, Vec<FleetChange>)> = vec![
+        (
+            "a release: the cooldown",
+            Box::new(move |b, now| {
+                let id = lease_for("u")(b, now);
+                b.release(&id, now);
+            }),
+            vec![rest("u", 30)],
+        ),
+        (
+            "the gateway's pacing under a second: local",
+            Box::new(move |b, now| {
+                let id = lease_for("v")(b, now);
+                b.release_with_rest(&id, Duration::from_millis(300), now);
+            }),
+            vec![],
+        ),
+        (
+            "a grant taken back: no rest",
+            Box::new(move |b, now| {
+                let id = lease_for("w")(b, now);
+                b.cancel(&id, now);
+            }),
+            vec![],
+        ),
+        (
+            "blocked: the target's digest and the long rest",
+            Box::new(move |b, now| {
+                let id = lease_for("x")(b, now);
+                b.report(&id, Outcome::Blocked, None, now).unwrap();
+                b.cancel(&id, now);
+            }),
+            vec![tally(&[target_digest("x")], 0), rest("x", 600)],
+        ),
+        (
+            "an error: the count and a rest everywhere",
+            Box::new(move |b, now| {
+                let id = lease_for("y")(b, now);
+                b.report(&id, Outcome::Error, None, now).unwrap();
+                b.cancel(&id, now);
+            }),
+            vec![
+                tally(&[], 1),
+                FleetChange::ProxyRest {
+                    proxy: p0.clone(),
+                    remaining: Duration::from_secs(60),
+                },
+            ],
+        ),
+    ];
+    let mut now = t0;
+    for (why, act, told) in rows {
+        now += Duration::from_secs(3600); // every rest before is over
+        act(&mut book, now);
+        assert_eq!(book.take_fleet_changes(), told, "{why}");
+    }
+    // Restoring a journal tells nothing (the replica that made it did).
+    let snapshot = book.snapshot(now);
+    let mut restored = LeaseBook::new(settings(1), crate::now::Now::read());
+    restored.share_fleet_changes();
+    restored.restore(snapshot, now);
+    assert!(restored.take_fleet_changes().is_empty());
+}
+
+#[test]
+fn another_replicas_changes_apply_as_sets_unjournaled_and_not_passed_on() {
+    use crate::lease::fleet::FleetChange;
+    use crate::lease::journal::ProxyTally;
+    let t0 = Instant::now();
+    let (p0, p1) = (ObjectKey::new("ns", "p0"), ObjectKey::new("ns", "p1"));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
+    book.journal_changes();
+    book.share_fleet_changes();
+    for i in 0..2 {
+        book.upsert(availability(i, true, i as u64), t0);
+    }
+    let rest = |secs: u64| FleetChange::TargetRest {
+        target: "t".into(),
+        proxy: p0.clone(),
+        remaining: Duration::from_secs(secs),
+    };
+    // (why, change, p0 serves "t" at +20 s, at +40 s)
+    let rows = [
+        ("a rest for the target", rest(30), false, true),
+        ("the same again: nothing more", rest(30), false, true),
+        ("ending sooner: the later end stays", rest(5), false, true),
+        ("ending later: the later end", rest(50), false, false),
+    ];
+    for (why, change, at_20, at_40) in rows {
+        book.apply_remote(&change, t0);
+        let serves = |s| book.would_serve(&ask("t", None), &p0, t0 + Duration::from_secs(s));
+        assert_eq!((serves(20), serves(40)), (at_20, at_40), "{why}");
+        assert!(
+            book.would_serve(&ask("other", None), &p0, t0),
+            "{why}: only for the target"
+        );
+    }
+    book.apply_remote(
+        &FleetChange::ProxyRest {
+            proxy: p1.clone(),
+            remaining: Duration::from_secs(60),
+        },
+        t0,
+    );
+    assert_eq!(
+        book.acquire(&ask("t", None), t0).map(|g| g.proxy),
+        Err(AcquireError::NoCapacity { target: "t".into() }),
+        "p0 rests for t, p1 everywhere"
+    );
+    let tally = |blocked: &[u64], errors: u32| {
+        FleetChange::Tally(ProxyTally {
+            proxy: p1.clone(),
+            blocked_targets: blocked.to_vec(),
+            errors,
+        })
+    };
+    for change in [tally(&[1, 2], 3), tally(&[1], 3), tally(&[2, 3], 1)] {
+        book.apply_remote(&change, t0);
+    }
+    let figures = book.pool_figures("none", std::slice::from_ref(&p1)).members[&p1].clone();
+    assert_eq!(
+        (figures.blocked_targets, figures.errors),
+        (3, 3),
+        "united, the larger count"
+    );
+    // A proxy this replica does not know yet: kept, not listed.
+    book.apply_remote(&rest(30), t0);
+    book.apply_remote(
+        &FleetChange::ProxyRest {
+            proxy: ObjectKey::new("ns", "later"),
+            remaining: Duration::from_secs(60),
+        },
+        t0,
+    );
+    assert_eq!(book.proxies().len(), 2);
+    assert!(
+        book.take_changes().is_empty(),
+        "the replica that made them journals them"
+    );
+    assert!(book.take_fleet_changes().is_empty(), "not passed on again");
+}
