@@ -149,6 +149,8 @@ pub struct LeaseBook {
     /// In share mode, the slots granted per proxy (a proxy not named has
     /// none); `None`: every proxy's whole capacity is this book's.
     shares: Option<HashMap<ObjectKey, u32>>,
+    /// Where lease ids come from (marked with the member tag in share mode).
+    lease_ids: super::lease_id::LeaseIds,
 }
 
 /// The identity a lease counts against: its owner, or the unnamed one.
@@ -204,6 +206,7 @@ impl LeaseBook {
             held_by: BTreeMap::new(),
             serving_slots: 0,
             shares: None,
+            lease_ids: Default::default(),
         }
     }
 
@@ -235,6 +238,22 @@ impl LeaseBook {
 
     fn key_of(&self, id: ProxyId) -> Option<ObjectKey> {
         self.proxies.get(&id).map(|e| e.availability.key.clone())
+    }
+
+    /// Lease ids from now on are marked with `tag` (a replica serving from
+    /// a share: any replica can tell the holder by the id).
+    pub fn set_member(&mut self, tag: crate::membership::MemberTag) {
+        self.lease_ids.tag = Some(tag);
+    }
+
+    /// The member this book's lease ids name, if any.
+    pub fn member(&self) -> Option<&crate::membership::MemberTag> {
+        self.lease_ids.tag.as_ref()
+    }
+
+    /// Lease ids draw from `random` from now on.
+    pub fn set_random(&mut self, random: std::sync::Arc<dyn crate::credentials::RandomSource>) {
+        self.lease_ids.random = Some(random);
     }
 
     pub fn settings(&self) -> &LeaseSettings {
@@ -421,7 +440,10 @@ impl LeaseBook {
             .ttl
             .unwrap_or(self.settings.default_ttl)
             .min(self.settings.max_ttl);
-        let lease_id = uuid::Uuid::new_v4().to_string();
+        let lease_id = self
+            .lease_ids
+            .next()
+            .map_err(|e| AcquireError::Unavailable(format!("no lease id: {e}")))?;
         let expires = now + ttl;
         self.leases.insert(
             lease_id.clone(),

@@ -9,6 +9,7 @@ pub mod fair_share;
 pub mod fleet;
 pub mod input;
 pub mod journal;
+pub mod lease_id;
 mod limits;
 mod owners;
 mod reports;

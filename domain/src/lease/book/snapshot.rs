@@ -194,6 +194,7 @@ impl LeaseBook {
         let (mono, wall) = self.epoch;
         let mut book = LeaseBook::with_limits(self.settings, self.limits, Now { wall, mono });
         book.shares.clone_from(&self.shares);
+        book.lease_ids = self.lease_ids.clone();
         book.restore(self.snapshot(now), now);
         for (id, entry) in &self.proxies {
             if !self.placeholders.contains(id) {

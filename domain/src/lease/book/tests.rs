@@ -673,3 +673,47 @@ fn another_replicas_changes_apply_as_sets_unjournaled_and_not_passed_on() {
     );
     assert!(book.take_fleet_changes().is_empty(), "not passed on again");
 }
+
+/// Hands out the same bytes every time, or fails.
+struct FixedRandom(Option<u8>);
+
+impl crate::credentials::RandomSource for FixedRandom {
+    fn fill(&self, buf: &mut [u8]) -> Result<(), crate::credentials::CredentialsError> {
+        let byte = self
+            .0
+            .ok_or_else(|| crate::credentials::CredentialsError::Random("no entropy".into()))?;
+        buf.fill(byte);
+        Ok(())
+    }
+}
+
+#[test]
+fn lease_ids_name_the_member_and_draw_from_the_source_given() {
+    use crate::lease::lease_id::tag_of;
+    use crate::membership::MemberTag;
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
+    book.upsert(availability(0, true, 1), t0);
+    let plain = book.acquire(&ask("t", None), t0).unwrap();
+    assert_eq!(tag_of(&plain.id), None, "a book that is the only one: no member");
+    let tag = MemberTag::of("operator-1", &[9; 8]);
+    book.set_member(tag.clone());
+    book.set_random(std::sync::Arc::new(FixedRandom(Some(0x5a))));
+    let tagged = book.acquire(&ask("t", None), t0).unwrap();
+    assert_eq!(tag_of(&tagged.id), Some(tag.clone()));
+    assert_eq!(
+        tagged.id,
+        crate::lease::lease_id::make(Some(&tag), [0x5a; 16]),
+        "from the source"
+    );
+    assert_eq!(
+        book.rebuilt(t0).member(),
+        Some(&tag),
+        "a rebuilt book keeps its member"
+    );
+    book.set_random(std::sync::Arc::new(FixedRandom(None)));
+    assert!(matches!(
+        book.acquire(&ask("t", None), t0),
+        Err(AcquireError::Unavailable(_))
+    ));
+}
