@@ -717,3 +717,112 @@ fn lease_ids_name_the_member_and_draw_from_the_source_given() {
         Err(AcquireError::Unavailable(_))
     ));
 }
+
+#[test]
+fn a_leader_adopts_a_dead_replicas_journal_and_journals_it_as_its_own() {
+    use crate::lease::journal::LeaseChange;
+    let t0 = Instant::now();
+    let opened = crate::now::Now::read();
+    let (p0, p1) = (ObjectKey::new("ns", "p0"), ObjectKey::new("ns", "p1"));
+    let fleet = |book: &mut LeaseBook| {
+        for i in 0..2 {
+            book.upsert(availability(i, true, i as u64), t0);
+        }
+    };
+    let on = |proxy: &ObjectKey, target: &str| AcquireRequest {
+        prefer: Some(proxy.clone()),
+        ..ask(target, None)
+    };
+    // The dead replica: two API leases, a tunnel, an ended lease, a block and an error.
+    let mut dead = LeaseBook::new(settings(0), opened);
+    fleet(&mut dead);
+    let held = [
+        dead.acquire(&on(&p0, "a"), t0).unwrap(),
+        dead.acquire(&on(&p1, "a"), t0).unwrap(),
+    ];
+    let tunnel = dead
+        .acquire(
+            &AcquireRequest {
+                client: Some("gateway".into()),
+                ..on(&p0, "g")
+            },
+            t0,
+        )
+        .unwrap();
+    let ended = dead.acquire(&on(&p1, "e"), t0).unwrap();
+    dead.report(&ended.id, Outcome::Blocked, None, t0).unwrap();
+    dead.report(&ended.id, Outcome::Error, None, t0).unwrap();
+    dead.release(&ended.id, t0);
+    // The leader: a lease of its own, its own block on p1, a longer rest for "e".
+    let mut leader = LeaseBook::new(settings(0), opened);
+    fleet(&mut leader);
+    let own = leader.acquire(&on(&p1, "e"), t0).unwrap();
+    leader.report(&own.id, Outcome::Blocked, None, t0).unwrap();
+    leader.release_with_rest(&own.id, Duration::from_secs(7200), t0);
+    leader.journal_changes();
+    leader.share_fleet_changes();
+
+    let now = t0 + Duration::from_secs(1);
+    leader.adopt(dead.snapshot(now), now);
+    assert_eq!(leader.active_leases(), 2, "both API leases, not the tunnel");
+    assert_eq!((leader.leases_on(&p0), leader.leases_on(&p1)), (1, 1));
+    assert!(leader.report_counts(&tunnel.id).is_none());
+    let changes = leader.take_changes();
+    for lease in &held {
+        assert!(
+            changes
+                .iter()
+                .any(|c| matches!(c, LeaseChange::Granted(r) if r.id == lease.id)),
+            "{} journaled here: {changes:?}",
+            lease.id
+        );
+    }
+    assert!(
+        changes
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Ended(r) if r.id == ended.id))
+    );
+    assert!(
+        changes
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Errors { count: 1, .. }))
+    );
+    assert!(changes.iter().any(|c| matches!(c, LeaseChange::ProxyRest { .. })));
+    assert!(
+        !leader.take_fleet_changes().is_empty(),
+        "the rests and tallies go out again"
+    );
+    // The blocks united: the leader's target and the dead replica's are the same ("e").
+    let figures = leader.pool_figures("none", std::slice::from_ref(&p1)).members[&p1].clone();
+    assert_eq!(
+        (figures.blocked_targets, figures.errors, figures.leases),
+        (1, 1, 1)
+    );
+    // The leader's longer rest for "e" stays; the adopted ones act here.
+    let later = now + Duration::from_secs(3600);
+    assert!(
+        !leader.would_serve(&ask("e", None), &p1, later),
+        "the longer rest stays"
+    );
+    assert!(
+        !leader.would_serve(&ask("x", None), &p1, now),
+        "the error's rest everywhere"
+    );
+    // The adopted leases are the leader's to end and report on.
+    assert!(
+        leader.report(&ended.id, Outcome::Ok, None, now).is_ok(),
+        "an ended one in its grace"
+    );
+    assert!(leader.release(&held[0].id, now));
+    leader.take_changes();
+    // Adopting again adds nothing (the released one stays released).
+    leader.adopt(dead.snapshot(now), now);
+    assert_eq!(leader.active_leases(), 1);
+    assert!(
+        !leader
+            .take_changes()
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Granted(_) | LeaseChange::Ended(_))),
+        "nothing new to journal"
+    );
+}
