@@ -331,7 +331,7 @@ impl World {
                 let Some(own) = self.slots[adopter].as_mut() else {
                     return;
                 };
-                own.book.restore(journal, now);
+                own.book.adopt(journal, now);
                 own.leases
                     .extend(dead.leases.into_iter().filter(|(_, gateway)| !gateway));
                 // The adopter's claims (with the adopted leases) first, then the dead bounds go.

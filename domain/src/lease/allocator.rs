@@ -223,6 +223,9 @@ impl Allocator {
 
     /// A dead member's journal was adopted (its leases are the leader's
     /// now, counted by the leader's own claims): its bounds are freed.
+    /// Report the adopting member's claims, its book holding the adopted
+    /// leases ([`crate::lease::LeaseBook::adopt`]), before this call: in
+    /// between, those leases would count nowhere.
     pub fn adopted(&mut self, tag: &MemberTag) {
         if let Some(member) = self.members.remove(tag) {
             for (key, n) in &member.bound {

@@ -651,7 +651,7 @@ fn another_replicas_changes_apply_as_sets_unjournaled_and_not_passed_on() {
     for change in [tally(&[1, 2], 3), tally(&[1], 3), tally(&[2, 3], 1)] {
         book.apply_remote(&change, t0);
     }
-    let figures = book.pool_figures("none", std::slice::from_ref(&p1)).members[&p1].clone();
+    let figures = book.pool_figures("none", std::slice::from_ref(&p1)).members[&p1];
     assert_eq!(
         (figures.blocked_targets, figures.errors),
         (3, 3),
@@ -793,7 +793,7 @@ fn a_leader_adopts_a_dead_replicas_journal_and_journals_it_as_its_own() {
         "the rests and tallies go out again"
     );
     // The blocks united: the leader's target and the dead replica's are the same ("e").
-    let figures = leader.pool_figures("none", std::slice::from_ref(&p1)).members[&p1].clone();
+    let figures = leader.pool_figures("none", std::slice::from_ref(&p1)).members[&p1];
     assert_eq!(
         (figures.blocked_targets, figures.errors, figures.leases),
         (1, 1, 1)
