@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use egress_proxies_domain::lease::{
-    AcquireRequest, Allocation, Allocator, Allotted, Availability, LeaseBook, LeaseSettings, Report, Slots,
+    AcquireRequest, Allocation, Allocator, Availability, LeaseBook, LeaseSettings, Report, Slots,
 };
 use egress_proxies_domain::membership::MemberTag;
 use egress_proxies_domain::now::Now;
@@ -254,10 +254,7 @@ impl World {
                 if !current || answer.allocation.version <= replica.applied {
                     return;
                 }
-                match &answer.allocation.slots {
-                    Allotted::Slots(slots) => replica.book.set_all_slots(slots, now),
-                    Allotted::Unlimited => replica.book.set_share_mode(false, now),
-                }
+                replica.book.apply_allotted(&answer.allocation.slots, now);
                 replica.applied = answer.allocation.version;
                 replica.valid_until = Some(answer.asked_at + answer.allocation.ttl);
             }

@@ -349,12 +349,9 @@ fn in_share_mode_a_proxy_carries_only_the_slots_granted_to_the_book() {
         ("granted one of two", 2, Some(1), 1),
         ("granted both", 2, Some(2), 2),
         ("granted more than the capacity: the capacity", 2, Some(3), 2),
-        (
-            "unlimited capacity stays unlimited with nothing granted",
-            0,
-            Some(0),
-            10,
-        ),
+        ("unlimited here, nothing granted yet: nothing", 0, Some(0), 0),
+        ("unlimited here, granted 2 by the leader: 2", 0, Some(2), 2),
+        ("unlimited, whole (the leader's `unlimited`)", 0, None, 10),
     ];
     for (why, capacity, granted, expected) in rows {
         let mut book = LeaseBook::new(settings(capacity), crate::now::Now::read());
@@ -365,8 +362,16 @@ fn in_share_mode_a_proxy_carries_only_the_slots_granted_to_the_book() {
         let grants = grants_until_refused(&mut book, t0);
         assert_eq!(grants.len(), expected, "{why}");
         assert_eq!(book.proxies().len(), 1, "{why}: listed all the same");
-        let fleet_slots = if capacity == 0 { 0 } else { expected as u64 };
-        assert_eq!(book.slots(), fleet_slots, "{why}: the fleet's slots in this book");
+        let fleet_slots = if granted.is_none() && capacity == 0 {
+            0
+        } else {
+            expected as u64
+        };
+        assert_eq!(
+            book.slots(),
+            fleet_slots,
+            "{why}: the fleet's slots in this book (0: unlimited)"
+        );
         assert_eq!(
             book.would_serve(&ask("other", None), &p0, t0),
             expected > 0,
