@@ -104,6 +104,8 @@ struct Member {
     holds: Allotted,
     /// The most it may be using, per proxy (none named: 0).
     bound: HashMap<ObjectKey, u32>,
+    /// Its allocation as last computed, and the allocator's generation then.
+    computed: Option<(u64, Allotted)>,
 }
 
 impl Member {
@@ -119,6 +121,7 @@ impl Member {
             sent: BTreeMap::new(),
             holds: Allotted::Slots(BTreeMap::new()),
             bound: HashMap::new(),
+            computed: None,
         }
     }
 
@@ -156,8 +159,8 @@ pub struct Allocator {
     capacity: u32,
     /// A share's lifetime.
     ttl: Duration,
-    /// Ready proxies: the ones given out.
-    proxies: BTreeSet<ObjectKey>,
+    /// Ready proxies (the ones given out), with their rendezvous digests.
+    proxies: BTreeMap<ObjectKey, u64>,
     members: BTreeMap<MemberTag, Member>,
     /// Members whose journal was adopted: they never count again.
     adopted: BTreeSet<MemberTag>,
@@ -165,6 +168,11 @@ pub struct Allocator {
     totals: HashMap<ObjectKey, u32>,
     /// A new leader rebuilds (raises no bound) until every member reported.
     rebuilding: bool,
+    /// Counts changes that may change an allocation: one computed at the
+    /// current generation is sent again as it is. (Sending one again
+    /// never raises a bound, so a change missed here could only delay a
+    /// move, never over-grant.)
+    generation: u64,
 }
 
 impl Allocator {
@@ -174,11 +182,12 @@ impl Allocator {
         Allocator {
             capacity,
             ttl,
-            proxies: BTreeSet::new(),
+            proxies: BTreeMap::new(),
             members: BTreeMap::new(),
             adopted: BTreeSet::new(),
             totals: HashMap::new(),
             rebuilding: false,
+            generation: 0,
         }
     }
 
@@ -205,10 +214,14 @@ impl Allocator {
         if self.adopted.contains(tag) {
             return false;
         }
-        self.members
+        let member = self
+            .members
             .entry(tag.clone())
-            .or_insert_with(|| Member::new(tag))
-            .live = true;
+            .or_insert_with(|| Member::new(tag));
+        if !member.live || member.computed.is_none() {
+            self.generation += 1;
+        }
+        member.live = true;
         true
     }
 
@@ -216,8 +229,11 @@ impl Allocator {
     /// split, but what it may be using still counts until
     /// [`Self::adopted`].
     pub fn died(&mut self, tag: &MemberTag) {
-        if let Some(member) = self.members.get_mut(tag) {
+        if let Some(member) = self.members.get_mut(tag)
+            && member.live
+        {
             member.live = false;
+            self.generation += 1;
         }
     }
 
@@ -231,13 +247,25 @@ impl Allocator {
             for (key, n) in &member.bound {
                 self.lower_total(key, *n);
             }
+            self.generation += 1;
         }
         self.adopted.insert(tag.clone());
     }
 
     /// The proxies given out: ready ones. Others are lowered to none.
     pub fn set_proxies(&mut self, ready: impl IntoIterator<Item = ObjectKey>) {
-        self.proxies = ready.into_iter().collect();
+        let proxies: BTreeMap<ObjectKey, u64> = ready
+            .into_iter()
+            .map(|key| {
+                let digest = self.proxies.get(&key).copied();
+                let digest = digest.unwrap_or_else(|| rendezvous::proxy_digest(&key));
+                (key, digest)
+            })
+            .collect();
+        if proxies != self.proxies {
+            self.proxies = proxies;
+            self.generation += 1;
+        }
     }
 
     /// A member's sync request: its applied version and its claims. A
@@ -281,6 +309,9 @@ impl Allocator {
             );
         }
         let bound = member.computed_bounds();
+        if first || bound != member.bound {
+            self.generation += 1;
+        }
         let old = std::mem::replace(&mut member.bound, bound);
         let new = member.bound.clone();
         for (key, n) in old {
@@ -299,35 +330,43 @@ impl Allocator {
     pub fn allocation_for(&mut self, tag: &MemberTag) -> Option<Allocation> {
         let rebuilding = self.is_rebuilding();
         let member = self.members.get(tag)?;
-        let allotted = if !member.live {
-            Allotted::Slots(BTreeMap::new())
-        } else if self.capacity == 0 {
-            Allotted::Unlimited
-        } else {
-            let live = self.live_digests();
-            let mut slots = BTreeMap::new();
-            for key in &self.proxies {
-                let target = target(self.capacity, key, member.digest, &live);
-                let holds = member.holds(key);
-                let grant = if target <= holds {
-                    target
-                } else {
-                    let own = member.bound(key);
-                    let room = if rebuilding {
-                        own
+        let allotted =
+            if let Some((_, allotted)) = member.computed.as_ref().filter(|(g, _)| *g == self.generation) {
+                allotted.clone()
+            } else if !member.live {
+                Allotted::Slots(BTreeMap::new())
+            } else if self.capacity == 0 {
+                Allotted::Unlimited
+            } else {
+                let live = self.live_digests();
+                let mut slots = BTreeMap::new();
+                for (key, digest) in &self.proxies {
+                    let target = part(self.capacity, *digest, member.digest, &live);
+                    let holds = member.holds(key);
+                    let grant = if target <= holds {
+                        target
                     } else {
-                        let others = self.totals.get(key).copied().unwrap_or(0).saturating_sub(own);
-                        self.capacity.saturating_sub(others)
+                        let own = member.bound(key);
+                        let room = if rebuilding {
+                            own
+                        } else {
+                            let others = self.totals.get(key).copied().unwrap_or(0).saturating_sub(own);
+                            self.capacity.saturating_sub(others)
+                        };
+                        holds.max(target.min(room))
                     };
-                    holds.max(target.min(room))
-                };
-                if grant > 0 {
-                    slots.insert(key.clone(), grant);
+                    if grant > 0 {
+                        slots.insert(key.clone(), grant);
+                    }
                 }
-            }
-            Allotted::Slots(slots)
-        };
-        self.send(tag, allotted)
+                Allotted::Slots(slots)
+            };
+        let allocation = self.send(tag, allotted);
+        // Computed again only after a change (its own raise changes nothing for it).
+        if let (Some(member), Some(allocation)) = (self.members.get_mut(tag), allocation.as_ref()) {
+            member.computed = Some((self.generation, allocation.slots.clone()));
+        }
+        allocation
     }
 
     /// Records `allotted` as sent to `tag` (a new version if it differs).
@@ -335,6 +374,7 @@ impl Allocator {
         let member = self.members.get_mut(tag)?;
         let unchanged = member.version > 0 && member.sent.get(&member.version) == Some(&allotted);
         if !unchanged {
+            self.generation += 1;
             member.version += 1;
             member.sent.insert(member.version, allotted.clone());
             member.holds = allotted.clone();
@@ -361,6 +401,7 @@ impl Allocator {
     pub fn is_rebuilding(&mut self) -> bool {
         if self.rebuilding && self.members.values().all(|m| m.reported) {
             self.rebuilding = false;
+            self.generation += 1;
         }
         self.rebuilding
     }
@@ -437,11 +478,15 @@ impl Allocator {
 /// (by digest): ⌊c/R⌋, plus one for the c mod R members ranking highest
 /// for the proxy.
 pub fn target(capacity: u32, proxy: &ObjectKey, member: u64, live: &[u64]) -> u32 {
+    part(capacity, rendezvous::proxy_digest(proxy), member, live)
+}
+
+/// [`target`] by the proxy's digest.
+fn part(capacity: u32, proxy: u64, member: u64, live: &[u64]) -> u32 {
     let members = u32::try_from(live.len()).unwrap_or(u32::MAX);
     if members == 0 || !live.contains(&member) {
         return 0;
     }
-    let proxy = rendezvous::proxy_digest(proxy);
     let mine = (rendezvous::rank(proxy, member), member);
     let above = live
         .iter()
