@@ -27,6 +27,15 @@
 //! releases its member Lease, so it is adopted soon after; meanwhile every
 //! member keeps what it holds, renewed.
 
+//!
+//! Use, on the leader: at takeover [`Allocator::rebuilding`] and
+//! [`Allocator::join`] for every member Lease there is (live or not);
+//! [`Allocator::set_proxies`] whenever the ready proxies change; per sync
+//! request [`Allocator::report`] then [`Allocator::allocation_for`] (the
+//! answer); [`Allocator::died`] when a member's Lease is judged lapsed;
+//! after [`crate::lease::LeaseBook::adopt`] of its journal and the
+//! leader's own report, [`Allocator::adopted`].
+
 #[cfg(test)]
 mod tests;
 
