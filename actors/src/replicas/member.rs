@@ -298,7 +298,7 @@ impl Member {
             DeskSettings {
                 capacity,
                 ttl: lease_duration * SHARE_LIFETIMES,
-                rebuilding_since: Some(Instant::now()),
+                rebuilding: true,
             },
             seed,
             Arc::new(move |from, verdicts_of| {
@@ -439,6 +439,8 @@ impl Adopter {
                 &tag,
                 &self.me,
                 Report {
+                    // After every report the link made (it counts from 1 per request).
+                    seq: u64::MAX / 2,
                     applied: report.applied,
                     claims: report.claims,
                 },

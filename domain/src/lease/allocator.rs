@@ -19,15 +19,28 @@
 //! move to a newcomer only after their holder has reported the lowered value.
 //!
 //! Rebuild: a new leader's allocator raises no bound until every member
-//! has reported to it (a dead one: or been adopted), or the share lifetime
-//! has passed since it took over (every share the old leader handed out
-//! has expired by then).
+//! has reported to it or (dead) been adopted. Not on a timeout: a member
+//! unheard since the takeover may hold API leases, which outlive its share
+//! until its journal is adopted (`domain/tests/share_invariant.rs` finds a
+//! proxy over capacity when the rebuild ends after the share lifetime
+//! instead). A member unheard for a share lifetime stops serving and
+//! releases its member Lease, so it is adopted soon after; meanwhile every
+//! member keeps what it holds, renewed.
+
+//!
+//! Use, on the leader: at takeover [`Allocator::rebuilding`] and
+//! [`Allocator::join`] for every member Lease there is (live or not);
+//! [`Allocator::set_proxies`] whenever the ready proxies change; per sync
+//! request [`Allocator::report`] then [`Allocator::allocation_for`] (the
+//! answer); [`Allocator::died`] when a member's Lease is judged lapsed;
+//! after [`crate::lease::LeaseBook::adopt`] of its journal and the
+//! leader's own report, [`Allocator::adopted`].
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::shares::Claim;
 use crate::membership::MemberTag;
@@ -37,6 +50,9 @@ use crate::resource::ObjectKey;
 /// What a member tells the leader in each sync request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
+    /// Counts the member's reports (one higher each time it reports): one
+    /// not newer than the last taken (delayed, retried) is ignored.
+    pub seq: u64,
     /// The highest allocation version it has applied.
     pub applied: u64,
     /// What its book holds per proxy ([`crate::lease::LeaseBook::claims`]).
@@ -83,6 +99,8 @@ struct Member {
     /// Not declared dead (a dead member keeps its bounds until adopted).
     live: bool,
     reported: bool,
+    /// The last report taken ([`Report::seq`]).
+    seq: u64,
     applied: u64,
     /// The last version sent to it (versions continue above what it reports).
     version: u64,
@@ -95,6 +113,8 @@ struct Member {
     holds: Allotted,
     /// The most it may be using, per proxy (none named: 0).
     bound: HashMap<ObjectKey, u32>,
+    /// Its allocation as last computed, and the allocator's generation then.
+    computed: Option<(u64, Allotted)>,
 }
 
 impl Member {
@@ -103,12 +123,14 @@ impl Member {
             digest: tag.digest(),
             live: true,
             reported: false,
+            seq: 0,
             applied: 0,
             version: 0,
             claims: BTreeMap::new(),
             sent: BTreeMap::new(),
             holds: Allotted::Slots(BTreeMap::new()),
             bound: HashMap::new(),
+            computed: None,
         }
     }
 
@@ -146,15 +168,20 @@ pub struct Allocator {
     capacity: u32,
     /// A share's lifetime.
     ttl: Duration,
-    /// Ready proxies: the ones given out.
-    proxies: BTreeSet<ObjectKey>,
+    /// Ready proxies (the ones given out), with their rendezvous digests.
+    proxies: BTreeMap<ObjectKey, u64>,
     members: BTreeMap<MemberTag, Member>,
     /// Members whose journal was adopted: they never count again.
     adopted: BTreeSet<MemberTag>,
     /// Σ of the members' bounds, per proxy.
     totals: HashMap<ObjectKey, u32>,
-    /// Since when a new leader rebuilds (raises no bound), until done.
-    rebuilding_since: Option<Instant>,
+    /// A new leader rebuilds (raises no bound) until every member reported.
+    rebuilding: bool,
+    /// Counts changes that may change an allocation: one computed at the
+    /// current generation is sent again as it is. (Sending one again
+    /// never raises a bound, so a change missed here could only delay a
+    /// move, never over-grant.)
+    generation: u64,
 }
 
 impl Allocator {
@@ -164,19 +191,22 @@ impl Allocator {
         Allocator {
             capacity,
             ttl,
-            proxies: BTreeSet::new(),
+            proxies: BTreeMap::new(),
             members: BTreeMap::new(),
             adopted: BTreeSet::new(),
             totals: HashMap::new(),
-            rebuilding_since: None,
+            rebuilding: false,
+            generation: 0,
         }
     }
 
-    /// The allocator of a leader that took over at `since`: the members'
-    /// shares from the old leader are learnt from their reports.
-    pub fn rebuilding(capacity: u32, ttl: Duration, since: Instant) -> Self {
+    /// The allocator of a leader that took over: the members' shares from
+    /// the old leader are learnt from their reports. Join every member
+    /// whose member Lease exists (live or not) before the first allocation:
+    /// the rebuild waits for each.
+    pub fn rebuilding(capacity: u32, ttl: Duration) -> Self {
         Allocator {
-            rebuilding_since: Some(since),
+            rebuilding: true,
             ..Allocator::new(capacity, ttl)
         }
     }
@@ -193,10 +223,14 @@ impl Allocator {
         if self.adopted.contains(tag) {
             return false;
         }
-        self.members
+        let member = self
+            .members
             .entry(tag.clone())
-            .or_insert_with(|| Member::new(tag))
-            .live = true;
+            .or_insert_with(|| Member::new(tag));
+        if !member.live || member.computed.is_none() {
+            self.generation += 1;
+        }
+        member.live = true;
         true
     }
 
@@ -204,31 +238,50 @@ impl Allocator {
     /// split, but what it may be using still counts until
     /// [`Self::adopted`].
     pub fn died(&mut self, tag: &MemberTag) {
-        if let Some(member) = self.members.get_mut(tag) {
+        if let Some(member) = self.members.get_mut(tag)
+            && member.live
+        {
             member.live = false;
+            self.generation += 1;
         }
     }
 
     /// A dead member's journal was adopted (its leases are the leader's
     /// now, counted by the leader's own claims): its bounds are freed.
+    /// Report the adopting member's claims, its book holding the adopted
+    /// leases ([`crate::lease::LeaseBook::adopt`]), before this call: in
+    /// between, those leases would count nowhere.
     pub fn adopted(&mut self, tag: &MemberTag) {
         if let Some(member) = self.members.remove(tag) {
             for (key, n) in &member.bound {
                 self.lower_total(key, *n);
             }
+            self.generation += 1;
         }
         self.adopted.insert(tag.clone());
     }
 
     /// The proxies given out: ready ones. Others are lowered to none.
     pub fn set_proxies(&mut self, ready: impl IntoIterator<Item = ObjectKey>) {
-        self.proxies = ready.into_iter().collect();
+        let proxies: BTreeMap<ObjectKey, u64> = ready
+            .into_iter()
+            .map(|key| {
+                let digest = self.proxies.get(&key).copied();
+                let digest = digest.unwrap_or_else(|| rendezvous::proxy_digest(&key));
+                (key, digest)
+            })
+            .collect();
+        if proxies != self.proxies {
+            self.proxies = proxies;
+            self.generation += 1;
+        }
     }
 
     /// A member's sync request: its applied version and its claims. A
-    /// report older than one already taken (a lower applied version) says
-    /// nothing new and is ignored; returns whether it was taken. A member
-    /// not known yet joins (unless adopted).
+    /// report older than one already taken (not a higher `seq`, or a lower
+    /// applied version) is ignored: a stale one would count leases since
+    /// ended. Returns whether it was taken. A member not known yet joins
+    /// (unless adopted).
     pub fn report(&mut self, tag: &MemberTag, report: &Report) -> bool {
         if !self.join_quietly(tag) {
             return false;
@@ -236,9 +289,11 @@ impl Allocator {
         let Some(member) = self.members.get_mut(tag) else {
             return false;
         };
-        if report.applied < member.applied {
+        let newer = !member.reported || report.seq > member.seq;
+        if !newer || report.applied < member.applied {
             return false;
         }
+        member.seq = report.seq;
         let first = !member.reported;
         member.reported = true;
         member.applied = report.applied;
@@ -263,6 +318,9 @@ impl Allocator {
             );
         }
         let bound = member.computed_bounds();
+        if first || bound != member.bound {
+            self.generation += 1;
+        }
         let old = std::mem::replace(&mut member.bound, bound);
         let new = member.bound.clone();
         for (key, n) in old {
@@ -278,38 +336,46 @@ impl Allocator {
     /// with it). `None` for a member not known (or adopted). A dead member
     /// is lowered to nothing. The same allocation as last time keeps its
     /// version.
-    pub fn allocation_for(&mut self, tag: &MemberTag, now: Instant) -> Option<Allocation> {
-        let rebuilding = self.is_rebuilding(now);
+    pub fn allocation_for(&mut self, tag: &MemberTag) -> Option<Allocation> {
+        let rebuilding = self.is_rebuilding();
         let member = self.members.get(tag)?;
-        let allotted = if !member.live {
-            Allotted::Slots(BTreeMap::new())
-        } else if self.capacity == 0 {
-            Allotted::Unlimited
-        } else {
-            let live = self.live_digests();
-            let mut slots = BTreeMap::new();
-            for key in &self.proxies {
-                let target = target(self.capacity, key, member.digest, &live);
-                let holds = member.holds(key);
-                let grant = if target <= holds {
-                    target
-                } else {
-                    let own = member.bound(key);
-                    let room = if rebuilding {
-                        own
+        let allotted =
+            if let Some((_, allotted)) = member.computed.as_ref().filter(|(g, _)| *g == self.generation) {
+                allotted.clone()
+            } else if !member.live {
+                Allotted::Slots(BTreeMap::new())
+            } else if self.capacity == 0 {
+                Allotted::Unlimited
+            } else {
+                let live = self.live_digests();
+                let mut slots = BTreeMap::new();
+                for (key, digest) in &self.proxies {
+                    let target = part(self.capacity, *digest, member.digest, &live);
+                    let holds = member.holds(key);
+                    let grant = if target <= holds {
+                        target
                     } else {
-                        let others = self.totals.get(key).copied().unwrap_or(0).saturating_sub(own);
-                        self.capacity.saturating_sub(others)
+                        let own = member.bound(key);
+                        let room = if rebuilding {
+                            own
+                        } else {
+                            let others = self.totals.get(key).copied().unwrap_or(0).saturating_sub(own);
+                            self.capacity.saturating_sub(others)
+                        };
+                        holds.max(target.min(room))
                     };
-                    holds.max(target.min(room))
-                };
-                if grant > 0 {
-                    slots.insert(key.clone(), grant);
+                    if grant > 0 {
+                        slots.insert(key.clone(), grant);
+                    }
                 }
-            }
-            Allotted::Slots(slots)
-        };
-        self.send(tag, allotted)
+                Allotted::Slots(slots)
+            };
+        let allocation = self.send(tag, allotted);
+        // Computed again only after a change (its own raise changes nothing for it).
+        if let (Some(member), Some(allocation)) = (self.members.get_mut(tag), allocation.as_ref()) {
+            member.computed = Some((self.generation, allocation.slots.clone()));
+        }
+        allocation
     }
 
     /// Records `allotted` as sent to `tag` (a new version if it differs).
@@ -317,6 +383,7 @@ impl Allocator {
         let member = self.members.get_mut(tag)?;
         let unchanged = member.version > 0 && member.sent.get(&member.version) == Some(&allotted);
         if !unchanged {
+            self.generation += 1;
             member.version += 1;
             member.sent.insert(member.version, allotted.clone());
             member.holds = allotted.clone();
@@ -338,20 +405,14 @@ impl Allocator {
     }
 
     /// Whether the allocator still waits for members' reports before it
-    /// raises any bound. Ends for good once every member has reported (or
-    /// was adopted) or the share lifetime has passed since the takeover.
-    pub fn is_rebuilding(&mut self, now: Instant) -> bool {
-        let Some(since) = self.rebuilding_since else {
-            return false;
-        };
-        // A dead member not heard from is waited for too, until adopted: its
-        // API leases may be in use until the leader holds them.
-        let all_reported = self.members.values().all(|m| m.reported);
-        if all_reported || now.saturating_duration_since(since) >= self.ttl {
-            self.rebuilding_since = None;
-            return false;
+    /// raises any bound. Ends for good once every member has reported or
+    /// was adopted.
+    pub fn is_rebuilding(&mut self) -> bool {
+        if self.rebuilding && self.members.values().all(|m| m.reported) {
+            self.rebuilding = false;
+            self.generation += 1;
         }
-        true
+        self.rebuilding
     }
 
     /// Proxies whose members' bounds add up to more than the capacity,
@@ -426,11 +487,15 @@ impl Allocator {
 /// (by digest): ⌊c/R⌋, plus one for the c mod R members ranking highest
 /// for the proxy.
 pub fn target(capacity: u32, proxy: &ObjectKey, member: u64, live: &[u64]) -> u32 {
+    part(capacity, rendezvous::proxy_digest(proxy), member, live)
+}
+
+/// [`target`] by the proxy's digest.
+fn part(capacity: u32, proxy: u64, member: u64, live: &[u64]) -> u32 {
     let members = u32::try_from(live.len()).unwrap_or(u32::MAX);
     if members == 0 || !live.contains(&member) {
         return 0;
     }
-    let proxy = rendezvous::proxy_digest(proxy);
     let mine = (rendezvous::rank(proxy, member), member);
     let above = live
         .iter()

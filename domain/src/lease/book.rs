@@ -5,6 +5,7 @@
 //! then the lowest latency. See [`LeaseBook::select`] for how that stays
 //! O(log n) for a hot target whose proxies nearly all rest.
 
+mod fleet;
 mod shares;
 mod snapshot;
 mod target;
@@ -124,6 +125,9 @@ pub struct LeaseBook {
     placeholders: HashSet<ProxyId>,
     /// Changes not yet taken by the journal; `None` when nothing journals them.
     changes: Option<Vec<LeaseChange>>,
+    /// Changes other replicas' books must learn, not yet taken; `None`
+    /// when this book is the only one.
+    fleet: Option<Vec<super::fleet::FleetChange>>,
     /// One instant with its wall-clock time: how journaled times are converted.
     epoch: (Instant, Timestamp),
     limits: LeaseLimits,
@@ -145,9 +149,8 @@ pub struct LeaseBook {
     /// In share mode, the slots granted per proxy (a proxy not named has
     /// none); `None`: every proxy's whole capacity is this book's.
     shares: Option<HashMap<ObjectKey, u32>>,
-    /// The granting member's tag, the first 8 hex digits of every lease id
-    /// (every replica serving: whoever holds an id can be found from it).
-    id_tag: Option<String>,
+    /// Where lease ids come from (marked with the member tag in share mode).
+    lease_ids: super::lease_id::LeaseIds,
 }
 
 /// The identity a lease counts against: its owner, or the unnamed one.
@@ -196,13 +199,14 @@ impl LeaseBook {
             global_cooling: BTreeSet::new(),
             placeholders: HashSet::new(),
             changes: None,
+            fleet: None,
             epoch: (opened.mono, opened.wall),
             pool_denials: HashMap::new(),
             restored_at: None,
             held_by: BTreeMap::new(),
             serving_slots: 0,
             shares: None,
-            id_tag: None,
+            lease_ids: Default::default(),
         }
     }
 
@@ -236,6 +240,22 @@ impl LeaseBook {
         self.proxies.get(&id).map(|e| e.availability.key.clone())
     }
 
+    /// Lease ids from now on are marked with `tag` (a replica serving from
+    /// a share: any replica can tell the holder by the id).
+    pub fn set_member(&mut self, tag: crate::membership::MemberTag) {
+        self.lease_ids.tag = Some(tag);
+    }
+
+    /// The member this book's lease ids name, if any.
+    pub fn member(&self) -> Option<&crate::membership::MemberTag> {
+        self.lease_ids.tag.as_ref()
+    }
+
+    /// Lease ids draw from `random` from now on.
+    pub fn set_random(&mut self, random: std::sync::Arc<dyn crate::credentials::RandomSource>) {
+        self.lease_ids.random = Some(random);
+    }
+
     pub fn settings(&self) -> &LeaseSettings {
         &self.settings
     }
@@ -248,11 +268,6 @@ impl LeaseBook {
     /// Whether `id` is a lease this book holds or ended lately.
     pub fn knows(&self, id: &str) -> bool {
         self.leases.contains_key(id) || self.ended.contains_key(id)
-    }
-
-    /// Lease ids begin with `tag` (8 hex digits) from now on.
-    pub fn tag_ids(&mut self, tag: &str) {
-        self.id_tag = Some(tag.to_owned());
     }
 
     /// Every proxy's availability as last upserted (placeholders, known
@@ -439,7 +454,10 @@ impl LeaseBook {
             .ttl
             .unwrap_or(self.settings.default_ttl)
             .min(self.settings.max_ttl);
-        let lease_id = tagged(uuid::Uuid::new_v4().to_string(), self.id_tag.as_deref());
+        let lease_id = self
+            .lease_ids
+            .next()
+            .map_err(|e| AcquireError::Unavailable(format!("no lease id: {e}")))?;
         let expires = now + ttl;
         self.leases.insert(
             lease_id.clone(),
@@ -904,6 +922,7 @@ impl LeaseBook {
             }
         });
         if let Some(change) = tallied {
+            self.tell_fleet_tally(&change);
             self.note(change);
         }
         match outcome {
@@ -912,7 +931,7 @@ impl LeaseBook {
                 self.rest_for_target(&target, proxy, now + self.settings.blocked_cooldown, now);
             }
             Outcome::Error => {
-                self.rest_everywhere(proxy, now + self.settings.error_cooldown);
+                self.rest_everywhere(proxy, now + self.settings.error_cooldown, now);
                 self.reindex(proxy, now);
             }
         }
@@ -931,6 +950,7 @@ impl LeaseBook {
         if until > now
             && let Some(key) = self.key_of(proxy)
         {
+            self.tell_fleet_rest(Some(target), &key, until, now);
             self.note(LeaseChange::TargetRest {
                 target: target.to_owned(),
                 proxy: key,
@@ -940,7 +960,7 @@ impl LeaseBook {
     }
 
     /// `proxy` rests for every target until at least `until` (the caller reindexes).
-    fn rest_everywhere(&mut self, proxy: ProxyId, until: Instant) {
+    fn rest_everywhere(&mut self, proxy: ProxyId, until: Instant, now: Instant) {
         let Some(entry) = self.proxies.get_mut(&proxy) else {
             return;
         };
@@ -948,6 +968,7 @@ impl LeaseBook {
         entry.global_cooldown = Some(until);
         self.global_cooling.insert((until, proxy));
         if let Some(key) = self.key_of(proxy) {
+            self.tell_fleet_rest(None, &key, until, now);
             self.note(LeaseChange::ProxyRest {
                 proxy: key,
                 until: self.wall(until),
@@ -1167,18 +1188,3 @@ impl LeaseBook {
     }
 }
 
-/// `id` (a UUID string) with its first 8 hex digits replaced by `tag`.
-fn tagged(id: String, tag: Option<&str>) -> String {
-    match tag {
-        Some(tag) if tag.len() == 8 && id.len() > 8 => format!("{tag}{}", &id[8..]),
-        _ => id,
-    }
-}
-
-/// The tag a lease id begins with (its first 8 hex digits): the member
-/// that granted it, when every replica serves. Any UUID has such digits:
-/// whether they name a member is the caller's to judge.
-pub fn id_tag(id: &str) -> Option<&str> {
-    let tag = id.get(..8)?;
-    (tag.bytes().all(|b| b.is_ascii_hexdigit()) && id.as_bytes().get(8) == Some(&b'-')).then_some(tag)
-}

@@ -6,8 +6,10 @@
 pub mod allocator;
 mod book;
 pub mod fair_share;
+pub mod fleet;
 pub mod input;
 pub mod journal;
+pub mod lease_id;
 mod limits;
 mod owners;
 mod reports;
@@ -24,8 +26,9 @@ use crate::resource::ObjectKey;
 /// Sticky sessions rank proxies by it (it lives above both the book and the members).
 pub use crate::rendezvous;
 pub use allocator::{Allocation, Allocator, Allotted, MemberShare, Report};
-pub use book::{LeaseBook, id_tag, owner_key};
+pub use book::{LeaseBook, owner_key};
 pub use fair_share::FairShare;
+pub use fleet::{FleetChange, Outbox};
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use owners::{Act, Caller, NotOwner, may_act};

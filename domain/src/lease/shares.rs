@@ -16,13 +16,18 @@ pub enum Slots {
 }
 
 impl Slots {
-    /// The most leases the book may hold on a proxy of `capacity`; `None`:
-    /// unlimited. Capacity 0 is unlimited whatever the share (a share then
-    /// only gates by its expiry, which the book's holder checks).
+    /// The most leases the book may hold on a proxy of `capacity` (0:
+    /// unlimited); `None`: unlimited. The leader's word wins: slots granted
+    /// cap a book whose own capacity says unlimited too (a replica started
+    /// with another `--max-leases-per-proxy` than the leader's); with
+    /// capacity 0 the leader grants [`crate::lease::Allotted::Unlimited`],
+    /// which the book takes as its whole capacity
+    /// ([`crate::lease::LeaseBook::apply_allotted`]).
     pub fn cap(self, capacity: u32) -> Option<u32> {
         match (capacity, self) {
-            (0, _) => None,
+            (0, Slots::Whole) => None,
             (c, Slots::Whole) => Some(c),
+            (0, Slots::Granted(n)) => Some(n),
             (c, Slots::Granted(n)) => Some(n.min(c)),
         }
     }
@@ -57,7 +62,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_share_caps_a_proxy_below_its_capacity_and_zero_capacity_stays_unlimited() {
+    fn a_share_caps_a_proxy_below_its_capacity_and_the_whole_of_zero_is_unlimited() {
         // (why, slots, capacity, cap)
         let rows = [
             ("whole: the capacity", Slots::Whole, 2, Some(2)),
@@ -72,10 +77,10 @@ mod tests {
             ),
             ("unlimited, whole", Slots::Whole, 0, None),
             (
-                "unlimited, granted none: still unlimited",
-                Slots::Granted(0),
+                "unlimited here, granted some by the leader: the grant",
+                Slots::Granted(3),
                 0,
-                None,
+                Some(3),
             ),
         ];
         for (why, slots, capacity, cap) in rows {
@@ -84,7 +89,7 @@ mod tests {
         assert!(Slots::Granted(2).has_room(3, 1));
         assert!(!Slots::Granted(2).has_room(3, 2));
         assert!(!Slots::Granted(0).has_room(3, 0));
-        assert!(Slots::Granted(0).has_room(0, 100));
+        assert!(Slots::Whole.has_room(0, 100));
     }
 
     #[test]

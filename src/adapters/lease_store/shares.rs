@@ -139,7 +139,7 @@ impl LeaseStore {
             let mut state = self.lock();
             let now = Instant::now();
             state.book.set_share_mode(true, now);
-            state.book.tag_ids(tag.as_str());
+            state.book.set_member(tag.clone());
             state.book.journal_changes();
             state.share = Some(Share {
                 tenure: member,

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -46,9 +46,9 @@ pub struct DeskSettings {
     pub capacity: u32,
     /// A share's lifetime.
     pub ttl: Duration,
-    /// `Some(takeover)`: this leader took over from another; it raises no
-    /// share until the members have told it what they hold.
-    pub rebuilding_since: Option<Instant>,
+    /// This leader took over from another: it raises no share until every
+    /// member has told it what it holds (or died and was adopted).
+    pub rebuilding: bool,
 }
 
 pub struct ShareDesk {
@@ -84,9 +84,10 @@ impl ShareDesk {
     /// A desk whose fleet starts from `seed` (what this replica's book
     /// knows: a new leader starts from the old leader's feed, never empty).
     pub fn new(term: Term, settings: DeskSettings, seed: Vec<FleetItem>, verdicts: VerdictSink) -> Self {
-        let allocator = match settings.rebuilding_since {
-            Some(since) => Allocator::rebuilding(settings.capacity, settings.ttl, since),
-            None => Allocator::new(settings.capacity, settings.ttl),
+        let allocator = if settings.rebuilding {
+            Allocator::rebuilding(settings.capacity, settings.ttl)
+        } else {
+            Allocator::new(settings.capacity, settings.ttl)
         };
         let mut fleet = FleetState::default();
         let now = now_ms();
@@ -139,7 +140,9 @@ impl ShareDesk {
         {
             let mut state = self.lock();
             let live_tags = table.live_tags();
-            for tag in &live_tags {
+            // Every member Lease there is joins, dead ones too: what a dead
+            // member may hold counts (and a rebuild waits) until adopted.
+            for tag in live_tags.iter().chain(&table.dead) {
                 state.allocator.join(tag);
             }
             let left: Vec<MemberTag> = state
@@ -152,7 +155,13 @@ impl ShareDesk {
                 state.allocator.died(&tag);
                 changed.died.push(tag);
             }
-            let known: Vec<MemberTag> = state.allocator.members().into_iter().map(|m| m.tag).collect();
+            let known: Vec<MemberTag> = state
+                .allocator
+                .members()
+                .into_iter()
+                .filter(|m| m.live)
+                .map(|m| m.tag)
+                .collect();
             for tag in table.dead.iter().chain(&table.gone) {
                 if !changed.died.contains(tag) && known.contains(tag) {
                     state.allocator.died(tag);
@@ -254,6 +263,7 @@ impl ShareDesk {
                 state.allocator.report(
                     &tag,
                     &Report {
+                        seq: request.seq,
                         applied: request.applied,
                         claims,
                     },
@@ -297,7 +307,7 @@ impl ShareDesk {
             tracing::error!(?over, "capacity shares add up to more than a proxy's capacity");
         }
         let allocation = if state.live_tags.contains(tag) {
-            state.allocator.allocation_for(tag, Instant::now())
+            state.allocator.allocation_for(tag)
         } else {
             None
         };

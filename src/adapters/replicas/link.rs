@@ -114,6 +114,8 @@ pub struct ReplicaLink {
     term: Option<Term>,
     feed_seen: u64,
     members: Vec<MemberTag>,
+    /// Numbers this member's requests.
+    seq: u64,
 }
 
 impl ReplicaLink {
@@ -138,6 +140,7 @@ impl ReplicaLink {
             term: None,
             feed_seen: 0,
             members: Vec::new(),
+            seq: 0,
         }
     }
 
@@ -204,7 +207,8 @@ impl ReplicaLink {
         }
     }
 
-    fn request(&self, verdicts: Vec<ProbeVerdict>) -> SyncRequest {
+    fn request(&mut self, verdicts: Vec<ProbeVerdict>) -> SyncRequest {
+        self.seq += 1;
         let report = self.store.share_report();
         SyncRequest {
             tag: self.me.to_string(),
@@ -230,6 +234,7 @@ impl ReplicaLink {
             verdicts,
             feed_since: self.feed_seen,
             hold_ms: 0,
+            seq: self.seq,
         }
     }
 

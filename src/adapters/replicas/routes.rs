@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 
 use super::members::MemberTable;
-use crate::domain::lease::id_tag;
+use crate::domain::lease::lease_id::tag_of;
 use crate::domain::membership::MemberTag;
 
 /// Where one call goes.
@@ -109,7 +109,7 @@ impl LeaseRoutes {
 
     /// Where a client's call on lease `id` goes.
     pub fn route(&self, id: &str) -> Route {
-        let Some(tag) = id_tag(id).and_then(MemberTag::parse) else {
+        let Some(tag) = tag_of(id) else {
             return Route::Here;
         };
         if tag == self.me {
@@ -125,7 +125,7 @@ impl LeaseRoutes {
     /// this replica leads and the holder is alive after all (the sender's
     /// table lagged), or its journal is not adopted yet.
     pub fn route_forwarded(&self, id: &str) -> Route {
-        let Some(tag) = id_tag(id).and_then(MemberTag::parse) else {
+        let Some(tag) = tag_of(id) else {
             return Route::Here;
         };
         if tag == self.me || !self.leads() {
@@ -163,7 +163,7 @@ mod tests {
     }
 
     fn id(tag: &MemberTag) -> String {
-        format!("{tag}-0000-4000-8000-000000000000")
+        crate::domain::lease::lease_id::make(Some(tag), [7; 16])
     }
 
     fn table(live: &[(MemberTag, &str)]) -> MemberTable {

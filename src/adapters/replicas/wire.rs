@@ -121,6 +121,9 @@ pub struct SyncRequest {
     pub feed_since: u64,
     /// How long the leader may hold the call without news (0: answer at once).
     pub hold_ms: u64,
+    /// Counts this member's requests (one higher each time): a report not
+    /// newer than the last one taken (delayed, retried) is ignored.
+    pub seq: u64,
 }
 
 /// A member's claim on one proxy.

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use super::{LeaseBook, ProxyId, serves, serving_slots_of};
+use crate::lease::allocator::Allotted;
 use crate::lease::shares::{Claim, Slots};
 use crate::resource::ObjectKey;
 
@@ -68,6 +69,15 @@ impl LeaseBook {
             .collect();
         for (id, slots) in ids {
             self.apply_slots(id, slots, now);
+        }
+    }
+
+    /// Applies the leader's allocation: slots per proxy, or unlimited (the
+    /// whole capacity, unlimited then).
+    pub fn apply_allotted(&mut self, allotted: &Allotted, now: Instant) {
+        match allotted {
+            Allotted::Slots(slots) => self.set_all_slots(slots, now),
+            Allotted::Unlimited => self.set_share_mode(false, now),
         }
     }
 

@@ -86,6 +86,85 @@ impl LeaseBook {
     /// now is left out). Nothing restored is journaled again.
     pub fn restore(&mut self, snapshot: LeaseSnapshot, now: Instant) {
         let journaling = self.changes.take();
+        // Other replicas learnt these from the replica that made them.
+        let sharing = self.fleet.take();
+        self.merge(snapshot, now);
+        self.changes = journaling;
+        self.fleet = sharing;
+    }
+
+    /// Takes over a dead replica's journal (`snapshot`): its leases and
+    /// ended leases join this book's (ids it holds already are skipped, so
+    /// adopting twice is adopting once), its rests end no earlier than
+    /// they say, its tallies are united. Unlike a restore, all of it is
+    /// journaled (the dead replica's journal is deleted next) and its rests
+    /// and tallies go to the fleet again (set semantics make that harmless).
+    pub fn adopt(&mut self, snapshot: LeaseSnapshot, now: Instant) {
+        let fresh = |id: &String| !self.leases.contains_key(id) && !self.ended.contains_key(id);
+        let leases: Vec<LeaseRecord> = snapshot.leases.into_iter().filter(|l| fresh(&l.id)).collect();
+        let ended: Vec<EndedRecord> = snapshot.ended.into_iter().filter(|e| fresh(&e.id)).collect();
+        let journal_leases = self.changes.is_some().then(|| (leases.clone(), ended.clone()));
+        let tallies = snapshot.tallies.clone();
+        self.merge(
+            LeaseSnapshot {
+                leases,
+                ended,
+                tallies: Vec::new(),
+                ..snapshot
+            },
+            now,
+        );
+        // What was taken in (not expired, not a gateway's) is journaled as granted here.
+        if let Some((leases, ended)) = journal_leases {
+            let taken: Vec<LeaseChange> = leases
+                .into_iter()
+                .filter(|l| self.leases.contains_key(&l.id))
+                .map(LeaseChange::Granted)
+                .chain(
+                    ended
+                        .into_iter()
+                        .filter(|e| self.ended.contains_key(&e.id))
+                        .map(LeaseChange::Ended),
+                )
+                .collect();
+            for change in taken {
+                self.note(change);
+            }
+        }
+        for tally in tallies {
+            let proxy = self.placeholder(&tally.proxy);
+            let Some(entry) = self.proxies.get_mut(&proxy) else {
+                continue;
+            };
+            let mut told = Vec::new();
+            for target in tally.blocked_targets {
+                if entry.blocked_targets.len() >= MAX_BLOCKED_TARGETS {
+                    break;
+                }
+                if entry.blocked_targets.insert(target) {
+                    told.push(LeaseChange::BlockedBy {
+                        proxy: tally.proxy.clone(),
+                        target,
+                    });
+                }
+            }
+            if tally.errors > entry.errors {
+                entry.errors = tally.errors;
+                told.push(LeaseChange::Errors {
+                    proxy: tally.proxy.clone(),
+                    count: tally.errors,
+                });
+            }
+            for change in told {
+                self.tell_fleet_tally(&change);
+                self.note(change);
+            }
+        }
+    }
+
+    /// Brings `snapshot`'s records into the book (the caller says whether
+    /// what it does is journaled).
+    fn merge(&mut self, snapshot: LeaseSnapshot, now: Instant) {
         let wall_now = self.wall(now);
         let at = |t: Timestamp| -> Option<Instant> {
             let ahead = t.duration_since(wall_now);
@@ -161,7 +240,7 @@ impl LeaseBook {
         for (key, until) in snapshot.proxy_rests {
             let Some(until) = at(until) else { continue };
             let proxy = self.placeholder(&key);
-            self.rest_everywhere(proxy, until);
+            self.rest_everywhere(proxy, until, now);
             self.reindex(proxy, now);
         }
         for tally in snapshot.tallies {
@@ -177,7 +256,6 @@ impl LeaseBook {
             }
         }
         self.restored_at = Some(now);
-        self.changes = journaling;
     }
 
     /// A new book holding what this one holds — leases, ended leases, rests,
@@ -191,6 +269,7 @@ impl LeaseBook {
         let (mono, wall) = self.epoch;
         let mut book = LeaseBook::with_limits(self.settings, self.limits, Now { wall, mono });
         book.shares.clone_from(&self.shares);
+        book.lease_ids = self.lease_ids.clone();
         book.restore(self.snapshot(now), now);
         for (id, entry) in &self.proxies {
             if !self.placeholders.contains(id) {
@@ -216,7 +295,7 @@ impl LeaseBook {
     }
 
     /// The proxy's id, creating a placeholder for a proxy not known yet.
-    fn placeholder(&mut self, key: &ObjectKey) -> ProxyId {
+    pub(super) fn placeholder(&mut self, key: &ObjectKey) -> ProxyId {
         if let Some(id) = self.ids.get(key) {
             return *id;
         }

@@ -349,12 +349,9 @@ fn in_share_mode_a_proxy_carries_only_the_slots_granted_to_the_book() {
         ("granted one of two", 2, Some(1), 1),
         ("granted both", 2, Some(2), 2),
         ("granted more than the capacity: the capacity", 2, Some(3), 2),
-        (
-            "unlimited capacity stays unlimited with nothing granted",
-            0,
-            Some(0),
-            10,
-        ),
+        ("unlimited here, nothing granted yet: nothing", 0, Some(0), 0),
+        ("unlimited here, granted 2 by the leader: 2", 0, Some(2), 2),
+        ("unlimited, whole (the leader's `unlimited`)", 0, None, 10),
     ];
     for (why, capacity, granted, expected) in rows {
         let mut book = LeaseBook::new(settings(capacity), crate::now::Now::read());
@@ -365,8 +362,16 @@ fn in_share_mode_a_proxy_carries_only_the_slots_granted_to_the_book() {
         let grants = grants_until_refused(&mut book, t0);
         assert_eq!(grants.len(), expected, "{why}");
         assert_eq!(book.proxies().len(), 1, "{why}: listed all the same");
-        let fleet_slots = if capacity == 0 { 0 } else { expected as u64 };
-        assert_eq!(book.slots(), fleet_slots, "{why}: the fleet's slots in this book");
+        let fleet_slots = if granted.is_none() && capacity == 0 {
+            0
+        } else {
+            expected as u64
+        };
+        assert_eq!(
+            book.slots(),
+            fleet_slots,
+            "{why}: the fleet's slots in this book (0: unlimited)"
+        );
         assert_eq!(
             book.would_serve(&ask("other", None), &p0, t0),
             expected > 0,
@@ -500,5 +505,329 @@ fn a_pool_full_by_its_shares_counts_a_denial() {
         book.take_pool_denials("pool-a"),
         1,
         "no slots here: the pool is full for this replica"
+    );
+}
+
+#[test]
+fn the_book_tells_the_fleet_its_rests_and_tallies_but_not_its_pacing() {
+    use crate::lease::fleet::FleetChange;
+    use crate::lease::journal::ProxyTally;
+    let t0 = Instant::now();
+    let p0 = ObjectKey::new("ns", "p0");
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
+    book.upsert(availability(0, true, 1), t0);
+    let lease = book.acquire(&ask("t", None), t0).unwrap();
+    book.release(&lease.id, t0);
+    assert!(book.take_fleet_changes().is_empty(), "only once asked for");
+    book.share_fleet_changes();
+    let rest = |target: &str, secs: u64| FleetChange::TargetRest {
+        target: target.into(),
+        proxy: p0.clone(),
+        remaining: Duration::from_secs(secs),
+    };
+    let tally = |blocked: &[u64], errors: u32| {
+        FleetChange::Tally(ProxyTally {
+            proxy: p0.clone(),
+            blocked_targets: blocked.to_vec(),
+            errors,
+        })
+    };
+    // (why, what the book does, what the fleet is told)
+    type Act = Box<dyn Fn(&mut LeaseBook, Instant)>;
+    let lease_for = |target: &'static str| {
+        move |book: &mut LeaseBook, now: Instant| book.acquire(&ask(target, None), now).unwrap().id
+    };
+    let rows: Vec<(&str, Act, Vec<FleetChange>)> = vec![
+        (
+            "a release: the cooldown",
+            Box::new(move |b, now| {
+                let id = lease_for("u")(b, now);
+                b.release(&id, now);
+            }),
+            vec![rest("u", 30)],
+        ),
+        (
+            "the gateway's pacing under a second: local",
+            Box::new(move |b, now| {
+                let id = lease_for("v")(b, now);
+                b.release_with_rest(&id, Duration::from_millis(300), now);
+            }),
+            vec![],
+        ),
+        (
+            "a grant taken back: no rest",
+            Box::new(move |b, now| {
+                let id = lease_for("w")(b, now);
+                b.cancel(&id, now);
+            }),
+            vec![],
+        ),
+        (
+            "blocked: the target's digest and the long rest",
+            Box::new(move |b, now| {
+                let id = lease_for("x")(b, now);
+                b.report(&id, Outcome::Blocked, None, now).unwrap();
+                b.cancel(&id, now);
+            }),
+            vec![tally(&[target_digest("x")], 0), rest("x", 600)],
+        ),
+        (
+            "an error: the count and a rest everywhere",
+            Box::new(move |b, now| {
+                let id = lease_for("y")(b, now);
+                b.report(&id, Outcome::Error, None, now).unwrap();
+                b.cancel(&id, now);
+            }),
+            vec![
+                tally(&[], 1),
+                FleetChange::ProxyRest {
+                    proxy: p0.clone(),
+                    remaining: Duration::from_secs(60),
+                },
+            ],
+        ),
+    ];
+    let mut now = t0;
+    for (why, act, told) in rows {
+        now += Duration::from_secs(3600); // every rest before is over
+        act(&mut book, now);
+        assert_eq!(book.take_fleet_changes(), told, "{why}");
+    }
+    // Restoring a journal tells nothing (the replica that made it did).
+    let snapshot = book.snapshot(now);
+    let mut restored = LeaseBook::new(settings(1), crate::now::Now::read());
+    restored.share_fleet_changes();
+    restored.restore(snapshot, now);
+    assert!(restored.take_fleet_changes().is_empty());
+}
+
+#[test]
+fn another_replicas_changes_apply_as_sets_unjournaled_and_not_passed_on() {
+    use crate::lease::fleet::FleetChange;
+    use crate::lease::journal::ProxyTally;
+    let t0 = Instant::now();
+    let (p0, p1) = (ObjectKey::new("ns", "p0"), ObjectKey::new("ns", "p1"));
+    let mut book = LeaseBook::new(settings(1), crate::now::Now::read());
+    book.journal_changes();
+    book.share_fleet_changes();
+    for i in 0..2 {
+        book.upsert(availability(i, true, i as u64), t0);
+    }
+    let rest = |secs: u64| FleetChange::TargetRest {
+        target: "t".into(),
+        proxy: p0.clone(),
+        remaining: Duration::from_secs(secs),
+    };
+    // (why, change, p0 serves "t" at +20 s, at +40 s)
+    let rows = [
+        ("a rest for the target", rest(30), false, true),
+        ("the same again: nothing more", rest(30), false, true),
+        ("ending sooner: the later end stays", rest(5), false, true),
+        ("ending later: the later end", rest(50), false, false),
+    ];
+    for (why, change, at_20, at_40) in rows {
+        book.apply_remote(&change, t0);
+        let serves = |s| book.would_serve(&ask("t", None), &p0, t0 + Duration::from_secs(s));
+        assert_eq!((serves(20), serves(40)), (at_20, at_40), "{why}");
+        assert!(
+            book.would_serve(&ask("other", None), &p0, t0),
+            "{why}: only for the target"
+        );
+    }
+    book.apply_remote(
+        &FleetChange::ProxyRest {
+            proxy: p1.clone(),
+            remaining: Duration::from_secs(60),
+        },
+        t0,
+    );
+    assert_eq!(
+        book.acquire(&ask("t", None), t0).map(|g| g.proxy),
+        Err(AcquireError::NoCapacity { target: "t".into() }),
+        "p0 rests for t, p1 everywhere"
+    );
+    let tally = |blocked: &[u64], errors: u32| {
+        FleetChange::Tally(ProxyTally {
+            proxy: p1.clone(),
+            blocked_targets: blocked.to_vec(),
+            errors,
+        })
+    };
+    for change in [tally(&[1, 2], 3), tally(&[1], 3), tally(&[2, 3], 1)] {
+        book.apply_remote(&change, t0);
+    }
+    let figures = book.pool_figures("none", std::slice::from_ref(&p1)).members[&p1];
+    assert_eq!(
+        (figures.blocked_targets, figures.errors),
+        (3, 3),
+        "united, the larger count"
+    );
+    // A proxy this replica does not know yet: kept, not listed.
+    book.apply_remote(&rest(30), t0);
+    book.apply_remote(
+        &FleetChange::ProxyRest {
+            proxy: ObjectKey::new("ns", "later"),
+            remaining: Duration::from_secs(60),
+        },
+        t0,
+    );
+    assert_eq!(book.proxies().len(), 2);
+    assert!(
+        book.take_changes().is_empty(),
+        "the replica that made them journals them"
+    );
+    assert!(book.take_fleet_changes().is_empty(), "not passed on again");
+}
+
+/// Hands out the same bytes every time, or fails.
+struct FixedRandom(Option<u8>);
+
+impl crate::credentials::RandomSource for FixedRandom {
+    fn fill(&self, buf: &mut [u8]) -> Result<(), crate::credentials::CredentialsError> {
+        let byte = self
+            .0
+            .ok_or_else(|| crate::credentials::CredentialsError::Random("no entropy".into()))?;
+        buf.fill(byte);
+        Ok(())
+    }
+}
+
+#[test]
+fn lease_ids_name_the_member_and_draw_from_the_source_given() {
+    use crate::lease::lease_id::tag_of;
+    use crate::membership::MemberTag;
+    let t0 = Instant::now();
+    let mut book = LeaseBook::new(settings(0), crate::now::Now::read());
+    book.upsert(availability(0, true, 1), t0);
+    let plain = book.acquire(&ask("t", None), t0).unwrap();
+    assert_eq!(tag_of(&plain.id), None, "a book that is the only one: no member");
+    let tag = MemberTag::of("operator-1", &[9; 8]);
+    book.set_member(tag.clone());
+    book.set_random(std::sync::Arc::new(FixedRandom(Some(0x5a))));
+    let tagged = book.acquire(&ask("t", None), t0).unwrap();
+    assert_eq!(tag_of(&tagged.id), Some(tag.clone()));
+    assert_eq!(
+        tagged.id,
+        crate::lease::lease_id::make(Some(&tag), [0x5a; 16]),
+        "from the source"
+    );
+    assert_eq!(
+        book.rebuilt(t0).member(),
+        Some(&tag),
+        "a rebuilt book keeps its member"
+    );
+    book.set_random(std::sync::Arc::new(FixedRandom(None)));
+    assert!(matches!(
+        book.acquire(&ask("t", None), t0),
+        Err(AcquireError::Unavailable(_))
+    ));
+}
+
+#[test]
+fn a_leader_adopts_a_dead_replicas_journal_and_journals_it_as_its_own() {
+    use crate::lease::journal::LeaseChange;
+    let t0 = Instant::now();
+    let opened = crate::now::Now::read();
+    let (p0, p1) = (ObjectKey::new("ns", "p0"), ObjectKey::new("ns", "p1"));
+    let fleet = |book: &mut LeaseBook| {
+        for i in 0..2 {
+            book.upsert(availability(i, true, i as u64), t0);
+        }
+    };
+    let on = |proxy: &ObjectKey, target: &str| AcquireRequest {
+        prefer: Some(proxy.clone()),
+        ..ask(target, None)
+    };
+    // The dead replica: two API leases, a tunnel, an ended lease, a block and an error.
+    let mut dead = LeaseBook::new(settings(0), opened);
+    fleet(&mut dead);
+    let held = [
+        dead.acquire(&on(&p0, "a"), t0).unwrap(),
+        dead.acquire(&on(&p1, "a"), t0).unwrap(),
+    ];
+    let tunnel = dead
+        .acquire(
+            &AcquireRequest {
+                client: Some("gateway".into()),
+                ..on(&p0, "g")
+            },
+            t0,
+        )
+        .unwrap();
+    let ended = dead.acquire(&on(&p1, "e"), t0).unwrap();
+    dead.report(&ended.id, Outcome::Blocked, None, t0).unwrap();
+    dead.report(&ended.id, Outcome::Error, None, t0).unwrap();
+    dead.release(&ended.id, t0);
+    // The leader: a lease of its own, its own block on p1, a longer rest for "e".
+    let mut leader = LeaseBook::new(settings(0), opened);
+    fleet(&mut leader);
+    let own = leader.acquire(&on(&p1, "e"), t0).unwrap();
+    leader.report(&own.id, Outcome::Blocked, None, t0).unwrap();
+    leader.release_with_rest(&own.id, Duration::from_secs(7200), t0);
+    leader.journal_changes();
+    leader.share_fleet_changes();
+
+    let now = t0 + Duration::from_secs(1);
+    leader.adopt(dead.snapshot(now), now);
+    assert_eq!(leader.active_leases(), 2, "both API leases, not the tunnel");
+    assert_eq!((leader.leases_on(&p0), leader.leases_on(&p1)), (1, 1));
+    assert!(leader.report_counts(&tunnel.id).is_none());
+    let changes = leader.take_changes();
+    for lease in &held {
+        assert!(
+            changes
+                .iter()
+                .any(|c| matches!(c, LeaseChange::Granted(r) if r.id == lease.id)),
+            "{} journaled here: {changes:?}",
+            lease.id
+        );
+    }
+    assert!(
+        changes
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Ended(r) if r.id == ended.id))
+    );
+    assert!(
+        changes
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Errors { count: 1, .. }))
+    );
+    assert!(changes.iter().any(|c| matches!(c, LeaseChange::ProxyRest { .. })));
+    assert!(
+        !leader.take_fleet_changes().is_empty(),
+        "the rests and tallies go out again"
+    );
+    // The blocks united: the leader's target and the dead replica's are the same ("e").
+    let figures = leader.pool_figures("none", std::slice::from_ref(&p1)).members[&p1];
+    assert_eq!(
+        (figures.blocked_targets, figures.errors, figures.leases),
+        (1, 1, 1)
+    );
+    // The leader's longer rest for "e" stays; the adopted ones act here.
+    let later = now + Duration::from_secs(3600);
+    assert!(
+        !leader.would_serve(&ask("e", None), &p1, later),
+        "the longer rest stays"
+    );
+    assert!(
+        !leader.would_serve(&ask("x", None), &p1, now),
+        "the error's rest everywhere"
+    );
+    // The adopted leases are the leader's to end and report on.
+    assert!(
+        leader.report(&ended.id, Outcome::Ok, None, now).is_ok(),
+        "an ended one in its grace"
+    );
+    assert!(leader.release(&held[0].id, now));
+    leader.take_changes();
+    // Adopting again adds nothing (the released one stays released).
+    leader.adopt(dead.snapshot(now), now);
+    assert_eq!(leader.active_leases(), 1);
+    assert!(
+        !leader
+            .take_changes()
+            .iter()
+            .any(|c| matches!(c, LeaseChange::Granted(_) | LeaseChange::Ended(_))),
+        "nothing new to journal"
     );
 }
