@@ -26,7 +26,6 @@
 //! instead). A member unheard for a share lifetime stops serving and
 //! releases its member Lease, so it is adopted soon after; meanwhile every
 //! member keeps what it holds, renewed.
-
 //!
 //! Use, on the leader: at takeover [`Allocator::rebuilding`] and
 //! [`Allocator::join`] for every member Lease there is (live or not);
