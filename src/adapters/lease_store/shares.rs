@@ -234,62 +234,11 @@ impl LeaseStore {
     /// recorded in this store's own journal; the answer comes once that is
     /// durable (the dead member's shards may be deleted then). Merging the
     /// same journal twice changes nothing more.
-    pub fn adopt(
-        &self,
-        snapshot: LeaseSnapshot,
-    ) -> futures::future::BoxFuture<'static, Result<usize, String>> {
+    pub fn adopt(&self, snapshot: LeaseSnapshot) -> futures::future::BoxFuture<'static, Result<usize, String>> {
         let mut state = self.lock();
-        let now = Instant::now();
-        let known: BTreeSet<String> = snapshot
-            .leases
-            .iter()
-            .filter(|l| state.book.knows(&l.id))
-            .map(|l| l.id.clone())
-            .collect();
-        let mut changes: Vec<LeaseChange> = snapshot
-            .leases
-            .iter()
-            .filter(|l| !known.contains(&l.id))
-            .cloned()
-            .map(LeaseChange::Granted)
-            .collect();
-        let adopted = changes.len();
-        changes.extend(snapshot.ended.iter().cloned().map(LeaseChange::Ended));
-        changes.extend(
-            snapshot
-                .target_rests
-                .iter()
-                .map(|(target, proxy, until)| LeaseChange::TargetRest {
-                    target: target.clone(),
-                    proxy: proxy.clone(),
-                    until: *until,
-                }),
-        );
-        changes.extend(
-            snapshot
-                .proxy_rests
-                .iter()
-                .map(|(proxy, until)| LeaseChange::ProxyRest {
-                    proxy: proxy.clone(),
-                    until: *until,
-                }),
-        );
-        for tally in &snapshot.tallies {
-            changes.extend(tally.blocked_targets.iter().map(|target| LeaseChange::BlockedBy {
-                proxy: tally.proxy.clone(),
-                target: *target,
-            }));
-            changes.push(LeaseChange::Errors {
-                proxy: tally.proxy.clone(),
-                count: tally.errors,
-            });
-        }
-        let mut fresh = snapshot;
-        fresh.leases.retain(|l| !known.contains(&l.id));
-        state.book.restore(fresh, now);
-        if state.journal.is_some() {
-            state.unsaved.extend(changes);
-        }
+        let before = state.book.active_leases();
+        state.book.adopt(snapshot, Instant::now());
+        let adopted = state.book.active_leases().saturating_sub(before);
         crate::telemetry::metrics::metrics()
             .leases_active
             .set(state.book.active_leases() as i64);
