@@ -3,7 +3,8 @@
 //! members see each other with their addresses; one that stops renewing
 //! is judged dead no sooner than the lease duration after its last renew
 //! (its own tenure over by then), a released one at once, a deleted one is
-//! reported gone; a lapsed member renews no more; `keep` publishes tables
+//! reported gone; the Lease of a member judged dead is removed only as it
+//! was judged; a lapsed member renews no more; `keep` publishes tables
 //! (and `egress_proxies_replicas{state}`) and releases the Lease when
 //! stopped.
 
@@ -176,6 +177,51 @@ async fn a_released_member_is_dead_at_once_and_a_deleted_one_gone() {
     assert_eq!(table.gone, vec![c.tag()]);
     assert!(!table.is_live(&c.tag()));
     assert_eq!(watcher.look().await.unwrap().gone, vec![], "gone is said once");
+}
+
+#[actix_rt::test]
+async fn only_a_lease_judged_dead_is_removed_and_only_as_it_was_judged() {
+    let fake = FakeApiServer::start().unwrap();
+    let (a, b, c) = (
+        identity("operator-a", 1),
+        identity("operator-b", 2),
+        identity("operator-c", 3),
+    );
+    let _member_a = join(&fake, &a).await;
+    let member_b = join(&fake, &b).await;
+    let member_c = join(&fake, &c).await;
+    let leases: Api<Lease> = Api::namespaced(client(&fake), NAMESPACE);
+    let mut watcher = roster(&fake, &a);
+    watcher.look().await.unwrap();
+    assert!(
+        !watcher.remove_dead(&c.tag()).await.unwrap(),
+        "a live member's Lease stays"
+    );
+    assert!(leases.get_opt(&c.lease_name()).await.unwrap().is_some());
+
+    member_b.release().await.unwrap();
+    member_c.release().await.unwrap();
+    let table = watcher.look().await.unwrap();
+    assert_eq!(table.dead.len(), 2);
+    // C's Lease changes after the look (someone wrote it): it is kept.
+    let mut changed = leases.get(&c.lease_name()).await.unwrap();
+    changed
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("touched".into(), "yes".into());
+    leases
+        .replace(&c.lease_name(), &Default::default(), &changed)
+        .await
+        .unwrap();
+    assert!(
+        !watcher.remove_dead(&c.tag()).await.unwrap(),
+        "changed since it was judged"
+    );
+    assert!(leases.get_opt(&c.lease_name()).await.unwrap().is_some());
+    assert!(watcher.remove_dead(&b.tag()).await.unwrap());
+    assert!(leases.get_opt(&b.lease_name()).await.unwrap().is_none());
+    assert_eq!(watcher.look().await.unwrap().gone, vec![b.tag()]);
 }
 
 #[actix_rt::test]

@@ -16,6 +16,9 @@ use egress_proxies::listener_limits::{Listener, ListenerLimits};
 pub struct Readiness {
     ready: Arc<AtomicBool>,
     tenure: Option<Tenure>,
+    /// Asked at each request as well (every replica serving: whether this
+    /// replica holds a valid capacity share).
+    serving: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl Readiness {
@@ -24,6 +27,16 @@ impl Readiness {
         Self {
             ready: Arc::default(),
             tenure: Some(tenure),
+            serving: None,
+        }
+    }
+
+    /// Ready only while set and `serving` says so.
+    pub fn serving(serving: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            ready: Arc::default(),
+            tenure: None,
+            serving: Some(Arc::new(serving)),
         }
     }
 
@@ -32,7 +45,9 @@ impl Readiness {
     }
 
     pub fn get(&self) -> bool {
-        self.ready.load(Ordering::Relaxed) && self.tenure.as_ref().is_none_or(Tenure::is_leading)
+        self.ready.load(Ordering::Relaxed)
+            && self.tenure.as_ref().is_none_or(Tenure::is_leading)
+            && self.serving.as_ref().is_none_or(|serving| serving())
     }
 }
 

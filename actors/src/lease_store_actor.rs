@@ -5,6 +5,10 @@
 //! the store's book when its supervisor restarts it. The gateway leases
 //! from the same store on its own threads, without a message.
 
+use std::sync::Arc;
+
+use egress_proxies::adapters::replicas::desk::ShareDesk;
+use egress_proxies::adapters::replicas::wire::{AvailabilityBody, FleetItem};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -124,7 +128,16 @@ pub struct GetLeaseStats;
 pub struct LeaseStoreActor {
     store: LeaseStore,
     pools: BTreeMap<ObjectKey, PoolReport>,
+    /// While this replica leads and every replica serves: availability goes
+    /// to the leader's share desk, and reaches this store (and every other
+    /// replica's) through the desk's feed.
+    desk: Option<Arc<ShareDesk>>,
 }
+
+/// Sends availability to the share desk from now on (`None`: to the store).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PublishTo(pub Option<Arc<ShareDesk>>);
 
 impl LeaseStoreActor {
     /// Hosts `store` (the gateway keeps a clone of it).
@@ -132,6 +145,7 @@ impl LeaseStoreActor {
         Self {
             store,
             pools: BTreeMap::new(),
+            desk: None,
         }
     }
 }
@@ -164,14 +178,29 @@ impl actix::Supervised for LeaseStoreActor {
 impl Handler<UpdateAvailability> for LeaseStoreActor {
     type Result = ();
     fn handle(&mut self, msg: UpdateAvailability, _: &mut Self::Context) {
-        self.store.upsert(msg.0);
+        match &self.desk {
+            Some(desk) => desk.publish(FleetItem::Available(Box::new(AvailabilityBody::from(&msg.0)))),
+            None => self.store.upsert(msg.0),
+        }
+    }
+}
+
+impl Handler<PublishTo> for LeaseStoreActor {
+    type Result = ();
+    fn handle(&mut self, msg: PublishTo, _: &mut Self::Context) {
+        self.desk = msg.0;
     }
 }
 
 impl Handler<RemoveProxy> for LeaseStoreActor {
     type Result = ();
     fn handle(&mut self, msg: RemoveProxy, _: &mut Self::Context) {
-        self.store.remove(&msg.0);
+        match &self.desk {
+            Some(desk) => desk.publish(FleetItem::Removed {
+                proxy: egress_proxies::domain::lease::journal::key_string(&msg.0),
+            }),
+            None => self.store.remove(&msg.0),
+        }
     }
 }
 

@@ -325,6 +325,7 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         }
         tracing::warn!("--insecure-discovery-without-token: the discovery API serves without authentication");
     }
+    let replica_advertise = args.replica_advertise(std::env::var("POD_IP").ok().as_deref());
     let options = operator::Options {
         providers_config: args.providers_config,
         state_dir: args.state_dir,
@@ -369,6 +370,13 @@ fn run(log: &LoggingArgs, args: RunArgs) -> ExitCode {
         kube_api_budget: args
             .kube_api_qps
             .map(|qps| egress_proxies::adapters::kube_client::ApiBudget::new(qps, args.kube_api_burst)),
+        every_replica_serves: args.every_replica_serves,
+        replica_bind_address: args.replica_bind_address,
+        replica_advertise,
+        replica_token: std::env::var("DISCOVERY_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(|t| egress_proxies::adapters::replicas::token::ReplicaToken::derive(&t)),
     };
     // Checked and bound first; then the actors start on an actix system
     // that lasts until SIGTERM or a lost leadership.

@@ -57,6 +57,16 @@ pub struct Options {
     pub installation_id: Option<InstallationId>,
     /// `--kube-api-qps`, `--kube-api-burst`: none by default.
     pub kube_api_budget: Option<egress_proxies::adapters::kube_client::ApiBudget>,
+    /// `--every-replica-serves`: every replica serves crawlers from a
+    /// capacity share (needs `--leader-elect` and `--replica-bind-address`).
+    pub every_replica_serves: bool,
+    /// `--replica-bind-address`: the internal listener replicas sync on.
+    pub replica_bind_address: BindAddress,
+    /// Where other replicas reach this one's internal listener.
+    pub replica_advertise: Option<std::net::SocketAddr>,
+    /// The replicas' token (derived from `DISCOVERY_TOKEN`); `None`: the
+    /// internal listener must be on loopback.
+    pub replica_token: Option<egress_proxies::adapters::replicas::token::ReplicaToken>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +99,15 @@ pub enum OperatorError {
     },
     #[error(transparent)]
     Gateway(#[from] egress_proxies::adapters::gateway::GatewayError),
+    #[error(transparent)]
+    Replicas(#[from] egress_proxies::adapters::replicas::ReplicaError),
+    #[error(
+        "--every-replica-serves needs --leader-elect and a --replica-bind-address \
+         (with an address other replicas reach it at: --replica-advertise-address or POD_IP)"
+    )]
+    EveryReplicaServesNeeds,
+    #[error("this replica's membership lapsed ({0}); stopping so the pod restarts as a new member")]
+    MembershipLapsed(String),
 }
 
 impl From<system::StartError> for OperatorError {
@@ -115,6 +134,8 @@ pub struct Prepared {
     metrics_listener: Option<TcpListener>,
     discovery_listener: Option<TcpListener>,
     gateway: Option<Gateway>,
+    /// Every replica serving: the internal listener.
+    replica_listener: Option<TcpListener>,
 }
 
 /// Loads the configuration and binds the listeners, before any actor
@@ -126,6 +147,20 @@ pub fn prepare(options: Options) -> Result<Prepared, OperatorError> {
     let metrics_listener = system::bind(options.metrics_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
     let gateway = gateway(&options)?;
+    let replica_listener = if options.every_replica_serves {
+        if !options.leader_elect || options.replica_advertise.is_none() {
+            return Err(OperatorError::EveryReplicaServesNeeds);
+        }
+        let listener =
+            system::bind(options.replica_bind_address)?.ok_or(OperatorError::EveryReplicaServesNeeds)?;
+        egress_proxies::adapters::replicas::token::check_listener(
+            listener.local_addr()?,
+            options.replica_token.as_ref(),
+        )?;
+        Some(listener)
+    } else {
+        None
+    };
     Ok(Prepared {
         options,
         providers_config,
@@ -134,6 +169,7 @@ pub fn prepare(options: Options) -> Result<Prepared, OperatorError> {
         metrics_listener,
         discovery_listener,
         gateway,
+        replica_listener,
     })
 }
 
@@ -169,6 +205,7 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
         metrics_listener,
         discovery_listener,
         gateway,
+        replica_listener,
     } = prepared;
     // kube's default client with our layer: 429s waited out, the budget
     // if asked for, every request counted (docs/kubernetes.md, API budget).
@@ -196,14 +233,6 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
     );
     let clock: Arc<SystemClock> = Arc::new(SystemClock);
     let tenure = Tenure::new(clock.clone());
-    let readiness = if options.leader_elect {
-        Readiness::bounded_by(tenure.clone())
-    } else {
-        Readiness::default()
-    };
-    if let Some(listener) = health_listener {
-        actix::spawn(health_server::start(listener, readiness.clone())?);
-    }
     // Every replica serves metrics, leader or not.
     if let Some(listener) = metrics_listener {
         use crate::metrics_server::Protection;
@@ -236,6 +265,45 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let timings = Timings::from_lease_duration(options.lease_duration);
+    if let Some(replica_listener) = replica_listener {
+        let (elector, shutdown) = (
+            LeaderElector::new(
+                election_client.clone(),
+                &lease_namespace,
+                LEASE_NAME,
+                &identity,
+                timings,
+                clock.clone(),
+            ),
+            system::wait_for_shutdown(),
+        );
+        return crate::replicas::every_replica::run(crate::replicas::every_replica::Start {
+            options,
+            providers,
+            prober,
+            health_listener,
+            discovery_listener,
+            gateway: gateway.map(|Gateway { listener, settings }| (listener, settings)),
+            replica_listener,
+            client,
+            election_client,
+            identity,
+            namespace: lease_namespace,
+            timings,
+            clock,
+            elector,
+            shutdown: Box::pin(shutdown),
+        })
+        .await;
+    }
+    let readiness = if options.leader_elect {
+        Readiness::bounded_by(tenure.clone())
+    } else {
+        Readiness::default()
+    };
+    if let Some(listener) = health_listener {
+        actix::spawn(health_server::start(listener, readiness.clone())?);
+    }
     let mut elector = options.leader_elect.then(|| {
         LeaderElector::new(
             election_client,
@@ -405,10 +473,10 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
 /// successful renew or another candidate holds the Lease (Err). The tenure
 /// deadline is raced against the renew in flight, so a hanging request
 /// cannot keep this replica acting past it.
-async fn keep_leading(
+pub(crate) async fn keep_leading(
     elector: &mut LeaderElector,
     tenure: &Tenure,
-    mut shutdown: std::pin::Pin<&mut impl Future<Output = std::io::Result<()>>>,
+    mut shutdown: std::pin::Pin<&mut (impl Future<Output = std::io::Result<()>> + ?Sized)>,
 ) -> Result<(), OperatorError> {
     let retry = elector.timings().retry_period;
     let identity = elector.identity().to_owned();

@@ -164,6 +164,7 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         fair_share,
         lease_journal,
         tenure: tenure.clone(),
+        shares: None,
         discovery_tokens,
         discovery,
         gateway,
@@ -180,6 +181,7 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
             external_endpoints,
             tenure,
             pools,
+            probes: None,
         },
         &serving,
     );
@@ -196,6 +198,9 @@ pub struct ServeParts {
     pub lease_journal: Option<Box<dyn egress_proxies::domain::lease::LeaseJournal>>,
     /// Grants only while this lasts.
     pub tenure: Option<Tenure>,
+    /// Every replica serving: the store serves from a capacity share, and
+    /// only while this replica's member Lease (this tenure) lasts.
+    pub shares: Option<Tenure>,
     pub discovery_tokens: crate::discovery::Tokens,
     pub discovery: Option<TcpListener>,
     pub gateway: Option<GatewayParts>,
@@ -216,6 +221,9 @@ pub fn serve(parts: ServeParts) -> Result<Serving, StartError> {
     };
     if let Some(tenure) = parts.tenure {
         leases = leases.with_tenure(tenure);
+    }
+    if let Some(member) = parts.shares {
+        leases = leases.with_shares(member);
     }
     let lease_store = leases.with_fair_share(parts.fair_share);
     let hosted = lease_store.clone();
@@ -263,6 +271,9 @@ pub struct LeadParts {
     /// Every store write is fenced by this when set.
     pub tenure: Option<Tenure>,
     pub pools: Option<PoolParts>,
+    /// Where ProxyActors ask for probes (default: `serving`'s prober; the
+    /// probe router when every replica serves).
+    pub probes: Option<crate::health_prober::Probes>,
 }
 
 /// Starts what acts on Proxies: the ProxyRegistry (probing through
@@ -295,7 +306,8 @@ pub fn lead(parts: LeadParts, serving: &Serving) -> Leading {
         parts.gc_grace_period,
     );
     let gc = supervision::start(Node::singleton("gc_sweeper"), |_| gc);
-    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(serving.prober.clone().into()))
+    let probes = parts.probes.unwrap_or_else(|| serving.prober.clone().into());
+    let registry = ProxyRegistry::new(ctx, Timing::default(), Some(probes))
         .with_leases(serving.leases.clone())
         .run(parts.events);
     if let Some(pools) = parts.pools {

@@ -68,6 +68,12 @@ pub struct RemoteVerdict {
     pub verdict: Verdict,
 }
 
+/// Every proxy the plan holds, with what its probes need: what a new
+/// leader publishes first (it had the old leader's feed).
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<(ObjectKey, Assigned)>")]
+pub struct GetPlan;
+
 /// How many proxies this member probes, and its prober's counters.
 #[derive(Message, Debug)]
 #[rtype(result = "RouterStats")]
@@ -284,5 +290,18 @@ impl Handler<GetRouterStats> for ProbeRouter {
             assigned_here: self.assigned_here(),
             assigned: self.plan.counts().into_iter().collect(),
         })
+    }
+}
+
+impl Handler<GetPlan> for ProbeRouter {
+    type Result = MessageResult<GetPlan>;
+
+    fn handle(&mut self, _: GetPlan, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            self.plan
+                .watched()
+                .map(|(key, assigned)| (key.clone(), assigned.clone()))
+                .collect(),
+        )
     }
 }

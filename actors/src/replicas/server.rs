@@ -56,12 +56,22 @@ async fn sync(request: HttpRequest, body: web::Bytes, shared: web::Data<Shared>)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         if !token.accepts(header) {
-            return error(StatusCode::UNAUTHORIZED, "unauthorized", "not a replica of this installation");
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "not a replica of this installation",
+            );
         }
     }
     let sync: SyncRequest = match serde_json::from_slice(&body) {
         Ok(sync) => sync,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid", &format!("not a sync request: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                &format!("not a sync request: {e}"),
+            );
+        }
     };
     let Some(desk) = shared.desk.get() else {
         return error(

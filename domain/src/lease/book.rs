@@ -145,6 +145,9 @@ pub struct LeaseBook {
     /// In share mode, the slots granted per proxy (a proxy not named has
     /// none); `None`: every proxy's whole capacity is this book's.
     shares: Option<HashMap<ObjectKey, u32>>,
+    /// The granting member's tag, the first 8 hex digits of every lease id
+    /// (every replica serving: whoever holds an id can be found from it).
+    id_tag: Option<String>,
 }
 
 /// The identity a lease counts against: its owner, or the unnamed one.
@@ -199,6 +202,7 @@ impl LeaseBook {
             held_by: BTreeMap::new(),
             serving_slots: 0,
             shares: None,
+            id_tag: None,
         }
     }
 
@@ -239,6 +243,11 @@ impl LeaseBook {
     /// Leases currently held.
     pub fn active_leases(&self) -> usize {
         self.leases.len()
+    }
+
+    /// Lease ids begin with `tag` (8 hex digits) from now on.
+    pub fn tag_ids(&mut self, tag: &str) {
+        self.id_tag = Some(tag.to_owned());
     }
 
     /// Every proxy's availability as last upserted (placeholders, known
@@ -425,7 +434,7 @@ impl LeaseBook {
             .ttl
             .unwrap_or(self.settings.default_ttl)
             .min(self.settings.max_ttl);
-        let lease_id = uuid::Uuid::new_v4().to_string();
+        let lease_id = tagged(uuid::Uuid::new_v4().to_string(), self.id_tag.as_deref());
         let expires = now + ttl;
         self.leases.insert(
             lease_id.clone(),
@@ -1151,4 +1160,20 @@ impl LeaseBook {
         out.sort_by(|a, b| a.availability.key.cmp(&b.availability.key));
         out
     }
+}
+
+/// `id` (a UUID string) with its first 8 hex digits replaced by `tag`.
+fn tagged(id: String, tag: Option<&str>) -> String {
+    match tag {
+        Some(tag) if tag.len() == 8 && id.len() > 8 => format!("{tag}{}", &id[8..]),
+        _ => id,
+    }
+}
+
+/// The tag a lease id begins with (its first 8 hex digits): the member
+/// that granted it, when every replica serves. Any UUID has such digits:
+/// whether they name a member is the caller's to judge.
+pub fn id_tag(id: &str) -> Option<&str> {
+    let tag = id.get(..8)?;
+    (tag.bytes().all(|b| b.is_ascii_hexdigit()) && id.as_bytes().get(8) == Some(&b'-')).then_some(tag)
 }

@@ -24,7 +24,7 @@ use crate::resource::ObjectKey;
 /// Sticky sessions rank proxies by it (it lives above both the book and the members).
 pub use crate::rendezvous;
 pub use allocator::{Allocation, Allocator, Allotted, MemberShare, Report};
-pub use book::{LeaseBook, owner_key};
+pub use book::{LeaseBook, id_tag, owner_key};
 pub use fair_share::FairShare;
 pub use journal::{Durable, JournalError, LeaseChange, LeaseJournal, LeaseSnapshot, ProxyTally};
 pub use limits::{Footprint, LeaseLimits, TableFull};

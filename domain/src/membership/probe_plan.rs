@@ -130,6 +130,11 @@ impl<T: Clone> ProbePlan<T> {
         counts
     }
 
+    /// Every proxy watched, with what its probes need.
+    pub fn watched(&self) -> impl Iterator<Item = (&ObjectKey, &T)> {
+        self.watched.iter().map(|(key, (target, _))| (key, target))
+    }
+
     /// The member probing `key`, if any.
     pub fn assignee(&self, key: &ObjectKey) -> Option<&MemberTag> {
         self.watched.get(key).and_then(|(_, m)| m.as_ref())

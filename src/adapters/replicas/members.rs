@@ -11,9 +11,11 @@
 //! A member never comes back under the same tag: once its tenure lapses it
 //! renews no more ([`ReplicaError::Lapsed`]); the process restarts as a new
 //! incarnation with a new tag. Known gap: if a live member's Lease is
-//! deleted by hand, the elector writes it again without the member label
-//! on its next renew; the member notices within a retry period, when its
-//! own list no longer shows it as a member, and ends its tenure.
+//! deleted by hand, the elector writes it again, without the member label,
+//! on its next renew; [`keep`] notices at the list that follows that renew
+//! (its own Lease is no longer listed as a member) and ends the tenure, so
+//! the member acted at most one list call longer than it should have. The
+//! unlabelled Lease it leaves is released but not deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 
 use super::ReplicaError;
 use crate::adapters::leader::{Attempt, Clock, LeaderElector, Tenure, Timings};
@@ -245,6 +247,9 @@ pub struct Roster {
     timings: Timings,
     clock: Arc<dyn Clock>,
     judges: BTreeMap<MemberTag, Liveness>,
+    /// The resourceVersion of each member Lease judged dead at the last
+    /// look: a removal is guarded by it.
+    dead: BTreeMap<MemberTag, String>,
 }
 
 impl Roster {
@@ -261,6 +266,7 @@ impl Roster {
             timings,
             clock,
             judges: BTreeMap::new(),
+            dead: BTreeMap::new(),
         }
     }
 
@@ -279,10 +285,48 @@ impl Roster {
         Ok(self.judge(&list.items, seen_at))
     }
 
+    /// Deletes the Lease of `tag`, judged dead at the last look, once its
+    /// journal is adopted — only as that look saw it (guarded by its
+    /// resourceVersion). `Ok(false)`: not judged dead, or changed since
+    /// (kept); `Ok(true)`: deleted, or gone already.
+    pub async fn remove_dead(&mut self, tag: &MemberTag) -> Result<bool, ReplicaError> {
+        let Some(version) = self.dead.get(tag).cloned() else {
+            return Ok(false);
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(version),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let after = self.timings.call_timeout;
+        let deleted = tokio::time::timeout(after, self.api.delete(&lease_name(tag), &params))
+            .await
+            .map_err(|_| ReplicaError::Timeout {
+                address: format!("the API server (deleting Lease {})", lease_name(tag)),
+                after,
+            })?;
+        match deleted {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => return Ok(false),
+            Err(source) => {
+                return Err(ReplicaError::MemberLeases {
+                    call: "delete",
+                    source,
+                });
+            }
+        }
+        self.dead.remove(tag);
+        Ok(true)
+    }
+
     /// Judges the Leases one list returned, read completed at `seen_at`.
     pub fn judge(&mut self, leases: &[Lease], seen_at: Instant) -> MemberTable {
         let mut table = MemberTable::default();
         let mut listed = BTreeSet::new();
+        self.dead.clear();
         for lease in leases {
             let Some(tag) = lease.metadata.name.as_deref().and_then(tag_of_lease) else {
                 continue;
@@ -304,6 +348,8 @@ impl Roster {
                     pod: annotation(POD_ANNOTATION),
                 });
             } else {
+                let version = lease.metadata.resource_version.clone().unwrap_or_default();
+                self.dead.insert(tag.clone(), version);
                 table.dead.push(tag);
             }
         }
@@ -316,6 +362,22 @@ impl Roster {
         self.judges.retain(|tag, _| listed.contains(tag));
         table
     }
+}
+
+/// Whether the API server answers a read of `tag`'s member Lease within
+/// `within` (a replica whose membership lapsed waits for this before it
+/// restarts as a new member).
+pub async fn api_answers(
+    client: kube::Client,
+    namespace: &str,
+    tag: &MemberTag,
+    within: std::time::Duration,
+) -> bool {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    matches!(
+        tokio::time::timeout(within, api.get_opt(&lease_name(tag))).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Keeps this replica a member until `stop` turns true: renews its Lease

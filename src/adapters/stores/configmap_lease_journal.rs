@@ -142,8 +142,9 @@ impl JournalName {
 pub struct Writer {
     /// This replica's identity, named in every shard it writes.
     pub identity: String,
-    /// With leader election: nothing is written once it lapses, and no
-    /// write is allowed to outlast it.
+    /// The tenure that fences the journal (the leader's; a member's for
+    /// its own journal): nothing is written once it lapses, and no write
+    /// is allowed to outlast it. `None` without leader election.
     pub tenure: Option<Tenure>,
     /// Changes unwritten this long make [`ConfigMapLeaseJournal::unwritable`]
     /// say why (the renew deadline).

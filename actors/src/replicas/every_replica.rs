@@ -1,0 +1,254 @@
+//! `egress-proxies-operator run --every-replica-serves`: the Kubernetes
+//! mode's run when every replica serves. Each replica joins the members,
+//! serves crawlers from its share at once, and follows the leader Lease;
+//! the one that wins it runs the share desk and acts on Proxies too.
+//!
+//! Exits (so the pod restarts): a lost leadership, as before; a lapsed
+//! membership once the API server answers again (the replica answered
+//! 503 meanwhile, and its old shares are the leader's to reclaim).
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use egress_proxies::adapters::leader::{LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::adapters::probe::Prober;
+use egress_proxies::adapters::replicas::ReplicaError;
+use egress_proxies::adapters::stores::configmap_lease_journal::{ConfigMapLeaseJournal, JournalName, Writer};
+use egress_proxies::adapters::stores::installation;
+use egress_proxies::adapters::stores::kubernetes::KubeStore;
+use egress_proxies::domain::config::GatewaySettings;
+use egress_proxies::domain::provider_contract::Providers;
+use egress_proxies::telemetry::events::LeadershipChanged;
+
+use super::member::{self, MemberParts};
+use crate::health_server::{self, Readiness};
+use crate::operator::{OperatorError, Options};
+use crate::pool_actor::PoolTiming;
+use crate::system;
+
+/// What `operator::run` has set up when every replica serves.
+pub struct Start {
+    pub options: Options,
+    pub providers: Arc<Providers>,
+    pub prober: Prober,
+    pub health_listener: Option<TcpListener>,
+    pub discovery_listener: Option<TcpListener>,
+    pub gateway: Option<(TcpListener, GatewaySettings)>,
+    pub replica_listener: TcpListener,
+    pub client: kube::Client,
+    /// On connections of its own: Lease renewals never queue behind the rest.
+    pub election_client: kube::Client,
+    pub identity: String,
+    pub namespace: String,
+    pub timings: Timings,
+    pub clock: Arc<SystemClock>,
+    pub elector: LeaderElector,
+    pub shutdown: Pin<Box<dyn Future<Output = std::io::Result<()>>>>,
+}
+
+pub async fn run(start: Start) -> Result<(), OperatorError> {
+    let Start {
+        options,
+        providers,
+        prober,
+        health_listener,
+        discovery_listener,
+        gateway,
+        replica_listener,
+        client,
+        election_client,
+        identity,
+        namespace,
+        timings,
+        clock,
+        mut elector,
+        mut shutdown,
+    } = start;
+    let advertise = options
+        .replica_advertise
+        .ok_or(OperatorError::EveryReplicaServesNeeds)?;
+    let parts = MemberParts {
+        client: election_client.clone(),
+        namespace: namespace.clone(),
+        identity: identity.clone(),
+        timings,
+        clock: clock.clone(),
+        advertise,
+        token: options.replica_token.clone(),
+        endpoint_policy: options.settings.external_endpoints.clone(),
+    };
+    let (member, mut keeping) = member::join(&parts, replica_listener).await?;
+    let installation = match options.installation_id.clone() {
+        Some(id) => id,
+        None => installation::from_cluster(client.clone(), &namespace).await?,
+    };
+    tracing::info!(%installation, member = %member.tag, "installation");
+    let settings = options.settings;
+    // This member's own journal, fenced by its membership: its API leases
+    // outlive it (the leader adopts them when it dies).
+    let journal = ConfigMapLeaseJournal::open_named(
+        client.clone(),
+        &namespace,
+        JournalName::member(&member.tag),
+        Writer {
+            identity: format!("{identity}/{}", member.tag),
+            tenure: Some(member.tenure.clone()),
+            give_up_after: timings.renew_deadline,
+        },
+    )
+    .await?;
+    let capacity = settings.leases.capacity;
+    let cluster_networks = options.cluster_networks.clone();
+    let serving = system::serve(system::ServeParts {
+        prober,
+        health_workers: settings.health_workers,
+        trace_health_probes: settings.trace_health_probes,
+        leases: settings.leases,
+        fair_share: settings.fair_share.clone(),
+        lease_journal: Some(Box::new(journal)),
+        tenure: None,
+        shares: Some(member.tenure.clone()),
+        discovery_tokens: settings.discovery_tokens.clone(),
+        discovery: discovery_listener,
+        gateway: gateway.map(|(listener, settings)| system::GatewayParts {
+            listener,
+            settings,
+            cluster_networks: cluster_networks.clone(),
+        }),
+    })?;
+    let shared = member.serve(&serving, &parts)?;
+    // Ready while this replica holds a valid share: the Service sends
+    // crawlers to every replica that can serve them.
+    let store = serving.lease_store.clone();
+    let readiness = Readiness::serving(move || {
+        let share = store.share_status();
+        share.member && share.left.is_some()
+    });
+    readiness.set(true);
+    if let Some(listener) = health_listener {
+        actix::spawn(health_server::start(listener, readiness.clone())?);
+    }
+
+    let tenure = Tenure::new(clock.clone());
+    tracing::info!(
+        identity, member = %member.tag, namespace = %namespace,
+        leaseDuration = ?timings.lease_duration, "serving from a share; following the leader Lease"
+    );
+    let leading = tokio::select! {
+        leading = member::follow_until_leading(&member, &mut elector, &tenure, timings, shutdown.as_mut()) => leading?,
+        kept = &mut keeping => {
+            readiness.set(false);
+            return lapsed(kept, &election_client, &namespace, &member.tag, timings, shutdown.as_mut()).await;
+        }
+    };
+    if !leading {
+        readiness.set(false);
+        member.leave(keeping).await;
+        return Ok(());
+    }
+    LeadershipChanged {
+        identity: &identity,
+        leading: true,
+    }
+    .emit();
+    let _desk = member
+        .lead(&shared, &serving.leases, capacity, options.lease_duration)
+        .await;
+    let (store, events) = KubeStore::new(
+        client.clone(),
+        options.proxy_namespace.clone(),
+        "egress-proxies-operator",
+        Some(identity.clone()),
+    );
+    let store = Arc::new(store);
+    actix::spawn(store.clone().watch_proxies());
+    actix::spawn(store.clone().watch_secrets());
+    actix::spawn(store.clone().watch_credentials());
+    let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
+    actix::spawn(store.clone().watch_pools(pool_events));
+    let timing = PoolTiming::of(&settings);
+    let _leading = system::lead(
+        system::LeadParts {
+            store: store.clone(),
+            events,
+            providers,
+            installation,
+            gc_interval: settings.gc_interval,
+            gc_grace_period: settings.gc_grace_period,
+            proxy_namespace: settings.proxy_namespace.clone(),
+            external_endpoints: settings.external_endpoints.clone(),
+            tenure: Some(tenure.clone()),
+            pools: Some(system::PoolParts {
+                pools: store.clone(),
+                proxies: store,
+                events: pool_stream,
+                timing,
+            }),
+            probes: Some(shared.router.clone().into()),
+        },
+        &serving,
+    );
+    let outcome = tokio::select! {
+        outcome = crate::operator::keep_leading(&mut elector, &tenure, shutdown.as_mut()) => outcome,
+        kept = &mut keeping => {
+            tenure.end();
+            Err(OperatorError::MembershipLapsed(match kept {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => "stopped".to_owned(),
+                Err(e) => e.to_string(),
+            }))
+        }
+    };
+    // Before the release lands another replica may lead: stop acting first.
+    tenure.end();
+    readiness.set(false);
+    LeadershipChanged {
+        identity: &identity,
+        leading: false,
+    }
+    .emit();
+    if matches!(outcome, Ok(())) {
+        if let Err(e) = elector.release().await {
+            tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
+        }
+        member.leave(keeping).await;
+    }
+    outcome
+}
+
+/// The membership lapsed: this replica grants nothing (its store refuses,
+/// `/readyz` says 503) until the API server answers again, then exits so
+/// the pod restarts as a new member.
+async fn lapsed(
+    kept: Result<Result<(), ReplicaError>, tokio::task::JoinError>,
+    client: &kube::Client,
+    namespace: &str,
+    tag: &egress_proxies::domain::membership::MemberTag,
+    timings: Timings,
+    mut shutdown: Pin<&mut dyn Future<Output = std::io::Result<()>>>,
+) -> Result<(), OperatorError> {
+    let why = match kept {
+        Ok(Err(e)) => e.to_string(),
+        Ok(Ok(())) => "stopped".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    tracing::error!(member = %tag, reason = %why, "membership lapsed: serving nothing until the API server answers again");
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(timings.retry_period) => {}
+            r = &mut shutdown => { r?; return Ok(()) }
+        }
+        if egress_proxies::adapters::replicas::members::api_answers(
+            client.clone(),
+            namespace,
+            tag,
+            timings.call_timeout,
+        )
+        .await
+        {
+            return Err(OperatorError::MembershipLapsed(why));
+        }
+    }
+}

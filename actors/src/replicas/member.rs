@@ -1,0 +1,356 @@
+//! Kubernetes mode when every replica serves (`--every-replica-serves`):
+//! each replica is a member with a Lease of its own and serves crawlers
+//! (discovery API, gateway) from the capacity share the leader hands it;
+//! the member that wins the leader Lease also acts on Proxies and runs the
+//! share desk.
+//!
+//! ```text
+//!  every replica:  member Lease ─ keep ─► roster tables ─► leader's address
+//!                  LeaseStore (share) ◄─ ReplicaLink ─ sync ─► leader's ShareDesk
+//!                  HealthProber ◄─ ProbeRouter ◄─ probe feed    (on the internal listener)
+//!  the leader:     ProxyActors ─ availability ─► ShareDesk ─ feed ─► every replica
+//!                  ProxyActors ─ Watch ─► ProbeRouter ─ publish ─► ShareDesk
+//! ```
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::adapters::lease_store::LeaseStore;
+use egress_proxies::adapters::replicas::ReplicaError;
+use egress_proxies::adapters::replicas::client::{ReplicaClient, SyncTimings};
+use egress_proxies::adapters::replicas::desk::{DeskSettings, ShareDesk};
+use egress_proxies::adapters::replicas::link::{ProbeFeed, ReplicaLink, VerdictQueue};
+use egress_proxies::adapters::replicas::members::{self, MemberIdentity, MemberTable, Membership, Roster};
+use egress_proxies::adapters::replicas::token::ReplicaToken;
+use egress_proxies::adapters::replicas::wire::{FleetItem, ProbeWatch, Term};
+use egress_proxies::domain::destinations::DestinationPolicy;
+use egress_proxies::domain::membership::MemberTag;
+use tokio::sync::{mpsc, watch};
+
+use super::probe_router::{
+    ApplyProbeFeed, Assigned, GetPlan, ProbeItem, ProbeRouter, RemoteVerdict, SetPublisher,
+};
+use super::server::{self, DeskSlot};
+use crate::lease_store_actor::PublishTo;
+
+/// A share lasts this many lease durations: longer than a leader failover
+/// (one lease duration, plus the new leader's start), so members keep
+/// serving through one.
+pub const SHARE_LIFETIMES: u32 = 3;
+
+/// What a member needs from the operator's start.
+pub struct MemberParts {
+    pub client: kube::Client,
+    pub namespace: String,
+    /// The pod's identity (`POD_NAME`): the leader Lease names it.
+    pub identity: String,
+    pub timings: Timings,
+    pub clock: Arc<SystemClock>,
+    /// The address other replicas reach the internal listener at.
+    pub advertise: SocketAddr,
+    pub token: Option<ReplicaToken>,
+    /// Where External endpoints may not point (re-attached to probe targets).
+    pub endpoint_policy: Option<Arc<DestinationPolicy>>,
+}
+
+/// A running member: what the operator keeps and hands to the leading part.
+pub struct Member {
+    pub tag: MemberTag,
+    /// This replica's member Lease: its store grants only while it lasts.
+    pub tenure: Tenure,
+    /// The live members, every retry period.
+    pub tables: watch::Receiver<MemberTable>,
+    stop: watch::Sender<bool>,
+    leader: watch::Sender<Option<String>>,
+    desk: DeskSlot,
+    advertise: SocketAddr,
+    identity: String,
+}
+
+/// Joins the members: a member Lease of its own, kept and looked at every
+/// retry period, and the internal listener on `listener`. The handle ends
+/// (with an error) when the membership lapsed.
+pub async fn join(parts: &MemberParts, listener: TcpListener) -> Result<(Member, Keeping), ReplicaError> {
+    let incarnation: [u8; 8] = rand_incarnation();
+    let me = MemberIdentity {
+        pod: parts.identity.clone(),
+        incarnation,
+        address: Some(parts.advertise.to_string()),
+    };
+    let tag = me.tag();
+    let membership = Membership::join(
+        parts.client.clone(),
+        &parts.namespace,
+        me.clone(),
+        parts.timings,
+        parts.clock.clone(),
+    )
+    .await?;
+    let tenure = membership.tenure();
+    let roster = Roster::new(
+        parts.client.clone(),
+        &parts.namespace,
+        &me,
+        parts.timings,
+        parts.clock.clone(),
+    );
+    let (tables_tx, tables) = watch::channel(MemberTable::default());
+    let (stop, stopped) = watch::channel(false);
+    let keeping = tokio::spawn(members::keep(
+        membership,
+        roster,
+        parts.timings,
+        tables_tx,
+        stopped,
+    ));
+    tracing::info!(member = %tag, address = %parts.advertise, "joined the members");
+    let desk = DeskSlot::default();
+    let server = server::start(listener, desk.clone(), parts.token.clone()).map_err(|e| {
+        ReplicaError::Unreachable {
+            address: parts.advertise.to_string(),
+            message: format!("the internal listener: {e}"),
+        }
+    })?;
+    actix::spawn(server);
+    let member = Member {
+        tag,
+        tenure,
+        tables,
+        stop,
+        leader: watch::Sender::new(None),
+        desk,
+        advertise: parts.advertise,
+        identity: parts.identity.clone(),
+    };
+    Ok((member, keeping))
+}
+
+/// The task keeping a member's Lease.
+pub type Keeping = tokio::task::JoinHandle<Result<(), ReplicaError>>;
+
+fn rand_incarnation() -> [u8; 8] {
+    fastrand::u64(..).to_be_bytes()
+}
+
+/// What a serving member runs beside its store: the probe router and the
+/// link to the leader.
+pub struct Serving {
+    pub router: Addr<ProbeRouter>,
+    pub store: LeaseStore,
+}
+
+impl Member {
+    /// Starts the link to the leader and the probe router over this
+    /// replica's serving part.
+    pub fn serve(
+        &self,
+        serving: &crate::system::Serving,
+        parts: &MemberParts,
+    ) -> Result<Serving, ReplicaError> {
+        let verdicts = VerdictQueue::default();
+        let upstream = verdicts.clone();
+        let router = ProbeRouter::new(
+            self.tag.clone(),
+            serving.prober.clone(),
+            Arc::new(move |key, verdict| upstream.push(&key, &verdict)),
+        )
+        .start();
+        let (probes, mut feed) = mpsc::unbounded_channel::<ProbeFeed>();
+        let to_router = router.clone();
+        actix::spawn(async move {
+            while let Some(update) = feed.recv().await {
+                to_router.do_send(ApplyProbeFeed {
+                    reset: update.reset,
+                    items: update
+                        .items
+                        .into_iter()
+                        .map(|(key, target)| match target {
+                            Some((target, recorded)) => ProbeItem::Watch {
+                                key,
+                                assigned: Assigned {
+                                    target: Arc::new(target),
+                                    recorded,
+                                },
+                            },
+                            None => ProbeItem::Unwatch { key },
+                        })
+                        .collect(),
+                    members: update.members,
+                });
+            }
+        });
+        let timings = SyncTimings {
+            answer_within: parts.timings.call_timeout.max(Duration::from_secs(1)),
+            ..SyncTimings::default()
+        };
+        let client = ReplicaClient::new(parts.token.clone(), timings)?;
+        let link = ReplicaLink::new(
+            self.tag.clone(),
+            serving.lease_store.clone(),
+            client,
+            self.leader.subscribe(),
+            parts.endpoint_policy.clone(),
+            verdicts,
+            probes,
+        );
+        actix::spawn(link.run(self.stop.subscribe()));
+        // The leader's address follows the member table (a new incarnation
+        // of the leader's pod advertises itself anew).
+        Ok(Serving {
+            router,
+            store: serving.lease_store.clone(),
+        })
+    }
+
+    /// The leader Lease names `holder` (a pod): syncs go to that pod's
+    /// live member.
+    pub fn follow(&self, holder: &str) {
+        let table = self.tables.borrow();
+        let address = table
+            .live
+            .iter()
+            .find(|m| m.pod.as_deref() == Some(holder))
+            .and_then(|m| m.address.clone());
+        self.leader.send_if_modified(|current| {
+            let changed = *current != address;
+            *current = address;
+            changed
+        });
+    }
+
+    /// This member won the leader Lease: it runs the share desk, and its
+    /// own link syncs with it.
+    pub async fn lead(
+        &self,
+        serving: &Serving,
+        leases: &Addr<crate::lease_store_actor::LeaseStoreActor>,
+        capacity: u32,
+        lease_duration: Duration,
+    ) -> Arc<ShareDesk> {
+        let router = serving.router.clone();
+        let verdicts = router.clone();
+        let mut seed = serving.store.fleet_seed();
+        // What the old leader published to probe, as this member's plan holds it.
+        if let Ok(plan) = router.send(GetPlan).await {
+            seed.extend(plan.into_iter().map(|(key, assigned)| {
+                FleetItem::Probe(Box::new(ProbeWatch::new(
+                    &key,
+                    &assigned.target,
+                    assigned.recorded.as_ref(),
+                )))
+            }));
+        }
+        let desk = Arc::new(ShareDesk::new(
+            Term {
+                holder: format!("{}/{}", self.identity, self.tag),
+                transitions: 0,
+            },
+            DeskSettings {
+                capacity,
+                ttl: lease_duration * SHARE_LIFETIMES,
+                rebuilding_since: Some(Instant::now()),
+            },
+            seed,
+            Arc::new(move |from, verdicts_of| {
+                for (key, verdict) in verdicts_of {
+                    verdicts.do_send(RemoteVerdict {
+                        from: from.clone(),
+                        key,
+                        verdict,
+                    });
+                }
+            }),
+        ));
+        desk.set_members(&self.tables.borrow());
+        self.desk.set(Some(desk.clone()));
+        let publishing = desk.clone();
+        router.do_send(SetPublisher(Some(Arc::new(move |item| {
+            publishing.publish(match item {
+                ProbeItem::Watch { key, assigned } => FleetItem::Probe(Box::new(ProbeWatch::new(
+                    &key,
+                    &assigned.target,
+                    assigned.recorded.as_ref(),
+                ))),
+                ProbeItem::Unwatch { key } => FleetItem::ProbeStopped {
+                    proxy: egress_proxies::domain::lease::journal::key_string(&key),
+                },
+            })
+        }))));
+        leases.do_send(PublishTo(Some(desk.clone())));
+        self.leader.send_replace(Some(self.advertise.to_string()));
+        // The desk's keeper: the roster's news every retry period.
+        let keeper = desk.clone();
+        let mut tables = self.tables.clone();
+        actix::spawn(async move {
+            loop {
+                let table = tables.borrow_and_update().clone();
+                let changed = keeper.set_members(&table);
+                for tag in changed.died {
+                    tracing::warn!(member = %tag, "a member died: its shares stay counted until its journal is adopted");
+                }
+                keeper.prune();
+                if tables.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        desk
+    }
+
+    /// Stops the link and releases the member Lease (dead at once for the
+    /// others); waits for the release.
+    pub async fn leave(self, keeping: Keeping) {
+        self.desk.set(None);
+        let _ = self.stop.send(true);
+        match keeping.await {
+            Ok(Ok(())) => tracing::info!(member = %self.tag, "left the members"),
+            Ok(Err(e)) => tracing::warn!(member = %self.tag, error = %e, "leaving the members"),
+            Err(e) => tracing::warn!(member = %self.tag, error = %e, "the member's keeper failed"),
+        }
+    }
+}
+
+/// Waits for the leader Lease while following its holder; returns once
+/// this replica leads (the tenure extended), or `None` at shutdown.
+pub async fn follow_until_leading(
+    member: &Member,
+    elector: &mut LeaderElector,
+    tenure: &Tenure,
+    timings: Timings,
+    mut shutdown: std::pin::Pin<&mut dyn Future<Output = std::io::Result<()>>>,
+) -> std::io::Result<bool> {
+    let mut tables = member.tables.clone();
+    let mut holder: Option<String> = None;
+    loop {
+        tokio::select! {
+            attempt = elector.try_acquire_or_renew() => match attempt {
+                Ok(Attempt::Leading { until }) => {
+                    tenure.extend(until);
+                    return Ok(true);
+                }
+                Ok(Attempt::Following { holder: h }) => {
+                    member.follow(&h);
+                    holder = Some(h);
+                }
+                Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
+            },
+            r = &mut shutdown => { r?; return Ok(false) }
+        }
+        let pause = tokio::time::sleep(timings.retry_period);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                _ = &mut pause => break,
+                changed = tables.changed() => {
+                    if changed.is_ok() && let Some(h) = &holder {
+                        member.follow(h);
+                    }
+                }
+                r = &mut shutdown => { r?; return Ok(false) }
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Every replica serves (`--every-replica-serves`): three replicas as
+//! processes, each ready once it holds a capacity share; leases through
+//! each one's own discovery API and fetches through each one's gateway;
+//! together they never put more leases on a proxy than its capacity.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::json;
+use support::replicas::ReplicaBed;
+use support::site::Site;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn fetch(gateway: SocketAddr, site: SocketAddr) -> Result<String, String> {
+    let mut s = TcpStream::connect(gateway).await.map_err(|e| e.to_string())?;
+    let head = format!("GET http://{site}/page HTTP/1.1\r\nHost: {site}\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer in 10 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&answer).to_ascii_lowercase())
+}
+
+fn serving_bed(n: usize, args: &'static [&'static str]) -> support::replicas::ReplicaBedBuilder {
+    ReplicaBed::builder(n).args(args).replica_args(|_, addrs| {
+        vec![
+            "--every-replica-serves".into(),
+            "--replica-bind-address".into(),
+            addrs.internal.to_string().into(),
+        ]
+    })
+}
+
+#[actix_rt::test]
+async fn every_replica_serves_leases_and_the_gateway_within_the_capacity() {
+    let bed = serving_bed(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"])
+        .start()
+        .await;
+    let target = support::process::health_target();
+    for name in ["p0", "p1", "p2"] {
+        bed.apply_proxy(
+            name,
+            json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}}),
+        )
+        .await;
+    }
+    bed.wait_phase(&["p0", "p1", "p2"], "Ready").await;
+    support::eventually_explained(
+        "every replica ready (holding a share)",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let ready = bed.ready_replicas().await;
+            (ready.len() == 3)
+                .then_some(())
+                .ok_or(format!("ready: {ready:?}"))
+        },
+    )
+    .await;
+    let site = Site::start().await;
+    for i in 0..3 {
+        let answer = support::eventually_explained(
+            &format!("a fetch through replica {i}'s gateway"),
+            WAIT,
+            || bed.logs(),
+            async || {
+                let answer = fetch(bed.addrs(i).gateway, site.addr).await?;
+                answer
+                    .starts_with("http/1.1 200")
+                    .then_some(answer.clone())
+                    .ok_or(answer)
+            },
+        )
+        .await;
+        assert!(answer.ends_with("ok"), "{answer}");
+    }
+    // Leases through every replica's API: 3 proxies × 2 = 6 at most in all.
+    let http = reqwest::Client::new();
+    let mut held = Vec::new();
+    for round in 0..4 {
+        for i in 0..3 {
+            let url = format!("http://{}/v1/leases", bed.addrs(i).discovery);
+            let answer = http
+                .post(&url)
+                .json(&json!({"target": format!("t{round}-{i}.test"), "ttlSeconds": 60}))
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status().as_u16();
+            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+            match status {
+                201 | 200 => held.push((i, body["id"].as_str().unwrap_or_default().to_owned(), body)),
+                _ => assert!(
+                    body["error"] == "no_capacity",
+                    "replica {i} refused for another reason than capacity: {status} {body}"
+                ),
+            }
+        }
+    }
+    let mut per_proxy = std::collections::BTreeMap::<String, u32>::new();
+    for (_, _, body) in &held {
+        *per_proxy
+            .entry(body["proxy"]["name"].as_str().unwrap_or_default().to_owned())
+            .or_default() += 1;
+    }
+    assert!(
+        per_proxy.values().all(|n| *n <= 2),
+        "over capacity: {per_proxy:?}"
+    );
+    assert!(held.len() >= 3, "every replica leased some: {held:?}");
+    let served_by: std::collections::BTreeSet<usize> = held.iter().map(|(i, _, _)| *i).collect();
+    assert_eq!(served_by.len(), 3, "each replica granted leases: {held:?}");
+}
