@@ -193,7 +193,7 @@ async fn a_replica_cut_off_the_api_server_serves_until_its_share_ends() {
         .filter(|a| matches!(a.landed(&services), Landed::Replica(i, _) if i != cut_replica))
         .filter(|a| match (&a.call, &a.outcome) {
             (_, Outcome::Served) => false,
-            (Call::Acquire, o) => o.code() != Some("no_capacity") || o.retry_after().is_none(),
+            (Call::Acquire, o) => o.code() != Some("no_capacity"),
             // A release of X's lease waits for X (cut) or its adoption.
             (Call::Release, o) => !is_unavailable(o),
             _ => true,

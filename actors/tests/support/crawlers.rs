@@ -8,6 +8,7 @@
 //!
 //! Also the flags that turn serving on: [`every_replica_serves`].
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -518,12 +519,13 @@ pub enum Landed {
 
 impl Attempt {
     /// Which replica the attempt's connection went to, by the record of
-    /// whichever of `services` took it.
+    /// the one of `services` it went through (`Unknown` if none).
     pub fn landed(&self, services: &[&FakeService]) -> Landed {
         let Some(local) = self.local else {
             return Landed::Unknown;
         };
-        match services.iter().find_map(|s| s.connection_of(local)) {
+        let service = services.iter().find(|s| s.addr() == self.via);
+        match service.and_then(|s| s.connection_of(local, self.ended)) {
             None => Landed::Unknown,
             Some(r) => match r.backend {
                 None => Landed::NoReplica,
@@ -531,6 +533,27 @@ impl Attempt {
             },
         }
     }
+}
+
+/// Attempts counted by (call, how it went, where it landed): for failure messages.
+pub fn tally<'a>(attempts: impl IntoIterator<Item = (&'a Attempt, Landed)>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (a, place) in attempts {
+        let how = match &a.outcome {
+            Outcome::Served => "served".to_owned(),
+            Outcome::Refused { status, code, .. } => format!("{status} {}", code.as_deref().unwrap_or("-")),
+            Outcome::Broken(why) => format!("broken: {why}"),
+        };
+        let place = match place {
+            Landed::Unknown => "?".to_owned(),
+            Landed::NoReplica => "no replica".to_owned(),
+            Landed::Replica(i, _) => format!("replica-{i}"),
+        };
+        *counts
+            .entry(format!("{:?} {how} on {place}", a.call))
+            .or_default() += 1;
+    }
+    counts
 }
 
 /// One crawler request from start to end, retries included.

@@ -176,16 +176,18 @@ impl FakeService {
         all
     }
 
-    /// The latest connection kept whose client end is `peer` (a client's
-    /// `local_addr()`): which backend took it, and when.
-    pub fn connection_of(&self, peer: SocketAddr) -> Option<ConnectionRecord> {
+    /// The connection kept whose client end is `peer` (a client's
+    /// `local_addr()`) and which was accepted by `by`: the latest such (a
+    /// port is used again only once its connection ended). Which backend
+    /// took it, and when.
+    pub fn connection_of(&self, peer: SocketAddr, by: Instant) -> Option<ConnectionRecord> {
         let records = self.shared.records();
-        let open = records
+        records
             .open
             .values()
-            .filter(|r| r.peer == peer)
-            .max_by_key(|r| r.id);
-        open.or_else(|| records.finished.iter().rev().find(|r| r.peer == peer))
+            .chain(records.finished.iter())
+            .filter(|r| r.peer == peer && r.accepted <= by)
+            .max_by_key(|r| r.accepted)
             .cloned()
     }
 
