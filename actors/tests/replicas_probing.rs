@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fake_apiserver::RequestCounts;
 use support::crawlers::every_replica_serves;
 use support::probe_counter::ProbeCounter;
 use support::replicas::{LEASE_DURATION, ReplicaBed};
@@ -37,6 +38,31 @@ const RETRY_PERIOD: Duration = Duration::from_millis(400);
 const MARGIN: Duration = Duration::from_secs(1);
 const OK_PROBES: &str = "egress_proxies_health_probes_total";
 const WAIT: Duration = Duration::from_secs(120);
+/// Proxies created at a time.
+const BATCH: usize = 300;
+
+/// API requests since `before`, by verb and resource, the most first.
+fn by_verb_and_resource(now: &RequestCounts, before: &RequestCounts) -> Vec<(String, u64)> {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for (k, n) in &now.0 {
+        let was = before.0.get(k).copied().unwrap_or(0);
+        if *n > was {
+            *counts.entry(format!("{} {}", k.verb, k.resource)).or_default() += n - was;
+        }
+    }
+    let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
+    sorted.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    sorted
+}
+
+/// For a failure: each replica's last log lines and the API requests so far.
+fn explain(bed: &ReplicaBed) -> String {
+    format!(
+        "API requests so far: {:?}\n{}",
+        by_verb_and_resource(&bed.fake.requests(), &RequestCounts::default()),
+        support::crawlers::log_tails(bed, 80)
+    )
+}
 
 /// A probe counter serving from a thread of its own until dropped.
 struct CounterThread {
@@ -78,11 +104,29 @@ impl Drop for CounterThread {
     }
 }
 
-/// Each replica's probes that succeeded so far.
+/// Each replica's probes that succeeded so far; a replica that does not
+/// answer `/metrics` is a failure, with its log.
 async fn probes_by_replica(bed: &ReplicaBed, replicas: &[usize]) -> BTreeMap<usize, f64> {
     let mut counts = BTreeMap::new();
     for &i in replicas {
-        let n = bed.metric(i, OK_PROBES, r#"{result="ok"}"#).await.unwrap_or(0.0);
+        let look = async {
+            let mut conn = support::crawlers::ApiConnection::connect(bed.addrs(i).metrics).await?;
+            conn.call("GET", "/metrics", None).await
+        };
+        let text = match look.await {
+            Ok(answer) if answer.status == 200 => answer.text(),
+            other => panic!(
+                "replica-{i}'s /metrics: {:?} (exited: {:?})\n{}",
+                other.map(|a| a.status),
+                bed.process(i).exited(),
+                explain(bed)
+            ),
+        };
+        let wanted = format!("{OK_PROBES}{{result=\"ok\"}} ");
+        let n = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&wanted)?.trim().parse().ok())
+            .unwrap_or(0.0);
         counts.insert(i, n);
     }
     counts
@@ -99,25 +143,37 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
         .await;
     let leader = bed.wait_leader().await;
     let names: Vec<String> = (0..PROXIES).map(|i| format!("ext-{i:04}")).collect();
-    bed.apply_proxies(names.iter().map(|name| {
-        (
-            name.clone(),
-            counter.external_spec(&ProbeCounter::health_url(name), "1s"),
+    // Created a few hundred at a time, each batch probed before the next
+    // (a burst of 3,000 at once is another test's question).
+    let api_before = bed.fake.requests();
+    let creating = Instant::now();
+    for batch in names.chunks(BATCH) {
+        bed.apply_proxies(batch.iter().map(|name| {
+            (
+                name.clone(),
+                counter.external_spec(&ProbeCounter::health_url(name), "1s"),
+            )
+        }))
+        .await;
+        let created = names.iter().position(|n| n == batch.last().unwrap()).unwrap() + 1;
+        support::eventually_explained(
+            &format!("the first {created} proxies probed"),
+            WAIT,
+            || explain(&bed),
+            async || {
+                // Looked at 4 times a second: each look copies 3,000 names.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let seen = counter.counts().len();
+                (seen >= created).then_some(()).ok_or(format!("{seen} of {created}"))
+            },
         )
-    }))
-    .await;
-    support::eventually_explained(
-        "every proxy probed",
-        WAIT,
-        || bed.logs(),
-        async || {
-            let seen = counter.counts().len();
-            (seen == PROXIES)
-                .then_some(())
-                .ok_or(format!("{seen} of {PROXIES}"))
-        },
-    )
-    .await;
+        .await;
+    }
+    eprintln!(
+        "probing: {PROXIES} proxies created and probed in {:?}; API requests meanwhile {:?}",
+        creating.elapsed(),
+        by_verb_and_resource(&bed.fake.requests(), &api_before)
+    );
 
     // Every replica probing its part, and settled: two looks 3 s apart,
     // each replica's probes risen in between.
@@ -125,7 +181,7 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
     support::eventually_explained(
         "every replica probing (shared probing)",
         WAIT,
-        || bed.logs(),
+        || explain(&bed),
         async || {
             let before = probes_by_replica(&bed, &all).await;
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -141,10 +197,12 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
 
     // The window.
     let before = probes_by_replica(&bed, &all).await;
+    let api_before = bed.fake.requests();
     let from = Instant::now();
     tokio::time::sleep(WINDOW).await;
     let to = Instant::now();
     let after = probes_by_replica(&bed, &all).await;
+    let api_window = by_verb_and_resource(&bed.fake.requests(), &api_before);
     let probes = counter.probes();
     let mut off_count = Vec::new();
     let mut too_close = Vec::new();
@@ -173,7 +231,7 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
     eprintln!(
         "probing: {PROXIES} proxies over {WINDOW:?}: probes per proxy (count: proxies) {counts:?}, closest two \
          probes of one proxy {closest:?}; probes per replica {by_replica:?} (leader replica-{leader}); \
-         strays {}",
+         strays {}; API requests in the window {api_window:?}",
         counter.strays()
     );
     assert!(
@@ -203,8 +261,9 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
     support::eventually_explained(
         "every proxy probed after the kill",
         WAIT,
-        || bed.logs(),
+        || explain(&bed),
         async || {
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let probes = counter.probes();
             let waiting = names
                 .iter()

@@ -925,3 +925,22 @@ pub async fn wait_service_sees_all(service: &FakeService, bed: &super::replicas:
     )
     .await;
 }
+
+/// The last `lines` lines of each replica's log, each headed by its name
+/// (the whole of them runs long with thousands of proxies).
+pub fn log_tails(bed: &super::replicas::ReplicaBed, lines: usize) -> String {
+    (0..bed.len())
+        .map(|i| {
+            let log = bed.process(i).logs();
+            let all: Vec<&str> = log.lines().collect();
+            format!(
+                "--- replica-{i} (exited: {:?}; last {} of {} lines)\n{}",
+                bed.process(i).exited(),
+                lines.min(all.len()),
+                all.len(),
+                all[all.len().saturating_sub(lines)..].join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
