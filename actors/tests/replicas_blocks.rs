@@ -42,10 +42,13 @@ fn lists_blocked(row: &Option<serde_json::Value>) -> bool {
 }
 
 /// Plain GETs of `site` through `gateway`, one at a time, until each of
-/// `names` has served one: each proxy's source address at the site.
+/// `names` has served one (a replica just ready may hold a share of some
+/// proxies only), for 30 s at most: each proxy's source address at the site.
 async fn proxies_seen(gateway: SocketAddr, site: &Site, names: &[String]) -> BTreeMap<String, IpAddr> {
     let mut seen = BTreeMap::new();
-    for _ in 0..200 {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let (_, outcome, proxy) = gateway_get(gateway, site.addr).await;
         if outcome != Outcome::Served {
             continue;
