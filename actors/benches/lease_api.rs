@@ -93,7 +93,9 @@ fn serve(api: SocketAddr, bare: SocketAddr, proxies: usize, journal: &str, state
             max_clients: 16,
         });
         let listener = std::net::TcpListener::bind(api).unwrap();
-        actix::spawn(discovery::start_with(listener, store, discovery::Tokens::open(), unlimited).unwrap());
+        actix::spawn(
+            discovery::start_with(listener, store, discovery::Tokens::open(), unlimited, None).unwrap(),
+        );
         let bare_server = actix_web::HttpServer::new(|| {
             actix_web::App::new().route(
                 "/bare",

@@ -165,6 +165,7 @@ pub fn start(parts: Parts) -> Result<Running, StartError> {
         lease_journal,
         tenure: tenure.clone(),
         shares: None,
+        forwarding: None,
         discovery_tokens,
         discovery,
         gateway,
@@ -199,8 +200,11 @@ pub struct ServeParts {
     /// Grants only while this lasts.
     pub tenure: Option<Tenure>,
     /// Every replica serving: the store serves from a capacity share, and
-    /// only while this replica's member Lease (this tenure) lasts.
-    pub shares: Option<Tenure>,
+    /// only while this replica's member Lease (this tenure) lasts; its
+    /// lease ids carry this member's tag.
+    pub shares: Option<(Tenure, egress_proxies::domain::membership::MemberTag)>,
+    /// Every replica serving: lease calls for another replica's leases go there.
+    pub forwarding: Option<crate::discovery::Forwarding>,
     pub discovery_tokens: crate::discovery::Tokens,
     pub discovery: Option<TcpListener>,
     pub gateway: Option<GatewayParts>,
@@ -222,8 +226,8 @@ pub fn serve(parts: ServeParts) -> Result<Serving, StartError> {
     if let Some(tenure) = parts.tenure {
         leases = leases.with_tenure(tenure);
     }
-    if let Some(member) = parts.shares {
-        leases = leases.with_shares(member);
+    if let Some((member, tag)) = &parts.shares {
+        leases = leases.with_shares(member.clone(), tag);
     }
     let lease_store = leases.with_fair_share(parts.fair_share);
     let hosted = lease_store.clone();
@@ -237,7 +241,13 @@ pub fn serve(parts: ServeParts) -> Result<Serving, StartError> {
     actix::spawn(close_history_intervals());
     if let Some(listener) = parts.discovery {
         let addr = listener.local_addr()?;
-        let server = crate::discovery::start(listener, leases.clone(), parts.discovery_tokens.clone())?;
+        let server = crate::discovery::start_with(
+            listener,
+            leases.clone(),
+            parts.discovery_tokens.clone(),
+            crate::discovery::Limiter::new(egress_proxies::rate_limit::RateLimits::default()),
+            parts.forwarding.clone(),
+        )?;
         actix::spawn(server);
         tracing::info!(%addr, "discovery API listening");
     }

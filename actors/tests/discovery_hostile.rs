@@ -68,6 +68,7 @@ async fn serve(rate: RateLimits) -> (SocketAddr, Addr<LeaseStoreActor>, Limiter)
             store.clone(),
             discovery::Tokens::open(),
             limiter.clone(),
+            None,
         )
         .unwrap(),
     );

@@ -119,3 +119,151 @@ async fn every_replica_serves_leases_and_the_gateway_within_the_capacity() {
     let served_by: std::collections::BTreeSet<usize> = held.iter().map(|(i, _, _)| *i).collect();
     assert_eq!(served_by.len(), 3, "each replica granted leases: {held:?}");
 }
+
+/// A lease is served by the replica that granted it, whichever replica the
+/// client reaches; when that replica dies, the leader adopts its journal
+/// and serves its leases, and its ConfigMaps and member Lease go.
+#[actix_rt::test]
+async fn a_lease_follows_its_granter_and_outlives_it() {
+    use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, ListParams};
+
+    let bed = serving_bed(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "3"])
+        .start()
+        .await;
+    let target = support::process::health_target();
+    bed.apply_proxy(
+        "p0",
+        json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}}),
+    )
+    .await;
+    bed.wait_phase(&["p0"], "Ready").await;
+    let leader = bed.wait_leader().await;
+    let (granter, other) = match leader {
+        0 => (1, 2),
+        1 => (2, 0),
+        _ => (0, 1),
+    };
+    let http = reqwest::Client::new();
+    let api = |i: usize, path: &str| format!("http://{}{path}", bed.addrs(i).discovery);
+    let lease: serde_json::Value = support::eventually_explained(
+        "a lease from a follower",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let answer = http
+                .post(api(granter, "/v1/leases"))
+                .json(&json!({"target": "follow.test", "ttlSeconds": 120}))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = answer.status().as_u16();
+            let body: serde_json::Value = answer.json().await.map_err(|e| e.to_string())?;
+            (status == 201)
+                .then_some(body.clone())
+                .ok_or(format!("{status} {body}"))
+        },
+    )
+    .await;
+    let id = lease["id"].as_str().unwrap().to_owned();
+
+    // Renewed and reported through another replica: forwarded to the granter.
+    let renewed = http
+        .post(api(other, &format!("/v1/leases/{id}/renew")))
+        .json(&json!({"ttlSeconds": 90}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renewed.status(), 200, "{:?}", renewed.text().await);
+    let reported = http
+        .post(api(leader, &format!("/v1/leases/{id}/report")))
+        .json(&json!({"outcome": "ok"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reported.status(), 204, "{:?}", reported.text().await);
+    let unknown = http
+        .post(api(
+            other,
+            "/v1/leases/ffffffff-0000-4000-8000-000000000000/renew",
+        ))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        unknown.status(),
+        404,
+        "an id nobody granted is unknown everywhere"
+    );
+
+    // The granter dies: its lease is the leader's once adopted.
+    let tag = &id[..8];
+    let journals: Api<ConfigMap> = Api::namespaced(bed.client.clone(), support::replicas::NAMESPACE);
+    let selector = format!("crawl.example.com/lease-journal={tag}");
+    assert!(
+        !journals
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "the granter journals its lease in its own ConfigMaps"
+    );
+    let killed = std::time::Instant::now();
+    bed.kill(granter).await;
+    let renewed = support::eventually_explained(
+        "the dead granter's lease renewed through the leader",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let answer = http
+                .post(api(other, &format!("/v1/leases/{id}/renew")))
+                .json(&json!({}))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = answer.status().as_u16();
+            let retry = answer.headers().get("retry-after").is_some();
+            let body = answer.text().await.unwrap_or_default();
+            match status {
+                200 => Ok(()),
+                503 if retry => Err(format!("503 (waiting for the adoption): {body}")),
+                _ => panic!("the dead granter's lease answered {status}: {body}"),
+            }
+        },
+    )
+    .await;
+    let _: () = renewed;
+    let took = killed.elapsed();
+    println!("the dead granter's lease was served again {took:?} after the kill");
+    assert!(
+        took < support::replicas::LEASE_DURATION * 3,
+        "adopted within the lease duration and a margin: {took:?}"
+    );
+    assert!(
+        journals
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "the adopted journal's ConfigMaps are gone"
+    );
+    let members: Api<KubeLease> = Api::namespaced(bed.client.clone(), support::replicas::NAMESPACE);
+    assert!(
+        members
+            .get_opt(&format!("egress-proxies-member-{tag}"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the dead member's Lease is gone"
+    );
+    let released = http
+        .delete(api(other, &format!("/v1/leases/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 204);
+}

@@ -7,12 +7,14 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use egress_proxies::adapters::lease_store::{RenewRefused, ReportRefused};
+use egress_proxies::adapters::replicas::wire::{ForwardedLeaseCall, LeaseCall};
 use egress_proxies::domain::lease::input::{self, InputError, MAX_SELECTOR_PAIRS};
 use egress_proxies::domain::lease::{AcquireError, AcquireRequest, Caller, Outcome, RenewError};
 use futures::StreamExt;
 
 use super::BODY_LIMIT;
 use super::errors::ApiError;
+use super::forwarding::Forwarding;
 use super::middleware::Identity;
 use crate::lease_store_actor::{Acquire, LeaseStoreActor, ListProxies, Release, Renew, Report};
 use egress_proxies::adapters::discovery_api::bodies::{
@@ -155,12 +157,28 @@ pub async fn release(
     identity: Option<web::ReqData<Identity>>,
     id: web::Path<String>,
     store: web::Data<Addr<LeaseStoreActor>>,
+    forwarding: web::Data<Option<Forwarding>>,
 ) -> Result<HttpResponse, ApiError> {
-    let by = Caller::Identity(caller(identity)?);
+    let by = caller(identity)?;
+    let id = id.into_inner();
+    if let Some(f) = forwarding.as_ref()
+        && let Some(answer) = f.elsewhere(&id, &by, LeaseCall::Release, false).await?
+    {
+        return Ok(answer);
+    }
+    release_here(&store, id, by).await
+}
+
+/// A release served by this replica's lease store.
+pub async fn release_here(
+    store: &Addr<LeaseStoreActor>,
+    id: String,
+    by: String,
+) -> Result<HttpResponse, ApiError> {
     store
         .send(Release {
-            id: id.into_inner(),
-            by,
+            id,
+            by: Caller::Identity(by),
         })
         .await
         .map_err(mailbox)?
@@ -181,21 +199,43 @@ pub async fn report(
     id: web::Path<String>,
     body: web::Json<Object<LeaseReport>>,
     store: web::Data<Addr<LeaseStoreActor>>,
+    forwarding: web::Data<Option<Forwarding>>,
 ) -> Result<HttpResponse, ApiError> {
-    let by = Caller::Identity(caller(identity)?);
+    let by = caller(identity)?;
     let body = body.into_inner().0;
     input::check_detail(body.detail.as_deref())?;
-    let outcome = match body.outcome {
+    let id = id.into_inner();
+    if let Some(f) = forwarding.as_ref() {
+        let call = LeaseCall::Report {
+            outcome: body.outcome.clone(),
+            detail: body.detail.clone(),
+        };
+        if let Some(answer) = f.elsewhere(&id, &by, call, false).await? {
+            return Ok(answer);
+        }
+    }
+    report_here(&store, id, body.outcome, body.detail, by).await
+}
+
+/// A report served by this replica's lease store.
+pub async fn report_here(
+    store: &Addr<LeaseStoreActor>,
+    id: String,
+    outcome: ReportOutcome,
+    detail: Option<String>,
+    by: String,
+) -> Result<HttpResponse, ApiError> {
+    let outcome = match outcome {
         ReportOutcome::Ok => Outcome::Ok,
         ReportOutcome::Blocked => Outcome::Blocked,
         ReportOutcome::Error => Outcome::Error,
     };
     store
         .send(Report {
-            id: id.into_inner(),
+            id,
             outcome,
-            detail: body.detail,
-            by,
+            detail,
+            by: Caller::Identity(by),
         })
         .await
         .map_err(mailbox)?
@@ -213,16 +253,35 @@ pub async fn renew(
     id: web::Path<String>,
     payload: web::Payload,
     store: web::Data<Addr<LeaseStoreActor>>,
+    forwarding: web::Data<Option<Forwarding>>,
 ) -> Result<HttpResponse, ApiError> {
-    let by = Caller::Identity(caller(identity)?);
+    let by = caller(identity)?;
     let Object(body) = optional_json::<Object<RenewRequest>>(&req, payload).await?;
     input::check_ttl(body.ttl_seconds)?;
     let id = id.into_inner();
+    if let Some(f) = forwarding.as_ref() {
+        let call = LeaseCall::Renew {
+            ttl_seconds: body.ttl_seconds,
+        };
+        if let Some(answer) = f.elsewhere(&id, &by, call, false).await? {
+            return Ok(answer);
+        }
+    }
+    renew_here(&store, id, body.ttl_seconds, by).await
+}
+
+/// A renewal served by this replica's lease store.
+pub async fn renew_here(
+    store: &Addr<LeaseStoreActor>,
+    id: String,
+    ttl_seconds: Option<u64>,
+    by: String,
+) -> Result<HttpResponse, ApiError> {
     let ttl = store
         .send(Renew {
             id: id.clone(),
-            ttl: body.ttl_seconds.map(Duration::from_secs),
-            by,
+            ttl: ttl_seconds.map(Duration::from_secs),
+            by: Caller::Identity(by),
         })
         .await
         .map_err(mailbox)?
@@ -241,6 +300,36 @@ pub async fn renew(
         expires_at: expires_at(ttl),
         ttl_seconds: ttl.as_secs(),
     }))
+}
+
+/// A lease call another replica forwarded here (its client's identity
+/// with it), answered as this replica's own API would answer it.
+pub async fn serve_forwarded(
+    store: &Addr<LeaseStoreActor>,
+    forwarding: Option<&Forwarding>,
+    id: String,
+    call: ForwardedLeaseCall,
+) -> HttpResponse {
+    let answer = async {
+        if let Some(f) = forwarding
+            && let Some(answer) = f.elsewhere(&id, &call.caller, call.call.clone(), true).await?
+        {
+            return Ok(answer);
+        }
+        match call.call {
+            LeaseCall::Release => release_here(store, id, call.caller).await,
+            LeaseCall::Renew { ttl_seconds } => {
+                input::check_ttl(ttl_seconds)?;
+                renew_here(store, id, ttl_seconds, call.caller).await
+            }
+            LeaseCall::Report { outcome, detail } => {
+                input::check_detail(detail.as_deref())?;
+                report_here(store, id, outcome, detail, call.caller).await
+            }
+        }
+    }
+    .await;
+    answer.unwrap_or_else(|e| actix_web::ResponseError::error_response(&e))
 }
 
 /// A JSON body that may be absent (empty reads as `{}`), read up to the body limit.

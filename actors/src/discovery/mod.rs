@@ -8,6 +8,7 @@
 mod dashboard;
 mod dashboard_feed;
 mod errors;
+mod forwarding;
 mod handlers;
 mod limiter;
 mod middleware;
@@ -25,6 +26,8 @@ use egress_proxies::rate_limit::RateLimits;
 
 use crate::lease_store_actor::LeaseStoreActor;
 use errors::ApiError;
+pub use forwarding::Forwarding;
+pub use handlers::serve_forwarded;
 pub use limiter::Limiter;
 pub use middleware::{Identity, Tokens, TokensError};
 
@@ -65,7 +68,7 @@ fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
 /// Serves the discovery API on a bound listener, behind `tokens`, within
 /// [`ListenerLimits`].
 pub fn start(listener: TcpListener, store: Addr<LeaseStoreActor>, tokens: Tokens) -> std::io::Result<Server> {
-    start_with(listener, store, tokens, Limiter::new(RateLimits::default()))
+    start_with(listener, store, tokens, Limiter::new(RateLimits::default()), None)
 }
 
 /// [`start`] with the given rate limiter (tests pass small limits and read
@@ -75,6 +78,7 @@ pub fn start_with(
     store: Addr<LeaseStoreActor>,
     tokens: Tokens,
     limiter: Limiter,
+    forwarding: Option<Forwarding>,
 ) -> std::io::Result<Server> {
     let addr = listener.local_addr()?;
     if tokens.is_open() {
@@ -98,6 +102,7 @@ pub fn start_with(
     let token = tokens;
     let feed = web::Data::new(dashboard_feed::Feed::start(store.clone()));
     let store = web::Data::new(store);
+    let forwarding = web::Data::new(forwarding);
     let server = HttpServer::new(move || {
         let token = token.clone();
         let json = web::JsonConfig::default()
@@ -163,6 +168,7 @@ pub fn start_with(
             .service(
                 web::scope("")
                     .app_data(store.clone())
+                    .app_data(forwarding.clone())
                     .app_data(json)
                     .app_data(web::PayloadConfig::new(BODY_LIMIT))
                     .wrap(from_fn(move |req, next| {

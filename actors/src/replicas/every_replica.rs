@@ -79,7 +79,8 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         token: options.replica_token.clone(),
         endpoint_policy: options.settings.external_endpoints.clone(),
     };
-    let (member, mut keeping) = member::join(&parts, replica_listener).await?;
+    let (member, mut keeping) = member::join(&parts).await?;
+    let forwarding = member.forwarding(&parts)?;
     let installation = match options.installation_id.clone() {
         Some(id) => id,
         None => installation::from_cluster(client.clone(), &namespace).await?,
@@ -109,7 +110,8 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         fair_share: settings.fair_share.clone(),
         lease_journal: Some(Box::new(journal)),
         tenure: None,
-        shares: Some(member.tenure.clone()),
+        shares: Some((member.tenure.clone(), member.tag.clone())),
+        forwarding: Some(forwarding.clone()),
         discovery_tokens: settings.discovery_tokens.clone(),
         discovery: discovery_listener,
         gateway: gateway.map(|(listener, settings)| system::GatewayParts {
@@ -118,7 +120,7 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
             cluster_networks: cluster_networks.clone(),
         }),
     })?;
-    let shared = member.serve(&serving, &parts)?;
+    let shared = member.serve(&serving, &parts, replica_listener, forwarding)?;
     // Ready while this replica holds a valid share: the Service sends
     // crawlers to every replica that can serve them.
     let store = serving.lease_store.clone();

@@ -34,7 +34,12 @@ use super::probe_router::{
     ApplyProbeFeed, Assigned, GetPlan, ProbeItem, ProbeRouter, RemoteVerdict, SetPublisher,
 };
 use super::server::{self, DeskSlot};
+use crate::discovery::Forwarding;
 use crate::lease_store_actor::PublishTo;
+use egress_proxies::adapters::replicas::routes::{Adoptions, LeaseRoutes};
+use egress_proxies::adapters::stores::configmap_lease_journal::JournalName;
+use egress_proxies::adapters::stores::journal_adoption::{Deletion, JournalAdoption, journal_tags};
+use egress_proxies::domain::lease::Report;
 
 /// A share lasts this many lease durations: longer than a leader failover
 /// (one lease duration, plus the new leader's start), so members keep
@@ -68,12 +73,15 @@ pub struct Member {
     desk: DeskSlot,
     advertise: SocketAddr,
     identity: String,
+    /// While leading: the dead members' journals still to adopt.
+    adoptions: Arc<Adoptions>,
+    client: kube::Client,
+    namespace: String,
 }
 
 /// Joins the members: a member Lease of its own, kept and looked at every
-/// retry period, and the internal listener on `listener`. The handle ends
-/// (with an error) when the membership lapsed.
-pub async fn join(parts: &MemberParts, listener: TcpListener) -> Result<(Member, Keeping), ReplicaError> {
+/// retry period. The handle ends (with an error) when the membership lapsed.
+pub async fn join(parts: &MemberParts) -> Result<(Member, Keeping), ReplicaError> {
     let incarnation: [u8; 8] = rand_incarnation();
     let me = MemberIdentity {
         pod: parts.identity.clone(),
@@ -108,13 +116,6 @@ pub async fn join(parts: &MemberParts, listener: TcpListener) -> Result<(Member,
     ));
     tracing::info!(member = %tag, address = %parts.advertise, "joined the members");
     let desk = DeskSlot::default();
-    let server = server::start(listener, desk.clone(), parts.token.clone()).map_err(|e| {
-        ReplicaError::Unreachable {
-            address: parts.advertise.to_string(),
-            message: format!("the internal listener: {e}"),
-        }
-    })?;
-    actix::spawn(server);
     let member = Member {
         tag,
         tenure,
@@ -124,12 +125,24 @@ pub async fn join(parts: &MemberParts, listener: TcpListener) -> Result<(Member,
         desk,
         advertise: parts.advertise,
         identity: parts.identity.clone(),
+        adoptions: Arc::new(Adoptions::default()),
+        client: parts.client.clone(),
+        namespace: parts.namespace.clone(),
     };
     Ok((member, keeping))
 }
 
 /// The task keeping a member's Lease.
 pub type Keeping = tokio::task::JoinHandle<Result<(), ReplicaError>>;
+
+/// How long replicas wait on each other: an answer within the API call
+/// timeout (a third of the lease duration), at least a second.
+fn sync_timings(timings: Timings) -> SyncTimings {
+    SyncTimings {
+        answer_within: timings.call_timeout.max(Duration::from_secs(1)),
+        ..SyncTimings::default()
+    }
+}
 
 fn rand_incarnation() -> [u8; 8] {
     fastrand::u64(..).to_be_bytes()
@@ -143,13 +156,41 @@ pub struct Serving {
 }
 
 impl Member {
-    /// Starts the link to the leader and the probe router over this
-    /// replica's serving part.
+    /// How this replica passes on lease calls for leases another one holds.
+    pub fn forwarding(&self, parts: &MemberParts) -> Result<Forwarding, ReplicaError> {
+        Ok(Forwarding {
+            routes: LeaseRoutes::new(
+                self.tag.clone(),
+                self.advertise.to_string(),
+                self.tables.clone(),
+                self.leader.subscribe(),
+                self.adoptions.clone(),
+            ),
+            client: ReplicaClient::new(parts.token.clone(), sync_timings(parts.timings))?,
+        })
+    }
+
+    /// Starts the link to the leader, the probe router over this replica's
+    /// serving part, and the internal listener on `listener`.
     pub fn serve(
         &self,
         serving: &crate::system::Serving,
         parts: &MemberParts,
+        listener: TcpListener,
+        forwarding: Forwarding,
     ) -> Result<Serving, ReplicaError> {
+        let server = server::start(
+            listener,
+            self.desk.clone(),
+            parts.token.clone(),
+            serving.leases.clone(),
+            forwarding,
+        )
+        .map_err(|e| ReplicaError::Unreachable {
+            address: parts.advertise.to_string(),
+            message: format!("the internal listener: {e}"),
+        })?;
+        actix::spawn(server);
         let verdicts = VerdictQueue::default();
         let upstream = verdicts.clone();
         let router = ProbeRouter::new(
@@ -182,11 +223,7 @@ impl Member {
                 });
             }
         });
-        let timings = SyncTimings {
-            answer_within: parts.timings.call_timeout.max(Duration::from_secs(1)),
-            ..SyncTimings::default()
-        };
-        let client = ReplicaClient::new(parts.token.clone(), timings)?;
+        let client = ReplicaClient::new(parts.token.clone(), sync_timings(parts.timings))?;
         let link = ReplicaLink::new(
             self.tag.clone(),
             serving.lease_store.clone(),
@@ -281,6 +318,20 @@ impl Member {
         }))));
         leases.do_send(PublishTo(Some(desk.clone())));
         self.leader.send_replace(Some(self.advertise.to_string()));
+        let adopter = Adopter {
+            client: self.client.clone(),
+            namespace: self.namespace.clone(),
+            store: serving.store.clone(),
+            desk: desk.clone(),
+            me: self.tag.clone(),
+            adoptions: self.adoptions.clone(),
+            retry: lease_duration * 2 / 15,
+        };
+        // Journals left by members that died before this leader took over
+        // (or by a version before per-member journals).
+        let live = self.tables.borrow().live_tags();
+        let first = adopter.clone();
+        actix::spawn(async move { first.left_behind(live).await });
         // The desk's keeper: the roster's news every retry period.
         let keeper = desk.clone();
         let mut tables = self.tables.clone();
@@ -289,7 +340,10 @@ impl Member {
                 let table = tables.borrow_and_update().clone();
                 let changed = keeper.set_members(&table);
                 for tag in changed.died {
-                    tracing::warn!(member = %tag, "a member died: its shares stay counted until its journal is adopted");
+                    tracing::warn!(member = %tag, "a member died: its leases and shares are taken over once its journal is adopted");
+                    adopter.adoptions.pending(&tag);
+                    let adopter = adopter.clone();
+                    actix::spawn(async move { adopter.adopt(JournalName::member(&tag), Some(tag)).await });
                 }
                 keeper.prune();
                 if tables.changed().await.is_err() {
@@ -309,6 +363,100 @@ impl Member {
             Ok(Ok(())) => tracing::info!(member = %self.tag, "left the members"),
             Ok(Err(e)) => tracing::warn!(member = %self.tag, error = %e, "leaving the members"),
             Err(e) => tracing::warn!(member = %self.tag, error = %e, "the member's keeper failed"),
+        }
+    }
+}
+
+/// The leader's adoption of dead members' journals.
+#[derive(Clone)]
+struct Adopter {
+    client: kube::Client,
+    namespace: String,
+    store: LeaseStore,
+    desk: Arc<ShareDesk>,
+    me: MemberTag,
+    adoptions: Arc<Adoptions>,
+    retry: Duration,
+}
+
+impl Adopter {
+    /// Adopts every journal without a live member, then lets lease calls
+    /// for dead members' leases through.
+    async fn left_behind(self, live: Vec<MemberTag>) {
+        let tags = loop {
+            match journal_tags(self.client.clone(), &self.namespace).await {
+                Ok(tags) => break tags,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing lease journals failed; retrying");
+                    tokio::time::sleep(self.retry).await;
+                }
+            }
+        };
+        let orphans: Vec<MemberTag> = tags
+            .into_iter()
+            .filter(|tag| *tag != self.me && !live.contains(tag))
+            .collect();
+        for tag in &orphans {
+            self.adoptions.pending(tag);
+        }
+        self.adoptions.scanned();
+        self.clone().adopt(JournalName::default(), None).await;
+        for tag in orphans {
+            self.clone().adopt(JournalName::member(&tag), Some(tag)).await;
+        }
+    }
+
+    /// Merges `journal` into this leader's store until its shards are gone
+    /// (retrying every retry period), then frees the member's shares.
+    async fn adopt(self, journal: JournalName, tag: Option<MemberTag>) {
+        let adoption = JournalAdoption::new(self.client.clone(), &self.namespace, journal);
+        let started = Instant::now();
+        let adopted = loop {
+            match self.adopt_once(&adoption).await {
+                Ok(adopted) => break adopted,
+                Err(e) => {
+                    tracing::warn!(journal = ?adoption.journal().prefix, error = %e, "adopting a lease journal failed; retrying");
+                    tokio::time::sleep(self.retry).await;
+                }
+            }
+        };
+        if let Some(tag) = tag {
+            if let Err(e) = members::delete_lease(self.client.clone(), &self.namespace, &tag).await {
+                tracing::warn!(member = %tag, error = %e, "deleting a dead member's Lease failed");
+            }
+            let report = self.store.share_report();
+            self.desk.adopted(
+                &tag,
+                &self.me,
+                Report {
+                    applied: report.applied,
+                    claims: report.claims,
+                },
+            );
+            self.adoptions.done(&tag);
+            tracing::info!(member = %tag, leases = adopted, took = ?started.elapsed(), "a dead member's leases adopted; its shares are free");
+        } else if adopted > 0 {
+            tracing::info!(
+                leases = adopted,
+                "the leader journal of an earlier version adopted"
+            );
+        }
+    }
+
+    /// One round: read, merge (durably), delete what was read; again while
+    /// the journal changed since it was read.
+    async fn adopt_once(&self, adoption: &JournalAdoption) -> Result<usize, String> {
+        let mut read = adoption.read().await.map_err(|e| e.to_string())?;
+        let mut adopted = 0;
+        loop {
+            if read.is_gone() {
+                return Ok(adopted);
+            }
+            adopted += self.store.adopt(read.snapshot.clone()).await?;
+            match adoption.delete(&read).await.map_err(|e| e.to_string())? {
+                Deletion::Done => return Ok(adopted),
+                Deletion::ChangedSince(again) => read = again,
+            }
         }
     }
 }

@@ -245,6 +245,11 @@ impl LeaseBook {
         self.leases.len()
     }
 
+    /// Whether `id` is a lease this book holds or ended lately.
+    pub fn knows(&self, id: &str) -> bool {
+        self.leases.contains_key(id) || self.ended.contains_key(id)
+    }
+
     /// Lease ids begin with `tag` (8 hex digits) from now on.
     pub fn tag_ids(&mut self, tag: &str) {
         self.id_tag = Some(tag.to_owned());

@@ -141,7 +141,7 @@ impl LeaseStore {
     /// Waits (at most [`DURABLE_WITHIN`]) until the changes just made are
     /// durable, then answers with `finish(outcome, state)`. The changes
     /// are handed to the journal now, before this returns.
-    fn when_durable<T: Send + 'static>(
+    pub(super) fn when_durable<T: Send + 'static>(
         &self,
         finish: impl FnOnce(Result<(), JournalError>, &mut State) -> T + Send + 'static,
     ) -> BoxFuture<'static, T> {

@@ -17,6 +17,7 @@ use crate::adapters::leader::Tenure;
 use crate::adapters::replicas::wire::{AvailabilityBody, FleetItem};
 use crate::domain::lease::journal::key_string;
 use crate::domain::lease::{AcquireError, Claim, LeaseChange, LeaseSnapshot, ProxyTally, RenewError};
+use crate::domain::membership::MemberTag;
 use crate::domain::resource::ObjectKey;
 
 /// Changes kept for the leader at most; the oldest go first (and the
@@ -120,13 +121,14 @@ pub struct ShareStatus {
 
 impl LeaseStore {
     /// Serves from a share of each proxy's capacity, granted by the leader,
-    /// and only while `member` (this replica's member Lease) lasts. No
-    /// grant before the first allocation.
-    pub fn with_shares(self, member: Tenure) -> Self {
+    /// and only while `member` (this replica's member Lease) lasts; every
+    /// lease id begins with `tag`. No grant before the first allocation.
+    pub fn with_shares(self, member: Tenure, tag: &MemberTag) -> Self {
         {
             let mut state = self.lock();
             let now = Instant::now();
             state.book.set_share_mode(true, now);
+            state.book.tag_ids(tag.as_str());
             state.book.journal_changes();
             state.share = Some(Share {
                 tenure: member,
@@ -214,6 +216,76 @@ impl LeaseStore {
             in_use: claims.iter().map(|c| u64::from(c.in_use)).sum(),
             outbox: share.outbox.len(),
         }
+    }
+
+    /// Takes over a dead member's journal (`snapshot`): its leases, ended
+    /// leases, rests and tallies merge into this store's book and are
+    /// recorded in this store's own journal; the answer comes once that is
+    /// durable (the dead member's shards may be deleted then). Merging the
+    /// same journal twice changes nothing more.
+    pub fn adopt(
+        &self,
+        snapshot: LeaseSnapshot,
+    ) -> futures::future::BoxFuture<'static, Result<usize, String>> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let known: BTreeSet<String> = snapshot
+            .leases
+            .iter()
+            .filter(|l| state.book.knows(&l.id))
+            .map(|l| l.id.clone())
+            .collect();
+        let mut changes: Vec<LeaseChange> = snapshot
+            .leases
+            .iter()
+            .filter(|l| !known.contains(&l.id))
+            .cloned()
+            .map(LeaseChange::Granted)
+            .collect();
+        let adopted = changes.len();
+        changes.extend(snapshot.ended.iter().cloned().map(LeaseChange::Ended));
+        changes.extend(
+            snapshot
+                .target_rests
+                .iter()
+                .map(|(target, proxy, until)| LeaseChange::TargetRest {
+                    target: target.clone(),
+                    proxy: proxy.clone(),
+                    until: *until,
+                }),
+        );
+        changes.extend(
+            snapshot
+                .proxy_rests
+                .iter()
+                .map(|(proxy, until)| LeaseChange::ProxyRest {
+                    proxy: proxy.clone(),
+                    until: *until,
+                }),
+        );
+        for tally in &snapshot.tallies {
+            changes.extend(tally.blocked_targets.iter().map(|target| LeaseChange::BlockedBy {
+                proxy: tally.proxy.clone(),
+                target: *target,
+            }));
+            changes.push(LeaseChange::Errors {
+                proxy: tally.proxy.clone(),
+                count: tally.errors,
+            });
+        }
+        let mut fresh = snapshot;
+        fresh.leases.retain(|l| !known.contains(&l.id));
+        state.book.restore(fresh, now);
+        if state.journal.is_some() {
+            state.unsaved.extend(changes);
+        }
+        crate::telemetry::metrics::metrics()
+            .leases_active
+            .set(state.book.active_leases() as i64);
+        drop(state);
+        use futures::FutureExt;
+        self.when_durable(move |outcome, _| outcome.map(|()| adopted).map_err(|e| e.to_string()))
+            .boxed()
     }
 
     /// What this replica knows of the fleet, as the leader's feed would

@@ -12,6 +12,7 @@ use crate::adapters::gateway::Upstream;
 use crate::adapters::leader::SystemClock;
 use crate::adapters::replicas::wire::{AvailabilityBody, FleetItem};
 use crate::domain::lease::{Caller, GATEWAY_CLIENT, Outcome};
+use crate::domain::membership::MemberTag;
 
 fn ask(client: &str, target: &str) -> AcquireRequest {
     AcquireRequest {
@@ -34,7 +35,7 @@ fn sharing(member: Tenure) -> LeaseStore {
         cooldown: Duration::ZERO,
         ..Default::default()
     };
-    let store = LeaseStore::new(settings).with_shares(member);
+    let store = LeaseStore::new(settings).with_shares(member, &MemberTag::of("replica-0", &[0; 8]));
     store.upsert(ready("a"));
     store.upsert(ready("b"));
     store

@@ -178,9 +178,16 @@ impl ShareDesk {
         changed
     }
 
-    /// A dead member's journal is now the leader's: its shares are freed.
-    pub fn adopted(&self, tag: &MemberTag) {
-        self.lock().allocator.adopted(tag);
+    /// A dead member's journal is now in `into`'s book, and `report` is
+    /// what `into` holds now (the adopted leases included): the dead
+    /// member's shares are freed, with the slots its leases use counted
+    /// as `into`'s in the same step.
+    pub fn adopted(&self, tag: &MemberTag, into: &MemberTag, report: Report) {
+        {
+            let mut state = self.lock();
+            state.allocator.report(into, &report);
+            state.allocator.adopted(tag);
+        }
         self.tell();
     }
 

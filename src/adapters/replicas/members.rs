@@ -380,6 +380,27 @@ pub async fn api_answers(
     )
 }
 
+/// Deletes `tag`'s member Lease (after its journal was adopted: the tag
+/// names one process's incarnation, never renewed again once dead).
+pub async fn delete_lease(
+    client: kube::Client,
+    namespace: &str,
+    tag: &MemberTag,
+) -> Result<(), ReplicaError> {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    match api
+        .delete(&lease_name(tag), &kube::api::DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(ReplicaError::MemberLeases {
+            call: "delete",
+            source,
+        }),
+    }
+}
+
 /// Keeps this replica a member until `stop` turns true: renews its Lease
 /// and looks at every member each retry period, publishing each table in
 /// `tables`; then releases the Lease. Ends with [`ReplicaError::Lapsed`]

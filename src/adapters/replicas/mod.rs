@@ -11,6 +11,7 @@ mod error;
 pub mod fleet_state;
 pub mod link;
 pub mod members;
+pub mod routes;
 pub mod token;
 pub mod wire;
 
