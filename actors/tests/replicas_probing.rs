@@ -163,6 +163,12 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
             async || {
                 // Looked at 4 times a second: each look copies 3,000 names.
                 tokio::time::sleep(Duration::from_millis(250)).await;
+                if let Some((i, status)) = (0..bed.len()).find_map(|i| Some((i, bed.process(i).exited()?))) {
+                    panic!(
+                        "replica-{i} exited ({status}) while the first {created} proxies were created\n{}",
+                        explain(&bed)
+                    );
+                }
                 let seen = counter.counts().len();
                 (seen >= created).then_some(()).ok_or(format!("{seen} of {created}"))
             },
