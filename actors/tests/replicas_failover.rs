@@ -52,7 +52,7 @@ async fn the_leader_killed_while_crawlers_work_through_every_replica() {
         ])
         .start()
         .await;
-    let leader = bed.wait_leader().await;
+    bed.wait_leader().await;
     let target = support::process::health_target();
     let names: Vec<String> = (0..PROXIES).map(|i| format!("p{i}")).collect();
     bed.apply_proxies(names.iter().map(|name| {

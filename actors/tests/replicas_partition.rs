@@ -41,11 +41,14 @@ const BEFORE_CUT: Duration = Duration::from_secs(5);
 const CUT_FOR: Duration = Duration::from_secs(20);
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Looks at `/readyz` of `health` every 100 ms: (sent, answered, status).
+/// One look at `/readyz`: sent, answered, the status (`None`: no answer in 1 s).
+type ReadinessLook = (Instant, Instant, Option<u16>);
+
+/// Looks at `/readyz` of `health` every 100 ms until `stop`.
 fn watch_readiness(
     health: SocketAddr,
     stop: Arc<std::sync::atomic::AtomicBool>,
-) -> Arc<Mutex<Vec<(Instant, Instant, Option<u16>)>>> {
+) -> Arc<Mutex<Vec<ReadinessLook>>> {
     let looks = Arc::new(Mutex::new(Vec::new()));
     let seen = looks.clone();
     actix_rt::spawn(async move {

@@ -170,7 +170,9 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
                     );
                 }
                 let seen = counter.counts().len();
-                (seen >= created).then_some(()).ok_or(format!("{seen} of {created}"))
+                (seen >= created)
+                    .then_some(())
+                    .ok_or(format!("{seen} of {created}"))
             },
         )
         .await;
@@ -274,9 +276,9 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
             let waiting = names
                 .iter()
                 .filter(|n| {
-                    !probes
+                    probes
                         .get(*n)
-                        .is_some_and(|at| at.last().is_some_and(|t| *t > killed_at))
+                        .is_none_or(|at| at.last().is_none_or(|t| *t <= killed_at))
                 })
                 .count();
             (waiting == 0)
