@@ -40,6 +40,7 @@ fn serving_bed(n: usize, args: &'static [&'static str]) -> support::replicas::Re
 
 #[actix_rt::test]
 async fn every_replica_serves_leases_and_the_gateway_within_the_capacity() {
+    let _one = support::exclusive::replicas_lock();
     let bed = serving_bed(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"])
         .start()
         .await;

@@ -8,7 +8,9 @@
 
 pub mod address_bed;
 pub mod checkout;
+pub mod crawlers;
 pub mod doc_blocks;
+pub mod exclusive;
 pub mod http;
 pub mod kvm_bed;
 // The bed's settings and links to its hosts: one file with the library's tests.

@@ -46,6 +46,8 @@ pub struct Backend {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectionRecord {
     pub id: u64,
+    /// The client's address (its own end of the connection).
+    pub peer: SocketAddr,
     pub accepted: Instant,
     /// The backend's index; `None`: no backend was ready.
     pub backend: Option<usize>,
@@ -174,6 +176,21 @@ impl FakeService {
         all
     }
 
+    /// The connection kept whose client end is `peer` (a client's
+    /// `local_addr()`) and which was accepted by `by`: the latest such (a
+    /// port is used again only once its connection ended). Which backend
+    /// took it, and when.
+    pub fn connection_of(&self, peer: SocketAddr, by: Instant) -> Option<ConnectionRecord> {
+        let records = self.shared.records();
+        records
+            .open
+            .values()
+            .chain(records.finished.iter())
+            .filter(|r| r.peer == peer && r.accepted <= by)
+            .max_by_key(|r| r.accepted)
+            .cloned()
+    }
+
     /// Connections accepted and not yet ended (both sides closed).
     pub fn open_connections(&self) -> usize {
         self.shared.records().open.len()
@@ -204,7 +221,7 @@ async fn poll_readiness(shared: Arc<Shared>, i: usize) {
 }
 
 async fn accept(listener: TcpListener, shared: Arc<Shared>) {
-    while let Ok((client, _)) = listener.accept().await {
+    while let Ok((client, peer)) = listener.accept().await {
         let id = shared.ids.fetch_add(1, Ordering::SeqCst);
         let backend = shared.choose();
         {
@@ -214,6 +231,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
                 id,
                 ConnectionRecord {
                     id,
+                    peer,
                     accepted: Instant::now(),
                     backend,
                     ended: None,
