@@ -34,7 +34,8 @@ use super::probe_router::{
     ApplyProbeFeed, Assigned, GetPlan, ProbeItem, ProbeRouter, RemoteVerdict, SetPublisher,
 };
 use super::server::{self, DeskSlot};
-use crate::lease_store_actor::PublishTo;
+use super::view::{self, ReplicaView};
+use crate::lease_store_actor::{PublishTo, ShowReplicas};
 
 /// A share lasts this many lease durations: longer than a leader failover
 /// (one lease duration, plus the new leader's start), so members keep
@@ -196,6 +197,20 @@ impl Member {
             verdicts,
             probes,
         );
+        // This replica's view of the fleet, for the dashboard and the share metrics.
+        let view = ReplicaView::default();
+        actix::spawn(view::keep(
+            view.clone(),
+            view::Sources {
+                tag: self.tag.clone(),
+                store: serving.lease_store.clone(),
+                link: link.status(),
+                router: router.clone(),
+                desk: self.desk.clone(),
+            },
+            self.stop.subscribe(),
+        ));
+        serving.leases.do_send(ShowReplicas(view));
         actix::spawn(link.run(self.stop.subscribe()));
         // The leader's address follows the member table (a new incarnation
         // of the leader's pod advertises itself anew).
