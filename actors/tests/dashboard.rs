@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
@@ -24,9 +24,10 @@ use serde_json::{Value, json};
 
 mod support;
 
+use support::browser::{self, Browser, wait_js};
 use support::eventually;
 use support::operator::{BIN, LOCAL_PROVIDER, OperatorDir};
-use support::process::{Killed, Reaper, forward_proxy, free_port, health_target};
+use support::process::{forward_proxy, free_port, health_target};
 const TOKEN: &str = "dashboard-test-token";
 
 /// Whether `name` is the pool `web`'s member (`web-<random suffix>`).
@@ -71,53 +72,9 @@ fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     )
 }
 
-/// A minimal W3C WebDriver client (the five calls this test needs).
-struct Driver {
-    http: reqwest::Client,
-    base: String,
-    session: String,
-}
-
-impl Driver {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
-        let url = format!("{}/session/{}{path}", self.base, self.session);
-        let post = method == reqwest::Method::POST;
-        let mut request = self.http.request(method, url);
-        if post {
-            request = request.json(&body);
-        }
-        let r = request.send().await.unwrap();
-        let v: Value = r.json().await.unwrap();
-        assert!(v["value"].get("error").is_none(), "webdriver {path}: {v}");
-        v["value"].clone()
-    }
-
-    async fn script(&self, js: &str) -> Value {
-        self.call(
-            reqwest::Method::POST,
-            "/execute/sync",
-            json!({"script": js, "args": []}),
-        )
-        .await
-    }
-}
-
-async fn wait_js(driver: &Driver, what: &str, js: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    eventually(what, Duration::from_secs(30), async || {
-        let v = driver.script(js).await;
-        if ok(&v) { Ok(v) } else { Err(v) }
-    })
-    .await
-}
-
 #[tokio::test]
 async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
-    if !Path::new("/usr/bin/chromedriver").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must install chromium and chromium-driver"
-        );
-        eprintln!("SKIPPED: no /usr/bin/chromedriver (tests/system-packages.sh test installs it)");
+    if !browser::available() {
         return;
     }
     egress_proxies::tls::ensure_crypto_provider();
@@ -271,47 +228,9 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         "self-contained"
     );
 
-    // The page in headless Chromium, every process of it reaped by its
-    // profile directory (chromedriver runs in it, the browser names it).
-    let profile = tempfile::tempdir().unwrap();
-    let _browser = Reaper(profile.path().to_owned());
-    let port = free_port();
-    let _driver = Killed(
-        Command::new("/usr/bin/chromedriver")
-            .arg(format!("--port={port}"))
-            .current_dir(profile.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    eventually("chromedriver to start", Duration::from_secs(20), async || {
-        http.get(format!("{base}/status")).send().await
-    })
-    .await;
-    let created: Value = http
-        .post(format!("{base}/session"))
-        .json(
-            &json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--disable-dev-shm-usage", "--window-size=1400,1100",
-                     format!("--user-data-dir={}", profile.path().display())]}}}}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let session = created["value"]["sessionId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_owned();
-    let driver = Driver { http, base, session };
+    // The page in headless Chromium.
+    let browser = Browser::start().await;
+    let driver = &browser.driver;
     driver
         .call(
             reqwest::Method::POST,
@@ -354,6 +273,14 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Ready"]])
     })
     .await;
+    // Not every replica serving (standalone): no Replicas section.
+    assert_eq!(
+        driver
+            .script("return document.getElementById('replicas').hidden")
+            .await,
+        json!(true),
+        "the Replicas section is left out"
+    );
     let href = driver.script("return location.href").await;
     assert!(
         !href.to_string().contains(READ_TOKEN),
