@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::browser::{self, Browser, Driver};
 use support::replicas::{LEASE_DURATION, ReplicaBed};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -259,6 +260,14 @@ async fn each_replica_shows_its_share_and_its_view_of_the_replicas() {
     )
     .await;
     eprintln!("the leader's view: {}", views[leader]);
+    // The page draws the same: the leader's and a follower's, in a real browser.
+    if browser::available() {
+        let browser = Browser::start().await;
+        let follower = (leader + 1) % bed.len();
+        for i in [leader, follower] {
+            the_page_shows_the_view(&browser.driver, &bed, i, leader).await;
+        }
+    }
     support::eventually_explained(
         "every replica's metrics agree with its dashboard",
         WAIT,
@@ -270,6 +279,62 @@ async fn each_replica_shows_its_share_and_its_view_of_the_replicas() {
                 metrics_agree(&bed, i, i == leader, view).await?;
             }
             Ok::<(), String>(())
+        },
+    )
+    .await;
+}
+
+/// The Replicas section as replica `i`'s page shows it, in a real browser,
+/// against its `GET /v1/dashboard` at the same moment.
+async fn the_page_shows_the_view(driver: &Driver, bed: &ReplicaBed, i: usize, leader: usize) {
+    driver
+        .open(&format!("http://{}/dashboard", bed.addrs(i).discovery))
+        .await;
+    let page = "const kpi = k => document.querySelector(`#replica-kpis [data-kpi=\"${k}\"] .big`)?.textContent;\
+        return {rows: [...document.querySelectorAll('#replica-members tbody tr[data-member]')]\
+          .map(r => [r.dataset.member, r.querySelector('[data-key=slots]').textContent, r.textContent.includes('this replica')])\
+          .sort(), share: kpi('share'), known: kpi('known'), ready: kpi('ready'), probing: kpi('probing'),\
+          slots: kpi('slots'), inUse: kpi('inUse'),\
+          me: document.getElementById('replica-me').textContent,\
+          sync: document.getElementById('replica-sync').textContent}";
+    support::eventually_explained(
+        &format!("replica {i}'s page showing its view"),
+        WAIT,
+        || bed.logs(),
+        async || {
+            let shown = driver.script(page).await;
+            let view = bed.dashboard(i).await.ok_or("no dashboard")?["replicas"].clone();
+            let mut rows: Vec<Value> = view["members"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|m| json!([m["tag"], m["slots"].to_string(), m["tag"] == view["member"]]))
+                .collect();
+            rows.sort_by_key(|v| v.to_string());
+            let want = json!({
+                "rows": rows,
+                "share": "valid",
+                "known": PROXIES.len().to_string(),
+                "ready": PROXIES.len().to_string(),
+                "probing": view["probing"].to_string(),
+                "slots": view["share"]["slots"].to_string(),
+                "inUse": view["share"]["inUse"].to_string(),
+            });
+            let me = shown["me"].as_str().unwrap_or_default();
+            let names_itself = me.contains(view["member"].as_str().unwrap_or("?"))
+                && me.contains("(leader)") == (i == leader);
+            let names_leader = shown["sync"]
+                .as_str()
+                .is_some_and(|t| t.contains(&bed.addrs(leader).internal.to_string()));
+            let mut figures = shown.clone();
+            if let Some(o) = figures.as_object_mut() {
+                o.remove("me");
+                o.remove("sync");
+            }
+            (figures == want && names_itself && names_leader)
+                .then_some(())
+                .ok_or(format!("the page shows {shown}; the JSON says {want}"))
         },
     )
     .await;
