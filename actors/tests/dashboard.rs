@@ -240,7 +240,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         .await;
     // The page asks for a token; typed into its form, as a person would.
     wait_js(
-        &driver,
+        driver,
         "the login form",
         "return !document.getElementById('login').hidden",
         |v| *v == json!(true),
@@ -269,7 +269,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     // The proxies not in the pool (its member's name is drawn at random).
     let rows = "return [...document.querySelectorAll('#proxies tbody tr')].map(r => [r.dataset.proxy, r.dataset.phase])\
         .filter(([p]) => !p.startsWith('crawlers/web-'))";
-    wait_js(&driver, "both proxies Ready on the page", rows, |v| {
+    wait_js(driver, "both proxies Ready on the page", rows, |v| {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Ready"]])
     })
     .await;
@@ -293,7 +293,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         json!(true)
     );
     wait_js(
-        &driver,
+        driver,
         "the supervision tree",
         "return document.querySelectorAll('#tree [data-actor=\"proxy_registry:proxy_registry\"] [data-actor^=\"proxy:\"]').length",
         |v| *v == json!(3),
@@ -303,14 +303,14 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let pool_cells = "return [...document.querySelectorAll('#pools tbody tr[data-pool]')].map(r => \
         [r.dataset.pool, ...[...r.querySelectorAll('td')].map(td => td.textContent)])";
     wait_js(
-        &driver,
+        driver,
         "the PoolActor in the supervision tree",
         "return document.querySelector('#tree [data-actor=\"pool_registry:pool_registry\"] \
          [data-actor=\"pool:crawlers/web\"]')?.textContent",
         |v| v.as_str().is_some_and(|t| t.contains("1 of 1 Ready")),
     )
     .await;
-    wait_js(&driver, "the pool's row on the page", pool_cells, |v| {
+    wait_js(driver, "the pool's row on the page", pool_cells, |v| {
         *v == json!([[
             "crawlers/web",
             "crawlers/web",
@@ -329,7 +329,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let gateway_kpi = |key: &str| {
         format!("return document.querySelector('#gateway-kpis [data-kpi=\"{key}\"] .big')?.textContent")
     };
-    wait_js(&driver, "the gateway panel", &gateway_kpi("requests"), |v| {
+    wait_js(driver, "the gateway panel", &gateway_kpi("requests"), |v| {
         *v == json!("0")
     })
     .await;
@@ -344,7 +344,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "204", "through the gateway");
     }
     wait_js(
-        &driver,
+        driver,
         "the gateway's requests counted",
         &gateway_kpi("requests"),
         |v| *v == json!("3"),
@@ -353,7 +353,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     assert_eq!(driver.script(&gateway_kpi("served")).await, json!("3"));
     let recent = "return [...document.querySelectorAll('#gateway-recent tbody tr[data-outcome]')]\
         .map(r => [r.dataset.outcome, r.dataset.target])";
-    wait_js(&driver, "the gateway's latest exchanges", recent, |v| {
+    wait_js(driver, "the gateway's latest exchanges", recent, |v| {
         *v == json!([
             ["served", "127.0.0.1"],
             ["served", "127.0.0.1"],
@@ -366,7 +366,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let totals = "return samples.reduce((t, s) => [t[0] + s.granted, t[1] + s.denied, Math.max(t[2], s.ready), \
         t[3] || s.probeP50Ms != null], [0, 0, 0, false])";
     wait_js(
-        &driver,
+        driver,
         "the history with the grant and the refusal",
         totals,
         |v| {
@@ -399,7 +399,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         ])
     );
     wait_js(
-        &driver,
+        driver,
         "a sample that saw the gateway's requests",
         "return samples.reduce((n, s) => n + s.gatewayRequests, 0)",
         |v| v.as_u64() >= Some(3),
@@ -420,7 +420,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     assert_eq!(marker, json!(true));
 
     drop(external); // SIGKILL
-    wait_js(&driver, "Unhealthy shown without a reload", rows, |v| {
+    wait_js(driver, "Unhealthy shown without a reload", rows, |v| {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Unhealthy"]])
     })
     .await;
