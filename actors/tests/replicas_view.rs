@@ -12,6 +12,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use base64::Engine;
 use serde_json::{Value, json};
 use support::browser::{self, Browser, Driver};
 use support::replicas::{LEASE_DURATION, ReplicaBed};
@@ -264,9 +265,20 @@ async fn each_replica_shows_its_share_and_its_view_of_the_replicas() {
     if browser::available() {
         let browser = Browser::start().await;
         let follower = (leader + 1) % bed.len();
-        for i in [leader, follower] {
+        for i in [follower, leader] {
             the_page_shows_the_view(&browser.driver, &bed, i, leader).await;
         }
+        // The leader's page, kept as a test artifact.
+        let png = browser
+            .driver
+            .call(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap_or_default())
+            .unwrap();
+        let artifact = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-replicas.png");
+        std::fs::write(&artifact, &bytes).unwrap();
+        eprintln!("screenshot: {}", artifact.display());
     }
     support::eventually_explained(
         "every replica's metrics agree with its dashboard",
