@@ -209,3 +209,50 @@ fn figures(
         desk,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag() -> MemberTag {
+        MemberTag::parse("0a1b2c3d").expect("a tag")
+    }
+
+    /// The share is valid only while both hold: an unexpired share and the
+    /// member Lease; seconds left read 0 without one; the sync age is
+    /// absent until the leader has answered.
+    #[test]
+    fn the_figures_say_what_the_parts_say() {
+        let cases = [
+            // (member, left, answered) → (valid, seconds left, sync age known)
+            (true, Some(Duration::from_secs(5)), true, (true, 5.0, true)),
+            (false, Some(Duration::from_secs(5)), true, (false, 5.0, true)),
+            (true, None, true, (false, 0.0, true)),
+            (true, None, false, (false, 0.0, false)),
+        ];
+        for (member, left, answered, (valid, seconds_left, aged)) in cases {
+            let share = ShareStatus {
+                left,
+                member,
+                slots: 4,
+                in_use: 1,
+                ..ShareStatus::default()
+            };
+            let link = LinkStatus {
+                leader: Some("127.0.0.1:8091".into()),
+                last_answer: answered.then(Instant::now),
+                ..LinkStatus::default()
+            };
+            let f = figures(&tag(), &share, &link, 2, Vec::new(), false);
+            let case = format!("member {member}, left {left:?}, answered {answered}");
+            assert_eq!(f.share.valid, valid, "{case}");
+            assert_eq!(f.share.seconds_left, seconds_left, "{case}");
+            assert_eq!(f.sync_age_ms.is_some(), aged, "{case}");
+            assert_eq!(
+                (f.member.as_str(), f.share.slots, f.share.in_use, f.probing),
+                ("0a1b2c3d", 4, 1, 2),
+                "{case}"
+            );
+        }
+    }
+}
