@@ -20,6 +20,8 @@ use egress_proxies::domain::lease::{
 };
 use egress_proxies::domain::resource::{ObjectKey, ProxyPoolStatus};
 
+use crate::replicas::view::{ReplicaFigures, ReplicaView};
+
 /// A proxy's availability changed.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
@@ -118,6 +120,8 @@ pub struct LeaseDashboard {
     pub recent_denials: Vec<(String, jiff::Timestamp)>,
     /// Every running pool's latest report, by key.
     pub pools: Vec<PoolReport>,
+    /// Every replica serving: this replica's view of the replicas.
+    pub replicas: Option<ReplicaFigures>,
 }
 
 /// Counters for tests, benchmarks and the dashboard.
@@ -132,12 +136,19 @@ pub struct LeaseStoreActor {
     /// to the leader's share desk, and reaches this store (and every other
     /// replica's) through the desk's feed.
     desk: Option<Arc<ShareDesk>>,
+    /// Every replica serving: this replica's view of the replicas, for the dashboard.
+    replicas: Option<ReplicaView>,
 }
 
 /// Sends availability to the share desk from now on (`None`: to the store).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct PublishTo(pub Option<Arc<ShareDesk>>);
+
+/// The dashboard shows this replica's view of the replicas (every replica serving).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShowReplicas(pub ReplicaView);
 
 impl LeaseStoreActor {
     /// Hosts `store` (the gateway keeps a clone of it).
@@ -146,6 +157,7 @@ impl LeaseStoreActor {
             store,
             pools: BTreeMap::new(),
             desk: None,
+            replicas: None,
         }
     }
 }
@@ -189,6 +201,13 @@ impl Handler<PublishTo> for LeaseStoreActor {
     type Result = ();
     fn handle(&mut self, msg: PublishTo, _: &mut Self::Context) {
         self.desk = msg.0;
+    }
+}
+
+impl Handler<ShowReplicas> for LeaseStoreActor {
+    type Result = ();
+    fn handle(&mut self, msg: ShowReplicas, _: &mut Self::Context) {
+        self.replicas = Some(msg.0);
     }
 }
 
@@ -291,6 +310,7 @@ impl Handler<GetLeaseDashboard> for LeaseStoreActor {
             stats: overview.stats,
             recent_denials: overview.recent_denials,
             pools: self.pools.values().cloned().collect(),
+            replicas: self.replicas.as_ref().and_then(ReplicaView::get),
         })
     }
 }

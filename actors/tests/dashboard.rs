@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
@@ -24,9 +24,10 @@ use serde_json::{Value, json};
 
 mod support;
 
+use support::browser::{self, Browser, wait_js};
 use support::eventually;
 use support::operator::{BIN, LOCAL_PROVIDER, OperatorDir};
-use support::process::{Killed, Reaper, forward_proxy, free_port, health_target};
+use support::process::{forward_proxy, free_port, health_target};
 const TOKEN: &str = "dashboard-test-token";
 
 /// Whether `name` is the pool `web`'s member (`web-<random suffix>`).
@@ -71,53 +72,9 @@ fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
     )
 }
 
-/// A minimal W3C WebDriver client (the five calls this test needs).
-struct Driver {
-    http: reqwest::Client,
-    base: String,
-    session: String,
-}
-
-impl Driver {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
-        let url = format!("{}/session/{}{path}", self.base, self.session);
-        let post = method == reqwest::Method::POST;
-        let mut request = self.http.request(method, url);
-        if post {
-            request = request.json(&body);
-        }
-        let r = request.send().await.unwrap();
-        let v: Value = r.json().await.unwrap();
-        assert!(v["value"].get("error").is_none(), "webdriver {path}: {v}");
-        v["value"].clone()
-    }
-
-    async fn script(&self, js: &str) -> Value {
-        self.call(
-            reqwest::Method::POST,
-            "/execute/sync",
-            json!({"script": js, "args": []}),
-        )
-        .await
-    }
-}
-
-async fn wait_js(driver: &Driver, what: &str, js: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    eventually(what, Duration::from_secs(30), async || {
-        let v = driver.script(js).await;
-        if ok(&v) { Ok(v) } else { Err(v) }
-    })
-    .await
-}
-
 #[tokio::test]
 async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
-    if !Path::new("/usr/bin/chromedriver").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must install chromium and chromium-driver"
-        );
-        eprintln!("SKIPPED: no /usr/bin/chromedriver (tests/system-packages.sh test installs it)");
+    if !browser::available() {
         return;
     }
     egress_proxies::tls::ensure_crypto_provider();
@@ -271,47 +228,9 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         "self-contained"
     );
 
-    // The page in headless Chromium, every process of it reaped by its
-    // profile directory (chromedriver runs in it, the browser names it).
-    let profile = tempfile::tempdir().unwrap();
-    let _browser = Reaper(profile.path().to_owned());
-    let port = free_port();
-    let _driver = Killed(
-        Command::new("/usr/bin/chromedriver")
-            .arg(format!("--port={port}"))
-            .current_dir(profile.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    eventually("chromedriver to start", Duration::from_secs(20), async || {
-        http.get(format!("{base}/status")).send().await
-    })
-    .await;
-    let created: Value = http
-        .post(format!("{base}/session"))
-        .json(
-            &json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--disable-dev-shm-usage", "--window-size=1400,1100",
-                     format!("--user-data-dir={}", profile.path().display())]}}}}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let session = created["value"]["sessionId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_owned();
-    let driver = Driver { http, base, session };
+    // The page in headless Chromium.
+    let browser = Browser::start().await;
+    let driver = &browser.driver;
     driver
         .call(
             reqwest::Method::POST,
@@ -321,7 +240,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         .await;
     // The page asks for a token; typed into its form, as a person would.
     wait_js(
-        &driver,
+        driver,
         "the login form",
         "return !document.getElementById('login').hidden",
         |v| *v == json!(true),
@@ -350,10 +269,18 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     // The proxies not in the pool (its member's name is drawn at random).
     let rows = "return [...document.querySelectorAll('#proxies tbody tr')].map(r => [r.dataset.proxy, r.dataset.phase])\
         .filter(([p]) => !p.startsWith('crawlers/web-'))";
-    wait_js(&driver, "both proxies Ready on the page", rows, |v| {
+    wait_js(driver, "both proxies Ready on the page", rows, |v| {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Ready"]])
     })
     .await;
+    // Not every replica serving (standalone): no Replicas section.
+    assert_eq!(
+        driver
+            .script("return document.getElementById('replicas').hidden")
+            .await,
+        json!(true),
+        "the Replicas section is left out"
+    );
     let href = driver.script("return location.href").await;
     assert!(
         !href.to_string().contains(READ_TOKEN),
@@ -366,7 +293,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         json!(true)
     );
     wait_js(
-        &driver,
+        driver,
         "the supervision tree",
         "return document.querySelectorAll('#tree [data-actor=\"proxy_registry:proxy_registry\"] [data-actor^=\"proxy:\"]').length",
         |v| *v == json!(3),
@@ -376,14 +303,14 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let pool_cells = "return [...document.querySelectorAll('#pools tbody tr[data-pool]')].map(r => \
         [r.dataset.pool, ...[...r.querySelectorAll('td')].map(td => td.textContent)])";
     wait_js(
-        &driver,
+        driver,
         "the PoolActor in the supervision tree",
         "return document.querySelector('#tree [data-actor=\"pool_registry:pool_registry\"] \
          [data-actor=\"pool:crawlers/web\"]')?.textContent",
         |v| v.as_str().is_some_and(|t| t.contains("1 of 1 Ready")),
     )
     .await;
-    wait_js(&driver, "the pool's row on the page", pool_cells, |v| {
+    wait_js(driver, "the pool's row on the page", pool_cells, |v| {
         *v == json!([[
             "crawlers/web",
             "crawlers/web",
@@ -402,7 +329,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let gateway_kpi = |key: &str| {
         format!("return document.querySelector('#gateway-kpis [data-kpi=\"{key}\"] .big')?.textContent")
     };
-    wait_js(&driver, "the gateway panel", &gateway_kpi("requests"), |v| {
+    wait_js(driver, "the gateway panel", &gateway_kpi("requests"), |v| {
         *v == json!("0")
     })
     .await;
@@ -417,7 +344,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "204", "through the gateway");
     }
     wait_js(
-        &driver,
+        driver,
         "the gateway's requests counted",
         &gateway_kpi("requests"),
         |v| *v == json!("3"),
@@ -426,7 +353,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     assert_eq!(driver.script(&gateway_kpi("served")).await, json!("3"));
     let recent = "return [...document.querySelectorAll('#gateway-recent tbody tr[data-outcome]')]\
         .map(r => [r.dataset.outcome, r.dataset.target])";
-    wait_js(&driver, "the gateway's latest exchanges", recent, |v| {
+    wait_js(driver, "the gateway's latest exchanges", recent, |v| {
         *v == json!([
             ["served", "127.0.0.1"],
             ["served", "127.0.0.1"],
@@ -439,7 +366,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     let totals = "return samples.reduce((t, s) => [t[0] + s.granted, t[1] + s.denied, Math.max(t[2], s.ready), \
         t[3] || s.probeP50Ms != null], [0, 0, 0, false])";
     wait_js(
-        &driver,
+        driver,
         "the history with the grant and the refusal",
         totals,
         |v| {
@@ -472,7 +399,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         ])
     );
     wait_js(
-        &driver,
+        driver,
         "a sample that saw the gateway's requests",
         "return samples.reduce((n, s) => n + s.gatewayRequests, 0)",
         |v| v.as_u64() >= Some(3),
@@ -493,7 +420,7 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
     assert_eq!(marker, json!(true));
 
     drop(external); // SIGKILL
-    wait_js(&driver, "Unhealthy shown without a reload", rows, |v| {
+    wait_js(driver, "Unhealthy shown without a reload", rows, |v| {
         *v == json!([["crawlers/eu-1", "Ready"], ["crawlers/us-1", "Unhealthy"]])
     })
     .await;

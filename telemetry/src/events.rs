@@ -399,6 +399,79 @@ impl LeaseForwarded<'_> {
     }
 }
 
+/// This replica's capacity share as it stands (every replica serving;
+/// emitted every second).
+pub struct ShareObserved {
+    /// Slots held over every proxy, and those in use.
+    pub slots: u64,
+    pub in_use: u64,
+    /// How long the share stays valid (`None`: no valid share).
+    pub left: Option<Duration>,
+    /// Since the leader last answered (or since the link started).
+    pub sync_age: Duration,
+}
+
+impl ShareObserved {
+    pub fn emit(self) {
+        let m = metrics();
+        m.share_slots.set(i64::try_from(self.slots).unwrap_or(i64::MAX));
+        m.share_slots_in_use
+            .set(i64::try_from(self.in_use).unwrap_or(i64::MAX));
+        m.share_seconds_left
+            .set(self.left.map_or(0.0, |l| l.as_secs_f64()));
+        m.replica_sync_age.set(self.sync_age.as_secs_f64());
+    }
+}
+
+/// The leader's share desk found shares adding up to more than a proxy's
+/// capacity: the allocator's rule was broken (never expected).
+pub struct SharesOverCapacity<'a> {
+    /// Proxies over their capacity.
+    pub proxies: usize,
+    /// Which, and by how much: logged, not a label.
+    pub detail: &'a dyn std::fmt::Debug,
+}
+
+impl SharesOverCapacity<'_> {
+    pub fn emit(self) {
+        tracing::error!(over = ?self.detail, "capacity shares add up to more than a proxy's capacity");
+        metrics().share_conflicts.inc_by(self.proxies as u64);
+    }
+}
+
+/// The shared probe plan changed what this replica probes.
+pub struct ProbesAssigned {
+    pub count: usize,
+}
+
+impl ProbesAssigned {
+    pub fn emit(self) {
+        metrics()
+            .probes_assigned
+            .set(i64::try_from(self.count).unwrap_or(i64::MAX));
+    }
+}
+
+/// The leader's share desk counted its members (every retry period).
+pub struct ShareMembersCounted {
+    pub live: usize,
+    /// Dead, their shares counted until their journals are adopted.
+    pub dead: usize,
+}
+
+impl ShareMembersCounted {
+    pub fn emit(self) {
+        let m = metrics();
+        for (state, count) in [("live", self.live), ("dead", self.dead)] {
+            m.share_members
+                .get_or_create(&StateLabel {
+                    state: state.to_owned(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+}
+
 /// A lease checkpoint shard was changed by someone else since the leader
 /// wrote it; the leader read it again and wrote its leases over it.
 pub struct CheckpointConflict<'a> {

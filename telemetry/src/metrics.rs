@@ -213,6 +213,13 @@ pub struct Metrics {
     pub leader: Gauge,
     pub replicas: Family<StateLabel, Gauge>,
     pub lease_forwards: Family<ResultLabel, Counter>,
+    pub share_slots: Gauge,
+    pub share_slots_in_use: Gauge,
+    pub share_seconds_left: Gauge<f64, AtomicU64>,
+    pub replica_sync_age: Gauge<f64, AtomicU64>,
+    pub share_conflicts: Counter,
+    pub probes_assigned: Gauge,
+    pub share_members: Family<StateLabel, Gauge>,
     pub pool_member_creations: Family<PoolLabel, Counter>,
     pub pool_member_retirements: Family<PoolReasonLabels, Counter>,
     pub pool_member_deletions: Family<PoolLabel, Counter>,
@@ -274,6 +281,13 @@ impl Metrics {
             leader: Gauge::default(),
             replicas: Family::default(),
             lease_forwards: Family::default(),
+            share_slots: Gauge::default(),
+            share_slots_in_use: Gauge::default(),
+            share_seconds_left: Gauge::default(),
+            replica_sync_age: Gauge::default(),
+            share_conflicts: Counter::default(),
+            probes_assigned: Gauge::default(),
+            share_members: Family::default(),
             pool_member_creations: Family::default(),
             pool_member_retirements: Family::default(),
             pool_member_deletions: Family::default(),
@@ -426,6 +440,46 @@ impl Metrics {
             "Lease calls forwarded to the replica holding the lease, by result \
              (ok, refused, timeout, unreachable)",
             m.lease_forwards.clone(),
+        );
+        registry.register(
+            "share_slots",
+            "Every replica serving: lease slots this replica's capacity share holds, over all proxies",
+            m.share_slots.clone(),
+        );
+        registry.register(
+            "share_slots_in_use",
+            "Every replica serving: of those, slots its leases and gateway tries use now",
+            m.share_slots_in_use.clone(),
+        );
+        registry.register(
+            "share_seconds_left",
+            "Every replica serving: seconds this replica's share stays valid without another answer \
+             from the leader (0: no valid share, it grants nothing)",
+            m.share_seconds_left.clone(),
+        );
+        registry.register_with_unit(
+            "replica_sync_age",
+            "Every replica serving: time since the leader last answered this replica's link \
+             (since the link started, when it never answered)",
+            Unit::Seconds,
+            m.replica_sync_age.clone(),
+        );
+        registry.register(
+            "share_conflicts",
+            "Every replica serving, on the leader: times the share desk found the shares of a proxy \
+             adding up to more than its capacity, counted per proxy (must stay 0)",
+            m.share_conflicts.clone(),
+        );
+        registry.register(
+            "probes_assigned",
+            "Every replica serving: proxies the shared probe plan gives this replica to probe",
+            m.probes_assigned.clone(),
+        );
+        registry.register(
+            "share_members",
+            "Every replica serving, on the leader: members its share desk counts, by state (live; dead: \
+             its shares stay counted until the leader adopts its journal)",
+            m.share_members.clone(),
         );
         registry.register(
             "pool_member_creations",

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::errors::ApiError;
 use crate::lease_store_actor::{GetLeaseDashboard, LeaseStoreActor, PoolReport};
+use crate::replicas::view::ReplicaFigures;
 use crate::supervision::{self, ActorInfo};
 
 const PAGE: &str = include_str!("dashboard.html");
@@ -30,6 +31,9 @@ pub struct Dashboard {
     phases: BTreeMap<String, usize>,
     leases: LeaseSummary,
     pools: Vec<PoolRow>,
+    /// Every replica serving: this replica's view of the replicas (`null`
+    /// otherwise: the page leaves the section out).
+    replicas: Option<ReplicasSection>,
     /// This process's gateway traffic (all zero without a gateway).
     gateway: GatewaySummary,
     kvm_hosts: Vec<HostRow>,
@@ -79,6 +83,17 @@ struct PoolRow {
     denied: u64,
     /// The `Progressing` condition's reason: `Steady`, `Scaling`, `Rotating`.
     progress: Option<String>,
+}
+
+/// The replicas section: the replica's view, and the proxies it knows.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReplicasSection {
+    #[serde(flatten)]
+    view: ReplicaFigures,
+    /// Proxies this replica's lease store knows (from the leader's feed), and the Ready ones.
+    proxies_known: usize,
+    proxies_ready: usize,
 }
 
 /// The pools' rows, by namespace and name.
@@ -212,6 +227,11 @@ pub async fn snapshot(store: &Addr<LeaseStoreActor>) -> Result<Dashboard, ApiErr
             restarts: a.restarts,
         })
         .collect();
+    let replicas = leases.replicas.map(|view| ReplicasSection {
+        view,
+        proxies_known: proxies.len(),
+        proxies_ready: proxies.iter().filter(|p| p.ready).count(),
+    });
     let body = Dashboard {
         generated_at: jiff::Timestamp::now().to_string(),
         proxies,
@@ -232,6 +252,7 @@ pub async fn snapshot(store: &Addr<LeaseStoreActor>) -> Result<Dashboard, ApiErr
                 .collect(),
         },
         pools: pool_rows(leases.pools),
+        replicas,
         gateway: gateway_stats().summary(),
         kvm_hosts,
         images: images(),

@@ -35,8 +35,9 @@ use super::probe_router::{
     ApplyProbeFeed, Assigned, GetPlan, ProbeItem, ProbeRouter, RemoteVerdict, SetPublisher,
 };
 use super::server::{self, DeskSlot};
+use super::view::{self, ReplicaView};
 use crate::discovery::Forwarding;
-use crate::lease_store_actor::PublishTo;
+use crate::lease_store_actor::{PublishTo, ShowReplicas};
 use egress_proxies::adapters::replicas::routes::{Adoptions, LeaseRoutes};
 use egress_proxies::adapters::stores::configmap_lease_journal::JournalName;
 use egress_proxies::adapters::stores::journal_adoption::{Deletion, JournalAdoption, journal_tags};
@@ -234,6 +235,20 @@ impl Member {
             verdicts,
             probes,
         );
+        // This replica's view of the fleet, for the dashboard and the share metrics.
+        let view = ReplicaView::default();
+        actix::spawn(view::keep(
+            view.clone(),
+            view::Sources {
+                tag: self.tag.clone(),
+                store: serving.lease_store.clone(),
+                link: link.status(),
+                router: router.clone(),
+                desk: self.desk.clone(),
+            },
+            self.stop.subscribe(),
+        ));
+        serving.leases.do_send(ShowReplicas(view));
         actix::spawn(link.run(self.stop.subscribe()));
         // The leader's address follows the member table (a new incarnation
         // of the leader's pod advertises itself anew).

@@ -5,3 +5,4 @@ pub mod every_replica;
 pub mod member;
 pub mod probe_router;
 pub mod server;
+pub mod view;

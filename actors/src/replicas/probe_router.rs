@@ -25,6 +25,7 @@ use actix::prelude::*;
 use egress_proxies::domain::health::{ProbeTarget, RecordedVerdict, Verdict};
 use egress_proxies::domain::membership::{MemberTag, ProbeOrder, ProbePlan};
 use egress_proxies::domain::resource::ObjectKey;
+use egress_proxies::telemetry::events::ProbesAssigned;
 
 use crate::health_prober::{GetProberStats, HealthProber, HealthVerdict, ProberStats, Unwatch, Watch};
 
@@ -110,9 +111,11 @@ impl ProbeRouter {
 
     /// Carries out the orders that concern this member.
     fn carry_out(&self, orders: Vec<ProbeOrder<Assigned>>, ctx: &mut Context<Self>) {
+        let mut mine_changed = false;
         for order in orders {
             match order {
                 ProbeOrder::Watch { member, key, target } if member == self.me => {
+                    mine_changed = true;
                     self.prober.do_send(Watch {
                         key,
                         target: target.target,
@@ -121,10 +124,17 @@ impl ProbeRouter {
                     })
                 }
                 ProbeOrder::Unwatch { member, key } if member == self.me => {
+                    mine_changed = true;
                     self.prober.do_send(Unwatch { key })
                 }
                 _ => {}
             }
+        }
+        if mine_changed {
+            ProbesAssigned {
+                count: self.assigned_here(),
+            }
+            .emit();
         }
     }
 

@@ -7,6 +7,7 @@
 )]
 
 pub mod address_bed;
+pub mod browser;
 pub mod checkout;
 pub mod crawlers;
 pub mod doc_blocks;

@@ -1187,4 +1187,3 @@ impl LeaseBook {
         out
     }
 }
-

@@ -234,7 +234,10 @@ impl LeaseStore {
     /// recorded in this store's own journal; the answer comes once that is
     /// durable (the dead member's shards may be deleted then). Merging the
     /// same journal twice changes nothing more.
-    pub fn adopt(&self, snapshot: LeaseSnapshot) -> futures::future::BoxFuture<'static, Result<usize, String>> {
+    pub fn adopt(
+        &self,
+        snapshot: LeaseSnapshot,
+    ) -> futures::future::BoxFuture<'static, Result<usize, String>> {
         let mut state = self.lock();
         let before = state.book.active_leases();
         state.book.adopt(snapshot, Instant::now());

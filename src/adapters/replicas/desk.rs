@@ -30,6 +30,7 @@ use crate::domain::lease::journal::{key_string, parse_key};
 use crate::domain::lease::{Allocator, Allotted, Claim, MemberShare, Report};
 use crate::domain::membership::{Feed, MemberTag, Since};
 use crate::domain::resource::ObjectKey;
+use crate::telemetry::events::SharesOverCapacity;
 
 /// Items the feed keeps; a member further behind starts over.
 pub const FEED_CAPACITY: usize = 65_536;
@@ -304,7 +305,11 @@ impl ShareDesk {
         }
         let over = state.allocator.over_capacity();
         if !over.is_empty() {
-            tracing::error!(?over, "capacity shares add up to more than a proxy's capacity");
+            SharesOverCapacity {
+                proxies: over.len(),
+                detail: &over,
+            }
+            .emit();
         }
         let allocation = if state.live_tags.contains(tag) {
             state.allocator.allocation_for(tag)
