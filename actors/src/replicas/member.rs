@@ -195,12 +195,16 @@ impl Member {
         actix::spawn(server);
         let verdicts = VerdictQueue::default();
         let upstream = verdicts.clone();
-        let router = ProbeRouter::new(
-            self.tag.clone(),
-            serving.prober.clone(),
-            Arc::new(move |key, verdict| upstream.push(&key, &verdict)),
-        )
-        .start();
+        let (tag, prober) = (self.tag.clone(), serving.prober.clone());
+        // Threads of their own: the plan's work over thousands of proxies
+        // and the sync's never delay the leader Lease's renewals.
+        let router = ProbeRouter::start_in_arbiter(&Arbiter::new().handle(), move |_| {
+            ProbeRouter::new(
+                tag,
+                prober,
+                Arc::new(move |key, verdict| upstream.push(&key, &verdict)),
+            )
+        });
         let (probes, mut feed) = mpsc::unbounded_channel::<ProbeFeed>();
         let to_router = router.clone();
         actix::spawn(async move {
@@ -249,7 +253,7 @@ impl Member {
             self.stop.subscribe(),
         ));
         serving.leases.do_send(ShowReplicas(view));
-        actix::spawn(link.run(self.stop.subscribe()));
+        Arbiter::new().handle().spawn(link.run(self.stop.subscribe()));
         // The leader's address follows the member table (a new incarnation
         // of the leader's pod advertises itself anew).
         Ok(Serving {

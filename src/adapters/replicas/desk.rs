@@ -36,7 +36,7 @@ use crate::telemetry::events::SharesOverCapacity;
 pub const FEED_CAPACITY: usize = 65_536;
 /// How long a held sync waits after news before it answers, so that news
 /// arriving together (a start, a burst of availability) goes in one answer.
-const COALESCE: Duration = Duration::from_millis(10);
+const COALESCE: Duration = Duration::from_millis(25);
 
 /// Where the verdicts members send go (the leader's probe router).
 pub type VerdictSink = Arc<dyn Fn(MemberTag, Vec<(ObjectKey, Verdict)>) + Send + Sync>;
@@ -68,6 +68,9 @@ struct DeskState {
     feed: Feed<FleetItem>,
     /// The highest outbox number merged, per member.
     acked: HashMap<MemberTag, u64>,
+    /// The claims digest and applied version last reported, per member:
+    /// a request that leaves them out is taken as saying them again.
+    claims: HashMap<MemberTag, (u64, u64)>,
     /// The live members, as the roster last said.
     live: Vec<wire::MemberBody>,
     live_tags: Vec<MemberTag>,
@@ -103,6 +106,7 @@ impl ShareDesk {
                 fleet,
                 feed: Feed::new(FEED_CAPACITY),
                 acked: HashMap::new(),
+                claims: HashMap::new(),
                 live: Vec::new(),
                 live_tags: Vec::new(),
             }),
@@ -260,18 +264,26 @@ impl ShareDesk {
                 }
             }
             state.acked.insert(tag.clone(), highest);
-            if state.live_tags.contains(&tag) {
-                state.allocator.report(
-                    &tag,
-                    &Report {
-                        seq: request.seq,
-                        applied: request.applied,
-                        claims,
-                    },
-                );
-            }
-            merged
+            let said = (request.claims_digest, request.applied);
+            let wanted = if request.claims_omitted {
+                state.claims.get(&tag) != Some(&said)
+            } else {
+                if state.live_tags.contains(&tag) {
+                    state.allocator.report(
+                        &tag,
+                        &Report {
+                            seq: request.seq,
+                            applied: request.applied,
+                            claims,
+                        },
+                    );
+                    state.claims.insert(tag.clone(), said);
+                }
+                false
+            };
+            (merged, wanted)
         };
+        let (merged, claims_wanted) = merged;
         if merged {
             self.tell();
         }
@@ -283,8 +295,9 @@ impl ShareDesk {
         let mut news = self.news.subscribe();
         loop {
             news.mark_unchanged();
-            let (response, has_news) = self.answer(&tag, &request, feed_since);
-            if has_news || tokio::time::Instant::now() >= deadline {
+            let (mut response, has_news) = self.answer(&tag, &request, feed_since);
+            if claims_wanted || has_news || tokio::time::Instant::now() >= deadline {
+                response.claims_wanted = claims_wanted;
                 return Ok(response);
             }
             match tokio::time::timeout_at(deadline, news.changed()).await {
@@ -383,6 +396,7 @@ impl ShareDesk {
             .collect();
         (
             SyncResponse {
+                claims_wanted: false,
                 term: self.term.clone(),
                 allocation,
                 acked,

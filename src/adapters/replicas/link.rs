@@ -116,6 +116,9 @@ pub struct ReplicaLink {
     members: Vec<MemberTag>,
     /// Numbers this member's requests.
     seq: u64,
+    /// The claims digest and applied version the leader last answered a
+    /// request carrying in full: sent again only when they change.
+    claims_taken: Option<(u64, u64)>,
 }
 
 impl ReplicaLink {
@@ -141,6 +144,7 @@ impl ReplicaLink {
             feed_seen: 0,
             members: Vec::new(),
             seq: 0,
+            claims_taken: None,
         }
     }
 
@@ -169,6 +173,7 @@ impl ReplicaLink {
             };
             let verdicts = self.verdicts.take();
             let request = self.request(verdicts.clone());
+            let claims = (!request.claims_omitted).then_some((request.claims_digest, request.applied));
             let push = urgent || !verdicts.is_empty();
             urgent = false;
             let call = async {
@@ -189,6 +194,11 @@ impl ReplicaLink {
             match outcome {
                 Some(Ok(synced)) => {
                     pause = FIRST_PAUSE;
+                    if synced.response.claims_wanted {
+                        self.claims_taken = None;
+                    } else if claims.is_some() {
+                        self.claims_taken = claims;
+                    }
                     self.apply(&leader, synced);
                     urgent |= !self.verdicts.is_empty();
                 }
@@ -210,19 +220,22 @@ impl ReplicaLink {
     fn request(&mut self, verdicts: Vec<ProbeVerdict>) -> SyncRequest {
         self.seq += 1;
         let report = self.store.share_report();
+        let claims: Vec<wire::Claim> = report
+            .claims
+            .iter()
+            .map(|c| wire::Claim {
+                proxy: key_string(&c.key),
+                slots: c.slots,
+                in_use: c.in_use,
+            })
+            .collect();
+        let claims_digest = digest(&claims);
+        let claims_omitted = self.claims_taken == Some((claims_digest, report.applied));
         SyncRequest {
             tag: self.me.to_string(),
             term: self.term.clone(),
             applied: report.applied,
-            claims: report
-                .claims
-                .iter()
-                .map(|c| wire::Claim {
-                    proxy: key_string(&c.key),
-                    slots: c.slots,
-                    in_use: c.in_use,
-                })
-                .collect(),
+            claims: if claims_omitted { Vec::new() } else { claims },
             waiting: report.waiting,
             outbox: report
                 .outbox
@@ -235,6 +248,8 @@ impl ReplicaLink {
             feed_since: self.feed_seen,
             hold_ms: 0,
             seq: self.seq,
+            claims_digest,
+            claims_omitted,
         }
     }
 
@@ -252,6 +267,7 @@ impl ReplicaLink {
             tracing::info!(leader, holder = %response.term.holder, "syncing with a new leader");
             self.term = Some(response.term.clone());
             self.feed_seen = 0;
+            self.claims_taken = None;
         }
         let allotment = match response.allocation.per_proxy() {
             Ok(_) if response.allocation.version == 0 => None,
@@ -356,4 +372,16 @@ fn fleet_news(item: &FleetItem) -> Vec<FleetNews> {
             }
         },
     }
+}
+
+/// A digest of the claims (order as the book lists them).
+fn digest(claims: &[wire::Claim]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for claim in claims {
+        claim.proxy.hash(&mut hasher);
+        claim.slots.hash(&mut hasher);
+        claim.in_use.hash(&mut hasher);
+    }
+    hasher.finish()
 }

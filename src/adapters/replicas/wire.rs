@@ -124,6 +124,11 @@ pub struct SyncRequest {
     /// Counts this member's requests (one higher each time): a report not
     /// newer than the last one taken (delayed, retried) is ignored.
     pub seq: u64,
+    /// A digest of `claims` (sent or not).
+    pub claims_digest: u64,
+    /// `claims` left out: they and `applied` are what the leader last
+    /// answered (it asks for them with `claimsWanted` if it has not got them).
+    pub claims_omitted: bool,
 }
 
 /// A member's claim on one proxy.
@@ -394,6 +399,8 @@ impl ProbeVerdict {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct SyncResponse {
+    /// Send the claims in full next time (the leader has not got them).
+    pub claims_wanted: bool,
     pub term: Term,
     /// The member's whole allocation.
     pub allocation: Allocation,
