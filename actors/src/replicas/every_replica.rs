@@ -144,6 +144,11 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
             readiness.set(false);
             return lapsed(kept, &election_client, &namespace, &member.tag, timings, shutdown.as_mut()).await;
         }
+        () = share_lost(&serving.lease_store, timings) => {
+            readiness.set(false);
+            member.leave(keeping).await;
+            return Err(OperatorError::MembershipLapsed(SHARE_LOST.to_owned()));
+        }
     };
     if !leading {
         readiness.set(false);
@@ -192,15 +197,21 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         },
         &serving,
     );
+    let mut kept_to_the_end = false;
     let outcome = tokio::select! {
         outcome = crate::operator::keep_leading(&mut elector, &tenure, shutdown.as_mut()) => outcome,
         kept = &mut keeping => {
+            kept_to_the_end = true;
             tenure.end();
             Err(OperatorError::MembershipLapsed(match kept {
                 Ok(Err(e)) => e.to_string(),
                 Ok(Ok(())) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
             }))
+        }
+        () = share_lost(&serving.lease_store, timings) => {
+            tenure.end();
+            Err(OperatorError::MembershipLapsed(SHARE_LOST.to_owned()))
         }
     };
     // Before the release lands another replica may lead: stop acting first.
@@ -211,13 +222,33 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         leading: false,
     }
     .emit();
-    if matches!(outcome, Ok(())) {
+    if matches!(outcome, Ok(()) | Err(OperatorError::MembershipLapsed(_))) {
         if let Err(e) = elector.release().await {
             tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
         }
+    }
+    if !kept_to_the_end {
         member.leave(keeping).await;
     }
     outcome
+}
+
+const SHARE_LOST: &str = "no answer from the leader for a share's lifetime";
+
+/// Resolves once this replica held a share and the leader has let it run
+/// out (no answer for a share's lifetime): it releases its member Lease
+/// (dead at once, so the leader adopts its journal and frees its shares,
+/// which a rebuild waits for) and restarts as a new member.
+async fn share_lost(store: &egress_proxies::adapters::lease_store::LeaseStore, timings: Timings) {
+    let mut tick = tokio::time::interval(timings.retry_period);
+    loop {
+        tick.tick().await;
+        let share = store.share_status();
+        if share.applied > 0 && share.member && share.left.is_none() {
+            tracing::error!("{SHARE_LOST}: leaving the members");
+            return;
+        }
+    }
 }
 
 /// The membership lapsed: this replica grants nothing (its store refuses,

@@ -176,6 +176,10 @@ pub struct Allocator {
     totals: HashMap<ObjectKey, u32>,
     /// A new leader rebuilds (raises no bound) until every member reported.
     rebuilding: bool,
+    /// Counts changes of the ready proxies or the live members.
+    layout: u64,
+    /// The members' parts ([`parts`]) for a layout.
+    parts: Option<(u64, Parts)>,
     /// Counts changes that may change an allocation: one computed at the
     /// current generation is sent again as it is. (Sending one again
     /// never raises a bound, so a change missed here could only delay a
@@ -196,6 +200,8 @@ impl Allocator {
             totals: HashMap::new(),
             rebuilding: false,
             generation: 0,
+            layout: 0,
+            parts: None,
         }
     }
 
@@ -228,6 +234,7 @@ impl Allocator {
             .or_insert_with(|| Member::new(tag));
         if !member.live || member.computed.is_none() {
             self.generation += 1;
+            self.layout += 1;
         }
         member.live = true;
         true
@@ -242,6 +249,7 @@ impl Allocator {
         {
             member.live = false;
             self.generation += 1;
+            self.layout += 1;
         }
     }
 
@@ -256,6 +264,7 @@ impl Allocator {
                 self.lower_total(key, *n);
             }
             self.generation += 1;
+            self.layout += 1;
         }
         self.adopted.insert(tag.clone());
     }
@@ -273,6 +282,7 @@ impl Allocator {
         if proxies != self.proxies {
             self.proxies = proxies;
             self.generation += 1;
+            self.layout += 1;
         }
     }
 
@@ -346,10 +356,12 @@ impl Allocator {
             } else if self.capacity == 0 {
                 Allotted::Unlimited
             } else {
-                let live = self.live_digests();
+                let digest = member.digest;
+                let mine = self.current_parts().get(&digest).cloned().unwrap_or_default();
+                let member = self.members.get(tag)?;
                 let mut slots = BTreeMap::new();
-                for (key, digest) in &self.proxies {
-                    let target = part(self.capacity, *digest, member.digest, &live);
+                for key in self.proxies.keys() {
+                    let target = mine.get(key).copied().unwrap_or(0);
                     let holds = member.holds(key);
                     let grant = if target <= holds {
                         target
@@ -464,6 +476,24 @@ impl Allocator {
         true
     }
 
+    /// The live members' parts of the ready proxies, computed again only
+    /// when either changed.
+    fn current_parts(&mut self) -> &Parts {
+        if self
+            .parts
+            .as_ref()
+            .is_some_and(|(layout, _)| *layout != self.layout)
+        {
+            self.parts = None;
+        }
+        let (layout, capacity, live) = (self.layout, self.capacity, self.live_digests());
+        let proxies = &self.proxies;
+        &self
+            .parts
+            .get_or_insert_with(|| (layout, parts(capacity, proxies, &live)))
+            .1
+    }
+
     fn live_digests(&self) -> Vec<u64> {
         self.members
             .values()
@@ -480,6 +510,53 @@ impl Allocator {
             }
         }
     }
+}
+
+/// Each member's slots per proxy, by the member's digest.
+pub type Parts = HashMap<u64, BTreeMap<ObjectKey, u32>>;
+
+/// Every live member's part of every proxy (by digests): ⌊c/R⌋ each, and
+/// each proxy's c mod R remaining slots to the members holding the fewest
+/// remaining slots so far, the highest-ranking for the proxy first. So
+/// members' totals differ by one at most, and no member goes without
+/// while the fleet has a slot for each: ranking alone would leave
+/// a member without any slot of a small fleet now and then (with 3
+/// proxies of capacity 2, one time in 27 for each of 3 members).
+pub fn parts(capacity: u32, proxies: &BTreeMap<ObjectKey, u64>, live: &[u64]) -> Parts {
+    let members = u32::try_from(live.len()).unwrap_or(u32::MAX);
+    let mut parts: Parts = live.iter().map(|m| (*m, BTreeMap::new())).collect();
+    if members == 0 || capacity == 0 {
+        return parts;
+    }
+    let (even, remaining) = (capacity / members, capacity % members);
+    let mut extra: HashMap<u64, u64> = live.iter().map(|m| (*m, 0)).collect();
+    // By digest: where a proxy falls does not depend on its name's order.
+    let mut order: Vec<(&ObjectKey, u64)> = proxies.iter().map(|(k, d)| (k, *d)).collect();
+    order.sort_by_key(|(key, digest)| (*digest, (*key).clone()));
+    for (key, digest) in order {
+        // The fewest remaining slots so far first, then the highest rank.
+        let mut ranked: Vec<u64> = live.to_vec();
+        ranked.sort_by_key(|m| {
+            (
+                extra.get(m).copied().unwrap_or(0),
+                std::cmp::Reverse((rendezvous::rank(digest, *m), *m)),
+            )
+        });
+        for m in ranked.iter().take(remaining as usize) {
+            if let Some(p) = parts.get_mut(m) {
+                p.insert(key.clone(), even + 1);
+            }
+            *extra.entry(*m).or_default() += 1;
+        }
+        if even > 0 {
+            for m in live {
+                if let Some(p) = parts.get_mut(m) {
+                    p.entry(key.clone()).or_insert(even);
+                }
+            }
+        }
+    }
+    parts
 }
 
 /// A member's even part of `capacity` of `proxy` among the `live` members

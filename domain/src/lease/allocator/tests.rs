@@ -324,3 +324,46 @@ fn the_even_part_goes_to_the_highest_ranked_members_first() {
         assert_eq!(target(3, &key, 42, &live), 0, "not live: nothing");
     }
 }
+
+#[test]
+fn every_member_gets_an_even_part_of_the_whole_fleet() {
+    // (members, proxies, capacity)
+    for (members, proxies, capacity) in [
+        (3u8, 3usize, 2u32),
+        (3, 1, 3),
+        (3, 2, 2),
+        (2, 5, 1),
+        (3, 6, 2),
+        (3, 100, 1),
+        (4, 7, 3),
+    ] {
+        let live: Vec<u64> = (0..members).map(|i| tag(i).digest()).collect();
+        let fleet: BTreeMap<ObjectKey, u64> = (0..proxies)
+            .map(|p| {
+                let key = proxy(p);
+                let digest = crate::rendezvous::proxy_digest(&key);
+                (key, digest)
+            })
+            .collect();
+        let parts = parts(capacity, &fleet, &live);
+        for key in fleet.keys() {
+            let sum: u32 = parts.values().map(|p| p.get(key).copied().unwrap_or(0)).sum();
+            assert_eq!(
+                sum, capacity,
+                "{key}: its whole capacity, no more ({members}, {proxies}, {capacity})"
+            );
+        }
+        let totals: Vec<u32> = live.iter().map(|m| parts[m].values().sum()).collect();
+        let (least, most) = (totals.iter().min().unwrap(), totals.iter().max().unwrap());
+        assert!(
+            most - least <= 1,
+            "totals within one: {totals:?} ({members}, {proxies}, {capacity})"
+        );
+        if proxies as u32 * capacity >= u32::from(members) {
+            assert!(
+                *least > 0,
+                "nobody without a slot: {totals:?} ({members}, {proxies}, {capacity})"
+            );
+        }
+    }
+}
