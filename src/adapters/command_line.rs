@@ -289,17 +289,17 @@ pub struct RunArgs {
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// Transitional and under construction, off by default; setting it
-    /// changes nothing yet. When finished, every replica will serve the
-    /// gateway and the lease API from a capacity share the leader hands
-    /// out (docs/kubernetes.md). Off: only the leader serves.
+    /// Every replica serves the gateway and the lease API from a capacity
+    /// share the leader hands out (docs/kubernetes.md, "Every replica
+    /// serves"); needs `--leader-elect` and `--replica-bind-address`.
+    /// Transitional, off by default: off, only the leader serves.
     #[arg(long, env = "EVERY_REPLICA_SERVES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub every_replica_serves: bool,
 
     /// The replicas' internal listener (sync with the leader, forwarded
-    /// lease calls; under construction, nothing listens yet); `0` disables
-    /// it. Off the loopback only with a `DISCOVERY_TOKEN`, from which the
-    /// replicas' token is derived.
+    /// lease calls) when every replica serves; `0` disables it. Off the
+    /// loopback only with a `DISCOVERY_TOKEN`, from which the replicas'
+    /// token is derived.
     #[arg(long, env = "REPLICA_BIND_ADDRESS", default_value = "0")]
     pub replica_bind_address: BindAddress,
 
