@@ -222,10 +222,10 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         leading: false,
     }
     .emit();
-    if matches!(outcome, Ok(()) | Err(OperatorError::MembershipLapsed(_))) {
-        if let Err(e) = elector.release().await {
-            tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
-        }
+    if matches!(outcome, Ok(()) | Err(OperatorError::MembershipLapsed(_)))
+        && let Err(e) = elector.release().await
+    {
+        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
     }
     if !kept_to_the_end {
         member.leave(keeping).await;

@@ -742,11 +742,15 @@ mod tests {
             }],
             feed_since: 120,
             hold_ms: 1000,
+            seq: 31,
+            claims_digest: 0x0123_4567_89ab_cdef,
+            claims_omitted: false,
         }
     }
 
     fn response() -> SyncResponse {
         SyncResponse {
+            claims_wanted: true,
             term: Term {
                 holder: "operator-0".into(),
                 transitions: 3,
