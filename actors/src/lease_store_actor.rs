@@ -272,7 +272,17 @@ impl Handler<GetLeaseFootprint> for LeaseStoreActor {
 impl Handler<GetPoolFigures> for LeaseStoreActor {
     type Result = MessageResult<GetPoolFigures>;
     fn handle(&mut self, ask: GetPoolFigures, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.store.pool_figures(&ask.pool, &ask.members))
+        let mut figures = self.store.pool_figures(&ask.pool, &ask.members);
+        // Every replica serving: the members' leases are on every replica.
+        if let Some(desk) = &self.desk {
+            let in_use = desk.in_use(&ask.members);
+            for (key, member) in figures.members.iter_mut() {
+                if let Some(total) = in_use.get(key) {
+                    member.leases = *total;
+                }
+            }
+        }
+        MessageResult(figures)
     }
 }
 

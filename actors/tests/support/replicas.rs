@@ -411,7 +411,22 @@ impl ReplicaBed {
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec
         }))
         .unwrap();
-        self.proxies().create(&PostParams::default(), &obj).await.unwrap();
+        // A connection the server closed as the request went out (an idle
+        // keep-alive one) is tried again: a create that got through before
+        // answers 409 then, which is as good.
+        let mut tries = 0;
+        loop {
+            match self.proxies().create(&PostParams::default(), &obj).await {
+                Ok(_) => return,
+                Err(kube::Error::Api(status)) if status.code == 409 && tries > 0 => return,
+                Err(kube::Error::Service(e)) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("creating Proxy {name}: {e}; trying again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("creating Proxy {name}: {e}"),
+            }
+        }
     }
 
     /// Waits until every Proxy named is in `phase` (its status as written).

@@ -32,6 +32,9 @@ use crate::domain::membership::{Feed, MemberTag, Since};
 use crate::domain::resource::ObjectKey;
 use crate::telemetry::events::SharesOverCapacity;
 
+#[cfg(test)]
+mod tests;
+
 /// Items the feed keeps; a member further behind starts over.
 pub const FEED_CAPACITY: usize = 65_536;
 /// How long a held sync waits after news before it answers, so that news
@@ -68,6 +71,9 @@ struct DeskState {
     feed: Feed<FleetItem>,
     /// The highest outbox number merged, per member.
     acked: HashMap<MemberTag, u64>,
+    /// Leases in use per proxy, per member, as each last reported (a dead
+    /// member's until adopted): what a pool's figures sum.
+    in_use: HashMap<MemberTag, HashMap<ObjectKey, u32>>,
     /// The claims digest and applied version last reported, per member:
     /// a request that leaves them out is taken as saying them again.
     claims: HashMap<MemberTag, (u64, u64)>,
@@ -106,6 +112,7 @@ impl ShareDesk {
                 fleet,
                 feed: Feed::new(FEED_CAPACITY),
                 acked: HashMap::new(),
+                in_use: HashMap::new(),
                 claims: HashMap::new(),
                 live: Vec::new(),
                 live_tags: Vec::new(),
@@ -201,8 +208,30 @@ impl ShareDesk {
             let mut state = self.lock();
             state.allocator.report(into, &report);
             state.allocator.adopted(tag);
+            state.in_use.remove(tag);
+            let held = report
+                .claims
+                .iter()
+                .filter(|c| c.in_use > 0)
+                .map(|c| (c.key.clone(), c.in_use))
+                .collect();
+            state.in_use.insert(into.clone(), held);
         }
         self.tell();
+    }
+
+    /// Leases in use on each of `proxies` over every member, as they last
+    /// reported (a pool's figures: every replica's leases, not the
+    /// leader's alone).
+    pub fn in_use(&self, proxies: &[ObjectKey]) -> HashMap<ObjectKey, u32> {
+        let state = self.lock();
+        proxies
+            .iter()
+            .map(|key| {
+                let total = state.in_use.values().filter_map(|m| m.get(key)).sum();
+                (key.clone(), total)
+            })
+            .collect()
     }
 
     /// Every member as the allocator sees it (dashboard, metrics).
@@ -269,6 +298,12 @@ impl ShareDesk {
                 state.claims.get(&tag) != Some(&said)
             } else {
                 if state.live_tags.contains(&tag) {
+                    let in_use = claims
+                        .iter()
+                        .filter(|c| c.in_use > 0)
+                        .map(|c| (c.key.clone(), c.in_use))
+                        .collect();
+                    state.in_use.insert(tag.clone(), in_use);
                     state.allocator.report(
                         &tag,
                         &Report {
