@@ -382,18 +382,8 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
             .await?;
             let mut unwritable = journal.unwritable();
             settings.lease_journal = Some(Box::new(journal));
-            let (store, events) = KubeStore::new(
-                client.clone(),
-                options.proxy_namespace.clone(),
-                "egress-proxies-operator",
-                Some(identity.clone()),
-            );
-            let store = Arc::new(store);
-            actix::spawn(store.clone().watch_proxies());
-            actix::spawn(store.clone().watch_secrets());
-            actix::spawn(store.clone().watch_credentials());
-            let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
-            actix::spawn(store.clone().watch_pools(pool_events));
+            let (store, events, pool_stream) =
+                watched_store(client.clone(), options.proxy_namespace.clone(), &identity);
             // Held until this future ends: dropping it stops the probes.
             // Like the discovery API, only the leader serves the gateway: its
             // lease store is the book (a replica whose tenure lapsed answers
@@ -510,6 +500,32 @@ pub(crate) async fn keep_leading(
             Err(e) => tracing::warn!(error = %e, "renewing the leader Lease failed"),
         }
     }
+}
+
+/// The Proxies' store on the API server, its watches started: the store,
+/// its Proxy events and its ProxyPool events.
+pub(crate) fn watched_store(
+    client: kube::Client,
+    proxy_namespace: Option<String>,
+    identity: &str,
+) -> (
+    Arc<KubeStore>,
+    tokio::sync::mpsc::UnboundedReceiver<egress_proxies::domain::resource_store::StoreEvent>,
+    tokio::sync::mpsc::UnboundedReceiver<egress_proxies::domain::resource_store::StoreEvent>,
+) {
+    let (store, events) = KubeStore::new(
+        client,
+        proxy_namespace,
+        "egress-proxies-operator",
+        Some(identity.to_owned()),
+    );
+    let store = Arc::new(store);
+    actix::spawn(store.clone().watch_proxies());
+    actix::spawn(store.clone().watch_secrets());
+    actix::spawn(store.clone().watch_credentials());
+    let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
+    actix::spawn(store.clone().watch_pools(pool_events));
+    (store, events, pool_stream)
 }
 
 /// Resolves with the reason once the checkpoint is unwritable; never if its writer is gone.

@@ -29,13 +29,7 @@ async fn fetch(gateway: SocketAddr, site: SocketAddr) -> Result<String, String> 
 }
 
 fn serving_bed(n: usize, args: &'static [&'static str]) -> support::replicas::ReplicaBedBuilder {
-    ReplicaBed::builder(n).args(args).replica_args(|_, addrs| {
-        vec![
-            "--every-replica-serves".into(),
-            "--replica-bind-address".into(),
-            addrs.internal.to_string().into(),
-        ]
-    })
+    support::crawlers::every_replica_serves(ReplicaBed::builder(n).args(args))
 }
 
 #[actix_rt::test]

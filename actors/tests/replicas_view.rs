@@ -22,15 +22,12 @@ const PROXIES: [&str; 3] = ["p0", "p1", "p2"];
 const CAPACITY: u64 = 2;
 
 fn serving_bed(n: usize) -> support::replicas::ReplicaBedBuilder {
-    ReplicaBed::builder(n)
-        .args(["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"])
-        .replica_args(|_, addrs| {
-            vec![
-                "--every-replica-serves".into(),
-                "--replica-bind-address".into(),
-                addrs.internal.to_string().into(),
-            ]
-        })
+    support::crawlers::every_replica_serves(ReplicaBed::builder(n).args([
+        "--lease-cooldown",
+        "0s",
+        "--max-leases-per-proxy",
+        "2",
+    ]))
 }
 
 fn number(v: &Value, what: &str) -> Result<u64, String> {

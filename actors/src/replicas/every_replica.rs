@@ -17,7 +17,6 @@ use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::replicas::ReplicaError;
 use egress_proxies::adapters::stores::configmap_lease_journal::{ConfigMapLeaseJournal, JournalName, Writer};
 use egress_proxies::adapters::stores::installation;
-use egress_proxies::adapters::stores::kubernetes::KubeStore;
 use egress_proxies::domain::config::GatewaySettings;
 use egress_proxies::domain::provider_contract::Providers;
 use egress_proxies::telemetry::events::LeadershipChanged;
@@ -163,18 +162,8 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
     let _desk = member
         .lead(&shared, &serving.leases, capacity, options.lease_duration)
         .await;
-    let (store, events) = KubeStore::new(
-        client.clone(),
-        options.proxy_namespace.clone(),
-        "egress-proxies-operator",
-        Some(identity.clone()),
-    );
-    let store = Arc::new(store);
-    actix::spawn(store.clone().watch_proxies());
-    actix::spawn(store.clone().watch_secrets());
-    actix::spawn(store.clone().watch_credentials());
-    let (pool_events, pool_stream) = tokio::sync::mpsc::unbounded_channel();
-    actix::spawn(store.clone().watch_pools(pool_events));
+    let (store, events, pool_stream) =
+        crate::operator::watched_store(client.clone(), options.proxy_namespace.clone(), &identity);
     let timing = PoolTiming::of(&settings);
     let _leading = system::lead(
         system::LeadParts {
