@@ -57,8 +57,8 @@ pub struct Options {
     pub installation_id: Option<InstallationId>,
     /// `--kube-api-qps`, `--kube-api-burst`: none by default.
     pub kube_api_budget: Option<egress_proxies::adapters::kube_client::ApiBudget>,
-    /// `--every-replica-serves`: every replica serves crawlers from a
-    /// capacity share (needs `--leader-elect` and `--replica-bind-address`).
+    /// `--every-replica-serves` (on by default): with `--leader-elect`
+    /// every replica serves crawlers from a capacity share.
     pub every_replica_serves: bool,
     /// `--replica-bind-address`: the internal listener replicas sync on.
     pub replica_bind_address: BindAddress,
@@ -67,6 +67,14 @@ pub struct Options {
     /// The replicas' token (derived from `DISCOVERY_TOKEN`); `None`: the
     /// internal listener must be on loopback.
     pub replica_token: Option<egress_proxies::adapters::replicas::token::ReplicaToken>,
+}
+
+impl Options {
+    /// Every replica serves crawlers: the default with `--leader-elect`;
+    /// without it the one process is the whole system.
+    pub fn serves_on_every_replica(&self) -> bool {
+        self.leader_elect && self.every_replica_serves
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,10 +110,18 @@ pub enum OperatorError {
     #[error(transparent)]
     Replicas(#[from] egress_proxies::adapters::replicas::ReplicaError),
     #[error(
-        "--every-replica-serves needs --leader-elect and a --replica-bind-address \
-         (with an address other replicas reach it at: --replica-advertise-address or POD_IP)"
+        "every replica serves (the default with --leader-elect) but --replica-bind-address is 0: \
+         give the replicas' internal listener an address (:8091), or set \
+         --every-replica-serves=false so only the leader serves"
     )]
-    EveryReplicaServesNeeds,
+    ReplicaListenerOff,
+    #[error(
+        "every replica serves (the default with --leader-elect) but nothing names the address \
+         the other replicas reach this one at (its listener is {0}): set POD_IP from the pod's \
+         status.podIP (the downward API), or --replica-advertise-address, or \
+         --every-replica-serves=false so only the leader serves"
+    )]
+    ReplicaAddressUnknown(std::net::SocketAddr),
     #[error("this replica's membership lapsed ({0}); stopping so the pod restarts as a new member")]
     MembershipLapsed(String),
 }
@@ -147,16 +163,13 @@ pub fn prepare(options: Options) -> Result<Prepared, OperatorError> {
     let metrics_listener = system::bind(options.metrics_bind_address)?;
     let discovery_listener = system::bind(options.discovery_bind_address)?;
     let gateway = gateway(&options)?;
-    let replica_listener = if options.every_replica_serves {
-        if !options.leader_elect || options.replica_advertise.is_none() {
-            return Err(OperatorError::EveryReplicaServesNeeds);
+    let replica_listener = if options.serves_on_every_replica() {
+        let listener = system::bind(options.replica_bind_address)?.ok_or(OperatorError::ReplicaListenerOff)?;
+        let bound = listener.local_addr()?;
+        if options.replica_advertise.is_none() {
+            return Err(OperatorError::ReplicaAddressUnknown(bound));
         }
-        let listener =
-            system::bind(options.replica_bind_address)?.ok_or(OperatorError::EveryReplicaServesNeeds)?;
-        egress_proxies::adapters::replicas::token::check_listener(
-            listener.local_addr()?,
-            options.replica_token.as_ref(),
-        )?;
+        egress_proxies::adapters::replicas::token::check_listener(bound, options.replica_token.as_ref())?;
         Some(listener)
     } else {
         None

@@ -26,7 +26,9 @@
 //!   does not have it fails the test. It restarts the operator when the
 //!   pod template changes and stops it when the Deployment goes. Its
 //!   substitutions, each said where it is made: one replica of the
-//!   Deployment's two (the one that leads; the other would only wait); a
+//!   Deployment's two (it leads, and serves from its own share; the
+//!   replicas together are tested in replicas_*.rs); `status.podIP` is the
+//!   pod's loopback address below; a
 //!   kubeconfig for the service account; mount paths (and the default
 //!   `--state-dir` under the `/tmp` volume) rewritten into the pod's
 //!   directory; listen addresses on a loopback address of the pod's own
@@ -326,6 +328,10 @@ impl Kubelet {
             self.started + 1
         );
 
+        // The pod's own IP (`status.podIP`), where its listeners keep
+        // their container ports.
+        let pod_ip = pod_ip();
+
         // Env, in order: `$(VAR)` refers to variables defined before.
         let mut env: Vec<(String, String)> = Vec::new();
         for var in container["env"].as_array().into_iter().flatten() {
@@ -333,7 +339,7 @@ impl Kubelet {
             let value = if let Some(v) = var["value"].as_str() {
                 Some(expand(v, &env))
             } else {
-                self.env_from(&var["valueFrom"], &ns, &pod_name)?
+                self.env_from(&var["valueFrom"], &ns, &pod_name, pod_ip)?
             };
             if let Some(value) = value {
                 env.push((name, value));
@@ -384,7 +390,6 @@ impl Kubelet {
         // Args: `$(VAR)` expanded; mount paths rewritten; listen addresses
         // moved to the pod's own loopback address, each on its port (the
         // ports are remembered by name for the Services).
-        let pod_ip = pod_ip();
         let named_ports: BTreeMap<u64, String> = container["ports"]
             .as_array()
             .into_iter()
@@ -444,6 +449,7 @@ impl Kubelet {
             ("--metrics-bind-address", 8080u16),
             ("--health-probe-bind-address", 8081),
             ("--discovery-bind-address", 8090),
+            ("--replica-bind-address", 8091),
         ] {
             if !given.iter().any(|a| a.starts_with(flag)) {
                 let host = SocketAddr::new(pod_ip, port);
@@ -463,11 +469,12 @@ impl Kubelet {
     }
 
     /// An env var's `valueFrom`: `None` for an optional reference that is missing.
-    fn env_from(&self, from: &Value, ns: &str, pod_name: &str) -> Result<Option<String>, Wait> {
+    fn env_from(&self, from: &Value, ns: &str, pod_name: &str, pod_ip: IpAddr) -> Result<Option<String>, Wait> {
         if let Some(field) = from["fieldRef"]["fieldPath"].as_str() {
             return match field {
                 "metadata.name" => Ok(Some(pod_name.to_owned())),
                 "metadata.namespace" => Ok(Some(ns.to_owned())),
+                "status.podIP" => Ok(Some(pod_ip.to_string())),
                 other => Err(Wait::Config(format!(
                     "fieldRef {other} is not known to this kubelet"
                 ))),
@@ -746,7 +753,7 @@ fn pod_ip() -> IpAddr {
     loop {
         let bytes = uuid::Uuid::new_v4().into_bytes();
         let ip = IpAddr::from([127, bytes[0].max(1), bytes[1], bytes[2].clamp(2, 254)]);
-        if [8080u16, 8081, 8090, 8888]
+        if [8080u16, 8081, 8090, 8091, 8888]
             .iter()
             .all(|port| std::net::TcpListener::bind(SocketAddr::new(ip, *port)).is_ok())
         {
@@ -759,6 +766,7 @@ fn takes_value(flag: &str) -> bool {
     !matches!(
         flag,
         "--leader-elect"
+            | "--every-replica-serves"
             | "--trace-health-probes"
             | "--insecure-discovery-without-token"
             | "--gcp-wire-log-full-payloads"

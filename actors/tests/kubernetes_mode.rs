@@ -652,7 +652,7 @@ async fn ready(op: &OperatorProcess) -> bool {
 #[actix_rt::test]
 async fn only_the_leader_acts_and_a_follower_takes_over() {
     let bed = Bed::new(LOCAL_PROVIDER).await;
-    let args = ["--leader-elect", "--lease-duration", "3s"];
+    let args = ["--leader-elect", "--lease-duration", "3s", "--every-replica-serves=false"];
     let mut operators = vec![bed.start(&args, "a").await, bed.start(&args, "b").await];
     let leases: Api<Lease> = Api::namespaced(bed.client.clone(), "crawl");
     let leader = eventually("a leader", WAIT, async || {
@@ -939,6 +939,7 @@ async fn the_gateway_leases_from_the_leaders_book() {
             .env("DISCOVERY_TOKEN", GATEWAY_TOKEN)
             .args([
                 "--leader-elect",
+                "--every-replica-serves=false",
                 "--lease-duration",
                 "3s",
                 "--lease-cooldown",

@@ -53,6 +53,9 @@ impl Bed {
             .name(name)
             .discovery()
             .args(["--leader-elect", "--lease-duration", "3s"])
+            // Leadership as such: only the leader serves, so being ready
+            // says who leads (every replica serving: replicas_*.rs).
+            .arg("--every-replica-serves=false")
             .metrics()
             .arg("--metrics-secure=false")
             // This test is about leadership, not the API's tokens.
@@ -479,6 +482,7 @@ async fn a_slow_start_keeps_renewing_the_lease() {
         .name("slow-start")
         .discovery()
         .arg("--leader-elect")
+        .arg("--every-replica-serves=false")
         .arg("--insecure-discovery-without-token")
         .env("POD_NAME", "slow-start")
         .start()

@@ -47,6 +47,9 @@ fn replica(
         // This test is about failover, not the API's tokens.
         .arg("--insecure-discovery-without-token")
         .args(["--leader-elect", "--lease-duration", lease_duration])
+        // The checkpoint that carries leases to the next leader when only
+        // the leader serves (every replica serving: replicas_failover.rs).
+        .arg("--every-replica-serves=false")
         .args([
             "--lease-cooldown",
             "5m",

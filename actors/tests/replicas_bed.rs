@@ -72,7 +72,7 @@ async fn tunnel(gateway: SocketAddr, site: SocketAddr) -> Result<String, String>
 #[actix_rt::test]
 async fn three_replicas_one_leader_serving_through_the_service_and_a_failover() {
     let _one = support::exclusive::replicas_lock();
-    let mut bed = ReplicaBed::start(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"]).await;
+    let mut bed = ReplicaBed::start_leader_only(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"]).await;
     assert_eq!(bed.len(), 3);
     let ips: Vec<_> = (0..3).map(|i| bed.addrs(i).ip).collect();
     assert!(
@@ -277,7 +277,7 @@ async fn the_probe_counter_counts_each_external_proxy_s_probes() {
     let ca = tempfile::NamedTempFile::new().unwrap();
     counter.write_ca(ca.path());
     let ca_arg = ca.path().to_str().unwrap().to_owned();
-    let bed = ReplicaBed::start(
+    let bed = ReplicaBed::start_leader_only(
         3,
         &[
             "--allow-external-endpoint-networks",
@@ -572,7 +572,7 @@ async fn the_site_counts_per_source_and_blocks_a_source_for_one_host() {
 #[actix_rt::test]
 async fn a_replica_cut_off_alone() {
     let _one = support::exclusive::replicas_lock();
-    let mut bed = ReplicaBed::start(3, &[]).await;
+    let mut bed = ReplicaBed::start_leader_only(3, &[]).await;
     let leader = bed.wait_leader().await;
     let follower = (leader + 1) % 3;
     bed.cut(follower);

@@ -1,6 +1,6 @@
 //! Issue 53, done when: a block learnt on one replica stops the others
 //! from handing out that (proxy, site) within the bound stated (1 s while
-//! both reach the leader). Three replicas with `--every-replica-serves`,
+//! both reach the leader). Three replicas, every one serving (the default),
 //! three local proxies with `--max-leases-per-proxy 3` (each replica holds
 //! a slot of each), the gateway taking a `403` for a block; a site on an
 //! address of its own (a target of its own, as `blocked.test` would be)
@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::crawlers::{Call, Crawlers, Outcome, dashboard_row, every_replica_serves, gateway_get};
+use support::crawlers::{Call, Crawlers, Outcome, dashboard_row, gateway_get};
 use support::replicas::ReplicaBed;
 use support::site::{Site, SiteOptions};
 
@@ -68,7 +68,7 @@ async fn proxies_seen(gateway: SocketAddr, site: &Site, names: &[String]) -> BTr
 #[actix_rt::test]
 async fn a_block_learnt_on_one_replica_stops_the_others_within_a_second() {
     let _one = support::exclusive::replicas_lock();
-    let bed = every_replica_serves(ReplicaBed::builder(3))
+    let bed = ReplicaBed::builder(3)
         .args(["--max-leases-per-proxy", "3", "--lease-cooldown", "0s"])
         .gateway("blocks: [{status: [403]}]")
         .start()

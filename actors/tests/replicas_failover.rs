@@ -1,5 +1,5 @@
 //! Issue 53, done when: the leader SIGKILLed while crawlers work through
-//! every replica. Three replicas with `--every-replica-serves`, six local
+//! every replica. Three replicas, every one serving (the default), six local
 //! proxies with `--max-leases-per-proxy 2`, a site counting each proxy's
 //! connections (support::site); 8 crawlers through the gateway's Service
 //! (4 plain GETs, 4 tunnels held 200–500 ms) and 8 through the lease
@@ -27,7 +27,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::crawlers::{Call, Crawlers, Landed, Outcome, every_replica_serves};
+use support::crawlers::{Call, Crawlers, Landed, Outcome};
 use support::replicas::{LEASE_DURATION, Port, ReplicaBed};
 use support::site::Site;
 
@@ -42,7 +42,7 @@ const WAIT: Duration = Duration::from_secs(60);
 #[actix_rt::test]
 async fn the_leader_killed_while_crawlers_work_through_every_replica() {
     let _one = support::exclusive::replicas_lock();
-    let bed = every_replica_serves(ReplicaBed::builder(3))
+    let bed = ReplicaBed::builder(3)
         .args([
             "--max-leases-per-proxy".to_owned(),
             CAPACITY.to_string(),

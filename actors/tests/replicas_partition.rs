@@ -1,6 +1,6 @@
 //! Issue 53, done when: one replica cut off the API server for 20 s while
-//! crawlers go to it directly and through the Services. Three replicas
-//! with `--every-replica-serves`, six local proxies with
+//! crawlers go to it directly and through the Services. Three replicas,
+//! every one serving (the default),, six local proxies with
 //! `--max-leases-per-proxy 2`, a site counting each proxy's connections;
 //! crawlers through the Services (2 plain GETs, 2 tunnels, 4 leasing
 //! through the API) and straight at the cut replica X (2 GETs, 2 tunnels,
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::crawlers::{
-    ApiConnection, Attempt, Call, Crawlers, Landed, Outcome, acquire, every_replica_serves, gateway_get,
+    ApiConnection, Attempt, Call, Crawlers, Landed, Outcome, acquire, gateway_get,
     release,
 };
 use support::replicas::{Port, ReplicaBed};
@@ -77,7 +77,7 @@ fn is_unavailable(outcome: &Outcome) -> bool {
 #[actix_rt::test]
 async fn a_replica_cut_off_the_api_server_serves_until_its_share_ends() {
     let _one = support::exclusive::replicas_lock();
-    let mut bed = every_replica_serves(ReplicaBed::builder(3))
+    let mut bed = ReplicaBed::builder(3)
         .args([
             "--max-leases-per-proxy".to_owned(),
             CAPACITY.to_string(),

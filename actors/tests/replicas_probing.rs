@@ -1,7 +1,7 @@
 //! Issue 53, done when: probing is shared. 3,000 External Proxies, each
 //! probed every 1 s at its own health URL on one counting endpoint
-//! (support::probe_counter), over three replicas with
-//! `--every-replica-serves`:
+//! (support::probe_counter), over three replicas, every one serving (the
+//! default):
 //! - over a 15 s window each proxy is probed 15 ± 2 times, never twice
 //!   within 0.5 s (two replicas probing one proxy would: their probes
 //!   interleave), counted at the proxy;
@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_apiserver::RequestCounts;
-use support::crawlers::every_replica_serves;
 use support::probe_counter::ProbeCounter;
 use support::replicas::{LEASE_DURATION, ReplicaBed};
 
@@ -137,7 +136,7 @@ async fn three_thousand_proxies_probed_once_per_interval_by_one_of_three_replica
     let _one = support::exclusive::replicas_lock();
     let counter_thread = CounterThread::start();
     let counter = counter_thread.counter.clone();
-    let bed = every_replica_serves(ReplicaBed::builder(3))
+    let bed = ReplicaBed::builder(3)
         .args(["--allow-external-endpoint-networks", "127.0.0.0/8"])
         .start()
         .await;

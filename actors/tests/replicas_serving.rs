@@ -1,4 +1,4 @@
-//! Every replica serves (`--every-replica-serves`): three replicas as
+//! Every replica serves (the default with `--leader-elect`): three replicas as
 //! processes, each ready once it holds a capacity share; leases through
 //! each one's own discovery API and fetches through each one's gateway;
 //! together they never put more leases on a proxy than its capacity.
@@ -29,7 +29,7 @@ async fn fetch(gateway: SocketAddr, site: SocketAddr) -> Result<String, String> 
 }
 
 fn serving_bed(n: usize, args: &'static [&'static str]) -> support::replicas::ReplicaBedBuilder {
-    support::crawlers::every_replica_serves(ReplicaBed::builder(n).args(args))
+    ReplicaBed::builder(n).args(args)
 }
 
 #[actix_rt::test]
@@ -47,18 +47,8 @@ async fn every_replica_serves_leases_and_the_gateway_within_the_capacity() {
         .await;
     }
     bed.wait_phase(&["p0", "p1", "p2"], "Ready").await;
-    support::eventually_explained(
-        "every replica ready (holding a share)",
-        WAIT,
-        || bed.logs(),
-        async || {
-            let ready = bed.ready_replicas().await;
-            (ready.len() == 3)
-                .then_some(())
-                .ok_or(format!("ready: {ready:?}"))
-        },
-    )
-    .await;
+    // Each ready once it holds a share.
+    support::crawlers::wait_every_replica_ready(&bed).await;
     let site = Site::start().await;
     for i in 0..3 {
         let answer = support::eventually_explained(

@@ -4,7 +4,7 @@
 //! leader relays — and its metrics say the same. Three replicas as
 //! processes; the figures are checked against each other and against the
 //! fleet (the shares add up to no more than the proxies' capacity, each
-//! proxy is probed by one replica). Without `--every-replica-serves` the
+//! proxy is probed by one replica). With `--every-replica-serves=false` the
 //! dashboard has no replicas section.
 
 mod support;
@@ -22,12 +22,7 @@ const PROXIES: [&str; 3] = ["p0", "p1", "p2"];
 const CAPACITY: u64 = 2;
 
 fn serving_bed(n: usize) -> support::replicas::ReplicaBedBuilder {
-    support::crawlers::every_replica_serves(ReplicaBed::builder(n).args([
-        "--lease-cooldown",
-        "0s",
-        "--max-leases-per-proxy",
-        "2",
-    ]))
+    ReplicaBed::builder(n).args(["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"])
 }
 
 fn number(v: &Value, what: &str) -> Result<u64, String> {
@@ -209,18 +204,8 @@ async fn each_replica_shows_its_share_and_its_view_of_the_replicas() {
         .await;
     }
     bed.wait_phase(&PROXIES, "Ready").await;
-    support::eventually_explained(
-        "every replica ready (holding a share)",
-        WAIT,
-        || bed.logs(),
-        async || {
-            let ready = bed.ready_replicas().await;
-            (ready.len() == 3)
-                .then_some(())
-                .ok_or(format!("ready: {ready:?}"))
-        },
-    )
-    .await;
+    // Each ready once it holds a share.
+    support::crawlers::wait_every_replica_ready(&bed).await;
     let leader = bed.wait_leader().await;
     // A lease held through each replica's own API, where its share has a
     // slot (the rendezvous ranking may leave a replica none): its slots in use.
@@ -350,8 +335,8 @@ async fn the_page_shows_the_view(driver: &Driver, bed: &ReplicaBed, i: usize, le
 }
 
 #[actix_rt::test]
-async fn without_every_replica_serving_the_dashboard_has_no_replicas_section() {
-    let bed = ReplicaBed::start(1, &[]).await;
+async fn when_only_the_leader_serves_the_dashboard_has_no_replicas_section() {
+    let bed = ReplicaBed::start_leader_only(1, &[]).await;
     bed.wait_leader().await;
     let dashboard = support::eventually_explained(
         "the leader's dashboard",
@@ -362,11 +347,11 @@ async fn without_every_replica_serving_the_dashboard_has_no_replicas_section() {
     .await;
     assert!(
         dashboard.as_object().is_some_and(|d| d.contains_key("replicas")) && dashboard["replicas"].is_null(),
-        "replicas is null without --every-replica-serves: {dashboard}"
+        "replicas is null with --every-replica-serves=false: {dashboard}"
     );
     assert_eq!(
         bed.metric(0, "egress_proxies_share_seconds_left", "").await,
         Some(0.0),
-        "no share without --every-replica-serves"
+        "no share with --every-replica-serves=false"
     );
 }

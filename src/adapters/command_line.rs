@@ -289,18 +289,18 @@ pub struct RunArgs {
     #[arg(long, env = "LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// Every replica serves the gateway and the lease API from a capacity
-    /// share the leader hands out (docs/kubernetes.md, "Every replica
-    /// serves"); needs `--leader-elect` and `--replica-bind-address`.
-    /// Transitional, off by default: off, only the leader serves.
-    #[arg(long, env = "EVERY_REPLICA_SERVES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    /// With `--leader-elect`: every replica serves the gateway and the
+    /// lease API from a capacity share the leader hands out
+    /// (docs/kubernetes.md, "Every replica serves"). `false`: only the
+    /// leader serves. Without `--leader-elect` the one process serves.
+    #[arg(long, env = "EVERY_REPLICA_SERVES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub every_replica_serves: bool,
 
     /// The replicas' internal listener (sync with the leader, forwarded
-    /// lease calls) when every replica serves; `0` disables it. Off the
+    /// lease calls), bound only when every replica serves. Off the
     /// loopback only with a `DISCOVERY_TOKEN`, from which the replicas'
     /// token is derived.
-    #[arg(long, env = "REPLICA_BIND_ADDRESS", default_value = "0")]
+    #[arg(long, env = "REPLICA_BIND_ADDRESS", default_value = ":8091")]
     pub replica_bind_address: BindAddress,
 
     /// Where the other replicas reach this one's internal listener (`ip:port`).
@@ -592,8 +592,14 @@ mod tests {
             let all = ["egress-proxies-operator"].iter().chain(args);
             Cli::try_parse_from(all).unwrap().run
         };
-        let off = parse(&[]);
-        assert!(!off.every_replica_serves, "off by default");
+        let default = parse(&[]);
+        assert!(default.every_replica_serves, "on by default");
+        assert_eq!(
+            default.replica_advertise(Some("10.1.2.3")),
+            Some("10.1.2.3:8091".parse().unwrap()),
+            "the pod's IP with the default listener's port"
+        );
+        let off = parse(&["--replica-bind-address=0"]);
         assert_eq!(off.replica_bind_address, BindAddress::Disabled);
         assert_eq!(
             off.replica_advertise(Some("10.1.2.3")),

@@ -65,9 +65,10 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         mut elector,
         mut shutdown,
     } = start;
-    let advertise = options
-        .replica_advertise
-        .ok_or(OperatorError::EveryReplicaServesNeeds)?;
+    let advertise = match options.replica_advertise {
+        Some(advertise) => advertise,
+        None => return Err(OperatorError::ReplicaAddressUnknown(replica_listener.local_addr()?)),
+    };
     let parts = MemberParts {
         client: election_client.clone(),
         namespace: namespace.clone(),

@@ -5,11 +5,8 @@
 //! used, so that a test can ask the [`FakeService`](super::service::FakeService)
 //! which replica that connection went to
 //! ([`connection_of`](super::service::FakeService::connection_of)).
-//!
-//! Also the flags that turn serving on: [`every_replica_serves`].
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,24 +16,11 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::replicas::{ReplicaAddrs, ReplicaBedBuilder};
 use super::service::FakeService;
 
 /// How long one call may take before it counts as broken: past the
 /// gateway's `capacityWait` (5 s) and a try.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Every replica serves the gateway and the lease API, its internal
-/// listener on the port the bed keeps for it.
-pub fn every_replica_serves(bed: ReplicaBedBuilder) -> ReplicaBedBuilder {
-    bed.replica_args(|_, addrs: &ReplicaAddrs| -> Vec<OsString> {
-        vec![
-            "--every-replica-serves".into(),
-            "--replica-bind-address".into(),
-            addrs.internal.to_string().into(),
-        ]
-    })
-}
 
 /// How one call went.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -894,13 +878,13 @@ async fn api_call<T>(
 }
 
 /// Waits until every replica of `bed` is ready, as every one should be
-/// once it serves (`--every-replica-serves`) and the proxies are up.
+/// once it serves (every replica serves by default) and the proxies are up.
 pub async fn wait_every_replica_ready(bed: &super::replicas::ReplicaBed) {
     let all: Vec<usize> = (0..bed.len()).collect();
     super::eventually_explained(
-        "every replica ready (--every-replica-serves)",
+        "every replica ready",
         Duration::from_secs(60),
-        || bed.logs(),
+        || log_tails(bed, 400),
         async || {
             let ready = bed.ready_replicas().await;
             let leader = bed.leader().await;

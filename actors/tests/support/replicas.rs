@@ -82,11 +82,17 @@ impl ReplicaBedBuilder {
     }
 
     /// Arguments that differ per replica, made from its index and
-    /// addresses: `|_, a| vec!["--replica-bind-address".into(),
-    /// a.internal.to_string().into()]`.
+    /// addresses: `|i, a| vec!["--replica-advertise-address".into(), …]`.
+    #[allow(dead_code)]
     pub fn replica_args(mut self, args: impl Fn(usize, &ReplicaAddrs) -> Vec<OsString> + 'static) -> Self {
         self.replica_args = Some(Box::new(args));
         self
+    }
+
+    /// Only the leader serves crawlers (`--every-replica-serves=false`),
+    /// as before every replica served.
+    pub fn leader_only(self) -> Self {
+        self.args(["--every-replica-serves=false"])
     }
 
     /// An environment variable of every replica (`DISCOVERY_TOKEN`, say).
@@ -191,9 +197,9 @@ pub struct ReplicaBed {
 }
 
 impl ReplicaBed {
-    /// `n` replicas with the defaults and `extra_args`.
-    pub async fn start(n: usize, extra_args: &[&str]) -> Self {
-        Self::builder(n).args(extra_args).start().await
+    /// `n` replicas where only the leader serves, with `extra_args`.
+    pub async fn start_leader_only(n: usize, extra_args: &[&str]) -> Self {
+        Self::builder(n).leader_only().args(extra_args).start().await
     }
 
     pub fn builder(n: usize) -> ReplicaBedBuilder {
@@ -264,6 +270,12 @@ impl ReplicaBed {
 
     pub fn heal(&self, i: usize) {
         self.replicas[i].link.resume();
+    }
+
+    /// Drops `arg` from the arguments of every later (re)start, as a
+    /// rollout of other flags would (`--every-replica-serves=false` gone).
+    pub fn forget_arg(&mut self, arg: &str) {
+        self.args.retain(|a| a != arg);
     }
 
     /// SIGKILLs replica `i` and waits until it has exited.
@@ -503,6 +515,10 @@ impl ReplicaBed {
             .arg("--insecure-discovery-without-token")
             .arg("--gateway-config")
             .arg(self.dir.path().join("gateway.yaml"))
+            // Every replica serves by default; its internal listener is on
+            // its own address (the default, :8091, would be shared).
+            .arg("--replica-bind-address")
+            .arg(replica.addrs.internal.to_string())
             .args(self.args.iter().cloned());
         if let Some(own) = &self.replica_args {
             builder = builder.args(own(i, &replica.addrs));
