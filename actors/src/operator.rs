@@ -164,7 +164,8 @@ pub fn prepare(options: Options) -> Result<Prepared, OperatorError> {
     let discovery_listener = system::bind(options.discovery_bind_address)?;
     let gateway = gateway(&options)?;
     let replica_listener = if options.serves_on_every_replica() {
-        let listener = system::bind(options.replica_bind_address)?.ok_or(OperatorError::ReplicaListenerOff)?;
+        let listener =
+            system::bind(options.replica_bind_address)?.ok_or(OperatorError::ReplicaListenerOff)?;
         let bound = listener.local_addr()?;
         if options.replica_advertise.is_none() {
             return Err(OperatorError::ReplicaAddressUnknown(bound));

@@ -469,7 +469,13 @@ impl Kubelet {
     }
 
     /// An env var's `valueFrom`: `None` for an optional reference that is missing.
-    fn env_from(&self, from: &Value, ns: &str, pod_name: &str, pod_ip: IpAddr) -> Result<Option<String>, Wait> {
+    fn env_from(
+        &self,
+        from: &Value,
+        ns: &str,
+        pod_name: &str,
+        pod_ip: IpAddr,
+    ) -> Result<Option<String>, Wait> {
         if let Some(field) = from["fieldRef"]["fieldPath"].as_str() {
             return match field {
                 "metadata.name" => Ok(Some(pod_name.to_owned())),

@@ -652,7 +652,12 @@ async fn ready(op: &OperatorProcess) -> bool {
 #[actix_rt::test]
 async fn only_the_leader_acts_and_a_follower_takes_over() {
     let bed = Bed::new(LOCAL_PROVIDER).await;
-    let args = ["--leader-elect", "--lease-duration", "3s", "--every-replica-serves=false"];
+    let args = [
+        "--leader-elect",
+        "--lease-duration",
+        "3s",
+        "--every-replica-serves=false",
+    ];
     let mut operators = vec![bed.start(&args, "a").await, bed.start(&args, "b").await];
     let leases: Api<Lease> = Api::namespaced(bed.client.clone(), "crawl");
     let leader = eventually("a leader", WAIT, async || {

@@ -72,7 +72,8 @@ async fn tunnel(gateway: SocketAddr, site: SocketAddr) -> Result<String, String>
 #[actix_rt::test]
 async fn three_replicas_one_leader_serving_through_the_service_and_a_failover() {
     let _one = support::exclusive::replicas_lock();
-    let mut bed = ReplicaBed::start_leader_only(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"]).await;
+    let mut bed =
+        ReplicaBed::start_leader_only(3, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "2"]).await;
     assert_eq!(bed.len(), 3);
     let ips: Vec<_> = (0..3).map(|i| bed.addrs(i).ip).collect();
     assert!(

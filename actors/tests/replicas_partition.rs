@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::crawlers::{
-    ApiConnection, Attempt, Call, Crawlers, Landed, Outcome, acquire, gateway_get,
-    release,
+    ApiConnection, Attempt, Call, Crawlers, Landed, Outcome, acquire, gateway_get, release,
 };
 use support::replicas::{Port, ReplicaBed};
 use support::site::Site;

@@ -8,8 +8,8 @@
 //! - the lease is not lost and not granted twice: while it is held, an
 //!   acquire on either replica is refused for want of capacity;
 //! - it is released through the replica that does not lead (the leader
-//!   adopted the old checkpoint and answers for it), after which an
-//!   acquire succeeds;
+//!   adopted the old checkpoint and answers for it), after which the
+//!   replica whose share holds the slot grants it;
 //! - the old checkpoint's ConfigMaps are gone once adopted.
 
 mod support;
@@ -139,13 +139,26 @@ async fn leases_of_a_leader_only_release_survive_the_upgrade_to_every_replica_se
         released == 200 || released == 204,
         "the old lease is known after the upgrade: {released}"
     );
+    // The slot is free again: the replica whose share holds it grants it.
     support::eventually_explained(
         "an acquire once the old lease is released",
         WAIT,
         || bed.logs(),
-        async || match acquire(&bed, follower, "after.test").await? {
-            (201, _) => Ok(()),
-            (status, body) => Err(format!("{status} {body}")),
+        async || {
+            let mut seen = Vec::new();
+            for i in [leader, follower] {
+                match acquire(&bed, i, "after.test").await? {
+                    (201, _) => return Ok(()),
+                    (status, body) => seen.push(format!(
+                        "replica {i}: {status} {body}; its replicas view: {}",
+                        bed.dashboard(i)
+                            .await
+                            .map(|d| d["replicas"].to_string())
+                            .unwrap_or_default()
+                    )),
+                }
+            }
+            Err(seen.join("; "))
         },
     )
     .await;

@@ -1,10 +1,13 @@
 //! What the benchmarks share: a keep-alive HTTP/1.1 client connection,
 //! percentiles, a child process killed on drop, the local proxies an
-//! operator leaves behind, and its healthy proxies.
+//! operator leaves behind, its healthy proxies, and the fake API server
+//! as a process ([`fake`]).
 #![allow(
     dead_code,
     reason = "each test binary uses its own part of the shared support"
 )]
+
+pub mod fake;
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::Child;

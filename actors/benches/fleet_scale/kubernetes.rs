@@ -15,11 +15,7 @@
 //! answer): the run's last figure, and an early retry fails it.
 //! `--failover`: the `failover` module.
 //!
-//! The fake's binary: `EPO_FAKE_APISERVER` if set, else built here with
-//! `cargo build --release -p fake-apiserver --bin fake-apiserver` and its
-//! path read from cargo's JSON messages (so `CARGO_TARGET_DIR` and the
-//! workspace's settings hold). `CARGO_BIN_EXE_*` names only the bench's
-//! own package's binaries, and the fake is another package.
+//! The fake runs as a process of its own ([`crate::common::fake`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -214,73 +210,6 @@ fn table(counts: &RequestCounts, per: f64, unit: &str) -> String {
         .join("\n")
 }
 
-/// The fake-apiserver binary: `EPO_FAKE_APISERVER`, else built now.
-fn fake_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("EPO_FAKE_APISERVER") {
-        return path.into();
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let output = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "fake-apiserver",
-            "--bin",
-            "fake-apiserver",
-        ])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("cargo runs");
-    assert!(output.status.success(), "building fake-apiserver failed");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "fake-apiserver")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .expect("cargo names the fake-apiserver executable")
-}
-
-/// Starts the fake and waits for the kubeconfig it writes once serving.
-async fn start_fake(dir: &Path) -> (Kill, String) {
-    let kubeconfig = dir.join("kubeconfig");
-    let log = std::fs::File::create(dir.join("fake-apiserver.log")).unwrap();
-    let mut command = Command::new(fake_binary());
-    command
-        .args(["--listen", "127.0.0.1:0", "--cluster", "--namespace", NAMESPACE])
-        .arg("--kubeconfig-out")
-        .arg(&kubeconfig);
-    let mut fake = Kill(
-        command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let began = Instant::now();
-    let text = loop {
-        if let Ok(text) = std::fs::read_to_string(&kubeconfig) {
-            break text;
-        }
-        if let Some(status) = fake.0.try_wait().unwrap() {
-            panic!("fake-apiserver exited: {status}");
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "no kubeconfig within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let server = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("the kubeconfig names its server")
-        .to_owned();
-    (fake, server)
-}
-
 /// The CRD of `kind` as the operator prints it, as JSON.
 fn crd(kind: &str) -> Value {
     let output = Command::new(BIN).args(["crd", kind]).output().unwrap();
@@ -330,7 +259,10 @@ impl Operator {
                 &metrics.to_string(),
                 "--metrics-secure=false",
             ])
-            .arg("--leader-elect");
+            .arg("--leader-elect")
+            // The figures below are of the leader serving alone; every
+            // replica serving is measured by the replicas bench.
+            .arg("--every-replica-serves=false");
         match discovery {
             Some(addr) => command
                 .args(["--discovery-bind-address", &addr.to_string()])
@@ -499,7 +431,7 @@ async fn scenario(
     failover: Option<&[failover::Leave]>,
 ) -> ExitCode {
     let dir = tempfile::tempdir().unwrap();
-    let (mut fake_process, server) = start_fake(dir.path()).await;
+    let (mut fake_process, server) = crate::common::fake::start(dir.path(), NAMESPACE, 0).await;
     let fake_pid = fake_process.0.id();
     let fake = Fake {
         http: reqwest::Client::new(),

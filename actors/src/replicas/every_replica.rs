@@ -67,7 +67,11 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
     } = start;
     let advertise = match options.replica_advertise {
         Some(advertise) => advertise,
-        None => return Err(OperatorError::ReplicaAddressUnknown(replica_listener.local_addr()?)),
+        None => {
+            return Err(OperatorError::ReplicaAddressUnknown(
+                replica_listener.local_addr()?,
+            ));
+        }
     };
     let parts = MemberParts {
         client: election_client.clone(),

@@ -430,6 +430,7 @@ impl Adopter {
         }
         self.adoptions.scanned();
         self.clone().adopt(JournalName::default(), None).await;
+        self.adoptions.untagged_adopted();
         for tag in orphans {
             self.clone().adopt(JournalName::member(&tag), Some(tag)).await;
         }

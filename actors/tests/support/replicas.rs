@@ -49,8 +49,7 @@ pub struct ReplicaAddrs {
     pub gateway: SocketAddr,
     /// `/metrics`, plain HTTP.
     pub metrics: SocketAddr,
-    /// A free port kept for the replicas' internal listener; passed to
-    /// the process only by [`ReplicaBedBuilder::replica_args`].
+    /// The replicas' internal listener (`--replica-bind-address`).
     pub internal: SocketAddr,
 }
 
@@ -61,13 +60,9 @@ pub enum Port {
     Gateway,
 }
 
-/// Arguments of one replica's own, made from its index and addresses.
-type ReplicaArgs = Box<dyn Fn(usize, &ReplicaAddrs) -> Vec<OsString>>;
-
 /// How to start a bed; [`ReplicaBed::start`] for the defaults.
 pub struct ReplicaBedBuilder {
     replicas: usize,
-    replica_args: Option<ReplicaArgs>,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     providers: Option<String>,
@@ -78,14 +73,6 @@ impl ReplicaBedBuilder {
     /// Arguments every replica gets after the bed's own.
     pub fn args<S: Into<OsString>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
         self.args.extend(args.into_iter().map(Into::into));
-        self
-    }
-
-    /// Arguments that differ per replica, made from its index and
-    /// addresses: `|i, a| vec!["--replica-advertise-address".into(), …]`.
-    #[allow(dead_code)]
-    pub fn replica_args(mut self, args: impl Fn(usize, &ReplicaAddrs) -> Vec<OsString> + 'static) -> Self {
-        self.replica_args = Some(Box::new(args));
         self
     }
 
@@ -138,7 +125,6 @@ impl ReplicaBedBuilder {
             client,
             dir,
             network: (r, s),
-            replica_args: self.replica_args,
             args: self.args,
             env: self.env,
             replicas: Vec::new(),
@@ -191,7 +177,6 @@ pub struct ReplicaBed {
     /// on a replica's link.
     pub client: kube::Client,
     network: (u8, u8),
-    replica_args: Option<ReplicaArgs>,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
 }
@@ -205,7 +190,6 @@ impl ReplicaBed {
     pub fn builder(n: usize) -> ReplicaBedBuilder {
         ReplicaBedBuilder {
             replicas: n,
-            replica_args: None,
             args: Vec::new(),
             env: Vec::new(),
             providers: None,
@@ -520,9 +504,6 @@ impl ReplicaBed {
             .arg("--replica-bind-address")
             .arg(replica.addrs.internal.to_string())
             .args(self.args.iter().cloned());
-        if let Some(own) = &self.replica_args {
-            builder = builder.args(own(i, &replica.addrs));
-        }
         for (k, v) in &self.env {
             builder = builder.env(k.clone(), v.clone());
         }

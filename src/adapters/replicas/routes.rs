@@ -38,6 +38,9 @@ pub enum Route {
 pub struct Adoptions {
     /// The leader has looked for every journal left behind at takeover.
     scanned: AtomicBool,
+    /// The checkpoint of a release where only the leader served (untagged
+    /// lease ids) is adopted.
+    untagged_adopted: AtomicBool,
     pending: Mutex<BTreeSet<MemberTag>>,
 }
 
@@ -58,6 +61,14 @@ impl Adoptions {
 
     pub fn scanned(&self) {
         self.scanned.store(true, Ordering::Release);
+    }
+
+    pub fn untagged_adopted(&self) {
+        self.untagged_adopted.store(true, Ordering::Release);
+    }
+
+    fn waits_for_untagged(&self) -> bool {
+        !self.untagged_adopted.load(Ordering::Acquire)
     }
 
     fn waits_for(&self, tag: &MemberTag) -> bool {
@@ -110,7 +121,7 @@ impl LeaseRoutes {
     /// Where a client's call on lease `id` goes.
     pub fn route(&self, id: &str) -> Route {
         let Some(tag) = tag_of(id) else {
-            return Route::Here;
+            return self.untagged();
         };
         if tag == self.me {
             return Route::Here;
@@ -126,7 +137,11 @@ impl LeaseRoutes {
     /// table lagged), or its journal is not adopted yet.
     pub fn route_forwarded(&self, id: &str) -> Route {
         let Some(tag) = tag_of(id) else {
-            return Route::Here;
+            // Sent here as to the leader: not again if it no longer leads.
+            return match self.untagged() {
+                Route::There(_) => Route::NotYet,
+                here_or_not_yet => here_or_not_yet,
+            };
         };
         if tag == self.me || !self.leads() {
             return Route::Here;
@@ -139,6 +154,17 @@ impl LeaseRoutes {
 
     fn leads(&self) -> bool {
         self.leader.borrow().as_deref() == Some(self.advertise.as_str())
+    }
+
+    /// An untagged id: a lease granted before every replica served (or
+    /// none at all), the leader's once it adopted the old checkpoint.
+    fn untagged(&self) -> Route {
+        match self.leader.borrow().clone() {
+            Some(leader) if leader != self.advertise => Route::There(leader),
+            Some(_) if self.adoptions.waits_for_untagged() => Route::NotYet,
+            Some(_) => Route::Here,
+            None => Route::NotYet,
+        }
     }
 
     /// A lease of a member that is not live: the leader's to serve.
@@ -205,10 +231,22 @@ mod tests {
             Route::There("b:1".into()),
             "a dead member's: the leader's"
         );
+        let untagged = "1b4e28ba-2fa1-41d2-883f-0016d3cca427";
         assert_eq!(
-            on_a.route("not-a-lease-id"),
-            Route::Here,
-            "no tag: answered here (unknown)"
+            on_a.route(untagged),
+            Route::There("b:1".into()),
+            "no tag (from before every replica served): the leader's"
+        );
+        assert_eq!(nowhere.route(untagged), Route::NotYet, "no tag, no leader known");
+        assert_eq!(
+            on_b.route(untagged),
+            Route::NotYet,
+            "the leader before it adopted the old checkpoint"
+        );
+        assert_eq!(
+            on_a.route_forwarded(untagged),
+            Route::NotYet,
+            "forwarded to a replica that no longer leads: not again"
         );
         assert_eq!(nowhere.route(&id(&dead)), Route::NotYet, "no leader known");
         assert_eq!(
@@ -234,5 +272,8 @@ mod tests {
         );
         assert_eq!(on_b.route_forwarded(&id(&a)), Route::There("a:1".into()));
         assert_eq!(on_b.route_forwarded(&id(&dead)), Route::Here);
+        adoptions.untagged_adopted();
+        assert_eq!(on_b.route(untagged), Route::Here, "the old checkpoint adopted");
+        assert_eq!(on_b.route_forwarded(untagged), Route::Here);
     }
 }
