@@ -251,3 +251,98 @@ async fn a_lease_follows_its_granter_and_outlives_it() {
         .unwrap();
     assert_eq!(released.status(), 204);
 }
+
+/// A replica refused for want of capacity is lent the idle slot of another
+/// (docs/kubernetes.md, "What changes"): two replicas, two proxies of
+/// capacity 1, one slot each; two leases through one replica — the second
+/// refused at first, then granted once the leader has moved the other
+/// replica's idle slot, which then refuses: never more than the capacity.
+#[actix_rt::test]
+async fn a_replica_that_wants_more_is_lent_another_s_idle_slot() {
+    let _one = support::exclusive::replicas_lock();
+    let bed = serving_bed(2, &["--lease-cooldown", "0s", "--max-leases-per-proxy", "1"])
+        .start()
+        .await;
+    let target = support::process::health_target();
+    for name in ["p0", "p1"] {
+        bed.apply_proxy(
+            name,
+            json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}}),
+        )
+        .await;
+    }
+    bed.wait_phase(&["p0", "p1"], "Ready").await;
+    support::crawlers::wait_every_replica_ready(&bed).await;
+    let http = reqwest::Client::new();
+    let acquire = async |i: usize, target: &str| -> (u16, serde_json::Value) {
+        let answer = http
+            .post(format!("http://{}/v1/leases", bed.addrs(i).discovery))
+            .json(&json!({"target": target, "ttlSeconds": 120}))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap_or_default())
+    };
+    // Each replica holds one proxy's slot once the leader knows both
+    // proxies (nothing asked before: no replica wants more).
+    let slots_of = async |i: usize| {
+        let view = bed.dashboard(i).await.unwrap_or_default();
+        view["replicas"]["share"]["slots"].as_u64()
+    };
+    support::eventually_explained(
+        "one slot in each replica's share",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let held = (slots_of(0).await, slots_of(1).await);
+            (held == (Some(1), Some(1)))
+                .then_some(())
+                .ok_or(format!("{held:?}"))
+        },
+    )
+    .await;
+    let (status, first) = acquire(0, "first.test").await;
+    assert_eq!(status, 201, "replica 0 has a slot: {first}");
+    let asked = std::time::Instant::now();
+    let mut refusals = 0;
+    let second = support::eventually_explained(
+        "a second lease through replica 0, lent replica 1's idle slot",
+        Duration::from_secs(5),
+        || bed.logs(),
+        async || match acquire(0, "second.test").await {
+            (201, body) => Ok(body),
+            (503, body) if body["error"] == "no_capacity" => {
+                refusals += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err(format!("503 {body}"))
+            }
+            (status, body) => panic!("refused for another reason than capacity: {status} {body}"),
+        },
+    )
+    .await;
+    println!("lent after {:?} ({refusals} refusals before)", asked.elapsed());
+
+    assert_ne!(
+        first["proxy"]["name"], second["proxy"]["name"],
+        "one lease on each proxy"
+    );
+    let (status, body) = acquire(1, "third.test").await;
+    assert!(
+        status == 503 && body["error"] == "no_capacity",
+        "both slots are replica 0's now: replica 1 must refuse ({status} {body})"
+    );
+    // Its dashboard (refreshed every second or so) says so too.
+    support::eventually_explained(
+        "replica 0's dashboard showing both slots",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let view = bed.dashboard(0).await.unwrap_or_default();
+            (view["replicas"]["share"]["slots"] == 2)
+                .then_some(())
+                .ok_or(view["replicas"].to_string())
+        },
+    )
+    .await;
+}

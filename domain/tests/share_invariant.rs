@@ -69,6 +69,8 @@ enum Op {
     Adopt(u8),
     /// A live replica becomes the leader (when there is none).
     Elect(u8),
+    /// Replica i tells the leader it wants n more slots (lending).
+    Want(u8, u8),
     Wait(u8),
 }
 
@@ -87,6 +89,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => r.clone().prop_map(Op::DeclareDead),
         2 => r.clone().prop_map(Op::Adopt),
         3 => r.clone().prop_map(Op::Elect),
+        3 => (r.clone(), 0u8..4).prop_map(|(i, n)| Op::Want(i, n)),
         2 => (1u8..6).prop_map(Op::Wait),
     ]
 }
@@ -228,6 +231,14 @@ impl World {
                         claims: replica.book.claims(),
                     },
                 });
+            }
+            Op::Want(i, n) => {
+                let slot = i as usize % REPLICAS;
+                if let (Some(leader), Some(replica)) = (self.leader.as_mut(), self.slots[slot].as_ref())
+                    && replica.alive
+                {
+                    leader.allocator.want(&replica.tag, u32::from(n));
+                }
             }
             Op::Ask(k) if !self.requests.is_empty() => {
                 let request = self.requests.remove(k as usize % self.requests.len());

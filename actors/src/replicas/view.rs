@@ -116,6 +116,8 @@ pub struct DeskMember {
     /// Slots in its latest allocation, and the most it may be using.
     pub slots: u64,
     pub bound: u64,
+    /// More slots it said it wants (lent idle slots of the others).
+    pub wanting: u32,
 }
 
 impl From<MemberShare> for DeskMember {
@@ -126,6 +128,7 @@ impl From<MemberShare> for DeskMember {
             reported: m.reported,
             slots: m.slots,
             bound: m.bound,
+            wanting: m.wanting,
         }
     }
 }

@@ -15,8 +15,11 @@
 //! Target: the live members split each ready proxy's capacity evenly, the
 //! remainder going to the members ranking highest for the proxy
 //! (rendezvous over the proxy's and the members' digests), so a member
-//! that joins or leaves moves few slots. A raise waits for room, so slots
-//! move to a newcomer only after their holder has reported the lowered value.
+//! that joins or leaves moves few slots; then moved toward use: a member
+//! keeps the slots it has leases on, and idle slots are lent to members
+//! that report wanting more ([`lending`]). A raise waits for room, so slots
+//! move to another member only after their holder has reported the lowered
+//! value.
 //!
 //! Rebuild: a new leader's allocator raises no bound until every member
 //! has reported to it or (dead) been adopted. Not on a timeout: a member
@@ -35,6 +38,7 @@
 //! after [`crate::lease::LeaseBook::adopt`] of its journal and the
 //! leader's own report, [`Allocator::adopted`].
 
+pub mod lending;
 #[cfg(test)]
 mod tests;
 
@@ -90,6 +94,8 @@ pub struct MemberShare {
     pub slots: u64,
     /// The most it may be using, over all proxies (what the others wait for).
     pub bound: u64,
+    /// More slots it said it wants ([`Allocator::want`]).
+    pub wanting: u32,
 }
 
 #[derive(Debug)]
@@ -105,6 +111,10 @@ struct Member {
     version: u64,
     /// Its last report's counted claims (`max(slots, in use)`), by proxy.
     claims: BTreeMap<ObjectKey, u32>,
+    /// Its last report's leases in use, by proxy.
+    in_use: BTreeMap<ObjectKey, u32>,
+    /// More slots it said it wants ([`Allocator::want`]).
+    wanting: u32,
     /// Allocations sent in versions at or above `applied`.
     sent: BTreeMap<u64, Allotted>,
     /// The slots it holds as last told: the latest allocation sent, or the
@@ -126,6 +136,8 @@ impl Member {
             applied: 0,
             version: 0,
             claims: BTreeMap::new(),
+            in_use: BTreeMap::new(),
+            wanting: 0,
             sent: BTreeMap::new(),
             holds: Allotted::Slots(BTreeMap::new()),
             bound: HashMap::new(),
@@ -180,6 +192,10 @@ pub struct Allocator {
     layout: u64,
     /// The members' parts ([`parts`]) for a layout.
     parts: Option<(u64, Parts)>,
+    /// Counts changes of the live members' use or wants.
+    usage: u64,
+    /// The members' targets ([`lending::targets`]) for a layout and usage.
+    targets: Option<((u64, u64), Parts)>,
     /// Counts changes that may change an allocation: one computed at the
     /// current generation is sent again as it is. (Sending one again
     /// never raises a bound, so a change missed here could only delay a
@@ -202,6 +218,8 @@ impl Allocator {
             generation: 0,
             layout: 0,
             parts: None,
+            usage: 0,
+            targets: None,
         }
     }
 
@@ -219,6 +237,11 @@ impl Allocator {
     /// Capacity per proxy; 0: unlimited.
     pub fn capacity(&self) -> u32 {
         self.capacity
+    }
+
+    /// Moves with every change that may change an allocation.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// A member is live (its member Lease is held, or it synced). Returns
@@ -315,6 +338,14 @@ impl Allocator {
             .filter(|c| c.counted() > 0)
             .map(|c| (c.key.clone(), c.counted()))
             .collect();
+        let in_use: BTreeMap<ObjectKey, u32> = report
+            .claims
+            .iter()
+            .filter(|c| c.in_use > 0)
+            .map(|c| (c.key.clone(), c.in_use))
+            .collect();
+        let use_changed = in_use != member.in_use;
+        member.in_use = in_use;
         if first && member.sent.is_empty() {
             // What it holds from a former leader, until told otherwise.
             member.holds = Allotted::Slots(
@@ -327,8 +358,11 @@ impl Allocator {
             );
         }
         let bound = member.computed_bounds();
-        if first || bound != member.bound {
+        if first || bound != member.bound || use_changed {
             self.generation += 1;
+        }
+        if use_changed {
+            self.usage += 1;
         }
         let old = std::mem::replace(&mut member.bound, bound);
         let new = member.bound.clone();
@@ -338,6 +372,22 @@ impl Allocator {
         for (key, n) in new {
             *self.totals.entry(key).or_default() += n;
         }
+        true
+    }
+
+    /// How many more slots `tag` wants (its refusals for want of a share
+    /// lately, its requests waiting): idle slots of members that want none
+    /// are lent to it ([`lending`]). Returns whether that changed anything.
+    pub fn want(&mut self, tag: &MemberTag, wanting: u32) -> bool {
+        let Some(member) = self.members.get_mut(tag) else {
+            return false;
+        };
+        if member.wanting == wanting {
+            return false;
+        }
+        member.wanting = wanting;
+        self.usage += 1;
+        self.generation += 1;
         true
     }
 
@@ -357,7 +407,7 @@ impl Allocator {
                 Allotted::Unlimited
             } else {
                 let digest = member.digest;
-                let mine = self.current_parts().get(&digest).cloned().unwrap_or_default();
+                let mine = self.current_targets().get(&digest).cloned().unwrap_or_default();
                 let member = self.members.get(tag)?;
                 let mut slots = BTreeMap::new();
                 for key in self.proxies.keys() {
@@ -461,6 +511,7 @@ impl Allocator {
                     Allotted::Unlimited => 0,
                 },
                 bound: m.bound.values().map(|n| u64::from(*n)).sum(),
+                wanting: m.wanting,
             })
             .collect()
     }
@@ -492,6 +543,32 @@ impl Allocator {
             .parts
             .get_or_insert_with(|| (layout, parts(capacity, proxies, &live)))
             .1
+    }
+
+    /// The live members' targets: their parts moved toward use and wants,
+    /// computed again only when the layout, a use or a want changed.
+    fn current_targets(&mut self) -> &Parts {
+        let key = (self.layout, self.usage);
+        if self.targets.as_ref().is_none_or(|(k, _)| *k != key) {
+            let parts = self.current_parts().clone();
+            let members: HashMap<u64, lending::Use> = self
+                .members
+                .values()
+                .filter(|m| m.live)
+                .map(|m| {
+                    (
+                        m.digest,
+                        lending::Use {
+                            in_use: Some(&m.in_use),
+                            wanting: m.wanting,
+                        },
+                    )
+                })
+                .collect();
+            let targets = lending::targets(self.capacity, &parts, &self.proxies, &members);
+            self.targets = Some((key, targets));
+        }
+        &self.targets.get_or_insert_with(|| (key, Parts::new())).1
     }
 
     fn live_digests(&self) -> Vec<u64> {

@@ -16,6 +16,7 @@ mod reports;
 pub mod shares;
 #[cfg(test)]
 mod tests;
+mod wants;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,6 +35,7 @@ pub use limits::{Footprint, LeaseLimits, TableFull};
 pub use owners::{Act, Caller, NotOwner, may_act};
 pub use reports::{RecentReport, ReportCounts};
 pub use shares::{Claim, Slots};
+pub use wants::{WANT_WINDOW, Wants};
 
 /// Tunables of the lease store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -371,11 +371,15 @@ impl State {
                 share,
             });
         }
-        if counts {
+        let result = if counts {
             self.book.acquire(request, now)
         } else {
             self.book.try_acquire(request, now)
+        };
+        if matches!(result, Err(AcquireError::NoCapacity { .. })) {
+            self.note_refusal(now);
         }
+        result
     }
 
     /// Freed proxies to the waiting gateway requests, in turn; leases

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use super::{LeaseStore, State};
 use crate::adapters::leader::Tenure;
 use crate::domain::lease::{
-    AcquireError, Availability, Claim, LeaseChange, LeaseSnapshot, ProxyTally, RenewError,
+    AcquireError, Availability, Claim, LeaseChange, LeaseSnapshot, ProxyTally, RenewError, Wants,
 };
 use crate::domain::membership::MemberTag;
 use crate::domain::resource::ObjectKey;
@@ -68,6 +68,8 @@ pub(super) struct Share {
     news: Arc<Notify>,
     /// The gateway's tunnels were cut when the share lapsed.
     cut: bool,
+    /// Acquires refused for want of capacity lately: the slots it wants.
+    wants: Wants,
 }
 
 /// What this replica tells the leader in its next sync.
@@ -75,8 +77,10 @@ pub(super) struct Share {
 pub struct ShareReport {
     pub applied: u64,
     pub claims: Vec<Claim>,
-    /// Gateway requests waiting for a proxy.
-    pub waiting: u32,
+    /// More slots it wants: acquires refused for want of capacity lately
+    /// and gateway requests waiting ([`Wants`]); the leader lends it idle
+    /// slots of the other replicas.
+    pub wanting: u32,
     /// Changes not yet acknowledged, numbered.
     pub outbox: Vec<(u64, LeaseChange)>,
 }
@@ -150,6 +154,7 @@ impl LeaseStore {
                 outbox: VecDeque::new(),
                 news: Arc::new(Notify::new()),
                 cut: false,
+                wants: Wants::default(),
             });
         }
         self
@@ -162,14 +167,16 @@ impl LeaseStore {
 
     /// What to tell the leader now.
     pub fn share_report(&self) -> ShareReport {
-        let state = self.lock();
-        let Some(share) = &state.share else {
+        let mut state = self.lock();
+        let waiting = u32::try_from(state.turns.waiting_count()).unwrap_or(u32::MAX);
+        let claims = state.book.claims();
+        let Some(share) = state.share.as_mut() else {
             return ShareReport::default();
         };
         ShareReport {
             applied: share.applied,
-            claims: state.book.claims(),
-            waiting: u32::try_from(state.turns.waiting_count()).unwrap_or(u32::MAX),
+            claims,
+            wanting: share.wants.wanting(Instant::now(), waiting),
             outbox: share.outbox.iter().cloned().collect(),
         }
     }
@@ -333,6 +340,20 @@ impl State {
             }
         }
         if urgent {
+            share.news.notify_one();
+        }
+    }
+
+    /// An acquire refused for want of capacity: the leader hears at once
+    /// when the want grows (it doubles: [`Wants`]).
+    pub(super) fn note_refusal(&mut self, now: Instant) {
+        let waiting = u32::try_from(self.turns.waiting_count()).unwrap_or(u32::MAX);
+        let Some(share) = self.share.as_mut().filter(|s| !s.unlimited) else {
+            return;
+        };
+        let before = share.wants.wanting(now, waiting);
+        share.wants.refused(now);
+        if share.wants.wanting(now, waiting) > before {
             share.news.notify_one();
         }
     }

@@ -294,6 +294,11 @@ impl ShareDesk {
             }
             state.acked.insert(tag.clone(), highest);
             let said = (request.claims_digest, request.applied);
+            // Sent with every request (claims or not): lending follows it.
+            let mut moved = state.live_tags.contains(&tag) && state.allocator.want(&tag, request.wanting);
+            if moved {
+                tracing::debug!(member = %tag, wanting = request.wanting, "a member's want changed");
+            }
             let wanted = if request.claims_omitted {
                 state.claims.get(&tag) != Some(&said)
             } else {
@@ -304,6 +309,7 @@ impl ShareDesk {
                         .map(|c| (c.key.clone(), c.in_use))
                         .collect();
                     state.in_use.insert(tag.clone(), in_use);
+                    let before = state.allocator.generation();
                     state.allocator.report(
                         &tag,
                         &Report {
@@ -312,14 +318,16 @@ impl ShareDesk {
                             claims,
                         },
                     );
+                    // Room freed or use moved: a held sync may get a raise.
+                    moved |= state.allocator.generation() != before;
                     state.claims.insert(tag.clone(), said);
                 }
                 false
             };
-            (merged, wanted)
+            (merged || moved, wanted)
         };
-        let (merged, claims_wanted) = merged;
-        if merged {
+        let (news, claims_wanted) = merged;
+        if news {
             self.tell();
         }
         if !verdicts.is_empty() {
@@ -368,6 +376,9 @@ impl ShareDesk {
         let allocation = match allocation {
             Some(a) => {
                 let fresh = a.version > request.applied;
+                if fresh {
+                    tracing::debug!(member = %tag, version = a.version, slots = ?a.slots, "a new allocation");
+                }
                 has_news |= fresh;
                 let (unlimited, slots) = match (&a.slots, fresh) {
                     (Allotted::Unlimited, _) => (true, Vec::new()),

@@ -236,7 +236,7 @@ impl ReplicaLink {
             term: self.term.clone(),
             applied: report.applied,
             claims: if claims_omitted { Vec::new() } else { claims },
-            waiting: report.waiting,
+            wanting: report.wanting,
             outbox: report
                 .outbox
                 .into_iter()

@@ -111,8 +111,9 @@ pub struct SyncRequest {
     /// Per proxy: its slots and the leases it has in use (the leader
     /// counts the larger).
     pub claims: Vec<Claim>,
-    /// Requests waiting for capacity on this member.
-    pub waiting: u32,
+    /// More slots this member wants (refused for want of capacity lately,
+    /// requests waiting): the leader lends it idle slots.
+    pub wanting: u32,
     /// Fleet changes not yet acknowledged, each with the member's sequence number.
     pub outbox: Vec<OutboxItem>,
     /// Probe verdicts on the proxies assigned to this member.
@@ -712,7 +713,7 @@ mod tests {
                 slots: 1,
                 in_use: 2,
             }],
-            waiting: 4,
+            wanting: 4,
             outbox: vec![
                 OutboxItem {
                     seq: 9,

@@ -367,3 +367,65 @@ fn every_member_gets_an_even_part_of_the_whole_fleet() {
         }
     }
 }
+
+#[test]
+fn an_idle_slot_moves_to_a_member_that_wants_it_once_its_holder_gave_it_up() {
+    let (a, b) = (tag(0), tag(1));
+    let mut allocator = fleet(1, 2, 2);
+    let first_a = allocator.allocation_for(&a).unwrap();
+    let first_b = allocator.allocation_for(&b).unwrap();
+    applies(&mut allocator, &a, &first_a);
+    applies(&mut allocator, &b, &first_b);
+    assert!(
+        slots(&first_a).len() == 1 && slots(&first_b).len() == 1,
+        "one proxy each: {first_a:?} {first_b:?}"
+    );
+
+    // a wants one more: b's idle slot is taken from b first…
+    assert!(allocator.want(&a, 1));
+    assert!(!allocator.want(&a, 1), "the same want again changes nothing");
+    let still_a = allocator.allocation_for(&a).unwrap();
+    assert_eq!(slots(&still_a).len(), 1, "no raise before b gave its slot up");
+    let lowered_b = allocator.allocation_for(&b).unwrap();
+    assert!(slots(&lowered_b).is_empty(), "b lowered: {lowered_b:?}");
+    // …and given to a once b reported it applied the lowering.
+    applies(&mut allocator, &b, &lowered_b);
+    let raised_a = allocator.allocation_for(&a).unwrap();
+    assert_eq!(
+        of(&raised_a, &proxy(0)) + of(&raised_a, &proxy(1)),
+        2,
+        "{raised_a:?}"
+    );
+    assert!(allocator.over_capacity().is_empty());
+
+    // The want over and a's leases ended: the even parts again.
+    applies(&mut allocator, &a, &raised_a);
+    assert!(allocator.want(&a, 0));
+    let back_a = allocator.allocation_for(&a).unwrap();
+    assert_eq!(slots(&back_a).len(), 1, "a back to its part: {back_a:?}");
+}
+
+#[test]
+fn a_member_keeps_the_slots_it_has_leases_on() {
+    let (a, b) = (tag(0), tag(1));
+    let mut allocator = fleet(1, 2, 2);
+    for member in [&a, &b] {
+        let allocation = allocator.allocation_for(member).unwrap();
+        applies(&mut allocator, member, &allocation);
+    }
+    assert!(allocator.want(&a, 2));
+    for member in [&b, &a, &b, &a] {
+        let allocation = allocator.allocation_for(member).unwrap();
+        applies(&mut allocator, member, &allocation);
+    }
+    let lent = allocator.allocation_for(&a).unwrap();
+    assert_eq!(slots(&lent).len(), 2, "both lent to a: {lent:?}");
+    // a leases both, then wants nothing: it keeps them while in use.
+    let claims = slots(&lent).iter().map(|(k, n)| claim(k, *n, 1)).collect();
+    assert!(allocator.report(&a, &report(lent.version, claims)));
+    assert!(allocator.want(&a, 0));
+    let kept = allocator.allocation_for(&a).unwrap();
+    assert_eq!(slots(&kept).len(), 2, "in use: kept ({kept:?})");
+    assert!(slots(&allocator.allocation_for(&b).unwrap()).is_empty());
+    assert!(allocator.over_capacity().is_empty());
+}

@@ -169,3 +169,86 @@ async fn claims_are_taken_once_and_asked_for_when_missing() {
     omitted.seq = 3;
     assert!(desk.sync(omitted).await.unwrap().claims_wanted);
 }
+
+/// Wire claims of an allocation's slots (no lease in use).
+fn claims_of(response: &SyncResponse) -> Vec<WireClaim> {
+    response
+        .allocation
+        .slots
+        .iter()
+        .map(|s| WireClaim {
+            proxy: s.proxy.clone(),
+            slots: s.slots,
+            in_use: 0,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_want_wakes_the_holder_of_idle_slots_and_then_the_wanting_member() {
+    let (desk, _) = desk(1);
+    let desk = Arc::new(desk);
+    let (a, b) = (tag(1), tag(2));
+    desk.set_members(&table(&[&a, &b]));
+    let first_a = desk.sync(request(&a, 1, 0, vec![])).await.unwrap();
+    let first_b = desk.sync(request(&b, 1, 0, vec![])).await.unwrap();
+    assert_eq!(
+        slots(&first_a) + slots(&first_b),
+        3,
+        "three proxies of capacity 1"
+    );
+    let held_b = {
+        let desk = desk.clone();
+        let b = b.clone();
+        let request = SyncRequest {
+            hold_ms: 10_000,
+            term: Some(first_b.term.clone()),
+            feed_since: first_b.feed.to,
+            ..request(&b, 2, first_b.allocation.version, claims_of(&first_b))
+        };
+        tokio::spawn(async move { desk.sync(request).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let began = tokio::time::Instant::now();
+    let wanting = SyncRequest {
+        wanting: 4,
+        ..request(&a, 2, first_a.allocation.version, claims_of(&first_a))
+    };
+    let answer_a = desk.sync(wanting).await.unwrap();
+    let lowered_b = held_b.await.unwrap();
+    assert!(
+        began.elapsed() < Duration::from_secs(1),
+        "b's held sync answered at once: {:?}",
+        began.elapsed()
+    );
+    assert_eq!(slots(&lowered_b), 0, "b's idle slots go to a: {lowered_b:?}");
+    assert_eq!(
+        answer_a.allocation.version, first_a.allocation.version,
+        "no raise before b gave them up: {answer_a:?}"
+    );
+    // a holds its next sync; b reports the lowering: a is raised at once.
+    let held_a = {
+        let desk = desk.clone();
+        let request = SyncRequest {
+            hold_ms: 10_000,
+            wanting: 4,
+            term: Some(first_a.term.clone()),
+            feed_since: first_a.feed.to,
+            ..request(&a, 3, first_a.allocation.version, claims_of(&first_a))
+        };
+        tokio::spawn(async move { desk.sync(request).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let began = tokio::time::Instant::now();
+    desk.sync(request(&b, 3, lowered_b.allocation.version, vec![]))
+        .await
+        .unwrap();
+    let raised_a = held_a.await.unwrap();
+    assert!(
+        began.elapsed() < Duration::from_secs(1),
+        "a's held sync answered at once: {:?}",
+        began.elapsed()
+    );
+    assert_eq!(slots(&raised_a), 3, "a holds every slot: {raised_a:?}");
+    assert!(desk.over_capacity().is_empty());
+}
