@@ -346,3 +346,95 @@ async fn a_replica_that_wants_more_is_lent_another_s_idle_slot() {
     )
     .await;
 }
+
+/// One GET of `site` through the gateway at `gateway` as `username` with
+/// `token`: the proxy that carried it (`egress-gateway-proxy`).
+async fn fetch_as(
+    gateway: SocketAddr,
+    site: SocketAddr,
+    username: &str,
+    token: &str,
+) -> Result<String, String> {
+    use base64::Engine;
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{token}"));
+    let mut s = TcpStream::connect(gateway).await.map_err(|e| e.to_string())?;
+    let head = format!(
+        "GET http://{site}/page HTTP/1.1\r\nHost: {site}\r\nProxy-Authorization: Basic {credentials}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer in 10 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    if !answer.starts_with("http/1.1 200") {
+        return Err(answer);
+    }
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("egress-gateway-proxy: "))
+        .map(|p| p.trim().to_owned())
+        .ok_or(answer.clone())
+}
+
+/// A sticky session leaves through one proxy whichever replica it reaches
+/// (the proxy is chosen by the session's name, by rendezvous, on every
+/// replica alike): three replicas, four proxies of capacity 3 (a slot of
+/// each on every replica), ten sessions each asked through every replica.
+#[actix_rt::test]
+async fn a_sticky_session_keeps_its_proxy_whichever_replica_it_reaches() {
+    let _one = support::exclusive::replicas_lock();
+    const TOKEN: &str = "sticky-sessions-token";
+    let bed = serving_bed(3, &["--max-leases-per-proxy", "3"])
+        .env("DISCOVERY_TOKEN", TOKEN)
+        .start()
+        .await;
+    let target = support::process::health_target();
+    let names = ["p0", "p1", "p2", "p3"];
+    for name in names {
+        bed.apply_proxy(
+            name,
+            json!({"mode": "Managed", "provider": "local", "healthCheck": {"url": target, "interval": "1s"}}),
+        )
+        .await;
+    }
+    bed.wait_phase(&names, "Ready").await;
+    support::crawlers::wait_every_replica_ready(&bed).await;
+    // Every replica holds a slot of every proxy before sessions start.
+    support::eventually_explained(
+        "four slots in each replica's share",
+        WAIT,
+        || bed.logs(),
+        async || {
+            // (The dashboard wants the token; the metrics are open.)
+            let mut held = Vec::new();
+            for i in 0..3 {
+                held.push(bed.metric(i, "egress_proxies_share_slots", "").await);
+            }
+            (held == [Some(4.0); 3]).then_some(()).ok_or(format!("{held:?}"))
+        },
+    )
+    .await;
+    let site = Site::start().await;
+    let mut proxies_used = std::collections::BTreeSet::new();
+    for s in 0..10 {
+        let username = format!("crawler-session-s{s}");
+        let mut seen = Vec::new();
+        for i in 0..3 {
+            let proxy = fetch_as(bed.addrs(i).gateway, site.addr, &username, TOKEN)
+                .await
+                .unwrap_or_else(|e| panic!("session s{s} through replica {i}: {e}"));
+            seen.push(proxy);
+        }
+        assert!(
+            seen.iter().all(|p| *p == seen[0]),
+            "session s{s} left through {seen:?}"
+        );
+        proxies_used.insert(seen[0].clone());
+    }
+    assert!(
+        proxies_used.len() >= 2,
+        "ten sessions spread over the proxies: {proxies_used:?}"
+    );
+}
