@@ -344,6 +344,8 @@ async fn wait_serving(replicas: &[Replica], proxies: usize) -> Result<Duration, 
 struct Window {
     done: u64,
     refused: u64,
+    /// Calls whose connection failed (reset, closed): each reconnects.
+    broken: u64,
     latencies: Vec<Duration>,
     wall: Duration,
     cpu: f64,
@@ -370,6 +372,21 @@ fn source(c: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 100, (c % 250 + 1) as u8))
 }
 
+/// One acquire and, when granted, its release: `Ok(false)` when refused.
+async fn lease_pair(conn: &mut Conn, body: &str) -> std::io::Result<bool> {
+    let (status, answer) = conn.try_call("POST", "/v1/leases", body).await?;
+    if status != 201 {
+        return Ok(false);
+    }
+    let id = common::lease_id(&answer);
+    let (status, _) = conn.try_call("DELETE", &format!("/v1/leases/{id}"), "").await?;
+    if status == 204 || status == 200 {
+        Ok(true)
+    } else {
+        Err(std::io::Error::other(format!("release answered {status}")))
+    }
+}
+
 /// `clients` closed loops of `load` for `seconds`, after a second's warm-up.
 async fn window(
     replicas: &[Replica],
@@ -389,39 +406,49 @@ async fn window(
                 Load::Leases => api,
                 Load::Gateway(gateway) => gateway,
             };
-            let mut conn = Conn::open_from(source(c), target).await;
-            let (mut done, mut refused, mut latencies) = (0u64, 0u64, Vec::new());
+            let mut conn = None;
+            let (mut done, mut refused, mut broken, mut latencies) = (0u64, 0u64, 0u64, Vec::new());
             let lease_body = format!("{{\"target\":\"t{c}.example\",\"ttlSeconds\":60}}");
             while !stop.load(Ordering::Relaxed) {
                 let began = Instant::now();
-                let ok = match load {
-                    Load::Leases => {
-                        let (status, body) = conn.call("POST", "/v1/leases", &lease_body).await;
-                        if status == 201 {
-                            let id = common::lease_id(&body);
-                            let (status, _) = conn.call("DELETE", &format!("/v1/leases/{id}"), "").await;
-                            assert!(status == 204 || status == 200, "release answered {status}");
-                            true
-                        } else {
-                            false
+                if conn.is_none() {
+                    match Conn::try_open_from(source(c), target).await {
+                        Ok(open) => conn = Some(open),
+                        Err(_) => {
+                            broken += u64::from(measuring.load(Ordering::Relaxed));
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
                         }
                     }
+                }
+                let Some(open) = conn.as_mut() else { continue };
+                let outcome = match load {
+                    Load::Leases => lease_pair(open, &lease_body).await,
                     Load::Gateway(_) => {
                         let site = SITE.get().copied().expect("the site runs");
-                        let (status, _) = conn.call("GET", &format!("http://{site}/small"), "").await;
-                        status == 204
+                        open.try_call("GET", &format!("http://{site}/small"), "")
+                            .await
+                            .map(|(status, _)| status == 204)
                     }
                 };
-                if measuring.load(Ordering::Relaxed) {
-                    if ok {
+                let measured = measuring.load(Ordering::Relaxed);
+                match outcome {
+                    Ok(true) if measured => {
                         done += 1;
                         latencies.push(began.elapsed());
-                    } else {
-                        refused += 1;
+                    }
+                    Ok(false) if measured => refused += 1,
+                    Ok(_) => {}
+                    Err(e) => {
+                        if broken == 0 && measured {
+                            eprintln!("client {c}: {e}");
+                        }
+                        broken += u64::from(measured);
+                        conn = None;
                     }
                 }
             }
-            (done, refused, latencies)
+            (done, refused, broken, latencies)
         }));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -437,14 +464,16 @@ async fn window(
     let mut out = Window {
         done: 0,
         refused: 0,
+        broken: 0,
         latencies: Vec::new(),
         wall,
         cpu,
     };
     for task in tasks {
-        let (done, refused, latencies) = task.await.expect("a client task");
+        let (done, refused, broken, latencies) = task.await.expect("a client task");
         out.done += done;
         out.refused += refused;
+        out.broken += broken;
         out.latencies.extend(latencies);
     }
     out.latencies.sort();
@@ -482,15 +511,21 @@ async fn serving(
     println!("  {}: serving after {:.1} s", case.name, took.as_secs_f64());
     let leases = window(&replicas, |_| Load::Leases, lease_clients, seconds).await;
     let gateway = window(&replicas, |r| Load::Gateway(r.gateway), clients, seconds).await;
+    if leases.broken + gateway.broken > 0 {
+        for (i, r) in replicas.iter().enumerate() {
+            println!("  replica-{i}'s log, the end:\n{}", r.log_tail());
+        }
+    }
     let row = |what: &str, w: &Window| {
         format!(
-            "| {} | {what} | {:.0} | {:.2} | {:.2} | {:.0} | {} |",
+            "| {} | {what} | {:.0} | {:.2} | {:.2} | {:.0} | {} | {} |",
             case.name,
             w.rate(),
             pct(&w.latencies, 0.5),
             pct(&w.latencies, 0.99),
             w.cpu_us_per_op(),
-            w.refused
+            w.refused,
+            w.broken
         )
     };
     Ok(format!(
@@ -629,8 +664,8 @@ fn main() -> ExitCode {
                 }
             }
             println!();
-            println!("| case | operation | ops/s | p50 ms | p99 ms | replicas' CPU µs/op | refused |");
-            println!("|---|---|---:|---:|---:|---:|---:|");
+            println!("| case | operation | ops/s | p50 ms | p99 ms | replicas' CPU µs/op | refused | broken |");
+            println!("|---|---|---:|---:|---:|---:|---:|---:|");
             for row in rows {
                 println!("{row}");
             }

@@ -30,9 +30,19 @@ impl Conn {
     /// From `source` (another loopback address: each counts as its own
     /// client for the API's per-client rate limit).
     pub async fn open_from(source: IpAddr, addr: SocketAddr) -> Self {
-        let socket = TcpSocket::new_v4().unwrap();
-        socket.bind(SocketAddr::new(source, 0)).unwrap();
-        Self::wrap(socket.connect(addr).await.unwrap(), addr)
+        Self::try_open_from(source, addr).await.unwrap()
+    }
+
+    /// [`Conn::open_from`], with a failure to connect as an error.
+    pub async fn try_open_from(source: IpAddr, addr: SocketAddr) -> std::io::Result<Self> {
+        let socket = TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(source, 0))?;
+        let stream = socket.connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            reader: BufReader::new(stream),
+            addr,
+        })
     }
 
     fn wrap(stream: TcpStream, addr: SocketAddr) -> Self {
@@ -44,14 +54,21 @@ impl Conn {
     }
 
     pub async fn call(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.try_call(method, path, body).await.unwrap()
+    }
+
+    /// [`Conn::call`], with the connection's failure as an error.
+    pub async fn try_call(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.addr,
             body.len()
         );
-        self.reader.get_mut().write_all(req.as_bytes()).await.unwrap();
+        self.reader.get_mut().write_all(req.as_bytes()).await?;
         let mut line = String::new();
-        self.reader.read_line(&mut line).await.unwrap();
+        if self.reader.read_line(&mut line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
         let status = line
             .split_whitespace()
             .nth(1)
@@ -60,7 +77,7 @@ impl Conn {
         let mut length = 0usize;
         loop {
             line.clear();
-            self.reader.read_line(&mut line).await.unwrap();
+            self.reader.read_line(&mut line).await?;
             if line == "\r\n" || line.is_empty() {
                 break;
             }
@@ -71,8 +88,8 @@ impl Conn {
             }
         }
         let mut payload = vec![0u8; length];
-        self.reader.read_exact(&mut payload).await.unwrap();
-        (status, String::from_utf8_lossy(&payload).into_owned())
+        self.reader.read_exact(&mut payload).await?;
+        Ok((status, String::from_utf8_lossy(&payload).into_owned()))
     }
 }
 

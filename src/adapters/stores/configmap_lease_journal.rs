@@ -72,6 +72,34 @@ pub const CONFLICT_REASON: &str = "LeaseCheckpointConflict";
 /// The shard of a proxy among `shards`: FNV-1a of its key, stable across
 /// versions and machines (a new leader must write an entry where the old
 /// one did).
+/// The most a shard's JSON may take: well under the API server's limit on
+/// an object (1 MiB for a ConfigMap's data), room left for its metadata.
+const SHARD_BYTES: usize = 768 * 1024;
+
+/// A shard's JSON as it is written: what ended by `now` dropped first (not
+/// only at the minute's prune: a churn of short leases would fill a shard
+/// in between), then, if it still does not fit [`SHARD_BYTES`], the ended
+/// leases whose grace ends first (late reports on them are refused; their
+/// rests are kept), logged. A shard never grows past what the API server
+/// takes, whatever the churn.
+fn fitted(shard: &mut JournalState, now: i64, name: &str) -> String {
+    shard.prune(now);
+    let mut json = serde_json::to_string(shard).unwrap_or_else(|_| "{}".into());
+    while json.len() > SHARD_BYTES && shard.ended_len() > 0 {
+        let per_entry = json.len() / shard.len().max(1);
+        let over = (json.len() - SHARD_BYTES) / per_entry.max(1) + 1;
+        let keep = shard.ended_len().saturating_sub(over + over / 50);
+        let shed = shard.shed_ended(keep);
+        tracing::warn!(
+            checkpoint = name,
+            shed,
+            "a lease checkpoint shard reached its size budget: the ended leases whose grace ends first are dropped (late reports or releases on them are answered as unknown)"
+        );
+        json = serde_json::to_string(shard).unwrap_or_else(|_| "{}".into());
+    }
+    json
+}
+
 fn shard_of(key: &ObjectKey, shards: usize) -> usize {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key_string(key).bytes() {
@@ -380,13 +408,10 @@ impl WriterTask {
                 let (generation, round) = {
                     let mut state = self.state();
                     let dirty = std::mem::take(&mut state.dirty);
+                    let now = Timestamp::now().as_millisecond();
                     let round: Vec<(usize, String)> = dirty
                         .into_iter()
-                        .map(|i| {
-                            let json =
-                                serde_json::to_string(&state.shards[i]).unwrap_or_else(|_| "{}".into());
-                            (i, json)
-                        })
+                        .map(|i| (i, fitted(&mut state.shards[i], now, &self.journal.shard(i))))
                         .collect();
                     (state.generation, round)
                 };
@@ -532,6 +557,47 @@ enum WriteError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::lease::journal::EndedRecord;
+
+    #[test]
+    fn a_shard_sheds_what_ended_then_the_oldest_grace_to_fit_its_budget() {
+        let now = Timestamp::now();
+        let key = ObjectKey::new("crawl", "p0");
+        let mut shard = JournalState::default();
+        let ended = |i: usize, until: Timestamp| {
+            LeaseChange::Ended(EndedRecord {
+                id: format!("{:036}", i),
+                proxy: key.clone(),
+                target: format!("site-{i}.example"),
+                until,
+                owner: Some("crawler".into()),
+            })
+        };
+        // Leases released with no grace left: gone at the next write.
+        for i in 0..1_000 {
+            shard.apply(&ended(i, now));
+        }
+        let json = fitted(&mut shard, now.as_millisecond() + 1, "egress-proxies-leases-00");
+        assert_eq!(shard.ended_len(), 0, "{} bytes", json.len());
+        // A churn whose graces outlast the write: the oldest graces go.
+        for i in 0..20_000 {
+            let until = now + jiff::SignedDuration::from_millis(60_000 + i as i64);
+            shard.apply(&ended(i, until));
+        }
+        let json = fitted(&mut shard, now.as_millisecond(), "egress-proxies-leases-00");
+        assert!(json.len() <= SHARD_BYTES, "{} bytes", json.len());
+        assert!(
+            json.len() > SHARD_BYTES * 8 / 10,
+            "only what did not fit went: {} bytes left, {} ended leases",
+            json.len(),
+            shard.ended_len()
+        );
+        assert!(
+            json.contains(&format!("{:036}", 19_999)),
+            "the latest grace is kept"
+        );
+        assert!(!json.contains(&format!("{:036}", 0)), "the first to end went");
+    }
 
     #[test]
     fn shards_are_stable_and_spread() {

@@ -94,6 +94,10 @@
 //! `strategic` module), foreground deletion, controllers (no Deployment makes pods), pods
 //! that actually run.
 
+/// The largest request body the fake takes, as the API server's default
+/// `--max-request-bytes` (a larger one is answered `413`).
+pub const MAX_REQUEST_BYTES: usize = 3 * 1024 * 1024;
+
 mod counts;
 mod discovery;
 mod fairness;
@@ -306,12 +310,17 @@ impl FakeApiServer {
     fn serve(self, listener: TcpListener) -> std::io::Result<Self> {
         let fake = self;
         let data = web::Data::new(fake.clone());
-        let server =
-            HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(admit)))
-                .workers(2)
-                .disable_signals()
-                .listen(listener)?
-                .run();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                // The API server's --max-request-bytes default: 3 MiB.
+                .app_data(web::PayloadConfig::new(MAX_REQUEST_BYTES))
+                .default_service(web::to(admit))
+        })
+        .workers(2)
+        .disable_signals()
+        .listen(listener)?
+        .run();
         *fake.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(server.handle());
         actix_rt::spawn(server);
         Ok(fake)

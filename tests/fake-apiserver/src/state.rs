@@ -453,6 +453,7 @@ impl State {
         }
         self.admit(kind, &name)?;
         self.admit_namespace(kind, ns)?;
+        within_size(kind, &name, &body)?;
         let key = (kind, ns.to_owned(), name.clone());
         if self.objects.contains_key(&key) {
             return Err(ApiError::new(
@@ -581,6 +582,7 @@ impl State {
         self.manage(Some(&current), &mut merged, status_only.then_some("status"));
         let rv = self.bump();
         merged["metadata"]["resourceVersion"] = json!(rv.to_string());
+        within_size(kind, name, &merged)?;
         if deleting && finalizers(&merged).is_empty() {
             self.objects.remove(&key);
             self.emit(kind, "DELETED", merged.clone());
@@ -1048,4 +1050,34 @@ fn not_found(kind: usize, name: &str) -> ApiError {
         format!("{}.{}", k.plural, k.group)
     };
     ApiError::new(404, "NotFound", format!("{resource} {name:?} not found"))
+}
+
+/// The most a ConfigMap's or Secret's data may take, keys and values
+/// together, as the API server validates it.
+pub const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+/// A ConfigMap or Secret whose `data` and `binaryData` exceed
+/// [`MAX_DATA_BYTES`] is refused, `422 Invalid`, as the API server does.
+fn within_size(kind: usize, name: &str, object: &Value) -> Result<(), ApiError> {
+    let k = &KINDS[kind];
+    if !k.group.is_empty() || !matches!(k.plural, "configmaps" | "secrets") {
+        return Ok(());
+    }
+    let size: usize = ["data", "binaryData"]
+        .iter()
+        .filter_map(|field| object[*field].as_object())
+        .flatten()
+        .map(|(key, value)| key.len() + value.as_str().map_or(0, str::len))
+        .sum();
+    if size > MAX_DATA_BYTES {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!(
+                "{} {name:?} is invalid: []: Too long: must have at most {MAX_DATA_BYTES} bytes",
+                k.kind
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -770,3 +770,43 @@ async fn streaming_list_ends_its_initial_events_with_a_bookmark() {
     assert!(answer.starts_with("HTTP/1.1 422"), "{answer}");
     assert!(answer.contains("NotOlderThan"), "{answer}");
 }
+
+#[actix_rt::test]
+async fn a_config_map_over_one_mebibyte_is_invalid_and_bodies_up_to_three_are_read() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let fake = FakeApiServer::start().unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(client(&fake).await, "ns");
+    let map = |name: &str, bytes: usize| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "data": {"state": "x".repeat(bytes)}
+        }))
+        .unwrap()
+    };
+    // 900 KiB: more than a default web framework reads, well within the API's limits.
+    let created = maps
+        .create(&PostParams::default(), &map("fits", 900 * 1024))
+        .await;
+    assert!(created.is_ok(), "{created:?}");
+    let mut grown = created.unwrap();
+    grown
+        .data
+        .as_mut()
+        .unwrap()
+        .insert("state".into(), "x".repeat(1024 * 1024));
+    let refused = maps
+        .replace("fits", &PostParams::default(), &grown)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        code(refused),
+        422,
+        "data over 1 MiB: invalid, as the API server says"
+    );
+    let refused = maps
+        .create(&PostParams::default(), &map("too-long", 2 * 1024 * 1024))
+        .await
+        .unwrap_err();
+    assert_eq!(code(refused), 422, "a 2 MiB body is read, then found too long");
+    assert!(maps.get_opt("too-long").await.unwrap().is_none());
+}

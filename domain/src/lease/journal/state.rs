@@ -177,6 +177,31 @@ impl JournalState {
         self.len() != before
     }
 
+    /// Ended leases kept (for reports and releases that come late).
+    pub fn ended_len(&self) -> usize {
+        self.ended.len()
+    }
+
+    /// Keeps at most `keep` ended leases, dropping those whose grace ends
+    /// first; returns how many went. Only late reports and releases on them
+    /// are lost: their rests are kept apart ([`LeaseChange::TargetRest`]).
+    pub fn shed_ended(&mut self, keep: usize) -> usize {
+        let excess = self.ended.len().saturating_sub(keep);
+        if excess == 0 {
+            return 0;
+        }
+        let mut by_end: Vec<(i64, String)> = self
+            .ended
+            .iter()
+            .map(|(id, e)| (e.until_ms, id.clone()))
+            .collect();
+        by_end.select_nth_unstable(excess - 1);
+        for (_, id) in by_end.into_iter().take(excess) {
+            self.ended.remove(&id);
+        }
+        excess
+    }
+
     /// Entries of every kind.
     pub fn len(&self) -> usize {
         self.leases.len()
@@ -275,7 +300,20 @@ mod tests {
             [("example.org".to_owned(), key.clone(), t(30))]
         );
 
-        assert!(state.prune(t(31).as_millisecond()));
+        for (i, until) in [(1, 50), (2, 20), (3, 40)] {
+            state.apply(&LeaseChange::Ended(EndedRecord {
+                id: format!("e{i}"),
+                proxy: key.clone(),
+                target: "example.org".into(),
+                until: t(until),
+                owner: None,
+            }));
+        }
+        assert_eq!(state.shed_ended(3), 0, "within what may be kept");
+        assert_eq!(state.shed_ended(1), 2, "the two whose grace ends first go");
+        assert!(state.ended.contains_key("e1"), "{:?}", state.ended);
+        assert!(state.prune(t(51).as_millisecond()));
+        assert_eq!(state.ended_len(), 0);
         assert!(state.target_rests.is_empty() && state.leases.len() == 1);
         state.apply(&LeaseChange::ProxyRemoved(key));
         assert_eq!(state.len(), 0);
