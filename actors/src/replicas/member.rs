@@ -358,9 +358,8 @@ impl Member {
         };
         // Journals left by members that died before this leader took over
         // (or by a version before per-member journals).
-        let live = self.tables.borrow().live_tags();
         let first = adopter.clone();
-        actix::spawn(async move { first.left_behind(live).await });
+        actix::spawn(async move { first.left_behind().await });
         // The desk's keeper: the roster's news every retry period.
         let keeper = desk.clone();
         let mut tables = self.tables.clone();
@@ -409,21 +408,34 @@ struct Adopter {
 }
 
 impl Adopter {
-    /// Adopts every journal without a live member, then lets lease calls
-    /// for dead members' leases through.
-    async fn left_behind(self, live: Vec<MemberTag>) {
-        let tags = loop {
-            match journal_tags(self.client.clone(), &self.namespace).await {
-                Ok(tags) => break tags,
-                Err(e) => {
-                    tracing::warn!(error = %e, "listing lease journals failed; retrying");
+    /// Adopts every journal whose member has no Lease any more (a member
+    /// with a Lease, live or dead, is the roster's to judge: a dead one is
+    /// adopted when it calls it dead), then lets lease calls for dead
+    /// members' leases through. The member Leases are listed after the
+    /// journals: a member writes its Lease before its journal, so one that
+    /// joined meanwhile is seen with its Lease, never taken for an orphan.
+    async fn left_behind(self) {
+        let (journals, members) = loop {
+            let journals = journal_tags(self.client.clone(), &self.namespace)
+                .await
+                .map_err(|e| e.to_string());
+            let members = match &journals {
+                Ok(_) => members::member_tags(self.client.clone(), &self.namespace)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(_) => Ok(Default::default()),
+            };
+            match (journals, members) {
+                (Ok(journals), Ok(members)) => break (journals, members),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "listing lease journals or member Leases failed; retrying");
                     tokio::time::sleep(self.retry).await;
                 }
             }
         };
-        let orphans: Vec<MemberTag> = tags
+        let orphans: Vec<MemberTag> = journals
             .into_iter()
-            .filter(|tag| *tag != self.me && !live.contains(tag))
+            .filter(|tag| *tag != self.me && !members.contains(tag))
             .collect();
         for tag in &orphans {
             self.adoptions.pending(tag);

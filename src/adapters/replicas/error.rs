@@ -20,8 +20,8 @@ pub enum ReplicaError {
     Election(#[from] ElectionError),
     /// This replica's member tenure ran out: it may hold no share and
     /// grant nothing, and must not come back under the same tag.
-    #[error("this replica's member Lease {lease} was not renewed in time; its membership lapsed")]
-    Lapsed { lease: String },
+    #[error("this replica's member Lease {lease} lapsed: {why}")]
+    Lapsed { lease: String, why: String },
     /// The internal listener would serve credentials off loopback without
     /// a token to check callers with.
     #[error(

@@ -160,8 +160,11 @@ impl Membership {
     /// Renews the member Lease once (call every retry period). Fails for
     /// good with [`ReplicaError::Lapsed`] once the tenure has run out.
     pub async fn renew(&mut self) -> Result<Instant, ReplicaError> {
-        if self.lapsed || !self.tenure.is_leading() {
-            return Err(self.lapse());
+        if self.lapsed {
+            return Err(self.lapse("it lapsed before"));
+        }
+        if !self.tenure.is_leading() {
+            return Err(self.lapse("not renewed within the renew deadline"));
         }
         match self.elector.try_acquire_or_renew().await? {
             Attempt::Leading { until } => {
@@ -170,27 +173,31 @@ impl Membership {
             }
             // Someone else wrote our Lease: it is no longer ours to renew.
             Attempt::Following { holder } if !holder.is_empty() && holder != self.me.holder() => {
-                Err(self.lapse())
+                Err(self.lapse(&format!("another holder wrote it ({holder})")))
             }
             // Lost a write race on our own Lease: try again next period.
-            Attempt::Following { .. } => self.tenure.until().ok_or_else(|| self.lapse()),
+            Attempt::Following { .. } => self
+                .tenure
+                .until()
+                .ok_or_else(|| self.lapse("its tenure ended while a write raced")),
         }
     }
 
     /// Ends the tenure for good (the member is no longer listed as ours,
     /// or it lapsed).
-    pub fn lapse(&mut self) -> ReplicaError {
+    pub fn lapse(&mut self, why: &str) -> ReplicaError {
         self.lapsed = true;
         self.tenure.end();
         ReplicaError::Lapsed {
             lease: self.me.lease_name(),
+            why: why.to_owned(),
         }
     }
 
     /// Ends the tenure, then gives the Lease up, so the others take this
     /// member for dead at once (on shutdown).
     pub async fn release(mut self) -> Result<(), ReplicaError> {
-        self.lapse();
+        self.lapse("released");
         self.elector.release().await?;
         Ok(())
     }
@@ -380,6 +387,23 @@ pub async fn api_answers(
     )
 }
 
+/// Every member Lease there is now, live or not, by tag: a journal whose
+/// member has one is no orphan (a dead one's is adopted when the roster
+/// calls it dead).
+pub async fn member_tags(client: kube::Client, namespace: &str) -> Result<BTreeSet<MemberTag>, ReplicaError> {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let params = ListParams::default().labels(&format!("{MEMBER_LABEL}=true"));
+    let list = api
+        .list(&params)
+        .await
+        .map_err(|source| ReplicaError::MemberLeases { call: "list", source })?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|lease| lease.metadata.name.as_deref().and_then(tag_of_lease))
+        .collect())
+}
+
 /// Deletes `tag`'s member Lease (after its journal was adopted: the tag
 /// names one process's incarnation, never renewed again once dead).
 pub async fn delete_lease(
@@ -442,8 +466,17 @@ pub async fn keep(
                 }
                 .emit();
                 let listed = table.is_live(&me);
+                let why = (!listed).then(|| {
+                    let tags = |tags: Vec<String>| tags.join(", ");
+                    format!(
+                        "the member Leases listed do not show it live (live: [{}]; dead: [{}]; gone: [{}])",
+                        tags(table.live.iter().map(|m| m.tag.to_string()).collect()),
+                        tags(table.dead.iter().map(ToString::to_string).collect()),
+                        tags(table.gone.iter().map(ToString::to_string).collect()),
+                    )
+                });
                 tables.send_replace(table);
-                (!listed).then(|| membership.lapse())
+                why.map(|why| membership.lapse(&why))
             }
             (None, Err(e)) => {
                 tracing::warn!(error = %e, "listing the member Leases failed; retrying");
