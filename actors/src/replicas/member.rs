@@ -433,10 +433,7 @@ impl Adopter {
                 }
             }
         };
-        let orphans: Vec<MemberTag> = journals
-            .into_iter()
-            .filter(|tag| *tag != self.me && !members.contains(tag))
-            .collect();
+        let orphans = members::orphans(&journals, &members, &self.me);
         for tag in &orphans {
             self.adoptions.pending(tag);
         }

@@ -387,6 +387,24 @@ pub async fn api_answers(
     )
 }
 
+/// The journals a new leader adopts at takeover: those whose member has
+/// no Lease at all (listed after the journals), other than its own. A
+/// member with a Lease, live or dead, is the roster's to judge: a dead
+/// one's journal is adopted when the roster calls it dead, and a member
+/// that joined during the takeover (its Lease written before its
+/// journal) is never taken for gone.
+pub fn orphans(
+    journals: &BTreeSet<MemberTag>,
+    leases: &BTreeSet<MemberTag>,
+    me: &MemberTag,
+) -> Vec<MemberTag> {
+    journals
+        .iter()
+        .filter(|tag| *tag != me && !leases.contains(*tag))
+        .cloned()
+        .collect()
+}
+
 /// Every member Lease there is now, live or not, by tag: a journal whose
 /// member has one is no orphan (a dead one's is adopted when the roster
 /// calls it dead).
@@ -489,6 +507,48 @@ pub async fn keep(
                 tracing::warn!(error = %e, "releasing the lapsed member Lease failed");
             }
             return Err(lapsed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(i: u8) -> MemberTag {
+        MemberTag::of(&format!("replica-{i}"), &[i; 8])
+    }
+
+    /// Each row: the journals and the member Leases there are; the
+    /// journals a new leader (member 0) adopts at takeover.
+    #[test]
+    fn only_journals_without_a_member_lease_are_orphans() {
+        let set = |tags: &[u8]| tags.iter().map(|i| tag(*i)).collect::<BTreeSet<_>>();
+        let rows: [(&str, &[u8], &[u8], &[u8]); 4] = [
+            ("its own journal is never one", &[0], &[], &[]),
+            (
+                "a member with a Lease is the roster's to judge",
+                &[0, 1],
+                &[0, 1],
+                &[],
+            ),
+            (
+                "a member that joined during the takeover: its Lease came first",
+                &[0, 2],
+                &[0, 1, 2],
+                &[],
+            ),
+            (
+                "a journal left without a Lease (or before per-member ones)",
+                &[0, 3, 4],
+                &[0, 4],
+                &[3],
+            ),
+        ];
+        for (what, journals, leases, adopted) in rows {
+            let mut want: Vec<MemberTag> = adopted.iter().map(|i| tag(*i)).collect();
+            want.sort();
+            assert_eq!(orphans(&set(journals), &set(leases), &tag(0)), want, "{what}");
         }
     }
 }
