@@ -524,7 +524,9 @@ mod tests {
     #[test]
     fn only_journals_without_a_member_lease_are_orphans() {
         let set = |tags: &[u8]| tags.iter().map(|i| tag(*i)).collect::<BTreeSet<_>>();
-        let rows: [(&str, &[u8], &[u8], &[u8]); 4] = [
+        /// What, the journals, the member Leases, the journals adopted.
+        type Row = (&'static str, &'static [u8], &'static [u8], &'static [u8]);
+        let rows: [Row; 4] = [
             ("its own journal is never one", &[0], &[], &[]),
             (
                 "a member with a Lease is the roster's to judge",
