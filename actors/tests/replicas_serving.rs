@@ -66,6 +66,22 @@ async fn every_replica_serves_leases_and_the_gateway_within_the_capacity() {
         .await;
         assert!(answer.ends_with("ok"), "{answer}");
     }
+    // Refusals while the shares came in (the fetches above, retried) are
+    // wants, and lent a replica the others' idle slots for a while: wait
+    // for the even split (2 slots each) before leasing through each.
+    support::eventually_explained(
+        "the even split: two slots in each replica's share",
+        WAIT,
+        || bed.logs(),
+        async || {
+            let mut held = Vec::new();
+            for i in 0..3 {
+                held.push(bed.metric(i, "egress_proxies_share_slots", "").await);
+            }
+            (held == [Some(2.0); 3]).then_some(()).ok_or(format!("{held:?}"))
+        },
+    )
+    .await;
     // Leases through every replica's API: 3 proxies × 2 = 6 at most in all.
     let http = reqwest::Client::new();
     let mut held = Vec::new();
