@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 mod common;
 #[path = "fleet_scale/kubernetes.rs"]
 mod kubernetes;
-use common::{Kill, arg, free_addr, target};
+use common::{Kill, arg, cpu_seconds, free_addr, target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_egress-proxies-operator");
 const LIMIT: Duration = Duration::from_secs(600);
@@ -73,27 +73,6 @@ fn status_mib(pid: u32, field: &str) -> f64 {
                 .ok()
         })
         .map_or(0.0, |kib| kib / 1024.0)
-}
-
-/// CPU seconds (user + system) the process has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at ")".
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat; 12 and 13 after ")".
-    (ticks(11) + ticks(12)) / clock_ticks()
-}
-
-fn clock_ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64)
 }
 
 /// A metric's value in an OpenMetrics text.

@@ -38,7 +38,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 mod common;
-use common::{arg, free_addr, remove_squid_segments};
+use common::{arg, cpu_seconds, free_addr, remove_squid_segments};
 
 /// The small response's body, in bytes.
 const SMALL_BYTES: usize = 128;
@@ -566,21 +566,6 @@ fn wait_output(mut process: Process) -> Result<std::process::Output, String> {
         stdout,
         stderr,
     })
-}
-
-/// CPU seconds (user + system) `pid` has used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Linux reports in USER_HZ, 100 on every architecture it runs on.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn load_average() -> String {

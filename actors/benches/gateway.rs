@@ -69,7 +69,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 mod common;
 use common::{
-    arg, free_addr, healthy_proxies, local_proxy_pids, pct, reap_local_proxies, remove_squid_segments,
+    arg, cpu_seconds, free_addr, healthy_proxies, local_proxy_pids, pct, reap_local_proxies,
+    remove_squid_segments,
 };
 #[path = "gateway/bare_relay.rs"]
 mod bare_relay;
@@ -231,19 +232,6 @@ fn rss_kib(pid: u32) -> f64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or(0.0)
-}
-
-/// CPU seconds (user + system) `pid` has used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn load_average() -> String {

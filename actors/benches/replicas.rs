@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Conn, Kill, arg, free_addr, pct, target};
+use common::{Conn, Kill, arg, cpu_seconds, free_addr, pct, target};
 use fake_apiserver::{RequestCounts, RequestKey};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -187,22 +187,6 @@ impl Replica {
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
-}
-
-/// Seconds of CPU `pid` used so far (user and system).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64);
-    (ticks(11) + ticks(12)) / per_second
 }
 
 /// The fake's own HTTP API, as the bench uses it (its main address).

@@ -93,6 +93,25 @@ impl Conn {
     }
 }
 
+/// Seconds of CPU process `pid` has used so far, user and system (0 once
+/// it is gone).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ")";
+    // utime and stime are the 12th and 13th of them.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64);
+    (ticks(11) + ticks(12)) / per_second
+}
+
 /// The `"id"` of a lease answer.
 pub fn lease_id(body: &str) -> String {
     body.split("\"id\":\"")

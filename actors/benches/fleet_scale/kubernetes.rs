@@ -27,8 +27,8 @@ use fake_apiserver::{RequestCounts, RequestKey, RetryAfterReport};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::{BIN, cpu_seconds, metric, scrape, status_mib};
-use crate::common::{Kill, arg, free_addr, target};
+use super::{BIN, metric, scrape, status_mib};
+use crate::common::{Kill, arg, cpu_seconds, free_addr, target};
 
 #[path = "failover.rs"]
 mod failover;
