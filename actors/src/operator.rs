@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_proxies::adapters::config_files;
-use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::adapters::leader::{LeaderElector, SystemClock, Tenure, Timings};
 use egress_proxies::adapters::probe::Prober;
 use egress_proxies::adapters::providers::BuildContext;
 use egress_proxies::adapters::stores::configmap_lease_journal::{ConfigMapLeaseJournal, Writer};
@@ -27,6 +27,7 @@ use egress_proxies::telemetry::events::LeadershipChanged;
 use crate::health_server::{self, Readiness};
 use crate::pool_actor::PoolTiming;
 use crate::system;
+use egress_proxies::adapters::lease_keeper::{LeaseKeeper, Release};
 
 /// Name of the leader-election Lease.
 pub const LEASE_NAME: &str = "egress-proxies-operator";
@@ -124,6 +125,8 @@ pub enum OperatorError {
     ReplicaAddressUnknown(std::net::SocketAddr),
     #[error("this replica's membership lapsed ({0}); stopping so the pod restarts as a new member")]
     MembershipLapsed(String),
+    #[error("the lease keeper's thread failed ({0}); stopping so the pod restarts")]
+    LeaseKeeper(String),
 }
 
 impl From<system::StartError> for OperatorError {
@@ -225,10 +228,11 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
     // if asked for, every request counted (docs/kubernetes.md, API budget).
     let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
     let client = egress_proxies::adapters::kube_client::client(config.clone(), options.kube_api_budget)?;
-    // The leader Lease on a client and connections of its own: a renewal
-    // never queues behind the bulk of a start (a missed renew deadline
-    // would end this replica's leadership).
-    let election_client = egress_proxies::adapters::kube_client::client(config, None)?;
+    // The Leases on a client, connections and a thread of their own: a
+    // renewal never queues behind the bulk of a start or a busy actor
+    // system (a missed renew deadline would end this replica's leadership).
+    let keeper = LeaseKeeper::start()?;
+    let election_client = keeper.client(config)?;
     let build = BuildContext {
         state_dir: options.state_dir.clone(),
         operator_exe: std::env::current_exe()?,
@@ -306,6 +310,7 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
             timings,
             clock,
             elector,
+            keeper: &keeper,
             shutdown: Box::pin(shutdown),
         })
         .await;
@@ -318,45 +323,38 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
     if let Some(listener) = health_listener {
         actix::spawn(health_server::start(listener, readiness.clone())?);
     }
-    let mut elector = options.leader_elect.then(|| {
-        LeaderElector::new(
-            election_client,
-            &lease_namespace,
-            LEASE_NAME,
-            &identity,
-            timings,
-            clock.clone(),
+    let mut election = options.leader_elect.then(|| {
+        tracing::info!(
+            identity, namespace = %lease_namespace,
+            leaseDuration = ?timings.lease_duration, renewDeadline = ?timings.renew_deadline,
+            retryPeriod = ?timings.retry_period, "waiting for leadership"
+        );
+        keeper.elect(
+            LeaderElector::new(
+                election_client,
+                &lease_namespace,
+                LEASE_NAME,
+                &identity,
+                timings,
+                clock.clone(),
+            ),
+            tenure.clone(),
         )
     });
     // One listener for the whole run: no SIGTERM slips between two selects.
     let shutdown = system::wait_for_shutdown();
     tokio::pin!(shutdown);
 
-    if let Some(elector) = &mut elector {
-        tracing::info!(
-            identity = elector.identity(), namespace = %lease_namespace,
-            leaseDuration = ?timings.lease_duration, renewDeadline = ?timings.renew_deadline,
-            retryPeriod = ?timings.retry_period, "waiting for leadership"
-        );
-        loop {
-            tokio::select! {
-                attempt = elector.try_acquire_or_renew() => match attempt {
-                    Ok(Attempt::Leading { until }) => {
-                        tenure.extend(until);
-                        break;
-                    }
-                    Ok(Attempt::Following { .. }) => {}
-                    Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
-                },
-                r = &mut shutdown => { r?; return Ok(()) }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(timings.retry_period) => {}
-                r = &mut shutdown => { r?; return Ok(()) }
-            }
+    if let Some(election) = &mut election {
+        tokio::select! {
+            leading = election.leading() => if !leading {
+                return Err(OperatorError::LeadershipLost(election.lost().await));
+            },
+            // The dropped election ends the campaign.
+            r = &mut shutdown => { r?; return Ok(()) }
         }
         LeadershipChanged {
-            identity: elector.identity(),
+            identity: &identity,
             leading: true,
         }
         .emit();
@@ -366,7 +364,7 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
     // The renewals start at once, racing the start below: a start that
     // waits on a busy API server (429s on its reads) must not cost the
     // Lease before the first renewal.
-    let electing = elector.is_some();
+    let electing = election.is_some();
     let cluster_networks = options.cluster_networks.clone();
     let acting = {
         let (client, identity, lease_namespace, tenure) = (
@@ -446,9 +444,12 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
         }
     };
     let leading = async {
-        match &mut elector {
+        match &mut election {
             None => shutdown.as_mut().await.map_err(OperatorError::from),
-            Some(elector) => keep_leading(elector, &tenure, shutdown.as_mut()).await,
+            Some(election) => tokio::select! {
+                why = election.lost() => Err(OperatorError::LeadershipLost(why)),
+                r = shutdown.as_mut() => r.map_err(OperatorError::from),
+            },
         }
     };
     let outcome = tokio::select! {
@@ -464,56 +465,14 @@ pub async fn run(prepared: Prepared) -> Result<(), OperatorError> {
     .emit();
     readiness.set(false);
     // After a shutdown or a step-down another replica may take over at once.
-    if let Some(elector) = &elector
-        && matches!(outcome, Ok(()) | Err(OperatorError::SteppedDown(_)))
-        && let Err(e) = elector.release().await
-    {
-        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
+    if let Some(election) = election {
+        let release = match outcome {
+            Ok(()) | Err(OperatorError::SteppedDown(_)) => Release::Release,
+            Err(_) => Release::Keep,
+        };
+        election.stop(release).await;
     }
     outcome
-}
-
-/// Renews the Lease until shutdown (Ok), or until the tenure ends without a
-/// successful renew or another candidate holds the Lease (Err). The tenure
-/// deadline is raced against the renew in flight, so a hanging request
-/// cannot keep this replica acting past it.
-pub(crate) async fn keep_leading(
-    elector: &mut LeaderElector,
-    tenure: &Tenure,
-    mut shutdown: std::pin::Pin<&mut (impl Future<Output = std::io::Result<()>> + ?Sized)>,
-) -> Result<(), OperatorError> {
-    let retry = elector.timings().retry_period;
-    let identity = elector.identity().to_owned();
-    let lapsed = |what: &'static str| {
-        tenure.end();
-        tracing::error!(
-            identity,
-            "could not renew the leader Lease within the renew deadline; stopped acting"
-        );
-        OperatorError::LeadershipLost(what)
-    };
-    loop {
-        let deadline = tokio::time::Instant::from_std(tenure.until().unwrap_or_else(std::time::Instant::now));
-        tokio::select! {
-            r = &mut shutdown => return r.map_err(OperatorError::from),
-            _ = tokio::time::sleep_until(deadline) => return Err(lapsed("renew deadline passed")),
-            _ = tokio::time::sleep(retry) => {}
-        }
-        let attempt = tokio::select! {
-            r = &mut shutdown => return r.map_err(OperatorError::from),
-            _ = tokio::time::sleep_until(deadline) => return Err(lapsed("renew deadline passed")),
-            attempt = elector.try_acquire_or_renew() => attempt,
-        };
-        match attempt {
-            Ok(Attempt::Leading { until }) => tenure.extend(until),
-            Ok(Attempt::Following { holder }) => {
-                tenure.end();
-                tracing::error!(holder, "another candidate holds the leader Lease");
-                return Err(OperatorError::LeadershipLost("another candidate holds the Lease"));
-            }
-            Err(e) => tracing::warn!(error = %e, "renewing the leader Lease failed"),
-        }
-    }
 }
 
 /// The Proxies' store on the API server, its watches started: the store,

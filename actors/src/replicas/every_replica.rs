@@ -26,9 +26,10 @@ use crate::health_server::{self, Readiness};
 use crate::operator::{OperatorError, Options};
 use crate::pool_actor::PoolTiming;
 use crate::system;
+use egress_proxies::adapters::lease_keeper::{LeaseKeeper, Release};
 
 /// What `operator::run` has set up when every replica serves.
-pub struct Start {
+pub struct Start<'k> {
     pub options: Options,
     pub providers: Arc<Providers>,
     pub prober: Prober,
@@ -44,10 +45,12 @@ pub struct Start {
     pub timings: Timings,
     pub clock: Arc<SystemClock>,
     pub elector: LeaderElector,
+    /// The Leases' thread ([`LeaseKeeper`]).
+    pub keeper: &'k LeaseKeeper,
     pub shutdown: Pin<Box<dyn Future<Output = std::io::Result<()>>>>,
 }
 
-pub async fn run(start: Start) -> Result<(), OperatorError> {
+pub async fn run(start: Start<'_>) -> Result<(), OperatorError> {
     let Start {
         options,
         providers,
@@ -62,7 +65,8 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         namespace,
         timings,
         clock,
-        mut elector,
+        elector,
+        keeper,
         mut shutdown,
     } = start;
     let advertise = match options.replica_advertise {
@@ -74,7 +78,8 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         }
     };
     let parts = MemberParts {
-        client: election_client.clone(),
+        client: client.clone(),
+        lease_client: election_client.clone(),
         namespace: namespace.clone(),
         identity: identity.clone(),
         timings,
@@ -83,7 +88,7 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         token: options.replica_token.clone(),
         endpoint_policy: options.settings.external_endpoints.clone(),
     };
-    let (member, mut keeping) = member::join(&parts).await?;
+    let (member, mut keeping) = member::join(&parts, keeper).await?;
     let forwarding = member.forwarding(&parts)?;
     let installation = match options.installation_id.clone() {
         Some(id) => id,
@@ -142,20 +147,24 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         identity, member = %member.tag, namespace = %namespace,
         leaseDuration = ?timings.lease_duration, "serving from a share; following the leader Lease"
     );
+    let mut election = keeper.elect(elector, tenure.clone());
     let leading = tokio::select! {
-        leading = member::follow_until_leading(&member, &mut elector, &tenure, timings, shutdown.as_mut()) => leading?,
+        leading = member::follow_until_leading(&member, &mut election, shutdown.as_mut()) => leading?,
         kept = &mut keeping => {
             readiness.set(false);
-            return lapsed(kept, &election_client, &namespace, &member.tag, timings, shutdown.as_mut()).await;
+            election.stop(Release::Keep).await;
+            return lapsed(kept, &client, &namespace, &member.tag, timings, shutdown.as_mut()).await;
         }
         () = share_lost(&serving.lease_store, timings) => {
             readiness.set(false);
+            election.stop(Release::Keep).await;
             member.leave(keeping).await;
             return Err(OperatorError::MembershipLapsed(SHARE_LOST.to_owned()));
         }
     };
     if !leading {
         readiness.set(false);
+        election.stop(Release::Keep).await;
         member.leave(keeping).await;
         return Ok(());
     }
@@ -193,7 +202,8 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
     );
     let mut kept_to_the_end = false;
     let outcome = tokio::select! {
-        outcome = crate::operator::keep_leading(&mut elector, &tenure, shutdown.as_mut()) => outcome,
+        why = election.lost() => Err(OperatorError::LeadershipLost(why)),
+        r = shutdown.as_mut() => r.map_err(OperatorError::from),
         kept = &mut keeping => {
             kept_to_the_end = true;
             tenure.end();
@@ -216,11 +226,11 @@ pub async fn run(start: Start) -> Result<(), OperatorError> {
         leading: false,
     }
     .emit();
-    if matches!(outcome, Ok(()) | Err(OperatorError::MembershipLapsed(_)))
-        && let Err(e) = elector.release().await
-    {
-        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
-    }
+    let release = match outcome {
+        Ok(()) | Err(OperatorError::MembershipLapsed(_)) => Release::Release,
+        Err(_) => Release::Keep,
+    };
+    election.stop(release).await;
     if !kept_to_the_end {
         member.leave(keeping).await;
     }

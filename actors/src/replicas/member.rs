@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use egress_proxies::adapters::leader::{Attempt, LeaderElector, SystemClock, Tenure, Timings};
+use egress_proxies::adapters::leader::{SystemClock, Tenure, Timings};
 use egress_proxies::adapters::lease_store::FleetNews;
 use egress_proxies::adapters::lease_store::LeaseStore;
 use egress_proxies::adapters::replicas::ReplicaError;
@@ -38,6 +38,8 @@ use super::server::{self, DeskSlot};
 use super::view::{self, ReplicaView};
 use crate::discovery::Forwarding;
 use crate::lease_store_actor::{PublishTo, ShowReplicas};
+use crate::operator::OperatorError;
+use egress_proxies::adapters::lease_keeper::{Election, LeaseKeeper, Standing};
 use egress_proxies::adapters::replicas::routes::{Adoptions, LeaseRoutes};
 use egress_proxies::adapters::stores::configmap_lease_journal::JournalName;
 use egress_proxies::adapters::stores::journal_adoption::{Deletion, JournalAdoption, journal_tags};
@@ -50,7 +52,10 @@ pub const SHARE_LIFETIMES: u32 = 3;
 
 /// What a member needs from the operator's start.
 pub struct MemberParts {
+    /// For everything but the member Lease (journals, adoptions).
     pub client: kube::Client,
+    /// The keeper's client, for the member Leases (called on its thread).
+    pub lease_client: kube::Client,
     pub namespace: String,
     /// The pod's identity (`POD_NAME`): the leader Lease names it.
     pub identity: String,
@@ -83,7 +88,8 @@ pub struct Member {
 
 /// Joins the members: a member Lease of its own, kept and looked at every
 /// retry period. The handle ends (with an error) when the membership lapsed.
-pub async fn join(parts: &MemberParts) -> Result<(Member, Keeping), ReplicaError> {
+/// The member Lease is written and kept on the keeper's thread.
+pub async fn join(parts: &MemberParts, keeper: &LeaseKeeper) -> Result<(Member, Keeping), OperatorError> {
     let incarnation: [u8; 8] = rand_incarnation();
     let me = MemberIdentity {
         pod: parts.identity.clone(),
@@ -91,17 +97,23 @@ pub async fn join(parts: &MemberParts) -> Result<(Member, Keeping), ReplicaError
         address: Some(parts.advertise.to_string()),
     };
     let tag = me.tag();
-    let membership = Membership::join(
-        parts.client.clone(),
-        &parts.namespace,
-        me.clone(),
-        parts.timings,
-        parts.clock.clone(),
-    )
-    .await?;
+    let joining = {
+        let (client, namespace, me, timings, clock) = (
+            parts.lease_client.clone(),
+            parts.namespace.clone(),
+            me.clone(),
+            parts.timings,
+            parts.clock.clone(),
+        );
+        async move { Membership::join(client, &namespace, me, timings, clock).await }
+    };
+    let membership = keeper
+        .run(joining)
+        .await
+        .map_err(|e| OperatorError::LeaseKeeper(e.to_string()))??;
     let tenure = membership.tenure();
     let roster = Roster::new(
-        parts.client.clone(),
+        parts.lease_client.clone(),
         &parts.namespace,
         &me,
         parts.timings,
@@ -109,7 +121,7 @@ pub async fn join(parts: &MemberParts) -> Result<(Member, Keeping), ReplicaError
     );
     let (tables_tx, tables) = watch::channel(MemberTable::default());
     let (stop, stopped) = watch::channel(false);
-    let keeping = tokio::spawn(members::keep(
+    let keeping = keeper.spawn(members::keep(
         membership,
         roster,
         parts.timings,
@@ -502,44 +514,34 @@ impl Adopter {
     }
 }
 
-/// Waits for the leader Lease while following its holder; returns once
-/// this replica leads (the tenure extended), or `None` at shutdown.
+/// Follows the leader Lease's holder while this replica stands for it;
+/// returns once this replica leads (true), or at shutdown (false).
 pub async fn follow_until_leading(
     member: &Member,
-    elector: &mut LeaderElector,
-    tenure: &Tenure,
-    timings: Timings,
+    election: &mut Election,
     mut shutdown: std::pin::Pin<&mut dyn Future<Output = std::io::Result<()>>>,
-) -> std::io::Result<bool> {
+) -> Result<bool, OperatorError> {
     let mut tables = member.tables.clone();
-    let mut holder: Option<String> = None;
+    let mut standing = election.standing();
     loop {
+        let holder = match &*standing.borrow_and_update() {
+            Standing::Leading => return Ok(true),
+            Standing::Lost(why) => return Err(OperatorError::LeadershipLost(why)),
+            Standing::Following(holder) => Some(holder.clone()),
+            Standing::Candidate => None,
+        };
+        if let Some(holder) = &holder {
+            member.follow(holder);
+        }
         tokio::select! {
-            attempt = elector.try_acquire_or_renew() => match attempt {
-                Ok(Attempt::Leading { until }) => {
-                    tenure.extend(until);
-                    return Ok(true);
-                }
-                Ok(Attempt::Following { holder: h }) => {
-                    member.follow(&h);
-                    holder = Some(h);
-                }
-                Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
+            changed = standing.changed() => if changed.is_err() {
+                return Err(OperatorError::LeadershipLost("the election stopped"));
+            },
+            // A member joining may be the holder: its address is known now.
+            changed = tables.changed() => if changed.is_ok() && let Some(h) = &holder {
+                member.follow(h);
             },
             r = &mut shutdown => { r?; return Ok(false) }
-        }
-        let pause = tokio::time::sleep(timings.retry_period);
-        tokio::pin!(pause);
-        loop {
-            tokio::select! {
-                _ = &mut pause => break,
-                changed = tables.changed() => {
-                    if changed.is_ok() && let Some(h) = &holder {
-                        member.follow(h);
-                    }
-                }
-                r = &mut shutdown => { r?; return Ok(false) }
-            }
         }
     }
 }

@@ -910,16 +910,26 @@ pub async fn wait_service_sees_all(service: &FakeService, bed: &super::replicas:
     .await;
 }
 
-/// The last `lines` lines of each replica's log, each headed by its name
-/// (the whole of them runs long with thousands of proxies).
+/// Each replica's warnings and errors (its last 40) and the last `lines`
+/// lines of its log, each headed by its name (the whole of them runs long
+/// with thousands of proxies, and the tail alone is mostly routine).
 pub fn log_tails(bed: &super::replicas::ReplicaBed, lines: usize) -> String {
     (0..bed.len())
         .map(|i| {
             let log = bed.process(i).logs();
             let all: Vec<&str> = log.lines().collect();
+            let troubles: Vec<&str> = all
+                .iter()
+                .copied()
+                .filter(|l| l.contains(" WARN") || l.contains("ERROR") || l.starts_with("error:"))
+                .collect();
             format!(
-                "--- replica-{i} (exited: {:?}; last {} of {} lines)\n{}",
+                "--- replica-{i} (exited: {:?}): last {} of its {} warnings and errors\n{}\n\
+                 --- replica-{i}: last {} of {} lines\n{}",
                 bed.process(i).exited(),
+                troubles.len().min(40),
+                troubles.len(),
+                troubles[troubles.len().saturating_sub(40)..].join("\n"),
                 lines.min(all.len()),
                 all.len(),
                 all[all.len().saturating_sub(lines)..].join("\n")
