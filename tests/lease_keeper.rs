@@ -184,7 +184,10 @@ async fn a_member_lease_kept_there_lasts_while_the_starting_thread_is_blocked() 
     let keeping = keeper.spawn(members::keep(membership, roster, timings, tables_tx, stopped));
 
     std::thread::sleep(3 * LEASE_DURATION);
-    assert!(tenure.is_leading(), "the membership lasts while the starting thread is blocked");
+    assert!(
+        tenure.is_leading(),
+        "the membership lasts while the starting thread is blocked"
+    );
     assert!(!keeping.is_finished(), "still kept");
     assert!(tables.borrow_and_update().is_live(&me.tag()));
 
