@@ -76,6 +76,14 @@ impl Liveness {
         }
     }
 
+    /// How long the record last decided on has been seen unchanged, at
+    /// `seen_at` (zero before any).
+    pub fn unchanged_for(&self, seen_at: Instant) -> Duration {
+        self.observed
+            .as_ref()
+            .map_or(Duration::ZERO, |o| seen_at.saturating_duration_since(o.since))
+    }
+
     /// `seen_at`: when the read that returned `lease` completed.
     pub fn decide(&mut self, lease: &Lease, seen_at: Instant) -> Decision {
         let record = Record::of(lease);
@@ -228,5 +236,30 @@ mod tests {
         assert_eq!(o.decide(&released, clock.now()), Decision::TakeOver);
         let ours = lease("me", Timestamp::UNIX_EPOCH, 5, 15);
         assert_eq!(o.decide(&ours, clock.now()), Decision::Renew);
+    }
+
+    #[test]
+    fn unchanged_for_counts_from_the_first_sight_of_a_record() {
+        let clock = FakeClock::new();
+        let t0 = clock.now();
+        let mut o = observer(Duration::from_secs(3));
+        assert_eq!(o.unchanged_for(t0), Duration::ZERO, "nothing seen yet");
+        let l = lease("other", Timestamp::UNIX_EPOCH, 1, 3);
+        o.decide(&l, t0);
+        o.decide(&l, t0 + Duration::from_millis(400));
+        assert_eq!(
+            o.unchanged_for(t0 + Duration::from_millis(1_500)),
+            Duration::from_millis(1_500)
+        );
+        // Renewed: the count starts again from the read that saw it.
+        o.decide(
+            &lease("other", Timestamp::UNIX_EPOCH, 2, 3),
+            t0 + Duration::from_secs(2),
+        );
+        assert_eq!(
+            o.unchanged_for(t0 + Duration::from_millis(2_500)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(o.unchanged_for(t0), Duration::ZERO, "never negative");
     }
 }

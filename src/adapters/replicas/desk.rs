@@ -180,17 +180,32 @@ impl ShareDesk {
                     changed.died.push(tag.clone());
                 }
             }
-            let unchanged = state.live_tags == live_tags;
-            state.live_tags = live_tags;
-            state.live = table
+            let quiet_before: Vec<String> = state
+                .live
+                .iter()
+                .filter(|m| m.quiet)
+                .map(|m| m.tag.clone())
+                .collect();
+            let live: Vec<MemberBody> = table
                 .live
                 .iter()
                 .map(|m| MemberBody {
                     tag: m.tag.to_string(),
                     address: m.address.clone(),
                     slots: 0,
+                    quiet: table.quiet.contains(&m.tag),
                 })
                 .collect();
+            let quiet: Vec<String> = live.iter().filter(|m| m.quiet).map(|m| m.tag.clone()).collect();
+            if quiet != quiet_before {
+                tracing::info!(
+                    ?quiet,
+                    "members quiet (their Lease unchanged for half the lease duration): the others probe their proxies"
+                );
+            }
+            let unchanged = state.live_tags == live_tags && quiet == quiet_before;
+            state.live_tags = live_tags;
+            state.live = live;
             if unchanged && changed.died.is_empty() {
                 return changed;
             }

@@ -48,7 +48,7 @@ pub struct ProbeFeed {
     pub reset: bool,
     /// `None`: no longer probed.
     pub items: Vec<(ObjectKey, Option<Probed>)>,
-    /// The live members, when they changed.
+    /// The members that probe (the live but quiet left out), when they changed.
     pub members: Option<Vec<MemberTag>>,
 }
 
@@ -338,8 +338,7 @@ impl ReplicaLink {
                 _ => {}
             }
         }
-        let mut live: Vec<MemberTag> = members.iter().filter_map(|m| MemberTag::parse(&m.tag)).collect();
-        live.sort();
+        let live = probing(members);
         if reset || live != self.members {
             self.members = live.clone();
             feed.members = Some(live);
@@ -384,4 +383,52 @@ fn digest(claims: &[wire::Claim]) -> u64 {
         claim.in_use.hash(&mut hasher);
     }
     hasher.finish()
+}
+
+/// The members that probe, sorted: the live ones but the quiet, unless
+/// every one is quiet (someone has to probe; the leader judges them all
+/// quiet when it cannot see their renewals, not when they stopped).
+fn probing(members: &[wire::MemberBody]) -> Vec<MemberTag> {
+    let all_quiet = members.iter().all(|m| m.quiet);
+    let mut tags: Vec<MemberTag> = members
+        .iter()
+        .filter(|m| !m.quiet || all_quiet)
+        .filter_map(|m| MemberTag::parse(&m.tag))
+        .collect();
+    tags.sort();
+    tags
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(i: u8, quiet: bool) -> wire::MemberBody {
+        wire::MemberBody {
+            tag: MemberTag::of(&format!("replica-{i}"), &[i; 8]).to_string(),
+            quiet,
+            ..wire::MemberBody::default()
+        }
+    }
+
+    /// Each row: the members (quiet or not); the ones that probe.
+    #[test]
+    fn the_quiet_do_not_probe_unless_all_are() {
+        type Row = (&'static str, &'static [(u8, bool)], &'static [u8]);
+        let rows: [Row; 4] = [
+            ("none quiet", &[(0, false), (1, false), (2, false)], &[0, 1, 2]),
+            ("one quiet", &[(0, false), (1, true), (2, false)], &[0, 2]),
+            ("all quiet: all probe", &[(0, true), (1, true)], &[0, 1]),
+            ("none at all", &[], &[]),
+        ];
+        for (what, members, want) in rows {
+            let bodies: Vec<wire::MemberBody> = members.iter().map(|(i, q)| body(*i, *q)).collect();
+            let mut want: Vec<MemberTag> = want
+                .iter()
+                .map(|i| MemberTag::of(&format!("replica-{i}"), &[*i; 8]))
+                .collect();
+            want.sort();
+            assert_eq!(probing(&bodies), want, "{what}");
+        }
+    }
 }

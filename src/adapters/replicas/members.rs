@@ -225,6 +225,11 @@ pub struct MemberTable {
     pub live: Vec<Member>,
     /// Listed, but released or unchanged for the lease duration.
     pub dead: Vec<MemberTag>,
+    /// Live, but unchanged for half the lease duration (several renewals
+    /// missed): probably dead. Not trusted with probes meanwhile (a
+    /// probe twice is harmless; a proxy unprobed for a lease duration is
+    /// not); its capacity waits for the full judgement.
+    pub quiet: Vec<MemberTag>,
     /// Listed at the previous look and gone now (deleted: dead at once).
     pub gone: Vec<MemberTag>,
 }
@@ -344,7 +349,13 @@ impl Roster {
                 .entry(tag.clone())
                 .or_insert_with(|| Liveness::new(&self.me, self.timings.lease_duration));
             let alive = match judge.decide(lease, seen_at) {
-                Decision::Renew | Decision::Follow { .. } => true,
+                Decision::Renew => true,
+                Decision::Follow { .. } => {
+                    if judge.unchanged_for(seen_at) >= self.timings.lease_duration / 2 {
+                        table.quiet.push(tag.clone());
+                    }
+                    true
+                }
                 Decision::TakeOver => false,
             };
             if alive {
@@ -513,7 +524,10 @@ pub async fn keep(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::adapters::leader::SystemClock;
 
     fn tag(i: u8) -> MemberTag {
         MemberTag::of(&format!("replica-{i}"), &[i; 8])
@@ -551,6 +565,66 @@ mod tests {
             let mut want: Vec<MemberTag> = adopted.iter().map(|i| tag(*i)).collect();
             want.sort();
             assert_eq!(orphans(&set(journals), &set(leases), &tag(0)), want, "{what}");
+        }
+    }
+
+    /// A member Lease as its holder wrote it, at resourceVersion `version`.
+    fn member_lease(i: u8, version: u64) -> Lease {
+        let me = MemberIdentity {
+            pod: format!("replica-{i}"),
+            incarnation: [i; 8],
+            address: None,
+        };
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(me.lease_name()),
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(me.holder()),
+                lease_duration_seconds: Some(3),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// Each row: how long member 1's Lease has been unchanged at the look
+    /// (member 0 looks, lease duration 3 s); whether member 1 is live,
+    /// quiet (its probes go to the others), dead.
+    #[tokio::test]
+    async fn a_member_quiet_for_half_the_lease_duration_is_kept_from_probes() {
+        type Row = (&'static str, u64, bool, bool, bool);
+        let rows: [Row; 5] = [
+            ("just renewed", 0, true, false, false),
+            ("three renewals missed", 1_400, true, false, false),
+            ("half the lease duration", 1_500, true, true, false),
+            ("nearly the whole", 2_999, true, true, false),
+            ("the whole lease duration: dead", 3_000, false, false, true),
+        ];
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let timings = Timings::from_lease_duration(Duration::from_secs(3));
+        let me = MemberIdentity {
+            pod: "replica-0".into(),
+            incarnation: [0; 8],
+            address: None,
+        };
+        for (what, quiet_ms, live, quiet, dead) in rows {
+            let mut roster = Roster::new(client.clone(), "crawl", &me, timings, Arc::new(SystemClock));
+            let t0 = Instant::now();
+            let leases = [member_lease(0, 1), member_lease(1, 1)];
+            roster.judge(&leases, t0);
+            // Member 0 (the looker) renews; member 1 does not.
+            let leases = [member_lease(0, 2), member_lease(1, 1)];
+            let table = roster.judge(&leases, t0 + Duration::from_millis(quiet_ms));
+            assert_eq!(table.is_live(&tag(1)), live, "{what}: live");
+            assert_eq!(table.quiet.contains(&tag(1)), quiet, "{what}: quiet");
+            assert_eq!(table.dead.contains(&tag(1)), dead, "{what}: dead");
+            assert!(
+                table.is_live(&tag(0)) && !table.quiet.contains(&tag(0)),
+                "{what}: the looker"
+            );
         }
     }
 }

@@ -589,6 +589,9 @@ pub struct MemberBody {
     pub address: Option<String>,
     /// Slots it holds over every proxy.
     pub slots: u32,
+    /// Its member Lease unchanged for half the lease duration: the others
+    /// probe its proxies (absent from an earlier leader: false).
+    pub quiet: bool,
 }
 
 /// A lease call forwarded to the replica holding the lease.
@@ -791,6 +794,7 @@ mod tests {
                 tag: "0a1b2c3d".into(),
                 address: Some("10.1.2.3:8091".into()),
                 slots: 7,
+                quiet: true,
             }],
         }
     }
