@@ -4,7 +4,9 @@
 //! is judged dead no sooner than the lease duration after its last renew
 //! (its own tenure over by then), a released one at once, a deleted one is
 //! reported gone; the Lease of a member judged dead is removed only as it
-//! was judged; a lapsed member renews no more; `keep` publishes tables
+//! was judged; a member that stops renewing is quiet (its probes go to
+//! the others) from half the lease duration on; a lapsed member renews
+//! no more; `keep` publishes tables
 //! (and `egress_proxies_replicas{state}`) and releases the Lease when
 //! stopped.
 
@@ -120,7 +122,7 @@ async fn a_member_that_stops_renewing_is_dead_after_the_lease_duration_and_not_b
     // B's last renew: its join, done by now.
     let b_renewed = Instant::now();
     let mut watcher = roster(&fake, &a);
-    let mut first_dead = None;
+    let (mut first_quiet, mut first_dead) = (None, None);
     while first_dead.is_none() {
         assert!(
             b_renewed.elapsed() < Duration::from_secs(5),
@@ -129,10 +131,14 @@ async fn a_member_that_stops_renewing_is_dead_after_the_lease_duration_and_not_b
         member_a.renew().await.unwrap();
         let table = watcher.look().await.unwrap();
         assert!(table.is_live(&a.tag()), "A renews and stays live");
+        assert!(!table.quiet.contains(&a.tag()), "A renews and is never quiet");
         if table.dead.contains(&b.tag()) {
             first_dead = Some(b_renewed.elapsed());
         } else {
             assert!(table.is_live(&b.tag()));
+            if table.quiet.contains(&b.tag()) {
+                first_quiet.get_or_insert(b_renewed.elapsed());
+            }
         }
         tokio::time::sleep(timings().retry_period).await;
     }
@@ -140,6 +146,12 @@ async fn a_member_that_stops_renewing_is_dead_after_the_lease_duration_and_not_b
     assert!(
         dead_after >= LEASE_DURATION,
         "judged dead {dead_after:?} after its last renew"
+    );
+    // Quiet (its probes go to the others) from half the lease duration on.
+    let quiet_after = first_quiet.expect("B quiet before it was dead");
+    assert!(
+        quiet_after >= LEASE_DURATION / 2 && quiet_after < dead_after,
+        "quiet {quiet_after:?} after its last renew, dead {dead_after:?}"
     );
     assert!(
         !member_b.tenure().is_leading(),
@@ -259,6 +271,7 @@ async fn keep_publishes_the_members_and_releases_the_lease_when_stopped() {
     ));
     seen.wait_for(|t| t.live.len() == 2).await.unwrap();
     assert_eq!(metric("egress_proxies_replicas{state=\"live\"}"), 2.0);
+    assert_eq!(metric("egress_proxies_replicas{state=\"quiet\"}"), 0.0);
     assert_eq!(metric("egress_proxies_replicas{state=\"dead\"}"), 0.0);
     // Renewed past the first renew deadline.
     tokio::time::sleep(timings().renew_deadline * 2).await;

@@ -354,14 +354,22 @@ impl LeadershipChanged<'_> {
 /// This replica looked at the member Leases (every retry period).
 pub struct MembersSeen {
     pub live: usize,
+    /// Of the live, those whose Lease stayed unchanged for half the lease
+    /// duration (their probes go to the others).
+    pub quiet: usize,
     pub dead: usize,
 }
 
 impl MembersSeen {
     pub fn emit(self) {
-        tracing::debug!(live = self.live, dead = self.dead, "member replicas");
+        tracing::debug!(
+            live = self.live,
+            quiet = self.quiet,
+            dead = self.dead,
+            "member replicas"
+        );
         let m = metrics();
-        for (state, count) in [("live", self.live), ("dead", self.dead)] {
+        for (state, count) in [("live", self.live), ("quiet", self.quiet), ("dead", self.dead)] {
             m.replicas
                 .get_or_create(&StateLabel {
                     state: state.to_owned(),

@@ -432,7 +432,7 @@ impl Metrics {
         );
         registry.register(
             "replicas",
-            "Member replicas this replica's latest look at the member Leases found, by state (live, dead)",
+            "Member replicas this replica's latest look at the member Leases found, by state (live; quiet, those of the live whose Lease stayed unchanged for half the lease duration; dead)",
             m.replicas.clone(),
         );
         registry.register(

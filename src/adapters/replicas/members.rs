@@ -491,6 +491,7 @@ pub async fn keep(
             (None, Ok(table)) => {
                 MembersSeen {
                     live: table.live.len(),
+                    quiet: table.quiet.len(),
                     dead: table.dead.len(),
                 }
                 .emit();
