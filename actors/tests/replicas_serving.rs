@@ -69,19 +69,8 @@ async fn every_replica_serves_leases_and_the_gateway_within_the_capacity() {
     // Refusals while the shares came in (the fetches above, retried) are
     // wants, and lent a replica the others' idle slots for a while: wait
     // for the even split (2 slots each) before leasing through each.
-    support::eventually_explained(
-        "the even split: two slots in each replica's share",
-        WAIT,
-        || bed.logs(),
-        async || {
-            let mut held = Vec::new();
-            for i in 0..3 {
-                held.push(bed.metric(i, "egress_proxies_share_slots", "").await);
-            }
-            (held == [Some(2.0); 3]).then_some(()).ok_or(format!("{held:?}"))
-        },
-    )
-    .await;
+    bed.wait_share_slots(2.0, "the even split: two slots in each replica's share")
+        .await;
     // Leases through every replica's API: 3 proxies × 2 = 6 at most in all.
     let http = reqwest::Client::new();
     let mut held = Vec::new();
@@ -418,20 +407,9 @@ async fn a_sticky_session_keeps_its_proxy_whichever_replica_it_reaches() {
     bed.wait_phase(&names, "Ready").await;
     support::crawlers::wait_every_replica_ready(&bed).await;
     // Every replica holds a slot of every proxy before sessions start.
-    support::eventually_explained(
-        "four slots in each replica's share",
-        WAIT,
-        || bed.logs(),
-        async || {
-            // (The dashboard wants the token; the metrics are open.)
-            let mut held = Vec::new();
-            for i in 0..3 {
-                held.push(bed.metric(i, "egress_proxies_share_slots", "").await);
-            }
-            (held == [Some(4.0); 3]).then_some(()).ok_or(format!("{held:?}"))
-        },
-    )
-    .await;
+    // (The dashboard wants the token; the metrics are open.)
+    bed.wait_share_slots(4.0, "four slots in each replica's share")
+        .await;
     let site = Site::start().await;
     let mut proxies_used = std::collections::BTreeSet::new();
     for s in 0..10 {

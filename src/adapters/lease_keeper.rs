@@ -85,11 +85,7 @@ impl LeaseKeeper {
         let (standing_tx, standing) = watch::channel(Standing::Candidate);
         let (stop, stopped) = oneshot::channel();
         let task = self.spawn(stand(elector, tenure, standing_tx, stopped));
-        Election {
-            standing,
-            stop: Some(stop),
-            task: Some(task),
-        }
+        Election { standing, stop, task }
     }
 }
 
@@ -130,8 +126,10 @@ pub enum Release {
 /// This replica's candidacy, running on the keeper thread.
 pub struct Election {
     standing: watch::Receiver<Standing>,
-    stop: Option<oneshot::Sender<Release>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    /// Dropped without a send (the Election dropped): renewals end, the
+    /// Lease expires by itself.
+    stop: oneshot::Sender<Release>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Election {
@@ -162,23 +160,11 @@ impl Election {
 
     /// Stops standing (renewals end first), releasing the Lease if it is
     /// held and `release` says so; waits for the keeper to be done.
-    pub async fn stop(mut self, release: Release) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(release);
-        }
-        if let Some(task) = self.task.take()
-            && let Err(e) = task.await
-        {
+    pub async fn stop(self, release: Release) {
+        let _ = self.stop.send(release);
+        if let Err(e) = self.task.await {
             tracing::warn!(error = %e, "the leader election task failed");
         }
-    }
-}
-
-impl Drop for Election {
-    /// Dropped without a stop: renewals end (the oneshot is dropped), the
-    /// Lease expires by itself.
-    fn drop(&mut self) {
-        self.stop.take();
     }
 }
 
@@ -232,18 +218,13 @@ async fn stand(
         Some(asked) => asked,
         None => stop_asked(stopped.await),
     };
+    // A lost Lease is not released: another candidate may hold it already.
     if asked == Release::Release
-        && kept_lease(&standing)
+        && *standing.borrow() == Standing::Leading
         && let Err(e) = elector.release().await
     {
         tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
     }
-}
-
-/// Whether this replica still held the Lease when asked to stop (a lost
-/// one is not released: another candidate may hold it already).
-fn kept_lease(standing: &watch::Sender<Standing>) -> bool {
-    *standing.borrow() == Standing::Leading
 }
 
 /// Renews the Lease until `stop` resolves (Ok), or until the tenure ends

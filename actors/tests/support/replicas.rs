@@ -342,6 +342,27 @@ impl ReplicaBed {
             .find_map(|l| l.strip_prefix(&wanted)?.trim().parse().ok())
     }
 
+    /// Waits until every replica's share holds `slots` slots
+    /// (`egress_proxies_share_slots`).
+    pub async fn wait_share_slots(&self, slots: f64, what: &str) {
+        super::eventually_explained(
+            what,
+            PATIENCE,
+            || self.logs(),
+            async || {
+                let mut held = Vec::new();
+                for i in 0..self.len() {
+                    held.push(self.metric(i, "egress_proxies_share_slots", "").await);
+                }
+                held.iter()
+                    .all(|h| *h == Some(slots))
+                    .then_some(())
+                    .ok_or(format!("{held:?}"))
+            },
+        )
+        .await;
+    }
+
     /// Replica `i`'s dashboard data (`GET /v1/dashboard`): `None` while it
     /// does not answer 200 (a follower today).
     pub async fn dashboard(&self, i: usize) -> Option<Value> {
